@@ -436,14 +436,7 @@ def live_numbers(state: Conversation) -> dict[int, str]:
 
 def children_of(state: Conversation) -> Children | None:
     """The children of the current tool round, if the phase tracks any."""
-    match state.phase:
-        case (
-            ToolExecuting(children=c)
-            | AwaitingSubAgents(children=c)
-            | CancellingSubAgents(children=c)
-        ):
-            return c
-    return None
+    return state.children
 
 
 _Maker = Callable[[_Dice, Conversation], Event]

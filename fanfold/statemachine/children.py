@@ -87,8 +87,15 @@ class Children:
         return tuple(p.spec.id for p in self.pending)
 
     def _index(self, child_id: str) -> int:
-        for index, pending in enumerate(self.pending):
-            if pending.spec.id == child_id:
+        pending = self.pending
+        if len(pending) > _SCAN_LIMIT:
+            # The reducer keeps pending children in spawn order, and a child's id ends
+            # in its spawn number: binary search, checked, instead of a long scan.
+            index = _bisect(pending, child_id)
+            if index >= 0:
+                return index
+        for index, child in enumerate(pending):
+            if child.spec.id == child_id:
                 return index
         return -1
 
@@ -103,13 +110,47 @@ class Children:
         """Move one pending child to finished. The caller checked it is pending."""
         index = self._index(child_id)
         assert index >= 0
-        # Slicing keeps this one Python-level scan per outcome; a parent with a
-        # thousand children receives a thousand outcomes.
-        return attrs.evolve(
-            self,
-            pending=self.pending[:index] + self.pending[index + 1 :],
-            finished=(*self.finished, FinishedChild(self.pending[index].spec, outcome)),
+        # A parent with a thousand children receives a thousand outcomes: the child is
+        # found by a binary search (see _index) and the tuples are copied in C.
+        pending = self.pending
+        return Children(
+            pending[:index] + pending[index + 1 :],
+            (*self.finished, FinishedChild(pending[index].spec, outcome)),
+            self.rejected,
         )
+
+
+_SCAN_LIMIT = 16  # pending children up to which a plain scan is as fast as a search
+
+
+def _spawn_number(child_id: str) -> int:
+    """The n of a child id ``"<parent>.<n>"``; -1 if it has none."""
+    tail = child_id[child_id.rfind(".") + 1 :]
+    return int(tail) if tail.isascii() and tail.isdigit() else -1
+
+
+def _bisect(pending: tuple[PendingChild, ...], child_id: str) -> int:
+    """The index of ``child_id`` in ``pending`` found by its spawn number, or -1.
+
+    Only a hit is trusted: the entry must carry the id, and the entry before it a
+    smaller spawn number (so it is the first with that id when the ids are in spawn
+    order, as the reducer keeps them). Anything else is left to the plain scan.
+    """
+    number = _spawn_number(child_id)
+    if number < 0:
+        return -1
+    lo, hi = 0, len(pending)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _spawn_number(pending[mid].spec.id) < number:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == len(pending) or pending[lo].spec.id != child_id:
+        return -1
+    if lo > 0 and _spawn_number(pending[lo - 1].spec.id) >= number:
+        return -1
+    return lo
 
 
 def _cap(text: str, limit: int) -> str:

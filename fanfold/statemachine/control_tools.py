@@ -118,18 +118,39 @@ def offered_tools(
     """The full tool set of a conversation: ordinary tools plus allowed control tools.
 
     Control-tool names among ``ordinary`` are dropped, so a runtime cannot smuggle in
-    its own ``spawn_agents`` past the depth rule.
+    its own ``spawn_agents`` past the depth rule. Called twice in a row with the same
+    ``ordinary`` tuple (the siblings of one spawn), it returns the same tuple: their
+    states share it, and so does its encoding in the log.
     """
+    spawn = can_spawn(depth, limits)
+    last = _last_offered[0]
+    if last is not None and last[0] is ordinary and last[1] == spawn and last[2] == is_sub_agent:
+        return last[3]
     tools = [t for t in ordinary if t.name not in CONTROL_TOOLS]
-    if can_spawn(depth, limits):
+    if spawn:
         tools.append(SPAWN_AGENTS_SPEC)
     if is_sub_agent:
         tools += [SUBMIT_RESULT_SPEC, SUBMIT_ERROR_SPEC]
-    return tuple(tools)
+    offered = tuple(tools)
+    _last_offered[0] = (ordinary, spawn, is_sub_agent, offered)
+    return offered
 
 
 def ordinary_tools(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
-    return tuple(t for t in tools if t.name not in CONTROL_TOOLS)
+    """``tools`` without the control tools; the same tuple for the same ``tools`` twice
+    in a row (every child of one parent gets the same)."""
+    last = _last_ordinary[0]
+    if last is not None and last[0] is tools:
+        return last[1]
+    ordinary = tuple(t for t in tools if t.name not in CONTROL_TOOLS)
+    _last_ordinary[0] = (tools, ordinary)
+    return ordinary
+
+
+# One-entry caches of the two functions above (results are immutable, so sharing them
+# is invisible but for memory and the codec's memo, which is keyed by identity).
+_last_offered: list[tuple[tuple[ToolSpec, ...], bool, bool, tuple[ToolSpec, ...]] | None] = [None]
+_last_ordinary: list[tuple[tuple[ToolSpec, ...], tuple[ToolSpec, ...]] | None] = [None]
 
 
 @attrs.frozen

@@ -40,3 +40,17 @@ class Limits:
     cancel_grace: float = 30.0
     child_result_cap: int = attrs.field(default=8000, validator=_positive)
     max_tokens: int | None = None
+
+
+def with_max_rounds(limits: Limits, max_rounds: int) -> Limits:
+    """``attrs.evolve(limits, max_rounds=max_rounds)``, but the same object when asked
+    for the same twice in a row (the children of one spawn share their limits)."""
+    last = _last_with_rounds[0]
+    if last is not None and last[0] is limits and last[1] == max_rounds:
+        return last[2]
+    changed = attrs.evolve(limits, max_rounds=max_rounds)
+    _last_with_rounds[0] = (limits, max_rounds, changed)
+    return changed
+
+
+_last_with_rounds: list[tuple[Limits, int, Limits] | None] = [None]

@@ -81,6 +81,7 @@ from fanfold.statemachine.events import (
     ToolFinished,
     UserMessaged,
 )
+from fanfold.statemachine.limits import with_max_rounds
 from fanfold.statemachine.messages import (
     AssistantMessage,
     ModelError,
@@ -265,15 +266,27 @@ def _call_model(
     state: Conversation, effects: list[Effect], *, attempt: int = 1, grace: bool = False
 ) -> Transition:
     """Start a model call. A new round past ``max_rounds`` becomes the grace round."""
+    # One copy of the state for the round, the call number and the phase.
+    call = state.next_call
     if attempt == 1 and not grace:
         if state.rounds >= state.limits.max_rounds:
             grace = True
             prompt = GRACE_PROMPT if state.is_sub_agent else ROOT_GRACE_PROMPT
-            state = state.evolve(history=(*state.history, UserMessage(prompt)))
+            state = state.evolve(
+                history=(*state.history, UserMessage(prompt)),
+                next_call=call + 1,
+                phase=LlmRequesting(call=call, attempt=attempt, grace=grace),
+            )
         else:
-            state = state.evolve(rounds=state.rounds + 1)
-    state, call = _issue(state)
-    state = state.evolve(phase=LlmRequesting(call=call, attempt=attempt, grace=grace))
+            state = state.evolve(
+                rounds=state.rounds + 1,
+                next_call=call + 1,
+                phase=LlmRequesting(call=call, attempt=attempt, grace=grace),
+            )
+    else:
+        state = state.evolve(
+            next_call=call + 1, phase=LlmRequesting(call=call, attempt=attempt, grace=grace)
+        )
     effects.append(CallModel(call, _request(state, grace)))
     return state, tuple(effects)
 
@@ -588,9 +601,9 @@ def _run_tools(
             results = (*results, _submitted(call))
             return _stop_children(state, results, children, ending, effects)
         else:
-            state, number = _issue(state)
-            state = attrs.evolve(
-                state,
+            number = state.next_call  # issued with the phase: one copy of the state
+            state = state.evolve(
+                next_call=number + 1,
                 phase=ToolExecuting(
                     current=call,
                     call=number,
@@ -747,7 +760,7 @@ def _backstop_grace(state: Conversation) -> float:
 
 
 def _spawn_effect(state: Conversation, spec: ChildSpec) -> SpawnSubAgent:
-    limits = attrs.evolve(state.limits, max_rounds=spec.max_rounds)
+    limits = with_max_rounds(state.limits, spec.max_rounds)
     return SpawnSubAgent(
         child_id=spec.id,
         parent_id=state.id,
@@ -767,17 +780,6 @@ def _spawn_effect(state: Conversation, spec: ChildSpec) -> SpawnSubAgent:
 # ------------------------------------------------------------------ fan-in
 
 
-def _children_of(state: Conversation) -> Children | None:
-    match state.phase:
-        case (
-            ToolExecuting(children=c)
-            | AwaitingSubAgents(children=c)
-            | CancellingSubAgents(children=c)
-        ):
-            return c
-    return None
-
-
 def _with_children(state: Conversation, children: Children) -> Conversation:
     phase = state.phase
     assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
@@ -787,7 +789,7 @@ def _with_children(state: Conversation, children: Children) -> Conversation:
 def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transition:
     if event.child_id in state.written_off:
         return _absorb(state)
-    children = _children_of(state)
+    children = state.children
     if children is None:
         raise UnknownChild(
             state,
@@ -843,7 +845,7 @@ def _on_timer(state: Conversation, event: TimerFired) -> Transition:
         return _call_model(state, [], attempt=phase.next_attempt, grace=phase.grace)
     if isinstance(phase, CancellingSubAgents) and timer == phase.grace_timer:
         return _give_up_on_children(state, phase)
-    children = _children_of(state)
+    children = state.children
     if children is not None:
         for pending in children.pending:
             if pending.deadline_timer == timer:
@@ -916,7 +918,7 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
     effects: list[Effect] = []
     if state.deadline_timer is not None and state.timeout is not None:
         effects.append(StartTimer(state.deadline_timer, state.timeout, "time limit"))
-    children = _children_of(state)
+    children = state.children
     if children is not None:
         for pending in children.pending:
             if pending.started:
