@@ -14,7 +14,9 @@ Threads: the Store owns one sqlite3 connection opened with ``check_same_thread=F
 and guards every use of it with a lock, so a worker thread (``trio.to_thread``) may
 use a Store opened elsewhere. Other Stores, in this process or another, may open the
 same file: WAL lets readers run while one writes, writes take the lock up front
-(``BEGIN IMMEDIATE``) and wait up to ``BUSY_TIMEOUT_MS`` for each other.
+(``BEGIN IMMEDIATE``) and wait up to ``BUSY_TIMEOUT_MS`` for each other. A file
+store checkpoints its WAL from a background thread of its own (``_Checkpointer``),
+so no commit waits for the disk syncs a checkpoint makes.
 """
 
 from __future__ import annotations
@@ -65,14 +67,75 @@ from fanfold.statemachine import (
 BUSY_TIMEOUT_MS = 5000
 """How long a write waits for another connection's write lock before failing."""
 
+CHECKPOINT_BYTES = 4_000_000
+"""Bytes appended (payloads and snapshots) after which a file's WAL is checkpointed, in
+a background thread. (SQLite's automatic checkpoint, which runs inside a commit every
+1000 pages, is off for a Store's own connection.)"""
+
 _IN_CHUNK = 500  # ids per "WHERE id IN (...)": well under SQLite's variable limit
 _ROW_COLUMNS = ", ".join(ConversationRow.COLUMNS)
+
+
+class _Checkpointer:
+    """Copies a file database's WAL back into the database, in a daemon thread on a
+    connection of its own, once ``CHECKPOINT_BYTES`` have been appended.
+
+    With ``synchronous = NORMAL`` a checkpoint is the only time SQLite syncs to disk.
+    SQLite's automatic checkpoint runs inside the commit that crosses its threshold and
+    stalls that commit (and every step waiting for it) for as long as the sync takes;
+    here commits go on meanwhile. The checkpoint is PASSIVE: it never waits for, nor
+    blocks, readers or writers, and copies what it can. Durability is unchanged: a
+    commit is in the WAL either way.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._written = 0
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def wrote(self, nbytes: int) -> None:
+        """Count bytes just committed; past the threshold, start a checkpoint."""
+        with self._lock:
+            self._written += nbytes
+            if self._written < CHECKPOINT_BYTES or self._closed:
+                return
+            if self._thread is not None and self._thread.is_alive():
+                return  # one at a time; a later commit tries again
+            self._written = 0
+            self._thread = threading.Thread(
+                target=self._checkpoint, name="fanfold-wal-checkpoint", daemon=True
+            )
+            self._thread.start()
+
+    def _checkpoint(self) -> None:
+        try:
+            if self._conn is None:
+                self._conn = sqlite3.connect(
+                    self._path, check_same_thread=False, isolation_level=None
+                )
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error:
+            pass  # the WAL grows until the next attempt; nothing is lost
+
+    def close(self) -> None:
+        """Wait for a running checkpoint and close its connection (the store's own
+        connection, closed last, then checkpoints what is left as SQLite does)."""
+        with self._lock:
+            self._closed = True
+        if self._thread is not None:
+            self._thread.join()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class _Prepared:
     """One step, validated and encoded outside the lock, ready to insert."""
 
-    __slots__ = ("effect_rows", "event_row", "step")
+    __slots__ = ("effect_rows", "event_row", "size", "step")
 
     def __init__(self, step: Step) -> None:
         self.step = step
@@ -90,6 +153,19 @@ class _Prepared:
             (cid, seq, idx, type(effect).__name__, encode_effect(effect))
             for idx, effect in enumerate(step.effects)
         ]
+        self.size = len(self.event_row[3]) + sum(len(row[4]) for row in self.effect_rows)
+
+
+_STATUS_TEXT: dict[type[Any], str] = {}
+
+
+def _status_text(phase: Any) -> str:
+    """``status_of(phase).value``, remembered per phase class (enum values are slow)."""
+    kind = type(phase)
+    text = _STATUS_TEXT.get(kind)
+    if text is None:
+        text = _STATUS_TEXT[kind] = status_of(phase).value
+    return text
 
 
 def _check_shape(step: Step) -> None:
@@ -132,6 +208,7 @@ class Store:
         self._conn: sqlite3.Connection | None = conn
         self._db = Database(conn)
         self._lock = threading.Lock()
+        self._checkpointer: _Checkpointer | None = None
         self.path = path
         """The database file, or None for an in-memory store."""
 
@@ -183,6 +260,9 @@ class Store:
                     self._db.enable_wal()
                 self._connection().execute("PRAGMA synchronous = NORMAL")
                 migrate(self._db)
+                if wal and self.path is not None:
+                    self._connection().execute("PRAGMA wal_autocheckpoint = 0")
+                    self._checkpointer = _Checkpointer(self.path)
                 return
             except sqlite3.OperationalError as exc:
                 busy = (exc.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
@@ -194,6 +274,9 @@ class Store:
     def close(self) -> None:
         """Close the connection. Idempotent; any later use raises StoreClosed."""
         with self._lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -236,7 +319,7 @@ class Store:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, steps: Sequence[Step]) -> None:
+    def append(self, steps: Sequence[Step]) -> list[tuple[int, int]]:
         """Record ``steps`` (of any conversations) atomically, in one transaction.
 
         Steps of one conversation must appear in order, each with the next seq
@@ -244,9 +327,13 @@ class Store:
         stored or be created earlier in the batch). If any step is refused
         (``InvalidStep``, ``SequenceError``, ``CodecError``), nothing of the batch is
         written.
+
+        Returns, per step, the length of its event's stored text and of the snapshot
+        stored with it (0 if none): what a snapshot policy needs to weigh folding
+        events against reading a snapshot.
         """
         if not steps:
-            return
+            return []
         prepared = [_Prepared(step) for step in steps]
         snapshots: dict[str, Step] = {}
         last: dict[str, Step] = {}
@@ -257,6 +344,7 @@ class Store:
         snapshot_rows = [
             (encode_state(step.state), step.seq, cid) for cid, step in snapshots.items()
         ]
+        snapshot_sizes = {(cid, seq): len(text) for text, seq, cid in snapshot_rows}
         with self._transaction("BEGIN IMMEDIATE") as conn:
             created_rows, status_before = self._check_sequence(conn, prepared)
             # The status column is indexed: set it only when it changes (rarely).
@@ -266,7 +354,7 @@ class Store:
                 if step.seq == 0:
                     continue  # inserted just now, as it is
                 phase = type(step.state.phase).__name__
-                status = status_of(step.state.phase).value
+                status = _status_text(step.state.phase)
                 if status == status_before[cid]:
                     moved.append((step.seq, phase, step.at, cid))
                 else:
@@ -300,6 +388,13 @@ class Store:
                 "UPDATE conversations SET snapshot_json = ?, snapshot_seq = ? WHERE id = ?",
                 snapshot_rows,
             )
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            checkpointer.wrote(sum(p.size for p in prepared) + sum(snapshot_sizes.values()))
+        return [
+            (len(p.event_row[3]), snapshot_sizes.get((p.step.conversation_id, p.step.seq), 0))
+            for p in prepared
+        ]
 
     def _check_sequence(
         self, conn: sqlite3.Connection, prepared: list[_Prepared]
@@ -351,7 +446,7 @@ class Store:
                     if step.user_initiated is not None
                     else state.parent_id is None
                 )
-                status_before[cid] = status_of(state.phase).value
+                status_before[cid] = _status_text(state.phase)
                 created_rows.append(
                     (
                         cid,
@@ -381,7 +476,8 @@ class Store:
             rows = conn.execute(
                 f"SELECT id, last_seq, status FROM conversations WHERE id IN ({marks})", chunk
             )
-            found.update((cid, (last, status)) for cid, last, status in rows)
+            for cid, last, status in rows:
+                found[cid] = (last, status)
         return found
 
     def import_raw(

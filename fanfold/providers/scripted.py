@@ -34,8 +34,11 @@ completes with that text).
 from __future__ import annotations
 
 import fnmatch
+import heapq
+import itertools
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,9 @@ class ScriptError(ValueError):
 class _Entry:
     match: Mapping[str, Any]
     replies: tuple[Mapping[str, Any], ...]
+    # Per reply: the ModelReply itself when it has no placeholders to fill (it is the
+    # same every time, and immutable), else None.
+    built: tuple[ModelReply | None, ...] = ()
 
 
 def _check_reply(where: str, reply: object) -> Mapping[str, Any]:
@@ -103,9 +109,11 @@ class ScriptedProvider:
             replies = tuple(
                 _check_reply(f"agents[{i}].replies[{j}]", r) for j, r in enumerate(agent["replies"])
             )
-            entries.append(_Entry(match, replies))
+            built = tuple(_prebuild(r, j) for j, r in enumerate(replies))
+            entries.append(_Entry(match, replies, built))
         self._entries = tuple(entries)
         self._latency = float(script.get("latency", 0.0))
+        self._matched: dict[tuple[str, str | None, int], _Entry | None] = {}
 
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedProvider:
@@ -124,6 +132,12 @@ class ScriptedProvider:
             raise ScriptError(f"script {path}: {exc}") from None
 
     def _entry_for(self, context: CallContext) -> _Entry | None:
+        key = (context.path, context.task, context.depth)
+        try:
+            return self._matched[key]
+        except KeyError:
+            pass
+        found = None
         for entry in self._entries:
             m = entry.match
             if "path" in m and not fnmatch.fnmatchcase(context.path, str(m["path"])):
@@ -132,18 +146,25 @@ class ScriptedProvider:
                 continue
             if "depth" in m and m["depth"] != context.depth:
                 continue
-            return entry
-        return None
+            found = entry
+            break
+        if len(self._matched) >= _MATCH_CACHE:
+            self._matched.clear()
+        self._matched[key] = found
+        return found
 
     async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
-        step = sum(1 for m in request.messages if isinstance(m, AssistantMessage))
+        step = 0
+        for message in request.messages:
+            if isinstance(message, AssistantMessage):
+                step += 1
         entry = self._entry_for(context)
         if entry is None or step >= len(entry.replies):
-            await trio.sleep(self._latency)
+            await _sleep(self._latency)
             return ModelReply(text=f"(no scripted reply for {context.path} round {step + 1})")
         reply = entry.replies[step]
-        await trio.sleep(float(reply.get("latency", self._latency)))
-        failures = reply.get("fail_first", [])
+        await _sleep(float(reply.get("latency", self._latency)))
+        failures = reply.get("fail_first", ())
         if context.attempt <= len(failures):
             failure = failures[context.attempt - 1]
             raise ProviderError(
@@ -153,22 +174,115 @@ class ScriptedProvider:
                     failure.get("retry_after"),
                 )
             )
+        built = entry.built[step]
+        if built is not None:
+            return built
         values = {"last_tool_result": _last_tool_result(request), "task": context.task or ""}
-        calls = tuple(
-            ToolCall(
-                id=f"call_{step}_{i}",
-                name=call["name"],
-                arguments_json=canonical_json(_fill(call.get("arguments", {}), values)),
-            )
-            for i, call in enumerate(reply.get("tool_calls", []))
+        return _build(reply, step, values)
+
+
+_MATCH_CACHE = 10_000  # conversations whose script entry is remembered
+
+
+def _sleep(seconds: float) -> Awaitable[None]:
+    """``trio.sleep(seconds)``: the simulated latency of a reply."""
+    if seconds > 0 and seconds != math.inf:
+        clock = _ALARMS.get()
+        if clock is None:
+            clock = _AlarmClock()
+            _ALARMS.set(clock)
+        return clock.sleep(seconds)
+    return trio.sleep(seconds)  # 0 (a checkpoint), inf, and the errors
+
+
+class _AlarmClock:
+    """Wakes the simulated calls of one Trio run, all on one Trio deadline.
+
+    ``trio.sleep`` costs a cancel scope, a deadline and a Cancelled exception per call;
+    a thousand scripted sub-agents sleep three times each. Here a sleeping call parks
+    in a heap, and one system task, with the earliest deadline as its own, wakes the
+    calls that are due. Waking is as punctual as ``trio.sleep`` (the same deadlines,
+    also under a mock clock) and a sleeping call is cancellable as usual.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []  # [deadline, order, task or None if cancelled]
+        self._order = itertools.count()
+        self._scope: trio.CancelScope | None = None
+        trio.lowlevel.spawn_system_task(self._run, name="fanfold.providers.scripted latency")
+
+    async def sleep(self, seconds: float) -> None:
+        deadline = trio.current_time() + seconds
+        entry: list[Any] = [deadline, next(self._order), trio.lowlevel.current_task()]
+        heapq.heappush(self._heap, entry)
+        scope = self._scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            entry[2] = None  # cancelled: left in the heap until its deadline
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def _run(self) -> None:
+        heap = self._heap
+        while True:
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                task = heapq.heappop(heap)[2]
+                if task is not None:
+                    trio.lowlevel.reschedule(task)
+            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
+                self._scope = scope
+                await trio.sleep_forever()
+            self._scope = None
+
+
+_ALARMS: trio.lowlevel.RunVar[_AlarmClock | None] = trio.lowlevel.RunVar(
+    "fanfold_scripted_alarms", default=None
+)
+
+
+def _build(reply: Mapping[str, Any], step: int, values: Mapping[str, str]) -> ModelReply:
+    """The ModelReply for ``reply`` as the ``step``-th round, placeholders filled."""
+    calls = tuple(
+        ToolCall(
+            id=f"call_{step}_{i}",
+            name=call["name"],
+            arguments_json=canonical_json(_fill(call.get("arguments", {}), values)),
         )
-        usage = reply.get("usage", {})
-        return ModelReply(
-            text=_fill(reply.get("text", ""), values),
-            tool_calls=calls,
-            usage=Usage(int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))),
-            stop_reason="tool_use" if calls else "end_turn",
-        )
+        for i, call in enumerate(reply.get("tool_calls", []))
+    )
+    usage = reply.get("usage", {})
+    return ModelReply(
+        text=_fill(reply.get("text", ""), values),
+        tool_calls=calls,
+        usage=Usage(int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))),
+        stop_reason="tool_use" if calls else "end_turn",
+    )
+
+
+def _prebuild(reply: Mapping[str, Any], step: int) -> ModelReply | None:
+    """The reply built once, if it has no placeholders and builds (a reply that cannot
+    be built fails when it is called for, as any reply does)."""
+    if _has_placeholders(reply):
+        return None
+    try:
+        return _build(reply, step, {})
+    except Exception:
+        return None
+
+
+def _has_placeholders(value: Any) -> bool:
+    """Whether ``value`` holds a string with ``{{`` anywhere (a placeholder to fill)."""
+    if isinstance(value, str):
+        return "{{" in value
+    if isinstance(value, dict):
+        return any(_has_placeholders(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_placeholders(v) for v in value)
+    return False
 
 
 def _last_tool_result(request: ModelRequest) -> str:

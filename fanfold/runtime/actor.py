@@ -1,23 +1,32 @@
-"""One conversation's task: read its inbox, persist, transition, execute effects.
+"""One conversation's task: read its inbox, transition, persist, execute effects.
 
 The actor never decides anything the reducer should decide. It turns effects into
 I/O (model calls, tools, timers, messages to other conversations) and I/O outcomes
 back into events.
+
+Write-ahead without waiting: the actor folds what its inbox holds through
+``transition``, hands the steps to the writer with a callback, and goes back to its
+inbox. The writer calls back once the steps are committed; only then does the actor's
+visible ``state`` move on and do the steps' effects execute, in order. Steps of one
+conversation are committed, and their effects run, in the order they were made.
 """
 
 from __future__ import annotations
 
-import math
+import contextvars
+import functools
 import time
 import traceback
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from fanfold.db import Step
 from fanfold.providers.base import CallContext, ProviderError
+from fanfold.runtime.timers import Timer
 from fanfold.statemachine import (
     AbortCall,
     CallModel,
@@ -49,6 +58,10 @@ from fanfold.statemachine import (
 if TYPE_CHECKING:
     from fanfold.runtime.runtime import Runtime
 
+"""Phases in which nothing is in flight."""
+
+_INFO = 20  # logging.INFO
+
 
 @attrs.define
 class _Submission:
@@ -59,13 +72,22 @@ class _Submission:
     error: IllegalTransition | None = None
 
 
+# One accepted event: the state before, the event, the state after, its effects, and
+# the API submission waiting for it (if any).
+_Done = tuple[Conversation, Event, Conversation, tuple[Effect, ...], _Submission | None]
+
+
 def tree_path(state: Conversation) -> str:
     """'root', 'root/1', 'root/1/2': the conversation's place in its tree."""
     return "root" + state.id[len(state.root_id) :].replace(".", "/")
 
 
 class Actor:
-    """The live side of one conversation inside a Runtime."""
+    """The live side of one conversation inside a Runtime.
+
+    ``state`` and ``seq`` are the committed state and its seq; the reducer may already
+    have moved further (steps handed to the writer but not yet committed).
+    """
 
     def __init__(self, runtime: Runtime, state: Conversation, seq: int) -> None:
         self.runtime = runtime
@@ -74,64 +96,98 @@ class Actor:
         self.started_at = time.monotonic()
         self.turn_done = trio.Event()
         self.last_turn: TurnFinished | None = None
-        self._send, self._receive = trio.open_memory_channel[Event | _Submission](math.inf)
-        self._tasks: dict[int, trio.CancelScope] = {}
-        self._nursery: trio.Nursery | None = None
+        self._head = state  # the state after the last step handed to the writer
+        self._head_seq = seq
+        # Snapshot policy (see runtime.py): bytes of events committed since the last
+        # snapshot, and that snapshot's size (None: not known yet, then the creation
+        # event's size stands for the state start() rebuilds for free).
+        self._logged = 0
+        self._snapshot_size: int | None = None if seq == 0 else 0
+        self._snapshot_asked = False
+        self._inbox: deque[Event | _Submission] = deque()
+        self._waiter: trio.lowlevel.Task | None = None
+        self._tasks: dict[int, trio.CancelScope] = {}  # calls running in their own task
+        self._timers: dict[int, Timer] = {}  # timers started and not fired nor aborted
+        self._worker_started = False
+        self._worker_stopped = False
+        self._worker_waiting: trio.lowlevel.Task | None = None  # parked, waiting for work
+        self._worker_item: tuple[int, Effect, int] | None = None  # handed over, not started
+        self._worker_running: int | None = None  # the call number it runs
+        self._worker_scope: trio.CancelScope | None = None
+        self._context: contextvars.Context | None = None
+        self._path = tree_path(state)
         self.log = runtime.logger.bind(
             conversation_id=state.id, parent_id=state.parent_id, depth=state.depth
         )
+        enabled = getattr(self.log, "is_enabled_for", None)
+        self._log_transitions = True if enabled is None else bool(enabled(_INFO))
         if self.at_rest:
             self.turn_done.set()
 
     @property
     def at_rest(self) -> bool:
-        return type(self.state.phase).__name__ in ("Idle", "Error", "Completed", "Failed")
+        return self.state.at_rest
 
     # ---------------------------------------------------------------- inbox
 
     def deliver(self, event: Event) -> None:
         """Queue an event produced by the runtime (results, timers, other conversations)."""
-        self._send.send_nowait(event)
+        self._inbox.append(event)
+        self._wake()
 
     async def submit(self, event: Event) -> None:
         """Queue an API event and wait until it is committed; re-raise a rejection."""
         submission = _Submission(event)
-        self._send.send_nowait(submission)
+        self._inbox.append(submission)
+        self._wake()
         await submission.done.wait()
         if submission.error is not None:
             raise submission.error
 
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            trio.lowlevel.reschedule(waiter)
+
+    def _abort_wait(self, _: Any) -> trio.lowlevel.Abort:
+        self._waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
     async def run(self, first: Step | None = None) -> None:
         """Process the inbox until the runtime closes.
 
-        ``first`` is a new conversation's creation step: it is committed, and its
-        effects run, before any queued event is read.
+        ``first`` is a new conversation's creation step: it goes to the writer before
+        any queued event, so its effects run first.
         """
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            if first is not None:
-                await self.runtime.writer.commit(first)
-                self._execute_all(first.effects)
-            async for item in self._receive:
-                items = [item]
-                while True:
-                    try:
-                        items.append(self._receive.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-                await self._steps(items)
+        self._context = trio.lowlevel.current_task().context
+        if first is not None:
+            self._hand_over_first(first)
+            first = None  # not kept alive for the conversation's lifetime
+        inbox = self._inbox
+        while True:
+            if inbox:
+                await trio.lowlevel.checkpoint()
+            else:
+                self._waiter = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+            items = list(inbox)
+            inbox.clear()
+            self._steps(items)
 
-    async def _steps(self, items: list[Event | _Submission]) -> None:
-        """Apply queued events in order, commit all their steps in one write, and only
-        then (write-ahead) execute their effects, in order."""
-        done: list[
-            tuple[Conversation, Event, Conversation, tuple[Effect, ...], _Submission | None]
-        ] = []
+    def _steps(self, items: list[Event | _Submission]) -> None:
+        """Apply queued events in order and hand their steps to the writer at once."""
+        done: list[_Done] = []
         steps: list[Step] = []
-        state, seq = self.state, self.seq
+        make_step = self.runtime.make_step
+        state, seq = self._head, self._head_seq
         for item in items:
-            submission = item if isinstance(item, _Submission) else None
-            event = item.event if isinstance(item, _Submission) else item
+            if isinstance(item, _Submission):
+                submission: _Submission | None = item
+                event = item.event
+            else:
+                submission = None
+                event = item
             try:
                 after, effects = transition(state, event)
             except IllegalTransition as exc:
@@ -142,34 +198,69 @@ class Actor:
                 submission.done.set()
                 continue
             seq += 1
-            steps.append(self.runtime.make_step(after, seq, event, effects))
+            size = self._snapshot_size
+            snapshot = size is not None and self._logged >= size and not self._snapshot_asked
+            if snapshot:
+                self._snapshot_asked = True
+            steps.append(make_step(after, seq, event, effects, snapshot=snapshot))
             done.append((state, event, after, effects, submission))
             state = after
-        if not steps:
-            return
-        await self.runtime.writer.commit(*steps)
-        for before, event, after, effects, submission in done:
+        if steps:
+            self._head, self._head_seq = state, seq
+            self._hand_over(steps, done)
+
+    def _hand_over(self, steps: list[Step], done: list[_Done]) -> None:
+        def on_commit(reported: Sequence[Any]) -> None:
+            assert self._context is not None
+            self._context.run(self._committed, done, reported)
+
+        self.runtime.writer.submit(steps, on_commit)
+
+    def _hand_over_first(self, first: Step) -> None:
+        def on_commit(reported: Sequence[Any]) -> None:
+            assert self._context is not None
+            if reported:
+                self._snapshot_size = reported[0][0]
+            if not self.runtime.closing:
+                self._context.run(self._execute_all, first.effects)
+
+        self.runtime.writer.submit([first], on_commit)
+
+    def _committed(self, done: list[_Done], reported: Sequence[Any]) -> None:
+        """The writer committed these steps: publish them, then (write-ahead) execute
+        their effects, in order. Runs in the writer's task, in this actor's context."""
+        runtime = self.runtime
+        executing = not runtime.closing
+        for index, (before, event, after, effects, submission) in enumerate(done):
             self.state, self.seq = after, self.seq + 1
-            if self.at_rest:
+            if reported:
+                event_size, snapshot_size = reported[index]
+                if snapshot_size:
+                    self._snapshot_size, self._logged = snapshot_size, 0
+                    self._snapshot_asked = False
+                else:
+                    self._logged += event_size
+            if after.at_rest:
                 self.turn_done.set()
             elif self.turn_done.is_set():
                 self.turn_done = trio.Event()
-            self.log.info(
-                "transition",
-                seq=self.seq,
-                event_type=type(event).__name__,
-                before=type(before.phase).__name__,
-                after=type(after.phase).__name__,
-                effects=[type(e).__name__ for e in effects],
-            )
-            self.runtime.observe(self, before, event, effects)
+            if self._log_transitions:
+                self.log.info(
+                    "transition",
+                    seq=self.seq,
+                    event_type=type(event).__name__,
+                    before=type(before.phase).__name__,
+                    after=type(after.phase).__name__,
+                    effects=[type(e).__name__ for e in effects],
+                )
+            runtime.observe(self, before, event, effects)
             if submission is not None:
                 submission.done.set()
             if after.is_terminal and not before.is_terminal:
                 # Nothing may keep running for an ended conversation.
-                for scope in self._tasks.values():
-                    scope.cancel()
-            self._execute_all(effects)
+                self._stop_tasks()
+            if executing:
+                self._execute_all(effects)
 
     # ---------------------------------------------------------------- effects
 
@@ -180,15 +271,17 @@ class Actor:
     def _execute(self, effect: Effect) -> None:
         match effect:
             case CallModel(call=call):
-                self._start_task(call, lambda: self._call_model(effect))
+                phase = self.state.phase
+                attempt = phase.attempt if isinstance(phase, LlmRequesting) else 1
+                self._start(call, effect, attempt)
             case RunTool(call=call):
-                self._start_task(call, lambda: self._run_tool(effect))
+                self._start(call, effect, 0)
             case ScheduleRetry(timer=timer, delay=delay) | StartTimer(timer=timer, delay=delay):
-                self._start_task(timer, lambda: self._timer(timer, delay))
+                self._timers[timer] = self.runtime.timers.start(
+                    delay, functools.partial(self._timer_fired, timer)
+                )
             case AbortCall(call=call):
-                scope = self._tasks.pop(call, None)
-                if scope is not None:
-                    scope.cancel()
+                self._abort(call)
             case SpawnSubAgent():
                 self.runtime.spawn_child(effect)
             case NotifyParent(parent_id=parent_id, child_id=child_id, outcome=outcome):
@@ -199,29 +292,119 @@ class Actor:
             case TurnFinished():
                 self.last_turn = effect
 
-    def _start_task(self, number: int, work: Callable[[], Awaitable[Event]]) -> None:
-        assert self._nursery is not None
+    # Model calls and tools run one at a time per conversation (the reducer awaits one
+    # result at a time), so each conversation keeps one worker task for them instead
+    # of a task and a cancel scope per call. The worker's cancel scope lives until an
+    # AbortCall (or the end of the conversation) needs it, then it takes a new one.
+    # A call that arrives while the worker is busy gets its own task and cancel scope.
+    # Timers are entries of the runtime's Timers (see timers.py).
+
+    def _start(self, number: int, effect: Effect, attempt: int) -> None:
+        """Run a model call or a tool: on the worker if it is free, else in a task."""
+        if self._worker_waiting is not None and self._worker_item is None:
+            self._worker_item = (number, effect, attempt)
+            task, self._worker_waiting = self._worker_waiting, None
+            trio.lowlevel.reschedule(task)
+        elif not self._worker_started:
+            self._worker_started = True
+            self._worker_item = (number, effect, attempt)
+            self.runtime.start_soon(self._work)
+        else:
+            self._start_task(number, effect, attempt)
+
+    def _timer_fired(self, number: int) -> None:
+        self._timers.pop(number, None)
+        self.deliver(TimerFired(number))
+
+    def _abort(self, number: int) -> None:
+        timer = self._timers.pop(number, None)
+        if timer is not None:
+            timer.cancel()
+            return
+        scope = self._tasks.pop(number, None)
+        if scope is not None:
+            scope.cancel()
+        item = self._worker_item
+        if item is not None and item[0] == number:
+            self._worker_item = None  # handed over, not started: it never will
+        if self._worker_running == number and self._worker_scope is not None:
+            self._worker_scope.cancel()
+
+    def _stop_tasks(self) -> None:
+        self._worker_stopped = True
+        self._worker_item = None
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for scope in self._tasks.values():
+            scope.cancel()
+        waiting = self._worker_waiting
+        if waiting is not None:
+            # Idle: wake it to return (cheaper than cancelling it).
+            self._worker_waiting = None
+            trio.lowlevel.reschedule(waiting)
+        elif self._worker_scope is not None:
+            self._worker_scope.cancel()
+
+    def _abort_worker_wait(self, _: Any) -> trio.lowlevel.Abort:
+        self._worker_waiting = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _work(self) -> None:
+        """The worker: run handed-over calls in order until the conversation ends."""
+        while not self._worker_stopped:
+            with trio.CancelScope() as scope:
+                self._worker_scope = scope
+                while True:
+                    item = self._worker_item
+                    if item is None:
+                        if self._worker_stopped:
+                            return
+                        self._worker_waiting = trio.lowlevel.current_task()
+                        await trio.lowlevel.wait_task_rescheduled(self._abort_worker_wait)
+                        continue
+                    self._worker_item = None
+                    number, effect, attempt = item
+                    self._worker_running = number
+                    if isinstance(effect, CallModel):
+                        event = await self._call_model(effect, attempt)
+                    else:
+                        event = await self._perform(effect, attempt)
+                    self._worker_running = None
+                    self.deliver(event)
+            # The scope was cancelled: the running call was aborted, or the
+            # conversation ended.
+            self._worker_scope = None
+            self._worker_running = None
+
+    def _start_task(self, number: int, effect: Effect, attempt: int) -> None:
         scope = trio.CancelScope()
         self._tasks[number] = scope
+        self.runtime.start_soon(self._task, number, scope, effect, attempt)
 
-        async def run() -> None:
-            with scope:
-                event = await work()
-                self.deliver(event)
-            if self._tasks.get(number) is scope:
-                del self._tasks[number]
+    async def _task(
+        self, number: int, scope: trio.CancelScope, effect: Effect, attempt: int
+    ) -> None:
+        with scope:
+            event = await self._perform(effect, attempt)
+            self.deliver(event)
+        if self._tasks.get(number) is scope:
+            del self._tasks[number]
 
-        self._nursery.start_soon(run)
+    async def _perform(self, effect: Effect, attempt: int) -> Event:
+        if isinstance(effect, CallModel):
+            return await self._call_model(effect, attempt)
+        assert isinstance(effect, RunTool)
+        return await self._run_tool(effect)
 
-    async def _call_model(self, effect: CallModel) -> Event:
-        phase = self.state.phase
-        attempt = phase.attempt if isinstance(phase, LlmRequesting) else 1
+    async def _call_model(self, effect: CallModel, attempt: int) -> Event:
+        state = self.state
         context = CallContext(
-            conversation_id=self.state.id,
-            root_id=self.state.root_id,
-            path=tree_path(self.state),
-            depth=self.state.depth,
-            task=self.state.task,
+            conversation_id=state.id,
+            root_id=state.root_id,
+            path=self._path,
+            depth=state.depth,
+            task=state.task,
             call=effect.call,
             attempt=attempt,
             on_progress=self.runtime.on_progress,
@@ -247,10 +430,6 @@ class Actor:
             self.log.error("tool raised", tool=call.name, exc_info=exc)
             result = ToolResult(call.id, call.name, f"tool crashed: {_describe(exc)}", True)
         return ToolFinished(effect.call, result)
-
-    async def _timer(self, timer: int, delay: float) -> Event:
-        await trio.sleep(delay)
-        return TimerFired(timer)
 
 
 def _describe(exc: BaseException) -> str:

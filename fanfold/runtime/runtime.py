@@ -14,8 +14,10 @@ import structlog
 import trio
 
 from fanfold.db import Step, Store, UnknownConversation
+from fanfold.db.codec import clear_memo
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.runtime.actor import Actor
+from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
 from fanfold.statemachine import (
     CancelReason,
@@ -37,9 +39,13 @@ from fanfold.statemachine import (
 )
 from fanfold.tools.base import ToolRunner
 
-# A full state snapshot is written every this many steps, and whenever a
-# conversation comes to rest; recovery folds the events after the last snapshot.
-SNAPSHOT_EVERY = 100
+# Snapshots: a conversation's full state is stored whenever it comes to rest, and
+# otherwise once the events logged since its last snapshot take more bytes than that
+# snapshot did (see Actor). Recovery reads the snapshot and folds the events after
+# it: never more than about twice the work of reading one snapshot, and the bytes of
+# snapshots written never exceed the bytes of events logged. (A parent with a
+# thousand children has snapshots of hundreds of KB: a fixed "every K steps" writes
+# that many times over while its children report.)
 
 Observer = Callable[[Conversation, Conversation, Event, tuple[Effect, ...]], None]
 
@@ -104,6 +110,9 @@ class Runtime:
         self._observer = observer
         self._clock = clock
         self._nursery = nursery
+        self.start_soon = nursery.start_soon
+        """Start a task in the runtime's nursery (actors and their calls)."""
+        self.timers = Timers()
         self._actors: dict[str, Actor] = {}
         self._stored: set[str] = set()
 
@@ -126,9 +135,10 @@ class Runtime:
         """Open a runtime over the SQLite file ``database`` (":memory:" for a throwaway).
 
         Batches are written from a worker thread for files (the event loop keeps going
-        while SQLite syncs), in the loop for ":memory:". ``threaded_writes=False`` forces
-        the latter, which tests on Trio's autojump clock need: time must not jump while
-        a write is in flight.
+        while SQLite writes, or waits for another process's write lock; the disk syncs
+        of WAL checkpoints happen in the store's own background thread), in the loop
+        for ":memory:". ``threaded_writes=False`` forces the latter, which tests on
+        Trio's autojump clock need: time must not jump while a write is in flight.
         """
         memory = str(database) == ":memory:"
         store = Store.memory() if memory else Store.open(database)
@@ -150,12 +160,18 @@ class Runtime:
                     clock=clock,
                 )
                 nursery.start_soon(writer.run)
+                nursery.start_soon(runtime.timers.run)
                 try:
                     yield runtime
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
             store.close()
+            # The codec memoises the text of the messages it encoded by identity, for
+            # as long as it has room: once the runtime is closed, its conversations'
+            # entries only keep dead objects alive (and make every full garbage
+            # collection slower).
+            clear_memo()
 
     # ---------------------------------------------------------------- public API
 
@@ -278,6 +294,11 @@ class Runtime:
 
     # ---------------------------------------------------------------- for actors
 
+    @property
+    def closing(self) -> bool:
+        """True once the runtime is shutting down: no new effect may start."""
+        return self._nursery.cancel_scope.cancel_called
+
     def make_step(
         self,
         state: Conversation,
@@ -286,9 +307,10 @@ class Runtime:
         effects: tuple[Effect, ...],
         *,
         user_initiated: bool = False,
+        snapshot: bool = False,
     ) -> Step:
-        at_rest = type(state.phase).__name__ in ("Idle", "Error", "Completed", "Failed")
-        snapshot = seq == 0 or at_rest or seq % SNAPSHOT_EVERY == 0
+        """The step to log; with a snapshot if asked, at seq 0 and at rest."""
+        snapshot = snapshot or seq == 0 or state.at_rest
         return Step(
             conversation_id=state.id,
             seq=seq,
@@ -351,8 +373,7 @@ class Runtime:
         self._nursery.start_soon(actor.run)
 
     def _redeliver_outcomes(self, state: Conversation) -> None:
-        phase = state.phase
-        children = getattr(phase, "children", None)
+        children = state.children
         if children is None:
             return
         for pending in children.pending:

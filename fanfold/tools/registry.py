@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
@@ -34,15 +34,20 @@ class ToolSet:
         and :class:`~fanfold.tools.schema.SchemaError` on an unsupported schema."""
         self._tools: dict[str, Tool] = {}
         self._specs: dict[str, ToolSpec] = {}
+        self._schemas: dict[str, dict[str, Any]] = {}  # parsed once, read-only
+        self._conforms: dict[str, Callable[[object], bool]] = {}
         for tool in tools:
             spec = tool.spec
             if spec.name in self._tools:
                 raise ValueError(f"duplicate tool name {spec.name!r}")
             if spec.name in CONTROL_TOOLS:
                 raise ValueError(f"{spec.name!r} is a control tool, handled by the reducer")
-            check_schema(spec.input_schema(), spec.name)
+            schema = spec.input_schema()
+            check_schema(schema, spec.name)
             self._tools[spec.name] = tool
             self._specs[spec.name] = spec
+            self._schemas[spec.name] = schema
+            self._conforms[spec.name] = _compile_check(schema)
 
     @classmethod
     def default(cls, policy: PathPolicy = DEFAULT_POLICY) -> ToolSet:
@@ -86,9 +91,10 @@ class ToolSet:
         arguments = _parse(call)
         if isinstance(arguments, ToolOutput):
             return arguments
-        problem = validate_arguments(call.name, self._specs[call.name].input_schema(), arguments)
-        if problem is not None:
-            return ToolOutput.error(problem)
+        if not self._conforms[call.name](arguments):
+            problem = validate_arguments(call.name, self._schemas[call.name], arguments)
+            if problem is not None:
+                return ToolOutput.error(problem)
         try:
             return await tool.run(arguments, cwd)
         except ToolInputError as e:
@@ -100,6 +106,57 @@ class ToolSet:
             return ToolOutput.error(f"{call.name}: {e.strerror or e}{where}")
         except trio.TooSlowError:
             return ToolOutput.error(f"{call.name}: timed out")
+
+
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples"})
+
+
+def _compile_check(schema: dict[str, Any]) -> Callable[[object], bool]:
+    """A fast test that is True only for arguments ``validate`` would find no problem
+    with. It covers the common shape (an object of string and boolean properties);
+    for anything else, and whenever it says False, the full validator decides (and
+    writes the messages)."""
+    never: Callable[[object], bool] = lambda _: False  # noqa: E731
+    if not set(schema) <= _ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}:
+        return never
+    if schema.get("type", "object") != "object":
+        return never
+    properties = schema.get("properties", {})
+    checks: dict[str, tuple[type, int]] = {}
+    for name, sub in properties.items():
+        if not isinstance(sub, dict) or not set(sub) <= _ANNOTATIONS | {"type", "minLength"}:
+            return never
+        kind = sub.get("type")
+        min_length = sub.get("minLength", 0)
+        if kind == "string" and type(min_length) is int:
+            checks[name] = (str, min_length)
+        elif kind == "boolean" and "minLength" not in sub:
+            checks[name] = (bool, 0)
+        else:
+            return never
+    required = tuple(schema.get("required", ()))
+    closed = schema.get("additionalProperties", True) is False
+
+    def conforms(arguments: object) -> bool:
+        if not isinstance(arguments, dict):
+            return False
+        for name in required:
+            if name not in arguments:
+                return False
+        for name, value in arguments.items():
+            check = checks.get(name)
+            if check is None:
+                if closed:
+                    return False
+                continue
+            kind, min_length = check
+            if not isinstance(value, kind):
+                return False
+            if min_length and len(value) < min_length:  # type: ignore[arg-type]
+                return False
+        return True
+
+    return conforms
 
 
 def _parse(call: ToolCall) -> dict[str, Any] | ToolOutput:

@@ -1,0 +1,75 @@
+"""The runtime's timers (``StartTimer``, ``ScheduleRetry``): one task for all of them.
+
+A parent with a thousand children holds a thousand deadline timers, and each child
+one of its own; most are aborted (``AbortCall``) when the child reports. A task, a
+cancel scope and a ``trio.sleep`` per timer, and a Cancelled exception per abort, cost
+more than everything else the runtime does for a child. Here a timer is an entry in a
+heap, an abort marks it dead, and one task, whose cancel scope carries the earliest
+deadline, fires whatever is due. Deadlines are the ones ``trio.sleep`` would have
+used (also under a mock clock); timers due at the same moment fire in the order they
+were started.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+
+import trio
+
+Fire = Callable[[], None]
+
+
+class Timer:
+    """One started timer; ``cancel()`` before it fires and it never does."""
+
+    __slots__ = ("deadline", "fire", "order")
+
+    def __init__(self, deadline: float, order: int, fire: Fire) -> None:
+        self.deadline = deadline
+        self.order = order
+        self.fire: Fire | None = fire
+
+    def __lt__(self, other: Timer) -> bool:
+        return (self.deadline, self.order) < (other.deadline, other.order)
+
+    def cancel(self) -> None:
+        self.fire = None
+
+
+class Timers:
+    """Starts timers and fires them from ``run`` (a task of the runtime's nursery)."""
+
+    def __init__(self) -> None:
+        self._heap: list[Timer] = []
+        self._order = itertools.count()
+        self._scope: trio.CancelScope | None = None
+
+    def start(self, delay: float, fire: Fire) -> Timer:
+        """Call ``fire()`` (in the timers' task) once ``delay`` seconds have passed."""
+        if math.isnan(delay) or delay < 0:
+            raise ValueError(f"a timer's delay must be a number >= 0, got {delay}")
+        timer = Timer(trio.current_time() + delay, next(self._order), fire)
+        heapq.heappush(self._heap, timer)
+        scope = self._scope
+        if scope is not None and timer.deadline < scope.deadline:
+            scope.deadline = timer.deadline
+        return timer
+
+    async def run(self) -> None:
+        """Fire due timers forever; cancel to stop."""
+        heap = self._heap
+        while True:
+            now = trio.current_time()
+            while heap and heap[0].deadline <= now:
+                fire = heapq.heappop(heap).fire
+                if fire is not None:
+                    fire()
+            while heap and heap[0].fire is None:
+                heapq.heappop(heap)  # aborted: no need to wake up for it
+            with trio.CancelScope(deadline=heap[0].deadline if heap else math.inf) as scope:
+                self._scope = scope
+                await trio.sleep_forever()
+            self._scope = None
