@@ -22,6 +22,7 @@ from fanfold.providers.wire import (
     parse_error_body,
     redact,
     retry_after,
+    status_for,
     tool_arguments,
 )
 from fanfold.statemachine import ErrorKind
@@ -187,6 +188,7 @@ LLAMA_CPP_CONTEXT = {
         (408, ErrorKind.TIMEOUT),
         (413, ErrorKind.CONTEXT_EXHAUSTED),
         (301, ErrorKind.INVALID_REQUEST),
+        (402, ErrorKind.QUOTA_EXHAUSTED),
     ],
 )
 def test_status_table(status: int, kind: ErrorKind) -> None:
@@ -202,6 +204,33 @@ def test_context_length_errors(body: object, status: int) -> None:
 
     error = classify_http_error("x", status, json.dumps(body), {}, NOW)
     assert error.kind is ErrorKind.CONTEXT_EXHAUSTED
+
+
+# OpenAI's answer when the account has no credit left: a 429 that no wait will fix.
+OPENAI_QUOTA = {
+    "error": {
+        "message": "You exceeded your current quota, please check your plan and billing details.",
+        "type": "insufficient_quota",
+        "param": None,
+        "code": "insufficient_quota",
+    }
+}
+
+
+def test_insufficient_quota_is_fatal_not_a_rate_limit() -> None:
+    import json
+
+    error = classify_http_error("openai", 429, json.dumps(OPENAI_QUOTA), {"retry-after": "1"}, NOW)
+    assert error.kind is ErrorKind.QUOTA_EXHAUSTED
+    assert not error.kind.retryable
+    assert error.retry_after is None
+    assert "exceeded your current quota" in error.message
+    # The same error arriving inside a stream classifies the same way.
+    assert status_for(parse_error_body(json.dumps(OPENAI_QUOTA))) == 402
+    plain = classify_http_error(
+        "openai", 429, b'{"error": {"code": "rate_limit_exceeded"}}', {}, NOW
+    )
+    assert plain.kind is ErrorKind.RATE_LIMIT
 
 
 def test_rate_limit_carries_retry_after_and_fatal_errors_do_not() -> None:

@@ -6,8 +6,10 @@ function is tested with plain data. The rules, in one place:
 
 - Every failure becomes a ``ModelError`` with one ``ErrorKind``; nothing is "unknown".
 - HTTP status decides first (429 rate limit, 5xx server error, 401/403 auth, 408
-  timeout, 413 context exhausted, other 4xx invalid request, unless the body says the
-  context window is exceeded). An error that arrives *inside* a 200 stream is mapped to
+  timeout, 413 context exhausted, 402 quota exhausted, other 4xx invalid request,
+  unless the body says the context window is exceeded). A body that says the quota or
+  credit is gone (``insufficient_quota``, ``billing_error``) is quota exhausted, also
+  on a 429. An error that arrives *inside* a 200 stream is mapped to
   the status it stands for, then classified by the same table, so streaming and
   non-streaming calls classify identically.
 - Error messages pass through ``redact`` before they leave a provider: API keys never
@@ -414,8 +416,12 @@ _TYPE_STATUS = {
     "invalid_request_error": 400,
     "request_too_large": 413,
     "billing_error": 402,
+    "insufficient_quota": 402,
     "exceed_context_size_error": 400,
 }
+
+
+_QUOTA_LABELS = frozenset({"insufficient_quota", "billing_error"})
 
 
 def status_for(error: ErrorBody) -> int:
@@ -432,6 +438,10 @@ def status_for(error: ErrorBody) -> int:
 
 def kind_for_status(status: int, error: ErrorBody) -> ErrorKind:
     """The table: which ErrorKind an HTTP status (with its error body) means."""
+    if status == 402 or _QUOTA_LABELS.intersection((error.type, error.code)):
+        # A 429 that says the quota is gone is not a rate limit: no retry brings
+        # credit back.
+        return ErrorKind.QUOTA_EXHAUSTED
     if status == 429:
         return ErrorKind.RATE_LIMIT
     if status == 408:

@@ -22,6 +22,9 @@ class ErrorKind(enum.StrEnum):
     AUTH = "auth"
     INVALID_REQUEST = "invalid_request"
     CONTEXT_EXHAUSTED = "context_exhausted"
+    # The account is out of credit or quota (OpenAI sends it as a 429 with code
+    # "insufficient_quota", others as 402): waiting does not help, so it is fatal.
+    QUOTA_EXHAUSTED = "quota_exhausted"
     # A provider raised something it did not classify: a bug in the provider, fatal
     # because its cause is unknown, and logged loudly by the runtime.
     PROVIDER_FAILURE = "provider_failure"
