@@ -100,6 +100,54 @@ def test_bad_input_is_one_clear_line_without_traceback(
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "command", [["ls"], ["show", "x"], ["run", "hi"], ["replay", "x", "--verify"]]
+)
+def test_a_db_that_is_not_a_fanfold_log_is_one_line_and_left_untouched(
+    tmp_path: Path, command: list[str]
+) -> None:
+    import sqlite3
+
+    garbage = tmp_path / "notes.db"
+    garbage.write_text("not a database\n")
+    foreign = tmp_path / "app.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE users (id INTEGER)")
+    conn.commit()
+    conn.close()
+    foreign_bytes = foreign.read_bytes()
+    for db, message in [
+        (garbage, "is not an SQLite database"),
+        (foreign, "is an SQLite database but not a fanfold log"),
+    ]:
+        result = CliRunner().invoke(cli, [*command, "--db", str(db)])
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+        assert "Traceback" not in result.output
+    assert garbage.read_text() == "not a database\n"
+    assert foreign.read_bytes() == foreign_bytes
+
+
+def test_a_failing_disk_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    db = tmp_path / "cli.db"
+    script = _write(tmp_path / "s.json", FAST_SCRIPT)
+    assert (
+        CliRunner().invoke(cli, ["run", "--db", str(db), "--script", str(script), "x"]).exit_code
+        == 0
+    )
+
+    def full(self: Store, steps: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(Store, "append", full)
+    result = CliRunner().invoke(cli, ["run", "--db", str(db), "--script", str(script), "y"])
+    assert result.exit_code == 2, result.output
+    assert "the event log could not be written or read: database or disk is full" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
     script = _write(
         tmp_path / "slow.json",

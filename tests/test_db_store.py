@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from fanfold.db import (
     SCHEMA_VERSION,
+    CannotOpen,
     CodecError,
     ConversationRow,
     InvalidStep,
@@ -98,6 +99,46 @@ def test_a_database_from_a_newer_fanfold_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(SchemaError, match="newer than this fanfold knows"):
         Store.open(path)
+
+
+def test_a_file_that_is_not_sqlite_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"my notes, not a database\n" * 100)
+    with pytest.raises(CannotOpen, match="is not an SQLite database"):
+        Store.open(path)
+    assert path.read_bytes() == b"my notes, not a database\n" * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
+
+
+def test_another_programs_sqlite_database_is_never_written_to(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(CannotOpen, match=r"not a fanfold log \(it has tables users\)"):
+        Store.open(path)
+    assert path.read_bytes() == before  # not even switched to WAL
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("users",)]
+    conn.close()
+
+
+def test_a_path_sqlite_cannot_open_is_a_typed_error(tmp_path: Path) -> None:
+    with pytest.raises(CannotOpen, match="cannot open"):
+        Store.open(tmp_path)  # a directory
+    with pytest.raises(CannotOpen, match="cannot open"):
+        Store.open(tmp_path / "missing" / "fanfold.db")
+
+
+def test_an_empty_file_becomes_a_fanfold_log(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    with Store.open(path) as store:
+        assert store.list_roots() == []
 
 
 def test_events_from_a_newer_codec_are_refused(tmp_path: Path) -> None:

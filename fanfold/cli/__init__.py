@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -94,11 +95,25 @@ def user_errors() -> Iterator[None]:
         yield
     except USER_ERRORS as exc:
         raise CliError(str(exc)) from None
+    except sqlite3.OperationalError as exc:
+        raise CliError(_sqlite_message(exc)) from None
     except BaseExceptionGroup as group:
         leaves = _leaves(group)
         if leaves and all(isinstance(leaf, USER_ERRORS) for leaf in leaves):
             raise CliError(str(leaves[0])) from None
+        if leaves and all(isinstance(leaf, sqlite3.OperationalError) for leaf in leaves):
+            raise CliError(_sqlite_message(leaves[0])) from None
         raise
+
+
+def _sqlite_message(exc: BaseException) -> str:
+    # The environment failed under the log (disk full, read-only file, a lock held by
+    # another program past the busy timeout). The transaction was rolled back, so the
+    # log holds everything up to the last committed step.
+    return (
+        f"the event log could not be written or read: {exc} "
+        "(everything up to the last committed step is kept)"
+    )
 
 
 db_option = click.option(

@@ -20,6 +20,7 @@ from fanfold.db.codec import (
     encode_state,
 )
 from fanfold.db.errors import (
+    CannotOpen,
     CodecError,
     ConversationExists,
     DatabaseError,
@@ -48,6 +49,7 @@ from fanfold.db.store import BUSY_TIMEOUT_MS, Store
 __all__ = [
     "BUSY_TIMEOUT_MS",
     "SCHEMA_VERSION",
+    "CannotOpen",
     "CodecError",
     "ConversationExists",
     "ConversationRow",

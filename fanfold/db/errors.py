@@ -36,6 +36,12 @@ class SchemaError(DatabaseError):
     """The database file's schema cannot be used by this fanfold (e.g. it is newer)."""
 
 
+class CannotOpen(DatabaseError):
+    """The file cannot be used as a fanfold log: it is not SQLite, it is another
+    program's SQLite database (fanfold never writes into those), or SQLite cannot open
+    it at all. Nothing was written to it."""
+
+
 class StoreClosed(DatabaseError):
     """The Store was used after ``close()``."""
 

@@ -34,6 +34,7 @@ from sqlite_utils import Database
 
 from fanfold.db.codec import decode_event, decode_state, encode_effect, encode_event, encode_state
 from fanfold.db.errors import (
+    CannotOpen,
     CodecError,
     ConversationExists,
     InvalidStep,
@@ -71,6 +72,9 @@ CHECKPOINT_BYTES = 4_000_000
 """Bytes appended (payloads and snapshots) after which a file's WAL is checkpointed, in
 a background thread. (SQLite's automatic checkpoint, which runs inside a commit every
 1000 pages, is off for a Store's own connection.)"""
+
+_SQLITE_CANTOPEN = 14
+_SQLITE_NOTADB = 26
 
 _IN_CHUNK = 500  # ids per "WHERE id IN (...)": well under SQLite's variable limit
 _ROW_COLUMNS = ", ".join(ConversationRow.COLUMNS)
@@ -218,13 +222,21 @@ class Store:
     def open(cls, path: str | os.PathLike[str]) -> Store:
         """Open (creating if needed) the database file at ``path`` and migrate it."""
         name = os.fspath(path)
-        conn = sqlite3.connect(
-            name,
-            check_same_thread=False,
-            isolation_level=None,  # no implicit transactions: we BEGIN explicitly
-            timeout=BUSY_TIMEOUT_MS / 1000,
-        )
-        return cls._setup(conn, name, wal=True)
+        try:
+            conn = sqlite3.connect(
+                name,
+                check_same_thread=False,
+                isolation_level=None,  # no implicit transactions: we BEGIN explicitly
+                timeout=BUSY_TIMEOUT_MS / 1000,
+            )
+            return cls._setup(conn, name, wal=True)
+        except sqlite3.DatabaseError as exc:
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if code == _SQLITE_NOTADB:
+                raise CannotOpen(f"{name} is not an SQLite database") from None
+            if code == _SQLITE_CANTOPEN:
+                raise CannotOpen(f"cannot open {name} as a database: {exc}") from None
+            raise
 
     @classmethod
     def memory(cls) -> Store:
@@ -256,6 +268,7 @@ class Store:
         delay = 0.002
         while True:
             try:
+                self._refuse_foreign()
                 if wal:
                     self._db.enable_wal()
                 self._connection().execute("PRAGMA synchronous = NORMAL")
@@ -270,6 +283,25 @@ class Store:
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
+
+    def _refuse_foreign(self) -> None:
+        """Raise CannotOpen if the file holds another program's tables.
+
+        Checked before anything is written (switching to WAL is a write): a mistyped
+        ``--db`` must not add fanfold's tables to someone else's database.
+        """
+        names = {
+            row[0]
+            for row in self._connection().execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )
+        }
+        if names and "migrations" not in names:
+            shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+            raise CannotOpen(
+                f"{self.path} is an SQLite database but not a fanfold log "
+                f"(it has tables {shown}); fanfold does not write to it"
+            )
 
     def close(self) -> None:
         """Close the connection. Idempotent; any later use raises StoreClosed."""
