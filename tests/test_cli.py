@@ -148,6 +148,20 @@ def test_a_failing_disk_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert "Traceback" not in result.output
 
 
+def test_unreadable_task_files_and_log_places_are_one_line(tmp_path: Path) -> None:
+    latin1 = tmp_path / "task.md"
+    latin1.write_bytes(b"caf\xe9")
+    result = CliRunner().invoke(cli, ["run", "--db", str(tmp_path / "a.db"), "--file", str(latin1)])
+    assert (result.exit_code, "Traceback" in result.output) == (2, False), result.output
+    assert "is not UTF-8 text" in result.output
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a folder should be")
+    result = CliRunner().invoke(cli, ["run", "--db", str(blocker / "sub" / "x.db"), "hi"])
+    assert (result.exit_code, "Traceback" in result.output) == (2, False), result.output
+    assert f"cannot write {blocker / 'sub'}" in result.output
+    assert blocker.read_text() == "a file where a folder should be"
+
+
 def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
     script = _write(
         tmp_path / "slow.json",

@@ -24,6 +24,25 @@ def test_property_testing_example_runs() -> None:
     namespace["test_stop_keeps_every_invariant"]()
 
 
+def test_property_testing_example_catches_the_wrong_check_as_the_readme_says() -> None:
+    """README: checking "/stop" as the plain UserMessaged it arrived as fails at once,
+    naming the invariant (Hypothesis shrinks it to the simplest state)."""
+    import pytest
+
+    source = _block("def my_transition").replace(
+        "testing.check_transition(state, meaning(event), after, effects)",
+        "testing.check_transition(state, event, after, effects)",
+    )
+    assert "check_transition(state, event," in source
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "README.md", "exec"), namespace)
+    with pytest.raises(AssertionError) as caught:
+        namespace["test_stop_keeps_every_invariant"]()
+    claim = re.search(r"and says\s+why: `(.*?)`", README.read_text(encoding="utf-8"), re.S)
+    assert claim is not None
+    assert claim.group(1) in str(caught.value)
+
+
 def test_runtime_example_runs(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "readme"}

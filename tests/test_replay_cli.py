@@ -114,7 +114,9 @@ def test_missing_and_broken_databases_are_one_line(tmp_path: Path) -> None:
     )
     junk = tmp_path / "junk.db"
     junk.write_text("this is not SQLite, but it is long enough to look like a file " * 20)
-    assert "is not an SQLite database" in one_error_line(run("replay", "r", "--verify", "--db", junk))
+    assert "is not an SQLite database" in one_error_line(
+        run("replay", "r", "--verify", "--db", junk)
+    )
     assert "is not an SQLite database" in one_error_line(run("import", junk, "--db", junk))
 
 

@@ -264,14 +264,13 @@ def run(
     """
     if (task is None) == (task_file is None):
         raise CliError("give a TASK or --file (one of them)")
-    text = task if task is not None else task_file.read_text()  # type: ignore[union-attr]
+    text = task if task is not None else _read_task(task_file)  # type: ignore[arg-type]
     if not text.strip():
         raise CliError("the task is empty")
     if not cwd.is_dir():
         raise CliError(f"--cwd {cwd} is not a directory")
     path = db or default_db()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    configure(json_file=json_log or path.with_suffix(".log.jsonl"), console=None)
+    _open_logs(path, json_log)
     with user_errors():
         choice = _choose_model(script, config_path, profile, model)
         overrides = {
@@ -287,6 +286,28 @@ def run(
         err_console.print(f"[dim]model: {choice.description}; log: {path}[/dim]")
         result = trio.run(_run_main, path, choice, text, cwd, limits, not no_live)
     _print_result(*result, db=path)
+
+
+def _read_task(task_file: Path) -> str:
+    try:
+        return task_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CliError(f"--file {task_file} is not UTF-8 text") from None
+    except OSError as exc:
+        raise CliError(f"cannot read --file {task_file}: {exc.strerror or exc}") from None
+
+
+def _open_logs(path: Path, json_log: Path | None) -> None:
+    """Create the database's folder and send the JSON log next to it (or to json_log)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        configure(json_file=json_log or path.with_suffix(".log.jsonl"), console=None)
+    except OSError as exc:
+        where = exc.filename or path
+        raise CliError(
+            f"cannot write {where}: {exc.strerror or exc} (choose another place with --db"
+            + (")" if json_log else " or --json-log)")
+        ) from None
 
 
 async def _run_main(
@@ -383,7 +404,7 @@ def send(
     path = db or default_db()
     if not path.exists():
         raise CliError(f"no database at {path}")
-    configure(json_file=path.with_suffix(".log.jsonl"), console=None)
+    _open_logs(path, None)
     with user_errors():
         choice = _choose_model(script, config_path, profile, model)
         err_console.print(f"[dim]model: {choice.description}; log: {path}[/dim]")
@@ -424,7 +445,7 @@ def resume(
     path = db or default_db()
     if not path.exists():
         raise CliError(f"no database at {path}")
-    configure(json_file=path.with_suffix(".log.jsonl"), console=None)
+    _open_logs(path, None)
     with user_errors():
         choice = _choose_model(script, config_path, profile, model)
         trio.run(_resume_main, path, choice)
