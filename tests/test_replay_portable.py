@@ -229,3 +229,35 @@ def test_an_unreadable_stored_payload_cannot_be_exported(tmp_path: Path) -> None
         pytest.raises(LogCorrupt, match=r"r\.1, seq 1"),
     ):
         _export(store, "r")
+
+
+def test_a_log_with_a_gap_cannot_be_exported(tmp_path: Path) -> None:
+    # import could never load it back, so it is refused here, naming the missing seq.
+    write(tmp_path / "source.db", _driver().steps)
+    edit(
+        tmp_path / "source.db",
+        "PRAGMA foreign_keys = OFF",
+        "DELETE FROM effects WHERE conversation_id = 'r' AND seq = 2",
+        "DELETE FROM events WHERE conversation_id = 'r' AND seq = 2",
+    )
+    with (
+        Store.open(tmp_path / "source.db") as store,
+        pytest.raises(LogCorrupt, match=r"event 2 is missing \(the next stored one is 3\)"),
+    ):
+        _export(store, "r")
+
+
+def test_a_truncated_log_cannot_be_exported(tmp_path: Path) -> None:
+    write(tmp_path / "source.db", _driver().steps)
+    with Store.open(tmp_path / "source.db") as store:
+        last = store.conversation("r.4").last_seq
+    edit(
+        tmp_path / "source.db",
+        f"DELETE FROM effects WHERE conversation_id = 'r.4' AND seq = {last}",
+        f"DELETE FROM events WHERE conversation_id = 'r.4' AND seq = {last}",
+    )
+    with (
+        Store.open(tmp_path / "source.db") as store,
+        pytest.raises(LogCorrupt, match=f"ends at seq {last - 1} but its conversation row"),
+    ):
+        _export(store, "r")

@@ -31,6 +31,7 @@ from fanfold.db import (
     RawConversation,
     RawEffect,
     RawEvent,
+    RawLog,
     Status,
     Store,
     UnsupportedVersion,
@@ -82,6 +83,7 @@ def export_jsonl(store: Store, conversation_id: str, out: IO[str]) -> ExportSumm
         line["status"] = row.status.value
         line["snapshot"] = snapshot_doc
         lines.append(_dumps(line))
+        _check_contiguous(log)
         events.extend(log.events)
     events.sort(key=lambda e: e.rowid if e.rowid is not None else -1)
     header = {
@@ -109,6 +111,35 @@ def export_jsonl(store: Store, conversation_id: str, out: IO[str]) -> ExportSumm
         }
         out.write(_dumps(step) + "\n")
     return ExportSummary(root, len(logs), len(events))
+
+
+def _check_contiguous(log: RawLog) -> None:
+    """Refuse a log with a missing seq: ``import`` could never load it back, so the
+    export would be a bug report nobody can open. ``fanfold replay --verify`` reports
+    such a log in full."""
+    row = log.row
+    for expected, event in enumerate(log.events):
+        if event.seq != expected:
+            raise LogCorrupt(
+                Finding(
+                    FindingKind.MISSING_EVENT,
+                    row.id,
+                    expected,
+                    f"event {expected} is missing (the next stored one is {event.seq}): "
+                    "cannot export it",
+                )
+            )
+    last = log.events[-1].seq if log.events else -1
+    if last < row.last_seq:
+        raise LogCorrupt(
+            Finding(
+                FindingKind.TRUNCATED,
+                row.id,
+                last + 1,
+                f"the log ends at seq {last} but its conversation row names {row.last_seq}: "
+                "cannot export it",
+            )
+        )
 
 
 def _parse(text: str, conversation_id: str, seq: int, what: str) -> Any:
