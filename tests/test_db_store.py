@@ -516,3 +516,28 @@ def test_closed_store_refuses_use(tmp_path: Path) -> None:
         created = ConversationCreated("r")
         state, effects = start(created)
         store.append([Step("r", 0, created, effects, state, 0.0)])
+
+
+def test_the_wal_checkpoint_finds_the_database_after_a_change_of_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fanfold.db import store as store_module
+
+    monkeypatch.setattr(store_module, "CHECKPOINT_BYTES", 1)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    store = Store.open("log.db")  # a relative path
+    monkeypatch.chdir(second)  # the application moves on
+    driver = Driver()
+    fan_out(driver)
+    try:
+        store.append(driver.steps)
+        checkpointer = store._checkpointer
+        assert checkpointer is not None and checkpointer._thread is not None
+        checkpointer._thread.join()
+        assert list(second.iterdir()) == []  # no stray database in the new directory
+        assert (first / "log.db").stat().st_size > 4096  # the real one was checkpointed
+    finally:
+        store.close()

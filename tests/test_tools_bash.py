@@ -78,7 +78,9 @@ async def test_missing_cwd_is_an_error_result(tmp_path: Path) -> None:
 
 
 async def test_stdin_is_closed_so_readers_do_not_hang(tmp_path: Path) -> None:
-    result = await bash("cat; read line || echo no-input", tmp_path, timeout=0.5)
+    result = await bash(
+        "cat; read line || echo no-input", tmp_path, timeout=10
+    )  # a hang fails by timing out
     assert result.content == "no-input\n[exit code 0]"
 
 

@@ -27,7 +27,7 @@ from fanfold.examples import CODE_REVIEW_SCRIPT
 from fanfold.providers.base import Provider
 from fanfold.providers.config import ConfigError, ProviderRouter, RetryPolicy, load_config
 from fanfold.providers.scripted import ScriptedProvider, ScriptError
-from fanfold.runtime import NotRunning, Runtime, UnknownConversation
+from fanfold.runtime import DatabaseInUse, NotRunning, Runtime, UnknownConversation
 from fanfold.runtime.logging import configure
 from fanfold.statemachine import (
     Completed,
@@ -71,6 +71,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     DatabaseError,
     UnknownConversation,
     NotRunning,
+    DatabaseInUse,
     IllegalTransition,
     FileNotFoundError,
     ValueError,

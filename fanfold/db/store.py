@@ -22,6 +22,7 @@ so no commit waits for the disk syncs a checkpoint makes.
 from __future__ import annotations
 
 import os
+import pathlib
 import sqlite3
 import threading
 import time
@@ -93,7 +94,8 @@ class _Checkpointer:
     """
 
     def __init__(self, path: str) -> None:
-        self._path = path
+        # Absolute: the process may change directory before the first checkpoint.
+        self._path = os.path.abspath(path)
         self._written = 0
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
@@ -117,8 +119,13 @@ class _Checkpointer:
     def _checkpoint(self) -> None:
         try:
             if self._conn is None:
+                # mode=rw: never create a file (if the database was removed meanwhile,
+                # the checkpoint fails and is skipped).
                 self._conn = sqlite3.connect(
-                    self._path, check_same_thread=False, isolation_level=None
+                    f"{pathlib.Path(self._path).as_uri()}?mode=rw",
+                    uri=True,
+                    check_same_thread=False,
+                    isolation_level=None,
                 )
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error:

@@ -2,9 +2,11 @@
 
 from fanfold.db import UnknownConversation
 from fanfold.runtime.actor import tree_path
+from fanfold.runtime.presence import DatabaseInUse
 from fanfold.runtime.runtime import NotAtRest, NotRunning, Runtime, TreeNode, TurnResult
 
 __all__ = [
+    "DatabaseInUse",
     "NotAtRest",
     "NotRunning",
     "Runtime",

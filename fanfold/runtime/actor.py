@@ -89,7 +89,7 @@ class Actor:
     have moved further (steps handed to the writer but not yet committed).
     """
 
-    def __init__(self, runtime: Runtime, state: Conversation, seq: int) -> None:
+    def __init__(self, runtime: Runtime, state: Conversation, seq: int, *, created: bool) -> None:
         self.runtime = runtime
         self.state = state
         self.seq = seq
@@ -100,9 +100,10 @@ class Actor:
         self._head_seq = seq
         # Snapshot policy (see runtime.py): bytes of events committed since the last
         # snapshot, and that snapshot's size (None: not known yet, then the creation
-        # event's size stands for the state start() rebuilds for free).
+        # event's size stands for the state start() rebuilds for free; 0 for an actor
+        # loaded from the log, resumed or attached, whose first snapshot is due at once).
         self._logged = 0
-        self._snapshot_size: int | None = None if seq == 0 else 0
+        self._snapshot_size: int | None = None if created else 0
         self._snapshot_asked = False
         self._inbox: deque[Event | _Submission] = deque()
         self._waiter: trio.lowlevel.Task | None = None
@@ -285,10 +286,10 @@ class Actor:
             case SpawnSubAgent():
                 self.runtime.spawn_child(effect)
             case NotifyParent(parent_id=parent_id, child_id=child_id, outcome=outcome):
-                self.runtime.deliver(parent_id, SubAgentFinished(child_id, outcome))
+                self.runtime.deliver_between(parent_id, SubAgentFinished(child_id, outcome))
             case CancelSubAgents(ids=ids, reason=reason):
                 for child_id in ids:
-                    self.runtime.deliver(child_id, CancelRequested(reason))
+                    self.runtime.deliver_between(child_id, CancelRequested(reason))
             case TurnFinished():
                 self.last_turn = effect
 

@@ -17,6 +17,7 @@ from fanfold.db import Step, Store, UnknownConversation
 from fanfold.db.codec import clear_memo
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.runtime.actor import Actor
+from fanfold.runtime.presence import DatabaseInUse, Presence
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
 from fanfold.statemachine import (
@@ -115,6 +116,7 @@ class Runtime:
         self.timers = Timers()
         self._actors: dict[str, Actor] = {}
         self._stored: set[str] = set()
+        self._presence: Presence | None = None
 
     @classmethod
     @asynccontextmanager
@@ -142,7 +144,9 @@ class Runtime:
         """
         memory = str(database) == ":memory:"
         store = Store.memory() if memory else Store.open(database)
+        presence = None
         try:
+            presence = None if memory else Presence(database)
             threaded = not memory if threaded_writes is None else threaded_writes
             writer = LogWriter(store.append, threaded=threaded)
             async with trio.open_nursery() as nursery:
@@ -159,6 +163,7 @@ class Runtime:
                     on_progress=on_progress,
                     clock=clock,
                 )
+                runtime._presence = presence
                 nursery.start_soon(writer.run)
                 nursery.start_soon(runtime.timers.run)
                 try:
@@ -166,6 +171,8 @@ class Runtime:
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
+            if presence is not None:
+                presence.close()
             store.close()
             # The codec memoises the text of the messages it encoded by identity, for
             # as long as it has room: once the runtime is closed, its conversations'
@@ -224,7 +231,9 @@ class Runtime:
         if row.status == "running":
             raise NotAtRest(f"conversation {conversation_id!r} has work in flight: resume it")
         self._stored.update(r.id for r in self.store.tree(row.root_id))
-        self._launch(Actor(self, self.store.load_state(conversation_id), row.last_seq))
+        self._launch(
+            Actor(self, self.store.load_state(conversation_id), row.last_seq, created=False)
+        )
 
     async def cancel(self, conversation_id: str, reason: CancelReason = CancelReason.USER) -> None:
         """Ask a conversation to stop; its children are cancelled too.
@@ -275,7 +284,17 @@ class Runtime:
         States are rebuilt from snapshots and events; each conversation then gets a
         RuntimeResumed event so the reducer re-issues what was in flight. Outcomes that
         finished children committed but their parents never accepted are re-delivered.
+
+        Raises DatabaseInUse, and resumes nothing, while another runtime (in this
+        process or another) has the database open: its unfinished conversations may be
+        its live work rather than orphans of a crash.
         """
+        if self._presence is not None and not self._presence.alone():
+            raise DatabaseInUse(
+                f"another fanfold runtime has {self.store.path} open (a run, send or resume "
+                "still going?); resuming now would run its conversations twice. Resume "
+                "once it has ended"
+            )
         rows = self.store.unfinished()
         for row in rows:
             self._stored.update(r.id for r in self.store.tree(row.root_id))
@@ -284,7 +303,7 @@ class Runtime:
             if row.id in self._actors:
                 continue
             state = self.store.load_state(row.id)
-            self._launch(Actor(self, state, row.last_seq))
+            self._launch(Actor(self, state, row.last_seq, created=False))
             resumed.append(row.id)
         for conversation_id in resumed:
             self.deliver(conversation_id, RuntimeResumed())
@@ -321,6 +340,31 @@ class Runtime:
             snapshot=snapshot,
             user_initiated=user_initiated,
         )
+
+    def deliver_between(self, conversation_id: str, event: Event) -> None:
+        """Deliver a message from one conversation to another (an outcome to a parent,
+        a cancel to a child).
+
+        After a restart only unfinished conversations are loaded. A message to one that
+        is not loaded because it has ended (a child that finished before the restart,
+        a parent that wrote a child off and ended) would be absorbed by its terminal or
+        at-rest phase anyway: it is dropped, with a log line. A message to an unfinished
+        conversation that is not loaded is a fanfold bug and raises NotRunning.
+        """
+        if conversation_id not in self._actors:
+            try:
+                row = self.store.conversation(conversation_id)
+            except UnknownConversation:
+                row = None
+            if row is not None and row.status != "running":
+                self.logger.info(
+                    "delivery_dropped",
+                    to=conversation_id,
+                    event_type=type(event).__name__,
+                    status=str(row.status),
+                )
+                return
+        self.deliver(conversation_id, event)
 
     def deliver(self, conversation_id: str, event: Event) -> None:
         actor = self._actors.get(conversation_id)
@@ -361,7 +405,7 @@ class Runtime:
         its task, which commits the creation step before anything else."""
         state, effects = start(created)
         self._stored.add(state.id)
-        actor = Actor(self, state, 0)
+        actor = Actor(self, state, 0, created=True)
         self._actors[state.id] = actor
         first = self.make_step(state, 0, created, effects, user_initiated=user_initiated)
         self.observe(actor, state, created, effects)

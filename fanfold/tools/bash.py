@@ -68,7 +68,7 @@ def _plain(number: float) -> float | int:
 class BashTool:
     """Runs ``bash -c command`` in the conversation's working directory.
 
-    The command runs in its own session and process group with stdin from /dev/null;
+    The command runs in its own session and process group with stdin at end-of-file;
     stdout and stderr are captured together and capped at ``max_output_chars`` (head and
     tail kept). When the call ends -- normally, by timeout, or because the calling task
     is cancelled -- the whole process group is killed with SIGKILL and the shell is
@@ -103,14 +103,22 @@ class BashTool:
 async def run_command(argv: list[str], cwd: str, *, timeout: float, max_chars: int) -> ToolOutput:
     """Run ``argv`` in a new session; capture and cap output; kill its group at the end."""
     output = HeadTailBuffer(max_chars)
-    process = await trio.lowlevel.open_process(
-        argv,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    # stdin is a pipe whose write end is already closed: a reader gets end-of-file at
+    # once. (Not /dev/null: in some containers that is a plain file other programs
+    # write into, and a command reading stdin would read their output.)
+    stdin, closed = os.pipe()
+    os.close(closed)
+    try:
+        process = await trio.lowlevel.open_process(
+            argv,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        os.close(stdin)
     stdout = process.stdout
     assert stdout is not None
     try:

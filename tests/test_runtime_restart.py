@@ -1,0 +1,150 @@
+"""Restarts at awkward moments: the runtime is cut right after a chosen batch is
+committed (before any of its effects runs, as a crash would leave it), then a new
+runtime resumes the log. Also: ``resume`` never takes over another runtime's work."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from runtime_helpers import open_runtime, reply, script, spawn, submit, think
+
+from fanfold.db import Step, Store
+from fanfold.runtime import DatabaseInUse, Runtime
+from fanfold.statemachine import Completed, Idle, Limits
+
+
+async def run_until_cut(
+    tmp_path: Path,
+    provider: Any,
+    cut: Callable[[Sequence[Step]], bool],
+    drive: Callable[[Runtime], Awaitable[None]],
+    limits: Limits | None = None,
+) -> None:
+    """Run ``drive``; stop the runtime once a committed batch satisfies ``cut``, before
+    any callback of that batch runs (so none of its effects executes)."""
+    async with open_runtime(tmp_path, provider, limits=limits) as runtime:
+        append = runtime.store.append
+
+        def cutting(steps: Sequence[Step]) -> Any:
+            reported = append(steps)
+            if cut(steps):
+                runtime._nursery.cancel_scope.cancel()
+            return reported
+
+        runtime.writer._append = cutting
+        await drive(runtime)
+        await trio.sleep_forever()
+
+
+def _recording(runtime: Runtime, into: list[tuple[str, int]]) -> None:
+    append = runtime.store.append
+
+    def recording(steps: Sequence[Step]) -> Any:
+        into.extend((s.conversation_id, s.seq) for s in steps if s.snapshot and s.seq)
+        return append(steps)
+
+    runtime.writer._append = recording
+
+
+async def test_a_cancelled_parent_resumed_with_an_ended_child_finishes(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Cut after a child's final step, before its parent accepted the outcome: on resume
+    the parent re-issues the cancel to every child it still waits for, including the
+    ended one (not loaded: nothing to cancel), and hears its outcome re-delivered."""
+    provider = script(
+        1.0,
+        root=[reply("", spawn("a", "b"))],
+        c1=[reply("", think(), latency=50.0)],
+        c2=[reply("", think(), latency=50.0)],
+    )
+
+    async def drive(runtime: Runtime) -> None:
+        root = await runtime.start("go", cwd=tmp_path)
+        await trio.sleep(3.0)
+        await runtime.cancel(root)
+
+    def child_ended(steps: Sequence[Step]) -> bool:
+        return any(s.conversation_id.endswith(".1") and s.state.is_terminal for s in steps)
+
+    await run_until_cut(tmp_path, provider, child_ended, drive)
+    with Store.open(tmp_path / "log.db") as store:
+        (root_row,) = store.list_roots()
+        assert root_row.phase == "CancellingSubAgents"
+    async with open_runtime(tmp_path, provider) as runtime:
+        resumed = await runtime.resume()
+        assert root_row.id in resumed and f"{root_row.id}.1" not in resumed
+        result = await runtime.wait(root_row.id)
+    assert result.phase == "Idle"
+    with Store.open(tmp_path / "log.db") as store:
+        assert [r.status for r in store.tree(root_row.id)] == ["idle", "failed", "failed"]
+
+
+async def test_a_child_resumed_at_its_creation_still_snapshots_by_size(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    limits = Limits(max_rounds=20)
+    child = [reply("", think("x" * 2000)) for _ in range(15)] + [reply("", submit("r"))]
+    root = [reply("", spawn("a")), reply("done")]
+
+    async def drive(runtime: Runtime) -> None:
+        await runtime.start("go", cwd=tmp_path, limits=limits)
+
+    def child_created(steps: Sequence[Step]) -> bool:
+        return any(s.seq == 0 and s.conversation_id.endswith(".1") for s in steps)
+
+    await run_until_cut(tmp_path, script(1.0, root=root), child_created, drive, limits)
+    snapshots: list[tuple[str, int]] = []
+    async with open_runtime(tmp_path, script(1.0, root=root, c1=child), limits=limits) as runtime:
+        _recording(runtime, snapshots)
+        resumed = await runtime.resume()
+        (root_id,) = [i for i in resumed if "." not in i]
+        await runtime.wait(root_id)
+        assert isinstance(runtime.state(f"{root_id}.1").phase, Completed)
+    child_snapshots = [seq for cid, seq in snapshots if cid.endswith(".1")]
+    # Each think round logs ~2 KB of events; the state grows by the same: a snapshot is
+    # due every few steps, not only at the end (32 steps).
+    assert len(child_snapshots) >= 3, child_snapshots
+
+
+async def test_resume_refuses_while_another_runtime_has_the_database_open(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    provider = script(
+        1.0, root=[reply("", spawn("a")), reply("done")], c1=[reply("", submit("a"), latency=30.0)]
+    )
+    async with open_runtime(tmp_path, provider) as first:
+        root = await first.start("go", cwd=tmp_path)
+        await trio.sleep(5.0)  # the child is calling the model: the tree is unfinished
+        async with open_runtime(tmp_path, provider) as second:
+            with pytest.raises(DatabaseInUse, match="another fanfold runtime has"):
+                await second.resume()
+            assert second.running() == ()
+        result = await first.wait(root)
+    assert (result.outcome, result.text) == ("answered", "done")
+    async with open_runtime(tmp_path, provider) as later:
+        assert await later.resume() == []  # nothing unfinished, and nobody else is open
+
+
+async def test_resume_after_the_other_runtime_closed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    provider = script(
+        1.0, root=[reply("", spawn("a")), reply("done")], c1=[reply("", submit("a"), latency=30.0)]
+    )
+    async with open_runtime(tmp_path, provider) as first:
+        root = await first.start("go", cwd=tmp_path)
+        await trio.sleep(5.0)
+    assert os.path.exists(tmp_path / "log.db-runtimes")
+    async with open_runtime(tmp_path, provider) as second:
+        assert sorted(await second.resume()) == [root, f"{root}.1"]
+        result = await second.wait(root)
+    assert result.text == "done"
+    with Store.open(tmp_path / "log.db") as store:
+        assert isinstance(store.load_state(root).phase, Idle)
