@@ -113,12 +113,16 @@ async def test_a_child_resumed_at_its_creation_still_snapshots_by_size(
     assert len(child_snapshots) >= 3, child_snapshots
 
 
+def _one_slow_child() -> Any:
+    return script(
+        1.0, root=[reply("", spawn("a")), reply("done")], c1=[reply("", submit("a"), latency=30.0)]
+    )
+
+
 async def test_resume_refuses_while_another_runtime_has_the_database_open(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    provider = script(
-        1.0, root=[reply("", spawn("a")), reply("done")], c1=[reply("", submit("a"), latency=30.0)]
-    )
+    provider = _one_slow_child()
     async with open_runtime(tmp_path, provider) as first:
         root = await first.start("go", cwd=tmp_path)
         await trio.sleep(5.0)  # the child is calling the model: the tree is unfinished
@@ -135,9 +139,7 @@ async def test_resume_refuses_while_another_runtime_has_the_database_open(
 async def test_resume_after_the_other_runtime_closed(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    provider = script(
-        1.0, root=[reply("", spawn("a")), reply("done")], c1=[reply("", submit("a"), latency=30.0)]
-    )
+    provider = _one_slow_child()
     async with open_runtime(tmp_path, provider) as first:
         root = await first.start("go", cwd=tmp_path)
         await trio.sleep(5.0)
