@@ -125,10 +125,19 @@ db_option = click.option(
 )
 
 
-def _open_store(db: Path | None, *, must_exist: bool = True) -> Store:
+def _db_path(db: Path | None, *, must_exist: bool = True) -> Path:
+    """The database the user chose (``--db``, ``$FANFOLD_DB`` or the default)."""
     path = db or default_db()
     if must_exist and not path.exists():
         raise CliError(f"no database at {path} (run `fanfold run` first, or pass --db)")
+    return path
+
+
+def open_store(db: Path | None, *, must_exist: bool = True) -> Store:
+    """Open the chosen database; with ``must_exist=False`` create it (and its folder)."""
+    path = _db_path(db, must_exist=must_exist)
+    if not must_exist:
+        path.parent.mkdir(parents=True, exist_ok=True)
     return Store.open(path)
 
 
@@ -402,9 +411,7 @@ def send(
     db: Path | None,
 ) -> None:
     """Send TEXT as the next user message of a stored root conversation (or a fork)."""
-    path = db or default_db()
-    if not path.exists():
-        raise CliError(f"no database at {path}")
+    path = _db_path(db)
     _open_logs(path, None)
     with user_errors():
         choice = _choose_model(script, config_path, profile, model)
@@ -443,9 +450,7 @@ def resume(
     db: Path | None,
 ) -> None:
     """Resume every unfinished conversation tree after a crash or kill."""
-    path = db or default_db()
-    if not path.exists():
-        raise CliError(f"no database at {path}")
+    path = _db_path(db)
     _open_logs(path, None)
     with user_errors():
         choice = _choose_model(script, config_path, profile, model)
@@ -473,7 +478,7 @@ async def _resume_main(path: Path, choice: ModelChoice) -> None:
 def list_conversations(db: Path | None) -> None:
     """List root conversations (sub-agents are shown by `fanfold show`)."""
     with user_errors():
-        store = _open_store(db)
+        store = open_store(db)
         try:
             table = Table("id", "status", "created", "sub-agents", "task")
             for row in store.list_roots():
@@ -502,7 +507,7 @@ def _when(ts: float) -> str:
 def show(conversation_id: str, as_json: bool, db: Path | None) -> None:
     """Print a conversation and its sub-agent tree with outcomes."""
     with user_errors():
-        store = _open_store(db)
+        store = open_store(db)
         try:
             node = _show_node(store, conversation_id)
         finally:

@@ -21,7 +21,7 @@ import click
 from rich.text import Text
 
 from fanfold import replay
-from fanfold.cli import CliError, cli, console, db_option, default_db, err_console
+from fanfold.cli import CliError, cli, console, db_option, err_console, open_store
 from fanfold.db import DatabaseError, Store
 from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
@@ -59,20 +59,6 @@ def _errors() -> Iterator[None]:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-@contextmanager
-def _store(db: Path | None, *, must_exist: bool = True) -> Iterator[Store]:
-    path = db or default_db()
-    if must_exist and not path.exists():
-        raise OneLineError(f"no database at {path} (run `fanfold run` first, or pass --db)")
-    if not must_exist:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    store = Store.open(path)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def _print_diff(divergence: Divergence) -> None:
@@ -128,12 +114,12 @@ def replay_command(
             raise OneLineError("give --verify or --step (see fanfold replay --help)")
         walk = True
     if check:
-        with _errors(), _store(db) as store:
+        with _errors(), open_store(db) as store:
             started = time.perf_counter()
             report = replay.verify(store, conversation_id, tree=tree)
             elapsed = time.perf_counter() - started
         raise SystemExit(_show_report(report, elapsed))
-    with _errors(), _store(db) as store:
+    with _errors(), open_store(db) as store:
         _show_steps(store, conversation_id, at=at, until=until, tree=tree)
 
 
@@ -220,7 +206,7 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
     Prints the new id. The source is untouched; continue the fork with
     `fanfold send NEW_ID "message"`.
     """
-    with _errors(), _store(db) as store:
+    with _errors(), open_store(db) as store:
         forked = replay.fork(store, conversation_id, at_seq, new_id=new_id)
         path = store.path
     click.echo(forked)
@@ -247,7 +233,7 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
 @db_option
 def export_command(conversation_id: str, output: Path | None, db: Path | None) -> None:
     """Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report)."""
-    with _errors(), _store(db) as store:
+    with _errors(), open_store(db) as store:
         if output is None:
             replay.export_jsonl(store, conversation_id, sys.stdout)
             sys.stdout.flush()
@@ -290,7 +276,7 @@ def _lines(file: Path) -> Iterator[TextIO]:
 @db_option
 def import_command(file: Path, db: Path | None) -> None:
     """Load an exported log (FILE, or - for stdin) into the database; prints the root id."""
-    with _errors(), _lines(file) as lines, _store(db, must_exist=False) as store:
+    with _errors(), _lines(file) as lines, open_store(db, must_exist=False) as store:
         root = replay.import_jsonl(store, lines)
         path = store.path
     click.echo(root)
