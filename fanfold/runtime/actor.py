@@ -58,10 +58,6 @@ from fanfold.statemachine import (
 if TYPE_CHECKING:
     from fanfold.runtime.runtime import Runtime
 
-"""Phases in which nothing is in flight."""
-
-_INFO = 20  # logging.INFO
-
 
 @attrs.define
 class _Submission:
@@ -117,17 +113,24 @@ class Actor:
         self._worker_scope: trio.CancelScope | None = None
         self._context: contextvars.Context | None = None
         self._path = tree_path(state)
-        self.log = runtime.logger.bind(
-            conversation_id=state.id, parent_id=state.parent_id, depth=state.depth
-        )
-        enabled = getattr(self.log, "is_enabled_for", None)
-        self._log_transitions = True if enabled is None else bool(enabled(_INFO))
+        self._log: Any = None  # bound on first use (binding costs more than a step)
+        self._log_transitions = runtime.logs_transitions
         if self.at_rest:
             self.turn_done.set()
 
     @property
     def at_rest(self) -> bool:
         return self.state.at_rest
+
+    @property
+    def log(self) -> Any:
+        """The runtime's logger bound with this conversation's id, parent and depth."""
+        if self._log is None:
+            state = self.state
+            self._log = self.runtime.logger.bind(
+                conversation_id=state.id, parent_id=state.parent_id, depth=state.depth
+            )
+        return self._log
 
     # ---------------------------------------------------------------- inbox
 

@@ -48,6 +48,8 @@ from fanfold.tools.base import ToolRunner
 # thousand children has snapshots of hundreds of KB: a fixed "every K steps" writes
 # that many times over while its children report.)
 
+_INFO = 20  # logging.INFO
+
 Observer = Callable[[Conversation, Conversation, Event, tuple[Effect, ...]], None]
 
 
@@ -108,6 +110,9 @@ class Runtime:
         self.system_prompt = system_prompt
         self.logger = logger
         self.on_progress = on_progress
+        enabled = getattr(self.logger.bind(), "is_enabled_for", None)
+        self.logs_transitions = True if enabled is None else bool(enabled(_INFO))
+        """Whether the logger takes info lines (one ``transition`` line per step)."""
         self._observer = observer
         self._clock = clock
         self._nursery = nursery
