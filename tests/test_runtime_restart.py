@@ -16,7 +16,7 @@ from runtime_helpers import open_runtime, reply, script, spawn, submit, think
 
 from fanfold.db import Step, Store
 from fanfold.runtime import DatabaseInUse, Runtime
-from fanfold.statemachine import Completed, Idle, Limits
+from fanfold.statemachine import CancelReason, Completed, Failed, Idle, Limits
 
 
 async def run_until_cut(
@@ -150,3 +150,37 @@ async def test_resume_after_the_other_runtime_closed(
     assert result.text == "done"
     with Store.open(tmp_path / "log.db") as store:
         assert isinstance(store.load_state(root).phase, Idle)
+
+
+@pytest.mark.parametrize(("down", "expected"), [(10.0, 30.0), (200.0, 0.0)])
+async def test_a_resumed_childs_time_limit_counts_from_its_start_not_the_restart(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, down: float, expected: float
+) -> None:
+    """A child with a 100 s limit runs 60 s, the process is down for ``down`` seconds:
+    after the restart its re-issued deadline timer fires once the 100 s are used up
+    (at once if they already were), not 100 s after the restart."""
+    offset = [1_000_000.0]
+
+    def wall_clock() -> float:
+        return offset[0] + trio.current_time()
+
+    provider = script(
+        1.0,
+        root=[reply("", spawn("slow")), reply("done")],
+        c1=[reply("", submit("never"), latency=10_000.0)],
+    )
+    limits = Limits(child_timeout=100.0)
+    async with open_runtime(tmp_path, provider, limits=limits, clock=wall_clock) as first:
+        root = await first.start("go", cwd=tmp_path)
+        await trio.sleep(61.0)  # the child's model call started at t = 1
+    offset[0] += down
+    async with open_runtime(tmp_path, provider, limits=limits, clock=wall_clock) as second:
+        assert sorted(await second.resume()) == [root, f"{root}.1"]
+        resumed_at = trio.current_time()
+        await second.wait(f"{root}.1")
+        took = trio.current_time() - resumed_at
+        assert (await second.wait(root)).text == "done"
+    assert took == pytest.approx(expected, abs=0.01)
+    with Store.open(tmp_path / "log.db") as store:
+        child = store.load_state(f"{root}.1").phase
+    assert isinstance(child, Failed) and child.reason is CancelReason.TIMEOUT, child

@@ -677,6 +677,23 @@ class Store:
             by_seq.setdefault(row["seq"], []).append(row)
         return [StoredEvent.from_rows(row, by_seq.get(row["seq"], [])) for row in events]
 
+    def timer_starts(self, conversation_id: str) -> dict[int, float]:
+        """``timer number -> at`` of the step that first started each timer
+        (``StartTimer`` or ``ScheduleRetry``) of the conversation.
+
+        A restarted runtime re-issues timers under their old numbers; it uses this to
+        keep their original deadlines instead of starting them over.
+        """
+        rows = self._query(
+            "SELECT json_extract(f.payload, '$.timer') AS timer, MIN(e.at) AS at"
+            " FROM effects f JOIN events e"
+            " ON e.conversation_id = f.conversation_id AND e.seq = f.seq"
+            " WHERE f.conversation_id = ? AND f.type IN ('StartTimer', 'ScheduleRetry')"
+            " GROUP BY timer",
+            [conversation_id],
+        )
+        return {row["timer"]: row["at"] for row in rows if type(row["timer"]) is int}
+
     def raw_log(self, conversation_id: str) -> RawLog:
         """The conversation's row, snapshot text, events and effects as stored, undecoded.
 

@@ -85,7 +85,15 @@ class Actor:
     have moved further (steps handed to the writer but not yet committed).
     """
 
-    def __init__(self, runtime: Runtime, state: Conversation, seq: int, *, created: bool) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        state: Conversation,
+        seq: int,
+        *,
+        created: bool,
+        timers_started: dict[int, float] | None = None,
+    ) -> None:
         self.runtime = runtime
         self.state = state
         self.seq = seq
@@ -105,6 +113,10 @@ class Actor:
         self._waiter: trio.lowlevel.Task | None = None
         self._tasks: dict[int, trio.CancelScope] = {}  # calls running in their own task
         self._timers: dict[int, Timer] = {}  # timers started and not fired nor aborted
+        # For a resumed conversation: when each timer it had started before the restart
+        # was first started (the ``at`` of that step), so a re-issued timer keeps its
+        # original deadline instead of starting over.
+        self._timers_started = timers_started or {}
         self._worker_started = False
         self._worker_stopped = False
         self._worker_waiting: trio.lowlevel.Task | None = None  # parked, waiting for work
@@ -282,7 +294,7 @@ class Actor:
                 self._start(call, effect, 0)
             case ScheduleRetry(timer=timer, delay=delay) | StartTimer(timer=timer, delay=delay):
                 self._timers[timer] = self.runtime.timers.start(
-                    delay, functools.partial(self._timer_fired, timer)
+                    self._remaining(timer, delay), functools.partial(self._timer_fired, timer)
                 )
             case AbortCall(call=call):
                 self._abort(call)
@@ -315,6 +327,20 @@ class Actor:
             self.runtime.start_soon(self._work)
         else:
             self._start_task(number, effect, attempt)
+
+    def _remaining(self, timer: int, delay: float) -> float:
+        """The delay of a timer, less the time it already ran before a restart.
+
+        Timer numbers are never reused within a conversation, so a number started
+        before the restart is the same timer, re-issued by ``RuntimeResumed``: a child's
+        time limit or a retry's back-off counts from when it was first started, not
+        from the restart. (The time the process was down counts too: that is what a
+        deadline means.)
+        """
+        started = self._timers_started.get(timer)
+        if started is None:
+            return delay
+        return max(0.0, delay - max(0.0, self.runtime.now() - started))
 
     def _timer_fired(self, number: int) -> None:
         self._timers.pop(number, None)

@@ -308,7 +308,8 @@ class Runtime:
             if row.id in self._actors:
                 continue
             state = self.store.load_state(row.id)
-            self._launch(Actor(self, state, row.last_seq, created=False))
+            started = self.store.timer_starts(row.id)
+            self._launch(Actor(self, state, row.last_seq, created=False, timers_started=started))
             resumed.append(row.id)
         for conversation_id in resumed:
             self.deliver(conversation_id, RuntimeResumed())
@@ -322,6 +323,10 @@ class Runtime:
     def closing(self) -> bool:
         """True once the runtime is shutting down: no new effect may start."""
         return self._nursery.cancel_scope.cancel_called
+
+    def now(self) -> float:
+        """The runtime's clock (``time.time`` unless given): the ``at`` of every step."""
+        return self._clock()
 
     def make_step(
         self,
