@@ -228,6 +228,7 @@ def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert "Traceback" not in err
+    assert proc.returncode == 130, (out, err)
     assert "cancelled" in out
     with Store.open(db) as store:
         (root,) = store.list_roots()

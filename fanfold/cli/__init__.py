@@ -270,7 +270,8 @@ def run(
 ) -> None:
     """Start a conversation on TASK and show its sub-agent tree live.
 
-    Ctrl-C cancels it cleanly: every sub-agent is cancelled and recorded.
+    Ctrl-C cancels it cleanly: every sub-agent is cancelled and recorded (exit
+    status 130).
     """
     if (task is None) == (task_file is None):
         raise CliError("give a TASK or --file (one of them)")
@@ -374,13 +375,19 @@ def _print_result(
         case Error(error=error, kind=kind):
             console.print(f"[red]error ({kind}):[/red] {error}")
         case _ if interrupted:
-            console.print("[yellow]cancelled[/yellow]")
+            console.print(
+                "[yellow]cancelled by Ctrl-C: every sub-agent was cancelled and recorded[/yellow]"
+            )
         case _:
             answer = _last_answer(state)
             console.rule("answer")
             console.print(answer or "(no text)")
     console.print(f"conversation: [bold]{conversation_id}[/bold]  database: {db}")
     console.print(f"[dim]inspect it with: fanfold show {conversation_id} --db {db}[/dim]")
+    if interrupted:
+        # The shell's convention for a command stopped by SIGINT (128 + 2): a script
+        # running `fanfold run` must not take a cancelled turn for a finished one.
+        raise SystemExit(130)
     if isinstance(state.phase, Error):
         raise SystemExit(1)
 
