@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -162,7 +164,32 @@ def test_unreadable_task_files_and_log_places_are_one_line(tmp_path: Path) -> No
     assert blocker.read_text() == "a file where a folder should be"
 
 
-def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
+def _live_in_group(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` that are still alive (zombies count as dead)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize(
+    ("signum", "code", "name"),
+    [
+        (signal.SIGINT, 130, "Ctrl-C"),
+        (signal.SIGTERM, 143, "SIGTERM"),
+        (signal.SIGHUP, 129, "SIGHUP"),
+    ],
+)
+def test_a_stop_signal_cancels_every_sub_agent_records_it_and_exits_128_plus_signal(
+    tmp_path: Path, signum: int, code: int, name: str
+) -> None:
+    pids = tmp_path / "pids"
     script = _write(
         tmp_path / "slow.json",
         {
@@ -184,13 +211,20 @@ def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
                 {
                     "match": {"depth": 1},
                     "replies": [
-                        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}
+                        {
+                            "tool_calls": [
+                                {
+                                    "name": "bash",
+                                    "arguments": {"command": f"echo $$ >> {pids}; sleep 60"},
+                                }
+                            ]
+                        }
                     ],
                 },
             ],
         },
     )
-    db = tmp_path / "ctrl-c.db"
+    db = tmp_path / "stopped.db"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -210,26 +244,26 @@ def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    shells: list[int] = []
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if db.exists():
-                with Store.open(db) as store:
-                    rows = store.unfinished()
-                    if sum(1 for r in rows if r.depth == 1) == 2 and all(
-                        store.load_state(r.id).phase.__class__.__name__ == "ToolExecuting"
-                        for r in rows
-                        if r.depth == 1
-                    ):
-                        break
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
+        while time.monotonic() < deadline and len(shells) < 2:
+            shells = [int(line) for line in pids.read_text().split()] if pids.exists() else []
+            time.sleep(0.05)
+        assert len(shells) == 2, "the sub-agents' bash commands never started"
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=30)
+        # Each bash command ran in its own process group, killed by the clean cancel.
+        left_behind = [_live_in_group(shell) for shell in shells]
     finally:
         proc.kill()
+        for shell in shells:  # whatever the outcome, leave no sleep behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell, signal.SIGKILL)
     assert "Traceback" not in err
-    assert proc.returncode == 130, (out, err)
-    assert "cancelled" in out
+    assert proc.returncode == code, (out, err)
+    assert f"cancelled by {name}" in out
+    assert left_behind == [[], []]
     with Store.open(db) as store:
         (root,) = store.list_roots()
         assert isinstance(store.load_state(root.id).phase, Idle)
@@ -240,3 +274,10 @@ def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
             assert isinstance(phase, Failed)
             assert phase.kind is ErrorKind.CANCELLED
         assert store.unfinished() == []
+    shown = CliRunner().invoke(cli, ["show", root.id, "--db", str(db), "--json"])
+    tree = json.loads(shown.output)
+    assert [tree["status"], *(c["status"] for c in tree["children"])] == [
+        "idle",
+        "failed",
+        "failed",
+    ]

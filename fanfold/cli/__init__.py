@@ -7,15 +7,15 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
 import attrs
 import click
 import trio
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -270,8 +270,8 @@ def run(
 ) -> None:
     """Start a conversation on TASK and show its sub-agent tree live.
 
-    Ctrl-C cancels it cleanly: every sub-agent is cancelled and recorded (exit
-    status 130).
+    Ctrl-C, SIGTERM or SIGHUP cancels it cleanly: every sub-agent is cancelled and
+    recorded; the exit status is then 128 + the signal (130, 143, 129).
     """
     if (task is None) == (task_file is None):
         raise CliError("give a TASK or --file (one of them)")
@@ -323,7 +323,7 @@ def _open_logs(path: Path, json_log: Path | None) -> None:
 
 async def _run_main(
     path: Path, choice: ModelChoice, text: str, cwd: Path, limits: Limits, live: bool
-) -> tuple[str, Conversation, bool]:
+) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
         async with Runtime.open(
@@ -334,60 +334,132 @@ async def _run_main(
             observer=view.observe,
             on_progress=view.progress,
         ) as runtime:
-            conversation_id = await runtime.start(text, cwd=cwd, limits=limits)
-            interrupted = await _watch(runtime, conversation_id, view, live)
-            return conversation_id, runtime.state(conversation_id), interrupted
+            with _stop_signal_receiver() as signals:
+                conversation_id = await runtime.start(text, cwd=cwd, limits=limits)
+                interruption = await _watch(runtime, conversation_id, view, live, signals)
+            return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
 
 
-async def _watch(runtime: Runtime, conversation_id: str, view: TreeView, live: bool) -> bool:
-    """Wait for the turn, cancelling on the first Ctrl-C. True if interrupted."""
-    interrupted = False
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
+def _stop_signals() -> tuple[int, ...]:
+    """Signals that stop a turn the way Ctrl-C does: a clean, recorded cancel of the tree.
 
-            async def on_signal() -> None:
-                nonlocal interrupted
-                async for _ in signals:
-                    if interrupted:
-                        err_console.print("[red]second Ctrl-C: stopping now[/red]")
-                        sys.exit(130)
-                    interrupted = True
-                    err_console.print("[yellow]cancelling (Ctrl-C again to force)…[/yellow]")
-                    await runtime.cancel(conversation_id)
+    SIGTERM is what kill, systemd and container runtimes send; SIGHUP arrives when the
+    terminal goes away. Left to their default action they would kill the process with
+    the tree still `running` and its bash commands orphaned. A signal the process was
+    started with ignored (``nohup``, a background job's SIGINT) stays ignored.
+    """
+    wanted = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    return tuple(s for s in wanted if signal.getsignal(s) is not signal.SIG_IGN)
 
-            nursery.start_soon(on_signal)
-            if live and console.is_terminal:
-                with Live(get_renderable=view.render, console=console, refresh_per_second=8):
-                    await runtime.wait(conversation_id)
-            else:
+
+@contextmanager
+def _stop_signal_receiver() -> Iterator[AsyncIterator[int]]:
+    """Trio's receiver of the stop signals (one that never fires if all are ignored)."""
+    signals = _stop_signals()
+    if not signals:
+        yield _no_signals()
+        return
+    with trio.open_signal_receiver(*signals) as receiver:
+        yield receiver
+
+
+async def _no_signals() -> AsyncIterator[int]:
+    await trio.sleep_forever()
+    yield 0  # pragma: no cover  (never reached; makes this an async generator)
+
+
+@attrs.frozen
+class Interruption:
+    """The signal that stopped a turn; ``forced`` if a second one cut the cancel short."""
+
+    signum: int
+    forced: bool = False
+
+    @property
+    def name(self) -> str:
+        return "Ctrl-C" if self.signum == signal.SIGINT else signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number, the shell's convention for a command it stopped."""
+        return 128 + self.signum
+
+
+async def _watch(
+    runtime: Runtime,
+    conversation_id: str,
+    view: TreeView,
+    live: bool,
+    signals: AsyncIterator[int],
+) -> Interruption | None:
+    """Wait for the turn, cancelling it on the first stop signal; a second stops at once."""
+    interruption: Interruption | None = None
+    async with trio.open_nursery() as nursery:
+
+        async def on_signal() -> None:
+            nonlocal interruption
+            async for signum in signals:
+                if interruption is not None:
+                    # Leaving the runtime cancels its tasks (bash commands are killed);
+                    # what was not recorded is left `running` for `fanfold resume`.
+                    interruption = attrs.evolve(interruption, forced=True)
+                    _say(f"[red]{Interruption(signum).name} again: stopping now[/red]")
+                    nursery.cancel_scope.cancel()
+                    return
+                interruption = Interruption(signum)
+                await runtime.cancel(conversation_id)
+                _say(f"[yellow]{interruption.name}: cancelling (again to force)…[/yellow]")
+
+        nursery.start_soon(on_signal)
+        if live and console.is_terminal:
+            with Live(get_renderable=view.render, console=console, refresh_per_second=8):
                 await runtime.wait(conversation_id)
-                console.print(view.render())
-            nursery.cancel_scope.cancel()
-    return interrupted
+        else:
+            await runtime.wait(conversation_id)
+            _say(view.render(), to=console)
+        nursery.cancel_scope.cancel()
+    return interruption
+
+
+def _say(message: RenderableType, to: Console = err_console) -> None:
+    """Print, ignoring a terminal that has gone away (after SIGHUP writes fail)."""
+    with suppress(OSError):
+        to.print(message)
 
 
 def _print_result(
-    conversation_id: str, state: Conversation, interrupted: bool, *, db: Path
+    conversation_id: str, state: Conversation, interruption: Interruption | None, *, db: Path
 ) -> None:
-    match state.phase:
-        case Error(error=error, kind=kind):
-            console.print(f"[red]error ({kind}):[/red] {error}")
-        case _ if interrupted:
-            console.print(
-                "[yellow]cancelled by Ctrl-C: every sub-agent was cancelled and recorded[/yellow]"
-            )
-        case _:
-            answer = _last_answer(state)
-            console.rule("answer")
-            console.print(answer or "(no text)")
-    console.print(f"conversation: [bold]{conversation_id}[/bold]  database: {db}")
-    console.print(f"[dim]inspect it with: fanfold show {conversation_id} --db {db}[/dim]")
-    if interrupted:
-        # The shell's convention for a command stopped by SIGINT (128 + 2): a script
-        # running `fanfold run` must not take a cancelled turn for a finished one.
-        raise SystemExit(130)
+    try:
+        match state.phase:
+            case _ if interruption is not None and interruption.forced:
+                console.print(
+                    f"[red]stopped by {interruption.name} before the cancel finished[/red]: "
+                    "what was not recorded is resumed by `fanfold resume`"
+                )
+            case Error(error=error, kind=kind):
+                console.print(f"[red]error ({kind}):[/red] {error}")
+            case _ if interruption is not None:
+                console.print(
+                    f"[yellow]cancelled by {interruption.name}: every sub-agent was "
+                    "cancelled and recorded[/yellow]"
+                )
+            case _:
+                answer = _last_answer(state)
+                console.rule("answer")
+                console.print(answer or "(no text)")
+        console.print(f"conversation: [bold]{conversation_id}[/bold]  database: {db}")
+        console.print(f"[dim]inspect it with: fanfold show {conversation_id} --db {db}[/dim]")
+    except OSError:
+        if interruption is None:
+            raise
+    if interruption is not None:
+        # The shell's convention for a command stopped by a signal (128 + its number:
+        # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP): a script running
+        # `fanfold run` must not take a cancelled turn for a finished one.
+        raise SystemExit(interruption.exit_code)
     if isinstance(state.phase, Error):
         raise SystemExit(1)
 
@@ -429,7 +501,7 @@ def send(
 
 async def _send_main(
     path: Path, choice: ModelChoice, conversation_id: str, text: str, live: bool
-) -> tuple[str, Conversation, bool]:
+) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
         async with Runtime.open(
@@ -439,9 +511,10 @@ async def _send_main(
             observer=view.observe,
             on_progress=view.progress,
         ) as runtime:
-            await runtime.send(conversation_id, text)
-            interrupted = await _watch(runtime, conversation_id, view, live)
-            return conversation_id, runtime.state(conversation_id), interrupted
+            with _stop_signal_receiver() as signals:
+                await runtime.send(conversation_id, text)
+                interruption = await _watch(runtime, conversation_id, view, live, signals)
+            return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
 
