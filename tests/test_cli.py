@@ -281,3 +281,60 @@ def test_a_stop_signal_cancels_every_sub_agent_records_it_and_exits_128_plus_sig
         "failed",
         "failed",
     ]
+
+
+# No spaces: rich may wrap lines at a space, never inside a word this short.
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07[red]not-markup[/red]\x9b2K"
+
+
+def test_model_text_reaches_the_terminal_printable_never_as_escapes_or_markup(
+    tmp_path: Path,
+) -> None:
+    script = _write(
+        tmp_path / "hostile.json",
+        {
+            "latency": 0.01,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "name": "spawn_agents",
+                                    "arguments": {"tasks": [{"task": f"task {HOSTILE}"}]},
+                                }
+                            ]
+                        },
+                        {"text": f"answer {HOSTILE}\r\nsecond line\roverwritten?"},
+                    ],
+                },
+                {
+                    "match": {"path": "root/1"},
+                    "replies": [
+                        {
+                            "tool_calls": [
+                                {"name": "submit_result", "arguments": {"result": HOSTILE}}
+                            ]
+                        }
+                    ],
+                },
+            ],
+        },
+    )
+    db = tmp_path / "hostile.db"
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", "--no-live", "--db", str(db), "--script", str(script), "go"])
+    assert ran.exit_code == 0, ran.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    shown = runner.invoke(cli, ["show", root.id, "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+    visible = r"\x1b[2J\x1b]0;pwned\x07[red]not-markup[/red]\x9b2K"
+    # run: the tree's task and outcome lines, then the answer (its CRLF a plain newline,
+    # a lone CR shown, not obeyed).
+    assert ran.output.count(visible) == 3, ran.output
+    assert f"answer {visible}\nsecond line\\x0doverwritten?" in ran.output
+    assert shown.output.count(visible) == 2, shown.output  # the child's task and outcome
+    for output in (ran.output, shown.output):
+        assert not any(c in output for c in "\x1b\x07\r\x9b"), repr(output)

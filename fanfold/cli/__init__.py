@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from fanfold.cli.display import TreeView, short, status_of, tool_call_count
+from fanfold.cli.display import TreeView, printable, short, status_of, tool_call_count
 from fanfold.db import DatabaseError, Store
 from fanfold.examples import CODE_REVIEW_SCRIPT
 from fanfold.providers.base import Provider
@@ -53,7 +53,9 @@ class CliError(click.ClickException):
     def show(self, file: Any = None) -> None:
         # Plain text (no markup: "[Errno 2]" must survive), one line at any width.
         err_console.print(
-            Text.assemble(("error: ", "red"), self.message), soft_wrap=True, highlight=False
+            Text.assemble(("error: ", "red"), printable(self.message)),
+            soft_wrap=True,
+            highlight=False,
         )
 
 
@@ -440,7 +442,10 @@ def _print_result(
                     "what was not recorded is resumed by `fanfold resume`"
                 )
             case Error(error=error, kind=kind):
-                console.print(f"[red]error ({kind}):[/red] {error}")
+                # Model and tool text: printed as plain text, never as markup or escapes.
+                console.print(
+                    Text.assemble((f"error ({kind}): ", "red"), printable(error)), highlight=False
+                )
             case _ if interruption is not None:
                 console.print(
                     f"[yellow]cancelled by {interruption.name}: every sub-agent was "
@@ -449,7 +454,7 @@ def _print_result(
             case _:
                 answer = _last_answer(state)
                 console.rule("answer")
-                console.print(answer or "(no text)")
+                console.print(Text(printable(answer) or "(no text)"), highlight=False)
         console.print(f"conversation: [bold]{conversation_id}[/bold]  database: {db}")
         console.print(f"[dim]inspect it with: fanfold show {conversation_id} --db {db}[/dim]")
     except OSError:
@@ -567,7 +572,7 @@ def list_conversations(db: Path | None) -> None:
                     row.status,
                     _when(row.created_at),
                     str(len(store.tree(row.id)) - 1),
-                    short(row.task or "", 50),
+                    Text(short(row.task or "", 50)),
                 )
             console.print(table)
         finally:
@@ -595,7 +600,7 @@ def show(conversation_id: str, as_json: bool, db: Path | None) -> None:
     if as_json:
         click.echo(json.dumps(node.to_json(), indent=2))
         return
-    tree = Tree(node.label())
+    tree = Tree(node.label(), highlight=False)
     _add_nodes(tree, node.children)
     console.print(tree)
 
@@ -634,18 +639,23 @@ class ShowNode:
             "children": [c.to_json() for c in self.children],
         }
 
-    def label(self) -> str:
+    def label(self) -> Text:
         state = self.state
         symbol, style = status_of(state)
         kind = "Sub-agent" if state.is_sub_agent else "Agent"
-        line = (
-            f'[{style}]{symbol or "…"}[/{style}] {kind} {state.id}: "{short(self.task)}" '
-            f"[dim]({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
-            f"{state.limits.max_rounds}, {tool_call_count(state)} tool calls, "
-            f"{state.usage.total} tokens)[/dim]"
+        # Task and outcome are model text: plain Text (never markup), printable only.
+        line = Text.assemble(
+            (symbol or "…", style),
+            f' {kind} {state.id}: "{short(self.task)}" ',
+            (
+                f"({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
+                f"{state.limits.max_rounds}, {tool_call_count(state)} tool calls, "
+                f"{state.usage.total} tokens)",
+                "dim",
+            ),
         )
         if self.outcome():
-            line += f"\n  → {short(self.outcome(), 200)}"
+            line.append(f"\n  → {short(self.outcome(), 200)}")
         return line
 
 
