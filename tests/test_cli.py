@@ -335,6 +335,68 @@ def test_model_text_reaches_the_terminal_printable_never_as_escapes_or_markup(
     # a lone CR shown, not obeyed).
     assert ran.output.count(visible) == 3, ran.output
     assert f"answer {visible}\nsecond line\\x0doverwritten?" in ran.output
-    assert shown.output.count(visible) == 2, shown.output  # the child's task and outcome
+    # show: the child's task and outcome, and the root's answer.
+    assert shown.output.count(visible) == 3, shown.output
     for output in (ran.output, shown.output):
         assert not any(c in output for c in "\x1b\x07\r\x9b"), repr(output)
+
+
+def test_show_prints_the_root_answer_and_children_in_spawn_order(tmp_path: Path) -> None:
+    tasks = [{"task": f"job {n}"} for n in range(1, 11)]
+    script = _write(
+        tmp_path / "ten.json",
+        {
+            "latency": 0.01,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        {"tool_calls": [{"name": "spawn_agents", "arguments": {"tasks": tasks}}]},
+                        {"text": "all ten done\nsecond line of the answer"},
+                    ],
+                },
+                {
+                    "match": {"depth": 1},
+                    "replies": [
+                        {"tool_calls": [{"name": "submit_result", "arguments": {"result": "ok"}}]}
+                    ],
+                },
+            ],
+        },
+    )
+    runner = CliRunner()
+    db = tmp_path / "ten.db"
+    assert (
+        runner.invoke(cli, ["run", "--db", str(db), "--script", str(script), "go"]).exit_code == 0
+    )
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    # The log's creation order is not the spawn order (with a concurrency limit, queued
+    # children are created as slots free up; even without one it varies): to be sure,
+    # write the children last-spawned first.
+    export = tmp_path / "ten.jsonl"
+    assert (
+        runner.invoke(cli, ["export", root.id, "-o", str(export), "--db", str(db)]).exit_code == 0
+    )
+    lines = export.read_text().splitlines()
+    kids = [line for line in lines if json.loads(line).get("parent_id") == root.id]
+    assert len(kids) == 10
+    start = lines.index(kids[0])
+    lines[start : start + 10] = sorted(
+        kids, key=lambda line: -int(json.loads(line)["id"].rpartition(".")[2])
+    )
+    export.write_text("\n".join(lines) + "\n")
+    other = tmp_path / "reversed.db"
+    imported = runner.invoke(cli, ["import", str(export), "--db", str(other)])
+    assert imported.exit_code == 0, imported.output
+    with Store.open(other) as store:
+        assert [c.id for c in store.children(root.id)][:2] == [f"{root.id}.10", f"{root.id}.9"]
+
+    spawned = [f"{root.id}.{n}" for n in range(1, 11)]
+    as_json = json.loads(runner.invoke(cli, ["show", root.id, "--db", str(other), "--json"]).output)
+    assert [c["id"] for c in as_json["children"]] == spawned
+    assert as_json["outcome"] == "all ten done\nsecond line of the answer"
+    shown = runner.invoke(cli, ["show", root.id, "--db", str(other)]).output
+    positions = [shown.index(f"Sub-agent {child}:") for child in spawned]
+    assert positions == sorted(positions), shown
+    assert shown.rstrip().endswith("all ten done\nsecond line of the answer"), shown

@@ -34,6 +34,7 @@ from fanfold.statemachine import (
     Conversation,
     Error,
     Failed,
+    Idle,
     IllegalTransition,
     Limits,
 )
@@ -603,6 +604,9 @@ def show(conversation_id: str, as_json: bool, db: Path | None) -> None:
     tree = Tree(node.label(), highlight=False)
     _add_nodes(tree, node.children)
     console.print(tree)
+    if isinstance(node.state.phase, Idle) and node.outcome():
+        console.rule("answer")
+        console.print(Text(printable(node.outcome())), highlight=False)
 
 
 @attrs.frozen
@@ -616,11 +620,14 @@ class ShowNode:
     children: tuple[ShowNode, ...]
 
     def outcome(self) -> str:
+        """A sub-agent's result or error; a root's answer (its last text) or error."""
         match self.state.phase:
             case Completed(result=result):
                 return result
             case Failed(error=error) | Error(error=error):
                 return error
+            case Idle():
+                return _last_answer(self.state)
         return ""
 
     def to_json(self) -> dict[str, Any]:
@@ -654,7 +661,7 @@ class ShowNode:
                 "dim",
             ),
         )
-        if self.outcome():
+        if self.outcome() and not isinstance(state.phase, Idle):  # answers: in full below
             line.append(f"\n  → {short(self.outcome(), 200)}")
         return line
 
@@ -667,8 +674,21 @@ def _show_node(store: Store, conversation_id: str) -> ShowNode:
         task=row.task or "",
         status=row.status,
         duration=round(row.updated_at - row.created_at, 2),
-        children=tuple(_show_node(store, c.id) for c in store.children(conversation_id)),
+        children=tuple(
+            _show_node(store, c.id)
+            for c in sorted(store.children(conversation_id), key=lambda c: _spawn_order(c.id))
+        ),
     )
+
+
+def _spawn_order(child_id: str) -> tuple[int, str]:
+    """Sub-agents in the order their parent spawned them: ``root.2`` before ``root.10``.
+
+    The log's creation order is not that order: with a concurrency limit, queued
+    children start (and their rows are written) as slots free up.
+    """
+    head, _, tail = child_id.rpartition(".")
+    return (int(tail), head) if tail.isdigit() else (0, child_id)
 
 
 def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:
