@@ -400,3 +400,24 @@ def test_show_prints_the_root_answer_and_children_in_spawn_order(tmp_path: Path)
     positions = [shown.index(f"Sub-agent {child}:") for child in spawned]
     assert positions == sorted(positions), shown
     assert shown.rstrip().endswith("all ten done\nsecond line of the answer"), shown
+
+
+def test_send_to_a_sub_agent_says_so_and_names_the_root(tmp_path: Path) -> None:
+    runner = CliRunner()
+    db = tmp_path / "cli.db"
+    script = _write(tmp_path / "script.json", FAST_SCRIPT)
+    assert (
+        runner.invoke(cli, ["run", "--db", str(db), "--script", str(script), "go"]).exit_code == 0
+    )
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+        (child,) = store.children(root.id)
+    result = runner.invoke(cli, ["send", child.id, "hi", "--db", str(db), "--script", str(script)])
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"error: {child.id} is a sub-agent, and sub-agents cannot take user messages; "
+        f"send to its root conversation instead: fanfold send {root.id} TEXT\n"
+    )
+    with Store.open(db) as store:
+        assert store.conversation(child.id).last_seq == child.last_seq
+        assert store.conversation(root.id).last_seq == root.last_seq

@@ -499,10 +499,25 @@ def send(
     path = _db_path(db)
     _open_logs(path, None)
     with user_errors():
+        _refuse_sub_agent(path, conversation_id)
         choice = _choose_model(script, config_path, profile, model)
         err_console.print(f"[dim]model: {choice.description}; log: {path}[/dim]")
         result = trio.run(_send_main, path, choice, conversation_id, text, not no_live)
     _print_result(*result, db=path)
+
+
+def _refuse_sub_agent(path: Path, conversation_id: str) -> None:
+    """A user message to a sub-agent: say so plainly, and name the root to send to.
+
+    (The reducer refuses it too, but in its own terms, naming the phase it was in.)
+    """
+    with Store.open(path) as store:
+        row = store.conversation(conversation_id)
+    if row.parent_id is not None:
+        raise CliError(
+            f"{conversation_id} is a sub-agent, and sub-agents cannot take user messages; "
+            f"send to its root conversation instead: fanfold send {row.root_id} TEXT"
+        )
 
 
 async def _send_main(
