@@ -250,15 +250,26 @@ def export_command(conversation_id: str, output: Path | None, db: Path | None) -
 def _export_to_file(store: Store, conversation_id: str, output: Path) -> replay.ExportSummary:
     """Write to a temporary file next to ``output`` and rename it: never half a file."""
     directory = output.parent if str(output.parent) else Path(".")
-    fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=directory)
+    try:
+        fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=directory)
+    except OSError as exc:
+        raise _cannot_write(output, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             summary = replay.export_jsonl(store, conversation_id, out)
         os.replace(temp, output)
-    except BaseException:
+    except BaseException as exc:
         Path(temp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _cannot_write(output, exc) from None
         raise
     return summary
+
+
+def _cannot_write(output: Path, exc: OSError) -> OneLineError:
+    # The OSError names the temporary file, which the user never asked for and which
+    # is gone by now: name the file they did ask for.
+    return OneLineError(_one_line(f"cannot write {output}: {exc.strerror or exc}"))
 
 
 @contextmanager
