@@ -455,3 +455,33 @@ def test_a_bad_script_latency_is_refused_at_load_naming_where(
     assert message in result.output
     assert "Traceback" not in result.output
     assert not db.exists()  # refused before anything ran
+
+
+def test_next_step_hints_are_never_wrapped_so_their_commands_copy_whole(tmp_path: Path) -> None:
+    runner = CliRunner()
+    folder = tmp_path / ("a-long-folder-name-" * 4)
+    folder.mkdir()
+    db = folder / "cli.db"
+    script = _write(tmp_path / "script.json", FAST_SCRIPT)
+    ran = runner.invoke(cli, ["run", "--db", str(db), "--script", str(script), "go"])
+    assert ran.exit_code == 0, ran.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    lines = ran.output.splitlines()
+    assert f"inspect it with: fanfold show {root.id} --db {db}" in lines, ran.output
+    assert f"conversation: {root.id}  database: {db}" in lines, ran.output
+    assert f"model: scripted ({script}); log: {db}" in lines, ran.output
+    forked = runner.invoke(cli, ["fork", root.id, "--at", "0", "--db", str(db)])
+    assert forked.exit_code == 0, forked.output
+    new_id = forked.stdout.strip()
+    assert f"  fanfold send {new_id} 'your message' --db {db}" in forked.output.splitlines()
+    export = folder / "tree.jsonl"
+    assert (
+        runner.invoke(cli, ["export", root.id, "-o", str(export), "--db", str(db)]).exit_code == 0
+    )
+    other = folder / "other.db"
+    imported = runner.invoke(cli, ["import", str(export), "--db", str(other)])
+    assert imported.exit_code == 0, imported.output
+    assert (
+        f"  fanfold replay {root.id} --verify --tree --db {other}" in imported.output.splitlines()
+    )

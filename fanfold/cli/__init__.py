@@ -60,6 +60,15 @@ class CliError(click.ClickException):
         )
 
 
+def hint(text: str, *, to: Console = err_console, style: str = "") -> None:
+    """Print a line naming paths or a command to run next: plain text, never wrapped.
+
+    rich wraps at the terminal's width (80 columns when piped); a command split across
+    lines no longer pastes as one.
+    """
+    to.print(Text(text, style=style), soft_wrap=True, highlight=False)
+
+
 def default_db() -> Path:
     env = os.environ.get("FANFOLD_DB")
     if env:
@@ -297,7 +306,7 @@ def run(
             if v is not None
         }
         limits = choice.retry.apply(Limits(**overrides))
-        err_console.print(f"[dim]model: {choice.description}; log: {path}[/dim]")
+        hint(f"model: {choice.description}; log: {path}", style="dim")
         result = trio.run(_run_main, path, choice, text, cwd, limits, not no_live)
     _print_result(*result, db=path)
 
@@ -456,8 +465,8 @@ def _print_result(
                 answer = _last_answer(state)
                 console.rule("answer")
                 console.print(Text(printable(answer) or "(no text)"), highlight=False)
-        console.print(f"conversation: [bold]{conversation_id}[/bold]  database: {db}")
-        console.print(f"[dim]inspect it with: fanfold show {conversation_id} --db {db}[/dim]")
+        hint(f"conversation: {conversation_id}  database: {db}", to=console)
+        hint(f"inspect it with: fanfold show {conversation_id} --db {db}", to=console, style="dim")
     except OSError:
         if interruption is None:
             raise
@@ -501,7 +510,7 @@ def send(
     with user_errors():
         _refuse_sub_agent(path, conversation_id)
         choice = _choose_model(script, config_path, profile, model)
-        err_console.print(f"[dim]model: {choice.description}; log: {path}[/dim]")
+        hint(f"model: {choice.description}; log: {path}", style="dim")
         result = trio.run(_send_main, path, choice, conversation_id, text, not no_live)
     _print_result(*result, db=path)
 

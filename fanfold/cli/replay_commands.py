@@ -21,7 +21,7 @@ import click
 from rich.text import Text
 
 from fanfold import replay
-from fanfold.cli import CliError, cli, console, db_option, err_console, open_store
+from fanfold.cli import CliError, cli, console, db_option, err_console, hint, open_store
 from fanfold.db import DatabaseError, Store
 from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
@@ -210,11 +210,9 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
         forked = replay.fork(store, conversation_id, at_seq, new_id=new_id)
         path = store.path
     click.echo(forked)
-    err_console.print(
+    hint(
         f"forked {conversation_id} at seq {at_seq} as {forked}; continue it with:\n"
         f"  fanfold send {forked} 'your message' --db {path}",
-        markup=False,
-        highlight=False,
     )
 
 
@@ -239,11 +237,9 @@ def export_command(conversation_id: str, output: Path | None, db: Path | None) -
             sys.stdout.flush()
             return
         summary = _export_to_file(store, conversation_id, output)
-    err_console.print(
+    hint(
         f"exported {summary.steps} step(s) of {summary.conversations} conversation(s) "
-        f"(tree {summary.root_id}) to {output}",
-        markup=False,
-        highlight=False,
+        f"(tree {summary.root_id}) to {output}"
     )
 
 
@@ -291,9 +287,7 @@ def import_command(file: Path, db: Path | None) -> None:
         root = replay.import_jsonl(store, lines)
         path = store.path
     click.echo(root)
-    err_console.print(
+    hint(
         f"imported tree {root}; check it with:\n"
         f"  fanfold replay {root} --verify --tree --db {path}",
-        markup=False,
-        highlight=False,
     )
