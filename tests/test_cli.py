@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +18,7 @@ from click.testing import CliRunner
 
 from fanfold.cli import cli
 from fanfold.db import Store
+from fanfold.providers.scripted import ScriptedProvider, ScriptError
 from fanfold.statemachine import ErrorKind, Failed, Idle
 
 FAST_SCRIPT: dict[str, Any] = {
@@ -162,7 +166,32 @@ def test_unreadable_task_files_and_log_places_are_one_line(tmp_path: Path) -> No
     assert blocker.read_text() == "a file where a folder should be"
 
 
-def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
+def _live_in_group(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` that are still alive (zombies count as dead)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize(
+    ("signum", "code", "name"),
+    [
+        (signal.SIGINT, 130, "Ctrl-C"),
+        (signal.SIGTERM, 143, "SIGTERM"),
+        (signal.SIGHUP, 129, "SIGHUP"),
+    ],
+)
+def test_a_stop_signal_cancels_every_sub_agent_records_it_and_exits_128_plus_signal(
+    tmp_path: Path, signum: int, code: int, name: str
+) -> None:
+    pids = tmp_path / "pids"
     script = _write(
         tmp_path / "slow.json",
         {
@@ -184,13 +213,20 @@ def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
                 {
                     "match": {"depth": 1},
                     "replies": [
-                        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60"}}]}
+                        {
+                            "tool_calls": [
+                                {
+                                    "name": "bash",
+                                    "arguments": {"command": f"echo $$ >> {pids}; sleep 60"},
+                                }
+                            ]
+                        }
                     ],
                 },
             ],
         },
     )
-    db = tmp_path / "ctrl-c.db"
+    db = tmp_path / "stopped.db"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -210,25 +246,26 @@ def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    shells: list[int] = []
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if db.exists():
-                with Store.open(db) as store:
-                    rows = store.unfinished()
-                    if sum(1 for r in rows if r.depth == 1) == 2 and all(
-                        store.load_state(r.id).phase.__class__.__name__ == "ToolExecuting"
-                        for r in rows
-                        if r.depth == 1
-                    ):
-                        break
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
+        while time.monotonic() < deadline and len(shells) < 2:
+            shells = [int(line) for line in pids.read_text().split()] if pids.exists() else []
+            time.sleep(0.05)
+        assert len(shells) == 2, "the sub-agents' bash commands never started"
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=30)
+        # Each bash command ran in its own process group, killed by the clean cancel.
+        left_behind = [_live_in_group(shell) for shell in shells]
     finally:
         proc.kill()
+        for shell in shells:  # whatever the outcome, leave no sleep behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell, signal.SIGKILL)
     assert "Traceback" not in err
-    assert "cancelled" in out
+    assert proc.returncode == code, (out, err)
+    assert f"cancelled by {name}" in out
+    assert left_behind == [[], []]
     with Store.open(db) as store:
         (root,) = store.list_roots()
         assert isinstance(store.load_state(root.id).phase, Idle)
@@ -239,3 +276,212 @@ def test_ctrl_c_cancels_every_sub_agent_and_records_it(tmp_path: Path) -> None:
             assert isinstance(phase, Failed)
             assert phase.kind is ErrorKind.CANCELLED
         assert store.unfinished() == []
+    shown = CliRunner().invoke(cli, ["show", root.id, "--db", str(db), "--json"])
+    tree = json.loads(shown.output)
+    assert [tree["status"], *(c["status"] for c in tree["children"])] == [
+        "idle",
+        "failed",
+        "failed",
+    ]
+
+
+# No spaces: rich may wrap lines at a space, never inside a word this short.
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07[red]not-markup[/red]\x9b2K"
+
+
+def test_model_text_reaches_the_terminal_printable_never_as_escapes_or_markup(
+    tmp_path: Path,
+) -> None:
+    script = _write(
+        tmp_path / "hostile.json",
+        {
+            "latency": 0.01,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "name": "spawn_agents",
+                                    "arguments": {"tasks": [{"task": f"task {HOSTILE}"}]},
+                                }
+                            ]
+                        },
+                        {"text": f"answer {HOSTILE}\r\nsecond line\roverwritten?"},
+                    ],
+                },
+                {
+                    "match": {"path": "root/1"},
+                    "replies": [
+                        {
+                            "tool_calls": [
+                                {"name": "submit_result", "arguments": {"result": HOSTILE}}
+                            ]
+                        }
+                    ],
+                },
+            ],
+        },
+    )
+    db = tmp_path / "hostile.db"
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", "--no-live", "--db", str(db), "--script", str(script), "go"])
+    assert ran.exit_code == 0, ran.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    shown = runner.invoke(cli, ["show", root.id, "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+    visible = r"\x1b[2J\x1b]0;pwned\x07[red]not-markup[/red]\x9b2K"
+    # run: the tree's task and outcome lines, then the answer (its CRLF a plain newline,
+    # a lone CR shown, not obeyed).
+    assert ran.output.count(visible) == 3, ran.output
+    assert f"answer {visible}\nsecond line\\x0doverwritten?" in ran.output
+    # show: the child's task and outcome, and the root's answer.
+    assert shown.output.count(visible) == 3, shown.output
+    for output in (ran.output, shown.output):
+        assert not any(c in output for c in "\x1b\x07\r\x9b"), repr(output)
+
+
+def test_show_prints_the_root_answer_and_children_in_spawn_order(tmp_path: Path) -> None:
+    tasks = [{"task": f"job {n}"} for n in range(1, 11)]
+    script = _write(
+        tmp_path / "ten.json",
+        {
+            "latency": 0.01,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        {"tool_calls": [{"name": "spawn_agents", "arguments": {"tasks": tasks}}]},
+                        {"text": "all ten done\nsecond line of the answer"},
+                    ],
+                },
+                {
+                    "match": {"depth": 1},
+                    "replies": [
+                        {"tool_calls": [{"name": "submit_result", "arguments": {"result": "ok"}}]}
+                    ],
+                },
+            ],
+        },
+    )
+    runner = CliRunner()
+    db = tmp_path / "ten.db"
+    assert (
+        runner.invoke(cli, ["run", "--db", str(db), "--script", str(script), "go"]).exit_code == 0
+    )
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    # The log's creation order is not the spawn order (with a concurrency limit, queued
+    # children are created as slots free up; even without one it varies): to be sure,
+    # write the children last-spawned first.
+    export = tmp_path / "ten.jsonl"
+    assert (
+        runner.invoke(cli, ["export", root.id, "-o", str(export), "--db", str(db)]).exit_code == 0
+    )
+    lines = export.read_text().splitlines()
+    kids = [line for line in lines if json.loads(line).get("parent_id") == root.id]
+    assert len(kids) == 10
+    start = lines.index(kids[0])
+    lines[start : start + 10] = sorted(
+        kids, key=lambda line: -int(json.loads(line)["id"].rpartition(".")[2])
+    )
+    export.write_text("\n".join(lines) + "\n")
+    other = tmp_path / "reversed.db"
+    imported = runner.invoke(cli, ["import", str(export), "--db", str(other)])
+    assert imported.exit_code == 0, imported.output
+    with Store.open(other) as store:
+        assert [c.id for c in store.children(root.id)][:2] == [f"{root.id}.10", f"{root.id}.9"]
+
+    spawned = [f"{root.id}.{n}" for n in range(1, 11)]
+    as_json = json.loads(runner.invoke(cli, ["show", root.id, "--db", str(other), "--json"]).output)
+    assert [c["id"] for c in as_json["children"]] == spawned
+    assert as_json["outcome"] == "all ten done\nsecond line of the answer"
+    shown = runner.invoke(cli, ["show", root.id, "--db", str(other)]).output
+    positions = [shown.index(f"Sub-agent {child}:") for child in spawned]
+    assert positions == sorted(positions), shown
+    assert shown.rstrip().endswith("all ten done\nsecond line of the answer"), shown
+
+
+def test_send_to_a_sub_agent_says_so_and_names_the_root(tmp_path: Path) -> None:
+    runner = CliRunner()
+    db = tmp_path / "cli.db"
+    script = _write(tmp_path / "script.json", FAST_SCRIPT)
+    assert (
+        runner.invoke(cli, ["run", "--db", str(db), "--script", str(script), "go"]).exit_code == 0
+    )
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+        (child,) = store.children(root.id)
+    result = runner.invoke(cli, ["send", child.id, "hi", "--db", str(db), "--script", str(script)])
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"error: {child.id} is a sub-agent, and sub-agents cannot take user messages; "
+        f"send to its root conversation instead: fanfold send {root.id} TEXT\n"
+    )
+    with Store.open(db) as store:
+        assert store.conversation(child.id).last_seq == child.last_seq
+        assert store.conversation(root.id).last_seq == root.last_seq
+
+
+@pytest.mark.parametrize(
+    ("where", "latency", "message"),
+    [
+        ("top", -1, "latency: must be a finite number of seconds >= 0, not -1"),
+        ("top", "0.5", "latency: must be a number of seconds, not '0.5'"),
+        ("top", True, "latency: must be a number of seconds, not True"),
+        ("reply", float("nan"), "agents[0].replies[1].latency: must be a finite number"),
+        ("reply", float("inf"), "agents[0].replies[1].latency: must be a finite number"),
+        ("reply", None, "agents[0].replies[1].latency: must be a number of seconds, not None"),
+        ("reply", -0.5, "agents[0].replies[1].latency: must be a finite number"),
+    ],
+)
+def test_a_bad_script_latency_is_refused_at_load_naming_where(
+    tmp_path: Path, where: str, latency: object, message: str
+) -> None:
+    bad = json.loads(json.dumps(FAST_SCRIPT))
+    if where == "top":
+        bad["latency"] = latency
+    else:
+        bad["agents"][0]["replies"][1]["latency"] = latency
+    with pytest.raises(ScriptError, match=re.escape(message)):
+        ScriptedProvider(bad)
+    script = _write(tmp_path / "bad.json", bad)
+    db = tmp_path / "cli.db"
+    result = CliRunner().invoke(cli, ["run", "--db", str(db), "--script", str(script), "go"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: script {script}: ")
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not db.exists()  # refused before anything ran
+
+
+def test_next_step_hints_are_never_wrapped_so_their_commands_copy_whole(tmp_path: Path) -> None:
+    runner = CliRunner()
+    folder = tmp_path / ("a-long-folder-name-" * 4)
+    folder.mkdir()
+    db = folder / "cli.db"
+    script = _write(tmp_path / "script.json", FAST_SCRIPT)
+    ran = runner.invoke(cli, ["run", "--db", str(db), "--script", str(script), "go"])
+    assert ran.exit_code == 0, ran.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    lines = ran.output.splitlines()
+    assert f"inspect it with: fanfold show {root.id} --db {db}" in lines, ran.output
+    assert f"conversation: {root.id}  database: {db}" in lines, ran.output
+    assert f"model: scripted ({script}); log: {db}" in lines, ran.output
+    forked = runner.invoke(cli, ["fork", root.id, "--at", "0", "--db", str(db)])
+    assert forked.exit_code == 0, forked.output
+    new_id = forked.stdout.strip()
+    assert f"  fanfold send {new_id} 'your message' --db {db}" in forked.output.splitlines()
+    export = folder / "tree.jsonl"
+    assert (
+        runner.invoke(cli, ["export", root.id, "-o", str(export), "--db", str(db)]).exit_code == 0
+    )
+    other = folder / "other.db"
+    imported = runner.invoke(cli, ["import", str(export), "--db", str(other)])
+    assert imported.exit_code == 0, imported.output
+    assert (
+        f"  fanfold replay {root.id} --verify --tree --db {other}" in imported.output.splitlines()
+    )

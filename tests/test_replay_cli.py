@@ -200,6 +200,18 @@ def test_export_import_verify(db: Path, tmp_path: Path) -> None:
     assert "conversation 'r' already exists in this database" in again
 
 
+def test_export_errors_name_the_output_not_a_temporary_file(db: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for output, reason in [
+        (tmp_path / "missing" / "r.jsonl", "No such file or directory"),
+        (blocker / "r.jsonl", "Not a directory"),
+    ]:
+        line = one_error_line(run("export", "r", "-o", output, "--db", db))
+        assert line == f"error: cannot write {output}: {reason}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "log.db"]
+
+
 def test_import_errors_are_one_line(tmp_path: Path) -> None:
     other = tmp_path / "other.db"
     assert "No such file" in one_error_line(run("import", tmp_path / "none.jsonl", "--db", other))

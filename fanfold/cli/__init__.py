@@ -7,21 +7,21 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
 import attrs
 import click
 import trio
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from fanfold.cli.display import TreeView, short, status_of, tool_call_count
+from fanfold.cli.display import TreeView, printable, short, status_of, tool_call_count
 from fanfold.db import DatabaseError, Store
 from fanfold.examples import CODE_REVIEW_SCRIPT
 from fanfold.providers.base import Provider
@@ -34,6 +34,7 @@ from fanfold.statemachine import (
     Conversation,
     Error,
     Failed,
+    Idle,
     IllegalTransition,
     Limits,
 )
@@ -53,8 +54,19 @@ class CliError(click.ClickException):
     def show(self, file: Any = None) -> None:
         # Plain text (no markup: "[Errno 2]" must survive), one line at any width.
         err_console.print(
-            Text.assemble(("error: ", "red"), self.message), soft_wrap=True, highlight=False
+            Text.assemble(("error: ", "red"), printable(self.message)),
+            soft_wrap=True,
+            highlight=False,
         )
+
+
+def hint(text: str, *, to: Console = err_console, style: str = "") -> None:
+    """Print a line naming paths or a command to run next: plain text, never wrapped.
+
+    rich wraps at the terminal's width (80 columns when piped); a command split across
+    lines no longer pastes as one.
+    """
+    to.print(Text(text, style=style), soft_wrap=True, highlight=False)
 
 
 def default_db() -> Path:
@@ -270,7 +282,8 @@ def run(
 ) -> None:
     """Start a conversation on TASK and show its sub-agent tree live.
 
-    Ctrl-C cancels it cleanly: every sub-agent is cancelled and recorded.
+    Ctrl-C, SIGTERM or SIGHUP cancels it cleanly: every sub-agent is cancelled and
+    recorded; the exit status is then 128 + the signal (130, 143, 129).
     """
     if (task is None) == (task_file is None):
         raise CliError("give a TASK or --file (one of them)")
@@ -293,7 +306,7 @@ def run(
             if v is not None
         }
         limits = choice.retry.apply(Limits(**overrides))
-        err_console.print(f"[dim]model: {choice.description}; log: {path}[/dim]")
+        hint(f"model: {choice.description}; log: {path}", style="dim")
         result = trio.run(_run_main, path, choice, text, cwd, limits, not no_live)
     _print_result(*result, db=path)
 
@@ -322,7 +335,7 @@ def _open_logs(path: Path, json_log: Path | None) -> None:
 
 async def _run_main(
     path: Path, choice: ModelChoice, text: str, cwd: Path, limits: Limits, live: bool
-) -> tuple[str, Conversation, bool]:
+) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
         async with Runtime.open(
@@ -333,54 +346,135 @@ async def _run_main(
             observer=view.observe,
             on_progress=view.progress,
         ) as runtime:
-            conversation_id = await runtime.start(text, cwd=cwd, limits=limits)
-            interrupted = await _watch(runtime, conversation_id, view, live)
-            return conversation_id, runtime.state(conversation_id), interrupted
+            with _stop_signal_receiver() as signals:
+                conversation_id = await runtime.start(text, cwd=cwd, limits=limits)
+                interruption = await _watch(runtime, conversation_id, view, live, signals)
+            return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
 
 
-async def _watch(runtime: Runtime, conversation_id: str, view: TreeView, live: bool) -> bool:
-    """Wait for the turn, cancelling on the first Ctrl-C. True if interrupted."""
-    interrupted = False
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
+def _stop_signals() -> tuple[int, ...]:
+    """Signals that stop a turn the way Ctrl-C does: a clean, recorded cancel of the tree.
 
-            async def on_signal() -> None:
-                nonlocal interrupted
-                async for _ in signals:
-                    if interrupted:
-                        err_console.print("[red]second Ctrl-C: stopping now[/red]")
-                        sys.exit(130)
-                    interrupted = True
-                    err_console.print("[yellow]cancelling (Ctrl-C again to force)…[/yellow]")
-                    await runtime.cancel(conversation_id)
+    SIGTERM is what kill, systemd and container runtimes send; SIGHUP arrives when the
+    terminal goes away. Left to their default action they would kill the process with
+    the tree still `running` and its bash commands orphaned. A signal the process was
+    started with ignored (``nohup``, a background job's SIGINT) stays ignored.
+    """
+    wanted = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    return tuple(s for s in wanted if signal.getsignal(s) is not signal.SIG_IGN)
 
-            nursery.start_soon(on_signal)
-            if live and console.is_terminal:
-                with Live(get_renderable=view.render, console=console, refresh_per_second=8):
-                    await runtime.wait(conversation_id)
-            else:
+
+@contextmanager
+def _stop_signal_receiver() -> Iterator[AsyncIterator[int]]:
+    """Trio's receiver of the stop signals (one that never fires if all are ignored)."""
+    signals = _stop_signals()
+    if not signals:
+        yield _no_signals()
+        return
+    with trio.open_signal_receiver(*signals) as receiver:
+        yield receiver
+
+
+async def _no_signals() -> AsyncIterator[int]:
+    await trio.sleep_forever()
+    yield 0  # pragma: no cover  (never reached; makes this an async generator)
+
+
+@attrs.frozen
+class Interruption:
+    """The signal that stopped a turn; ``forced`` if a second one cut the cancel short."""
+
+    signum: int
+    forced: bool = False
+
+    @property
+    def name(self) -> str:
+        return "Ctrl-C" if self.signum == signal.SIGINT else signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number, the shell's convention for a command it stopped."""
+        return 128 + self.signum
+
+
+async def _watch(
+    runtime: Runtime,
+    conversation_id: str,
+    view: TreeView,
+    live: bool,
+    signals: AsyncIterator[int],
+) -> Interruption | None:
+    """Wait for the turn, cancelling it on the first stop signal; a second stops at once."""
+    interruption: Interruption | None = None
+    async with trio.open_nursery() as nursery:
+
+        async def on_signal() -> None:
+            nonlocal interruption
+            async for signum in signals:
+                if interruption is not None:
+                    # Leaving the runtime cancels its tasks (bash commands are killed);
+                    # what was not recorded is left `running` for `fanfold resume`.
+                    interruption = attrs.evolve(interruption, forced=True)
+                    _say(f"[red]{Interruption(signum).name} again: stopping now[/red]")
+                    nursery.cancel_scope.cancel()
+                    return
+                interruption = Interruption(signum)
+                await runtime.cancel(conversation_id)
+                _say(f"[yellow]{interruption.name}: cancelling (again to force)…[/yellow]")
+
+        nursery.start_soon(on_signal)
+        if live and console.is_terminal:
+            with Live(get_renderable=view.render, console=console, refresh_per_second=8):
                 await runtime.wait(conversation_id)
-                console.print(view.render())
-            nursery.cancel_scope.cancel()
-    return interrupted
+        else:
+            await runtime.wait(conversation_id)
+            _say(view.render(), to=console)
+        nursery.cancel_scope.cancel()
+    return interruption
+
+
+def _say(message: RenderableType, to: Console = err_console) -> None:
+    """Print, ignoring a terminal that has gone away (after SIGHUP writes fail)."""
+    with suppress(OSError):
+        to.print(message)
 
 
 def _print_result(
-    conversation_id: str, state: Conversation, interrupted: bool, *, db: Path
+    conversation_id: str, state: Conversation, interruption: Interruption | None, *, db: Path
 ) -> None:
-    match state.phase:
-        case Error(error=error, kind=kind):
-            console.print(f"[red]error ({kind}):[/red] {error}")
-        case _ if interrupted:
-            console.print("[yellow]cancelled[/yellow]")
-        case _:
-            answer = _last_answer(state)
-            console.rule("answer")
-            console.print(answer or "(no text)")
-    console.print(f"conversation: [bold]{conversation_id}[/bold]  database: {db}")
-    console.print(f"[dim]inspect it with: fanfold show {conversation_id} --db {db}[/dim]")
+    try:
+        match state.phase:
+            case _ if interruption is not None and interruption.forced:
+                console.print(
+                    f"[red]stopped by {interruption.name} before the cancel finished[/red]: "
+                    "what was not recorded is resumed by `fanfold resume`"
+                )
+            case Error(error=error, kind=kind):
+                # Model and tool text: printed as plain text, never as markup or escapes.
+                console.print(
+                    Text.assemble((f"error ({kind}): ", "red"), printable(error)), highlight=False
+                )
+            case _ if interruption is not None:
+                console.print(
+                    f"[yellow]cancelled by {interruption.name}: every sub-agent was "
+                    "cancelled and recorded[/yellow]"
+                )
+            case _:
+                answer = _last_answer(state)
+                console.rule("answer")
+                console.print(Text(printable(answer) or "(no text)"), highlight=False)
+        hint(f"conversation: {conversation_id}  database: {db}", to=console)
+        hint(f"inspect it with: fanfold show {conversation_id} --db {db}", to=console, style="dim")
+    except OSError:
+        if interruption is None:
+            raise
+    if interruption is not None:
+        # The shell's convention for a command stopped by a signal (128 + its number:
+        # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP): a script running
+        # `fanfold run` must not take a cancelled turn for a finished one.
+        raise SystemExit(interruption.exit_code)
     if isinstance(state.phase, Error):
         raise SystemExit(1)
 
@@ -414,15 +508,30 @@ def send(
     path = _db_path(db)
     _open_logs(path, None)
     with user_errors():
+        _refuse_sub_agent(path, conversation_id)
         choice = _choose_model(script, config_path, profile, model)
-        err_console.print(f"[dim]model: {choice.description}; log: {path}[/dim]")
+        hint(f"model: {choice.description}; log: {path}", style="dim")
         result = trio.run(_send_main, path, choice, conversation_id, text, not no_live)
     _print_result(*result, db=path)
 
 
+def _refuse_sub_agent(path: Path, conversation_id: str) -> None:
+    """A user message to a sub-agent: say so plainly, and name the root to send to.
+
+    (The reducer refuses it too, but in its own terms, naming the phase it was in.)
+    """
+    with Store.open(path) as store:
+        row = store.conversation(conversation_id)
+    if row.parent_id is not None:
+        raise CliError(
+            f"{conversation_id} is a sub-agent, and sub-agents cannot take user messages; "
+            f"send to its root conversation instead: fanfold send {row.root_id} TEXT"
+        )
+
+
 async def _send_main(
     path: Path, choice: ModelChoice, conversation_id: str, text: str, live: bool
-) -> tuple[str, Conversation, bool]:
+) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
         async with Runtime.open(
@@ -432,9 +541,10 @@ async def _send_main(
             observer=view.observe,
             on_progress=view.progress,
         ) as runtime:
-            await runtime.send(conversation_id, text)
-            interrupted = await _watch(runtime, conversation_id, view, live)
-            return conversation_id, runtime.state(conversation_id), interrupted
+            with _stop_signal_receiver() as signals:
+                await runtime.send(conversation_id, text)
+                interruption = await _watch(runtime, conversation_id, view, live, signals)
+            return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
 
@@ -487,7 +597,7 @@ def list_conversations(db: Path | None) -> None:
                     row.status,
                     _when(row.created_at),
                     str(len(store.tree(row.id)) - 1),
-                    short(row.task or "", 50),
+                    Text(short(row.task or "", 50)),
                 )
             console.print(table)
         finally:
@@ -515,9 +625,12 @@ def show(conversation_id: str, as_json: bool, db: Path | None) -> None:
     if as_json:
         click.echo(json.dumps(node.to_json(), indent=2))
         return
-    tree = Tree(node.label())
+    tree = Tree(node.label(), highlight=False)
     _add_nodes(tree, node.children)
     console.print(tree)
+    if isinstance(node.state.phase, Idle) and node.outcome():
+        console.rule("answer")
+        console.print(Text(printable(node.outcome())), highlight=False)
 
 
 @attrs.frozen
@@ -531,11 +644,14 @@ class ShowNode:
     children: tuple[ShowNode, ...]
 
     def outcome(self) -> str:
+        """A sub-agent's result or error; a root's answer (its last text) or error."""
         match self.state.phase:
             case Completed(result=result):
                 return result
             case Failed(error=error) | Error(error=error):
                 return error
+            case Idle():
+                return _last_answer(self.state)
         return ""
 
     def to_json(self) -> dict[str, Any]:
@@ -554,18 +670,23 @@ class ShowNode:
             "children": [c.to_json() for c in self.children],
         }
 
-    def label(self) -> str:
+    def label(self) -> Text:
         state = self.state
         symbol, style = status_of(state)
         kind = "Sub-agent" if state.is_sub_agent else "Agent"
-        line = (
-            f'[{style}]{symbol or "…"}[/{style}] {kind} {state.id}: "{short(self.task)}" '
-            f"[dim]({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
-            f"{state.limits.max_rounds}, {tool_call_count(state)} tool calls, "
-            f"{state.usage.total} tokens)[/dim]"
+        # Task and outcome are model text: plain Text (never markup), printable only.
+        line = Text.assemble(
+            (symbol or "…", style),
+            f' {kind} {state.id}: "{short(self.task)}" ',
+            (
+                f"({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
+                f"{state.limits.max_rounds}, {tool_call_count(state)} tool calls, "
+                f"{state.usage.total} tokens)",
+                "dim",
+            ),
         )
-        if self.outcome():
-            line += f"\n  → {short(self.outcome(), 200)}"
+        if self.outcome() and not isinstance(state.phase, Idle):  # answers: in full below
+            line.append(f"\n  → {short(self.outcome(), 200)}")
         return line
 
 
@@ -577,8 +698,21 @@ def _show_node(store: Store, conversation_id: str) -> ShowNode:
         task=row.task or "",
         status=row.status,
         duration=round(row.updated_at - row.created_at, 2),
-        children=tuple(_show_node(store, c.id) for c in store.children(conversation_id)),
+        children=tuple(
+            _show_node(store, c.id)
+            for c in sorted(store.children(conversation_id), key=lambda c: _spawn_order(c.id))
+        ),
     )
+
+
+def _spawn_order(child_id: str) -> tuple[int, str]:
+    """Sub-agents in the order their parent spawned them: ``root.2`` before ``root.10``.
+
+    The log's creation order is not that order: with a concurrency limit, queued
+    children start (and their rows are written) as slots free up.
+    """
+    head, _, tail = child_id.rpartition(".")
+    return (int(tail), head) if tail.isdigit() else (0, child_id)
 
 
 def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import attrs
@@ -39,8 +40,27 @@ class Row:
     tool_calls: int = 0
 
 
+# C0 controls but tab and newline, DEL and the C1 controls: ESC starts the escape
+# sequences that clear the screen, move the cursor or retitle the window, and C1's CSI
+# (0x9b) and OSC (0x9d) do the same on some terminals.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to show on a terminal: control characters as visible ``\\xNN``.
+
+    Model and tool output is untrusted: written raw, an escape sequence in it would act
+    on the user's terminal instead of being shown. Newlines and tabs are kept (a CRLF
+    becomes a newline); a lone carriage return, which would let text overwrite the
+    line before it, is escaped like the rest. rich's Text does not do this by itself.
+    """
+    text = text.replace("\r\n", "\n")
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def short(text: str, width: int = 60) -> str:
-    text = " ".join(text.split())
+    """One printable line of at most ``width`` characters."""
+    text = printable(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -75,7 +95,7 @@ def describe(state: Conversation) -> str:
         case LlmRequesting():
             return "thinking"
         case ToolExecuting(current=current):
-            return f"running {current.name}"
+            return f"running {short(current.name, 40)}"
         case Completed():
             return "completed"
         case Failed(kind=kind):

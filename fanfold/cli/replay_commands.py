@@ -21,7 +21,7 @@ import click
 from rich.text import Text
 
 from fanfold import replay
-from fanfold.cli import CliError, cli, console, db_option, err_console, open_store
+from fanfold.cli import CliError, cli, console, db_option, err_console, hint, open_store
 from fanfold.db import DatabaseError, Store
 from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
@@ -210,11 +210,9 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
         forked = replay.fork(store, conversation_id, at_seq, new_id=new_id)
         path = store.path
     click.echo(forked)
-    err_console.print(
+    hint(
         f"forked {conversation_id} at seq {at_seq} as {forked}; continue it with:\n"
         f"  fanfold send {forked} 'your message' --db {path}",
-        markup=False,
-        highlight=False,
     )
 
 
@@ -239,26 +237,35 @@ def export_command(conversation_id: str, output: Path | None, db: Path | None) -
             sys.stdout.flush()
             return
         summary = _export_to_file(store, conversation_id, output)
-    err_console.print(
+    hint(
         f"exported {summary.steps} step(s) of {summary.conversations} conversation(s) "
-        f"(tree {summary.root_id}) to {output}",
-        markup=False,
-        highlight=False,
+        f"(tree {summary.root_id}) to {output}"
     )
 
 
 def _export_to_file(store: Store, conversation_id: str, output: Path) -> replay.ExportSummary:
     """Write to a temporary file next to ``output`` and rename it: never half a file."""
     directory = output.parent if str(output.parent) else Path(".")
-    fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=directory)
+    try:
+        fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=directory)
+    except OSError as exc:
+        raise _cannot_write(output, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             summary = replay.export_jsonl(store, conversation_id, out)
         os.replace(temp, output)
-    except BaseException:
+    except BaseException as exc:
         Path(temp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _cannot_write(output, exc) from None
         raise
     return summary
+
+
+def _cannot_write(output: Path, exc: OSError) -> OneLineError:
+    # The OSError names the temporary file, which the user never asked for and which
+    # is gone by now: name the file they did ask for.
+    return OneLineError(_one_line(f"cannot write {output}: {exc.strerror or exc}"))
 
 
 @contextmanager
@@ -280,9 +287,7 @@ def import_command(file: Path, db: Path | None) -> None:
         root = replay.import_jsonl(store, lines)
         path = store.path
     click.echo(root)
-    err_console.print(
+    hint(
         f"imported tree {root}; check it with:\n"
         f"  fanfold replay {root} --verify --tree --db {path}",
-        markup=False,
-        highlight=False,
     )

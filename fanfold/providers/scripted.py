@@ -85,11 +85,26 @@ def _check_reply(where: str, reply: object) -> Mapping[str, Any]:
             raise ScriptError(f"{where}.tool_calls[{i}]: needs a 'name'")
         if not isinstance(call.get("arguments", {}), dict):
             raise ScriptError(f"{where}.tool_calls[{i}]: 'arguments' must be an object")
+    if "latency" in reply:
+        _check_latency(f"{where}.latency", reply["latency"])
     for i, failure in enumerate(reply.get("fail_first", [])):
         kind = failure.get("kind") if isinstance(failure, dict) else None
         if kind not in {k.value for k in ErrorKind}:
             raise ScriptError(f"{where}.fail_first[{i}]: unknown error kind {kind!r}")
     return reply
+
+
+def _check_latency(where: str, value: object) -> float:
+    """A latency in seconds: a finite number >= 0 (a bool is not a number here).
+
+    Checked when the script loads: a bad one would otherwise surface only when its reply
+    is due, as a crash of the run (NaN, a string) or a reply that never comes.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScriptError(f"{where}: must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ScriptError(f"{where}: must be a finite number of seconds >= 0, not {value!r}")
+    return float(value)
 
 
 class ScriptedProvider:
@@ -112,7 +127,7 @@ class ScriptedProvider:
             built = tuple(_prebuild(r, j) for j, r in enumerate(replies))
             entries.append(_Entry(match, replies, built))
         self._entries = tuple(entries)
-        self._latency = float(script.get("latency", 0.0))
+        self._latency = _check_latency("latency", script.get("latency", 0.0))
         self._matched: dict[tuple[str, str | None, int], _Entry | None] = {}
 
     @classmethod
