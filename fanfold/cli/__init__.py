@@ -37,6 +37,7 @@ from fanfold.statemachine import (
     Idle,
     IllegalTransition,
     Limits,
+    spawn_order,
 )
 from fanfold.tools.registry import ToolSet
 
@@ -700,19 +701,9 @@ def _show_node(store: Store, conversation_id: str) -> ShowNode:
         duration=round(row.updated_at - row.created_at, 2),
         children=tuple(
             _show_node(store, c.id)
-            for c in sorted(store.children(conversation_id), key=lambda c: _spawn_order(c.id))
+            for c in sorted(store.children(conversation_id), key=lambda c: spawn_order(c.id))
         ),
     )
-
-
-def _spawn_order(child_id: str) -> tuple[int, str]:
-    """Sub-agents in the order their parent spawned them: ``root.2`` before ``root.10``.
-
-    The log's creation order is not that order: with a concurrency limit, queued
-    children start (and their rows are written) as slots free up.
-    """
-    head, _, tail = child_id.rpartition(".")
-    return (int(tail), head) if tail.isdigit() else (0, child_id)
 
 
 def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:

@@ -36,6 +36,7 @@ from fanfold.statemachine import (
     SpawnSubAgent,
     SubAgentFinished,
     UserMessaged,
+    spawn_order,
     start,
 )
 from fanfold.tools.base import ToolRunner
@@ -277,7 +278,7 @@ class Runtime:
             for a in self._actors.values()
             if a.state.parent_id == conversation_id and a.state.id not in kids
         ]
-        return TreeNode(state, tuple(self.tree(k) for k in sorted(kids, key=_spawn_order)))
+        return TreeNode(state, tuple(self.tree(k) for k in sorted(kids, key=spawn_order)))
 
     def running(self) -> tuple[Conversation, ...]:
         """States of every conversation loaded in this runtime."""
@@ -445,8 +446,3 @@ class Runtime:
                     state.id,
                     SubAgentFinished(child_id, ChildFailed(child.error, child.kind, child.reason)),
                 )
-
-
-def _spawn_order(child_id: str) -> tuple[int, str]:
-    head, _, tail = child_id.rpartition(".")
-    return (int(tail), head) if tail.isdigit() else (0, child_id)

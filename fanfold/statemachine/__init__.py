@@ -21,6 +21,7 @@ from fanfold.statemachine.children import (
     PendingChild,
     RejectedTask,
     fan_in_result,
+    spawn_order,
 )
 from fanfold.statemachine.control_tools import (
     CONTROL_TOOLS,
@@ -178,6 +179,7 @@ __all__ = [
     "fan_in_result",
     "fold",
     "offered_tools",
+    "spawn_order",
     "start",
     "transition",
 ]

@@ -129,6 +129,13 @@ def _spawn_number(child_id: str) -> int:
     return int(tail) if tail.isascii() and tail.isdigit() else -1
 
 
+def spawn_order(child_id: str) -> tuple[int, str]:
+    """A sort key putting sub-agents in the order their parent spawned them
+    (``root.2`` before ``root.10``); an id that is not ``"<parent>.<n>"`` sorts first."""
+    number = _spawn_number(child_id)
+    return (number, child_id[: child_id.rfind(".")]) if number >= 0 else (0, child_id)
+
+
 def _bisect(pending: tuple[PendingChild, ...], child_id: str) -> int:
     """The index of ``child_id`` in ``pending`` found by its spawn number, or -1.
 
