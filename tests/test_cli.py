@@ -166,6 +166,28 @@ def test_unreadable_task_files_and_log_places_are_one_line(tmp_path: Path) -> No
     assert blocker.read_text() == "a file where a folder should be"
 
 
+def _cli_process(*args: str) -> subprocess.Popen[str]:
+    """``fanfold ARGS`` in a real process, its output captured as text."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_pids(pids: Path, count: int, skip: int = 0) -> list[int]:
+    """The pids written to ``pids`` past the first ``skip``, once there are ``count``."""
+    found: list[int] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(found) < count:
+        lines = pids.read_text().split() if pids.exists() else []
+        found = [int(line) for line in lines[skip:]]
+        time.sleep(0.05)
+    assert len(found) == count, "the sub-agents' bash commands never started"
+    return found
+
+
 def _live_in_group(pgid: int) -> list[int]:
     """Processes of process group ``pgid`` that are still alive (zombies count as dead)."""
     alive = []
@@ -227,32 +249,12 @@ def test_a_stop_signal_cancels_every_sub_agent_records_it_and_exits_128_plus_sig
         },
     )
     db = tmp_path / "stopped.db"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from fanfold.cli import main; main()",
-            "run",
-            "--no-live",
-            "--db",
-            str(db),
-            "--script",
-            str(script),
-            "--cwd",
-            str(tmp_path),
-            "work",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = _cli_process(
+        "run", "--no-live", "--db", str(db), "--script", str(script), "--cwd", str(tmp_path), "work"
     )
     shells: list[int] = []
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(shells) < 2:
-            shells = [int(line) for line in pids.read_text().split()] if pids.exists() else []
-            time.sleep(0.05)
-        assert len(shells) == 2, "the sub-agents' bash commands never started"
+        shells = _wait_for_pids(pids, 2)
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=30)
         # Each bash command ran in its own process group, killed by the clean cancel.
@@ -283,6 +285,77 @@ def test_a_stop_signal_cancels_every_sub_agent_records_it_and_exits_128_plus_sig
         "failed",
         "failed",
     ]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_sigterm_stops_resume_cleanly_and_leaves_the_tree_resumable(tmp_path: Path) -> None:
+    """A killed run leaves a tree whose sub-agents run bash; ``resume`` re-runs them;
+    SIGTERM then stops the resume: exit 143, no bash left running, the tree still
+    unfinished in the log, and a later resume takes it to the end."""
+    pids = tmp_path / "pids"
+    slow = {"name": "bash", "arguments": {"command": f"echo $$ >> {pids}; sleep 60"}}
+    script = _write(
+        tmp_path / "slow.json",
+        {
+            "latency": 0.01,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "name": "spawn_agents",
+                                    "arguments": {"tasks": [{"task": "a"}, {"task": "b"}]},
+                                }
+                            ]
+                        },
+                        {"text": "all done"},
+                    ],
+                },
+                {
+                    "match": {"depth": 1},
+                    "replies": [
+                        {"tool_calls": [slow]},
+                        {"tool_calls": [slow]},
+                        {"text": "finished"},
+                    ],
+                },
+            ],
+        },
+    )
+    db = tmp_path / "resumed.db"
+    common = ["--db", str(db), "--script", str(script)]
+    shells: list[int] = []
+    try:
+        crashed = _cli_process("run", "--no-live", *common, "--cwd", str(tmp_path), "work")
+        shells += _wait_for_pids(pids, 2)
+        crashed.kill()  # SIGKILL: no clean-up at all, as a crash
+        crashed.communicate(timeout=30)
+        for shell in shells:
+            os.killpg(shell, signal.SIGKILL)  # what a crash leaves running is not ours
+        resumed = _cli_process("resume", *common)
+        shells += _wait_for_pids(pids, 2, skip=2)
+        resumed.send_signal(signal.SIGTERM)
+        out, err = resumed.communicate(timeout=30)
+        left_behind = [_live_in_group(shell) for shell in shells[2:]]
+    finally:
+        for shell in shells:  # whatever the outcome, leave no sleep behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell, signal.SIGKILL)
+    assert "Traceback" not in err
+    assert resumed.returncode == 143, (out, err)
+    assert "stopped by SIGTERM" in err
+    assert left_behind == [[], []]
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+        assert {row.id for row in store.unfinished()} == {root.id, f"{root.id}.1", f"{root.id}.2"}
+    # The second bash round was interrupted too: the next resume goes on from there.
+    finished = CliRunner().invoke(cli, ["resume", *common])
+    assert finished.exit_code == 0, finished.output
+    with Store.open(db) as store:
+        assert store.unfinished() == []
+        assert isinstance(store.load_state(root.id).phase, Idle)
 
 
 # No spaces: rich may wrap lines at a space, never inside a word this short.

@@ -560,7 +560,11 @@ def resume(
     model: str | None,
     db: Path | None,
 ) -> None:
-    """Resume every unfinished conversation tree after a crash or kill."""
+    """Resume every unfinished conversation tree after a crash or kill.
+
+    Ctrl-C, SIGTERM or SIGHUP stops the process cleanly (nothing left running) and
+    leaves the trees resumable; the exit status is then 128 + the signal.
+    """
     path = _db_path(db)
     _open_logs(path, None)
     with user_errors():
@@ -569,19 +573,50 @@ def resume(
 
 
 async def _resume_main(path: Path, choice: ModelChoice) -> None:
+    """Resume and wait for every unfinished tree.
+
+    A stop signal (Ctrl-C, SIGTERM, SIGHUP) stops this process, not the work: the
+    runtime closes (model calls and bash commands are cancelled, nothing is left
+    running) and the trees stay unfinished in the log for the next ``resume``. Unlike
+    ``run``, whose turn the user started here and now, what is resumed is earlier work
+    that a signal aimed at this process should not throw away.
+    """
     view = TreeView()
-    async with Runtime.open(
-        path, choice.provider, ToolSet.default(), observer=view.observe
-    ) as runtime:
-        ids = await runtime.resume()
-        if not ids:
-            console.print("nothing to resume")
-            return
-        roots = sorted({runtime.state(i).root_id for i in ids})
-        console.print(f"resuming {len(ids)} conversation(s) in {len(roots)} tree(s)")
-        for root in roots:
-            await runtime.wait(root)
-        console.print(view.render())
+    stopped: Interruption | None = None
+    try:
+        async with Runtime.open(
+            path, choice.provider, ToolSet.default(), observer=view.observe
+        ) as runtime:
+            with _stop_signal_receiver() as signals:
+                ids = await runtime.resume()
+                if not ids:
+                    console.print("nothing to resume")
+                    return
+                roots = sorted({runtime.state(i).root_id for i in ids})
+                console.print(f"resuming {len(ids)} conversation(s) in {len(roots)} tree(s)")
+                async with trio.open_nursery() as nursery:
+
+                    async def on_signal() -> None:
+                        nonlocal stopped
+                        async for signum in signals:
+                            stopped = Interruption(signum)
+                            nursery.cancel_scope.cancel()
+                            return
+
+                    nursery.start_soon(on_signal)
+                    for root in roots:
+                        await runtime.wait(root)
+                    nursery.cancel_scope.cancel()
+            if stopped is None:
+                _say(view.render(), to=console)
+    finally:
+        await choice.aclose()
+    if stopped is not None:
+        _say(
+            f"[yellow]stopped by {stopped.name}: the unfinished trees stay in the log; "
+            "run `fanfold resume` again to go on[/yellow]"
+        )
+        raise SystemExit(stopped.exit_code)
 
 
 @cli.command(name="ls")
