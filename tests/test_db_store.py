@@ -19,6 +19,7 @@ from fanfold.db import (
     CodecError,
     ConversationRow,
     InvalidStep,
+    ReadOnlyStore,
     ReplayError,
     SchemaError,
     SequenceError,
@@ -139,6 +140,48 @@ def test_an_empty_file_becomes_a_fanfold_log(tmp_path: Path) -> None:
     path.touch()
     with Store.open(path) as store:
         assert store.list_roots() == []
+
+
+def test_a_read_only_store_reads_everything_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "fanfold.db"
+    driver = Driver(snapshot_every=3)
+    children = fan_out(driver)
+    with Store.open(path) as store:
+        store.append(driver.steps)
+    before = path.read_bytes()
+    with Store.open(path, read_only=True) as store:
+        assert store.read_only
+        assert [row.id for row in store.list_roots()] == ["r"]
+        assert [row.id for row in store.tree("r")] == ["r", *children]
+        assert store.load_state("r") == driver.states["r"]
+        with pytest.raises(ReadOnlyStore, match="opened read-only"):
+            store.append(driver.steps[:1])
+        with pytest.raises(ReadOnlyStore):
+            store.save_snapshot("r", 1, driver.states["r"])
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fanfold.db"]  # no -wal left
+
+
+def test_read_only_opening_refuses_what_it_cannot_read_without_writing(tmp_path: Path) -> None:
+    with pytest.raises(CannotOpen, match="no database file"):
+        Store.open(tmp_path / "missing.db", read_only=True)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(CannotOpen, match="has no tables"):
+        Store.open(empty, read_only=True)
+    assert empty.read_bytes() == b""
+    notes = tmp_path / "notes.db"
+    notes.write_bytes(b"not a database" * 100)
+    with pytest.raises(CannotOpen, match="is not an SQLite database"):
+        Store.open(notes, read_only=True)
+    old = tmp_path / "old.db"
+    Store.open(old).close()
+    conn = sqlite3.connect(old)
+    conn.execute("DELETE FROM meta WHERE key = 'event_schema_version'")  # as before v1 wrote it
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaError, match="needs a migration"):
+        Store.open(old, read_only=True)
 
 
 def test_events_from_a_newer_codec_are_refused(tmp_path: Path) -> None:

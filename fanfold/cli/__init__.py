@@ -146,9 +146,15 @@ def _db_path(db: Path | None, *, must_exist: bool = True) -> Path:
     return path
 
 
-def open_store(db: Path | None, *, must_exist: bool = True) -> Store:
-    """Open the chosen database; with ``must_exist=False`` create it (and its folder)."""
+def open_store(db: Path | None, *, must_exist: bool = True, read_only: bool = False) -> Store:
+    """Open the chosen database; with ``must_exist=False`` create it (and its folder).
+
+    Commands that only read open it ``read_only``: they write nothing (no migration, no
+    switch to WAL), so a log on read-only media or someone else's can be inspected.
+    """
     path = _db_path(db, must_exist=must_exist)
+    if read_only:
+        return Store.open(path, read_only=True)
     if not must_exist:
         path.parent.mkdir(parents=True, exist_ok=True)
     return Store.open(path)
@@ -624,7 +630,7 @@ async def _resume_main(path: Path, choice: ModelChoice) -> None:
 def list_conversations(db: Path | None) -> None:
     """List root conversations (sub-agents are shown by `fanfold show`)."""
     with user_errors():
-        store = open_store(db)
+        store = open_store(db, read_only=True)
         try:
             table = Table("id", "status", "created", "sub-agents", "task")
             for row in store.list_roots():
@@ -653,7 +659,7 @@ def _when(ts: float) -> str:
 def show(conversation_id: str, as_json: bool, db: Path | None) -> None:
     """Print a conversation and its sub-agent tree with outcomes."""
     with user_errors():
-        store = open_store(db)
+        store = open_store(db, read_only=True)
         try:
             node = _show_node(store, conversation_id)
         finally:

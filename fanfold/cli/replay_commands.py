@@ -114,12 +114,12 @@ def replay_command(
             raise OneLineError("give --verify or --step (see fanfold replay --help)")
         walk = True
     if check:
-        with _errors(), open_store(db) as store:
+        with _errors(), open_store(db, read_only=True) as store:
             started = time.perf_counter()
             report = replay.verify(store, conversation_id, tree=tree)
             elapsed = time.perf_counter() - started
         raise SystemExit(_show_report(report, elapsed))
-    with _errors(), open_store(db) as store:
+    with _errors(), open_store(db, read_only=True) as store:
         _show_steps(store, conversation_id, at=at, until=until, tree=tree)
 
 
@@ -231,7 +231,7 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
 @db_option
 def export_command(conversation_id: str, output: Path | None, db: Path | None) -> None:
     """Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report)."""
-    with _errors(), open_store(db) as store:
+    with _errors(), open_store(db, read_only=True) as store:
         if output is None:
             replay.export_jsonl(store, conversation_id, sys.stdout)
             sys.stdout.flush()

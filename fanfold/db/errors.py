@@ -41,6 +41,13 @@ class CannotOpen(DatabaseError):
     program's SQLite database (fanfold never writes into those), or SQLite cannot open
     it at all. Nothing was written to it."""
 
+    cannot_open_file = False
+    """True if SQLite could not open the file at all (SQLITE_CANTOPEN)."""
+
+
+class ReadOnlyStore(DatabaseError):
+    """A write was asked of a Store opened with ``read_only=True``; nothing was written."""
+
 
 class StoreClosed(DatabaseError):
     """The Store was used after ``close()``."""

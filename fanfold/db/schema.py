@@ -138,6 +138,16 @@ def _up_to_date(db: Database) -> bool:
     return applied == {m.version for m in MIGRATIONS} and events == SCHEMA_VERSION
 
 
+def check_current(db: Database) -> None:
+    """Raise SchemaError unless the database's schema is exactly this fanfold's (for a
+    read-only open, which cannot migrate)."""
+    if not _up_to_date(db):
+        raise SchemaError(
+            "the database was written by an older fanfold and needs a migration; open it "
+            "once for writing (any fanfold command that writes, such as resume) to upgrade it"
+        )
+
+
 def migrate(db: Database) -> list[int]:
     """Apply every pending migration; returns the versions applied (often none).
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -39,6 +41,7 @@ from fanfold.db.errors import (
     CodecError,
     ConversationExists,
     InvalidStep,
+    ReadOnlyStore,
     ReplayError,
     SequenceError,
     StoreClosed,
@@ -56,7 +59,7 @@ from fanfold.db.records import (
     StoredEvent,
     status_of,
 )
-from fanfold.db.schema import migrate
+from fanfold.db.schema import check_current, migrate
 from fanfold.statemachine import (
     Conversation,
     ConversationCreated,
@@ -214,7 +217,7 @@ class Store:
     is synchronous and thread-safe.
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: str | None) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: str | None, *, read_only: bool = False):
         """Wrap an open connection. Use ``open`` or ``memory`` instead."""
         self._conn: sqlite3.Connection | None = conn
         self._db = Database(conn)
@@ -222,13 +225,24 @@ class Store:
         self._checkpointer: _Checkpointer | None = None
         self.path = path
         """The database file, or None for an in-memory store."""
+        self.read_only = read_only
+        """True if opened with ``read_only=True``: every write raises ReadOnlyStore."""
+        self._private_copy: str | None = None  # a folder removed on close (read-only media)
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> Store:
-        """Open (creating if needed) the database file at ``path`` and migrate it."""
+    def open(cls, path: str | os.PathLike[str], *, read_only: bool = False) -> Store:
+        """Open (creating if needed) the database file at ``path`` and migrate it.
+
+        With ``read_only``, open an existing log for reading without writing to it
+        (no migration, no switch to WAL, SQLite's ``query_only``): for inspecting a
+        log on read-only media or one that belongs to someone else. Its schema must
+        be current; writes raise ReadOnlyStore.
+        """
         name = os.fspath(path)
+        if read_only:
+            return cls._open_read_only(name)
         try:
             conn = sqlite3.connect(
                 name,
@@ -243,6 +257,71 @@ class Store:
                 raise CannotOpen(f"{name} is not an SQLite database") from None
             if code == _SQLITE_CANTOPEN:
                 raise CannotOpen(f"cannot open {name} as a database: {exc}") from None
+            raise
+
+    @classmethod
+    def _open_read_only(cls, name: str) -> Store:
+        if not os.path.isfile(name):
+            raise CannotOpen(f"no database file at {name}")
+        # Where the file can be opened for writing, read through such a connection in
+        # query_only mode: SQLite then cleans up its -wal and -shm files on close as it
+        # always does (a mode=ro reader leaves empty ones behind). Writes are refused by
+        # this class before any SQL, and by SQLite too.
+        for query in ("mode=rw", "mode=ro"):
+            try:
+                return cls._connect_read_only(name, name, query)
+            except CannotOpen as exc:
+                if not exc.cannot_open_file:
+                    raise
+        # Read-only media: SQLite cannot create the WAL index (-shm) it needs to read a
+        # WAL log. Nobody can be writing there. With no WAL content, the file alone is
+        # the log: read it as immutable. Steps still in the -wal file would be ignored
+        # by an immutable read, so the log and its WAL are read from a private copy.
+        wal = name + "-wal"
+        if not os.path.exists(wal) or os.path.getsize(wal) == 0:
+            return cls._connect_read_only(name, name, "mode=ro&immutable=1")
+        copy = tempfile.mkdtemp(prefix="fanfold-ro-")
+        try:
+            target = os.path.join(copy, os.path.basename(name))
+            shutil.copyfile(name, target)
+            shutil.copyfile(wal, target + "-wal")
+            store = cls._connect_read_only(name, target, "mode=ro")
+        except BaseException:
+            shutil.rmtree(copy, ignore_errors=True)
+            raise
+        store._private_copy = copy
+        return store
+
+    @classmethod
+    def _connect_read_only(cls, name: str, actual: str, query: str) -> Store:
+        """Open ``actual`` (the file ``name`` or a copy of it) with URI ``query``."""
+        uri = pathlib.Path(actual).resolve().as_uri()
+        conn = sqlite3.connect(
+            f"{uri}?{query}",
+            uri=True,
+            check_same_thread=False,
+            isolation_level=None,
+            timeout=BUSY_TIMEOUT_MS / 1000,
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA query_only = ON")
+            store = cls(conn, name, read_only=True)
+            store._refuse_foreign()
+            if not store._db.table("migrations").exists():
+                raise CannotOpen(f"{name} is not a fanfold log (it has no tables)")
+            check_current(store._db)
+            return store
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if code == _SQLITE_NOTADB:
+                raise CannotOpen(f"{name} is not an SQLite database") from None
+            error = CannotOpen(f"cannot open {name} as a database: {exc}")
+            error.cannot_open_file = code == _SQLITE_CANTOPEN
+            raise error from None
+        except BaseException:
+            conn.close()
             raise
 
     @classmethod
@@ -319,6 +398,9 @@ class Store:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._private_copy is not None:
+                shutil.rmtree(self._private_copy, ignore_errors=True)
+                self._private_copy = None
 
     def __enter__(self) -> Store:
         return self
@@ -339,6 +421,8 @@ class Store:
     @contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
         """Hold the lock and one transaction; roll back on any exception."""
+        if self.read_only and begin != "BEGIN":
+            raise ReadOnlyStore(f"{self.path} was opened read-only; nothing was written")
         with self._lock:
             conn = self._connection()
             conn.execute(begin)
@@ -371,6 +455,8 @@ class Store:
         stored with it (0 if none): what a snapshot policy needs to weigh folding
         events against reading a snapshot.
         """
+        if self.read_only:
+            raise ReadOnlyStore(f"{self.path} was opened read-only; nothing was written")
         if not steps:
             return []
         prepared = [_Prepared(step) for step in steps]
