@@ -320,9 +320,10 @@ def _model_error(dice: _Dice) -> ModelError:
 
 
 def _child_outcome(dice: _Dice) -> ChildOutcome:
+    tokens = dice.pick([0, 0, 40, 90, 300])  # what the child says it used
     if dice.flip():
-        return ChildFailed(dice.text(), dice.pick(_ALL_KINDS), dice.pick([None, *_REASONS]))
-    return ChildSucceeded(dice.text())
+        return ChildFailed(dice.text(), dice.pick(_ALL_KINDS), dice.pick([None, *_REASONS]), tokens)
+    return ChildSucceeded(dice.text(), tokens)
 
 
 @st.composite
@@ -1199,6 +1200,7 @@ def _check_fixed(before: Conversation, after: Conversation) -> None:
         and after.spawned >= before.spawned
         and after.usage_input >= before.usage_input
         and after.usage_output >= before.usage_output
+        and after.usage_children >= before.usage_children
         and after.written_off[: len(before.written_off)] == before.written_off
     ):
         _fail(
@@ -1276,11 +1278,12 @@ def _check_notify(before: Conversation, after: Conversation, effects: Effects) -
     notice = notices[0]
     phase = after.phase
     expected: ChildOutcome
+    # The outcome carries the tokens of the child's whole subtree (tree budgets).
     if isinstance(phase, Completed):
-        expected = ChildSucceeded(phase.result)
+        expected = ChildSucceeded(phase.result, after.tokens_spent)
     else:
         assert isinstance(phase, Failed)
-        expected = ChildFailed(phase.error, phase.kind, phase.reason)
+        expected = ChildFailed(phase.error, phase.kind, phase.reason, after.tokens_spent)
     if notice != NotifyParent(after.parent_id or "", after.id, expected):
         _fail("the notice carries the outcome", f"{notice} for {phase}", after)
 
@@ -1447,7 +1450,26 @@ def _check_spawns(
             and not any(t.name in CONTROL_TOOLS for t in spawn.tools)
         ):
             _fail("SpawnSubAgent matches the accepted task", f"{spawn} for {spec}", after)
+    budget = before.limits.max_tokens
+    for spawn in spawns:
+        pending = after_children.find_pending(spawn.child_id) if after_children else None
+        given = pending.budget if pending is not None else None
+        if budget is None and spawn.limits.max_tokens is not None:
+            _fail("no budget, no shares", f"{spawn.child_id} got {spawn.limits.max_tokens}", after)
+        if budget is not None and not (given is not None and 0 < given == spawn.limits.max_tokens):
+            _fail(
+                "a child of a budgeted parent runs on its share",
+                f"{spawn.child_id}: share {given}, limits {spawn.limits.max_tokens}",
+                after,
+            )
     newly = started_after - started_before
+    shares = after_children.reserved if after_children is not None else 0
+    if newly and budget is not None and shares + after.tokens_spent > budget:
+        _fail(
+            "token shares never add up to more than the budget",
+            f"{shares} set aside + {after.tokens_spent} spent > {budget}",
+            after,
+        )
     expected = newly | (
         started_before & started_after if isinstance(event, RuntimeResumed) else set()
     )

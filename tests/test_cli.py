@@ -558,3 +558,64 @@ def test_next_step_hints_are_never_wrapped_so_their_commands_copy_whole(tmp_path
     assert (
         f"  fanfold replay {root.id} --verify --tree --db {other}" in imported.output.splitlines()
     )
+
+
+def test_max_tokens_is_the_budget_of_the_whole_tree(tmp_path: Path) -> None:
+    """``--max-tokens``: each sub-agent runs on a share of it, and the root's state
+    counts what the sub-agents used."""
+    spawn_three = {
+        "name": "spawn_agents",
+        "arguments": {"tasks": [{"task": "a"}, {"task": "b"}, {"task": "c"}]},
+    }
+    script = _write(
+        tmp_path / "budget.json",
+        {
+            "latency": 0.01,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        {
+                            "tool_calls": [spawn_three],
+                            "usage": {"input_tokens": 90, "output_tokens": 10},
+                        },
+                        {"text": "done"},
+                    ],
+                },
+                {
+                    "match": {"depth": 1},
+                    "replies": [
+                        {
+                            "tool_calls": [
+                                {"name": "submit_result", "arguments": {"result": "ok"}}
+                            ],
+                            "usage": {"input_tokens": 30, "output_tokens": 20},
+                        }
+                    ],
+                },
+            ],
+        },
+    )
+    db = tmp_path / "budget.db"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--no-live",
+            "--db",
+            str(db),
+            "--script",
+            str(script),
+            "--max-tokens",
+            "1000",
+            "go",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+        state = store.load_state(root.id)
+        shares = [store.load_state(c.id).limits.max_tokens for c in store.children(root.id)]
+    assert state.limits.max_tokens == 1000
+    assert shares == [225, 225, 225]  # (1000 - 100) split between 3 children and the root
+    assert (state.usage.total, state.usage_children) == (100, 150)

@@ -38,8 +38,10 @@ from fanfold.statemachine import (
     ALL_EVENTS,
     ALL_PHASES,
     AwaitingSubAgents,
+    ChildFailed,
     Children,
     ChildSpec,
+    ChildSucceeded,
     Conversation,
     ConversationCreated,
     ErrorKind,
@@ -48,6 +50,7 @@ from fanfold.statemachine import (
     ModelReplied,
     ModelReply,
     PendingChild,
+    SubAgentFinished,
     ToolCall,
     TurnFinished,
     TurnOutcome,
@@ -255,20 +258,65 @@ GOLDEN_REPLY = (
 )
 
 
+def _v2(golden: str) -> str:
+    return golden.replace('{"v":1,', '{"v":2,', 1)
+
+
 def test_format_is_stable() -> None:
-    """Version 1 documents: changing these strings needs a new SCHEMA_VERSION."""
-    assert SCHEMA_VERSION == 1
+    """Version 2 documents: changing these strings needs a new SCHEMA_VERSION."""
+    assert SCHEMA_VERSION == 2
     reply = ModelReplied(
         3, ModelReply("ok", (ToolCall.of("t1", "bash", {"command": "ls"}),), Usage(5, 2))
     )
-    assert encode_event(UserMessaged("hi")) == '{"v":1,"type":"UserMessaged","text":"hi"}'
-    assert encode_event(ConversationCreated("r")) == GOLDEN_CREATED
-    assert encode_event(reply) == GOLDEN_REPLY
-    assert decode_event(GOLDEN_CREATED) == ConversationCreated("r")
-    assert decode_event(GOLDEN_REPLY) == reply
-    assert encode(ErrorKind.AUTH) == '{"v":1,"type":"ErrorKind","value":"auth"}'
+    assert encode_event(UserMessaged("hi")) == '{"v":2,"type":"UserMessaged","text":"hi"}'
+    assert encode_event(ConversationCreated("r")) == _v2(GOLDEN_CREATED)
+    assert encode_event(reply) == _v2(GOLDEN_REPLY)
+    assert decode_event(_v2(GOLDEN_CREATED)) == ConversationCreated("r")
+    assert decode_event(_v2(GOLDEN_REPLY)) == reply
+    assert encode(ErrorKind.AUTH) == '{"v":2,"type":"ErrorKind","value":"auth"}'
     assert encode(()) == "[]"
     assert encode(None) == "null"
+    finished = SubAgentFinished("r.1", ChildSucceeded("done", 42))
+    assert encode_event(finished) == (
+        '{"v":2,"type":"SubAgentFinished","child_id":"r.1",'
+        '"outcome":{"type":"ChildSucceeded","result":"done","tokens":42}}'
+    )
+
+
+def test_version_1_documents_still_decode() -> None:
+    """Logs written before version 2 read as they are: the fields version 2 added take
+    their defaults; a version 2 document must have them."""
+    reply = ModelReplied(
+        3, ModelReply("ok", (ToolCall.of("t1", "bash", {"command": "ls"}),), Usage(5, 2))
+    )
+    assert decode_event(GOLDEN_CREATED) == ConversationCreated("r")
+    assert decode_event(GOLDEN_REPLY) == reply
+    old = (
+        '{"v":1,"type":"SubAgentFinished","child_id":"r.1","outcome":{"type":"ChildFailed",'
+        '"error":"boom","kind":"auth","reason":null}}'
+    )
+    assert decode_event(old) == SubAgentFinished("r.1", ChildFailed("boom", ErrorKind.AUTH))
+    _fails(_v2(old), "SubAgentFinished.outcome", "missing field(s) 'tokens'")
+    spec = ChildSpec("r.1", "t", ".", None, 3, "s1")
+    state = Conversation(
+        id="r",
+        parent_id=None,
+        root_id="r",
+        depth=0,
+        cwd=".",
+        task=None,
+        system_prompt="",
+        model=None,
+        limits=Limits(),
+        tools=(),
+        history=(),
+        phase=AwaitingSubAgents(Children(pending=(PendingChild(spec, True),))),
+    )
+    written = json.loads(encode_state(state))
+    written["v"] = 1
+    del written["usage_children"]
+    del written["phase"]["children"]["pending"][0]["budget"]
+    assert decode_state(json.dumps(written)) == state
 
 
 def test_fingerprint_names_phase_and_counters() -> None:
@@ -335,9 +383,9 @@ def test_wrong_value_types_are_named() -> None:
 
 def test_versions() -> None:
     with pytest.raises(UnsupportedVersion) as info:
-        decode('{"v":2,"type":"UserMessaged","text":"hi"}')
-    assert info.value.version == 2
-    assert "versions 1 to 1" in str(info.value)
+        decode('{"v":3,"type":"UserMessaged","text":"hi"}')
+    assert info.value.version == 3
+    assert "versions 1 to 2" in str(info.value)
     for bad in ("0", '"1"', "1.0", "null"):
         with pytest.raises(CodecError):
             decode('{"v":' + bad + ',"type":"UserMessaged","text":"hi"}')

@@ -177,7 +177,11 @@ def test_read_only_opening_refuses_what_it_cannot_read_without_writing(tmp_path:
     old = tmp_path / "old.db"
     Store.open(old).close()
     conn = sqlite3.connect(old)
-    conn.execute("DELETE FROM meta WHERE key = 'event_schema_version'")  # as before v1 wrote it
+    conn.execute("UPDATE meta SET value = '1' WHERE key = 'event_schema_version'")
+    conn.commit()
+    with Store.open(old, read_only=True) as store:  # older documents: read as they are
+        assert store.list_roots() == []
+    conn.execute("DELETE FROM migrations")  # as if a migration were still to come
     conn.commit()
     conn.close()
     with pytest.raises(SchemaError, match="needs a migration"):

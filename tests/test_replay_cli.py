@@ -13,7 +13,7 @@ from db_scenarios import Driver, fan_out
 from replay_helpers import edit, write
 
 from fanfold.cli import cli
-from fanfold.db import Store
+from fanfold.db import SCHEMA_VERSION, Store
 from fanfold.statemachine import AbortCall, Conversation, ToolFinished
 
 REDUCER = importlib.import_module("fanfold.statemachine.transition")
@@ -228,4 +228,4 @@ def test_import_errors_are_one_line(tmp_path: Path) -> None:
     }
     bad.write_text(json.dumps(header) + "\n")
     line = one_error_line(run("import", bad, "--db", other))
-    assert "event schema version 99" in line and "versions 1 to 1" in line
+    assert "event schema version 99" in line and f"versions 1 to {SCHEMA_VERSION}" in line

@@ -63,7 +63,8 @@ def test_export_then_import_then_verify(tmp_path: Path, exported: str) -> None:
     assert set(step) == {
         "record", "conversation_id", "seq", "at", "event", "effects", "fingerprint"
     }  # fmt: skip
-    assert step["event"]["type"] == "ConversationCreated" and step["event"]["v"] == 1
+    assert step["event"]["type"] == "ConversationCreated"
+    assert step["event"]["v"] == codec.SCHEMA_VERSION
     with Store.open(tmp_path / "other.db") as other:
         assert replay.import_jsonl(other, io.StringIO(exported)) == "r"
         report = replay.verify(other, "r", tree=True)
@@ -159,7 +160,10 @@ def test_a_newer_event_schema_version_is_refused_naming_both(exported: str) -> N
         message = str(info.value)
         assert f"event schema version {codec.SCHEMA_VERSION + 1}" in message
         assert f"versions 1 to {codec.SCHEMA_VERSION}" in message
-        assert (info.value.found, info.value.supported) == (2, 1)
+        assert (info.value.found, info.value.supported) == (
+            codec.SCHEMA_VERSION + 1,
+            codec.SCHEMA_VERSION,
+        )
         records[0]["event_schema_version"] = 0
         with pytest.raises(VersionRefused, match="event schema version 0 is unknown"):
             replay.import_jsonl(other, _text(records).splitlines())
@@ -168,13 +172,14 @@ def test_a_newer_event_schema_version_is_refused_naming_both(exported: str) -> N
 
 def test_a_newer_document_inside_an_older_header_is_refused(exported: str) -> None:
     records = _lines(exported)
-    records[8]["effects"][0]["v"] = 3
+    records[8]["effects"][0]["v"] = codec.SCHEMA_VERSION + 1
     with (
         Store.memory() as other,
         pytest.raises(
             VersionRefused,
             match=r"line 9: effect 0 of conversation 'r', seq 1 .*"
-            r"version 3; this fanfold reads versions 1 to 1",
+            rf"version {codec.SCHEMA_VERSION + 1}; this fanfold reads versions 1 to "
+            rf"{codec.SCHEMA_VERSION}",
         ),
     ):
         replay.import_jsonl(other, _text(records).splitlines())
@@ -183,9 +188,9 @@ def test_a_newer_document_inside_an_older_header_is_refused(exported: str) -> No
 def test_a_log_of_an_older_version_replays(
     tmp_path: Path, exported: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Today's logs are version 1; a fanfold reading versions up to 2 imports and
+    """Today's logs are version 2; a fanfold reading versions up to 3 imports and
     verifies them as they are."""
-    monkeypatch.setattr(codec, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(codec, "SCHEMA_VERSION", 3)
     with Store.memory() as other:
         root = replay.import_jsonl(other, exported.splitlines())
         assert replay.verify(other, root, tree=True).ok

@@ -122,6 +122,38 @@ def overshoot_max_concurrent(monkeypatch: pytest.MonkeyPatch) -> None:
     _wrap(monkeypatch, "_start_queued", make)
 
 
+def shares_forget_the_spending(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Children's token shares are split from the whole budget, as if nothing had been
+    spent or set aside yet: together they can exceed what is left."""
+
+    def make(original: Any) -> Any:
+        def mutant(state: Conversation, children: Children, effects: list[Any]) -> Any:
+            fresh = state.evolve(usage_input=0, usage_output=0, usage_children=0)
+            unreserved = attrs.evolve(
+                children, pending=tuple(attrs.evolve(p, budget=None) for p in children.pending)
+            )
+            new, started = original(fresh, unreserved, effects)
+            kept = {p.spec.id: p.budget for p in children.pending}
+            started = attrs.evolve(
+                started,
+                pending=tuple(
+                    p
+                    if p.spec.id not in kept or kept[p.spec.id] is None
+                    else attrs.evolve(p, budget=kept[p.spec.id])
+                    for p in started.pending
+                ),
+            )
+            return new.evolve(
+                usage_input=state.usage_input,
+                usage_output=state.usage_output,
+                usage_children=state.usage_children,
+            ), started
+
+        return mutant
+
+    _wrap(monkeypatch, "_start_queued", make)
+
+
 def absorb_duplicate_outcomes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A second outcome for a finished child is silently dropped instead of raising."""
 
@@ -297,6 +329,7 @@ class Mutant:
 
 MUTANTS = [
     Mutant(overshoot_max_concurrent, every_step_checked, "concurrency limit"),
+    Mutant(shares_forget_the_spending, every_step_checked, "more than the budget"),
     Mutant(absorb_duplicate_outcomes, rejections_raise, "SubAgentFinished.*was accepted"),
     # Caught by whichever bookkeeping invariant the lost outcome trips first.
     Mutant(

@@ -265,6 +265,12 @@ def _choose_model(
     help="Deepest sub-agent level (1: only the root spawns).",
 )
 @click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Token budget of the whole tree: the root and every sub-agent together.",
+)
+@click.option(
     "--json-log",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -283,6 +289,7 @@ def run(
     max_rounds: int | None,
     max_concurrent: int | None,
     max_depth: int | None,
+    max_tokens: int | None,
     json_log: Path | None,
     no_live: bool,
     db: Path | None,
@@ -309,6 +316,7 @@ def run(
                 "max_rounds": max_rounds,
                 "max_concurrent": max_concurrent,
                 "max_depth": max_depth,
+                "max_tokens": max_tokens,
             }.items()
             if v is not None
         }

@@ -18,7 +18,11 @@ Format (``SCHEMA_VERSION`` 1):
 
 Decoding is strict: an unknown type, a missing or extra field, a value of the wrong
 type, or a version this code does not know raises ``CodecError`` naming the path to
-what is wrong. The class registry is derived once, at import, from ``ALL_EVENTS``,
+what is wrong. The one exception is how the schema evolves: a field declared with
+``metadata={"since": N}`` (and a default) may be missing from a document of a version
+older than N, and then takes its default; older logs stay readable as they are.
+
+The class registry is derived once, at import, from ``ALL_EVENTS``,
 ``ALL_EFFECTS``, ``ALL_PHASES`` and ``Conversation`` by following field annotations,
 so a class added to the state machine is covered (or refused at import) automatically.
 
@@ -62,8 +66,12 @@ from fanfold.statemachine import (
     UserMessage,
 )
 
-SCHEMA_VERSION = 1
-"""Version written into every document; decoding accepts 1..SCHEMA_VERSION."""
+SCHEMA_VERSION = 2
+"""Version written into every document; decoding accepts 1..SCHEMA_VERSION.
+
+History: 2 added the token accounting of sub-agent trees (``ChildSucceeded.tokens``,
+``ChildFailed.tokens``, ``PendingChild.budget``, ``Conversation.usage_children``).
+"""
 
 _Emitter = Callable[[Any], str]
 _Decoder = Callable[[Any], Any]
@@ -396,10 +404,19 @@ def _object_decoder(classes: tuple[type[Any], ...]) -> _Decoder:
 # =============================================================== the class registry
 
 
+class _Decoding(threading.local):
+    """The schema version of the document being decoded (per thread)."""
+
+    version = SCHEMA_VERSION
+
+
+_decoding = _Decoding()
+
+
 class _ClassCodec:
     """How one attrs class is encoded and decoded; compiled once per class."""
 
-    __slots__ = ("cls", "decoders", "document", "emit", "keys", "name", "names")
+    __slots__ = ("cls", "decoders", "document", "emit", "keys", "name", "names", "since")
 
     def __init__(self, cls: type[Any]) -> None:
         self.cls = cls
@@ -408,6 +425,14 @@ class _ClassCodec:
         if {"type", "v"} & set(self.names):
             raise TypeError(f"{self.name}: fields 'type' and 'v' are reserved by the codec")
         self.keys = frozenset(("type", *self.names))
+        # Fields added by a later schema version: name -> (that version, default).
+        self.since: dict[str, tuple[int, Any]] = {}
+        for field in attrs.fields(cls):
+            since = field.metadata.get("since")
+            if since is not None:
+                if field.default is attrs.NOTHING or hasattr(field.default, "factory"):
+                    raise TypeError(f"{self.name}.{field.name}: a 'since' field needs a default")
+                self.since[field.name] = (since, field.default)
         self.emit: _Emitter = _unbuilt
         self.document: _Emitter = _unbuilt
         self.decoders: tuple[tuple[str, str, _Decoder], ...] = ()
@@ -426,17 +451,25 @@ class _ClassCodec:
 
     def decode(self, obj: dict[str, Any]) -> Any:
         """Build the instance from a JSON object whose ``type`` is this class."""
+        defaults: dict[str, Any] = {}
         if obj.keys() != self.keys:
             missing = [n for n in self.names if n not in obj]
+            version = _decoding.version
+            for n in missing:
+                added = self.since.get(n)
+                if added is not None and version < added[0]:
+                    defaults[n] = added[1]  # older than the field: its default
+            missing = [n for n in missing if n not in defaults]
             if missing:
                 raise _Invalid(f"{self.name} is missing field(s) {', '.join(map(repr, missing))}")
             extra = sorted(k for k in obj if k not in self.keys)
-            raise _Invalid(f"{self.name} has unknown field(s) {', '.join(map(repr, extra))}")
+            if extra:
+                raise _Invalid(f"{self.name} has unknown field(s) {', '.join(map(repr, extra))}")
         kwargs = {}
         name = ""
         try:
             for name, alias, decode in self.decoders:
-                kwargs[alias] = decode(obj[name])
+                kwargs[alias] = defaults[name] if name in defaults else decode(obj[name])
         except _Invalid as failure:
             failure.path.append(f".{name}")
             raise
@@ -510,19 +543,20 @@ def _loads(text: str | bytes) -> Any:
         raise CodecError(f"not valid JSON: {exc}") from None
 
 
-def _check_version(document: dict[str, Any]) -> None:
+def _check_version(document: dict[str, Any]) -> int:
     version = document.pop("v", None)
     if version is None:
         raise CodecError(f"{_describe(document)} has no schema version 'v'")
     if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
         raise UnsupportedVersion(version, SCHEMA_VERSION)
+    return version
 
 
 def _decode_document(value: Any, allowed: frozenset[str] | None, what: str) -> Any:
     """Decode one versioned document, whose type must be in ``allowed`` (if given)."""
     if type(value) is not dict:
         raise CodecError(f"expected {what} (a JSON object), got {_describe(value)}")
-    _check_version(value)
+    version = _check_version(value)
     name = value.get("type")
     if type(name) is not str:
         raise CodecError(f"expected {what}: the object has no 'type' string")
@@ -531,7 +565,11 @@ def _decode_document(value: Any, allowed: frozenset[str] | None, what: str) -> A
     try:
         codec = _BY_NAME.get(name)
         if codec is not None:
-            return codec.decode(value)
+            outer, _decoding.version = _decoding.version, version
+            try:
+                return codec.decode(value)
+            finally:
+                _decoding.version = outer
         enum_type = _ENUMS.get(name)
         if enum_type is not None:
             if value.keys() != {"type", "value"}:

@@ -139,9 +139,11 @@ def _up_to_date(db: Database) -> bool:
 
 
 def check_current(db: Database) -> None:
-    """Raise SchemaError unless the database's schema is exactly this fanfold's (for a
-    read-only open, which cannot migrate)."""
-    if not _up_to_date(db):
+    """Raise SchemaError unless this fanfold can read the database as it is (for a
+    read-only open, which cannot migrate): every migration applied, and no document
+    newer than the codec reads (older ones decode as they are)."""
+    _up_to_date(db)  # raises if anything is newer
+    if _applied_versions(db) != {m.version for m in MIGRATIONS}:
         raise SchemaError(
             "the database was written by an older fanfold and needs a migration; open it "
             "once for writing (any fanfold command that writes, such as resume) to upgrade it"

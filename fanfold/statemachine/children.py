@@ -7,21 +7,28 @@ import attrs
 from fanfold.statemachine.errors import CancelReason, ErrorKind
 from fanfold.statemachine.messages import ToolResult, canonical_json
 
+# ``since``: the log schema version that added a field; older documents decode with
+# the field's default (see fanfold.db.codec).
+_SINCE_2 = {"since": 2}
+
 
 @attrs.frozen
 class ChildSucceeded:
-    """A sub-agent finished its task."""
+    """A sub-agent finished its task. ``tokens``: what it and its own sub-agents used."""
 
     result: str
+    tokens: int = attrs.field(default=0, metadata=_SINCE_2)
 
 
 @attrs.frozen
 class ChildFailed:
-    """A sub-agent ended without a result. ``reason`` is set when it was cancelled."""
+    """A sub-agent ended without a result. ``reason`` is set when it was cancelled.
+    ``tokens``: what it and its own sub-agents used."""
 
     error: str
     kind: ErrorKind
     reason: CancelReason | None = None
+    tokens: int = attrs.field(default=0, metadata=_SINCE_2)
 
 
 ChildOutcome = ChildSucceeded | ChildFailed
@@ -45,11 +52,14 @@ class PendingChild:
     """A child without an outcome yet: ``started`` once its SpawnSubAgent was emitted.
 
     ``deadline_timer`` is the parent's backstop timer for a child with a time limit.
+    ``budget``: the tokens set aside for a started child out of a parent's token
+    budget (its own ``max_tokens``); None when the parent has no budget.
     """
 
     spec: ChildSpec
     started: bool = False
     deadline_timer: int | None = None
+    budget: int | None = attrs.field(default=None, metadata=_SINCE_2)
 
 
 @attrs.frozen
@@ -82,6 +92,11 @@ class Children:
     @property
     def total(self) -> int:
         return len(self.pending) + len(self.finished)
+
+    @property
+    def reserved(self) -> int:
+        """Tokens set aside for the children running now (see PendingChild.budget)."""
+        return sum(p.budget for p in self.pending if p.budget is not None)
 
     def pending_ids(self) -> tuple[str, ...]:
         return tuple(p.spec.id for p in self.pending)

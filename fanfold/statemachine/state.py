@@ -33,6 +33,9 @@ class Conversation:
     - ``written_off``: children the parent stopped waiting for (deadline or no
       acknowledgement); a late outcome from one of them is absorbed.
     - ``deadline_timer``: this sub-agent's own time-limit timer, if it has one.
+    - ``usage_children``: tokens used by its sub-agents (and theirs), as they reported
+      them; a written-off child is charged its whole budget. ``max_tokens`` bounds
+      ``usage.total + usage_children``: the budget of the whole tree below.
     """
 
     id: str
@@ -55,6 +58,7 @@ class Conversation:
     spawned: int = 0
     written_off: tuple[str, ...] = ()
     deadline_timer: int | None = None
+    usage_children: int = attrs.field(default=0, metadata={"since": 2})
 
     @property
     def is_sub_agent(self) -> bool:
@@ -84,6 +88,11 @@ class Conversation:
     @property
     def usage(self) -> Usage:
         return Usage(self.usage_input, self.usage_output)
+
+    @property
+    def tokens_spent(self) -> int:
+        """Tokens of this conversation and of every sub-agent below it."""
+        return self.usage_input + self.usage_output + self.usage_children
 
     def offers(self, tool_name: str) -> bool:
         # A plain loop: any() over a generator costs more than the search itself.

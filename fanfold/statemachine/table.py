@@ -115,8 +115,10 @@ _row(
     ),
     SubAgentFinished=_cell(
         "ToolExecuting",
-        "running child: record outcome, start queued children; duplicate: raise "
-        "DuplicateChildOutcome; queued or unknown: raise; written-off: absorb",
+        "running child: record outcome, charge its tokens, start queued children "
+        "(none left of the token budget: they end budget_exhausted unstarted); "
+        "duplicate: raise DuplicateChildOutcome; queued or unknown: raise; "
+        "written-off: absorb",
     ),
     TimerFired=_cell(
         "ToolExecuting CancellingSubAgents Failed",
@@ -142,8 +144,9 @@ _row(
     ToolFinished=_stale("AwaitingSubAgents"),
     SubAgentFinished=_cell(
         "AwaitingSubAgents LlmRequesting",
-        "record outcome, start queued; last one: fan-in result per spawn_agents call, "
-        "CallModel; duplicate/unknown/queued: raise; written-off: absorb",
+        "record outcome, charge its tokens, start queued (each on a share of the "
+        "token budget); last one: fan-in result per spawn_agents call, CallModel; "
+        "duplicate/unknown/queued: raise; written-off: absorb",
     ),
     TimerFired=_cell(
         "AwaitingSubAgents LlmRequesting CancellingSubAgents Failed",

@@ -357,7 +357,8 @@ def _end(state: Conversation, ending: Ending, effects: list[Effect]) -> Transiti
             else:
                 state = state.evolve(phase=Completed(result))
                 assert state.parent_id is not None
-                effects.append(NotifyParent(state.parent_id, state.id, ChildSucceeded(result)))
+                outcome = ChildSucceeded(result, state.tokens_spent)
+                effects.append(NotifyParent(state.parent_id, state.id, outcome))
                 effects.append(TurnFinished(TurnOutcome.COMPLETED, result))
         case EndFailed(error=error, kind=kind, reason=reason):
             if not state.is_sub_agent:
@@ -366,9 +367,8 @@ def _end(state: Conversation, ending: Ending, effects: list[Effect]) -> Transiti
             else:
                 state = state.evolve(phase=Failed(error, kind, reason))
                 assert state.parent_id is not None
-                effects.append(
-                    NotifyParent(state.parent_id, state.id, ChildFailed(error, kind, reason))
-                )
+                failed = ChildFailed(error, kind, reason, state.tokens_spent)
+                effects.append(NotifyParent(state.parent_id, state.id, failed))
                 effects.append(TurnFinished(TurnOutcome.FAILED, error))
     return state, tuple(effects)
 
@@ -498,12 +498,12 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
     if phase.grace:
         return _grace_tool_calls(state, reply.tool_calls, reply.text)
     budget = state.limits.max_tokens
-    if budget is not None and state.usage.total >= budget:
+    if budget is not None and state.tokens_spent >= budget:
         state = _flush(state, (), Children())
         return _end(
             state,
             EndFailed(
-                f"token budget of {budget} exhausted ({state.usage.total} used)",
+                f"token budget of {budget} exhausted ({state.tokens_spent} used)",
                 ErrorKind.BUDGET_EXHAUSTED,
                 CancelReason.LIMIT if state.is_sub_agent else None,
             ),
@@ -728,11 +728,28 @@ def _start_queued(
     """Start queued children, oldest first, while fewer than max_concurrent run."""
     running = children.running
     pending = list(children.pending)
+    # A token budget covers the whole tree below a conversation: each child starts
+    # with a share of what is left (spent and set aside for running children
+    # deducted), split with the children still queued and the parent itself, so the
+    # shares can never add up to more than the budget, however many run at once.
+    budget = state.limits.max_tokens
+    if budget is not None:
+        available = budget - state.tokens_spent - children.reserved
+        unstarted = sum(1 for p in pending if not p.started)
+    refused: list[str] = []
     for i, child in enumerate(pending):
         if running >= state.limits.max_concurrent:
             break
         if child.started:
             continue
+        share = None
+        if budget is not None:
+            share = available // (unstarted + 1)
+            unstarted -= 1
+            if share <= 0:
+                refused.append(child.spec.id)
+                continue
+            available -= share
         deadline = None
         if child.spec.timeout is not None:
             state, deadline = _issue(state)
@@ -743,10 +760,22 @@ def _start_queued(
                     f"deadline of {child.spec.id}",
                 )
             )
-        pending[i] = PendingChild(child.spec, started=True, deadline_timer=deadline)
-        effects.append(_spawn_effect(state, child.spec))
+        pending[i] = PendingChild(child.spec, started=True, deadline_timer=deadline, budget=share)
+        effects.append(_spawn_effect(state, child.spec, share))
         running += 1
-    return state, attrs.evolve(children, pending=tuple(pending))
+    children = attrs.evolve(children, pending=tuple(pending))
+    for child_id in refused:
+        # Nothing left to give it: it never starts (a child would spend tokens on its
+        # first model call before it could notice).
+        children = children.finish(
+            child_id,
+            ChildFailed(
+                f"not started: the token budget of {budget} is used up",
+                ErrorKind.BUDGET_EXHAUSTED,
+                CancelReason.LIMIT,
+            ),
+        )
+    return state, children
 
 
 def _backstop_grace(state: Conversation) -> float:
@@ -759,8 +788,10 @@ def _backstop_grace(state: Conversation) -> float:
     return state.limits.cancel_grace * levels
 
 
-def _spawn_effect(state: Conversation, spec: ChildSpec) -> SpawnSubAgent:
+def _spawn_effect(state: Conversation, spec: ChildSpec, budget: int | None) -> SpawnSubAgent:
     limits = with_max_rounds(state.limits, spec.max_rounds)
+    if budget is not None:
+        limits = attrs.evolve(limits, max_tokens=budget)
     return SpawnSubAgent(
         child_id=spec.id,
         parent_id=state.id,
@@ -810,6 +841,8 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
     effects: list[Effect] = []
     if pending.deadline_timer is not None:
         effects.append(AbortCall(pending.deadline_timer))
+    if event.outcome.tokens:
+        state = state.evolve(usage_children=state.usage_children + event.outcome.tokens)
     return _child_settled(state, children.finish(event.child_id, event.outcome), effects)
 
 
@@ -863,7 +896,11 @@ def _child_deadline(state: Conversation, children: Children, pending: PendingChi
         ErrorKind.TIMED_OUT,
         CancelReason.TIMEOUT,
     )
-    state = state.evolve(written_off=(*state.written_off, child))
+    # It never reported what it used: it is charged all it was given.
+    state = state.evolve(
+        written_off=(*state.written_off, child),
+        usage_children=state.usage_children + (pending.budget or 0),
+    )
     effects: list[Effect] = [CancelSubAgents((child,), CancelReason.TIMEOUT)]
     return _child_settled(state, children.finish(child, outcome), effects)
 
@@ -880,7 +917,10 @@ def _give_up_on_children(state: Conversation, phase: CancellingSubAgents) -> Tra
                 CancelReason.PARENT,
             ),
         )
-    state = state.evolve(written_off=(*state.written_off, *phase.children.pending_ids()))
+    state = state.evolve(
+        written_off=(*state.written_off, *phase.children.pending_ids()),
+        usage_children=state.usage_children + phase.children.reserved,
+    )
     state = _flush(state, phase.results, children)
     return _end(state, phase.ending, [])
 
@@ -922,7 +962,7 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
     if children is not None:
         for pending in children.pending:
             if pending.started:
-                effects.append(_spawn_effect(state, pending.spec))
+                effects.append(_spawn_effect(state, pending.spec, pending.budget))
                 if pending.deadline_timer is not None and pending.spec.timeout is not None:
                     effects.append(
                         StartTimer(
