@@ -588,3 +588,26 @@ def test_the_wal_checkpoint_finds_the_database_after_a_change_of_directory(
         assert (first / "log.db").stat().st_size > 4096  # the real one was checkpointed
     finally:
         store.close()
+
+
+def test_a_read_only_open_of_a_log_copied_mid_run_leaves_the_log_file_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """A copy taken while a runtime was writing: the newest steps are only in -wal. The
+    read sees them, and the log file is not rewritten (no checkpoint on close)."""
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    live.mkdir()
+    copy.mkdir()
+    driver = Driver(snapshot_every=2)
+    fan_out(driver)
+    half = len(driver.steps) // 2
+    with Store.open(live / "log.db") as writer:
+        writer.append(driver.steps[:half])
+    with Store.open(live / "log.db") as writer:
+        writer.append(driver.steps[half:])
+        for name in ("log.db", "log.db-wal"):
+            (copy / name).write_bytes((live / name).read_bytes())
+    before = (copy / "log.db").read_bytes(), (copy / "log.db-wal").read_bytes()
+    with Store.open(copy / "log.db", read_only=True) as store:
+        assert store.load_state("r") == driver.states["r"]
+    assert ((copy / "log.db").read_bytes(), (copy / "log.db-wal").read_bytes()) == before

@@ -25,10 +25,11 @@ async def run_until_cut(
     cut: Callable[[Sequence[Step]], bool],
     drive: Callable[[Runtime], Awaitable[None]],
     limits: Limits | None = None,
+    **kwargs: Any,
 ) -> None:
     """Run ``drive``; stop the runtime once a committed batch satisfies ``cut``, before
     any callback of that batch runs (so none of its effects executes)."""
-    async with open_runtime(tmp_path, provider, limits=limits) as runtime:
+    async with open_runtime(tmp_path, provider, limits=limits, **kwargs) as runtime:
         append = runtime.store.append
 
         def cutting(steps: Sequence[Step]) -> Any:
@@ -184,3 +185,78 @@ async def test_a_resumed_childs_time_limit_counts_from_its_start_not_the_restart
     with Store.open(tmp_path / "log.db") as store:
         child = store.load_state(f"{root}.1").phase
     assert isinstance(child, Failed) and child.reason is CancelReason.TIMEOUT, child
+
+
+async def test_an_outcome_redelivered_on_resume_carries_the_childs_tokens(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Cut after the child's last step, before its parent heard: the re-delivered
+    outcome must charge the parent's tree budget as the original would have."""
+    provider = script(
+        1.0,
+        root=[
+            reply("", spawn("a"), usage={"input_tokens": 10, "output_tokens": 10}),
+            reply("done"),
+        ],
+        c1=[reply("", submit("A"), usage={"input_tokens": 300, "output_tokens": 200})],
+    )
+    limits = Limits(max_tokens=10_000)
+
+    async def drive(runtime: Runtime) -> None:
+        await runtime.start("go", cwd=tmp_path)
+
+    def child_ended(steps: Sequence[Step]) -> bool:
+        return any(s.state.parent_id is not None and s.state.is_terminal for s in steps)
+
+    await run_until_cut(tmp_path, provider, child_ended, drive, limits=limits)
+    with Store.open(tmp_path / "log.db") as store:
+        (row,) = store.list_roots()
+        assert store.load_state(row.id).usage_children == 0  # not delivered yet
+    async with open_runtime(tmp_path, provider, limits=limits) as runtime:
+        await runtime.resume()
+        assert (await runtime.wait(row.id)).text == "done"
+    with Store.open(tmp_path / "log.db") as store:
+        assert store.load_state(row.id).usage_children == 500
+
+
+@pytest.mark.parametrize("down", [5.0, 100.0])
+async def test_after_a_long_restart_children_still_get_their_grace_to_acknowledge(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, down: float
+) -> None:
+    """Cut while the root waits for its children to acknowledge a cancel; the process
+    stays down for longer than the grace. The grace timer waits for other
+    conversations, which were down too: it starts over, and the children, which
+    acknowledge at once after the restart, are not written off as unresponsive."""
+    offset = [1_000_000.0]
+
+    def wall_clock() -> float:
+        return offset[0] + trio.current_time()
+
+    provider = script(
+        1.0,
+        root=[reply("", spawn("a", "b"))],
+        c1=[reply("", think(), latency=500.0)],
+        c2=[reply("", think(), latency=500.0)],
+    )
+    limits = Limits(cancel_grace=30.0, child_timeout=None, max_tokens=100_000)
+
+    async def drive(runtime: Runtime) -> None:
+        root = await runtime.start("go", cwd=tmp_path)
+        await trio.sleep(3.0)
+        await runtime.cancel(root)
+
+    def root_cancelling(steps: Sequence[Step]) -> bool:
+        return any(
+            s.state.parent_id is None and type(s.state.phase).__name__ == "CancellingSubAgents"
+            for s in steps
+        )
+
+    await run_until_cut(tmp_path, provider, root_cancelling, drive, limits=limits, clock=wall_clock)
+    offset[0] += down
+    async with open_runtime(tmp_path, provider, limits=limits, clock=wall_clock) as runtime:
+        (root,) = [i for i in await runtime.resume() if "." not in i]
+        await runtime.wait(root)
+    with Store.open(tmp_path / "log.db") as store:
+        state = store.load_state(root)
+    assert isinstance(state.phase, Idle)
+    assert state.written_off == ()

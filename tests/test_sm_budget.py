@@ -119,3 +119,13 @@ def test_a_written_off_child_is_charged_its_whole_share() -> None:
     outcome = ChildFailed("late", ErrorKind.TIMED_OUT, CancelReason.TIMEOUT, tokens=999)
     state = steps(state, SubAgentFinished("root.1", outcome))  # absorbed: not charged again
     assert state.usage_children == 300
+
+
+def test_a_queued_child_without_a_share_is_not_overtaken_by_younger_ones() -> None:
+    """3 tokens left for 4 children: no share is worth a token, and none of them may
+    start ahead of an older one that got nothing."""
+    state, spawns = _spawned(Limits(max_tokens=103, child_timeout=None), "a", "b", "c", "d")
+    assert spawns == []
+    (result,) = tool_results(state)
+    entries = fan_in(result.content)["sub_agent_results"]
+    assert [e["status"] for e in entries] == ["failed"] * 4

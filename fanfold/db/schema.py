@@ -145,8 +145,9 @@ def check_current(db: Database) -> None:
     _up_to_date(db)  # raises if anything is newer
     if _applied_versions(db) != {m.version for m in MIGRATIONS}:
         raise SchemaError(
-            "the database was written by an older fanfold and needs a migration; open it "
-            "once for writing (any fanfold command that writes, such as resume) to upgrade it"
+            "the database was written by an older fanfold and needs a migration, which a "
+            "read-only open cannot apply; any fanfold command that writes to it (run, "
+            "send, fork, import) migrates it first"
         )
 
 

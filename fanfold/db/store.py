@@ -263,11 +263,16 @@ class Store:
     def _open_read_only(cls, name: str) -> Store:
         if not os.path.isfile(name):
             raise CannotOpen(f"no database file at {name}")
-        # Where the file can be opened for writing, read through such a connection in
-        # query_only mode: SQLite then cleans up its -wal and -shm files on close as it
-        # always does (a mode=ro reader leaves empty ones behind). Writes are refused by
-        # this class before any SQL, and by SQLite too.
-        for query in ("mode=rw", "mode=ro"):
+        # A log without a -wal file (closed cleanly): read through a read-write
+        # connection in query_only mode, which removes the -wal and -shm files it
+        # makes when it closes (a mode=ro reader leaves them behind). A log with a
+        # -wal (being written, or copied mid-run): mode=ro, since the last read-write
+        # connection to close checkpoints the WAL into the file, and reading must not
+        # rewrite the log. Writes are refused by this class before any SQL, and by
+        # SQLite too.
+        wal = name + "-wal"
+        queries = ("mode=ro",) if os.path.exists(wal) else ("mode=rw", "mode=ro")
+        for query in queries:
             try:
                 return cls._connect_read_only(name, name, query)
             except CannotOpen as exc:
@@ -277,7 +282,6 @@ class Store:
         # WAL log. Nobody can be writing there. With no WAL content, the file alone is
         # the log: read it as immutable. Steps still in the -wal file would be ignored
         # by an immutable read, so the log and its WAL are read from a private copy.
-        wal = name + "-wal"
         if not os.path.exists(wal) or os.path.getsize(wal) == 0:
             return cls._connect_read_only(name, name, "mode=ro&immutable=1")
         copy = tempfile.mkdtemp(prefix="fanfold-ro-")

@@ -292,9 +292,9 @@ class Actor:
                 self._start(call, effect, attempt)
             case RunTool(call=call):
                 self._start(call, effect, 0)
-            case ScheduleRetry(timer=timer, delay=delay) | StartTimer(timer=timer, delay=delay):
+            case ScheduleRetry(timer=timer) | StartTimer(timer=timer):
                 self._timers[timer] = self.runtime.timers.start(
-                    self._remaining(timer, delay), functools.partial(self._timer_fired, timer)
+                    self._remaining(effect), functools.partial(self._timer_fired, timer)
                 )
             case AbortCall(call=call):
                 self._abort(call)
@@ -328,19 +328,24 @@ class Actor:
         else:
             self._start_task(number, effect, attempt)
 
-    def _remaining(self, timer: int, delay: float) -> float:
-        """The delay of a timer, less the time it already ran before a restart.
+    def _remaining(self, effect: StartTimer | ScheduleRetry) -> float:
+        """The delay of a timer; for the conversation's own time limit and a retry's
+        back-off, less the time they already ran before a restart.
 
         Timer numbers are never reused within a conversation, so a number started
-        before the restart is the same timer, re-issued by ``RuntimeResumed``: a child's
-        time limit or a retry's back-off counts from when it was first started, not
-        from the restart. (The time the process was down counts too: that is what a
-        deadline means.)
+        before the restart is the same timer, re-issued by ``RuntimeResumed``. A time
+        limit counts from when it was first started, downtime included: that is what a
+        deadline means. Timers that wait for *other* conversations to answer (a
+        parent's backstop for a child, a cancel's grace) start over: those were down
+        too, and must get their full grace to report before they are written off.
         """
-        started = self._timers_started.get(timer)
-        if started is None:
-            return delay
-        return max(0.0, delay - max(0.0, self.runtime.now() - started))
+        started = self._timers_started.get(effect.timer)
+        own_deadline = (
+            isinstance(effect, ScheduleRetry) or effect.timer == self.state.deadline_timer
+        )
+        if started is None or not own_deadline:
+            return effect.delay
+        return max(0.0, effect.delay - max(0.0, self.runtime.now() - started))
 
     def _timer_fired(self, number: int) -> None:
         self._timers.pop(number, None)

@@ -436,13 +436,17 @@ class Runtime:
             if not pending.started or child_id in self._actors:
                 continue
             try:
-                child = self.store.load_state(child_id).phase
+                child = self.store.load_state(child_id)
             except UnknownConversation:
                 continue  # never created: the re-issued SpawnSubAgent creates it
-            if isinstance(child, Completed):
-                self.deliver(state.id, SubAgentFinished(child_id, ChildSucceeded(child.result)))
-            elif isinstance(child, Failed):
-                self.deliver(
-                    state.id,
-                    SubAgentFinished(child_id, ChildFailed(child.error, child.kind, child.reason)),
-                )
+            # The outcome its NotifyParent carried: result or error, and its subtree's
+            # tokens (a tree budget must be charged for them).
+            outcome: ChildSucceeded | ChildFailed
+            match child.phase:
+                case Completed(result=result):
+                    outcome = ChildSucceeded(result, child.tokens_spent)
+                case Failed(error=error, kind=kind, reason=reason):
+                    outcome = ChildFailed(error, kind, reason, child.tokens_spent)
+                case _:
+                    continue
+            self.deliver(state.id, SubAgentFinished(child_id, outcome))

@@ -746,7 +746,9 @@ def _start_queued(
         if budget is not None:
             share = available // (unstarted + 1)
             unstarted -= 1
-            if share <= 0:
+            if share <= 0 or refused:
+                # Oldest first: once one queued child cannot get a share, none of the
+                # younger ones starts ahead of it.
                 refused.append(child.spec.id)
                 continue
             available -= share
