@@ -77,27 +77,35 @@ async def plain_trio(n: int) -> float:
 
 
 async def fanfold_run(n: int, database: str | Path) -> tuple[float, int]:
+    elapsed, _, steps = await _fanfold_timed(n, database)
+    return elapsed, steps
+
+
+async def _fanfold_timed(n: int, database: str | Path) -> tuple[float, float, int]:
+    """Wall time, CPU time of the process (every thread) and steps logged, from
+    ``runtime.start`` to ``runtime.wait``."""
     limits = Limits(max_tasks_per_call=n, max_concurrent=n, child_timeout=None)
     async with Runtime.open(
         database, script(n), ToolSet.default(), limits=limits, logger=quiet_logger()
     ) as runtime:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         root = await runtime.start("fan out", limits=limits)
         result = await runtime.wait(root)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         assert result.text == "all done", result
         steps = runtime.writer.statistics().steps
-    return elapsed, steps
+    return elapsed, cpu, steps
 
 
 def measure(n: int, repeat: int) -> dict[str, Any]:
     floor = [trio.run(plain_trio, n) for _ in range(repeat)]
-    durable, memory = [], []
+    durable, memory, cpu = [], [], []
     steps = 0
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as tmp:
-            elapsed, steps = trio.run(fanfold_run, n, Path(tmp) / "bench.db")
+            elapsed, used, steps = trio.run(_fanfold_timed, n, Path(tmp) / "bench.db")
             durable.append(elapsed)
+            cpu.append(used)
         memory.append(trio.run(fanfold_run, n, ":memory:")[0])
     return {
         "n": n,
@@ -106,6 +114,7 @@ def measure(n: int, repeat: int) -> dict[str, Any]:
         "durable": statistics.median(durable) / IDEAL,
         "memory": statistics.median(memory) / IDEAL,
         "durable_steps_per_s": steps / statistics.median(durable),
+        "durable_cpu_us_per_step": statistics.median(cpu) / steps * 1e6,
     }
 
 
@@ -115,12 +124,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     print(f"ideal: {IDEAL * 1000:.0f} ms; ratios are median wall time / ideal")
-    print(f"{'N':>6} {'steps':>7} {'plain trio':>11} {'durable':>8} {'memory':>8} {'steps/s':>9}")
+    print(
+        f"{'N':>6} {'steps':>7} {'plain trio':>11} {'durable':>8} {'memory':>8} "
+        f"{'steps/s':>9} {'cpu us/step':>12}"
+    )
     for n in args.sizes:
         r = measure(n, args.repeat)
         print(
             f"{r['n']:>6} {r['steps']:>7} {r['plain_trio']:>10.2f}x {r['durable']:>7.2f}x "
-            f"{r['memory']:>7.2f}x {r['durable_steps_per_s']:>9.0f}"
+            f"{r['memory']:>7.2f}x {r['durable_steps_per_s']:>9.0f} "
+            f"{r['durable_cpu_us_per_step']:>12.0f}"
         )
 
 
