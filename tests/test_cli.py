@@ -619,3 +619,10 @@ def test_max_tokens_is_the_budget_of_the_whole_tree(tmp_path: Path) -> None:
     assert state.limits.max_tokens == 1000
     assert shares == [225, 225, 225]  # (1000 - 100) split between 3 children and the root
     assert (state.usage.total, state.usage_children) == (100, 150)
+    shown = CliRunner().invoke(cli, ["show", root.id, "--db", str(db)])
+    text = " ".join(shown.output.split())  # as if unwrapped
+    assert "100 tokens, 250 with sub-agents of a 1000 budget" in text
+    assert "50 tokens of a 225 budget" in text
+    tree = json.loads(CliRunner().invoke(cli, ["show", root.id, "--db", str(db), "--json"]).output)
+    assert (tree["tokens"], tree["tree_tokens"], tree["max_tokens"]) == (100, 250, 1000)
+    assert [c["max_tokens"] for c in tree["children"]] == [225, 225, 225]

@@ -716,6 +716,8 @@ class ShowNode:
             "max_rounds": state.limits.max_rounds,
             "tool_calls": tool_call_count(state),
             "tokens": state.usage.total,
+            "tree_tokens": state.tokens_spent,
+            "max_tokens": state.limits.max_tokens,
             "outcome": self.outcome(),
             "children": [c.to_json() for c in self.children],
         }
@@ -731,13 +733,24 @@ class ShowNode:
             (
                 f"({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
                 f"{state.limits.max_rounds}, {tool_call_count(state)} tool calls, "
-                f"{state.usage.total} tokens)",
+                f"{_tokens(state)})",
                 "dim",
             ),
         )
         if self.outcome() and not isinstance(state.phase, Idle):  # answers: in full below
             line.append(f"\n  → {short(self.outcome(), 200)}")
         return line
+
+
+def _tokens(state: Conversation) -> str:
+    """``120 tokens``; with sub-agents ``120 tokens, 900 with sub-agents``; and the
+    budget when there is one (it covers the whole tree)."""
+    text = f"{state.usage.total} tokens"
+    if state.usage_children:
+        text += f", {state.tokens_spent} with sub-agents"
+    if state.limits.max_tokens is not None:
+        text += f" of a {state.limits.max_tokens} budget"
+    return text
 
 
 def _show_node(store: Store, conversation_id: str) -> ShowNode:
