@@ -217,7 +217,9 @@ class Store:
     is synchronous and thread-safe.
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: str | None, *, read_only: bool = False):
+    def __init__(
+        self, conn: sqlite3.Connection, path: str | None, *, read_only: bool = False
+    ) -> None:
         """Wrap an open connection. Use ``open`` or ``memory`` instead."""
         self._conn: sqlite3.Connection | None = conn
         self._db = Database(conn)
@@ -771,8 +773,9 @@ class Store:
         """``timer number -> at`` of the step that first started each timer
         (``StartTimer`` or ``ScheduleRetry``) of the conversation.
 
-        A restarted runtime re-issues timers under their old numbers; it uses this to
-        keep their original deadlines instead of starting them over.
+        A restarted runtime re-issues timers under their old numbers; it uses this so
+        that a conversation's time limit and retry back-offs keep their original
+        deadlines instead of starting over.
         """
         rows = self._query(
             "SELECT json_extract(f.payload, '$.timer') AS timer, MIN(e.at) AS at"
