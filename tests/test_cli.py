@@ -166,6 +166,27 @@ def test_unreadable_task_files_and_log_places_are_one_line(tmp_path: Path) -> No
     assert blocker.read_text() == "a file where a folder should be"
 
 
+def _slow_bash_script(tmp_path: Path, pids: Path, *, root_answers: bool, rounds: int) -> Path:
+    """A script: the root spawns sub-agents a and b; each runs ``rounds`` bash commands
+    that write their pid to ``pids`` and sleep a minute, then answers "finished"."""
+    slow = {"name": "bash", "arguments": {"command": f"echo $$ >> {pids}; sleep 60"}}
+    spawn_two = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "a"}, {"task": "b"}]}}
+    root: list[dict[str, Any]] = [{"tool_calls": [spawn_two]}]
+    if root_answers:
+        root.append({"text": "all done"})
+    child = [{"tool_calls": [slow]} for _ in range(rounds)] + [{"text": "finished"}]
+    return _write(
+        tmp_path / "slow.json",
+        {
+            "latency": 0.01,
+            "agents": [
+                {"match": {"path": "root"}, "replies": root},
+                {"match": {"depth": 1}, "replies": child},
+            ],
+        },
+    )
+
+
 def _cli_process(*args: str) -> subprocess.Popen[str]:
     """``fanfold ARGS`` in a real process, its output captured as text."""
     return subprocess.Popen(
@@ -214,40 +235,7 @@ def test_a_stop_signal_cancels_every_sub_agent_records_it_and_exits_128_plus_sig
     tmp_path: Path, signum: int, code: int, name: str
 ) -> None:
     pids = tmp_path / "pids"
-    script = _write(
-        tmp_path / "slow.json",
-        {
-            "latency": 0.01,
-            "agents": [
-                {
-                    "match": {"path": "root"},
-                    "replies": [
-                        {
-                            "tool_calls": [
-                                {
-                                    "name": "spawn_agents",
-                                    "arguments": {"tasks": [{"task": "a"}, {"task": "b"}]},
-                                }
-                            ]
-                        }
-                    ],
-                },
-                {
-                    "match": {"depth": 1},
-                    "replies": [
-                        {
-                            "tool_calls": [
-                                {
-                                    "name": "bash",
-                                    "arguments": {"command": f"echo $$ >> {pids}; sleep 60"},
-                                }
-                            ]
-                        }
-                    ],
-                },
-            ],
-        },
-    )
+    script = _slow_bash_script(tmp_path, pids, root_answers=False, rounds=1)
     db = tmp_path / "stopped.db"
     proc = _cli_process(
         "run", "--no-live", "--db", str(db), "--script", str(script), "--cwd", str(tmp_path), "work"
@@ -293,37 +281,7 @@ def test_sigterm_stops_resume_cleanly_and_leaves_the_tree_resumable(tmp_path: Pa
     SIGTERM then stops the resume: exit 143, no bash left running, the tree still
     unfinished in the log, and a later resume takes it to the end."""
     pids = tmp_path / "pids"
-    slow = {"name": "bash", "arguments": {"command": f"echo $$ >> {pids}; sleep 60"}}
-    script = _write(
-        tmp_path / "slow.json",
-        {
-            "latency": 0.01,
-            "agents": [
-                {
-                    "match": {"path": "root"},
-                    "replies": [
-                        {
-                            "tool_calls": [
-                                {
-                                    "name": "spawn_agents",
-                                    "arguments": {"tasks": [{"task": "a"}, {"task": "b"}]},
-                                }
-                            ]
-                        },
-                        {"text": "all done"},
-                    ],
-                },
-                {
-                    "match": {"depth": 1},
-                    "replies": [
-                        {"tool_calls": [slow]},
-                        {"tool_calls": [slow]},
-                        {"text": "finished"},
-                    ],
-                },
-            ],
-        },
-    )
+    script = _slow_bash_script(tmp_path, pids, root_answers=True, rounds=2)
     db = tmp_path / "resumed.db"
     common = ["--db", str(db), "--script", str(script)]
     shells: list[int] = []

@@ -297,6 +297,16 @@ def test_version_1_documents_still_decode() -> None:
     )
     assert decode_event(old) == SubAgentFinished("r.1", ChildFailed("boom", ErrorKind.AUTH))
     _fails(_v2(old), "SubAgentFinished.outcome", "missing field(s) 'tokens'")
+    state = _waiting_root()
+    written = json.loads(encode_state(state))
+    written["v"] = 1
+    del written["usage_children"]
+    del written["phase"]["children"]["pending"][0]["budget"]
+    assert decode_state(json.dumps(written)) == state
+
+
+def _waiting_root(**changes: Any) -> Conversation:
+    """A root waiting for its one running child, root.1."""
     spec = ChildSpec("r.1", "t", ".", None, 3, "s1")
     state = Conversation(
         id="r",
@@ -312,28 +322,12 @@ def test_version_1_documents_still_decode() -> None:
         history=(),
         phase=AwaitingSubAgents(Children(pending=(PendingChild(spec, True),))),
     )
-    written = json.loads(encode_state(state))
-    written["v"] = 1
-    del written["usage_children"]
-    del written["phase"]["children"]["pending"][0]["budget"]
-    assert decode_state(json.dumps(written)) == state
+    return attrs.evolve(state, **changes)
 
 
 def test_fingerprint_names_phase_and_counters() -> None:
-    spec = ChildSpec("r.1", "t", ".", None, 3, "s1")
-    state = Conversation(
-        id="r",
-        parent_id=None,
-        root_id="r",
-        depth=0,
-        cwd=".",
-        task=None,
-        system_prompt="",
-        model=None,
-        limits=Limits(),
-        tools=(),
+    state = _waiting_root(
         history=(sm.UserMessage("a"), sm.AssistantMessage("b")),
-        phase=AwaitingSubAgents(Children(pending=(PendingChild(spec, True),))),
         rounds=1,
         next_call=4,
         spawned=1,
