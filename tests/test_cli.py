@@ -449,7 +449,7 @@ def test_send_to_a_sub_agent_says_so_and_names_the_root(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert result.output == (
         f"error: {child.id} is a sub-agent, and sub-agents cannot take user messages; "
-        f"send to its root conversation instead: fanfold send {root.id} TEXT\n"
+        f"send to its root conversation instead: fanfold send {root.id} TEXT --db {db}\n"
     )
     with Store.open(db) as store:
         assert store.conversation(child.id).last_seq == child.last_seq
@@ -584,3 +584,115 @@ def test_max_tokens_is_the_budget_of_the_whole_tree(tmp_path: Path) -> None:
     tree = json.loads(CliRunner().invoke(cli, ["show", root.id, "--db", str(db), "--json"]).output)
     assert (tree["tokens"], tree["tree_tokens"], tree["max_tokens"]) == (100, 250, 1000)
     assert [c["max_tokens"] for c in tree["children"]] == [225, 225, 225]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_ctrl_c_with_the_output_reader_gone_still_exits_130_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """``fanfold run ... | cat`` and Ctrl-C: the terminal sends SIGINT to both, so the
+    reader of our output is gone when the cancel is reported (a broken pipe)."""
+    pids = tmp_path / "pids"
+    script = _slow_bash_script(tmp_path, pids, root_answers=False, rounds=1)
+    db = tmp_path / "piped.db"
+    proc = _cli_process(
+        "run", "--db", str(db), "--script", str(script), "--cwd", str(tmp_path), "w"
+    )
+    shells: list[int] = []
+    try:
+        shells = _wait_for_pids(pids, 2)
+        assert proc.stdout is not None
+        proc.stdout.close()  # the reader exits with the Ctrl-C
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        left_behind = [_live_in_group(shell) for shell in shells]
+    finally:
+        proc.kill()
+        for shell in shells:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell, signal.SIGKILL)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 130, err
+    assert left_behind == [[], []]
+    with Store.open(db) as store:
+        assert store.unfinished() == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_during_resume_shutdown_does_not_cut_it_short(
+    tmp_path: Path, signum: int
+) -> None:
+    """Two signals 1 ms apart: the first stops the resume, the second arrives while the
+    runtime shuts down; it must neither abort the shutdown nor change the exit."""
+    pids = tmp_path / "pids"
+    script = _slow_bash_script(tmp_path, pids, root_answers=True, rounds=2)
+    db = tmp_path / "twice.db"
+    common = ["--db", str(db), "--script", str(script)]
+    shells: list[int] = []
+    try:
+        crashed = _cli_process("run", "--no-live", *common, "--cwd", str(tmp_path), "work")
+        shells += _wait_for_pids(pids, 2)
+        crashed.kill()
+        crashed.communicate(timeout=30)
+        for shell in shells:
+            os.killpg(shell, signal.SIGKILL)
+        resumed = _cli_process("resume", *common)
+        shells += _wait_for_pids(pids, 2, skip=2)
+        resumed.send_signal(signum)
+        time.sleep(0.001)
+        resumed.send_signal(signum)
+        out, err = resumed.communicate(timeout=30)
+        left_behind = [_live_in_group(shell) for shell in shells[2:]]
+    finally:
+        for shell in shells:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell, signal.SIGKILL)
+    assert "Traceback" not in err and "Aborted" not in err, err
+    assert resumed.returncode == 128 + signum, (out, err)
+    assert "stopped by" in err
+    assert left_behind == [[], []]
+    with Store.open(db) as store:
+        assert len(store.unfinished()) == 3  # still resumable
+
+
+def test_show_gives_no_answer_for_a_turn_that_was_cancelled(tmp_path: Path) -> None:
+    """A second turn cancelled before it answered: the first turn's answer is not
+    shown as the answer."""
+    script = _write(
+        tmp_path / "two.json",
+        {
+            "latency": 0.01,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [{"text": "FIRST ANSWER"}, {"text": "never", "latency": 60}],
+                }
+            ],
+        },
+    )
+    db = tmp_path / "two.db"
+    common = ["--db", str(db), "--script", str(script)]
+    assert CliRunner().invoke(cli, ["run", *common, "go"]).exit_code == 0
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    sent = _cli_process("send", root.id, "more", "--no-live", *common)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the second turn's model call is logged
+        with Store.open(db, read_only=True) as store:
+            if store.conversation(root.id).status == "running":
+                break
+        time.sleep(0.05)
+    sent.send_signal(signal.SIGINT)
+    out, err = sent.communicate(timeout=30)
+    assert sent.returncode == 130, (out, err)
+    shown = CliRunner().invoke(cli, ["show", root.id, "--db", str(db)])
+    assert "FIRST ANSWER" not in shown.output
+    assert (
+        json.loads(CliRunner().invoke(cli, ["show", root.id, "--db", str(db), "--json"]).output)[
+            "outcome"
+        ]
+        == ""
+    )

@@ -353,18 +353,21 @@ async def _run_main(
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
-        async with Runtime.open(
-            path,
-            choice.provider,
-            ToolSet.default(),
-            limits=limits,
-            observer=view.observe,
-            on_progress=view.progress,
-        ) as runtime:
-            with _stop_signal_receiver() as signals:
+        # The receiver stays open until the runtime has shut down: a signal arriving
+        # meanwhile waits (it is delivered after) instead of killing the process before
+        # the shutdown has stopped its bash commands.
+        with _stop_signal_receiver() as signals:
+            async with Runtime.open(
+                path,
+                choice.provider,
+                ToolSet.default(),
+                limits=limits,
+                observer=view.observe,
+                on_progress=view.progress,
+            ) as runtime:
                 conversation_id = await runtime.start(text, cwd=cwd, limits=limits)
                 interruption = await _watch(runtime, conversation_id, view, live, signals)
-            return conversation_id, runtime.state(conversation_id), interruption
+                return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
 
@@ -383,13 +386,28 @@ def _stop_signals() -> tuple[int, ...]:
 
 @contextmanager
 def _stop_signal_receiver() -> Iterator[AsyncIterator[int]]:
-    """Trio's receiver of the stop signals (one that never fires if all are ignored)."""
+    """Trio's receiver of the stop signals (one that never fires if all are ignored).
+
+    While it is open, stop signals only queue for the receiver. When it closes, Trio
+    restores the handlers it replaced and re-raises the signals still queued; those
+    arrived after the stop was handled (during the runtime's shutdown) and would kill
+    the process, or raise KeyboardInterrupt, at its very end. So the handlers it
+    restores are "ignore", and the real ones come back once it has closed.
+    """
     signals = _stop_signals()
     if not signals:
         yield _no_signals()
         return
-    with trio.open_signal_receiver(*signals) as receiver:
-        yield receiver
+    originals = {s: signal.getsignal(s) for s in signals}
+    for s in signals:
+        signal.signal(s, signal.SIG_IGN)
+    try:
+        with trio.open_signal_receiver(*signals) as receiver:
+            yield receiver
+    finally:
+        for s, handler in originals.items():
+            if handler is not None:  # None: not installed from Python; nothing to restore
+                signal.signal(s, handler)
 
 
 async def _no_signals() -> AsyncIterator[int]:
@@ -423,11 +441,20 @@ async def _watch(
 ) -> Interruption | None:
     """Wait for the turn, cancelling it on the first stop signal; a second stops at once."""
     interruption: Interruption | None = None
+    display = None
+    if live and console.is_terminal:
+        display = Live(get_renderable=view.render, console=console, refresh_per_second=8)
     async with trio.open_nursery() as nursery:
 
         async def on_signal() -> None:
             nonlocal interruption
             async for signum in signals:
+                if signum == signal.SIGHUP and display is not None:
+                    _quietly(display.stop)  # the terminal is gone: stop drawing on it
+                if interruption is not None and signum == signal.SIGHUP:
+                    # A hang-up often comes twice (the shell's and the kernel's); no one
+                    # asked to force anything: let the clean cancel finish.
+                    continue
                 if interruption is not None:
                     # Leaving the runtime cancels its tasks (bash commands are killed);
                     # what was not recorded is left `running` for `fanfold resume`.
@@ -440,9 +467,12 @@ async def _watch(
                 _say(f"[yellow]{interruption.name}: cancelling (again to force)…[/yellow]")
 
         nursery.start_soon(on_signal)
-        if live and console.is_terminal:
-            with Live(get_renderable=view.render, console=console, refresh_per_second=8):
+        if display is not None:
+            display.start()
+            try:
                 await runtime.wait(conversation_id)
+            finally:
+                _quietly(display.stop)
         else:
             await runtime.wait(conversation_id)
             _say(view.render(), to=console)
@@ -451,9 +481,16 @@ async def _watch(
 
 
 def _say(message: RenderableType, to: Console = err_console) -> None:
-    """Print, ignoring a terminal that has gone away (after SIGHUP writes fail)."""
-    with suppress(OSError):
-        to.print(message)
+    """Print, ignoring a terminal or pipe that has gone away (after SIGHUP, or a Ctrl-C
+    that also stopped the program reading our output)."""
+    _quietly(lambda: to.print(message))
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    """Run ``action`` (terminal output), ignoring an output that has gone away: writes
+    fail with OSError, and rich turns a broken pipe into SystemExit(1)."""
+    with suppress(OSError, SystemExit):
+        action()
 
 
 def _print_result(
@@ -463,9 +500,9 @@ def _print_result(
         match state.phase:
             case _ if interruption is not None and interruption.forced:
                 console.print(
-                    f"[red]stopped by {interruption.name} before the cancel finished[/red]: "
-                    "what was not recorded is resumed by `fanfold resume`"
+                    f"[red]stopped by {interruption.name} before the cancel finished[/red]"
                 )
+                hint(f"finish the cancel with: fanfold resume --db {db}", to=console)
             case Error(error=error, kind=kind):
                 # Model and tool text: printed as plain text, never as markup or escapes.
                 console.print(
@@ -473,8 +510,8 @@ def _print_result(
                 )
             case _ if interruption is not None:
                 console.print(
-                    f"[yellow]cancelled by {interruption.name}: every sub-agent was "
-                    "cancelled and recorded[/yellow]"
+                    f"[yellow]cancelled by {interruption.name}: the turn and every "
+                    "sub-agent still running were stopped and recorded[/yellow]"
                 )
             case _:
                 answer = _last_answer(state)
@@ -482,7 +519,7 @@ def _print_result(
                 console.print(Text(printable(answer) or "(no text)"), highlight=False)
         hint(f"conversation: {conversation_id}  database: {db}", to=console)
         hint(f"inspect it with: fanfold show {conversation_id} --db {db}", to=console, style="dim")
-    except OSError:
+    except (OSError, SystemExit):  # the output went away (see _quietly)
         if interruption is None:
             raise
     if interruption is not None:
@@ -495,11 +532,15 @@ def _print_result(
 
 
 def _last_answer(state: Conversation) -> str:
-    from fanfold.statemachine import AssistantMessage
+    """The answer of the latest turn: its final text reply, if the turn ended with one
+    ("" if it was cancelled or failed: an earlier turn's answer is not this one's)."""
+    from fanfold.statemachine import AssistantMessage, UserMessage
 
     for message in reversed(state.history):
-        if isinstance(message, AssistantMessage) and not message.tool_calls:
-            return message.text
+        if isinstance(message, UserMessage):
+            return ""  # the latest turn has no text reply after its user message
+        if isinstance(message, AssistantMessage):
+            return "" if message.tool_calls else message.text
     return ""
 
 
@@ -540,7 +581,8 @@ def _refuse_sub_agent(path: Path, conversation_id: str) -> None:
     if row.parent_id is not None:
         raise CliError(
             f"{conversation_id} is a sub-agent, and sub-agents cannot take user messages; "
-            f"send to its root conversation instead: fanfold send {row.root_id} TEXT"
+            f"send to its root conversation instead: fanfold send {row.root_id} TEXT "
+            f"--db {path}"
         )
 
 
@@ -549,17 +591,17 @@ async def _send_main(
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
-        async with Runtime.open(
-            path,
-            choice.provider,
-            ToolSet.default(),
-            observer=view.observe,
-            on_progress=view.progress,
-        ) as runtime:
-            with _stop_signal_receiver() as signals:
+        with _stop_signal_receiver() as signals:  # open until the runtime shut down
+            async with Runtime.open(
+                path,
+                choice.provider,
+                ToolSet.default(),
+                observer=view.observe,
+                on_progress=view.progress,
+            ) as runtime:
                 await runtime.send(conversation_id, text)
                 interruption = await _watch(runtime, conversation_id, view, live, signals)
-            return conversation_id, runtime.state(conversation_id), interruption
+                return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
 
@@ -598,10 +640,13 @@ async def _resume_main(path: Path, choice: ModelChoice) -> None:
     view = TreeView()
     stopped: Interruption | None = None
     try:
-        async with Runtime.open(
-            path, choice.provider, ToolSet.default(), observer=view.observe
-        ) as runtime:
-            with _stop_signal_receiver() as signals:
+        # Open until the runtime has shut down: a second signal during the shutdown
+        # waits (and is delivered after it) instead of killing the process before its
+        # bash commands are stopped.
+        with _stop_signal_receiver() as signals:
+            async with Runtime.open(
+                path, choice.provider, ToolSet.default(), observer=view.observe
+            ) as runtime:
                 ids = await runtime.resume()
                 if not ids:
                     console.print("nothing to resume")
@@ -613,9 +658,8 @@ async def _resume_main(path: Path, choice: ModelChoice) -> None:
                     async def on_signal() -> None:
                         nonlocal stopped
                         async for signum in signals:
-                            stopped = Interruption(signum)
+                            stopped = stopped or Interruption(signum)
                             nursery.cancel_scope.cancel()
-                            return
 
                     nursery.start_soon(on_signal)
                     for root in roots:
@@ -626,10 +670,8 @@ async def _resume_main(path: Path, choice: ModelChoice) -> None:
     finally:
         await choice.aclose()
     if stopped is not None:
-        _say(
-            f"[yellow]stopped by {stopped.name}: the unfinished trees stay in the log; "
-            "run `fanfold resume` again to go on[/yellow]"
-        )
+        _say(f"[yellow]stopped by {stopped.name}: the unfinished trees stay in the log[/yellow]")
+        _quietly(lambda: hint(f"go on with: fanfold resume --db {path}"))
         raise SystemExit(stopped.exit_code)
 
 
