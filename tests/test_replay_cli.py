@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +232,35 @@ def test_import_errors_are_one_line(tmp_path: Path) -> None:
     bad.write_text(json.dumps(header) + "\n")
     line = one_error_line(run("import", bad, "--db", other))
     assert "event schema version 99" in line and f"versions 1 to {SCHEMA_VERSION}" in line
+
+
+def test_export_writes_through_links_fifos_and_devices_and_never_replaces_them(
+    db: Path, tmp_path: Path
+) -> None:
+    """A new or regular file is written whole (temporary file and rename) with the
+    mode a plain open gives; anything else at the path is written as it is."""
+    expected = run("export", "r", "--db", db).stdout
+    target = tmp_path / "target.jsonl"
+    target.write_text("old")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    assert run("export", "r", "-o", link, "--db", db).exit_code == 0
+    assert link.is_symlink() and target.read_text() == expected
+    fresh = tmp_path / "fresh.jsonl"
+    assert run("export", "r", "-o", fresh, "--db", db).exit_code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask
+    fresh.chmod(0o640)
+    assert run("export", "r", "-o", fresh, "--db", db).exit_code == 0
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o640  # an existing file keeps its mode
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    assert run("export", "r", "-o", fifo, "--db", db).exit_code == 0
+    reader.join(timeout=30)
+    assert received == [expected] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert run("export", "r", "-o", "-", "--db", db).stdout == expected
+    assert not (Path.cwd() / "-").exists()

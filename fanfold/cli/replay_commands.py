@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import sys
 import tempfile
 import time
@@ -224,15 +225,15 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
     default=None,
-    help="Write to FILE (default: stdout).",
+    help="Write to FILE (default, or -: stdout).",
 )
 @db_option
 def export_command(conversation_id: str, output: Path | None, db: Path | None) -> None:
     """Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report)."""
     with _errors(), open_store(db, read_only=True) as store:
-        if output is None:
+        if output is None or str(output) == "-":
             replay.export_jsonl(store, conversation_id, sys.stdout)
             sys.stdout.flush()
             return
@@ -244,13 +245,24 @@ def export_command(conversation_id: str, output: Path | None, db: Path | None) -
 
 
 def _export_to_file(store: Store, conversation_id: str, output: Path) -> replay.ExportSummary:
-    """Write to a temporary file next to ``output`` and rename it: never half a file."""
+    """Write a new or regular file through a temporary file next to it and a rename,
+    so it is never left half-written; anything else (a symlink's target, a FIFO, a
+    device such as /dev/stdout) is opened and written as it is, never replaced."""
+    if (output.exists() and not output.is_file()) or output.is_symlink():
+        try:
+            with output.open("w", encoding="utf-8") as out:
+                return replay.export_jsonl(store, conversation_id, out)
+        except OSError as exc:
+            raise _cannot_write(output, exc) from None
     directory = output.parent if str(output.parent) else Path(".")
     try:
         fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=directory)
     except OSError as exc:
         raise _cannot_write(output, exc) from None
     try:
+        # mkstemp makes the file private (0600); give it the mode a plain open would:
+        # the old file's if there is one, else 0666 less the umask.
+        os.chmod(temp, _mode_for(output))
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             summary = replay.export_jsonl(store, conversation_id, out)
         os.replace(temp, output)
@@ -260,6 +272,15 @@ def _export_to_file(store: Store, conversation_id: str, output: Path) -> replay.
             raise _cannot_write(output, exc) from None
         raise
     return summary
+
+
+def _mode_for(output: Path) -> int:
+    try:
+        return stat.S_IMODE(output.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def _cannot_write(output: Path, exc: OSError) -> OneLineError:
