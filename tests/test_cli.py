@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from fanfold.cli import cli
+from fanfold.cli.display import printable
 from fanfold.db import Store
 from fanfold.providers.scripted import ScriptedProvider, ScriptError
 from fanfold.statemachine import ErrorKind, Failed, Idle
@@ -696,3 +697,10 @@ def test_show_gives_no_answer_for_a_turn_that_was_cancelled(tmp_path: Path) -> N
         ]
         == ""
     )
+
+
+def test_printable_escapes_terminal_and_bidirectional_controls_and_keeps_the_rest() -> None:
+    assert printable("ok\tline\r\nnext\u00e9") == "ok\tline\nnext\u00e9"
+    assert printable("a\x1b[2Jb\x9b\x07\rc") == "a\\x1b[2Jb\\x9b\\x07\\x0dc"
+    assert printable("user\u202egnp.exe") == "user\\u202egnp.exe"  # shown in order
+    assert printable("\u2066x\u2069\u200f") == "\\u2066x\\u2069\\u200f"

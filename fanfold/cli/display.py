@@ -43,11 +43,14 @@ class Row:
 # C0 controls but tab and newline, DEL and the C1 controls: ESC starts the escape
 # sequences that clear the screen, move the cursor or retitle the window, and C1's CSI
 # (0x9b) and OSC (0x9d) do the same on some terminals.
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Also the bidirectional-text controls (U+200E/F, U+202A-E, U+2066-9), which make a
+# terminal show text in another order than it is written.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
-    """``text`` safe to show on a terminal: control characters as visible ``\\xNN``.
+    """``text`` safe to show on a terminal: control characters as visible ``\\xNN``
+    (bidirectional controls as ``\\uNNNN``).
 
     Model and tool output is untrusted: written raw, an escape sequence in it would act
     on the user's terminal instead of being shown. Newlines and tabs are kept (a CRLF
@@ -55,7 +58,12 @@ def printable(text: str) -> str:
     line before it, is escaped like the rest. rich's Text does not do this by itself.
     """
     text = text.replace("\r\n", "\n")
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _CONTROLS.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def short(text: str, width: int = 60) -> str:
