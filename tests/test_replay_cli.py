@@ -6,6 +6,8 @@ import importlib
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -264,3 +266,17 @@ def test_export_writes_through_links_fifos_and_devices_and_never_replaces_them(
     assert received == [expected] and stat.S_ISFIFO(fifo.stat().st_mode)
     assert run("export", "r", "-o", "-", "--db", db).stdout == expected
     assert not (Path.cwd() / "-").exists()
+
+
+def test_export_into_a_pipe_closed_early_ends_quietly(db: Path) -> None:
+    """``fanfold export r | head -1``: the reader stops early; no error, no traceback."""
+    done = subprocess.run(
+        f"{sys.executable} -c 'from fanfold.cli import main; main()' export r --db {db}"
+        " | head -c 10",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout == '{"record":'
+    assert done.stderr == ""

@@ -234,8 +234,13 @@ def export_command(conversation_id: str, output: Path | None, db: Path | None) -
     """Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report)."""
     with _errors(), open_store(db, read_only=True) as store:
         if output is None or str(output) == "-":
-            replay.export_jsonl(store, conversation_id, sys.stdout)
-            sys.stdout.flush()
+            try:
+                replay.export_jsonl(store, conversation_id, sys.stdout)
+                sys.stdout.flush()
+            except BrokenPipeError:
+                # The reader stopped reading (`| head`): its choice, not an error. Point
+                # stdout at /dev/null so the interpreter's last flush does not fail too.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return
         summary = _export_to_file(store, conversation_id, output)
     hint(
