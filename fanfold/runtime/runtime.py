@@ -23,14 +23,10 @@ from fanfold.runtime.writer import LogWriter
 from fanfold.statemachine import (
     CancelReason,
     CancelRequested,
-    ChildFailed,
-    ChildSucceeded,
-    Completed,
     Conversation,
     ConversationCreated,
     Effect,
     Event,
-    Failed,
     Limits,
     RuntimeResumed,
     SpawnSubAgent,
@@ -439,14 +435,8 @@ class Runtime:
                 child = self.store.load_state(child_id)
             except UnknownConversation:
                 continue  # never created: the re-issued SpawnSubAgent creates it
-            # The outcome its NotifyParent carried: result or error, and its subtree's
-            # tokens (a tree budget must be charged for them).
-            outcome: ChildSucceeded | ChildFailed
-            match child.phase:
-                case Completed(result=result):
-                    outcome = ChildSucceeded(result, child.tokens_spent)
-                case Failed(error=error, kind=kind, reason=reason):
-                    outcome = ChildFailed(error, kind, reason, child.tokens_spent)
-                case _:
-                    continue
-            self.deliver(state.id, SubAgentFinished(child_id, outcome))
+            # The outcome its NotifyParent carried (tokens included: a tree budget
+            # must be charged for them).
+            outcome = child.outcome
+            if outcome is not None:
+                self.deliver(state.id, SubAgentFinished(child_id, outcome))

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from fanfold.statemachine.children import Children
+from fanfold.statemachine.children import ChildFailed, ChildOutcome, Children, ChildSucceeded
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import Message, ToolSpec, Usage
 from fanfold.statemachine.phases import (
@@ -88,6 +88,17 @@ class Conversation:
     @property
     def usage(self) -> Usage:
         return Usage(self.usage_input, self.usage_output)
+
+    @property
+    def outcome(self) -> ChildOutcome | None:
+        """What an ended sub-agent reports to its parent (NotifyParent): its result or
+        error, and the tokens of its subtree; None while it has not ended."""
+        match self.phase:
+            case Completed(result=result):
+                return ChildSucceeded(result, self.tokens_spent)
+            case Failed(error=error, kind=kind, reason=reason):
+                return ChildFailed(error, kind, reason, self.tokens_spent)
+        return None
 
     @property
     def tokens_spent(self) -> int:

@@ -28,7 +28,6 @@ from fanfold.statemachine.children import (
     ChildFailed,
     Children,
     ChildSpec,
-    ChildSucceeded,
     PendingChild,
     RejectedTask,
     fan_in_result,
@@ -356,9 +355,8 @@ def _end(state: Conversation, ending: Ending, effects: list[Effect]) -> Transiti
                 effects.append(TurnFinished(TurnOutcome.ANSWERED, result))
             else:
                 state = state.evolve(phase=Completed(result))
-                assert state.parent_id is not None
-                outcome = ChildSucceeded(result, state.tokens_spent)
-                effects.append(NotifyParent(state.parent_id, state.id, outcome))
+                assert state.parent_id is not None and state.outcome is not None
+                effects.append(NotifyParent(state.parent_id, state.id, state.outcome))
                 effects.append(TurnFinished(TurnOutcome.COMPLETED, result))
         case EndFailed(error=error, kind=kind, reason=reason):
             if not state.is_sub_agent:
@@ -366,9 +364,8 @@ def _end(state: Conversation, ending: Ending, effects: list[Effect]) -> Transiti
                 effects.append(TurnFinished(TurnOutcome.ERROR, error))
             else:
                 state = state.evolve(phase=Failed(error, kind, reason))
-                assert state.parent_id is not None
-                failed = ChildFailed(error, kind, reason, state.tokens_spent)
-                effects.append(NotifyParent(state.parent_id, state.id, failed))
+                assert state.parent_id is not None and state.outcome is not None
+                effects.append(NotifyParent(state.parent_id, state.id, state.outcome))
                 effects.append(TurnFinished(TurnOutcome.FAILED, error))
     return state, tuple(effects)
 
