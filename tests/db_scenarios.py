@@ -8,9 +8,10 @@ CancelSubAgents requests, and records every transition as a ``Step``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
-from fanfold.db import Status, Step, status_of
+from fanfold.db import Status, Step, Store, status_of
 from fanfold.statemachine import (
     AwaitingRetry,
     CancelRequested,
@@ -185,3 +186,18 @@ def cancelled_fan_out(driver: Driver, root: str = "c") -> list[str]:
     for child in driver.deliver_cancels(root):
         driver.deliver_outcome(child)
     return children
+
+
+def copied_mid_run(steps: Sequence[Step], live: Path, copy: Path) -> None:
+    """Write ``steps`` to ``live/log.db`` as a runtime would (the first half committed
+    and checkpointed by a closed store, the rest still in the WAL of an open one) and
+    copy ``log.db`` and ``log.db-wal``, not ``-shm``, to ``copy`` while it is open."""
+    live.mkdir()
+    copy.mkdir()
+    half = len(steps) // 2
+    with Store.open(live / "log.db") as writer:
+        writer.append(steps[:half])
+    with Store.open(live / "log.db") as writer:
+        writer.append(steps[half:])
+        for name in ("log.db", "log.db-wal"):
+            (copy / name).write_bytes((live / name).read_bytes())

@@ -188,6 +188,29 @@ def _slow_bash_script(tmp_path: Path, pids: Path, *, root_answers: bool, rounds:
     )
 
 
+def _resume_a_crashed_tree(
+    tmp_path: Path, db: Path, shells: list[int]
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """Run a tree whose sub-agents run bash, SIGKILL it once they do (a crash), then
+    start ``fanfold resume`` and return once its re-run bash commands have started.
+
+    Every bash process group started goes into ``shells``, for the caller to clean up.
+    Returns the resume process and the ``--db``/``--script`` options.
+    """
+    pids = tmp_path / "pids"
+    script = _slow_bash_script(tmp_path, pids, root_answers=True, rounds=2)
+    common = ["--db", str(db), "--script", str(script)]
+    crashed = _cli_process("run", "--no-live", *common, "--cwd", str(tmp_path), "work")
+    shells += _wait_for_pids(pids, 2)
+    crashed.kill()  # SIGKILL: no clean-up at all, as a crash
+    crashed.communicate(timeout=30)
+    for shell in shells:
+        os.killpg(shell, signal.SIGKILL)  # what a crash leaves running is not ours
+    resumed = _cli_process("resume", *common)
+    shells += _wait_for_pids(pids, 2, skip=2)
+    return resumed, common
+
+
 def _cli_process(*args: str) -> subprocess.Popen[str]:
     """``fanfold ARGS`` in a real process, its output captured as text."""
     return subprocess.Popen(
@@ -281,20 +304,10 @@ def test_sigterm_stops_resume_cleanly_and_leaves_the_tree_resumable(tmp_path: Pa
     """A killed run leaves a tree whose sub-agents run bash; ``resume`` re-runs them;
     SIGTERM then stops the resume: exit 143, no bash left running, the tree still
     unfinished in the log, and a later resume takes it to the end."""
-    pids = tmp_path / "pids"
-    script = _slow_bash_script(tmp_path, pids, root_answers=True, rounds=2)
     db = tmp_path / "resumed.db"
-    common = ["--db", str(db), "--script", str(script)]
     shells: list[int] = []
     try:
-        crashed = _cli_process("run", "--no-live", *common, "--cwd", str(tmp_path), "work")
-        shells += _wait_for_pids(pids, 2)
-        crashed.kill()  # SIGKILL: no clean-up at all, as a crash
-        crashed.communicate(timeout=30)
-        for shell in shells:
-            os.killpg(shell, signal.SIGKILL)  # what a crash leaves running is not ours
-        resumed = _cli_process("resume", *common)
-        shells += _wait_for_pids(pids, 2, skip=2)
+        resumed, common = _resume_a_crashed_tree(tmp_path, db, shells)
         resumed.send_signal(signal.SIGTERM)
         out, err = resumed.communicate(timeout=30)
         left_behind = [_live_in_group(shell) for shell in shells[2:]]
@@ -628,20 +641,10 @@ def test_a_second_signal_during_resume_shutdown_does_not_cut_it_short(
 ) -> None:
     """Two signals 1 ms apart: the first stops the resume, the second arrives while the
     runtime shuts down; it must neither abort the shutdown nor change the exit."""
-    pids = tmp_path / "pids"
-    script = _slow_bash_script(tmp_path, pids, root_answers=True, rounds=2)
     db = tmp_path / "twice.db"
-    common = ["--db", str(db), "--script", str(script)]
     shells: list[int] = []
     try:
-        crashed = _cli_process("run", "--no-live", *common, "--cwd", str(tmp_path), "work")
-        shells += _wait_for_pids(pids, 2)
-        crashed.kill()
-        crashed.communicate(timeout=30)
-        for shell in shells:
-            os.killpg(shell, signal.SIGKILL)
-        resumed = _cli_process("resume", *common)
-        shells += _wait_for_pids(pids, 2, skip=2)
+        resumed, _ = _resume_a_crashed_tree(tmp_path, db, shells)
         resumed.send_signal(signum)
         time.sleep(0.001)
         resumed.send_signal(signum)

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
-from db_scenarios import CHILD_PLANS, Driver, cancelled_fan_out, fan_out
+from db_scenarios import CHILD_PLANS, Driver, cancelled_fan_out, copied_mid_run, fan_out
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -595,18 +595,10 @@ def test_a_read_only_open_of_a_log_copied_mid_run_leaves_the_log_file_as_it_was(
 ) -> None:
     """A copy taken while a runtime was writing: the newest steps are only in -wal. The
     read sees them, and the log file is not rewritten (no checkpoint on close)."""
-    live, copy = tmp_path / "live", tmp_path / "copy"
-    live.mkdir()
-    copy.mkdir()
+    copy = tmp_path / "copy"
     driver = Driver(snapshot_every=2)
     fan_out(driver)
-    half = len(driver.steps) // 2
-    with Store.open(live / "log.db") as writer:
-        writer.append(driver.steps[:half])
-    with Store.open(live / "log.db") as writer:
-        writer.append(driver.steps[half:])
-        for name in ("log.db", "log.db-wal"):
-            (copy / name).write_bytes((live / name).read_bytes())
+    copied_mid_run(driver.steps, tmp_path / "live", copy)
     before = (copy / "log.db").read_bytes(), (copy / "log.db-wal").read_bytes()
     with Store.open(copy / "log.db", read_only=True) as store:
         assert store.load_state("r") == driver.states["r"]

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from db_scenarios import Driver, fan_out
+from db_scenarios import Driver, copied_mid_run, fan_out
 
 from fanfold.db import Store
 
@@ -99,16 +99,8 @@ def test_a_log_copied_mid_run_reads_its_wal_on_read_only_media(
 ) -> None:
     """Copied while a runtime was writing: the newest steps are only in ``-wal``, and
     there is no ``-shm``. None of them may be missed."""
-    live, folder = tmp_path / "live", tmp_path / "media"
-    live.mkdir()
-    folder.mkdir()
-    half = len(tree.steps) // 2
-    with Store.open(live / "log.db") as writer:
-        writer.append(tree.steps[:half])
-    with Store.open(live / "log.db") as writer:
-        writer.append(tree.steps[half:])
-        for name in ("log.db", "log.db-wal"):
-            shutil.copyfile(live / name, folder / name)
+    folder = tmp_path / "media"
+    copied_mid_run(tree.steps, tmp_path / "live", folder)
     assert (folder / "log.db-wal").stat().st_size > 0
     _check(_inspect_read_only(folder), len(tree.steps))
     assert sorted(p.name for p in folder.iterdir()) == ["log.db", "log.db-wal"]
