@@ -56,3 +56,26 @@ def test_a_signal_during_shutdown_neither_kills_nor_prints_a_traceback() -> None
     )
     assert (done.returncode, done.stdout) == (0, "answer\nflushed\n"), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_group_is_built_explicitly_from_command_modules() -> None:
+    """Every command is added by fanfold/cli/__init__.py; no module registers itself on
+    the group by being imported (`@cli.command` in a module the group must import)."""
+    from pathlib import Path
+
+    import click
+
+    import fanfold.cli as package
+    from fanfold.cli import cli
+
+    assert set(cli.commands) == {
+        "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import"
+    }  # fmt: skip
+    for name, command in cli.commands.items():
+        assert isinstance(command, click.Command), name
+        assert command.callback is not None
+        assert command.callback.__module__ != "fanfold.cli", name  # defined in its module
+    for module in Path(package.__file__).parent.glob("*.py"):
+        source = module.read_text(encoding="utf-8")
+        assert "@cli.command" not in source, module.name
+        assert "@cli.group" not in source, module.name

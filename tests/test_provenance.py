@@ -461,7 +461,8 @@ def test_send_to_an_imported_root_is_one_line_and_its_fork_takes_messages(
 async def test_a_recorded_configuration_rebuilds_as_it_was_and_a_changed_one_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fanfold.cli import _choose_model, _rebuilt_choice
+    from fanfold.cli.models import choose_model as _choose_model
+    from fanfold.cli.models import rebuilt_choice as _rebuilt_choice
     from fanfold.providers.description import DescriptionError, ProviderDescription
 
     monkeypatch.chdir(tmp_path)

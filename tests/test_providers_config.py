@@ -466,7 +466,7 @@ def test_a_profile_sets_its_own_retry_policy(tmp_path: Path) -> None:
 
 
 def test_the_cli_runs_a_tree_with_its_root_profiles_retry_policy(tmp_path: Path) -> None:
-    from fanfold.cli import _choose_model
+    from fanfold.cli.models import choose_model as _choose_model
 
     path = write(tmp_path, RETRYING)
     assert _choose_model(None, path, "local", None).retry == RetryPolicy(8, 0.5, 10.0)

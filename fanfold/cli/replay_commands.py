@@ -23,8 +23,10 @@ from rich.highlighter import JSONHighlighter
 from rich.text import Text
 
 from fanfold import replay
-from fanfold.cli import CliError, cli, console, db_option, err_console, hint, open_store
+from fanfold.cli.database import db_option, open_store
 from fanfold.cli.display import SHOWN_CHARS, clip, json_printable, printable, write_text
+from fanfold.cli.errors import CliError
+from fanfold.cli.output import console, err_console, hint
 from fanfold.db import DatabaseError, Store
 from fanfold.db.provenance import UserKey, refusal
 from fanfold.replay import render
@@ -95,7 +97,7 @@ def _print_diff(divergence: Divergence) -> None:
 # ------------------------------------------------------------------ replay
 
 
-@cli.command(name="replay")
+@click.command(name="replay")
 @click.argument("conversation_id")
 @click.option("--verify", "check", is_flag=True, help="Check the log replays identically.")
 @click.option("--step", "walk", is_flag=True, help="Show the history one transition at a time.")
@@ -218,7 +220,7 @@ def _show_steps(
 # ------------------------------------------------------------------ fork
 
 
-@cli.command(name="fork")
+@click.command(name="fork")
 @click.argument("conversation_id")
 @click.option(
     "--at", "at_seq", type=click.IntRange(min=0), required=True, help="Fork after event SEQ."
@@ -256,7 +258,7 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
 # ------------------------------------------------------------------ export / import
 
 
-@cli.command(name="export")
+@click.command(name="export")
 @click.argument("conversation_id")
 @click.option(
     "-o",
@@ -342,7 +344,7 @@ def _lines(file: Path) -> Iterator[TextIO]:
         yield lines
 
 
-@cli.command(name="import")
+@click.command(name="import")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @db_option
 def import_command(file: Path, db: Path | None) -> None:

@@ -1,0 +1,94 @@
+"""Errors shown to a CLI user: one line, a typed exit status, never a traceback."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.text import Text
+
+from fanfold.cli.display import printable
+from fanfold.cli.output import err_console
+from fanfold.db import DatabaseError
+from fanfold.providers.config import ConfigError
+from fanfold.providers.scripted import ScriptError
+from fanfold.runtime import DatabaseInUse, NotRunning, UnknownConversation
+from fanfold.statemachine import IllegalTransition
+
+
+class CliError(click.ClickException):
+    """An error shown to the user as one line, exit code 2, no traceback."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        # Plain text (no markup: "[Errno 2]" must survive), one line at any width.
+        err_console.print(
+            Text.assemble(("error: ", "red"), printable(self.message)),
+            soft_wrap=True,
+            highlight=False,
+        )
+
+
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ScriptError,
+    ConfigError,
+    DatabaseError,
+    UnknownConversation,
+    NotRunning,
+    DatabaseInUse,
+    IllegalTransition,
+    FileNotFoundError,
+    ValueError,
+)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return leaves
+
+
+@contextmanager
+def user_errors(db: Path | None = None) -> Iterator[None]:
+    """Turn fanfold's typed errors into one-line CLI errors (exit code 2).
+
+    Errors raised inside the runtime arrive wrapped in Trio's exception groups; a group
+    made only of user errors is unwrapped, anything else propagates (a bug). SQLite's
+    own errors (a damaged file: "database disk image is malformed", a full disk, a
+    lock held too long) are one line too, naming the database ``db`` if given.
+    """
+    try:
+        yield
+    except USER_ERRORS as exc:
+        raise CliError(str(exc)) from None
+    except sqlite3.DatabaseError as exc:
+        raise CliError(_sqlite_message(exc, db)) from None
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if leaves and all(isinstance(leaf, USER_ERRORS) for leaf in leaves):
+            raise CliError(str(leaves[0])) from None
+        if leaves and all(isinstance(leaf, sqlite3.DatabaseError) for leaf in leaves):
+            raise CliError(_sqlite_message(leaves[0], db)) from None
+        raise
+
+
+def _sqlite_message(exc: BaseException, db: Path | None = None) -> str:
+    where = f" {db}" if db is not None else ""
+    if not isinstance(exc, sqlite3.OperationalError):
+        # The file itself is damaged (a flipped byte, a truncated copy): SQLite says
+        # "database disk image is malformed" or "file is not a database".
+        return f"the event log{where} is damaged: {exc} (SQLite cannot read it)"
+    # The environment failed under the log (disk full, read-only file, a lock held by
+    # another program past the busy timeout). The transaction was rolled back, so the
+    # log holds everything up to the last committed step.
+    return (
+        f"the event log could not be written or read: {exc} "
+        f"({where.strip() + ': ' if where else ''}everything up to the last committed step "
+        "is kept)"
+    )

@@ -1,0 +1,173 @@
+"""The model a command runs on: ``--script``, ``--config``, ``--profile``, ``--model``,
+or the provider configuration recorded for a tree."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+
+from fanfold.cli.errors import CliError
+from fanfold.examples import CODE_REVIEW_SCRIPT
+from fanfold.providers.base import CallContext, Provider, ProviderError
+from fanfold.providers.config import Config, ProviderRouter, RetryPolicy, load_config
+from fanfold.providers.description import (
+    CONFIG,
+    SCRIPT,
+    DescriptionError,
+    FileDigest,
+    ProviderDescription,
+)
+from fanfold.providers.scripted import ScriptedProvider
+from fanfold.statemachine import ErrorKind, ModelError, ModelReply, ModelRequest
+from fanfold.tools.registry import ToolSet
+from fanfold.tools.secrets import EnvPolicy, Redactor
+
+DEFAULT_SCRIPT = CODE_REVIEW_SCRIPT
+
+
+@attrs.frozen
+class ModelChoice:
+    """The provider the options chose, how to describe it (to the user, and in the
+    log: ``recorded``), and its retry policy."""
+
+    provider: Provider
+    description: str
+    recorded: ProviderDescription
+    retry: RetryPolicy = RetryPolicy()
+    env_policy: EnvPolicy = EnvPolicy()
+
+    def tools(self) -> ToolSet:
+        """The tool set, bash commands' environments under ``env_policy``."""
+        return ToolSet.default(env_policy=self.env_policy)
+
+    def redactor(self) -> Redactor:
+        """What to redact from the log: the values of this process's secrets."""
+        return self.env_policy.redactor(os.environ)
+
+    async def aclose(self) -> None:
+        close = getattr(self.provider, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--script, --config, --profile and --model, shared by the commands that run models."""
+    for option in reversed(
+        [
+            click.option(
+                "--script",
+                type=click.Path(dir_okay=False, path_type=Path),
+                help="Offline scripted replies (JSON) instead of a real model.",
+            ),
+            click.option(
+                "--config",
+                "config_path",
+                type=click.Path(dir_okay=False, path_type=Path),
+                help="Model configuration (TOML; default: $FANFOLD_CONFIG, "
+                "./fanfold.toml, ~/.config/fanfold/config.toml).",
+            ),
+            click.option("--profile", help="Configuration profile for the root conversation."),
+            click.option("--model", help="Model (or profile) name for the root conversation."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def choose_model(
+    script: Path | None, config_path: Path | None, profile: str | None, model: str | None
+) -> ModelChoice:
+    if script is not None:
+        if config_path or profile or model:
+            raise CliError(
+                "--script runs offline: it cannot be combined with --config, --profile or --model"
+            )
+        provider = ScriptedProvider.from_file(script)
+        recorded = ProviderDescription(SCRIPT, script=FileDigest.of(script))
+        return ModelChoice(provider, f"scripted ({script})", recorded)
+    config = load_config(config_path).with_overrides(
+        profile=profile, model=model, origin="--profile/--model"
+    )
+    return _model_choice(config, model, DEFAULT_SCRIPT)
+
+
+def _model_choice(config: Config, model: str | None, demo_script: Path) -> ModelChoice:
+    """The choice made by ``config`` (profiles, the demo script for scripted ones)."""
+    demo = ScriptedProvider.from_file(demo_script)
+    chosen = config.default_profile()
+    if chosen.provider == "scripted" and model is not None:
+        raise CliError(
+            f"--model {model}: no model provider is configured; write a config file "
+            "(see examples/fanfold.toml) or set FANFOLD_BASE_URL and FANFOLD_PROVIDER"
+        )
+    if chosen.provider == "scripted":
+        what = "scripted (built-in demo script; configure a model: see examples/fanfold.toml)"
+    else:
+        what = f"{chosen.name}: {chosen.provider} {chosen.model} ({config.source})"
+    from_file = config.source not in ("built-in", "environment")
+    scripted = any(p.provider == "scripted" for p in config.profiles)
+    recorded = ProviderDescription(
+        CONFIG,
+        script=FileDigest.of(demo_script) if scripted else None,
+        config=FileDigest.of(config.source) if from_file else None,
+        profile=config.default,
+        sub_agents=config.sub_agent_profile().name,
+        model=chosen.model,
+    )
+    env_policy = EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env))
+    return ModelChoice(
+        ProviderRouter(config, scripted=demo), what, recorded, config.retry_policy(), env_policy
+    )
+
+
+def rebuilt_choice(recorded: ProviderDescription) -> ModelChoice:
+    """The provider a tree ran on, rebuilt from its recorded description. Raises
+    DescriptionError if a file it was built from is missing or changed, ConfigError or
+    ScriptError if it no longer loads, each naming what differs."""
+    problems = recorded.problems()
+    if problems:
+        raise DescriptionError("; ".join(problems))
+    if recorded.kind == SCRIPT:
+        assert recorded.script is not None
+        path = recorded.script.local_path()
+        return ModelChoice(ScriptedProvider.from_file(path), f"scripted ({path})", recorded)
+    config = load_config(recorded.config.local_path() if recorded.config else None)
+    found = config.source not in ("built-in", "environment")
+    if recorded.config is None and found:
+        raise DescriptionError(f"it ran without a config file, and {config.source} is found now")
+    config = config.with_overrides(
+        profile=recorded.profile,
+        sub_agents=recorded.sub_agents,
+        model=recorded.model,
+        origin="the recorded profiles",
+    )
+    demo = recorded.script.local_path() if recorded.script is not None else DEFAULT_SCRIPT
+    choice = _model_choice(config, None, demo)
+    if choice.recorded != recorded:
+        raise DescriptionError(
+            f"the configuration resolves to {choice.recorded.summary()} now, not "
+            f"{recorded.summary()} as recorded"
+        )
+    return choice
+
+
+class ProviderPerTree:
+    """A Provider that sends each call to the provider of its tree (``resume`` of trees
+    recorded with different configurations). A call of a tree it has none for is a
+    fanfold bug: it fails as ``provider_failure``."""
+
+    def __init__(self) -> None:
+        self.by_root: dict[str, Provider] = {}
+
+    async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
+        provider = self.by_root.get(context.root_id)
+        if provider is None:
+            raise ProviderError(
+                ModelError(ErrorKind.PROVIDER_FAILURE, f"no provider for tree {context.root_id!r}")
+            )
+        return await provider.complete(request, context)

@@ -1,0 +1,193 @@
+"""``fanfold resume``: go on with every unfinished tree after a crash or kill."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+import trio
+from rich.text import Text
+
+from fanfold.cli.database import db_option, db_path
+from fanfold.cli.display import TreeView, printable
+from fanfold.cli.errors import user_errors
+from fanfold.cli.logs import open_logs
+from fanfold.cli.models import (
+    ModelChoice,
+    ProviderPerTree,
+    choose_model,
+    model_options,
+    rebuilt_choice,
+)
+from fanfold.cli.output import console, err_console, hint, quietly, say
+from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
+from fanfold.db import Store
+from fanfold.db.provenance import UserKey
+from fanfold.providers.config import ConfigError
+from fanfold.providers.description import DescriptionError, ProviderDescription
+from fanfold.providers.scripted import ScriptError
+from fanfold.runtime import Runtime, SkippedTree, resume_plan
+from fanfold.tools.registry import ToolSet
+from fanfold.tools.secrets import EnvPolicy
+
+
+@click.command()
+@model_options
+@db_option
+def resume(
+    script: Path | None,
+    config_path: Path | None,
+    profile: str | None,
+    model: str | None,
+    db: Path | None,
+) -> None:
+    """Resume every unfinished conversation tree after a crash or kill.
+
+    Each tree goes on with the provider configuration recorded for it (script or
+    config file, checked against its recorded sha256); --script, --config, --profile
+    or --model choose one explicitly for every tree instead (and are recorded).
+    Trees this runtime did not write (imported, copied, edited) are never resumed:
+    they are listed with the reason.
+
+    Exit status: 0 if every tree that may be resumed was (inert trees listed aside);
+    1 if a tree was left because its recorded provider configuration cannot be
+    rebuilt or its log cannot be read (damaged: named, with the reason; the other
+    trees are resumed all the same); 2 on an error; 128 + the signal after Ctrl-C,
+    SIGTERM or SIGHUP, which stop the process cleanly (nothing left running) and
+    leave the trees resumable.
+    """
+    path = db_path(db)
+    open_logs(path, None)
+    with user_errors(path):
+        override = None
+        if script or config_path or profile or model:
+            override = choose_model(script, config_path, profile, model)
+        code = run_trio(_resume_main, path, override)
+    if code:
+        raise SystemExit(code)
+
+
+def _provider_refusal(root_id: str, recorded: str | None) -> tuple[ModelChoice | None, str]:
+    """The rebuilt provider of tree ``root_id``, or why it cannot be rebuilt."""
+    advice = "resume it with --script PATH or --config PATH to choose one explicitly"
+    if recorded is None:
+        return None, (
+            "no provider configuration is recorded for it (started through the Python "
+            f"API, or by a fanfold that did not record it); {advice}"
+        )
+    try:
+        description = ProviderDescription.from_json(recorded)
+        return rebuilt_choice(description), ""
+    except (DescriptionError, ConfigError, ScriptError) as exc:
+        return None, f"cannot rebuild the provider configuration it ran on: {exc}; {advice}"
+
+
+def _say_skipped(skipped: SkippedTree) -> None:
+    quietly(
+        lambda: err_console.print(
+            Text.assemble(
+                ("skipped ", "yellow"),
+                f"tree {printable(skipped.root_id)}: ",
+                printable(skipped.reason),
+            ),
+            soft_wrap=True,
+            highlight=False,
+        )
+    )
+
+
+async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice | None) -> int:
+    """Resume and wait for every unfinished tree.
+
+    A stop signal (Ctrl-C, SIGTERM, SIGHUP) stops this process, not the work: the
+    runtime closes (model calls and bash commands are cancelled, nothing is left
+    running) and the trees stay unfinished in the log for the next ``resume``. Unlike
+    ``run``, whose turn the user started here and now, what is resumed is earlier work
+    that a signal aimed at this process should not throw away.
+    """
+    view = TreeView()
+    stopped: Interruption | None = None
+    per_tree = ProviderPerTree()
+    choices: dict[str, ModelChoice] = {}  # rebuilt providers, by recorded description
+    unbuildable = 0
+    # Which trees may be continued, and on which provider, is settled before the
+    # runtime opens: its tool set must keep the key variables of every configuration
+    # it resumes out of bash commands, and its redactor must know their values.
+    key = UserKey.load()
+    with Store.open(path) as store:
+        plan = resume_plan(store, key)
+        recorded_for = {}
+        for root_id in plan.roots:
+            record = store.tree_record(root_id)
+            recorded_for[root_id] = record.provider if record is not None else None
+    for skipped in plan.skipped:
+        _say_skipped(skipped)
+    chosen = list(plan.roots)
+    if override is None:
+        chosen = []
+        for root_id in plan.roots:
+            recorded = recorded_for[root_id]
+            choice = choices.get(recorded) if recorded is not None else None
+            if choice is None:
+                choice, reason = _provider_refusal(root_id, recorded)
+                if choice is None:
+                    _say_skipped(SkippedTree(root_id, reason))
+                    unbuildable += 1
+                    continue
+                assert recorded is not None
+                choices[recorded] = choice
+            per_tree.by_root[root_id] = choice.provider
+            chosen.append(root_id)
+    used = [override] if override is not None else list(choices.values())
+    policy = EnvPolicy(
+        frozenset().union(*(c.env_policy.key_variables for c in used)),
+        # A variable passes only if every configuration resumed here lets it pass.
+        frozenset.intersection(*(c.env_policy.pass_env for c in used)) if used else frozenset(),
+    )
+    try:
+        # Open until the runtime has shut down: a second signal during the shutdown
+        # waits (and is delivered after it) instead of killing the process before its
+        # bash commands are stopped.
+        with stop_signal_receiver(stop) as signals:
+            async with Runtime.open(
+                path,
+                override.provider if override is not None else per_tree,
+                ToolSet.default(env_policy=policy),
+                redact=policy.redactor(os.environ),
+                observer=view.observe,
+                key=key,
+                provider_description=override.recorded if override is not None else None,
+            ) as runtime:
+                ids = await runtime.resume(chosen) if chosen else []
+                for damaged in runtime.resume_damaged:
+                    _say_skipped(damaged)
+                unbuildable += len(runtime.resume_damaged)
+                if not ids:
+                    skipped_any = unbuildable or plan.skipped
+                    console.print("nothing resumed" if skipped_any else "nothing to resume")
+                    return 1 if unbuildable else 0
+                roots = sorted({runtime.state(i).root_id for i in ids})
+                console.print(f"resuming {len(ids)} conversation(s) in {len(roots)} tree(s)")
+                async with trio.open_nursery() as nursery:
+
+                    async def on_signal() -> None:
+                        nonlocal stopped
+                        async for signum in signals:
+                            stopped = stopped or Interruption(signum)
+                            nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(on_signal)
+                    for root in roots:
+                        await runtime.wait(root)
+                    nursery.cancel_scope.cancel()
+            if stopped is None:
+                say(view.render(), to=console)
+    finally:
+        for choice in used:
+            await choice.aclose()
+    if stopped is not None:
+        say(f"[yellow]stopped by {stopped.name}: the unfinished trees stay in the log[/yellow]")
+        quietly(lambda: hint(f"go on with: fanfold resume --db {path}"))
+        return stopped.exit_code
+    return 1 if unbuildable else 0

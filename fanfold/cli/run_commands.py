@@ -1,0 +1,225 @@
+"""``fanfold run`` and ``fanfold send``: start a turn and watch it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from fanfold.cli.database import db_option, db_path, default_db
+from fanfold.cli.display import TreeView
+from fanfold.cli.errors import CliError, user_errors
+from fanfold.cli.logs import open_logs
+from fanfold.cli.models import ModelChoice, choose_model, model_options
+from fanfold.cli.output import hint
+from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
+from fanfold.cli.turns import print_result, watch
+from fanfold.db import Store
+from fanfold.runtime import Runtime
+from fanfold.statemachine import Conversation, Limits
+
+
+@click.command()
+@click.argument("task", required=False)
+@click.option(
+    "--file",
+    "task_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Read the task from a file.",
+)
+@model_options
+@click.option(
+    "--cwd",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Working directory for tools.",
+)
+@click.option(
+    "--max-rounds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Model rounds per turn (sub-agents: per life).",
+)
+@click.option(
+    "--max-concurrent",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Sub-agents of one parent running at once.",
+)
+@click.option(
+    "--max-depth",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Deepest sub-agent level (1: only the root spawns).",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Token budget of the whole tree: the root and every sub-agent together.",
+)
+@click.option(
+    "--json-log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write structured JSON logs here (default: next to the database).",
+)
+@click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
+@db_option
+def run(
+    task: str | None,
+    task_file: Path | None,
+    script: Path | None,
+    config_path: Path | None,
+    profile: str | None,
+    model: str | None,
+    cwd: Path,
+    max_rounds: int | None,
+    max_concurrent: int | None,
+    max_depth: int | None,
+    max_tokens: int | None,
+    json_log: Path | None,
+    no_live: bool,
+    db: Path | None,
+) -> None:
+    """Start a conversation on TASK and show its sub-agent tree live.
+
+    Ctrl-C, SIGTERM or SIGHUP cancels it cleanly: every sub-agent is cancelled and
+    recorded; the exit status is then 128 + the signal (130, 143, 129).
+    """
+    if (task is None) == (task_file is None):
+        raise CliError("give a TASK or --file (one of them)")
+    text = task if task is not None else _read_task(task_file)  # type: ignore[arg-type]
+    if not text.strip():
+        raise CliError("the task is empty")
+    if not cwd.is_dir():
+        raise CliError(f"--cwd {cwd} is not a directory")
+    path = db or default_db()
+    open_logs(path, json_log)
+    with user_errors(path):
+        choice = choose_model(script, config_path, profile, model)
+        overrides = {
+            k: v
+            for k, v in {
+                "max_rounds": max_rounds,
+                "max_concurrent": max_concurrent,
+                "max_depth": max_depth,
+                "max_tokens": max_tokens,
+            }.items()
+            if v is not None
+        }
+        limits = choice.retry.apply(Limits(**overrides))
+        hint(f"model: {choice.description}; log: {path}", style="dim")
+        result = run_trio(_run_main, path, choice, text, cwd, limits, not no_live)
+    print_result(*result, db=path)
+
+
+def _read_task(task_file: Path) -> str:
+    try:
+        return task_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CliError(f"--file {task_file} is not UTF-8 text") from None
+    except OSError as exc:
+        raise CliError(f"cannot read --file {task_file}: {exc.strerror or exc}") from None
+
+
+async def _run_main(
+    stop: tuple[int, ...],
+    path: Path,
+    choice: ModelChoice,
+    text: str,
+    cwd: Path,
+    limits: Limits,
+    live: bool,
+) -> tuple[str, Conversation, Interruption | None]:
+    view = TreeView()
+    try:
+        # The receiver stays open until the runtime has shut down: a signal arriving
+        # meanwhile waits (it is delivered after) instead of killing the process before
+        # the shutdown has stopped its bash commands.
+        with stop_signal_receiver(stop) as signals:
+            async with Runtime.open(
+                path,
+                choice.provider,
+                choice.tools(),
+                redact=choice.redactor(),
+                limits=limits,
+                observer=view.observe,
+                on_progress=view.progress,
+                provider_description=choice.recorded,
+            ) as runtime:
+                conversation_id = await runtime.start(text, cwd=cwd, limits=limits)
+                interruption = await watch(runtime, conversation_id, view, live, signals)
+                return conversation_id, runtime.state(conversation_id), interruption
+    finally:
+        await choice.aclose()
+
+
+@click.command()
+@click.argument("conversation_id")
+@click.argument("text")
+@model_options
+@click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
+@db_option
+def send(
+    conversation_id: str,
+    text: str,
+    script: Path | None,
+    config_path: Path | None,
+    profile: str | None,
+    model: str | None,
+    no_live: bool,
+    db: Path | None,
+) -> None:
+    """Send TEXT as the next user message of a stored root conversation (or a fork)."""
+    path = db_path(db)
+    open_logs(path, None)
+    with user_errors(path):
+        _refuse_sub_agent(path, conversation_id)
+        choice = choose_model(script, config_path, profile, model)
+        hint(f"model: {choice.description}; log: {path}", style="dim")
+        result = run_trio(_send_main, path, choice, conversation_id, text, not no_live)
+    print_result(*result, db=path)
+
+
+def _refuse_sub_agent(path: Path, conversation_id: str) -> None:
+    """A user message to a sub-agent: say so plainly, and name the root to send to.
+
+    (The reducer refuses it too, but in its own terms, naming the phase it was in.)
+    """
+    with Store.open(path) as store:
+        row = store.conversation(conversation_id)
+    if row.parent_id is not None:
+        raise CliError(
+            f"{conversation_id} is a sub-agent, and sub-agents cannot take user messages; "
+            f"send to its root conversation instead: fanfold send {row.root_id} TEXT "
+            f"--db {path}"
+        )
+
+
+async def _send_main(
+    stop: tuple[int, ...],
+    path: Path,
+    choice: ModelChoice,
+    conversation_id: str,
+    text: str,
+    live: bool,
+) -> tuple[str, Conversation, Interruption | None]:
+    view = TreeView()
+    try:
+        with stop_signal_receiver(stop) as signals:  # open until the runtime shut down
+            async with Runtime.open(
+                path,
+                choice.provider,
+                choice.tools(),
+                redact=choice.redactor(),
+                observer=view.observe,
+                on_progress=view.progress,
+                provider_description=choice.recorded,
+            ) as runtime:
+                await runtime.send(conversation_id, text)
+                interruption = await watch(runtime, conversation_id, view, live, signals)
+                return conversation_id, runtime.state(conversation_id), interruption
+    finally:
+        await choice.aclose()

@@ -1,0 +1,203 @@
+"""``fanfold ls`` and ``fanfold show``: what the log holds, as a table and a tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from fanfold.cli.database import db_option, open_store
+from fanfold.cli.display import clip, printable, short, status_of, tool_call_count, write_text
+from fanfold.cli.errors import user_errors
+from fanfold.cli.output import console
+from fanfold.cli.turns import last_answer
+from fanfold.db import Store
+from fanfold.statemachine import Completed, Conversation, Error, Failed, Idle, spawn_order
+
+
+@click.command(name="ls")
+@db_option
+def list_conversations(db: Path | None) -> None:
+    """List root conversations (sub-agents are shown by `fanfold show`)."""
+    with user_errors():
+        store = open_store(db, read_only=True)
+        try:
+            table = Table("id", "status", "created", "sub-agents", "task")
+            for row in store.list_roots():
+                # Cells are plain Text: a str cell would be read as rich markup, and
+                # an id comes from the log (an imported one is anyone's text).
+                table.add_row(
+                    Text(printable(row.id)),
+                    row.status,
+                    _when(row.created_at),
+                    str(len(store.tree(row.id)) - 1),
+                    Text(short(row.task or "", 50)),
+                )
+            console.print(table)
+        finally:
+            store.close()
+
+
+def _when(ts: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@click.command()
+@click.argument("conversation_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (texts in full).")
+@click.option("--full", is_flag=True, help="Show long answers in full instead of cut.")
+@db_option
+def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> None:
+    """Print a conversation and its sub-agent tree with outcomes.
+
+    An answer longer than a few thousand characters is shown cut (its beginning and
+    end); --full shows all of it, as does `fanfold export`.
+    """
+    with user_errors():
+        store = open_store(db, read_only=True)
+        try:
+            node = _show_node(store, conversation_id)
+        finally:
+            store.close()
+    if as_json:
+        # ensure_ascii: every control character and lone surrogate becomes a \\u
+        # escape, so the output is valid JSON, ASCII only, and harmless on a terminal.
+        click.echo(json.dumps(node.to_json(), indent=2, ensure_ascii=True))
+        return
+    tree = Tree(node.label(), highlight=False)
+    _add_nodes(tree, node.children)
+    console.print(tree)
+    if isinstance(node.state.phase, Idle) and node.outcome():
+        console.rule("answer")
+        write_text(console, clip(node.outcome(), full=full))
+
+
+@attrs.frozen
+class ShowNode:
+    """One conversation of `fanfold show`, with its children."""
+
+    state: Conversation
+    task: str
+    status: str
+    duration: float
+    children: tuple[ShowNode, ...]
+
+    def outcome(self) -> str:
+        """A sub-agent's result or error; a root's answer (its last text) or error."""
+        match self.state.phase:
+            case Completed(result=result):
+                return result
+            case Failed(error=error) | Error(error=error):
+                return error
+            case Idle():
+                return last_answer(self.state)
+        return ""
+
+    def failure(self) -> tuple[str, str | None] | None:
+        """The typed kind of a failure (``submitted_error``, ``timed_out``...) and, for
+        a cancelled sub-agent, who asked (``user``, ``parent``, ``timeout``, ``limit``).
+
+        The error text is the model's or the runtime's words; the kind says what
+        happened (a sub-agent that submitted "timed out" did not time out).
+        """
+        match self.state.phase:
+            case Failed(kind=kind, reason=reason):
+                return kind.value, reason.value if reason is not None else None
+            case Error(kind=kind):
+                return kind.value, None
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "id": state.id,
+            "task": self.task,
+            "phase": type(state.phase).__name__,
+            "status": self.status,
+            "duration": self.duration,
+            "rounds": state.rounds,
+            "max_rounds": state.limits.max_rounds,
+            "tool_calls": tool_call_count(state),
+            "tokens": state.usage.total,
+            "tree_tokens": state.tokens_spent,
+            "max_tokens": state.limits.max_tokens,
+            "outcome": self.outcome(),
+            # False: a sub-agent ended with plain text and never called submit_result.
+            "submitted": (state.submitted if isinstance(state.phase, Completed) else None),
+            "failure": (
+                None
+                if (failure := self.failure()) is None
+                else {"kind": failure[0], "reason": failure[1]}
+            ),
+            "children": [c.to_json() for c in self.children],
+        }
+
+    def label(self) -> Text:
+        state = self.state
+        symbol, style = status_of(state)
+        kind = "Sub-agent" if state.is_sub_agent else "Agent"
+        # Task and outcome are model text: plain Text (never markup), printable only.
+        line = Text.assemble(
+            (symbol or "…", style),
+            f' {kind} {printable(state.id)}: "{short(self.task)}" ',
+            (
+                f"({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
+                f"{state.limits.max_rounds}, {tool_call_count(state)} tool calls, "
+                f"{_tokens(state)})",
+                "dim",
+            ),
+        )
+        failure = self.failure()
+        if failure is not None:
+            # The typed kind apart from the text, which is the model's own words: a
+            # sub-agent that submitted "timed out" did not time out.
+            kind_text, reason = failure
+            line.append(f"\n  {kind_text}" + (f" (cancelled by {reason})" if reason else ""), "red")
+        if isinstance(state.phase, Completed) and not state.submitted:
+            note = "completed without submit_result (its last text is the result)"
+            line.append("\n  " + note, "yellow")
+        if self.outcome() and not isinstance(state.phase, Idle):  # answers: below
+            line.append(" → " if failure is not None else "\n  → ")
+            line.append(short(self.outcome(), 200))
+        return line
+
+
+def _tokens(state: Conversation) -> str:
+    """``120 tokens``; with sub-agents ``120 tokens, 900 with sub-agents``; and the
+    budget when there is one (it covers the whole tree)."""
+    text = f"{state.usage.total} tokens"
+    if state.usage_children:
+        text += f", {state.tokens_spent} with sub-agents"
+    if state.limits.max_tokens is not None:
+        text += f" of a {state.limits.max_tokens} budget"
+    return text
+
+
+def _show_node(store: Store, conversation_id: str) -> ShowNode:
+    row = store.conversation(conversation_id)
+    assert row is not None
+    state = store.load_state(conversation_id)
+    return ShowNode(
+        # The state's task is the exact text; the row's is a copy made storable.
+        state=state,
+        task=state.task if state.task is not None else row.task or "",
+        status=row.status,
+        duration=round(row.updated_at - row.created_at, 2),
+        children=tuple(
+            _show_node(store, c.id)
+            for c in sorted(store.children(conversation_id), key=lambda c: spawn_order(c.id))
+        ),
+    )
+
+
+def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:
+    for node in nodes:
+        _add_nodes(tree.add(node.label()), node.children)

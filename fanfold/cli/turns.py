@@ -1,0 +1,114 @@
+"""Watching a turn of ``run`` or ``send`` live, and printing its result."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import trio
+from rich.live import Live
+from rich.text import Text
+
+from fanfold.cli.display import TreeView, clip, printable, write_text
+from fanfold.cli.output import console, hint, quietly, say
+from fanfold.cli.signals import Interruption
+from fanfold.runtime import Runtime
+from fanfold.statemachine import Conversation, Error
+
+
+async def watch(
+    runtime: Runtime, conversation_id: str, view: TreeView, live: bool, signals: AsyncIterator[int]
+) -> Interruption | None:
+    """Wait for the turn, cancelling it on the first stop signal; a second stops at once."""
+    interruption: Interruption | None = None
+    display = None
+    if live and console.is_terminal:
+        display = Live(get_renderable=view.render, console=console, refresh_per_second=8)
+    async with trio.open_nursery() as nursery:
+
+        async def on_signal() -> None:
+            nonlocal interruption
+            async for signum in signals:
+                if signum == signal.SIGHUP and display is not None:
+                    quietly(display.stop)  # the terminal is gone: stop drawing on it
+                if interruption is not None and signum == signal.SIGHUP:
+                    # A hang-up often comes twice (the shell's and the kernel's); no one
+                    # asked to force anything: let the clean cancel finish.
+                    continue
+                if interruption is not None:
+                    # Leaving the runtime cancels its tasks (bash commands are killed);
+                    # what was not recorded is left `running` for `fanfold resume`.
+                    interruption = attrs.evolve(interruption, forced=True)
+                    say(f"[red]{Interruption(signum).name} again: stopping now[/red]")
+                    nursery.cancel_scope.cancel()
+                    return
+                interruption = Interruption(signum)
+                await runtime.cancel(conversation_id)
+                say(f"[yellow]{interruption.name}: cancelling (again to force)…[/yellow]")
+
+        nursery.start_soon(on_signal)
+        if display is not None:
+            display.start()
+            try:
+                await runtime.wait(conversation_id)
+            finally:
+                quietly(display.stop)
+        else:
+            await runtime.wait(conversation_id)
+            say(view.render(), to=console)
+        nursery.cancel_scope.cancel()
+    return interruption
+
+
+def print_result(
+    conversation_id: str, state: Conversation, interruption: Interruption | None, *, db: Path
+) -> None:
+    try:
+        match state.phase:
+            case _ if interruption is not None and interruption.forced:
+                console.print(
+                    f"[red]stopped by {interruption.name} before the cancel finished[/red]"
+                )
+                hint(f"finish the cancel with: fanfold resume --db {db}", to=console)
+            case Error(error=error, kind=kind):
+                # Model and tool text: printed as plain text, never as markup or escapes.
+                console.print(
+                    Text.assemble((f"error ({kind}): ", "red"), printable(error)), highlight=False
+                )
+            case _ if interruption is not None:
+                console.print(
+                    f"[yellow]cancelled by {interruption.name}: the turn and every "
+                    "sub-agent still running were stopped and recorded[/yellow]"
+                )
+            case _:
+                answer = last_answer(state)
+                console.rule("answer")
+                more = f"`fanfold show {conversation_id} --full` shows all of it"
+                write_text(console, clip(answer, hint=more) or "(no text)")
+        hint(f"conversation: {conversation_id}  database: {db}", to=console)
+        hint(f"inspect it with: fanfold show {conversation_id} --db {db}", to=console, style="dim")
+    except (OSError, SystemExit):  # the output went away (see quietly)
+        if interruption is None:
+            raise
+    if interruption is not None:
+        # The shell's convention for a command stopped by a signal (128 + its number:
+        # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP): a script running
+        # `fanfold run` must not take a cancelled turn for a finished one.
+        raise SystemExit(interruption.exit_code)
+    if isinstance(state.phase, Error):
+        raise SystemExit(1)
+
+
+def last_answer(state: Conversation) -> str:
+    """The answer of the latest turn: its final text reply, if the turn ended with one
+    ("" if it was cancelled or failed: an earlier turn's answer is not this one's)."""
+    from fanfold.statemachine import AssistantMessage, UserMessage
+
+    for message in reversed(state.history):
+        if isinstance(message, UserMessage):
+            return ""  # the latest turn has no text reply after its user message
+        if isinstance(message, AssistantMessage):
+            return "" if message.tool_calls else message.text
+    return ""
