@@ -43,8 +43,8 @@ from fanfold.db.codec import (
     clear_memo,
 )
 from fanfold.db.fingerprint import clear_cache as clear_fingerprint_cache
+from fanfold.db.fingerprint import fingerprint_v2, summary, version
 from fanfold.db.fingerprint import matches as fingerprint_matches
-from fanfold.db.fingerprint import summary
 from fanfold.statemachine import (
     ALL_EFFECTS,
     ALL_EVENTS,
@@ -462,7 +462,8 @@ def test_fingerprint_names_phase_and_counters() -> None:
     )
     assert summary(state) == "AwaitingSubAgents n4 r1 h2 s1 p1 f0 w0"
     assert summary(attrs.evolve(state, phase=Idle())) == "Idle n4 r1 h2 s1 p0 f0 w0"
-    assert re.fullmatch(r"AwaitingSubAgents n4 r1 h2 s1 p1 f0 w0 #[0-9a-f]{16}", fingerprint(state))
+    expected = r"AwaitingSubAgents n4 r1 h2 s1 p1 f0 w0 ##[0-9a-f]{16}"
+    assert re.fullmatch(expected, fingerprint(state))
 
 
 def test_the_fingerprint_covers_message_text() -> None:
@@ -489,6 +490,75 @@ def test_the_incremental_digest_is_the_digest_from_scratch(
         longer = attrs.evolve(state, history=(*state.history, *map(sm.UserMessage, extra)))
         for s in (state, longer):
             seen.append((s, fingerprint(s)))
+    for s, mark in seen:
+        clear_fingerprint_cache()
+        assert fingerprint(s) == mark
+
+
+def test_a_version_2_log_still_verifies_and_a_change_of_child_shows_in_both() -> None:
+    """Logs written before version 3 hold version-2 fingerprints: they match in their
+    own format. Both versions cover every child of the round."""
+    state = _waiting_root(history=(sm.UserMessage("a"),))
+    old = fingerprint_v2(state)
+    assert version(old) == 2 and version(fingerprint(state)) == 3
+    assert version(summary(state)) == 1
+    assert fingerprint_matches(state, old)
+    assert phase_of(state).children.pending  # the helper's root waits on one child
+    other_task = attrs.evolve(
+        state,
+        phase=AwaitingSubAgents(
+            Children(pending=(PendingChild(ChildSpec("r.1", "T", ".", None, 3, "s1"), True),))
+        ),
+    )
+    assert not fingerprint_matches(other_task, old)
+    assert fingerprint(other_task) != fingerprint(state)
+
+
+def phase_of(state: Conversation) -> AwaitingSubAgents:
+    assert isinstance(state.phase, AwaitingSubAgents)
+    return state.phase
+
+
+_CHILD_MOVES = st.lists(
+    st.tuples(st.sampled_from(["finish", "start", "append", "reorder"]), st.integers(0, 50)),
+    max_size=12,
+)
+
+
+@given(n=st.integers(0, 6), moves=_CHILD_MOVES)
+def test_the_childrens_incremental_digest_is_the_digest_from_scratch(
+    n: int, moves: list[tuple[str, int]]
+) -> None:
+    """Version 3 keeps each child's digest and the last lists seen: whatever the steps
+    did to the children (one finished, started, appended, or any other change), a
+    state's fingerprint is the one computed with nothing cached, and differs from its
+    predecessor's whenever the children differ."""
+    specs = [ChildSpec(f"r.{i + 1}", f"t{i}", ".", None, 3, "s1") for i in range(n)]
+    children = Children(pending=tuple(PendingChild(spec) for spec in specs))
+    seen = []
+    state = _waiting_root(phase=AwaitingSubAgents(children))
+    seen.append((state, fingerprint(state)))
+    for move, at in moves:
+        pending, finished = children.pending, children.finished
+        if move == "finish" and pending:
+            child = pending[at % len(pending)].spec.id
+            children = children.finish(child, ChildSucceeded(f"done {at}"))
+        elif move == "start" and pending:
+            i = at % len(pending)
+            started = PendingChild(pending[i].spec, started=True, budget=at)
+            children = attrs.evolve(children, pending=(*pending[:i], started, *pending[i + 1 :]))
+        elif move == "append":
+            spec = ChildSpec(f"r.{len(specs) + 1}", f"new {at}", ".", None, 3, "s2")
+            specs.append(spec)
+            children = attrs.evolve(children, pending=(*pending, PendingChild(spec)))
+        elif move == "reorder" and len(finished) > 1:
+            children = attrs.evolve(children, finished=finished[::-1])
+        before = seen[-1]
+        state = attrs.evolve(state, phase=AwaitingSubAgents(children))
+        mark = fingerprint(state)
+        if phase_of(before[0]).children != children:
+            assert mark != before[1]
+        seen.append((state, mark))
     for s, mark in seen:
         clear_fingerprint_cache()
         assert fingerprint(s) == mark

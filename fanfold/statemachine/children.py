@@ -121,6 +121,10 @@ class Children:
                 return index
         return -1
 
+    def index_of(self, child_id: str) -> int:
+        """The position of pending child ``child_id`` in ``pending``, or -1."""
+        return self._index(child_id)
+
     def find_pending(self, child_id: str) -> PendingChild | None:
         index = self._index(child_id)
         return self.pending[index] if index >= 0 else None
@@ -132,12 +136,17 @@ class Children:
         """Move one pending child to finished. The caller checked it is pending."""
         index = self._index(child_id)
         assert index >= 0
+        return self.finish_at(index, outcome)
+
+    def finish_at(self, index: int, outcome: ChildOutcome) -> Children:
+        """Move the pending child at ``index`` (from ``index_of``) to finished."""
         # A parent with a thousand children receives a thousand outcomes: the child is
-        # found by a binary search (see _index) and the tuples are copied in C.
+        # found once by a binary search (see _index) and the tuples are concatenated
+        # in C (no unpacking into a new tuple item by item).
         pending = self.pending
         return Children(
             pending[:index] + pending[index + 1 :],
-            (*self.finished, FinishedChild(pending[index].spec, outcome)),
+            self.finished + (FinishedChild(pending[index].spec, outcome),),  # noqa: RUF005
             self.rejected,
         )
 

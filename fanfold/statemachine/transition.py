@@ -923,13 +923,14 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
             event,
             f"SubAgentFinished for unknown agent {event.child_id!r}: no children are pending",
         )
-    pending = children.find_pending(event.child_id)
-    if pending is None:
+    index = children.index_of(event.child_id)
+    if index < 0:
         if children.is_finished(event.child_id):
             raise DuplicateChildOutcome(
                 state, event, f"outcome of agent {event.child_id!r} was already accepted"
             )
         raise UnknownChild(state, event, f"SubAgentFinished for unknown agent {event.child_id!r}")
+    pending = children.pending[index]
     if not pending.started:
         raise IllegalTransition(
             state, event, f"agent {event.child_id!r} is queued and has not started"
@@ -939,7 +940,7 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
         effects.append(AbortCall(pending.deadline_timer))
     if event.outcome.tokens:
         state = state.evolve(usage_children=state.usage_children + event.outcome.tokens)
-    return _child_settled(state, children.finish(event.child_id, event.outcome), effects)
+    return _child_settled(state, children.finish_at(index, event.outcome), effects)
 
 
 def _child_settled(state: Conversation, children: Children, effects: list[Effect]) -> Transition:
