@@ -125,6 +125,7 @@ from fanfold.statemachine import (
     start,
     transition,
 )
+from fanfold.statemachine.transition import model_request
 
 __all__ = [
     "ORDINARY_TOOLS",
@@ -1577,24 +1578,23 @@ def _check_model_and_tools(
                 f"CallModel attempt {effect.attempt}, phase attempt {phase.attempt}",
                 after,
             )
-        _history_open_calls(effect.request.messages, after, request=True)
-        if effect.request.messages != after.history:
+        request = model_request(after)
+        _history_open_calls(request.messages, after, request=True)
+        if request.messages != after.history:
             _fail(
                 "the model sees the whole history",
                 "request messages differ from the history",
                 after,
             )
         if phase.grace:
-            names = {t.name for t in effect.request.tools}
+            names = {t.name for t in request.tools}
             allowed = {SUBMIT_RESULT, SUBMIT_ERROR} if after.is_sub_agent else set()
             tools_ok = names == allowed
         else:
-            tools_ok = effect.request.tools == after.tools
+            tools_ok = request.tools == after.tools
         if not (tools_ok):
-            _fail("the model is offered the allowed tools", f"{effect.request.tools}", after)
-        if not (
-            effect.request.system == after.system_prompt and effect.request.model == after.model
-        ):
+            _fail("the model is offered the allowed tools", f"{request.tools}", after)
+        if not (request.system == after.system_prompt and request.model == after.model):
             _fail("request identity", "system prompt or model differ", after)
     runs = [e for e in effects if isinstance(e, RunTool)]
     if not (len(runs) <= 1):

@@ -41,6 +41,7 @@ from fanfold.db.codec import (
     _Memo,
     as_recorded_by,
     clear_memo,
+    retired_value,
 )
 from fanfold.db.fingerprint import clear_cache as clear_fingerprint_cache
 from fanfold.db.fingerprint import fingerprint_v2, summary, version
@@ -281,10 +282,10 @@ def test_finite_floats_still_decode_after_a_refusal() -> None:
 def test_memoised_text_is_the_same_text() -> None:
     spec = sm.ToolSpec.from_schema("t", "d", {"type": "object"})
     request = sm.ModelRequest("s", (sm.UserMessage("a"),), (spec, spec))
-    first = encode_effect(sm.CallModel(1, request))
-    assert encode_effect(sm.CallModel(1, request)) == first
+    first = encode(request)
+    assert encode(request) == first
     clear_memo()
-    assert encode_effect(sm.CallModel(1, request)) == first
+    assert encode(request) == first
 
 
 def test_the_memo_is_bounded() -> None:
@@ -354,29 +355,51 @@ def _v5(golden: str) -> str:
     return _v4(golden).replace('{"v":4,', '{"v":5,', 1)
 
 
+def _v6(golden: str) -> str:
+    return _v5(golden).replace('{"v":5,', '{"v":6,', 1)
+
+
 def test_format_is_stable() -> None:
-    """Version 5 documents: changing these strings needs a new SCHEMA_VERSION."""
-    assert SCHEMA_VERSION == 5
+    """Version 6 documents: changing these strings needs a new SCHEMA_VERSION."""
+    assert SCHEMA_VERSION == 6
     reply = ModelReplied(
         3, ModelReply("ok", (ToolCall.of("t1", "bash", {"command": "ls"}),), Usage(5, 2))
     )
-    assert encode_event(UserMessaged("hi")) == '{"v":5,"type":"UserMessaged","text":"hi"}'
-    assert encode_event(ConversationCreated("r")) == _v5(GOLDEN_CREATED)
-    assert encode_event(reply) == _v5(GOLDEN_REPLY)
+    assert encode_event(UserMessaged("hi")) == '{"v":6,"type":"UserMessaged","text":"hi"}'
+    assert encode_event(ConversationCreated("r")) == _v6(GOLDEN_CREATED)
+    assert encode_event(reply) == _v6(GOLDEN_REPLY)
+    assert decode_event(_v6(GOLDEN_CREATED)) == ConversationCreated("r")
     assert decode_event(_v5(GOLDEN_CREATED)) == ConversationCreated("r")
     assert decode_event(_v4(GOLDEN_CREATED)) == ConversationCreated("r")
     assert decode_event(_v3(GOLDEN_CREATED)) == ConversationCreated("r")
     assert decode_event(_v4(GOLDEN_REPLY)) == reply
     assert decode_event(_v2(GOLDEN_CREATED)) == ConversationCreated("r")
-    _fails(_v5(GOLDEN_CREATED)[:-16] + "}", "", "missing field(s) 'workdir'")
-    assert encode(ErrorKind.AUTH) == '{"v":5,"type":"ErrorKind","value":"auth"}'
+    _fails(_v6(GOLDEN_CREATED)[:-16] + "}", "", "missing field(s) 'workdir'")
+    assert encode(ErrorKind.AUTH) == '{"v":6,"type":"ErrorKind","value":"auth"}'
     assert encode(()) == "[]"
     assert encode(None) == "null"
     finished = SubAgentFinished("r.1", ChildSucceeded("done", 42))
     assert encode_event(finished) == (
-        '{"v":5,"type":"SubAgentFinished","child_id":"r.1",'
+        '{"v":6,"type":"SubAgentFinished","child_id":"r.1",'
         '"outcome":{"type":"ChildSucceeded","result":"done","tokens":42}}'
     )
+
+
+def test_schema_6_retired_the_model_request_of_call_model() -> None:
+    """A model call's request is derived from the state (``model_request``), not
+    logged. A CallModel of schema 5 or older holds the request: it decodes without it,
+    and ``retired_value`` reads it (replay checks it against the derived request); a
+    schema 6 document holding one is refused, as any unknown field is."""
+    request = sm.ModelRequest("s", (sm.UserMessage("a"),), (), "m")
+    nested = encode(request).replace('{"v":6,', "{", 1)  # a field's value has no "v"
+    old = '{"v":5,"type":"CallModel","call":3,"request":' + nested + ',"attempt":2}'
+    assert decode_effect(old) == sm.CallModel(3, 2)
+    assert retired_value(old, "request") == (True, request)
+    assert encode_effect(sm.CallModel(3, 2)) == '{"v":6,"type":"CallModel","call":3,"attempt":2}'
+    assert retired_value(encode_effect(sm.CallModel(3, 2)), "request") == (False, None)
+    _fails(old.replace('"v":5', '"v":6'), "CallModel", "unknown field(s) 'request'")
+    with pytest.raises(CodecError, match="expected a ModelRequest object"):
+        retired_value(old.replace(nested, "7"), "request")
 
 
 def test_the_submitted_flag_of_schema_5_is_written_only_when_false() -> None:
@@ -388,9 +411,9 @@ def test_the_submitted_flag_of_schema_5_is_written_only_when_false() -> None:
         '"outcome":{"type":"ChildSucceeded","result":"done","tokens":42}}'
     )
     assert decode_event(old) == SubAgentFinished("r.1", ChildSucceeded("done", 42, True))
-    assert encode_event(decode_event(old)) == old.replace('"v":4', '"v":5')
+    assert encode_event(decode_event(old)) == old.replace('"v":4', '"v":6')
     plain = SubAgentFinished("r.1", ChildSucceeded("done", 42, submitted=False))
-    assert encode_event(plain) == old.replace('"v":4', '"v":5')[:-2] + ',"submitted":false}}'
+    assert encode_event(plain) == old.replace('"v":4', '"v":6')[:-2] + ',"submitted":false}}'
     assert decode_event(encode_event(plain)) == plain
     assert as_recorded_by(plain, 4) == decode_event(old)
     assert as_recorded_by(plain, 5) == plain
@@ -403,7 +426,7 @@ def test_version_3_effects_decode_with_the_fields_4_added_defaulted() -> None:
     timer = '{"v":3,"type":"StartTimer","timer":1,"delay":5.0,"purpose":"time limit"}'
     assert decode_effect(timer) == StartTimer(1, 5.0, "time limit", counts_downtime=False)
     current = StartTimer(1, 5.0, "time limit", counts_downtime=True)
-    assert encode_effect(current) == timer.replace('"v":3', '"v":5')[:-1] + (
+    assert encode_effect(current) == timer.replace('"v":3', '"v":6')[:-1] + (
         ',"counts_downtime":true}'
     )
     _fails(timer.replace('"v":3', '"v":4'), "", "missing field(s) 'counts_downtime'")
@@ -605,9 +628,9 @@ def test_wrong_value_types_are_named() -> None:
 
 def test_versions() -> None:
     with pytest.raises(UnsupportedVersion) as info:
-        decode('{"v":6,"type":"UserMessaged","text":"hi"}')
-    assert info.value.version == 6
-    assert "versions 1 to 5" in str(info.value)
+        decode('{"v":7,"type":"UserMessaged","text":"hi"}')
+    assert info.value.version == 7
+    assert "versions 1 to 6" in str(info.value)
     for bad in ("0", '"1"', "1.0", "null"):
         with pytest.raises(CodecError):
             decode('{"v":' + bad + ',"type":"UserMessaged","text":"hi"}')

@@ -40,6 +40,7 @@ from fanfold.statemachine import (
     ToolExecuting,
     ToolResultMessage,
     UnknownChild,
+    model_request,
 )
 
 
@@ -71,7 +72,8 @@ def test_each_outcome_is_accepted_once_and_the_last_one_calls_the_model() -> Non
         ]
     }
     # The aggregated result is part of what the model sees next.
-    assert ToolResultMessage(result) in only(effects, CallModel).request.messages
+    assert only(effects, CallModel).call == state.next_call - 1
+    assert ToolResultMessage(result) in model_request(state).messages
 
 
 def test_an_unknown_outcome_raises_and_changes_nothing() -> None:

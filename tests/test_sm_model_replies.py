@@ -39,6 +39,7 @@ from fanfold.statemachine import (
     TurnOutcome,
     Usage,
     UserMessage,
+    model_request,
     start,
 )
 from fanfold.statemachine.transition import CANCELLED_RESULT, SKIPPED_RESULT
@@ -48,16 +49,9 @@ def test_user_message_calls_the_model_with_the_history_and_tools() -> None:
     state, effects = step(root(), user("hello"))
     assert state.phase == LlmRequesting(call=0, attempt=1)
     assert state.rounds == 1
-    assert effects == (
-        CallModel(
-            0,
-            ModelRequest(
-                system="be brief",
-                messages=(UserMessage("hello"),),
-                tools=state.tools,
-                model=None,
-            ),
-        ),
+    assert effects == (CallModel(0),)
+    assert model_request(state) == ModelRequest(
+        system="be brief", messages=(UserMessage("hello"),), tools=state.tools, model=None
     )
     assert [t.name for t in state.tools] == ["bash", "read_file", "spawn_agents"]
 
@@ -101,7 +95,8 @@ def test_sub_agent_starts_on_its_task_at_once() -> None:
     assert state.phase == LlmRequesting(call=0)
     assert state.history == (UserMessage("count the files"),)
     assert [t.name for t in state.tools] == ["bash", "read_file", "submit_result", "submit_error"]
-    assert effects == (CallModel(0, ModelRequest("be brief", state.history, state.tools)),)
+    assert effects == (CallModel(0),)
+    assert model_request(state) == ModelRequest("be brief", state.history, state.tools)
 
 
 def test_tools_run_one_after_another_in_order() -> None:
@@ -118,7 +113,7 @@ def test_tools_run_one_after_another_in_order() -> None:
     state, effects = step(state, tool_done(state, "contents", is_error=True))
     (model_call,) = effects
     assert isinstance(model_call, CallModel) and model_call.call == 3
-    assert model_call.request.messages == (
+    assert model_request(state).messages == (
         UserMessage("look"),
         AssistantMessage("let me see", (a, b)),
         ToolResultMessage(ToolResult("a", "bash", "listing")),
@@ -156,8 +151,8 @@ def test_cancel_while_a_tool_runs_gives_every_call_one_result() -> None:
     state, effects = step(state, user("again"))
     (model_call,) = effects
     assert isinstance(model_call, CallModel)
-    assert model_call.request.messages[-1] == UserMessage("again")
-    assert len(model_call.request.messages) == 6
+    assert model_request(state).messages[-1] == UserMessage("again")
+    assert len(model_request(state).messages) == 6
 
 
 def test_reply_with_text_and_tools_keeps_both_in_the_history() -> None:

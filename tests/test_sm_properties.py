@@ -43,6 +43,7 @@ from fanfold.statemachine import (
     ToolResultMessage,
     UserMessaged,
     fold,
+    model_request,
     start,
     transition,
 )
@@ -170,15 +171,15 @@ def _no_open_calls(messages: tuple[Message, ...]) -> None:
 
 @given(testing.event_sequences())
 def test_history_valid_before_every_model_call(trace: Trace) -> None:
-    _, effects = trace.start()
+    first, effects = trace.start()
     for effect in effects:
         if isinstance(effect, CallModel):
-            _no_open_calls(effect.request.messages)
+            _no_open_calls(model_request(first).messages)
     for _, _, after, effects in trace.steps():
         for effect in effects:
             if isinstance(effect, CallModel):
-                _no_open_calls(effect.request.messages)
-                assert effect.request.messages == after.history
+                _no_open_calls(model_request(after).messages)
+                assert model_request(after).messages == after.history
 
 
 @given(testing.event_sequences())

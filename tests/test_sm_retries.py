@@ -29,6 +29,7 @@ from fanfold.statemachine import (
     UnknownCall,
     Usage,
     UserMessage,
+    model_request,
 )
 
 RETRYABLE = {
@@ -65,7 +66,8 @@ def test_a_retryable_failure_schedules_a_retry_and_its_timer_starts_attempt_two(
     assert state.phase == LlmRequesting(call=2, attempt=2)
     assert state.rounds == 1  # a retry is not a new round
     call = only(effects, CallModel)
-    assert call.request.messages == (UserMessage("hi"),)
+    assert call.call == 2 and call.attempt == 2
+    assert model_request(state).messages == (UserMessage("hi"),)
 
 
 @pytest.mark.parametrize("kind", sorted(RETRYABLE))
@@ -113,7 +115,8 @@ def test_root_exhausting_its_attempts_ends_in_error_and_a_message_recovers() -> 
     assert effects == (TurnFinished(TurnOutcome.ERROR, state.phase.error),)
     state, effects = step(state, user("try again"))
     assert state.phase == LlmRequesting(call=3, attempt=1)
-    assert only(effects, CallModel).request.messages[-1] == UserMessage("try again")
+    assert only(effects, CallModel).call == 3
+    assert model_request(state).messages[-1] == UserMessage("try again")
     state, _ = step(state, ModelReplied(3, ModelReply("fine now")))
     assert state.phase == Idle()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from sm_support import (
+    call_of,
     child,
     messages_of,
     only,
@@ -58,6 +59,7 @@ from fanfold.statemachine import (
     UnknownCall,
     UserMessage,
     UserMessaged,
+    model_request,
 )
 from fanfold.statemachine.control_tools import (
     GRACE_PROMPT,
@@ -135,7 +137,8 @@ def _at_grace(limits: Limits) -> Conversation:
         state = steps(state, replied(state, tool(f"t{i}")))
         state, effects = step(state, tool_done(state))
     assert isinstance(state.phase, LlmRequesting) and state.phase.grace
-    request = only(effects, CallModel).request
+    assert only(effects, CallModel).call == state.phase.call
+    request = model_request(state)
     assert request.messages[-1] == UserMessage(GRACE_PROMPT)
     assert request.tools == (SUBMIT_RESULT_SPEC, SUBMIT_ERROR_SPEC)
     assert state.rounds == limits.max_rounds
@@ -185,7 +188,8 @@ def test_a_root_turn_gets_a_tool_less_grace_round_too() -> None:
     state = steps(root(Limits(max_rounds=1)), user("go"))
     state = steps(state, replied(state, tool("a")))
     state, effects = step(state, tool_done(state))
-    request = only(effects, CallModel).request
+    assert only(effects, CallModel).call == call_of(state)
+    request = model_request(state)
     assert request.tools == () and request.messages[-1] == UserMessage(ROOT_GRACE_PROMPT)
     answered, effects = step(state, replied(state, text="summary"))
     assert answered.phase == Idle()

@@ -69,6 +69,7 @@ from fanfold.statemachine import (
     Event,
     FinishedChild,
     Limits,
+    ModelRequest,
     PendingChild,
     RejectedTask,
     ToolResultMessage,
@@ -76,7 +77,7 @@ from fanfold.statemachine import (
     UserMessage,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Version written into every document; decoding accepts 1..SCHEMA_VERSION.
 
 History: 2 added the token accounting of sub-agent trees (``ChildSucceeded.tokens``,
@@ -86,8 +87,17 @@ is) and the error kind ``invalid_cwd``; 4 added ``CallModel.attempt`` and
 ``StartTimer.counts_downtime`` (facts the runtime used to work out itself); 5 added
 ``ChildSucceeded.submitted`` (whether a sub-agent called ``submit_result`` or ended
 with plain text), written only when False (see ``OMITTED_AT_DEFAULT``), and
-``ModelError.usage`` (the tokens of a failed attempt), written only when not zero.
+``ModelError.usage`` (the tokens of a failed attempt), written only when not zero; 6
+retired ``CallModel.request`` (see ``RETIRED``).
 """
+
+RETIRED: dict[str, dict[str, tuple[int, type[Any]]]] = {"CallModel": {"request": (6, ModelRequest)}}
+"""Fields a later schema no longer has: class name -> field -> the first version
+without it and the class its value had. A document older than that may hold the
+field: decoding skips it (the class has no such field now) and ``retired_value``
+reads it. ``CallModel.request`` is
+derived from the state (``fanfold.statemachine.model_request``); replay checks an old
+log's recorded request against it."""
 
 OMITTED_AT_DEFAULT = "omitted_at_default"
 """Field metadata key: the codec writes the field only when it differs from its default."""
@@ -552,6 +562,9 @@ class _ClassCodec:
             if missing:
                 raise _Invalid(f"{self.name} is missing field(s) {', '.join(map(repr, missing))}")
             extra = sorted(k for k in obj if k not in self.keys)
+            retired = RETIRED.get(self.name)
+            if retired and extra:
+                extra = [k for k in extra if not (k in retired and version < retired[k][0])]
             if extra:
                 raise _Invalid(f"{self.name} has unknown field(s) {', '.join(map(repr, extra))}")
         kwargs = {}
@@ -631,7 +644,9 @@ def _register_all(roots: Iterable[type[Any]]) -> None:
             raise TypeError(f"two codec types are named {name!r}")
 
 
-_register_all((*ALL_EVENTS, *ALL_EFFECTS, *ALL_PHASES, Conversation))
+# ModelRequest: no event or effect holds one since schema 6, but older logs' CallModel
+# documents do (``RETIRED``).
+_register_all((*ALL_EVENTS, *ALL_EFFECTS, *ALL_PHASES, Conversation, ModelRequest))
 
 EVENT_TYPES: frozenset[str] = frozenset(cls.__name__ for cls in ALL_EVENTS)
 """Names of the event classes."""
@@ -845,9 +860,49 @@ def encode(value: Any) -> str:
     return _emit_any(value)
 
 
+def encode_unversioned(value: Any) -> str:
+    """The text of an attrs value of the statemachine without the schema version: what
+    ``encode`` writes after ``"v":N,``. For digests (``fanfold.db.fingerprint``), which
+    must not change when a schema version is added; not decodable."""
+    codec = _CODECS.get(type(value))
+    if codec is None:
+        raise CodecError(f"cannot encode {type(value).__qualname__}: not an attrs value")
+    try:
+        return codec.emit(value)
+    except _NonFinite:
+        raise _refuse_non_finite(value) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CodecError(f"cannot encode {codec.name}: {exc}") from None
+
+
 def decode(text: str | bytes) -> Any:
     """Decode a text made by ``encode``; arrays come back as tuples."""
     return _decode_any(_loads(text))
+
+
+def retired_value(text: str | bytes, name: str) -> tuple[bool, Any]:
+    """The value of retired field ``name`` (see ``RETIRED``) in the document ``text``:
+    ``(True, value)`` if the document holds it, ``(False, None)`` if not. The value is
+    decoded as a document of the same version decodes its fields."""
+    document = _loads(text)
+    if type(document) is not dict or name not in document:
+        return False, None
+    version = _check_version(document)
+    kind = document.get("type")
+    retired = RETIRED.get(kind, {}).get(name) if type(kind) is str else None
+    if retired is None or version >= retired[0]:
+        return False, None
+    value, codec = document[name], _CODECS[retired[1]]
+    outer, _decoding.version = _decoding.version, version
+    try:
+        if type(value) is not dict or value.get("type") != codec.name:
+            raise _Invalid(f"expected a {codec.name} object, got {_describe(value)}")
+        return True, codec.decode(value)
+    except _Invalid as failure:
+        where = "".join(reversed(failure.path))
+        raise CodecError(f"{kind}.{name}{where}: {failure.problem}") from None
+    finally:
+        _decoding.version = outer
 
 
 def encode_event(event: Event) -> str:

@@ -31,7 +31,9 @@ is not an extension of the one kept (a fork, a rebuilt state) is rehashed once.
   each child's digest is computed once, when the child first appears (a child object
   survives unchanged from step to step until the reducer replaces it), kept by object
   identity, and the step joins the digests in order: no encoding per child and step,
-  only a lookup in C.
+  only a lookup in C. Version 3 hashes texts without the schema version (``"v":N``)
+  that documents start with, so a new schema version changes no digest; version 2
+  hashed it, and is checked with the version of the event it was written with.
 
 ``matches(state, recorded)`` compares in the recorded format, so logs written with
 versions 1 and 2 still verify.
@@ -42,12 +44,18 @@ from __future__ import annotations
 import hashlib
 import operator
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 
 import attrs
 
-from fanfold.db.codec import encode, encode_state_without_history
+from fanfold.db.codec import (
+    document_version,
+    encode,
+    encode_state_without_history,
+    encode_unversioned,
+)
+from fanfold.db.errors import CodecError
 from fanfold.statemachine import (
     AwaitingSubAgents,
     CancellingSubAgents,
@@ -92,10 +100,11 @@ def fingerprint(state: Conversation) -> str:
     return f"{summary(state)} ##{digest(state)}"
 
 
-def fingerprint_v2(state: Conversation) -> str:
+def fingerprint_v2(state: Conversation, schema: int = 5) -> str:
     """The version-2 fingerprint (logs written before version 3): ``summary(state)`` and
-    a digest of the whole state's encoding, children encoded on every call."""
-    return f"{summary(state)} #{digest_v2(state)}"
+    a digest of the whole state's encoding, children encoded on every call. ``schema``:
+    the log schema that wrote it (its documents' ``v``, which the hashed text holds)."""
+    return f"{summary(state)} #{digest_v2(state, schema)}"
 
 
 def digest(state: Conversation) -> str:
@@ -111,20 +120,28 @@ def digest(state: Conversation) -> str:
         assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
         rest_of = state.evolve(phase=attrs.evolve(phase, children=_NO_CHILDREN))
         kids = _children_digest(state.id, children)
-    rest = encode_state_without_history(rest_of)
+    # Without the leading '"v":N,': a new schema version must not change a digest.
+    rest = "{" + encode_state_without_history(rest_of).split(",", 1)[1]
     h = hashlib.blake2b(rest.encode("utf-8"), digest_size=_DIGEST_SIZE)
     h.update(_histories.chain(state.id, state.history))
     h.update(kids)
     return h.hexdigest()
 
 
-def digest_v2(state: Conversation) -> str:
-    """The version-2 digest: the whole state's encoding (children included) and the
-    history's chained digest."""
-    rest = encode_state_without_history(state)
+def digest_v2(state: Conversation, schema: int = 5) -> str:
+    """The version-2 digest: the whole state's encoding (children included) as log
+    schema ``schema`` wrote it, and the history's chained digest."""
+    # Version 2 hashed documents, which start with the schema version that wrote them;
+    # a state's and a message's fields have not changed since schema 5 (schema 6
+    # changed an effect), so only that number differs.
+    rest = _as_written_by(encode_state_without_history(state), schema)
     h = hashlib.blake2b(rest.encode("utf-8"), digest_size=_DIGEST_SIZE)
-    h.update(_histories.chain(state.id, state.history))
+    h.update(_histories_v2(schema).chain(state.id, state.history))
     return h.hexdigest()
+
+
+def _as_written_by(document: str, schema: int) -> str:
+    return f'{{"v":{schema},' + document.split(",", 1)[1]
 
 
 _NO_CHILDREN = Children()
@@ -151,19 +168,33 @@ def version(recorded: str) -> int:
     return 1 if is_version_1(recorded) else 2
 
 
-def like(state: Conversation, recorded: str) -> str:
-    """The fingerprint of ``state`` in the format of ``recorded``."""
+def like(state: Conversation, recorded: str, event_payload: str | None = None) -> str:
+    """The fingerprint of ``state`` in the format of ``recorded``. A version-2
+    fingerprint hashed the schema version its log wrote: that of ``event_payload``,
+    the event recorded with it (schema 5 if not given)."""
     match version(recorded):
         case 3:
             return fingerprint(state)
         case 2:
-            return fingerprint_v2(state)
+            return fingerprint_v2(state, _schema_of(event_payload))
     return summary(state)
 
 
-def matches(state: Conversation, recorded: str) -> bool:
-    """True if ``state`` has the fingerprint ``recorded`` (in its own format)."""
-    return like(state, recorded) == recorded
+def _schema_of(event_payload: str | None) -> int:
+    """The schema version of an event document; 5 if unknown or unreadable (the
+    event's own decoding reports the damage)."""
+    if event_payload is None:
+        return 5
+    try:
+        return document_version(event_payload)
+    except CodecError:
+        return 5
+
+
+def matches(state: Conversation, recorded: str, event_payload: str | None = None) -> bool:
+    """True if ``state`` has the fingerprint ``recorded`` (in its own format; see
+    ``like`` for ``event_payload``)."""
+    return like(state, recorded, event_payload) == recorded
 
 
 class _HistoryChains:
@@ -171,9 +202,10 @@ class _HistoryChains:
     its messages. Shared by threads (the writer's and replay's): an entry is replaced
     whole, never changed, so a race at worst hashes a history twice."""
 
-    def __init__(self) -> None:
+    def __init__(self, text_of: Callable[[Message], str]) -> None:
         self._entries: dict[str, tuple[tuple[Message, ...], tuple[bytes, ...]]] = {}
         self._lock = threading.Lock()
+        self._text_of = text_of
 
     def chain(self, key: str, history: tuple[Message, ...]) -> bytes:
         entry = self._entries.get(key)
@@ -190,8 +222,9 @@ class _HistoryChains:
                 chained = links
         last = chained[-1] if chained else _EMPTY
         added = []
+        text_of = self._text_of
         for message in history[len(chained) :]:
-            text = encode(message).encode("utf-8")
+            text = text_of(message).encode("utf-8")
             last = hashlib.blake2b(last + text, digest_size=_DIGEST_SIZE).digest()
             added.append(last)
         links = chained + tuple(added)
@@ -206,7 +239,19 @@ class _HistoryChains:
             self._entries.clear()
 
 
-_histories = _HistoryChains()
+_histories = _HistoryChains(encode_unversioned)
+_v2_chains: dict[int, _HistoryChains] = {}
+
+
+def _histories_v2(schema: int) -> _HistoryChains:
+    """The history chains of version-2 fingerprints written by log schema ``schema``."""
+    chains = _v2_chains.get(schema)
+    if chains is None:
+        chains = _v2_chains[schema] = _HistoryChains(
+            lambda message: _as_written_by(encode(message), schema)
+        )
+    return chains
+
 
 _ITEM_CACHE_LIMIT = 1 << 18  # child objects whose digest is kept
 _MISS = b""  # what a lookup of an item not in the cache gives
@@ -239,9 +284,8 @@ class _ItemDigests:
             # it by length at once: a scan in C.
             index = digests.index(_MISS, index + 1)
             item = items[index]
-            digest = hashlib.blake2b(encode(item).encode("utf-8"), digest_size=_DIGEST_SIZE)
             self._alive[id(item)] = item
-            self._digests[id(item)] = digests[index] = digest.digest()
+            self._digests[id(item)] = digests[index] = _digest_of(item)
         return b"".join(digests)
 
     def clear(self) -> None:
@@ -311,7 +355,8 @@ def _one_change(
 
 
 def _digest_of(item: object) -> bytes:
-    return hashlib.blake2b(encode(item).encode("utf-8"), digest_size=_DIGEST_SIZE).digest()
+    text = encode_unversioned(item).encode("utf-8")
+    return hashlib.blake2b(text, digest_size=_DIGEST_SIZE).digest()
 
 
 _lists = _ListDigests()
@@ -320,5 +365,7 @@ _lists = _ListDigests()
 def clear_cache() -> None:
     """Forget the kept history chains and child digests (benchmarks: a cold start)."""
     _histories.clear()
+    for chains in list(_v2_chains.values()):
+        chains.clear()
     _items.clear()
     _lists.clear()

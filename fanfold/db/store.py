@@ -795,7 +795,7 @@ class Store:
         text = encode_state(state)
         with self._transaction("BEGIN IMMEDIATE") as conn:
             row = conn.execute(
-                "SELECT e.fingerprint, c.snapshot_seq FROM events e"
+                "SELECT e.fingerprint, c.snapshot_seq, e.payload FROM events e"
                 " JOIN conversations c ON c.id = e.conversation_id"
                 " WHERE e.conversation_id = ? AND e.seq = ?",
                 [conversation_id, seq],
@@ -803,8 +803,8 @@ class Store:
             if row is None:
                 self._require(conn, conversation_id)
                 raise InvalidStep(f"conversation {conversation_id!r} has no event {seq}")
-            recorded, current = row
-            mark = like(state, recorded)  # in the recorded format (logs of either version)
+            recorded, current, payload = row
+            mark = like(state, recorded, payload)  # in the recorded format (any version)
             if recorded != mark:
                 raise InvalidStep(
                     f"conversation {conversation_id!r}: the state does not match event {seq} "
@@ -1156,9 +1156,9 @@ def _replay(
                 state, _ = transition(state, event)
             except IllegalTransition as exc:
                 raise ReplayError(f"{where}: the reducer refused event {seq}: {exc}") from exc
-        if verify and like(state, mark) != mark:
+        if verify and like(state, mark, payload) != mark:
             raise ReplayError(
                 f"{where}: the state after event {seq} does not match the log "
-                f"(rebuilt {like(state, mark)!r}, recorded {mark!r})"
+                f"(rebuilt {like(state, mark, payload)!r}, recorded {mark!r})"
             )
     return state

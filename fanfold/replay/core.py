@@ -34,6 +34,7 @@ from fanfold.statemachine import (
     Effect,
     Event,
     IllegalTransition,
+    model_request,
     start,
     transition,
 )
@@ -159,7 +160,7 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
                 f"the reducer fails on event {seq} ({type(event).__name__}) with {detail}",
             )
             return
-        compared = _compare_effects(cid, seq, raw.effects, effects)
+        compared = _compare_effects(cid, seq, raw.effects, effects, after)
         if isinstance(compared, Finding):
             yield compared
             return
@@ -198,7 +199,7 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
             effects=recorded_effects,
             recomputed_effects=effects,
             fingerprint=raw.fingerprint,
-            recomputed_fingerprint=fingerprint_like(after, raw.fingerprint),
+            recomputed_fingerprint=fingerprint_like(after, raw.fingerprint, raw.payload),
             recorded_state=recorded_state,
             rowid=raw.rowid,
             effects_match=effects_match,
@@ -258,6 +259,35 @@ def _suspicions(
     return tuple(notes), suspect
 
 
+def _recorded_requests(
+    cid: str, seq: int, recorded: tuple[RawEffect, ...], after: Conversation
+) -> bool | Finding:
+    """False if a model call recorded (before schema 6) a request other than the one
+    derived from ``after``; a Finding if one cannot be read; True otherwise."""
+    for effect in recorded:
+        if effect.type != "CallModel":
+            continue
+        try:
+            held, request = codec.retired_value(effect.payload, "request")
+            if not held:
+                continue
+            version = codec.document_version(effect.payload)
+        except CodecError as exc:
+            return Finding(
+                _codec_kind(exc),
+                cid,
+                seq,
+                f"effect {effect.idx} of event {seq} cannot be read: {exc}",
+            )
+        try:
+            derived = codec.as_recorded_by(model_request(after), version)
+        except ValueError:
+            return False  # the rebuilt state awaits no model call: they differ
+        if derived != request:
+            return False
+    return True
+
+
 def damaged_row(cid: str, raw: RawEvent) -> Finding | None:
     """A Finding if the event's row or one of its effects' rows does not match its
     checksum (rows without one, written before the checksums, are not checked).
@@ -308,11 +338,17 @@ def _decode_event(cid: str, raw: RawEvent) -> Event | Finding:
 
 
 def _compare_effects(
-    cid: str, seq: int, recorded: tuple[RawEffect, ...], recomputed: tuple[Effect, ...]
+    cid: str,
+    seq: int,
+    recorded: tuple[RawEffect, ...],
+    recomputed: tuple[Effect, ...],
+    after: Conversation,
 ) -> tuple[tuple[Effect, ...], bool] | Finding:
     """The recorded effects, decoded, and whether the reducer reproduces them.
 
-    Fast path: the recomputed effects encode to exactly the stored texts.
+    Fast path: the recomputed effects encode to exactly the stored texts. A model
+    call of a log older than schema 6 recorded its whole request: it must be the
+    request derived from the rebuilt state ``after`` (``model_request``).
     """
     for index, effect in enumerate(recorded):
         if effect.idx != index:
@@ -328,6 +364,9 @@ def _compare_effects(
         for t, r, e in zip(texts, recorded, recomputed, strict=True)
     ):
         return recomputed, True
+    requests = _recorded_requests(cid, seq, recorded, after)
+    if isinstance(requests, Finding):
+        return requests
     decoded: list[Effect] = []
     for effect in recorded:
         try:
@@ -356,4 +395,4 @@ def _compare_effects(
             codec.as_recorded_by(new, codec.document_version(raw.payload)) == old
             for new, old, raw in zip(recomputed, decoded, recorded, strict=True)
         )
-    return tuple(decoded), same
+    return tuple(decoded), same and requests

@@ -48,6 +48,7 @@ from fanfold.statemachine import (
     ModelFailed,
     ModelReplied,
     ModelReply,
+    ModelRequest,
     NotifyParent,
     RuntimeResumed,
     RunTool,
@@ -60,12 +61,28 @@ from fanfold.statemachine import (
     ToolFinished,
     ToolResult,
     TurnFinished,
+    model_request,
     transition,
 )
 from fanfold.statemachine.phases import Completed, Error, Failed
 
 if TYPE_CHECKING:
     from fanfold.runtime.runtime import Runtime
+
+
+@attrs.frozen
+class _ModelCall:
+    """A CallModel effect with the request it asks for (``model_request`` of its state)."""
+
+    effect: CallModel
+    request: ModelRequest
+
+    @property
+    def call(self) -> int:
+        return self.effect.call
+
+
+_Work = Effect | _ModelCall  # what the worker and call tasks run: a model call or a tool
 
 
 @attrs.define
@@ -128,7 +145,7 @@ class Actor:
         self._worker_started = False
         self._worker_stopped = False
         self._worker_waiting: trio.lowlevel.Task | None = None  # parked, waiting for work
-        self._worker_item: tuple[int, Effect, int] | None = None  # handed over, not started
+        self._worker_item: tuple[int, _Work, int] | None = None  # handed over, not started
         self._worker_running: int | None = None  # the call number it runs
         self._worker_scope: trio.CancelScope | None = None
         self._context: contextvars.Context | None = None
@@ -343,7 +360,10 @@ class Actor:
     def _execute(self, effect: Effect, reissued: bool) -> None:
         match effect:
             case CallModel(call=call, attempt=attempt):
-                self._start(call, effect, attempt)
+                # The request is a view of the state this effect came with (self.state
+                # is that state while its effects are started): derived now, not later,
+                # when the conversation may have moved on.
+                self._start(call, _ModelCall(effect, model_request(self.state)), attempt)
             case RunTool(call=call):
                 self._start(call, effect, 0)
             case ScheduleRetry(timer=timer) | StartTimer(timer=timer):
@@ -369,7 +389,7 @@ class Actor:
     # A call that arrives while the worker is busy gets its own task and cancel scope.
     # Timers are entries of the runtime's Timers (see timers.py).
 
-    def _start(self, number: int, effect: Effect, attempt: int) -> None:
+    def _start(self, number: int, effect: _Work, attempt: int) -> None:
         """Run a model call or a tool: on the worker if it is free, else in a task."""
         if self._worker_waiting is not None and self._worker_item is None:
             self._worker_item = (number, effect, attempt)
@@ -454,7 +474,7 @@ class Actor:
                     self._worker_item = None
                     number, effect, attempt = item
                     self._worker_running = number
-                    if isinstance(effect, CallModel):
+                    if isinstance(effect, _ModelCall):
                         event = await self._call_model(effect, attempt)
                     else:
                         event = await self._perform(effect, attempt)
@@ -465,13 +485,13 @@ class Actor:
             self._worker_scope = None
             self._worker_running = None
 
-    def _start_task(self, number: int, effect: Effect, attempt: int) -> None:
+    def _start_task(self, number: int, effect: _Work, attempt: int) -> None:
         scope = trio.CancelScope()
         self._tasks[number] = scope
         self.runtime.start_soon(self._task, number, scope, effect, attempt)
 
     async def _task(
-        self, number: int, scope: trio.CancelScope, effect: Effect, attempt: int
+        self, number: int, scope: trio.CancelScope, effect: _Work, attempt: int
     ) -> None:
         with scope:
             event = await self._perform(effect, attempt)
@@ -479,13 +499,13 @@ class Actor:
         if self._tasks.get(number) is scope:
             del self._tasks[number]
 
-    async def _perform(self, effect: Effect, attempt: int) -> Event:
-        if isinstance(effect, CallModel):
+    async def _perform(self, effect: _Work, attempt: int) -> Event:
+        if isinstance(effect, _ModelCall):
             return await self._call_model(effect, attempt)
         assert isinstance(effect, RunTool)
         return await self._run_tool(effect)
 
-    async def _call_model(self, effect: CallModel, attempt: int) -> Event:
+    async def _call_model(self, effect: _ModelCall, attempt: int) -> Event:
         state = self.state
         context = CallContext(
             conversation_id=state.id,
@@ -525,7 +545,7 @@ class Actor:
     def _log_model_call(
         self,
         call_log: _CallLog,
-        effect: CallModel,
+        effect: _ModelCall,
         attempt: int,
         *,
         reply: ModelReply | None = None,

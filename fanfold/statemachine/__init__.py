@@ -101,7 +101,7 @@ from fanfold.statemachine.phases import (
     ToolExecuting,
 )
 from fanfold.statemachine.state import Conversation
-from fanfold.statemachine.transition import Transition, fold, start, transition
+from fanfold.statemachine.transition import Transition, fold, model_request, start, transition
 
 __all__ = [
     "ALL_EFFECTS",
@@ -180,6 +180,7 @@ __all__ = [
     "canonical_json",
     "fan_in_result",
     "fold",
+    "model_request",
     "offered_tools",
     "spawn_order",
     "start",

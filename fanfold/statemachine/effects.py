@@ -15,19 +15,25 @@ from fanfold.statemachine.children import ChildOutcome
 from fanfold.statemachine.errors import CancelReason
 from fanfold.statemachine.events import ConversationCreated, WorkingDirectory
 from fanfold.statemachine.limits import Limits
-from fanfold.statemachine.messages import ModelRequest, ToolCall, ToolSpec
+from fanfold.statemachine.messages import ToolCall, ToolSpec
 
 
 @attrs.frozen
 class CallModel:
-    """Call the model with ``request``; answer with ModelReplied or ModelFailed.
+    """Call the model; answer with ModelReplied or ModelFailed.
+
+    The request is ``model_request(state)`` of the state this effect came with: the
+    system prompt, the whole history, the tools offered now and the model. It is a
+    view of the state, not a decision, so it is neither carried here nor logged
+    (schema 6; before, every call stored the whole history and every tool schema
+    again, and a log grew with the square of its conversation's length): the runtime
+    derives it when it starts the call, replay from the state it rebuilds.
 
     ``attempt`` counts the tries of this request: 1, then one more after each retry's
     back-off (providers may report it). Logs of schema 3 and older do not record it.
     """
 
     call: int
-    request: ModelRequest
     attempt: int = attrs.field(default=1, metadata={"since": 4})
 
 

@@ -286,11 +286,22 @@ def _offered_now(state: Conversation, grace: bool) -> tuple[ToolSpec, ...]:
     return (SUBMIT_RESULT_SPEC, SUBMIT_ERROR_SPEC) if state.is_sub_agent else ()
 
 
-def _request(state: Conversation, grace: bool) -> ModelRequest:
+def model_request(state: Conversation) -> ModelRequest:
+    """The request of the model call ``state`` awaits (its phase is LlmRequesting):
+    the system prompt, the whole history, the tools offered now (only the submit tools
+    in a grace round) and the model. What a ``CallModel`` effect asks for.
+
+    Raises ValueError if ``state`` awaits no model call.
+    """
+    phase = state.phase
+    if not isinstance(phase, LlmRequesting):
+        raise ValueError(
+            f"conversation {state.id!r} awaits no model call (phase {type(phase).__name__})"
+        )
     return ModelRequest(
         system=state.system_prompt,
         messages=state.history,
-        tools=_offered_now(state, grace),
+        tools=_offered_now(state, phase.grace),
         model=state.model,
     )
 
@@ -320,7 +331,7 @@ def _call_model(
         state = state.evolve(
             next_call=call + 1, phase=LlmRequesting(call=call, attempt=attempt, grace=grace)
         )
-    effects.append(CallModel(call, _request(state, grace), attempt))
+    effects.append(CallModel(call, attempt))
     return state, tuple(effects)
 
 
@@ -1073,8 +1084,8 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
     match state.phase:
         case Idle() | Error():
             return state, tuple(effects)
-        case LlmRequesting(call=call, attempt=attempt, grace=grace):
-            effects.append(CallModel(call, _request(state, grace), attempt))
+        case LlmRequesting(call=call, attempt=attempt):
+            effects.append(CallModel(call, attempt))
             return state, tuple(effects)
         case AwaitingRetry(timer=timer, next_attempt=attempt, last_error=error):
             effects.append(ScheduleRetry(timer, _backoff(state, attempt, error, timer), attempt))

@@ -1,0 +1,168 @@
+"""Logs written by earlier fanfold versions stay readable, verifiable and resumable.
+
+The fixtures in tests/fixtures/logs are real databases written by fanfold itself at
+older commits (see tests/fixtures/README.md): the offline demo at log schema 1
+(``s1.db``), 2 (``s2.db``) and 5 (``s5.db``, the last schema that stored each model
+call's whole request), and a run of schema 5 killed with SIGKILL while its root
+awaited a model call (``s5-killed.db``, with the provenance key and the script it
+ran). Each test works on a copy: opening for writing migrates the copy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fanfold.db import Store
+from fanfold.db.checksum import effect_checksum
+from fanfold.replay import verify
+from fanfold.replay.report import Divergence
+
+FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+FINISHED = ["s1", "s2", "s5"]
+# Today's reducer reproduces these exactly. s1 (schema 1) offered a spawn_agents tool
+# whose description of ``cwd`` has changed since: see the test of s1 below.
+IDENTICAL = ["s2", "s5"]
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    target = tmp_path / f"{name}.db"
+    shutil.copyfile(FIXTURES / f"{name}.db", target)
+    return target
+
+
+def _root(path: Path) -> str:
+    with Store.open(path) as store:
+        (row,) = store.list_roots()
+        return row.id
+
+
+def _fanfold(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("name", IDENTICAL)
+def test_an_old_log_verifies_identical_with_todays_reducer(name: str, tmp_path: Path) -> None:
+    path = _copy(name, tmp_path)
+    root = _root(path)
+    with Store.open(path) as store:
+        report = verify(store, root, tree=True)
+        assert report.ok, report
+        assert len(report.results) == len(store.tree(root)) > 1  # a root and sub-agents
+        state = store.load_state(root)
+    assert state.history  # the answer is there, read through the migrated database
+    shown = _fanfold("show", root, "--db", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert root in shown.stdout
+
+
+def _call_model_rows(path: Path) -> list[tuple[str, int, int, str]]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(
+            "SELECT conversation_id, seq, idx, payload FROM effects WHERE type = 'CallModel'"
+            " ORDER BY rowid"
+        ).fetchall()
+
+
+def test_schema_1_diverges_where_the_reducer_changed_since(tmp_path: Path) -> None:
+    """The first model call of s1 offered the spawn_agents tool as the reducer described
+    it then; today's describes ``cwd`` differently. Verify says so at that step (the
+    request is derived from today's reducer and compared with the recorded one), and
+    the log is still read: states load, show works, the divergence is not damage."""
+    path = _copy("s1", tmp_path)
+    root = _root(path)
+    with Store.open(path) as store:
+        report = verify(store, root, tree=True)
+        state = store.load_state(root)
+    (first,) = [r for r in report.results if not r.ok]
+    assert first.conversation_id == root and first.findings == ()
+    assert isinstance(first.divergence, Divergence) and first.divergence.seq == 1
+    assert state.history
+    shown = _fanfold("show", root, "--db", str(path))
+    assert shown.returncode == 0, shown.stderr
+
+
+@pytest.mark.parametrize("name", IDENTICAL)
+def test_an_old_logs_recorded_request_is_checked_against_the_state(
+    name: str, tmp_path: Path
+) -> None:
+    """Before schema 6 every model call stored its request; verify derives the request
+    from the rebuilt state and compares. A recorded request edited in place (with its
+    row checksum made to match, so it is not mere damage) is a divergence at its step."""
+    path = _copy(name, tmp_path)
+    root = _root(path)
+    cid, seq, idx, payload = _call_model_rows(path)[-1]
+    document = json.loads(payload)
+    assert "request" in document and document["v"] < 6
+    document["request"]["system"] += " (edited)"
+    edited = json.dumps(document, separators=(",", ":"))
+    with sqlite3.connect(path) as conn:
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(effects)")]
+        conn.execute(
+            "UPDATE effects SET payload = ? WHERE conversation_id = ? AND seq = ? AND idx = ?",
+            (edited, cid, seq, idx),
+        )
+        if "checksum" in columns:
+            conn.execute(
+                "UPDATE effects SET checksum = ? WHERE conversation_id = ? AND seq = ? AND idx = ?",
+                (effect_checksum(cid, seq, idx, "CallModel", edited), cid, seq, idx),
+            )
+    with Store.open(path) as store:
+        report = verify(store, root, tree=True)
+    assert not report.ok
+    (failed,) = [r for r in report.results if not r.ok]
+    assert failed.conversation_id == cid
+    assert failed.findings == ()
+    assert isinstance(failed.divergence, Divergence)
+    assert failed.divergence.seq == seq
+
+
+def test_new_steps_store_no_model_request(tmp_path: Path) -> None:
+    """Schema 6: a model call is logged as its number and attempt only."""
+    path = tmp_path / "new.db"
+    done = _fanfold("run", "--no-live", "--db", str(path), "Review this repository")
+    assert done.returncode == 0, done.stderr
+    rows = _call_model_rows(path)
+    assert rows
+    for _, _, _, payload in rows:
+        assert set(json.loads(payload)) == {"v", "type", "call", "attempt"}
+    with Store.open(path) as store:
+        assert verify(store, _root(path), tree=True).ok
+
+
+def test_a_killed_run_of_schema_5_resumes_and_verifies(tmp_path: Path) -> None:
+    """Its log holds schema 5 documents (requests stored); resume appends schema 6 ones
+    to the same conversation; the whole tree then verifies identical."""
+    import os
+
+    path = _copy("s5-killed", tmp_path)
+    key = tmp_path / "key"
+    shutil.copyfile(FIXTURES / "s5-killed.key", key)
+    key.chmod(0o600)
+    script = tmp_path / "script.json"
+    shutil.copyfile(FIXTURES / "s5-killed-script.json", script)
+    env = {**os.environ, "FANFOLD_KEY_FILE": str(key)}
+    root = _root(path)
+    with Store.open(path) as store:
+        assert store.conversation(root).status == "running"
+    resumed = _fanfold("resume", "--script", str(script), "--db", str(path), env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    with Store.open(path) as store:
+        assert store.conversation(root).status == "idle"
+        assert len(store.tree(root)) > 1
+        report = verify(store, root, tree=True)
+        assert report.ok, report
+    versions = {json.loads(p)["v"] for _, _, _, p in _call_model_rows(path)}
+    assert versions == {5, 6}
