@@ -222,3 +222,29 @@ def test_a_model_call_line_takes_only_plain_strings_from_a_provider() -> None:
     assert _served_by(Odd(), None, 0) == (None, None, None)
     assert _served_by(Odd(), "explicit", 0) == (None, "explicit", None)
     assert _endpoint("http://h:notaport/p") == "http://h/p"
+
+
+def test_lines_go_to_the_file_and_the_console_by_their_levels(tmp_path: Path) -> None:
+    """The JSON file takes lines at its level and above; the console, rendered for
+    people, those at its own; a line below both goes nowhere."""
+    import io
+
+    log_file = tmp_path / "levels.jsonl"
+    console = io.StringIO()
+    configure(json_file=log_file, console=console, console_level=logging.WARNING)
+    try:
+        log = structlog.get_logger("fanfold").bind(conversation_id="c1")
+        log.debug("too_quiet", n=1)
+        log.info("model_call", n=2)
+        log.warning("provider_slow", n=3)
+    finally:
+        configure(json_file=None, console=None)
+        structlog.reset_defaults()
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert [(line["event"], line["level"], line["n"]) for line in lines] == [
+        ("model_call", "info", 2),
+        ("provider_slow", "warning", 3),
+    ]
+    assert all(line["conversation_id"] == "c1" and "timestamp" in line for line in lines)
+    shown = console.getvalue()
+    assert "provider_slow" in shown and "model_call" not in shown and "too_quiet" not in shown
