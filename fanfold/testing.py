@@ -63,6 +63,8 @@ from hypothesis import strategies as st
 from fanfold.statemachine import (
     CONTROL_TOOLS,
     SPAWN_AGENTS,
+    STOP_MAX_TOKENS,
+    STOP_REFUSAL,
     SUBMIT_ERROR,
     SUBMIT_RESULT,
     AbortCall,
@@ -423,7 +425,15 @@ def _model_reply(dice: _Dice, state: Conversation) -> ModelReply:
     text = dice.text()
     usage = dice.pick(_USAGES)
     if dice.one_in(8 if state.is_sub_agent else 4):
-        return ModelReply(text=text, usage=usage)
+        # A plain answer; now and then one cut off at the output token limit.
+        cut = dice.one_in(5)
+        return ModelReply(
+            text=text, usage=usage, stop_reason=STOP_MAX_TOKENS if cut else "end_turn"
+        )
+    if dice.one_in(40):
+        # The model declines (its explanation in stop_details, or only in the text).
+        details = dice.pick(["", "policy", dice.text()])
+        return ModelReply(text, usage=usage, stop_reason=STOP_REFUSAL, stop_details=details)
     count = dice.pick(range(1, 4))
     calls = tuple(_tool_call(dice, state, f"call{number}-{i}") for i in range(count))
     return ModelReply(text=text, tool_calls=calls, usage=usage, stop_reason="tool_use")
@@ -1490,7 +1500,10 @@ def _check_notify(before: Conversation, after: Conversation, effects: Effects) -
     expected: ChildOutcome
     # The outcome carries the tokens of the child's whole subtree (tree budgets).
     if isinstance(phase, Completed):
-        expected = ChildSucceeded(phase.result, after.tokens_spent, after.submitted)
+        # Cut off: its result is the text of a reply that stopped at the token limit.
+        last = after.history[-1] if after.history else None
+        cut = isinstance(last, AssistantMessage) and last.truncated
+        expected = ChildSucceeded(phase.result, after.tokens_spent, after.submitted, cut)
     else:
         assert isinstance(phase, Failed)
         expected = ChildFailed(phase.error, phase.kind, phase.reason, after.tokens_spent)
@@ -1890,8 +1903,9 @@ def _entry_matches(entry: dict[str, Any], outcome: ChildOutcome, cap: int) -> bo
         return shown == text if len(text) <= cap else shown.startswith(text[:cap])
 
     match outcome:
-        case ChildSucceeded(result=result, submitted=submitted):
+        case ChildSucceeded(result=result, submitted=submitted, truncated=truncated):
             status = "completed" if submitted else "completed_without_submit"
+            status = "completed_truncated" if truncated else status
             return entry.get("status") == status and capped(entry.get("result"), result)
         case ChildFailed(error=error, kind=kind):
             return (
@@ -1922,16 +1936,32 @@ def _check_event_rules(
                 _absorbed(before, after, effects, f"model result for call {n} not awaited")
             elif isinstance(event, ModelReplied):
                 reply = event.reply
+                cut = reply.stop_reason == STOP_MAX_TOKENS and not reply.tool_calls
                 if not (
                     after.history[len(before.history) : len(before.history) + 1]
-                    == (AssistantMessage(reply.text, reply.tool_calls),)
+                    == (AssistantMessage(reply.text, reply.tool_calls, truncated=cut),)
                     and after.usage == before.usage + reply.usage
                 ):
                     _fail(
-                        "a reply is recorded",
+                        "a reply is recorded (a cut-off text marked truncated)",
                         "reply not appended to the history or usage not counted",
                         after,
                     )
+                if reply.stop_reason == STOP_REFUSAL:
+                    explanation = reply.stop_details or reply.text
+                    end = after.phase
+                    if not (
+                        isinstance(end, Error | Failed)
+                        and end.kind is ErrorKind.REFUSED
+                        and explanation in end.error
+                        and not any(isinstance(e, RunTool | SpawnSubAgent) for e in effects)
+                    ):
+                        _fail(
+                            "a refusal ends the turn or the sub-agent as refused, with its "
+                            "explanation, running nothing",
+                            f"{reply.stop_details!r} -> {end} with {effects}",
+                            after,
+                        )
             else:
                 error = event.error
                 if after.usage != before.usage + error.usage:

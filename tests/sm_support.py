@@ -402,6 +402,7 @@ def _shows(entry: dict[str, Any], outcome: ChildOutcome) -> bool:
     if isinstance(outcome, ChildSucceeded):
         # The status tells how the child ended: submit_result, or plain text.
         status = "completed" if outcome.submitted else "completed_without_submit"
+        status = "completed_truncated" if outcome.truncated else status
         return bool(entry["status"] == status)
     return bool(entry["status"] == "failed" and entry["error_kind"] == outcome.kind)
 

@@ -343,6 +343,47 @@ def test_show_says_which_child_never_called_submit_result(tmp_path: Path) -> Non
     assert statuses == ["completed_without_submit", "completed"]
 
 
+def test_show_types_a_refusal_and_a_cut_off_answer(tmp_path: Path) -> None:
+    """Issue 13, item 1, offline: a scripted refusal ends its sub-agent ``refused``
+    with the explanation; a root answer cut off at the token limit is kept and marked,
+    in `run`'s output, in show and in show --json."""
+    spawn = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "declines"}]}}
+    script = _write(
+        tmp_path / "stops.json",
+        {
+            "latency": 0,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        {"tool_calls": [spawn]},
+                        {"text": "The summary begins and then", "stop_reason": "max_tokens"},
+                    ],
+                },
+                {
+                    "match": {"path": "root/1"},
+                    "replies": [
+                        {"text": "", "stop_reason": "refusal", "stop_details": "not allowed"}
+                    ],
+                },
+            ],
+        },
+    )
+    db = str(tmp_path / "stops.db")
+    runner = CliRunner()
+    ran = _invoke(runner, "run", "--no-live", "--db", db, "--script", str(script), "go")
+    assert "cut off at the output token limit" in ran.output
+    with Store.open(Path(db)) as store:
+        (root,) = store.list_roots()
+    tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
+    (child,) = tree["children"]
+    assert tree["truncated"] is True and child["truncated"] is False
+    assert child["failure"] == {"kind": "refused", "reason": None}
+    assert child["outcome"] == "the model refused the request: not allowed"
+    shown = _invoke(runner, "show", root.id, "--db", db).output
+    assert "refused" in shown and "cut off at the output token limit" in shown
+
+
 def test_show_counts_the_tokens_of_failed_attempts(tmp_path: Path) -> None:
     """Issue 13, item 2: three failed attempts billed 1,283 tokens each are 3,849
     tokens in show, not 0 (the fourth attempt succeeds and reports none)."""

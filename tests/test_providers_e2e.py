@@ -148,3 +148,57 @@ async def test_a_stalled_stream_times_out_and_is_retried(
         root = await runtime.start("hello", cwd=tmp_path)
         result = await runtime.wait(root)
     assert result.text == "second try"
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+async def test_refusal_cut_off_and_truncated_children_reach_the_parent_typed(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    """Issue 13, item 1, over loopback with recorded streams: a child whose model
+    refuses (OpenAI's recorded refusal) fails ``refused`` with the explanation; a
+    child cut off at max_tokens inside a tool call fails ``output_truncated`` at once
+    (one request: the same request would be cut off again); a child whose plain
+    answer is cut off completes, marked ``completed_truncated``. The siblings'
+    outcomes all reach the parent."""
+    from fakeserver import sse_file
+
+    server.when(
+        first_user_contains("split"),
+        openai_stream(tool_calls=[spawn_call("refuse me", "cut my call", "cut my text")]),
+        openai_stream(text="reported"),
+    )
+    server.when(first_user_contains("refuse me"), sse_file(FIXTURES / "openai/stream-text.sse"))
+    cut_call = openai_stream(
+        tool_calls=[ToolCall("call_w", "write_file", '{"path": "a.txt", "content": "aaa')],
+        finish_reason="length",
+    )
+    server.when(first_user_contains("cut my call"), cut_call)
+    server.when(
+        first_user_contains("cut my text"),
+        openai_stream(text="half a sent", finish_reason="length"),
+    )
+    provider = OpenAIProvider(base_url=server.url + "/v1", model="fake")
+    async with provider, open_runtime(tmp_path, provider, limits=LIMITS) as runtime:
+        root = await runtime.start("split the work", cwd=tmp_path)
+        result = await runtime.wait(root)
+        refused, cut, half = (runtime.state(f"{root}.{i}") for i in (1, 2, 3))
+        children = fan_in(runtime.state(root).history)
+    assert result.text == "reported"
+    assert isinstance(refused.phase, Failed) and refused.phase.kind is ErrorKind.REFUSED
+    assert "I'm sorry, I can't assist with that request." in refused.phase.error
+    assert isinstance(cut.phase, Failed) and cut.phase.kind is ErrorKind.OUTPUT_TRUNCATED
+    assert "raise max_tokens" in cut.phase.error
+    assert isinstance(half.phase, Completed) and half.truncated
+    assert [(c["status"], c.get("error_kind")) for c in children] == [
+        ("failed", "refused"),
+        ("failed", "output_truncated"),
+        ("completed_truncated", None),
+    ]
+    users = [
+        next(str(m["content"]) for m in r.json["messages"] if m["role"] == "user")
+        for r in server.requests
+    ]
+    assert users.count("cut my call") == 1  # fatal: never retried
+    assert server.unmatched == []

@@ -200,9 +200,12 @@ async def test_recorded_streams_over_loopback(server: FakeServer, api: Api, name
 
 
 async def test_recorded_incomplete_tool_json_over_loopback(server: FakeServer) -> None:
+    """Cut off at max_tokens inside a tool call: OUTPUT_TRUNCATED, with the tokens the
+    server billed for it."""
     server.enqueue(sse_file(FIXTURES / "anthropic/incomplete_partial_json_response.sse"))
     caught = await failure(make("anthropic", server.url, stream=True))
-    assert caught.error.kind is ErrorKind.MALFORMED_RESPONSE
+    assert caught.error.kind is ErrorKind.OUTPUT_TRUNCATED
+    assert caught.error.usage == Usage(450, 124)
 
 
 async def test_request_model_overrides_provider_model(server: FakeServer) -> None:

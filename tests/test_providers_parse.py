@@ -66,10 +66,11 @@ def test_openai_fixture_one_tool_call_2() -> None:
 
 
 def test_openai_fixture_text_refusal() -> None:
+    """A recorded refusal: OpenAI says ``finish_reason: stop``; the ``refusal`` parts
+    make it fanfold's stop reason ``refusal``, with the explanation kept."""
     reply = parse_openai_stream(fixture("openai/stream-text.sse"))
-    assert reply == ModelReply(
-        "I'm sorry, I can't assist with that request.", (), Usage(79, 11), "end_turn"
-    )
+    sorry = "I'm sorry, I can't assist with that request."
+    assert reply == ModelReply(sorry, (), Usage(79, 11), "refusal", stop_details=sorry)
 
 
 def test_openai_fixture_cut_by_length() -> None:
@@ -294,10 +295,77 @@ def test_anthropic_fixture_tool_use() -> None:
     )
 
 
-def test_anthropic_fixture_incomplete_partial_json_is_malformed() -> None:
+def test_anthropic_fixture_cut_off_in_a_tool_call_is_output_truncated() -> None:
+    """The recorded stream stops (``stop_reason: max_tokens``) inside the JSON input of
+    a tool call: not a malformed reply to retry with the same request (it would be cut
+    off again) but OUTPUT_TRUNCATED, fatal, saying what to change."""
     with pytest.raises(ProviderError) as caught:
         parse_anthropic_stream(fixture("anthropic/incomplete_partial_json_response.sse"))
+    error = caught.value.error
+    assert error.kind is ErrorKind.OUTPUT_TRUNCATED and not error.kind.retryable
+    assert "make_file" in error.message and "raise max_tokens" in error.message
+
+
+def test_a_tool_block_cut_off_without_max_tokens_is_still_malformed() -> None:
+    """Only the token limit makes a cut-off tool call 'truncated': a stream whose
+    tool JSON is broken for another reason stays a (retryable) malformed reply."""
+    text = fixture("anthropic/incomplete_partial_json_response.sse").decode()
+    with pytest.raises(ProviderError) as caught:
+        parse_anthropic_stream(
+            text.replace('"stop_reason":"max_tokens"', '"stop_reason":"end_turn"')
+        )
     assert "make_file" in malformed(caught)
+
+
+def test_openai_refusal_in_a_complete_response() -> None:
+    data = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": None, "refusal": "I can't help."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+    }
+    reply = parse_openai_response(data)
+    assert (reply.stop_reason, reply.stop_details, reply.text) == (
+        "refusal",
+        "I can't help.",
+        "I can't help.",
+    )
+    data["choices"][0]["message"]["refusal"] = None  # type: ignore[index]
+    data["choices"][0]["message"]["content"] = "Sure."  # type: ignore[index]
+    assert parse_openai_response(data).stop_reason == "end_turn"
+
+
+def test_openai_cut_off_tool_arguments_are_output_truncated() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": '{"pa'}}
+    data = {
+        "choices": [
+            {"message": {"role": "assistant", "tool_calls": [call]}, "finish_reason": "length"}
+        ]
+    }
+    with pytest.raises(ProviderError) as caught:
+        parse_openai_response(data)
+    assert caught.value.error.kind is ErrorKind.OUTPUT_TRUNCATED
+    assert "write_file" in caught.value.error.message
+    data["choices"][0]["finish_reason"] = "tool_calls"
+    with pytest.raises(ProviderError) as caught:
+        parse_openai_response(data)
+    assert caught.value.error.kind is ErrorKind.MALFORMED_RESPONSE
+
+
+def test_anthropic_refusal_keeps_its_stop_details() -> None:
+    data = {
+        "type": "message",
+        "content": [{"type": "text", "text": ""}],
+        "stop_reason": "refusal",
+        "stop_details": {"type": "refusal", "explanation": "policy"},
+        "usage": {"input_tokens": 5, "output_tokens": 1},
+    }
+    reply = parse_anthropic_response(data)
+    assert reply.stop_reason == "refusal"
+    assert json.loads(reply.stop_details) == {"type": "refusal", "explanation": "policy"}
 
 
 def test_anthropic_progress() -> None:

@@ -29,6 +29,7 @@ from fanfold.statemachine import (
     CancelRequested,
     Completed,
     Conversation,
+    Error,
     Event,
     Failed,
     Limits,
@@ -276,6 +277,8 @@ SITUATIONS: dict[str, Callable[[Conversation], bool]] = {
     "a sub-agent waiting for its children": lambda s: (
         s.is_sub_agent and isinstance(s.phase, AwaitingSubAgents)
     ),
+    "a refusal": lambda s: isinstance(s.phase, Error | Failed) and s.phase.kind == "refused",
+    "a cut-off answer or result": lambda s: s.truncated,
 }
 
 

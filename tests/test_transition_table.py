@@ -196,6 +196,10 @@ def _directed() -> Observed:
         state = sm.steps(state, sm.replied(state, sm.tool("a1")))
         state = sm.steps(state, sm.tool_done(state))
         _observe(state, sm.replied(state, sm.tool("a2")), seen)
+    # A reply that spawns a child and submits at once: the running child is cancelled
+    # first (LlmRequesting -> CancellingSubAgents on the reply).
+    at_once = sm.child(attrs.evolve(LIMITS, max_depth=2))
+    _observe(at_once, sm.replied(at_once, sm.spawn("s1", "t"), sm.submit("s2", "done")), seen)
     # A tool round that ends with submit_result while nothing else runs: Completed.
     sub = sm.child(LIMITS)
     sub = sm.steps(sub, sm.replied(sub, sm.tool("a1"), sm.submit("s1", "done")))

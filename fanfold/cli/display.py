@@ -272,3 +272,10 @@ class TreeView:
 
 def tool_call_count(state: Conversation) -> int:
     return sum(len(m.tool_calls) for m in state.history if isinstance(m, AssistantMessage))
+
+
+CUT_OFF_NOTE = (
+    "cut off at the output token limit (stop reason max_tokens): raise max_tokens in "
+    "the model profile for the whole text"
+)
+"""Shown beside an answer or result that is a reply cut off at the token limit."""

@@ -13,7 +13,15 @@ from rich.text import Text
 from rich.tree import Tree
 
 from fanfold.cli.database import db_option, open_store
-from fanfold.cli.display import clip, printable, short, status_of, tool_call_count, write_text
+from fanfold.cli.display import (
+    CUT_OFF_NOTE,
+    clip,
+    printable,
+    short,
+    status_of,
+    tool_call_count,
+    write_text,
+)
 from fanfold.cli.errors import user_errors
 from fanfold.cli.output import console
 from fanfold.cli.turns import last_answer
@@ -132,6 +140,8 @@ class ShowNode:
             "outcome": self.outcome(),
             # False: a sub-agent ended with plain text and never called submit_result.
             "submitted": (state.submitted if isinstance(state.phase, Completed) else None),
+            # True: the answer or result is a reply cut off at the output token limit.
+            "truncated": state.truncated,
             "failure": (
                 None
                 if (failure := self.failure()) is None
@@ -164,6 +174,8 @@ class ShowNode:
         if isinstance(state.phase, Completed) and not state.submitted:
             note = "completed without submit_result (its last text is the result)"
             line.append("\n  " + note, "yellow")
+        if state.truncated:
+            line.append("\n  " + CUT_OFF_NOTE, "yellow")
         if self.outcome() and not isinstance(state.phase, Idle):  # answers: below
             line.append(" → " if failure is not None else "\n  → ")
             line.append(short(self.outcome(), 200))

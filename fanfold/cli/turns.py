@@ -11,7 +11,7 @@ import trio
 from rich.live import Live
 from rich.text import Text
 
-from fanfold.cli.display import TreeView, clip, printable, write_text
+from fanfold.cli.display import CUT_OFF_NOTE, TreeView, clip, printable, write_text
 from fanfold.cli.output import console, hint, quietly, say
 from fanfold.cli.signals import Interruption
 from fanfold.runtime import Runtime
@@ -87,6 +87,8 @@ def print_result(
                 console.rule("answer")
                 more = f"`fanfold show {conversation_id} --full` shows all of it"
                 write_text(console, clip(answer, hint=more) or "(no text)")
+                if state.truncated:
+                    hint(f"the answer was {CUT_OFF_NOTE}", to=console, style="yellow")
         hint(f"conversation: {conversation_id}  database: {db}", to=console)
         hint(f"inspect it with: fanfold show {conversation_id} --db {db}", to=console, style="dim")
     except (OSError, SystemExit):  # the output went away (see quietly)

@@ -44,14 +44,16 @@ from fanfold.providers.wire import (
     SSEEvent,
     as_int,
     classify_stream_error,
+    cut_off_tool_call,
     decode_sse,
     finite_json,
     load_event_json,
     malformed,
     snippet,
-    tool_arguments,
+    tool_arguments_or_cut_off,
 )
 from fanfold.statemachine import (
+    STOP_MAX_TOKENS,
     AssistantMessage,
     Message,
     ModelReply,
@@ -312,7 +314,18 @@ def parse_anthropic_response(data: Any) -> ModelReply:
         tool_calls=tuple(calls),
         usage=Usage(_input_tokens(usage), as_int(usage.get("output_tokens"))),
         stop_reason=stop if isinstance(stop, str) else ("tool_use" if calls else "end_turn"),
+        stop_details=_details(data.get("stop_details")),
     )
+
+
+def _details(raw: Any) -> str:
+    """A ``stop_details`` value (the explanation of a refusal) as text: a string as it
+    is, an object as canonical JSON, anything else nothing."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, dict) and raw:
+        return canonical_json(raw)
+    return ""
 
 
 @attrs.define
@@ -339,6 +352,7 @@ class AnthropicStreamAssembler:
         self._blocks: dict[int, _Block] = {}
         self._usage: dict[str, int] = {}
         self._stop: str | None = None
+        self._details = ""
         self._started = False
         self._done = False
         self._chars = 0
@@ -409,6 +423,8 @@ class AnthropicStreamAssembler:
             delta = data.get("delta")
             if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
                 self._stop = delta["stop_reason"]
+            if isinstance(delta, dict) and delta.get("stop_details") is not None:
+                self._details = _details(delta["stop_details"])
             self._update_usage(data.get("usage"))
         elif kind == "message_stop":
             self._done = True
@@ -452,6 +468,7 @@ class AnthropicStreamAssembler:
             tool_calls=tuple(calls),
             usage=Usage(input_tokens, self._usage.get("output_tokens", 0)),
             stop_reason=self._stop or ("tool_use" if calls else "end_turn"),
+            stop_details=self._details,
         )
 
     def _call(self, index: int, block: _Block, what: str) -> ToolCall:
@@ -459,11 +476,16 @@ class AnthropicStreamAssembler:
             raise malformed(f"{what}: tool_use block {index} without id or name")
         label = f"{what}: tool {block.name!r}"
         raw = "".join(block.parts)
+        cut_off = self._stop == STOP_MAX_TOKENS
         if not block.closed:
+            if cut_off:
+                raise cut_off_tool_call(label, block.name)
             raise malformed(f"{label} (block {index}) was cut off: {snippet(raw, 120)}")
         if not raw.strip() and isinstance(block.initial_input, dict):
             return ToolCall(block.id, block.name, canonical_json(block.initial_input))
-        return ToolCall(block.id, block.name, tool_arguments(raw, label))
+        return ToolCall(
+            block.id, block.name, tool_arguments_or_cut_off(raw, label, block.name, cut_off)
+        )
 
 
 def parse_anthropic_stream(body: bytes | str) -> ModelReply:

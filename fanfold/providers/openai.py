@@ -14,7 +14,9 @@ Works with OpenAI and with local servers that speak the same API (llama.cpp's
 
 Replies: ``finish_reason`` is normalised to fanfold's stop reasons (``stop`` ->
 ``end_turn``, ``tool_calls`` -> ``tool_use``, ``length`` -> ``max_tokens``; others pass
-through). A refusal (``refusal`` instead of ``content``) becomes the reply text. Tool
+through). A refusal (the ``refusal`` field) makes the stop reason ``refusal``, the
+refusal its ``stop_details`` (and the text, if there is none). A reply cut off by
+``length`` inside a tool call's arguments is OUTPUT_TRUNCATED, not malformed. Tool
 arguments are checked and stored as canonical JSON; invalid JSON is MALFORMED_RESPONSE.
 A stream must end with ``data: [DONE]``; usage comes from its last chunk
 (``stream_options.include_usage``).
@@ -49,9 +51,10 @@ from fanfold.providers.wire import (
     load_event_json,
     malformed,
     snippet,
-    tool_arguments,
+    tool_arguments_or_cut_off,
 )
 from fanfold.statemachine import (
+    STOP_REFUSAL,
     AssistantMessage,
     Message,
     ModelReply,
@@ -227,7 +230,7 @@ def from_openai_messages(wire: Sequence[Mapping[str, Any]]) -> tuple[str, tuple[
 # ------------------------------------------------------------------ replies
 
 
-def _tool_call(raw: Any, what: str) -> ToolCall:
+def _tool_call(raw: Any, what: str, *, cut_off: bool = False) -> ToolCall:
     if not isinstance(raw, dict) or not isinstance(raw.get("function"), dict):
         raise malformed(f"{what}: tool call without a function: {snippet(json.dumps(raw))}")
     function = raw["function"]
@@ -242,7 +245,8 @@ def _tool_call(raw: Any, what: str) -> ToolCall:
     call_id = raw.get("id")
     if not isinstance(call_id, str) or not call_id:
         call_id = _new_call_id()
-    return ToolCall(call_id, name, tool_arguments(arguments, f"{what}: tool {name!r}"))
+    label = f"{what}: tool {name!r}"
+    return ToolCall(call_id, name, tool_arguments_or_cut_off(arguments, label, name, cut_off))
 
 
 def _new_call_id() -> str:
@@ -275,19 +279,24 @@ def parse_openai_response(data: Any) -> ModelReply:
     except ValueError as exc:
         raise malformed(f"{what}: {exc}") from None
     refusal = message.get("refusal")
-    if not text and isinstance(refusal, str):
-        text = refusal
+    refusal = refusal if isinstance(refusal, str) and refusal.strip() else ""
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
         raise malformed(f"{what}: tool_calls is not a list")
-    calls = tuple(_tool_call(raw, what) for raw in raw_calls)
     finish = choice.get("finish_reason")
-    return ModelReply(
-        text=text,
-        tool_calls=calls,
-        usage=_usage(data.get("usage")),
-        stop_reason=stop_reason(finish if isinstance(finish, str) else None, bool(calls)),
-    )
+    finish = finish if isinstance(finish, str) else None
+    calls = tuple(_tool_call(raw, what, cut_off=finish == "length") for raw in raw_calls)
+    return _reply(text, refusal, calls, _usage(data.get("usage")), finish)
+
+
+def _reply(
+    text: str, refusal: str, calls: tuple[ToolCall, ...], usage: Usage, finish: str | None
+) -> ModelReply:
+    """The reply; a ``refusal`` (the model declined) makes the stop reason ``refusal``
+    with the refusal as its explanation (and as the text, if there is none)."""
+    if refusal:
+        return ModelReply(text or refusal, calls, usage, STOP_REFUSAL, stop_details=refusal)
+    return ModelReply(text, calls, usage, stop_reason(finish, bool(calls)))
 
 
 @attrs.define
@@ -414,14 +423,20 @@ class OpenAIStreamAssembler:
             partial = self._calls[index]
             if not partial.name:
                 raise malformed(f"{what}: tool call {index} has no name")
-            arguments = tool_arguments("".join(partial.arguments), f"{what}: tool {partial.name!r}")
+            arguments = tool_arguments_or_cut_off(
+                "".join(partial.arguments),
+                f"{what}: tool {partial.name!r}",
+                partial.name,
+                cut_off=self._finish == "length",
+            )
             calls.append(ToolCall(partial.id or _new_call_id(), partial.name, arguments))
-        text = "".join(self._text) or "".join(self._refusal)
-        return ModelReply(
-            text=text,
-            tool_calls=tuple(calls),
-            usage=self._usage,
-            stop_reason=stop_reason(self._finish, bool(calls)),
+        refusal = "".join(self._refusal)
+        return _reply(
+            "".join(self._text),
+            refusal.strip() and refusal,
+            tuple(calls),
+            self._usage,
+            self._finish,
         )
 
 

@@ -87,13 +87,20 @@ class ScriptedCall:
 
 @attrs.frozen
 class Reply:
-    """One model round of an agent. ``latency`` None: the script's default."""
+    """One model round of an agent. ``latency`` None: the script's default.
+
+    ``stop_reason`` None: ``tool_use`` with tool calls, else ``end_turn``; a script can
+    play ``max_tokens`` (a reply cut off) or ``refusal`` (with ``stop_details``, the
+    explanation) to see how a tree handles them offline.
+    """
 
     text: str = ""
     tool_calls: tuple[ScriptedCall, ...] = ()
     latency: Seconds | None = None
     fail_first: tuple[Failure, ...] = ()
     usage: TokenUsage = TokenUsage()
+    stop_reason: str | None = None
+    stop_details: str = ""
 
 
 @attrs.frozen

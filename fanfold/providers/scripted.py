@@ -22,8 +22,11 @@ stay the same after a restart. A reply is (every key optional)::
      "latency": 0.05,
      "fail_first": [{"kind": "rate_limit", "message": "...", "retry_after": 1.0,
                      "usage": {"input_tokens": 1200, "output_tokens": 83}}],
-     "usage": {"input_tokens": 10, "output_tokens": 5}}
+     "usage": {"input_tokens": 10, "output_tokens": 5},
+     "stop_reason": "max_tokens", "stop_details": "..."}
 
+``stop_reason`` plays a reply cut off at the token limit (``max_tokens``) or a refusal
+(``refusal``, its explanation in ``stop_details``); by default ``tool_use`` or ``end_turn``.
 ``fail_first`` injects errors on attempts 1..k of that round before the reply succeeds;
 ``kind`` is one a provider reports (``rate_limit`` ... ``provider_failure``).
 In text and string arguments, ``{{last_tool_result}}`` is replaced by the content of the
@@ -234,7 +237,8 @@ def _build(reply: Reply, step: int, values: Mapping[str, str]) -> ModelReply:
         text=_fill(reply.text, values),
         tool_calls=calls,
         usage=Usage(reply.usage.input_tokens, reply.usage.output_tokens),
-        stop_reason="tool_use" if calls else "end_turn",
+        stop_reason=reply.stop_reason or ("tool_use" if calls else "end_turn"),
+        stop_details=reply.stop_details,
     )
 
 

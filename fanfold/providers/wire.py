@@ -237,6 +237,33 @@ def tool_arguments(raw: str | None, what: str) -> str:
     return canonical_json(value)
 
 
+TRUNCATED_ADVICE = (
+    "the same request would be cut off again: raise max_tokens in the model profile "
+    "(fanfold.toml), or ask the model for smaller outputs"
+)
+
+
+def cut_off_tool_call(what: str, name: str) -> ProviderError:
+    """The reply stopped at the output token limit inside tool ``name``'s arguments:
+    OUTPUT_TRUNCATED (fatal: retrying sends the same request), not a malformed reply."""
+    return fail(
+        ErrorKind.OUTPUT_TRUNCATED,
+        f"{what}: the reply was cut off at the output token limit inside the arguments "
+        f"of tool {name!r}; {TRUNCATED_ADVICE}",
+    )
+
+
+def tool_arguments_or_cut_off(raw: str | None, what: str, name: str, cut_off: bool) -> str:
+    """``tool_arguments``; when the reply stopped at the token limit (``cut_off``),
+    arguments that do not parse are reported as ``cut_off_tool_call``."""
+    try:
+        return tool_arguments(raw, what)
+    except ProviderError:
+        if cut_off:
+            raise cut_off_tool_call(what, name) from None
+        raise
+
+
 def finite_json(value: Any) -> Any:
     """``value`` (parsed JSON) with every NaN or infinity replaced by its name as a
     string (``"NaN"``, ``"Infinity"``, ``"-Infinity"``), so that it encodes as JSON.

@@ -69,6 +69,8 @@ from fanfold.statemachine.events import (
 )
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import (
+    STOP_MAX_TOKENS,
+    STOP_REFUSAL,
     AssistantMessage,
     Message,
     ModelError,
@@ -109,6 +111,8 @@ __all__ = [
     "ALL_PHASES",
     "CONTROL_TOOLS",
     "SPAWN_AGENTS",
+    "STOP_MAX_TOKENS",
+    "STOP_REFUSAL",
     "SUBMIT_ERROR",
     "SUBMIT_RESULT",
     "TERMINAL_PHASES",

@@ -12,6 +12,8 @@ from fanfold.statemachine.messages import ToolResult, canonical_json
 _SINCE_2 = {"since": 2}
 # Written only when False: outcomes that existed before encode as they did.
 _SINCE_5_OMITTED_AT_DEFAULT = {"since": 5, "omitted_at_default": True}
+# Written only when True, likewise.
+_SINCE_6_OMITTED_AT_DEFAULT = {"since": 6, "omitted_at_default": True}
 
 
 @attrs.frozen
@@ -20,11 +22,13 @@ class ChildSucceeded:
 
     ``submitted`` is False when it never called ``submit_result`` and its final plain
     text (possibly empty) stands as the result: a chat model that ignores tools.
+    ``truncated``: that final text was cut off at the output token limit.
     """
 
     result: str
     tokens: int = attrs.field(default=0, metadata=_SINCE_2)
     submitted: bool = attrs.field(default=True, metadata=_SINCE_5_OMITTED_AT_DEFAULT)
+    truncated: bool = attrs.field(default=False, metadata=_SINCE_6_OMITTED_AT_DEFAULT)
 
 
 @attrs.frozen
@@ -203,7 +207,8 @@ def fan_in_result(spawn_call_id: str, children: Children, result_cap: int) -> To
     Children appear in the order they were requested; every child has a status and
     either a result or an error, each capped at ``result_cap`` characters. A child that
     ended with plain text instead of calling ``submit_result`` has the status
-    ``completed_without_submit``: its text is its result, but it never said it was done.
+    ``completed_without_submit``: its text is its result, but it never said it was done;
+    ``completed_truncated`` if that text was cut off at the output token limit.
     """
     entries: list[dict[str, str]] = []
     ok = 0
@@ -212,9 +217,11 @@ def fan_in_result(spawn_call_id: str, children: Children, result_cap: int) -> To
             continue
         entry = {"agent_id": fin.spec.id, "task": _cap(fin.spec.task, result_cap)}
         match fin.outcome:
-            case ChildSucceeded(result=result, submitted=submitted):
+            case ChildSucceeded(result=result, submitted=submitted, truncated=truncated):
                 ok += 1
                 status = "completed" if submitted else "completed_without_submit"
+                if truncated:
+                    status = "completed_truncated"
                 entry.update(status=status, result=_cap(result, result_cap))
             case ChildFailed(error=error, kind=kind):
                 entry.update(status="failed", error=_cap(error, result_cap), error_kind=kind)

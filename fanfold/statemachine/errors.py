@@ -25,11 +25,17 @@ class ErrorKind(enum.StrEnum):
     # The account is out of credit or quota (OpenAI sends it as a 429 with code
     # "insufficient_quota", others as 402): waiting does not help, so it is fatal.
     QUOTA_EXHAUSTED = "quota_exhausted"
+    # The reply was cut off at the output token limit inside a tool call's arguments:
+    # the same request would be cut off again, so it is fatal (raise max_tokens).
+    OUTPUT_TRUNCATED = "output_truncated"
     # A provider raised something it did not classify: a bug in the provider, fatal
     # because its cause is unknown, and logged loudly by the runtime.
     PROVIDER_FAILURE = "provider_failure"
     # Sub-agent endings decided by the reducer.
     SUBMITTED_ERROR = "submitted_error"
+    # The model declined the request (Anthropic ``stop_reason: refusal``, OpenAI's
+    # ``refusal`` field): the explanation it gave is the error.
+    REFUSED = "refused"
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
     ITERATION_LIMIT = "iteration_limit"

@@ -15,6 +15,10 @@ import attrs
 
 from fanfold.statemachine.errors import ErrorKind
 
+# Fields added by log schema 6, written only when they differ from their default, so
+# that values that existed before encode (and fingerprint) as they did.
+_SINCE_6_OMITTED_AT_DEFAULT = {"since": 6, "omitted_at_default": True}
+
 
 def canonical_json(value: Any) -> str:
     """Serialise ``value`` to the one JSON text fanfold stores (sorted keys, compact)."""
@@ -117,8 +121,13 @@ class UserMessage:
 
 @attrs.frozen
 class AssistantMessage:
+    """A reply of the model in the history. ``truncated``: it was cut off at the output
+    token limit (stop reason ``max_tokens``) before it ended; schema 6, written only
+    when true."""
+
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
+    truncated: bool = attrs.field(default=False, metadata=_SINCE_6_OMITTED_AT_DEFAULT)
 
 
 @attrs.frozen
@@ -131,12 +140,25 @@ Message = UserMessage | AssistantMessage | ToolResultMessage
 
 @attrs.frozen
 class ModelReply:
-    """A complete model reply: text, tool calls, usage and why it stopped."""
+    """A complete model reply: text, tool calls, usage and why it stopped.
+
+    ``stop_reason`` is normalised by the providers: ``end_turn``, ``tool_use``,
+    ``max_tokens`` (cut off at the output token limit), ``refusal`` (the model declined;
+    ``stop_details`` holds the explanation the provider gave, if any: schema 6, written
+    only when not empty); other values pass through.
+    """
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = Usage()
     stop_reason: str = "end_turn"
+    stop_details: str = attrs.field(default="", metadata=_SINCE_6_OMITTED_AT_DEFAULT)
+
+
+STOP_MAX_TOKENS = "max_tokens"
+"""The stop reason of a reply cut off at the output token limit."""
+STOP_REFUSAL = "refusal"
+"""The stop reason of a reply in which the model declined the request."""
 
 
 @attrs.frozen

@@ -95,7 +95,7 @@ class Conversation:
         error, and the tokens of its subtree; None while it has not ended."""
         match self.phase:
             case Completed(result=result):
-                return ChildSucceeded(result, self.tokens_spent, self.submitted)
+                return ChildSucceeded(result, self.tokens_spent, self.submitted, self.truncated)
             case Failed(error=error, kind=kind, reason=reason):
                 return ChildFailed(error, kind, reason, self.tokens_spent)
         return None
@@ -112,6 +112,15 @@ class Conversation:
         """
         history = self.history
         return not (history and isinstance(history[-1], AssistantMessage))
+
+    @property
+    def truncated(self) -> bool:
+        """True when the history ends with a model reply cut off at the output token
+        limit: a sub-agent Completed with that text, or a root's answer, is cut."""
+        history = self.history
+        return (
+            bool(history) and isinstance(history[-1], AssistantMessage) and (history[-1].truncated)
+        )
 
     @property
     def tokens_spent(self) -> int:

@@ -90,9 +90,11 @@ _row(
     ModelReplied=_cell(
         "Idle Completed ToolExecuting AwaitingSubAgents LlmRequesting CancellingSubAgents "
         "Failed Error",
-        "current call: text only ends the turn (root Idle, sub-agent Completed); tool "
-        "calls run in order (control tools inline); grace round: submit or Failed/Error "
-        "iteration_limit; token budget: Failed/Error budget_exhausted. " + STALE,
+        "current call: text only ends the turn (root Idle, sub-agent Completed; cut off "
+        "at max_tokens: kept, marked truncated); refusal: Failed/Error refused with its "
+        "explanation, nothing run; tool calls run in order (control tools inline); grace "
+        "round: submit or Failed/Error iteration_limit; token budget: Failed/Error "
+        "budget_exhausted. " + STALE,
         UnknownCall,
     ),
     ModelFailed=_cell(

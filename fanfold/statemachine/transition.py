@@ -85,8 +85,11 @@ from fanfold.statemachine.events import (
 )
 from fanfold.statemachine.limits import Limits, with_max_rounds
 from fanfold.statemachine.messages import (
+    STOP_MAX_TOKENS,
+    STOP_REFUSAL,
     AssistantMessage,
     ModelError,
+    ModelReply,
     ModelRequest,
     ToolCall,
     ToolResult,
@@ -549,11 +552,20 @@ def _on_model_failed(state: Conversation, phase: LlmRequesting, error: ModelErro
 
 def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelReplied) -> Transition:
     reply = event.reply
+    # A plain-text reply cut off at the output token limit is kept, marked: the user
+    # and the parent see that the answer or result is cut (a cut-off tool call never
+    # gets here: its provider reports output_truncated instead).
+    truncated = reply.stop_reason == STOP_MAX_TOKENS and not reply.tool_calls
     state = state.evolve(
         usage_input=state.usage_input + reply.usage.input_tokens,
         usage_output=state.usage_output + reply.usage.output_tokens,
-        history=(*state.history, AssistantMessage(reply.text, reply.tool_calls)),
+        history=(*state.history, AssistantMessage(reply.text, reply.tool_calls, truncated)),
     )
+    if reply.stop_reason == STOP_REFUSAL:
+        # The model declined: a typed failure carrying its explanation, never an empty
+        # result or answer. Tool calls that came with it are not run.
+        state = _append_round_results(state, (), Children())
+        return _apply_ending(state, _refusal(reply), [])
     if not reply.tool_calls:
         if phase.grace and state.is_sub_agent and not reply.text.strip():
             return _apply_ending(state, _iteration_limit(state, reply.text), [])
@@ -573,6 +585,11 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
             [],
         )
     return _run_tools(state, reply.tool_calls, (), Children(), [])
+
+
+def _refusal(reply: ModelReply) -> EndFailed:
+    explanation = reply.stop_details or reply.text or "(no explanation given)"
+    return EndFailed(f"the model refused the request: {explanation}", ErrorKind.REFUSED)
 
 
 def _answered(state: Conversation, text: str) -> Transition:
