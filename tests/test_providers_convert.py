@@ -18,6 +18,7 @@ from fanfold.providers.anthropic import (
     parse_anthropic_response,
     to_anthropic_messages,
 )
+from fanfold.providers.http import RequestSettings
 from fanfold.providers.openai import (
     from_openai_messages,
     openai_request_body,
@@ -287,7 +288,10 @@ def test_anthropic_roles_alternate_and_tool_results_come_first() -> None:
 
 def test_anthropic_request_body_system_on_top() -> None:
     request = ModelRequest("Be kind.", (UserMessage("hi"),), (WEATHER,))
-    body = anthropic_request_body(request, model="claude", stream=True, temperature=0.0)
+    no_cache = RequestSettings(prompt_caching=False)
+    body = anthropic_request_body(
+        request, model="claude", stream=True, temperature=0.0, settings=no_cache
+    )
     assert body == {
         "model": "claude",
         "max_tokens": 4096,
@@ -306,6 +310,22 @@ def test_anthropic_request_body_system_on_top() -> None:
     assert "system" not in anthropic_request_body(
         ModelRequest("", (UserMessage("hi"),), ()), model="m", stream=False
     )
+
+
+def test_anthropic_marks_the_stable_prefix_for_the_prompt_cache() -> None:
+    """Issue 13, item 6: by default the last tool schema and the system prompt carry
+    ``cache_control`` (the prefix the children of one fan-out share); the messages do
+    not. Without a system prompt or tools, nothing of theirs is marked."""
+    request = ModelRequest("Be kind.", (UserMessage("hi"),), (WEATHER, WEATHER))
+    body = anthropic_request_body(request, model="claude", stream=False)
+    ephemeral = {"type": "ephemeral"}
+    assert body["system"] == [{"type": "text", "text": "Be kind.", "cache_control": ephemeral}]
+    assert [t.get("cache_control") for t in body["tools"]] == [None, ephemeral]
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+    bare = anthropic_request_body(
+        ModelRequest("", (UserMessage("hi"),), ()), model="m", stream=False
+    )
+    assert "system" not in bare and "tools" not in bare
 
 
 def test_anthropic_back_conversion_restores_history() -> None:
@@ -354,6 +374,7 @@ def test_tool_loop_exchange_first_request_and_reply() -> None:
         model=sent["model"],
         stream=False,
         max_tokens=sent["max_tokens"],
+        settings=RequestSettings(prompt_caching=False),  # the recorded request has none
     )
     # allowed_callers belongs to a server-tool beta fanfold does not use.
     assert body == _strip(sent, {"allowed_callers"}, set())

@@ -168,7 +168,10 @@ async def test_text_and_tool_call_over_loopback(server: FakeServer, api: Api, st
         assert first_req.path == "/v1/messages"
         assert first_req.headers["x-api-key"] == KEY
         assert first_req.headers["anthropic-version"] == "2023-06-01"
-        assert body["system"] == "Be brief."
+        # Marked for the prompt cache (the profile's default).
+        cached = {"type": "ephemeral"}
+        assert body["system"] == [{"type": "text", "text": "Be brief.", "cache_control": cached}]
+        assert body["tools"][-1]["cache_control"] == cached
         assert body["messages"][1]["content"][1]["id"] == "call_Zx9"
         assert body["messages"][2]["content"] == [
             {"type": "tool_result", "tool_use_id": "call_Zx9", "content": "18C sunny"}

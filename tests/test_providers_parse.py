@@ -458,7 +458,7 @@ def test_anthropic_stream_ignores_thinking_and_unknown_events() -> None:
     ]
     body = "".join(event(e) for e in events)
     assert parse_anthropic_stream(body) == ModelReply(
-        "", (ToolCall("t1", "noargs", "{}"),), Usage(105, 9), "tool_use"
+        "", (ToolCall("t1", "noargs", "{}"),), Usage(105, 9, cached_input_tokens=100), "tool_use"
     )
 
 

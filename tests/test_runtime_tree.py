@@ -7,6 +7,7 @@ files under tmp_path, and the real tool set.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -132,16 +133,24 @@ async def test_cancel_reaches_every_child_and_nothing_keeps_running(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     marker = tmp_path / "never-written"
+    pid_file = tmp_path / "bash.pid"
+    # The command outlives the cancel however slow the machine (it used to sleep 0.5 s,
+    # which a loaded machine could spend before the cancel arrived).
+    command = f"echo $$ > {pid_file} && sleep 30 && touch {marker}"
     provider = script(
         1.0,
         root=[reply("", spawn("sleepy", "busy", "waiting"))],
-        c1=[reply("", ("bash", {"command": f"sleep 0.5 && touch {marker}"}))],
+        c1=[reply("", ("bash", {"command": command}))],
         c2=[reply("", think(), latency=50.0)],
         c3=[reply("", think()), reply("", think(), latency=500.0)],
     )
     async with open_runtime(tmp_path, provider) as runtime:
         root = await runtime.start("go", cwd=tmp_path)
-        await trio.sleep(3.0)
+        await trio.sleep(3.0)  # the bash process has been started by now
+        # Block the loop (no virtual time passes) until the shell really runs.
+        deadline = time.monotonic() + 10.0
+        while not _written(pid_file) and time.monotonic() < deadline:
+            time.sleep(0.01)
         await runtime.cancel(root)
         result = await runtime.wait(root)
         children = [runtime.state(f"{root}.{i}") for i in (1, 2, 3)]
@@ -160,10 +169,27 @@ async def test_cancel_reaches_every_child_and_nothing_keeps_running(
         if isinstance(m, ToolResultMessage) and m.result.name == "bash"
     ]
     assert [r.content for r in bash_results] == [CANCELLED_RESULT]
-    # The bash tool's process was killed with its conversation: give it (real) time to
-    # have written the marker if it were still alive.
-    time.sleep(1.0)
+    # The bash tool's process was killed with its conversation (real time: the clock of
+    # the test is Trio's mock clock).
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10.0
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
     assert not marker.exists()
+
+
+def _written(path: Path) -> bool:
+    """``path`` holds a whole line (``echo`` finished writing it)."""
+    return path.exists() and path.read_text().endswith("\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def test_retries_after_rate_limits_then_success(

@@ -664,7 +664,10 @@ def _state_without_history() -> _Emitter:
     hints = typing.get_type_hints(Conversation)
     names = tuple(n for n in _CODECS[Conversation].names if n != "history")
     emitters = {n: _field_emitter(hints[n], f"Conversation.{n}") for n in names}
-    return _compile_emitter("Conversation", names, emitters, document=True)
+    # Fields written only when not at their default are left out here too, so that a
+    # state that existed before such a field digests as it did.
+    omitted = _CODECS[Conversation].omitted
+    return _compile_emitter("Conversation", names, emitters, document=True, omitted=omitted)
 
 
 _STATE_WITHOUT_HISTORY = _state_without_history()

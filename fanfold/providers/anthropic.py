@@ -175,6 +175,14 @@ def anthropic_request_body(
         body["system"] = request.system
     if request.tools:
         body["tools"] = to_anthropic_tools(request.tools)
+    if settings.prompt_caching:
+        # The prefix up to a cache_control mark is cached (tools, then system, then
+        # messages): the last tool and the system prompt, the same on every round and
+        # for every child of one fan-out, are read from the cache after the first call.
+        if request.tools:
+            body["tools"][-1]["cache_control"] = _EPHEMERAL
+        if request.system:
+            body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
     if temperature is not None:
         body["temperature"] = temperature
     if settings.stop:
@@ -190,6 +198,7 @@ def anthropic_request_body(
 
 
 _TOOL_CHOICE = {"auto": "auto", "required": "any", "none": "none"}
+_EPHEMERAL = {"type": "ephemeral"}
 
 
 def _tool_choice(settings: RequestSettings) -> dict[str, Any] | None:
@@ -270,6 +279,16 @@ def from_anthropic_messages(wire: Sequence[Mapping[str, Any]]) -> tuple[Message,
 # ------------------------------------------------------------------ replies
 
 
+def _usage_of(usage: Mapping[str, Any]) -> Usage:
+    """fanfold's usage from the API's: input counts cache reads and writes too (the
+    API's ``input_tokens`` leaves both out); the reads are the cached input."""
+    return Usage(
+        _input_tokens(usage),
+        as_int(usage.get("output_tokens")),
+        as_int(usage.get("cache_read_input_tokens")),
+    )
+
+
 def _input_tokens(usage: Mapping[str, Any]) -> int:
     return (
         as_int(usage.get("input_tokens"))
@@ -312,7 +331,7 @@ def parse_anthropic_response(data: Any) -> ModelReply:
     return ModelReply(
         text="".join(texts),
         tool_calls=tuple(calls),
-        usage=Usage(_input_tokens(usage), as_int(usage.get("output_tokens"))),
+        usage=_usage_of(usage),
         stop_reason=stop if isinstance(stop, str) else ("tool_use" if calls else "end_turn"),
         stop_details=_details(data.get("stop_details")),
     )
@@ -376,7 +395,7 @@ class AnthropicStreamAssembler:
     @property
     def usage(self) -> Usage:
         """The usage the server reported so far (``message_start``, ``message_delta``)."""
-        return Usage(_input_tokens(self._usage), as_int(self._usage.get("output_tokens")))
+        return _usage_of(self._usage)
 
     def _update_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
@@ -462,11 +481,10 @@ class AnthropicStreamAssembler:
                 texts.append("".join(block.parts))
             elif block.kind == "tool_use":
                 calls.append(self._call(index, block, what))
-        input_tokens = _input_tokens(self._usage)
         return ModelReply(
             text="".join(texts),
             tool_calls=tuple(calls),
-            usage=Usage(input_tokens, self._usage.get("output_tokens", 0)),
+            usage=_usage_of(self._usage),
             stop_reason=self._stop or ("tool_use" if calls else "end_turn"),
             stop_details=self._details,
         )

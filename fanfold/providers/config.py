@@ -143,6 +143,25 @@ class RetryPolicy:
 
 
 @attrs.frozen
+class Prices:
+    """What a model costs, in US dollars (or any one currency) per million tokens:
+    ``input`` (not read from the prompt cache), ``cached_input`` (read from it; the
+    input price if not set) and ``output``."""
+
+    input: float
+    output: float
+    cached_input: float | None = None
+
+    def cost(self, input_tokens: int, cached_input_tokens: int, output_tokens: int) -> float:
+        """The cost of a usage (``input_tokens`` includes the cached ones)."""
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        fresh = max(0, input_tokens - cached_input_tokens)
+        return (
+            fresh * self.input + cached_input_tokens * cached_price + output_tokens * self.output
+        ) / 1_000_000
+
+
+@attrs.frozen
 class Profile:
     """One way of calling a model: provider, endpoint, model and call settings.
 
@@ -152,6 +171,7 @@ class Profile:
     ``max_completion_tokens``. ``settings`` are the other request parameters
     (``stop``, ``extra_body``, ``extra_headers``...; see ``RequestSettings``).
     ``retry`` is the profile's own retry policy (see ``Config.retry_policy``).
+    ``prices`` (optional) let ``fanfold show`` give what each agent and tree cost.
     """
 
     name: str
@@ -166,6 +186,7 @@ class Profile:
     max_tokens_param: str = "max_tokens"
     settings: RequestSettings = RequestSettings()
     retry: RetryPolicy = RetryPolicy()
+    prices: Prices | None = None
 
 
 @attrs.frozen
@@ -194,6 +215,27 @@ class Config:
                     path=self.source,
                     key=key,
                 )
+
+    def resolve(self, model: str | None, depth: int = 0) -> tuple[Profile, str | None]:
+        """The profile and model a model call goes to, given ``request.model`` (the
+        conversation's ``model``) and the conversation's depth:
+
+        - None: the default profile for a root (``depth == 0``), the sub-agent profile
+          for a sub-agent.
+        - A profile name: that profile, with its model.
+        - A model name that some profile lists as its ``model``: the first such profile.
+        - Any other model name: the profile None would pick, with that model.
+        """
+        base = self.sub_agent_profile() if depth > 0 else self.default_profile()
+        if model is None:
+            return base, base.model
+        if model in self.names():
+            profile = self.profile(model)
+            return profile, profile.model
+        for profile in self.profiles:
+            if profile.model == model:
+                return profile, model
+        return base, model
 
     def retry_policy(self) -> RetryPolicy:
         """The retry policy of trees whose root runs on the default profile: the
@@ -293,8 +335,11 @@ _PROFILE_KEYS = {
     "reasoning_effort",
     "extra_body",
     "extra_headers",
+    "prompt_caching",
     "retry",
+    "prices",
 }
+_PRICE_KEYS = {"input", "cached_input", "output"}
 _TIMEOUT_KEYS = {"connect", "read", "total"}
 _RETRY_KEYS = {"max_attempts", "base", "cap"}
 
@@ -427,11 +472,41 @@ def _profile(name: str, table: Any, path: str) -> Profile:
         fields["settings"] = settings
     if "retry" in table:
         fields["retry"] = _retry(table["retry"], path, f"{prefix}.retry")
+    if "prices" in table:
+        fields["prices"] = _prices(table["prices"], path, f"{prefix}.prices")
     return Profile(name=name, provider=provider, **fields)
 
 
+def _prices(value: Any, path: str, key: str) -> Prices:
+    if not isinstance(value, dict):
+        raise ConfigError(
+            "must be a table: input, output (and cached_input), per million tokens",
+            path=path,
+            key=key,
+        )
+    unknown = sorted(set(value) - _PRICE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"unknown price(s) {', '.join(unknown)} (known: cached_input, input, output)",
+            path=path,
+            key=key,
+        )
+    for needed in ("input", "output"):
+        if needed not in value:
+            raise ConfigError(f"needs {needed} (per million tokens)", path=path, key=key)
+    numbers = {
+        name: _number(item, path, f"{key}.{name}", minimum=0, inclusive=True)
+        for name, item in value.items()
+    }
+    return Prices(numbers["input"], numbers["output"], numbers.get("cached_input"))
+
+
 # Settings that have no equivalent in an API: refused rather than silently dropped.
-_UNSUPPORTED = {"anthropic": ("seed", "reasoning_effort")}
+_UNSUPPORTED = {
+    "anthropic": ("seed", "reasoning_effort"),
+    # OpenAI and compatible servers cache prompts by themselves; nothing to mark.
+    "openai": ("prompt_caching",),
+}
 _TOOL_CHOICES = ("auto", "required", "none")
 _REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 _MAX_STOP = 16
@@ -508,6 +583,10 @@ def _settings(table: Mapping[str, Any], provider: str, path: str, prefix: str) -
                 "must be true or false", path=path, key=f"{prefix}.parallel_tool_calls"
             )
         fields["parallel_tool_calls"] = table["parallel_tool_calls"]
+    if "prompt_caching" in table:
+        if not isinstance(table["prompt_caching"], bool):
+            raise ConfigError("must be true or false", path=path, key=f"{prefix}.prompt_caching")
+        fields["prompt_caching"] = table["prompt_caching"]
     if "extra_body" in table:
         fields["extra_body"] = _extra_body(table["extra_body"], path, f"{prefix}.extra_body")
     if "extra_headers" in table:
@@ -898,18 +977,9 @@ class ProviderRouter:
         )
 
     def resolve(self, model: str | None, depth: int = 0) -> tuple[Profile, str | None]:
-        """The profile and model a call with ``request.model == model`` goes to."""
-        config = self.config
-        base = config.sub_agent_profile() if depth > 0 else config.default_profile()
-        if model is None:
-            return base, base.model
-        if model in config.names():
-            profile = config.profile(model)
-            return profile, profile.model
-        for profile in config.profiles:
-            if profile.model == model:
-                return profile, model
-        return base, model
+        """The profile and model a call with ``request.model == model`` goes to
+        (``Config.resolve``)."""
+        return self.config.resolve(model, depth)
 
     def provider(self, profile: Profile) -> Provider:
         """The (cached) provider of ``profile``; raises ConfigError."""

@@ -83,6 +83,9 @@ class RequestSettings:
       fanfold sets itself (checked when the profile is read).
     - ``extra_headers``: (name, value) pairs added to the request headers; never an
       authentication header (keys come only from environment variables).
+    - ``prompt_caching`` (Anthropic): mark the stable prefix of every request (tool
+      schemas and system prompt, the same for the children of one fan-out) for the
+      prompt cache. On by default; OpenAI and compatible servers cache by themselves.
     """
 
     stop: tuple[str, ...] = ()
@@ -93,6 +96,7 @@ class RequestSettings:
     reasoning_effort: str | None = None
     extra_body: tuple[tuple[str, str], ...] = ()
     extra_headers: tuple[tuple[str, str], ...] = ()
+    prompt_caching: bool = True
 
     def merge_extra_body(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` with ``extra_body`` added (a key already in ``body`` is kept)."""

@@ -255,9 +255,13 @@ def _new_call_id() -> str:
 
 
 def _usage(raw: Any) -> Usage:
+    """``prompt_tokens`` counts cached tokens too; ``prompt_tokens_details.
+    cached_tokens`` says how many were read from the prompt cache."""
     if not isinstance(raw, dict):
         return Usage()
-    return Usage(as_int(raw.get("prompt_tokens")), as_int(raw.get("completion_tokens")))
+    details = raw.get("prompt_tokens_details")
+    cached = as_int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return Usage(as_int(raw.get("prompt_tokens")), as_int(raw.get("completion_tokens")), cached)
 
 
 def parse_openai_response(data: Any) -> ModelReply:

@@ -99,14 +99,24 @@ class ToolResult:
 
 @attrs.frozen
 class Usage:
-    """Token counts reported by the provider."""
+    """Token counts reported by the provider.
+
+    ``input_tokens`` counts every input token, those read from the provider's prompt
+    cache included (OpenAI's ``prompt_tokens`` does; the Anthropic provider adds
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` to its
+    ``input_tokens``, which leaves them out); ``cached_input_tokens`` says how many of
+    them came from the cache (billed cheaper). Schema 6, written only when not zero.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = attrs.field(default=0, metadata=_SINCE_6_OMITTED_AT_DEFAULT)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
         )
 
     @property

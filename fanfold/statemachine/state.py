@@ -59,6 +59,8 @@ class Conversation:
     written_off: tuple[str, ...] = ()
     deadline_timer: int | None = None
     usage_children: int = attrs.field(default=0, metadata={"since": 2})
+    # Of usage_input, the tokens read from the provider's prompt cache (schema 6).
+    usage_cached: int = attrs.field(default=0, metadata={"since": 6, "omitted_at_default": True})
 
     @property
     def is_sub_agent(self) -> bool:
@@ -87,7 +89,7 @@ class Conversation:
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.usage_input, self.usage_output)
+        return Usage(self.usage_input, self.usage_output, self.usage_cached)
 
     @property
     def outcome(self) -> ChildOutcome | None:

@@ -521,6 +521,7 @@ def _on_model_failed(state: Conversation, phase: LlmRequesting, error: ModelErro
         # against the token budget, which may end the conversation instead of a retry.
         state = state.evolve(
             usage_input=state.usage_input + error.usage.input_tokens,
+            usage_cached=state.usage_cached + error.usage.cached_input_tokens,
             usage_output=state.usage_output + error.usage.output_tokens,
         )
         budget = state.limits.max_tokens
@@ -558,6 +559,7 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
     truncated = reply.stop_reason == STOP_MAX_TOKENS and not reply.tool_calls
     state = state.evolve(
         usage_input=state.usage_input + reply.usage.input_tokens,
+        usage_cached=state.usage_cached + reply.usage.cached_input_tokens,
         usage_output=state.usage_output + reply.usage.output_tokens,
         history=(*state.history, AssistantMessage(reply.text, reply.tool_calls, truncated)),
     )
