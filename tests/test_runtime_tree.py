@@ -185,11 +185,16 @@ def _written(path: Path) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (killed, waiting to be reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: exists
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 async def test_retries_after_rate_limits_then_success(

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -181,8 +182,8 @@ async def run_command(
         # its lifeline), and wait -- shielded, bounded -- until it has killed everything.
         os.close(lifeline_w)
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(SUPERVISOR_GRACE):
-                await process.wait()
+            if process.returncode is None:
+                await _wait_real_time(process, SUPERVISOR_GRACE)
             if process.returncode is None:
                 process.kill()
                 _kill_group(process.pid)
@@ -190,6 +191,38 @@ async def run_command(
             await stdout.aclose()
             await status.aclose()
     return _result(output.text(), report, timeout)
+
+
+async def _wait_real_time(process: trio.Process, seconds: float) -> None:
+    """Wait until ``process`` exits, at most ``seconds`` of real time.
+
+    Real time, not Trio's clock: the supervisor needs a few real milliseconds to kill
+    what the command started, whatever clock the application runs Trio on. On a clock
+    that skips idle time (a test's autojump clock, a simulation) a Trio deadline passes
+    at once, and the supervisor was killed before it could kill the command's own
+    session, which then ran on (found by a test whose cancel came while the shell ran).
+    """
+    if not hasattr(os, "waitid"):  # macOS: Trio's clock is the only timer at hand
+        with trio.move_on_after(seconds):
+            await process.wait()
+        return
+    exited = await trio.to_thread.run_sync(_exits_within, process.pid, seconds)
+    if exited:
+        await process.wait()  # reaps it (the thread only looked)
+
+
+def _exits_within(pid: int, seconds: float) -> bool:
+    """Whether child ``pid`` has exited within ``seconds`` (it is not reaped)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True  # already reaped
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
 
 
 async def _read_all(stream: trio.lowlevel.FdStream) -> bytes:
