@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -436,3 +437,76 @@ def test_the_live_view_counts_down_to_a_retry_and_names_the_error() -> None:
     now[0] += 60
     assert "retrying in 0s" in rendered()  # overdue: never a negative count
     assert display.describe(after) == "rate_limit error, waiting to retry (attempt 2)"
+
+
+def test_show_gives_cached_tokens_and_costs_at_the_profiles_prices(tmp_path: Path) -> None:
+    """Issue 13, items 6 and 7, over loopback: the server reports cached prompt tokens
+    (``prompt_tokens_details.cached_tokens``); the profiles have prices; show gives each
+    agent's cached tokens and cost, and the tree's cost, from the log and the recorded
+    configuration alone. A child on a profile without prices leaves the tree's cost out."""
+    from fakeserver import FakeServer, Json, first_user_contains
+
+    def completion(text: str, calls: list[dict[str, Any]], usage: dict[str, Any]) -> Json:
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if calls:
+            message["tool_calls"] = calls
+        finish = "tool_calls" if calls else "stop"
+        choice = {"index": 0, "message": message, "finish_reason": finish}
+        return Json({"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage})
+
+    spawn = {
+        "id": "call_s",
+        "type": "function",
+        "function": {
+            "name": "spawn_agents",
+            "arguments": json.dumps({"tasks": [{"task": "cheap one"}]}),
+        },
+    }
+    submit = {
+        "id": "call_r",
+        "type": "function",
+        "function": {"name": "submit_result", "arguments": json.dumps({"result": "done"})},
+    }
+    cached = {"prompt_tokens": 2000, "completion_tokens": 100}
+    cached["prompt_tokens_details"] = {"cached_tokens": 1500}  # type: ignore[assignment]
+    with FakeServer() as server:
+        for sub_prices, expect_tree in (("input = 0.5\noutput = 1.0\n", True), ("", False)):
+            server.when(
+                first_user_contains("cost me"),
+                completion("", [spawn], cached),
+                completion("all done", [], {"prompt_tokens": 3000, "completion_tokens": 50}),
+            )
+            server.when(
+                first_user_contains("cheap one"),
+                completion("", [submit], {"prompt_tokens": 1000, "completion_tokens": 10}),
+            )
+            config = tmp_path / f"fanfold-{expect_tree}.toml"
+            priced_sub = f"[profiles.small.prices]\n{sub_prices}" if sub_prices else ""
+            config.write_text(
+                "default = 'big'\nsub_agents = 'small'\n"
+                f"[profiles.big]\nprovider = 'openai'\nbase_url = '{server.url}/v1'\n"
+                "model = 'big-1'\nstream = false\n"
+                "[profiles.big.prices]\ninput = 3.0\ncached_input = 0.3\noutput = 15.0\n"
+                f"[profiles.small]\nprovider = 'openai'\nbase_url = '{server.url}/v1'\n"
+                f"model = 'small-1'\nstream = false\n{priced_sub}",
+                encoding="utf-8",
+            )
+            db = str(tmp_path / f"cost-{expect_tree}.db")
+            runner = CliRunner()
+            _invoke(runner, "run", "--no-live", "--db", db, "--config", str(config), "cost me")
+            with Store.open(Path(db)) as store:
+                (root,) = store.list_roots()
+            tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
+            (child,) = tree["children"]
+            assert (tree["input_tokens"], tree["cached_input_tokens"]) == (5000, 1500)
+            # Root: 3500 fresh input at $3, 1500 cached at $0.3, 150 output at $15 / M.
+            root_cost = (3500 * 3.0 + 1500 * 0.3 + 150 * 15.0) / 1e6
+            assert tree["cost"] == pytest.approx(root_cost)
+            if expect_tree:
+                assert child["cost"] == pytest.approx((1000 * 0.5 + 10 * 1.0) / 1e6)
+                assert tree["tree_cost"] == pytest.approx(root_cost + child["cost"])
+            else:
+                assert child["cost"] is None and tree["tree_cost"] is None
+            shown = _invoke(runner, "show", root.id, "--db", db).output
+            assert "1500 input from the prompt cache" in shown
+            assert ("cost: $" in shown) is expect_tree

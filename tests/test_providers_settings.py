@@ -181,6 +181,11 @@ BASE = "[profiles.a]\nprovider = 'openai'\nmodel = 'm'\n"
         ("tool_choice = 'always'", "tool_choice", "auto, required, none"),
         ("parallel_tool_calls = 'no'", "parallel_tool_calls", "true or false"),
         ("reasoning_effort = 'max'", "reasoning_effort", "must be one of"),
+        ("prices = 3", "prices", "must be a table"),
+        ("prices = { input = 1 }", "prices", "needs output"),
+        ("prices = { input = 1, output = 2, cache = 1 }", "prices", "unknown price(s) cache"),
+        ("prices = { input = -1, output = 2 }", "prices.input", ">= 0"),
+        ("prices = { input = 1, output = 'free' }", "prices.output", "number"),
     ],
 )
 def test_bad_settings_are_refused(tmp_path: Path, extra: str, key: str, problem: str) -> None:
@@ -189,6 +194,30 @@ def test_bad_settings_are_refused(tmp_path: Path, extra: str, key: str, problem:
         load_config(environ=environ)
     assert caught.value.key == f"profiles.a.{key}"
     assert problem in caught.value.problem
+
+
+def test_prices_and_prompt_caching_are_read(tmp_path: Path) -> None:
+    """Issue 13, items 6 and 7: prices per million tokens (cached input defaults to
+    the input price when not given); prompt caching is an Anthropic setting, on unless
+    turned off, and refused on OpenAI-compatible profiles, which cache by themselves."""
+    from fanfold.providers.config import Prices
+
+    environ = load(
+        tmp_path,
+        "[profiles.a]\nprovider = 'anthropic'\nmodel = 'm'\nprompt_caching = false\n"
+        "[profiles.a.prices]\ninput = 3\noutput = 15\n",
+    )
+    profile = load_config(environ=environ).profile("a")
+    assert profile.prices == Prices(3.0, 15.0, None)
+    assert profile.prices.cost(1_000_000, 400_000, 0) == pytest.approx(3.0)
+    assert Prices(3.0, 15.0, 0.3).cost(1_000_000, 400_000, 100_000) == pytest.approx(
+        0.6 * 3.0 + 0.4 * 0.3 + 0.1 * 15.0
+    )
+    assert profile.settings.prompt_caching is False
+    assert RequestSettings().prompt_caching is True
+    environ = load(tmp_path, BASE + "prompt_caching = true\n")
+    with pytest.raises(ConfigError, match="not supported by the openai API"):
+        load_config(environ=environ)
 
 
 @pytest.mark.parametrize("setting", ["seed = 1", "reasoning_effort = 'low'"])

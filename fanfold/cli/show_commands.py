@@ -23,9 +23,11 @@ from fanfold.cli.display import (
     write_text,
 )
 from fanfold.cli.errors import user_errors
+from fanfold.cli.models import recorded_config
 from fanfold.cli.output import console
 from fanfold.cli.turns import last_answer
 from fanfold.db import Store
+from fanfold.providers.config import Config
 from fanfold.statemachine import Completed, Conversation, Error, Failed, Idle, spawn_order
 
 
@@ -72,7 +74,10 @@ def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> No
     with user_errors():
         store = open_store(db, read_only=True)
         try:
-            node = _show_node(store, conversation_id)
+            row = store.conversation(conversation_id)
+            record = store.tree_record(row.root_id)
+            config = recorded_config(record.provider if record is not None else None)
+            node = _show_node(store, conversation_id, config)
         finally:
             store.close()
     if as_json:
@@ -83,6 +88,9 @@ def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> No
     tree = Tree(node.label(), highlight=False)
     _add_nodes(tree, node.children)
     console.print(tree)
+    total = node.tree_cost()
+    if total is not None:
+        console.print(Text(f"cost: {_money(total)} (at the prices of the profiles used)"))
     if isinstance(node.state.phase, Idle) and node.outcome():
         console.rule("answer")
         write_text(console, clip(node.outcome(), full=full))
@@ -90,13 +98,21 @@ def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> No
 
 @attrs.frozen
 class ShowNode:
-    """One conversation of `fanfold show`, with its children."""
+    """One conversation of `fanfold show`, with its children. ``cost``: what its own
+    model calls cost at its profile's prices (None without prices)."""
 
     state: Conversation
     task: str
     status: str
     duration: float
     children: tuple[ShowNode, ...]
+    cost: float | None = None
+
+    def tree_cost(self) -> float | None:
+        """The cost of this conversation and every one below it; None unless every
+        one of them has prices."""
+        costs = [self.cost, *(child.tree_cost() for child in self.children)]
+        return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
 
     def outcome(self) -> str:
         """A sub-agent's result or error; a root's answer (its last text) or error."""
@@ -135,6 +151,11 @@ class ShowNode:
             "max_rounds": state.limits.max_rounds,
             "tool_calls": tool_call_count(state),
             "tokens": state.usage.total,
+            "input_tokens": state.usage_input,
+            "cached_input_tokens": state.usage_cached,
+            "output_tokens": state.usage_output,
+            "cost": self.cost,
+            "tree_cost": self.tree_cost(),
             "tree_tokens": state.tokens_spent,
             "max_tokens": state.limits.max_tokens,
             "outcome": self.outcome(),
@@ -161,7 +182,9 @@ class ShowNode:
             (
                 f"({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
                 f"{state.limits.max_rounds}, {tool_call_count(state)} tool calls, "
-                f"{_tokens(state)})",
+                f"{_tokens(state)}"
+                + (f", {_money(self.cost)}" if self.cost is not None else "")
+                + ")",
                 "dim",
             ),
         )
@@ -186,6 +209,8 @@ def _tokens(state: Conversation) -> str:
     """``120 tokens``; with sub-agents ``120 tokens, 900 with sub-agents``; and the
     budget when there is one (it covers the whole tree)."""
     text = f"{state.usage.total} tokens"
+    if state.usage_cached:
+        text += f" ({state.usage_cached} input from the prompt cache)"
     if state.usage_children:
         text += f", {state.tokens_spent} with sub-agents"
     if state.limits.max_tokens is not None:
@@ -193,10 +218,16 @@ def _tokens(state: Conversation) -> str:
     return text
 
 
-def _show_node(store: Store, conversation_id: str) -> ShowNode:
+def _show_node(store: Store, conversation_id: str, config: Config | None = None) -> ShowNode:
     row = store.conversation(conversation_id)
     assert row is not None
     state = store.load_state(conversation_id)
+    cost = None
+    if config is not None:
+        # The profile its calls went to, chosen as the router chose it.
+        prices = config.resolve(state.model, state.depth)[0].prices
+        if prices is not None:
+            cost = prices.cost(state.usage_input, state.usage_cached, state.usage_output)
     return ShowNode(
         # The state's task is the exact text; the row's is a copy made storable.
         state=state,
@@ -204,10 +235,15 @@ def _show_node(store: Store, conversation_id: str) -> ShowNode:
         status=row.status,
         duration=round(row.updated_at - row.created_at, 2),
         children=tuple(
-            _show_node(store, c.id)
+            _show_node(store, c.id, config)
             for c in sorted(store.children(conversation_id), key=lambda c: spawn_order(c.id))
         ),
+        cost=cost,
     )
+
+
+def _money(amount: float) -> str:
+    return f"${amount:.4f}" if amount < 1 else f"${amount:.2f}"
 
 
 def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:
