@@ -150,6 +150,10 @@ def ordinary_tools(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
 
 # One-entry caches of the two functions above (results are immutable, so sharing them
 # is invisible but for memory and the codec's memo, which is keyed by identity).
+# A speed (memory) trick kept because a benchmark shows it pays: with them a waiting
+# sub-agent holds 7.7-8.0 KB of Python heap at N = 1000, without them 12.8-14.5 KB
+# (bench/sections.py memory(), 2026-11-24, two runs each): every child's state would
+# hold its own tool tuples, and the codec's memo their encodings.
 _last_offered: list[tuple[tuple[ToolSpec, ...], bool, bool, tuple[ToolSpec, ...]] | None] = [None]
 _last_ordinary: list[tuple[tuple[ToolSpec, ...], tuple[ToolSpec, ...]] | None] = [None]
 
