@@ -82,3 +82,23 @@ def test_every_command_on_a_damaged_file_is_clean(
             errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
             assert len(errors) >= 1, (what, result.output)
             assert all(len(line) < 1000 for line in errors), (what, "an error line too long")
+
+
+def test_an_empty_file_is_an_empty_log_left_untouched(tmp_path: Path) -> None:
+    """A run killed in its first milliseconds leaves an empty SQLite file. Reading it
+    is not an error to `ls` (no conversations, said as such), a clear one to `show`,
+    the file stays as it was, and the next `run` sets it up (found by issue 10's kill
+    -9 campaign: it used to be "not a fanfold log")."""
+    db = tmp_path / "empty.db"
+    db.touch()
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["ls", "--db", str(db)])
+    assert listed.exit_code == 0, listed.output
+    assert "empty log" in listed.output and "Traceback" not in listed.output
+    shown = runner.invoke(cli, ["show", "abc", "--db", str(db)])
+    assert shown.exit_code == 2
+    assert "is an empty log: nothing was recorded in it" in shown.output
+    assert db.stat().st_size == 0
+    ran = runner.invoke(cli, ["run", "--no-live", "--db", str(db), "Review this repository"])
+    assert ran.exit_code == 0, ran.output
+    assert runner.invoke(cli, ["ls", "--db", str(db)]).output.count("idle") == 1

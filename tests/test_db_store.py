@@ -19,6 +19,7 @@ from fanfold.db import (
     CannotOpen,
     CodecError,
     ConversationRow,
+    EmptyLog,
     InvalidStep,
     ReadOnlyStore,
     ReplayError,
@@ -172,9 +173,16 @@ def test_read_only_opening_refuses_what_it_cannot_read_without_writing(tmp_path:
         Store.open(tmp_path / "missing.db", read_only=True)
     empty = tmp_path / "empty.db"
     empty.touch()
-    with pytest.raises(CannotOpen, match="has no tables"):
+    with pytest.raises(EmptyLog, match="is an empty log"):  # a CannotOpen
         Store.open(empty, read_only=True)
     assert empty.read_bytes() == b""
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:  # an SQLite file with only fanfold's meta
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    conn.close()
+    with pytest.raises(CannotOpen, match="not a fanfold log") as caught:
+        Store.open(other, read_only=True)
+    assert not isinstance(caught.value, EmptyLog)
     notes = tmp_path / "notes.db"
     notes.write_bytes(b"not a database" * 100)
     with pytest.raises(CannotOpen, match="is not an SQLite database"):

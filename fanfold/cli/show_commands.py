@@ -24,9 +24,9 @@ from fanfold.cli.display import (
 )
 from fanfold.cli.errors import user_errors
 from fanfold.cli.models import recorded_config
-from fanfold.cli.output import console
+from fanfold.cli.output import console, hint
 from fanfold.cli.turns import last_answer
-from fanfold.db import Store
+from fanfold.db import EmptyLog, Store
 from fanfold.providers.config import Config
 from fanfold.statemachine import Completed, Conversation, Error, Failed, Idle, spawn_order
 
@@ -36,7 +36,14 @@ from fanfold.statemachine import Completed, Conversation, Error, Failed, Idle, s
 def list_conversations(db: Path | None) -> None:
     """List root conversations (sub-agents are shown by `fanfold show`)."""
     with user_errors():
-        store = open_store(db, read_only=True)
+        try:
+            store = open_store(db, read_only=True)
+        except EmptyLog as empty:
+            # Nothing recorded yet (a run stopped before its first write): no
+            # conversations, said as such, not an error.
+            hint(str(empty), style="dim")
+            console.print(Table("id", "status", "created", "sub-agents", "task"))
+            return
         try:
             table = Table("id", "status", "created", "sub-agents", "task")
             for row in store.list_roots():

@@ -52,6 +52,12 @@ class CannotOpen(DatabaseError):
     """True if SQLite could not open the file at all (SQLITE_CANTOPEN)."""
 
 
+class EmptyLog(CannotOpen):
+    """A database with no tables at all, opened for reading: nothing was ever recorded
+    in it (``fanfold run`` killed before its first write leaves one). Commands that
+    only read show it as a log without conversations; one that writes sets it up."""
+
+
 class ReadOnlyStore(DatabaseError):
     """A write was asked of a Store opened with ``read_only=True``; nothing was written."""
 

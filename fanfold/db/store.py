@@ -50,6 +50,7 @@ from fanfold.db.errors import (
     CannotOpen,
     CodecError,
     ConversationExists,
+    EmptyLog,
     InvalidStep,
     ReadOnlyStore,
     ReplayError,
@@ -348,6 +349,12 @@ class Store:
             store = cls(conn, name, read_only=True)
             store._refuse_foreign()
             if not store._db.table("migrations").exists():
+                if not store._db.table_names():
+                    raise EmptyLog(
+                        f"{name} is an empty log: nothing was recorded in it (a run stopped "
+                        "before its first write leaves one; the next `fanfold run --db` "
+                        "sets it up)"
+                    )
                 raise CannotOpen(f"{name} is not a fanfold log (it has no tables)")
             check_current(store._db)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(events)")}
