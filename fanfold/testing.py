@@ -1401,6 +1401,7 @@ def _check_fixed(before: Conversation, after: Conversation) -> None:
         "cwd",
         "task",
         "system_prompt",
+        "sub_agent_prompt",
         "model",
         "limits",
         "tools",
@@ -1767,6 +1768,14 @@ def _check_within_parent_limits(parent: Limits, spawn: SpawnSubAgent, after: Con
         problems.append(f"limits {spawn.limits} are not the parent's {parent}")
     if not _lexically_inside(spawn.cwd, after.cwd):
         problems.append(f"cwd {spawn.cwd!r} is not inside the parent's {after.cwd!r}")
+    # The child is told the sub-agent prompt (its role), passed on down the tree; a
+    # parent without one (logs before schema 6) passes its own system prompt.
+    told = after.system_prompt if after.sub_agent_prompt is None else after.sub_agent_prompt
+    if (spawn.system_prompt, spawn.sub_agent_prompt) != (told, after.sub_agent_prompt):
+        problems.append(
+            f"system prompt {spawn.system_prompt!r} / {spawn.sub_agent_prompt!r}, "
+            f"expected {told!r} / {after.sub_agent_prompt!r}"
+        )
     if problems:
         _fail(
             "a child never exceeds its parent's limits",

@@ -774,3 +774,47 @@ def test_printable_escapes_terminal_and_bidirectional_controls_and_keeps_the_res
     assert printable("a\x1b[2Jb\x9b\x07\rc") == "a\\x1b[2Jb\\x9b\\x07\\x0dc"
     assert printable("user\u202egnp.exe") == "user\\u202egnp.exe"  # shown in order
     assert printable("\u2066x\u2069\u200f") == "\\u2066x\\u2069\\u200f"
+
+
+def test_the_roots_system_prompt_comes_from_the_options_or_the_config(tmp_path: Path) -> None:
+    """Issue 12, system prompts: `--system` or `--system-file` (not both), else the
+    config's `system_prompt`; sub-agents are told the sub-agent prompt, their role.
+    What each model was told is in its state (and so in the log and in replay)."""
+    from fanfold.db import Store
+    from fanfold.statemachine import SUB_AGENT_PROMPT
+
+    script = _write(tmp_path / "s.json", FAST_SCRIPT)
+    runner = CliRunner()
+
+    def told(*options: str) -> tuple[str, list[str]]:
+        db = tmp_path / f"db{len(list(tmp_path.glob('db*')))}.db"
+        args = ["run", "--no-live", "--db", str(db), *options, "--cwd", str(tmp_path), "go"]
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        with Store.open(db) as store:
+            (row,) = store.list_roots()
+            children = [c.id for c in store.children(row.id)]
+            return (
+                store.load_state(row.id).system_prompt,
+                [store.load_state(c).system_prompt for c in children],
+            )
+
+    root, children = told("--script", str(script), "--system", "Answer in French.")
+    assert root == "Answer in French." and children and set(children) == {SUB_AGENT_PROMPT}
+    prompt_file = tmp_path / "prompt.md"
+    prompt_file.write_text("Be terse.\nCite files.\n", encoding="utf-8")
+    assert told("--script", str(script), "--system-file", str(prompt_file))[0] == (
+        "Be terse.\nCite files.\n"
+    )
+    twice = ["--system", "a", "--system-file", str(prompt_file)]
+    both = runner.invoke(
+        cli, ["run", "--db", str(tmp_path / "x.db"), "--script", str(script), *twice, "go"]
+    )
+    assert both.exit_code == 2 and "not both" in both.output
+    config = tmp_path / "fanfold.toml"
+    config.write_text(
+        'system_prompt = "From the config."\n[profiles.offline]\nprovider = "scripted"\n',
+        encoding="utf-8",
+    )
+    assert told("--config", str(config))[0] == "From the config."
+    assert told("--config", str(config), "--system", "Given.")[0] == "Given."

@@ -73,6 +73,27 @@ def test_spawn_agents_starts_one_child_per_task_with_deterministic_ids() -> None
     assert state.spawned == 3
 
 
+def test_sub_agents_are_told_the_sub_agent_prompt_down_the_tree() -> None:
+    """Issue 12, system prompts: a root created with a sub-agent prompt gives it to its
+    children as their system prompt (not its own) and passes it on, so grandchildren
+    get it too; without one (logs before schema 6) a child gets its parent's prompt."""
+    lim = Limits(max_depth=2)
+    told = "You are a sub-agent."
+    parent = steps(root(lim, sub_agent_prompt=told), user("go"))
+    parent, effects = step(parent, replied(parent, spawn("s1", "a")))
+    (spawned,) = of_type(effects, SpawnSubAgent)
+    assert (spawned.system_prompt, spawned.sub_agent_prompt) == (told, told)
+    child, _ = begin(spawned.created_event())
+    assert (child.system_prompt, child.sub_agent_prompt) == (told, told)
+    child, effects = step(child, replied(child, spawn("s2", "b")))
+    (grandchild,) = of_type(effects, SpawnSubAgent)
+    assert (grandchild.system_prompt, grandchild.sub_agent_prompt) == (told, told)
+    legacy = steps(root(lim), user("go"))
+    legacy, effects = step(legacy, replied(legacy, spawn("s1", "a")))
+    (spawned,) = of_type(effects, SpawnSubAgent)
+    assert (spawned.system_prompt, spawned.sub_agent_prompt) == ("be brief", None)
+
+
 def test_child_ids_continue_across_rounds_and_replay_identically() -> None:
     state = steps(root(), user("go"))
     events: list[Event] = [user("go")]

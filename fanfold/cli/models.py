@@ -40,6 +40,7 @@ class ModelChoice:
     recorded: ProviderDescription
     retry: RetryPolicy = RetryPolicy()
     env_policy: EnvPolicy = EnvPolicy()
+    system_prompt: str = ""
 
     def tools(self) -> ToolSet:
         """The tool set, bash commands' environments under ``env_policy``."""
@@ -121,7 +122,12 @@ def _model_choice(config: Config, model: str | None, demo_script: Path) -> Model
     )
     env_policy = EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env))
     return ModelChoice(
-        ProviderRouter(config, scripted=demo), what, recorded, config.retry_policy(), env_policy
+        ProviderRouter(config, scripted=demo),
+        what,
+        recorded,
+        config.retry_policy(),
+        env_policy,
+        config.system_prompt,
     )
 
 

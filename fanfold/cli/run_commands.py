@@ -65,6 +65,18 @@ from fanfold.statemachine import Conversation, Limits
     default=None,
     help="Write structured JSON logs here (default: next to the database).",
 )
+@click.option(
+    "--system",
+    "system_text",
+    default=None,
+    help="System prompt of the root conversation (default: system_prompt in the config).",
+)
+@click.option(
+    "--system-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the root's system prompt from a file.",
+)
 @click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
 @db_option
 def run(
@@ -80,6 +92,8 @@ def run(
     max_depth: int | None,
     max_tokens: int | None,
     json_log: Path | None,
+    system_text: str | None,
+    system_file: Path | None,
     no_live: bool,
     db: Path | None,
 ) -> None:
@@ -95,6 +109,11 @@ def run(
         raise CliError("the task is empty")
     if not cwd.is_dir():
         raise CliError(f"--cwd {cwd} is not a directory")
+    if system_text is not None and system_file is not None:
+        raise CliError("give --system or --system-file, not both")
+    system = system_text
+    if system_file is not None:
+        system = _read_text(system_file, "--system-file")
     path = db or default_db()
     open_logs(path, json_log)
     with user_errors(path):
@@ -111,17 +130,23 @@ def run(
         }
         limits = choice.retry.apply(Limits(**overrides))
         hint(f"model: {choice.description}; log: {path}", style="dim")
-        result = run_trio(_run_main, path, choice, text, cwd, limits, not no_live)
+        if system is None:
+            system = choice.system_prompt
+        result = run_trio(_run_main, path, choice, text, cwd, limits, system, not no_live)
     print_result(*result, db=path)
 
 
 def _read_task(task_file: Path) -> str:
+    return _read_text(task_file, "--file")
+
+
+def _read_text(path: Path, option: str) -> str:
     try:
-        return task_file.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise CliError(f"--file {task_file} is not UTF-8 text") from None
+        raise CliError(f"{option} {path} is not UTF-8 text") from None
     except OSError as exc:
-        raise CliError(f"cannot read --file {task_file}: {exc.strerror or exc}") from None
+        raise CliError(f"cannot read {option} {path}: {exc.strerror or exc}") from None
 
 
 async def _run_main(
@@ -131,6 +156,7 @@ async def _run_main(
     text: str,
     cwd: Path,
     limits: Limits,
+    system: str,
     live: bool,
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
@@ -149,7 +175,9 @@ async def _run_main(
                 on_progress=view.progress,
                 provider_description=choice.recorded,
             ) as runtime:
-                conversation_id = await runtime.start(text, cwd=cwd, limits=limits)
+                conversation_id = await runtime.start(
+                    text, cwd=cwd, limits=limits, system_prompt=system
+                )
                 interruption = await watch(runtime, conversation_id, view, live, signals)
                 return conversation_id, runtime.state(conversation_id), interruption
     finally:

@@ -203,6 +203,9 @@ class Config:
     source: str = "built-in"
     pass_env: tuple[str, ...] = ()
     replaced_key_variables: tuple[str, ...] = ()
+    system_prompt: str = ""
+    """The root conversations' system prompt (``system_prompt`` at the top of the
+    file); ``fanfold run --system``/``--system-file`` replace it."""
 
     def __attrs_post_init__(self) -> None:
         names = self.names()
@@ -316,7 +319,7 @@ OFFLINE = Config(profiles=(Profile(OFFLINE_PROFILE, "scripted"),), default=OFFLI
 
 # ------------------------------------------------------------------ parsing
 
-_TOP_KEYS = {"default", "sub_agents", "profiles", "retry", "tools"}
+_TOP_KEYS = {"default", "sub_agents", "profiles", "retry", "tools", "system_prompt"}
 _PROFILE_KEYS = {
     "provider",
     "base_url",
@@ -757,7 +760,19 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     sub_agents = _string(data["sub_agents"], source, "sub_agents") if "sub_agents" in data else None
     retry = _retry(data["retry"], source) if "retry" in data else RetryPolicy()
     pass_env = _pass_env(data["tools"], source) if "tools" in data else ()
-    return Config(profiles, default, sub_agents, retry, source, pass_env)
+    system_prompt = (
+        _text(data["system_prompt"], source, "system_prompt") if "system_prompt" in data else ""
+    )
+    return Config(
+        profiles, default, sub_agents, retry, source, pass_env, system_prompt=system_prompt
+    )
+
+
+def _text(value: Any, path: str, key: str) -> str:
+    """A string, empty allowed (a prompt); refused if it is not one."""
+    if not isinstance(value, str):
+        raise ConfigError("must be a string", path=path, key=key)
+    return value
 
 
 def config_path(environ: Mapping[str, str], cwd: Path) -> Path | None:

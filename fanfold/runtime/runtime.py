@@ -27,6 +27,7 @@ from fanfold.runtime.presence import DatabaseInUse, Presence
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
 from fanfold.statemachine import (
+    SUB_AGENT_PROMPT,
     CancelReason,
     CancelRequested,
     Conversation,
@@ -195,6 +196,7 @@ class Runtime:
         limits: Limits,
         system_prompt: str,
         logger: Any,
+        sub_agent_prompt: str | None = SUB_AGENT_PROMPT,
         observer: Observer | None,
         on_progress: Callable[[StreamProgress], None] | None,
         clock: Callable[[], float],
@@ -214,6 +216,7 @@ class Runtime:
         self.writer = writer
         self.limits = limits
         self.system_prompt = system_prompt
+        self.sub_agent_prompt = sub_agent_prompt
         self.logger = logger
         self.on_progress = on_progress
         self.redact = redact
@@ -248,6 +251,7 @@ class Runtime:
         *,
         limits: Limits | None = None,
         system_prompt: str = "",
+        sub_agent_prompt: str | None = SUB_AGENT_PROMPT,
         logger: Any = None,
         observer: Observer | None = None,
         on_progress: Callable[[StreamProgress], None] | None = None,
@@ -273,6 +277,12 @@ class Runtime:
         ``redact`` is applied to tool output and model text before they are logged;
         by default it removes the values of this process's secret-looking environment
         variables (:class:`~fanfold.tools.secrets.EnvPolicy`).
+
+        ``system_prompt`` is the root conversations' system prompt;
+        ``sub_agent_prompt`` the one every sub-agent below them gets (default
+        ``SUB_AGENT_PROMPT``: its role, and to finish with ``submit_result`` or
+        ``submit_error``; None: sub-agents get their parent's system prompt). Both are
+        recorded in the root's creation event, so replay shows what each model was told.
 
         ``gc_policy`` is the collector policy while the runtime is open (DESIGN.md,
         "Memory and the collector"): "tuned" (the default) freezes the objects alive
@@ -303,6 +313,7 @@ class Runtime:
                     writer=writer,
                     limits=limits or Limits(),
                     system_prompt=system_prompt,
+                    sub_agent_prompt=sub_agent_prompt,
                     logger=logger if logger is not None else structlog.get_logger("fanfold"),
                     observer=observer,
                     on_progress=on_progress,
@@ -355,6 +366,7 @@ class Runtime:
             model=model,
             limits=limits or self.limits,
             tools=self.tools.specs(),
+            sub_agent_prompt=self.sub_agent_prompt,
         )
         tree = TreeRecord(
             conversation_id,

@@ -26,6 +26,7 @@ from fanfold.statemachine.children import (
 from fanfold.statemachine.control_tools import (
     CONTROL_TOOLS,
     SPAWN_AGENTS,
+    SUB_AGENT_PROMPT,
     SUBMIT_ERROR,
     SUBMIT_RESULT,
     offered_tools,
@@ -115,6 +116,7 @@ __all__ = [
     "STOP_REFUSAL",
     "SUBMIT_ERROR",
     "SUBMIT_RESULT",
+    "SUB_AGENT_PROMPT",
     "TERMINAL_PHASES",
     "AbortCall",
     "AssistantMessage",

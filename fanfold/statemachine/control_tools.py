@@ -98,6 +98,15 @@ SUBMIT_ERROR_SPEC = ToolSpec.from_schema(
     },
 )
 
+SUB_AGENT_PROMPT = (
+    "You are a sub-agent: another agent delegated one task to you, the first user "
+    "message. Work on it on your own with the tools you have; nobody answers your "
+    "questions. When you are done, call submit_result with your complete result (the "
+    "delegating agent sees nothing else of your work); if you cannot do the task, call "
+    "submit_error saying why."
+)
+"""The default system prompt of sub-agents (``Runtime.open(sub_agent_prompt=...)``)."""
+
 GRACE_PROMPT = (
     "You have used all your model rounds. Do not call any more tools except "
     "submit_result or submit_error: call submit_result now with your best result."

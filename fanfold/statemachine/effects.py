@@ -97,6 +97,9 @@ class SpawnSubAgent:
     tools: tuple[ToolSpec, ...]
     system_prompt: str
     model: str | None
+    sub_agent_prompt: str | None = attrs.field(
+        default=None, metadata={"since": 6, "omitted_at_default": True}
+    )
 
     def created_event(self, workdir: WorkingDirectory | None = None) -> ConversationCreated:
         """The child's first event, built from this effect with no decisions left;
@@ -114,6 +117,7 @@ class SpawnSubAgent:
             tools=self.tools,
             timeout=self.timeout,
             workdir=workdir,
+            sub_agent_prompt=self.sub_agent_prompt,
         )
 
 

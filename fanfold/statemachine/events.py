@@ -44,6 +44,8 @@ class ConversationCreated:
     outside its parent's or the project, or is no directory: then it ends Failed
     (``invalid_cwd``) without a model call. ``workdir`` is None when nobody looked
     (a test, or a log of schema 2).
+    ``sub_agent_prompt``: the system prompt its sub-agents get (and theirs); None (logs
+    before schema 6): they get this conversation's own ``system_prompt``.
     """
 
     conversation_id: str
@@ -58,6 +60,9 @@ class ConversationCreated:
     tools: tuple[ToolSpec, ...] = ()
     timeout: float | None = None
     workdir: WorkingDirectory | None = attrs.field(default=None, metadata={"since": 3})
+    sub_agent_prompt: str | None = attrs.field(
+        default=None, metadata={"since": 6, "omitted_at_default": True}
+    )
 
 
 @attrs.frozen

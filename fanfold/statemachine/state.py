@@ -61,6 +61,10 @@ class Conversation:
     usage_children: int = attrs.field(default=0, metadata={"since": 2})
     # Of usage_input, the tokens read from the provider's prompt cache (schema 6).
     usage_cached: int = attrs.field(default=0, metadata={"since": 6, "omitted_at_default": True})
+    # The system prompt of its sub-agents (None: its own, as before schema 6).
+    sub_agent_prompt: str | None = attrs.field(
+        default=None, metadata={"since": 6, "omitted_at_default": True}
+    )
 
     @property
     def is_sub_agent(self) -> bool:

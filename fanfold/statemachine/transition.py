@@ -165,6 +165,7 @@ def start(created: ConversationCreated | ConversationForked) -> Transition:
         history=(),
         phase=Idle(),
         timeout=created.timeout,
+        sub_agent_prompt=created.sub_agent_prompt,
     )
     if not is_sub:
         return state, ()
@@ -929,8 +930,13 @@ def _spawn_effect(state: Conversation, spec: ChildSpec, budget: int | None) -> S
         depth=state.depth + 1,
         limits=limits,
         tools=ordinary_tools(state.tools),
-        system_prompt=state.system_prompt,
+        # A sub-agent is told its role (the sub-agent prompt), not the root's; logs
+        # before schema 6 have none, and their children inherit the parent's prompt.
+        system_prompt=(
+            state.system_prompt if state.sub_agent_prompt is None else state.sub_agent_prompt
+        ),
         model=spec.model,
+        sub_agent_prompt=state.sub_agent_prompt,
     )
 
 
