@@ -98,7 +98,8 @@ async def test_openai_tree_retries_and_fails_cleanly(tmp_path: Path, server: Fak
     # alpha: three retryable failures, then success on the 4th (last allowed) attempt;
     # beta: the fatal error is never retried.
     def first_user(request: Any) -> str:
-        return str(request.json["messages"][0]["content"])
+        messages = request.json["messages"]
+        return str(next(m["content"] for m in messages if m["role"] == "user"))
 
     users = [first_user(r) for r in server.requests]
     assert users.count("alpha: list files") == 4
