@@ -3,7 +3,10 @@
 - ``default``: 100 examples per property, for an ordinary local run;
 - ``ci``: 300 examples, loaded whenever ``CI`` is set (the state-machine tests stay
   well under a minute on two cores);
-- ``dev``: 20 examples, for quick iterations (``HYPOTHESIS_PROFILE=dev``).
+- ``dev``: 20 examples, for quick iterations (``HYPOTHESIS_PROFILE=dev``);
+- ``mutation``: 100 examples, derandomized and without the example database, for the
+  mutation run (``HYPOTHESIS_PROFILE=mutation``, see DESIGN.md "Mutation testing"):
+  a mutant is killed or not by the same examples every time.
 
 ``deadline=None`` everywhere: one example walks a conversation through dozens of
 reducer steps and checks every invariant after each, so its run time is legitimately
@@ -22,6 +25,9 @@ from hypothesis import settings
 settings.register_profile("default", max_examples=100, deadline=None)
 settings.register_profile("ci", max_examples=300, deadline=None, print_blob=True)
 settings.register_profile("dev", max_examples=20, deadline=None)
+settings.register_profile(
+    "mutation", max_examples=100, deadline=None, derandomize=True, database=None
+)
 settings.load_profile(
     "ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "default")
 )
