@@ -27,6 +27,7 @@ from fanfold.statemachine import (
     Conversation,
     Error,
     ErrorKind,
+    Failed,
     Limits,
     NotifyParent,
     SpawnSubAgent,
@@ -129,3 +130,24 @@ def test_a_queued_child_without_a_share_is_not_overtaken_by_younger_ones() -> No
     (result,) = tool_results(state)
     entries = fan_in(result.content)["sub_agent_results"]
     assert [e["status"] for e in entries] == ["failed"] * 4
+
+
+def test_spending_exactly_the_budget_ends_a_sub_agent_cancelled_by_the_limit() -> None:
+    """A reply that brings the tokens spent to exactly ``max_tokens`` and asks for tools
+    ends the conversation (the budget is spent, not exceeded), and a sub-agent's
+    outcome says who stopped it: the limit (mutation survivors: ``>`` for ``>=``, the
+    reason left out)."""
+    me = child(Limits(max_tokens=100, child_timeout=None))
+    me, effects = step(me, replied(me, spawn("s", "never"), usage=Usage(60, 40)))
+    assert me.tokens_spent == 100
+    assert isinstance(me.phase, Failed)
+    assert (me.phase.kind, me.phase.reason) == (ErrorKind.BUDGET_EXHAUSTED, CancelReason.LIMIT)
+    assert not of_type(effects, SpawnSubAgent)
+    below = child(Limits(max_tokens=101, child_timeout=None))
+    below, _ = step(below, replied(below, spawn("s", "runs"), usage=Usage(60, 40)))
+    assert not isinstance(below.phase, Failed)
+    root_state = steps(root(Limits(max_tokens=100)), user("go"))
+    root_state, _ = step(root_state, replied(root_state, spawn("s", "x"), usage=Usage(99, 1)))
+    assert isinstance(root_state.phase, Error) and root_state.phase.kind is (
+        ErrorKind.BUDGET_EXHAUSTED
+    )

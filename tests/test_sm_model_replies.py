@@ -3,6 +3,7 @@ in order; every tool call gets exactly one result before the next model call."""
 
 from __future__ import annotations
 
+import pytest
 from sm_support import (
     BASH,
     READ,
@@ -17,6 +18,8 @@ from sm_support import (
     tool_results,
     user,
 )
+from sm_support import failed as failed_reply
+from sm_support import replied as replied_to
 
 from fanfold.statemachine import (
     AbortCall,
@@ -25,13 +28,18 @@ from fanfold.statemachine import (
     CancelRequested,
     ChildSucceeded,
     Completed,
+    Error,
+    ErrorKind,
     Idle,
+    Limits,
     LlmRequesting,
+    ModelError,
     ModelReplied,
     ModelReply,
     ModelRequest,
     NotifyParent,
     RunTool,
+    TimerFired,
     ToolExecuting,
     ToolResult,
     ToolResultMessage,
@@ -161,3 +169,30 @@ def test_reply_with_text_and_tools_keeps_both_in_the_history() -> None:
     assert state.history[-1] == AssistantMessage("running ls", (tool("a"),))
     assert isinstance(state.phase, ToolExecuting)
     assert READ in state.tools
+
+
+def test_cached_input_tokens_are_counted_from_replies_and_failed_attempts() -> None:
+    """Issue 13.6: the tokens read from the prompt cache are kept apart (they are part
+    of the input tokens), from replies and from billed failed attempts alike."""
+    state = steps(root(Limits(max_attempts=3, retry_base=0.01)), user("go"))
+    billed = ModelError(ErrorKind.SERVER_ERROR, "overloaded", usage=Usage(100, 0, 80))
+    state, _ = step(state, failed_reply(state, billed))
+    assert (state.usage_input, state.usage_cached) == (100, 80)
+    state = steps(state, TimerFired(state.phase.timer))  # type: ignore[union-attr]
+    state, _ = step(state, replied_to(state, text="ok", usage=Usage(50, 5, 30)))
+    assert state.usage == Usage(150, 5, 110)
+
+
+def test_a_refusal_without_any_explanation_says_so() -> None:
+    state = steps(root(), user("go"))
+    state, _ = step(state, ModelReplied(0, ModelReply("", stop_reason="refusal")))
+    assert isinstance(state.phase, Error) and state.phase.kind is ErrorKind.REFUSED
+    assert state.phase.error == "the model refused the request: (no explanation given)"
+    state = steps(root(), user("go"))
+    state, _ = step(state, ModelReplied(0, ModelReply("I won't.", stop_reason="refusal")))
+    assert state.phase.error == "the model refused the request: I won't."  # type: ignore[union-attr]
+
+
+def test_model_request_refuses_a_state_that_awaits_no_call() -> None:
+    with pytest.raises(ValueError, match="awaits no model call \\(phase Idle\\)"):
+        model_request(root())

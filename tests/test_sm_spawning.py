@@ -4,6 +4,7 @@ children run at once and the rest start as others finish, and depth is limited."
 
 from __future__ import annotations
 
+import attrs
 from sm_support import (
     BASH,
     READ,
@@ -22,6 +23,7 @@ from sm_support import (
     user,
 )
 
+import fanfold.statemachine as sm
 from fanfold.statemachine import (
     AbortCall,
     AwaitingSubAgents,
@@ -273,3 +275,43 @@ def test_spawned_children_get_only_ordinary_tools_and_start_working() -> None:
     assert [type(e) for e in kid_effects] == [StartTimer, CallModel]
     assert kid_effects[0] == StartTimer(0, 600.0, "time limit", counts_downtime=True)
     assert kid.phase == LlmRequesting(call=1)
+
+
+def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
+    """``SpawnSubAgent.created_event`` leaves no decision to the runtime: every field the
+    two classes share is copied, none left at its default (mutation survivors: a field
+    dropped from the copy). Each field gets a value different from its default."""
+    workdir = sm.WorkingDirectory("/real/sub", "/real/parent", "/real", True)
+    spawn = SpawnSubAgent(
+        child_id="r.3",
+        parent_id="r",
+        root_id="r0",
+        task="inspect",
+        cwd="sub",
+        timeout=12.5,
+        max_rounds=7,
+        depth=2,
+        limits=Limits(max_rounds=7, max_tokens=900),
+        tools=(BASH,),
+        system_prompt="role",
+        model="small",
+        sub_agent_prompt="their role",
+    )
+    created = spawn.created_event(workdir)
+    expected = {
+        "conversation_id": "r.3",
+        "parent_id": "r",
+        "root_id": "r0",
+        "depth": 2,
+        "cwd": "sub",
+        "task": "inspect",
+        "system_prompt": "role",
+        "model": "small",
+        "limits": Limits(max_rounds=7, max_tokens=900),
+        "tools": (BASH,),
+        "timeout": 12.5,
+        "workdir": workdir,
+        "sub_agent_prompt": "their role",
+    }
+    assert {f.name for f in attrs.fields(sm.ConversationCreated)} == set(expected)
+    assert {name: getattr(created, name) for name in expected} == expected
