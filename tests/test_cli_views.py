@@ -510,3 +510,13 @@ def test_show_gives_cached_tokens_and_costs_at_the_profiles_prices(tmp_path: Pat
             shown = _invoke(runner, "show", root.id, "--db", db).output
             assert "1500 input from the prompt cache" in shown
             assert ("cost: $" in shown) is expect_tree
+        # A tree whose provenance mark does not verify (copied, edited, imported) names
+        # files of someone else's choosing: show reads none of them, and gives no cost.
+        import sqlite3
+
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE trees SET mark = 'forged'")
+        conn.close()
+        tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
+        assert tree["cost"] is None and tree["tree_cost"] is None
+        assert tree["cached_input_tokens"] == 1500  # the log itself is still shown

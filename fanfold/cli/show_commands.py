@@ -27,6 +27,7 @@ from fanfold.cli.models import recorded_config
 from fanfold.cli.output import console, hint
 from fanfold.cli.turns import last_answer
 from fanfold.db import EmptyLog, Store
+from fanfold.db.provenance import UserKey, refusal
 from fanfold.providers.config import Config
 from fanfold.statemachine import Completed, Conversation, Error, Failed, Idle, spawn_order
 
@@ -82,9 +83,7 @@ def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> No
         store = open_store(db, read_only=True)
         try:
             row = store.conversation(conversation_id)
-            record = store.tree_record(row.root_id)
-            config = recorded_config(record.provider if record is not None else None)
-            node = _show_node(store, conversation_id, config)
+            node = _show_node(store, conversation_id, _trusted_config(store, row.root_id))
         finally:
             store.close()
     if as_json:
@@ -247,6 +246,19 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
         ),
         cost=cost,
     )
+
+
+def _trusted_config(store: Store, root_id: str) -> Config | None:
+    """The configuration tree ``root_id`` recorded, for its prices, if the tree is this
+    user's own (its provenance mark verifies with the user's existing key). A log from
+    elsewhere names files of its choosing: show never reads those."""
+    record = store.tree_record(root_id)
+    key = UserKey.existing()
+    if record is None or key is None:
+        return None
+    if refusal(record, key, store.instance_id, root_id) is not None:
+        return None
+    return recorded_config(record.provider)
 
 
 def _money(amount: float) -> str:

@@ -131,6 +131,16 @@ class UserKey:
             raise KeyFileError(f"the key file {target} disappeared while it was created") from None
 
     @classmethod
+    def existing(cls, path: str | os.PathLike[str] | None = None) -> UserKey | None:
+        """The key file if it exists and is valid, else None: never creates one (for
+        commands that only read)."""
+        target = Path(path) if path is not None else default_key_path()
+        try:
+            return cls._read(target)
+        except (FileNotFoundError, KeyFileError):
+            return None
+
+    @classmethod
     def _read(cls, target: Path) -> UserKey:
         try:
             # A symlink is followed: what is checked below is the file it leads to.
