@@ -89,6 +89,8 @@ def test_schema_1_diverges_where_the_reducer_changed_since(tmp_path: Path) -> No
     (first,) = [r for r in report.results if not r.ok]
     assert first.conversation_id == root and first.findings == ()
     assert isinstance(first.divergence, Divergence) and first.divergence.seq == 1
+    # The effects read alike (a request is no longer part of them): the note says what.
+    assert "its tools differ" in first.divergence.diff()
     assert state.history
     shown = _fanfold("show", root, "--db", str(path))
     assert shown.returncode == 0, shown.stderr
@@ -127,6 +129,9 @@ def test_an_old_logs_recorded_request_is_checked_against_the_state(
     assert failed.findings == ()
     assert isinstance(failed.divergence, Divergence)
     assert failed.divergence.seq == seq
+    assert "is not the one today's reducer derives from the state: its system differ" in (
+        failed.divergence.diff()
+    )
 
 
 def test_new_steps_store_no_model_request(tmp_path: Path) -> None:

@@ -164,7 +164,8 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
         if isinstance(compared, Finding):
             yield compared
             return
-        recorded_effects, effects_match = compared
+        recorded_effects, effects_match, effect_notes = compared
+        notes = (*notes, *effect_notes)
         recorded_state = None
         if seq == snapshot_seq and snapshot_text is not None:
             if log.snapshot_checksum is not None and log.snapshot_checksum != snapshot_checksum(
@@ -261,9 +262,9 @@ def _suspicions(
 
 def _recorded_requests(
     cid: str, seq: int, recorded: tuple[RawEffect, ...], after: Conversation
-) -> bool | Finding:
-    """False if a model call recorded (before schema 6) a request other than the one
-    derived from ``after``; a Finding if one cannot be read; True otherwise."""
+) -> str | Finding | None:
+    """A note if a model call recorded (before schema 6) a request other than the one
+    derived from ``after``; a Finding if one cannot be read; None otherwise."""
     for effect in recorded:
         if effect.type != "CallModel":
             continue
@@ -282,10 +283,22 @@ def _recorded_requests(
         try:
             derived = codec.as_recorded_by(model_request(after), version)
         except ValueError:
-            return False  # the rebuilt state awaits no model call: they differ
+            return (
+                f"effect {effect.idx} recorded a model request, but the rebuilt state "
+                "awaits no model call"
+            )
         if derived != request:
-            return False
-    return True
+            differ = [
+                name
+                for name in ("system", "messages", "tools", "model")
+                if getattr(derived, name) != getattr(request, name)
+            ]
+            return (
+                f"the model request recorded with effect {effect.idx} (log schema "
+                f"{version}) is not the one today's reducer derives from the state: its "
+                f"{', '.join(differ)} differ"
+            )
+    return None
 
 
 def damaged_row(cid: str, raw: RawEvent) -> Finding | None:
@@ -343,8 +356,9 @@ def _compare_effects(
     recorded: tuple[RawEffect, ...],
     recomputed: tuple[Effect, ...],
     after: Conversation,
-) -> tuple[tuple[Effect, ...], bool] | Finding:
-    """The recorded effects, decoded, and whether the reducer reproduces them.
+) -> tuple[tuple[Effect, ...], bool, tuple[str, ...]] | Finding:
+    """The recorded effects, decoded, whether the reducer reproduces them, and notes
+    saying what differs where the effects alone cannot show it.
 
     Fast path: the recomputed effects encode to exactly the stored texts. A model
     call of a log older than schema 6 recorded its whole request: it must be the
@@ -363,10 +377,10 @@ def _compare_effects(
         t == r.payload and type(e).__name__ == r.type
         for t, r, e in zip(texts, recorded, recomputed, strict=True)
     ):
-        return recomputed, True
-    requests = _recorded_requests(cid, seq, recorded, after)
-    if isinstance(requests, Finding):
-        return requests
+        return recomputed, True, ()
+    request_note = _recorded_requests(cid, seq, recorded, after)
+    if isinstance(request_note, Finding):
+        return request_note
     decoded: list[Effect] = []
     for effect in recorded:
         try:
@@ -395,4 +409,6 @@ def _compare_effects(
             codec.as_recorded_by(new, codec.document_version(raw.payload)) == old
             for new, old, raw in zip(recomputed, decoded, recorded, strict=True)
         )
-    return tuple(decoded), same and requests
+    if request_note is not None:
+        return tuple(decoded), False, (request_note,)
+    return tuple(decoded), same, ()
