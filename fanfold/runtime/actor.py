@@ -1,20 +1,21 @@
-"""One conversation's task: read its inbox, transition, persist, execute effects.
+"""One conversation's live side: its inbox, its committed state, its calls and timers.
 
 The actor never decides anything the reducer should decide. It turns effects into
 I/O (model calls, tools, timers, messages to other conversations) and I/O outcomes
 back into events.
 
-Write-ahead without waiting: the actor folds what its inbox holds through
-``transition``, hands the steps to the writer with a callback, and goes back to its
-inbox. The writer calls back once the steps are committed; only then does the actor's
-visible ``state`` move on and do the steps' effects execute, in order. Steps of one
+An actor has no task of its own: the runtime's engine (``engine.py``) folds what its
+inbox holds through ``transition`` (``fold``), together with every other ready
+conversation, hands the steps to the writer with a callback, and commits the batch.
+Once the steps are committed the callback runs: only then does the actor's visible
+``state`` move on and do the steps' effects execute, in order. Steps of one
 conversation are committed, and their effects run, in the order they were made.
 
-An actor lives while its conversation has work in flight. Once the conversation is at
-rest (a root Idle or in Error, a sub-agent Completed or Failed), every step it made is
-committed and its inbox is empty, the actor's task ends, its worker and timers are
-stopped, and the runtime forgets it (``Runtime.unloaded``): a long-lived runtime holds
-only the conversations that are working. The log has everything else.
+An actor is loaded while its conversation has work in flight. Once the conversation
+is at rest (a root Idle or in Error, a sub-agent Completed or Failed), every step it
+made is committed and its inbox is empty, its worker and timers are stopped and the
+runtime forgets it (``Runtime.unloaded``): a long-lived runtime holds only the
+conversations that are working. The log has everything else.
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ class Actor:
         self._snapshot_size: int | None = None if created else 0
         self._snapshot_asked = False
         self._inbox: deque[Event | _Submission] = deque()
-        self._waiter: trio.lowlevel.Task | None = None
+        self.queued = False
+        """Whether the engine has this actor in its ready queue (see ``Engine.ready``)."""
+        self._unloaded = False
         self._tasks: dict[int, trio.CancelScope] = {}  # calls running in their own task
         self._timers: dict[int, Timer] = {}  # timers started and not fired nor aborted
         # For a resumed conversation: when each timer it had started before the restart
@@ -148,7 +151,10 @@ class Actor:
         self._worker_item: tuple[int, _Work, int] | None = None  # handed over, not started
         self._worker_running: int | None = None  # the call number it runs
         self._worker_scope: trio.CancelScope | None = None
-        self._context: contextvars.Context | None = None
+        # The context its effects run in, and its worker inherits: the one it was
+        # created in (the API caller's, or for a sub-agent its parent's), as a task of
+        # its own would have had.
+        self._context = contextvars.copy_context()
         self._uncommitted = 0  # batches handed to the writer and not committed yet
         self._path = tree_path(state)
         self._log: Any = None  # bound on first use (binding costs more than a step)
@@ -199,55 +205,57 @@ class Actor:
             raise submission.error
 
     def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            trio.lowlevel.reschedule(waiter)
+        self.runtime.engine.ready(self)
 
-    def _abort_wait(self, _: Any) -> trio.lowlevel.Abort:
-        self._waiter = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def run(self, first: Step | None = None) -> None:
-        """Process the inbox until the conversation is settled (or the runtime closes).
-
-        ``first`` is a new conversation's creation step: it goes to the writer before
-        any queued event, so its effects run first.
-
-        Settled: at rest, every step committed (its effects executed) and nothing in
-        the inbox. The task then ends and the runtime forgets the conversation. What
-        may still be addressed to it later finds it in the log: a message from another
-        conversation (a late cancel, an outcome of a written-off child) would be
-        absorbed by a phase at rest and is dropped (``Runtime.deliver_between``); a
-        user message loads it again (``Runtime.send``).
-        """
-        self._context = trio.lowlevel.current_task().context
-        if first is not None:
-            self._hand_over_first(first)
-            first = None  # not kept alive for the conversation's lifetime
+    def fold(self) -> None:
+        """Apply everything queued, in order, and hand the steps to the writer (the
+        engine's round). An actor that has nothing left to do is unloaded: at rest,
+        every step committed (its effects executed) and nothing queued."""
         inbox = self._inbox
-        while True:
-            if inbox:
-                await trio.lowlevel.checkpoint()
-            elif self.settled:
-                break
-            else:
-                self._waiter = trio.lowlevel.current_task()
-                await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
-                if not inbox:
-                    continue  # woken to end: settled
+        if inbox:
             items = list(inbox)
             inbox.clear()
             self._steps(items)
-        # Nothing is in flight at rest; a worker parked for the next call, and any
-        # timer left, must not keep a task or a reference to this actor alive.
-        self._stop_tasks()
-        self.runtime.unloaded(self)
+        elif self.settled:
+            self._unload()
+
+    def hand_over_first(self, first: Step) -> None:
+        """Queue a new conversation's creation step: it goes to the writer before any
+        event queued for the conversation, so its effects run first."""
+
+        def on_commit(reported: Sequence[Any]) -> None:
+            self._uncommitted -= 1
+            if reported:
+                self._snapshot_size = reported[0][0]
+            if not self.runtime.closing:
+                self._context.run(self._execute_all, first.effects)
+            self._unload_if_settled()
+
+        self._uncommitted += 1
+        self.runtime.writer.submit([first], on_commit)
 
     @property
     def settled(self) -> bool:
-        """At rest with every step committed and nothing queued: the task may end."""
+        """At rest with every step committed and nothing queued: it may be unloaded."""
         return self.state.at_rest and not self._uncommitted and not self._inbox
+
+    def _unload_if_settled(self) -> None:
+        if self.settled:
+            self._unload()
+
+    def _unload(self) -> None:
+        """Nothing is in flight at rest: stop the worker parked for the next call and
+        any timer left, so nothing keeps a task or a reference to this actor alive, and
+        let the runtime forget it. What may be addressed to it later finds it in the
+        log: a message from another conversation (a late cancel, an outcome of a
+        written-off child) would be absorbed by a phase at rest and is dropped
+        (``Runtime.deliver_between``); a user message loads it again
+        (``Runtime.send``)."""
+        if self._unloaded:
+            return
+        self._unloaded = True
+        self._stop_tasks()
+        self.runtime.unloaded(self)
 
     def _steps(self, items: list[Event | _Submission]) -> None:
         """Apply queued events in order and hand their steps to the writer at once."""
@@ -282,38 +290,21 @@ class Actor:
         if steps:
             self._head, self._head_seq = state, seq
             self._hand_over(steps, done)
+        else:
+            self._unload_if_settled()  # every event refused: nothing changed
 
     def _hand_over(self, steps: list[Step], done: list[_Done]) -> None:
         def on_commit(reported: Sequence[Any]) -> None:
-            assert self._context is not None
             self._uncommitted -= 1
             self._context.run(self._committed, done, reported)
-            self._wake_if_settled()
+            self._unload_if_settled()
 
         self._uncommitted += 1
         self.runtime.writer.submit(steps, on_commit)
 
-    def _hand_over_first(self, first: Step) -> None:
-        def on_commit(reported: Sequence[Any]) -> None:
-            assert self._context is not None
-            self._uncommitted -= 1
-            if reported:
-                self._snapshot_size = reported[0][0]
-            if not self.runtime.closing:
-                self._context.run(self._execute_all, first.effects)
-            self._wake_if_settled()
-
-        self._uncommitted += 1
-        self.runtime.writer.submit([first], on_commit)
-
-    def _wake_if_settled(self) -> None:
-        """Wake the task waiting on an empty inbox once there is nothing left to do."""
-        if self._waiter is not None and self.settled:
-            self._wake()
-
     def _committed(self, done: list[_Done], reported: Sequence[Any]) -> None:
         """The writer committed these steps: publish them, then (write-ahead) execute
-        their effects, in order. Runs in the writer's task, in this actor's context."""
+        their effects, in order. Runs in the engine's task, in this actor's context."""
         runtime = self.runtime
         executing = not runtime.closing
         for index, (before, event, after, effects, submission) in enumerate(done):

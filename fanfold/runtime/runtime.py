@@ -23,6 +23,7 @@ from fanfold.db.provenance import Origin, TreeRecord, UntrustedTree, UserKey, re
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.providers.description import ProviderDescription
 from fanfold.runtime.actor import Actor
+from fanfold.runtime.engine import Engine
 from fanfold.runtime.presence import DatabaseInUse, Presence
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
@@ -214,6 +215,8 @@ class Runtime:
         self.provider = provider
         self.tools = tools
         self.writer = writer
+        self.engine = Engine(writer)
+        """Folds, commits and starts the effects of every ready conversation."""
         self.limits = limits
         self.system_prompt = system_prompt
         self.sub_agent_prompt = sub_agent_prompt
@@ -231,7 +234,7 @@ class Runtime:
         self._clock = clock
         self._nursery = nursery
         self.start_soon = nursery.start_soon
-        """Start a task in the runtime's nursery (actors and their calls)."""
+        """Start a task in the runtime's nursery (the conversations' calls)."""
         self.timers = Timers()
         self._actors: dict[str, Actor] = {}  # conversations loaded: work in flight
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
@@ -323,7 +326,7 @@ class Runtime:
                     redact=redact if redact is not None else EnvPolicy().redactor(os.environ),
                 )
                 runtime._presence = presence
-                nursery.start_soon(writer.run)
+                nursery.start_soon(runtime.engine.run)
                 nursery.start_soon(runtime.timers.run)
                 try:
                     yield runtime
@@ -555,7 +558,7 @@ class Runtime:
             self._redeliver_outcomes(self._actors[conversation_id].state)
         return resumed
 
-    # ---------------------------------------------------------------- for actors
+    # ---------------------------------------------------------------- for actors and the engine
 
     @property
     def closing(self) -> bool:
@@ -657,7 +660,8 @@ class Runtime:
 
     def unloaded(self, actor: Actor) -> None:
         """The actor's conversation is settled (at rest, all committed, nothing
-        queued) and its task has ended: forget it. The log holds its state."""
+        queued) and its worker and timers are stopped: forget it. The log holds its
+        state."""
         if self._actors.get(actor.state.id) is actor:
             del self._actors[actor.state.id]
         if not self._actors:
@@ -711,9 +715,9 @@ class Runtime:
     def _create(
         self, created: ConversationCreated, *, user_initiated: bool, tree: TreeRecord | None = None
     ) -> Actor:
-        """Register a new conversation at once (so events can queue for it) and start
-        its task, which commits the creation step (with ``tree``, a root's provenance
-        record, in the same transaction) before anything else."""
+        """Register a new conversation at once (so events can queue for it) and queue
+        its creation step (with ``tree``, a root's provenance record, in the same
+        transaction) for the writer, before anything else of it."""
         state, effects = start(created)
         actor = Actor(self, state, 0, created=True)
         self._actors[state.id] = actor
@@ -723,12 +727,14 @@ class Runtime:
         if self.logs_lifecycle:
             actor.log.info("conversation_started", root_id=state.root_id)
         self.observe(actor, state, created, effects)
-        self._nursery.start_soon(actor.run, first)
+        actor.hand_over_first(first)
         return actor
 
     def _launch(self, actor: Actor) -> None:
+        """Load a conversation from the log; one given nothing to do (an ``attach``
+        that no event follows) is unloaded again in the engine's next round."""
         self._actors[actor.state.id] = actor
-        self._nursery.start_soon(actor.run)
+        self.engine.ready(actor)
 
     def _redeliver_outcomes(self, state: Conversation) -> None:
         children = state.children

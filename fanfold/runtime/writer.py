@@ -1,11 +1,12 @@
 """The single writer path: group commit of steps from many conversations.
 
-Write-ahead: a step's effects run only once the step is durably in the log. Actors
-hand their steps to the writer with a callback (``submit``) and go back to their inbox
-at once; the writer commits everything queued in one transaction and then runs the
-callbacks of that batch in submission order, which is where the effects execute. Steps
-that queue up while a batch is being written go into the next batch together, so the
-number of transactions grows with time spent writing, not with the number of events.
+Write-ahead: a step's effects run only once the step is durably in the log. The engine
+(``engine.py``) hands each folded conversation's steps to the writer with a callback
+(``submit``), then has it commit everything queued in one transaction
+(``write_batch``), which runs the callbacks of that batch in submission order: that is
+where the effects execute. Steps that queue up while a batch is being written go into
+the next batch together, so the number of transactions grows with time spent writing,
+not with the number of events.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class LogWriter:
         self._threaded = threaded
         self._steps: list[Step] = []
         self._callbacks: list[tuple[int, Callable[[Sequence[Any]], None]]] = []
-        self._waiter: trio.lowlevel.Task | None = None
+        self.wake: Callable[[], None] = _nothing
+        """Called when steps are queued: the engine that commits them (``Engine``)."""
         self._count = 0
         self._batches = 0
         self._largest = 0
@@ -53,10 +55,12 @@ class LogWriter:
         """
         self._callbacks.append((len(steps), on_commit))
         self._steps.extend(steps)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            trio.lowlevel.reschedule(waiter)
+        self.wake()
+
+    @property
+    def pending(self) -> bool:
+        """Whether steps are queued and not yet committed."""
+        return bool(self._callbacks)
 
     async def commit(self, *steps: Step) -> None:
         """Return once every step in ``steps`` is durably in the log."""
@@ -67,25 +71,7 @@ class LogWriter:
     def statistics(self) -> WriterStatistics:
         return WriterStatistics(self._count, self._batches, self._largest)
 
-    def _abort_wait(self, _: Any) -> trio.lowlevel.Abort:
-        self._waiter = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def run(self) -> None:
-        """Write batches forever; cancel to stop (a batch in progress always finishes,
-        but once the runtime is cancelled no callback runs)."""
-        while True:
-            if self._callbacks:
-                await trio.lowlevel.checkpoint()
-            else:
-                self._waiter = trio.lowlevel.current_task()
-                await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
-            # In a function of its own so that nothing of the batch (steps, callbacks
-            # and the conversations they hold) stays alive in this frame, between
-            # batches, after the conversations ended.
-            await self._write_batch()
-
-    async def _write_batch(self) -> None:
+    async def write_batch(self) -> None:
         """Commit what is queued, then run its callbacks in order."""
         steps, callbacks = self._steps, self._callbacks
         self._steps, self._callbacks = [], []
@@ -105,3 +91,7 @@ class LogWriter:
         for count, on_commit in callbacks:
             on_commit(reported[start : start + count] if reported else reported)
             start += count
+
+
+def _nothing() -> None:
+    pass
