@@ -21,11 +21,9 @@ conversations that are working. The log has everything else.
 from __future__ import annotations
 
 import contextvars
-import functools
 import time
 import traceback
 import urllib.parse
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +103,11 @@ def tree_path(state: Conversation) -> str:
     return "root" + state.id[len(state.root_id) :].replace(".", "/")
 
 
+# Shared empty mappings, never written to: most conversations never need their own.
+_NO_TASKS: dict[int, trio.CancelScope] = {}
+_NO_TIMERS: dict[int, float] = {}
+
+
 class Actor:
     """The live side of one conversation inside a Runtime.
 
@@ -124,7 +127,9 @@ class Actor:
         self.runtime = runtime
         self.state = state
         self.seq = seq
-        self.turn_done = trio.Event()
+        # Set when the conversation comes to rest; made only when someone waits (most
+        # sub-agents are never waited on directly, and a trio.Event is 200 bytes).
+        self._at_rest_event: trio.Event | None = None
         self.last_turn: TurnFinished | None = None
         self._head = state  # the state after the last step handed to the writer
         self._head_seq = seq
@@ -135,16 +140,18 @@ class Actor:
         self._logged = 0
         self._snapshot_size: int | None = None if created else 0
         self._snapshot_asked = False
-        self._inbox: deque[Event | _Submission] = deque()
+        # A list, not a deque: it is drained whole each round, and an empty deque
+        # costs 600 bytes (a block of 64 slots) per loaded conversation.
+        self._inbox: list[Event | _Submission] = []
         self.queued = False
         """Whether the engine has this actor in its ready queue (see ``Engine.ready``)."""
         self._unloaded = False
-        self._tasks: dict[int, trio.CancelScope] = {}  # calls running in their own task
+        self._tasks: dict[int, trio.CancelScope] = _NO_TASKS  # calls in their own task
         self._timers: dict[int, Timer] = {}  # timers started and not fired nor aborted
         # For a resumed conversation: when each timer it had started before the restart
         # was first started (the ``at`` of that step), so a re-issued timer keeps its
         # original deadline instead of starting over.
-        self._timers_started = timers_started or {}
+        self._timers_started = timers_started or _NO_TIMERS
         self._worker_started = False
         self._worker_stopped = False
         self._worker_waiting: trio.lowlevel.Task | None = None  # parked, waiting for work
@@ -160,12 +167,18 @@ class Actor:
         self._log: Any = None  # bound on first use (binding costs more than a step)
         self._log_transitions = runtime.logs_transitions
         self._log_lifecycle = runtime.logs_lifecycle
-        if self.at_rest:
-            self.turn_done.set()
 
     @property
     def at_rest(self) -> bool:
         return self.state.at_rest
+
+    async def wait_at_rest(self) -> None:
+        """Return once the committed state is at rest (a turn or a sub-agent's life
+        ended)."""
+        while not self.state.at_rest:
+            if self._at_rest_event is None:
+                self._at_rest_event = trio.Event()
+            await self._at_rest_event.wait()
 
     @property
     def log(self) -> Any:
@@ -211,10 +224,9 @@ class Actor:
         """Apply everything queued, in order, and hand the steps to the writer (the
         engine's round). An actor that has nothing left to do is unloaded: at rest,
         every step committed (its effects executed) and nothing queued."""
-        inbox = self._inbox
-        if inbox:
-            items = list(inbox)
-            inbox.clear()
+        items = self._inbox
+        if items:
+            self._inbox = []
             self._steps(items)
         elif self.settled:
             self._unload()
@@ -316,10 +328,9 @@ class Actor:
                     self._snapshot_asked = False
                 else:
                     self._logged += event_size
-            if after.at_rest:
-                self.turn_done.set()
-            elif self.turn_done.is_set():
-                self.turn_done = trio.Event()
+            if after.at_rest and self._at_rest_event is not None:
+                self._at_rest_event.set()
+                self._at_rest_event = None
             if self._log_transitions:  # debug only: a line per step costs ~50 µs
                 self.log.debug(
                     "transition",
@@ -359,7 +370,7 @@ class Actor:
                 self._start(call, effect, 0)
             case ScheduleRetry(timer=timer) | StartTimer(timer=timer):
                 self._timers[timer] = self.runtime.timers.start(
-                    self._remaining(effect), functools.partial(self._timer_fired, timer)
+                    self._remaining(effect), self._timer_fired, timer
                 )
             case AbortCall(call=call):
                 self._abort(call)
@@ -478,6 +489,8 @@ class Actor:
 
     def _start_task(self, number: int, effect: _Work, attempt: int) -> None:
         scope = trio.CancelScope()
+        if self._tasks is _NO_TASKS:
+            self._tasks = {}  # rare (a call while the worker is busy): made when needed
         self._tasks[number] = scope
         self.runtime.start_soon(self._task, number, scope, effect, attempt)
 

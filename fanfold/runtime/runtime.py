@@ -447,8 +447,7 @@ class Runtime:
             turn = self.store.last_turn(conversation_id)
         else:
             actor = self._actor(conversation_id)
-            while not actor.at_rest:
-                await actor.turn_done.wait()
+            await actor.wait_at_rest()
             state, turn = actor.state, actor.last_turn
         return TurnResult(
             conversation_id=conversation_id,

@@ -19,18 +19,24 @@ from collections.abc import Callable
 
 import trio
 
-Fire = Callable[[], None]
+Fire = Callable[[int], None]
 
 
 class Timer:
-    """One started timer; ``cancel()`` before it fires and it never does."""
+    """One started timer; ``cancel()`` before it fires and it never does.
 
-    __slots__ = ("deadline", "fire", "order", "timers")
+    It calls ``fire(number)``: a bound method and a number rather than a closure or a
+    ``functools.partial`` per timer (a parent holds one per child)."""
 
-    def __init__(self, deadline: float, order: int, fire: Fire, timers: Timers) -> None:
+    __slots__ = ("deadline", "fire", "number", "order", "timers")
+
+    def __init__(
+        self, deadline: float, order: int, fire: Fire, number: int, timers: Timers
+    ) -> None:
         self.deadline = deadline
         self.order = order
         self.fire: Fire | None = fire
+        self.number = number
         self.timers: Timers | None = timers
 
     def __lt__(self, other: Timer) -> bool:
@@ -64,11 +70,12 @@ class Timers:
             heapq.heapify(heap)
             self._dead = 0
 
-    def start(self, delay: float, fire: Fire) -> Timer:
-        """Call ``fire()`` (in the timers' task) once ``delay`` seconds have passed."""
+    def start(self, delay: float, fire: Fire, number: int = 0) -> Timer:
+        """Call ``fire(number)`` (in the timers' task) once ``delay`` seconds have
+        passed."""
         if math.isnan(delay) or delay < 0:
             raise ValueError(f"a timer's delay must be a number >= 0, got {delay}")
-        timer = Timer(trio.current_time() + delay, next(self._order), fire, self)
+        timer = Timer(trio.current_time() + delay, next(self._order), fire, number, self)
         heapq.heappush(self._heap, timer)
         scope = self._scope
         if scope is not None and timer.deadline < scope.deadline:
@@ -84,7 +91,7 @@ class Timers:
                 timer = heapq.heappop(heap)
                 fire, timer.fire, timer.timers = timer.fire, None, None
                 if fire is not None:
-                    fire()
+                    fire(timer.number)
                 else:
                     self._dead -= 1
             while heap and heap[0].fire is None:
