@@ -8,7 +8,7 @@ nothing in this package can execute one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from fanfold.db import (
     CodecError,
@@ -122,7 +122,7 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
             return
         following = events[index + 1] if index + 1 < len(events) else None
         notes, suspect = _suspicions(raw, previous, following, first_seen.get(raw.payload))
-        decoded = _decode_event(cid, raw)
+        decoded = _decode_event(cid, raw, log.blobs)
         if isinstance(decoded, Finding):
             yield decoded
             return
@@ -180,8 +180,10 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
                 return
             try:
                 # Fast path: the recomputed state encodes to exactly the stored text.
-                same = encode_state(after) == snapshot_text
-                recorded_state = after if same else decode_state(snapshot_text)
+                same = encode_state(after, {}) == snapshot_text or (
+                    encode_state(after) == snapshot_text
+                )
+                recorded_state = after if same else decode_state(snapshot_text, log.blobs)
             except CodecError as exc:
                 yield Finding(
                     _codec_kind(exc),
@@ -334,9 +336,9 @@ def _codec_kind(exc: CodecError) -> FindingKind:
     return FindingKind.CORRUPT_PAYLOAD
 
 
-def _decode_event(cid: str, raw: RawEvent) -> Event | Finding:
+def _decode_event(cid: str, raw: RawEvent, blobs: Mapping[str, str]) -> Event | Finding:
     try:
-        event = decode_event(raw.payload)
+        event = decode_event(raw.payload, blobs)
     except CodecError as exc:
         return Finding(_codec_kind(exc), cid, raw.seq, f"event {raw.seq} cannot be read: {exc}")
     if type(event).__name__ != raw.type:
