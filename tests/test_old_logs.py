@@ -2,10 +2,12 @@
 
 The fixtures in tests/fixtures/logs are real databases written by fanfold itself at
 older commits (see tests/fixtures/README.md): the offline demo at log schema 1
-(``s1.db``), 2 (``s2.db``) and 5 (``s5.db``, the last schema that stored each model
-call's whole request), and a run of schema 5 killed with SIGKILL while its root
-awaited a model call (``s5-killed.db``, with the provenance key and the script it
-ran). Each test works on a copy: opening for writing migrates the copy.
+(``s1.db``), 2 (``s2.db``), 5 (``s5.db``, the last schema that stored each model
+call's whole request) and 6 (``s6.db``, the last that stored every value in full in
+every document); a run of schema 5 killed with SIGKILL while its root awaited a model
+call (``s5-killed.db``, with the provenance key and the script it ran), and one of
+schema 6 killed while its sub-agents ran (``s6-killed.db``). Each test works on a
+copy: opening for writing migrates the copy.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ FINISHED = ["s1", "s2", "s5"]
 # Today's reducer reproduces these exactly. s1 (schema 1) offered a spawn_agents tool
 # whose description of ``cwd`` has changed since: see the test of s1 below.
 IDENTICAL = ["s2", "s5"]
+# Written after requests were retired: no recorded request to check.
+IDENTICAL_LATER = ["s6"]
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
@@ -53,7 +57,7 @@ def _fanfold(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
-@pytest.mark.parametrize("name", IDENTICAL)
+@pytest.mark.parametrize("name", [*IDENTICAL, *IDENTICAL_LATER])
 def test_an_old_log_verifies_identical_with_todays_reducer(name: str, tmp_path: Path) -> None:
     path = _copy(name, tmp_path)
     root = _root(path)
@@ -171,3 +175,29 @@ def test_a_killed_run_of_schema_5_resumes_and_verifies(tmp_path: Path) -> None:
         assert report.ok, report
     versions = {json.loads(p)["v"] for _, _, _, p in _call_model_rows(path)}
     assert versions == {5, 6}
+
+
+def test_a_killed_run_of_schema_6_resumes_and_verifies(tmp_path: Path) -> None:
+    """Killed while three sub-agents ran (one awaiting a retry): resume finishes the
+    tree on the migrated copy, appending today's documents after schema 6 ones, and
+    the whole tree then verifies identical."""
+    import os
+
+    path = _copy("s6-killed", tmp_path)
+    key = tmp_path / "key"
+    shutil.copyfile(FIXTURES / "s6-killed.key", key)
+    key.chmod(0o600)
+    script = tmp_path / "script.json"
+    shutil.copyfile(FIXTURES / "s6-killed-script.json", script)
+    env = {**os.environ, "FANFOLD_KEY_FILE": str(key)}
+    root = _root(path)
+    with Store.open(path) as store:
+        running = [r for r in store.tree(root) if r.status == "running"]
+        assert len(running) == 4  # the root and three sub-agents
+    resumed = _fanfold("resume", "--script", str(script), "--db", str(path), env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    with Store.open(path) as store:
+        assert store.conversation(root).status == "idle"
+        assert not [r for r in store.tree(root) if r.status == "running"]
+        report = verify(store, root, tree=True)
+        assert report.ok, report

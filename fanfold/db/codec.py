@@ -35,6 +35,18 @@ The class registry is derived once, at import, from ``ALL_EVENTS``,
 ``ALL_EFFECTS``, ``ALL_PHASES`` and ``Conversation`` by following field annotations,
 so a class added to the state machine is covered (or refused at import) automatically.
 
+Blobs: a field named in ``BLOB_FIELDS`` (a conversation's tool set, system prompt
+and sub-agent prompt: kilobytes, the same in every conversation of a tree) may be
+written, by the encoders that take a ``blobs`` dict, as a reference
+``{"blob":"<sha256 of the value's text>"}`` when its text is at least
+``BLOB_MIN_CHARS`` long; the text itself goes into that dict, which the store keeps
+once per database (table ``blobs``, migration 4). Decoding such a document needs
+the same mapping (``blobs=``): the value's text is checked against its digest, then
+decoded like the inline value. References are a storage matter, not a new document
+schema: a reference is accepted only where a blob mapping is given (a store's own
+rows), so a document from anywhere else (an export, an import) must be inline, and a
+fanfold too old for migration 4 refuses the database before reading any document.
+
 Speed: encoding is on the runtime's write path (every event and effect, tens of
 thousands a second), so each class gets a compiled function that writes its JSON text
 directly, and the text of the immutable values a conversation carries from step to
@@ -45,6 +57,7 @@ step (messages, tool specs, limits, child records) is memoised by identity: a
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import json.encoder
 import math
@@ -98,6 +111,17 @@ field: decoding skips it (the class has no such field now) and ``retired_value``
 reads it. ``CallModel.request`` is
 derived from the state (``fanfold.statemachine.model_request``); replay checks an old
 log's recorded request against it."""
+
+BLOB_FIELDS: dict[str, frozenset[str]] = {
+    "ConversationCreated": frozenset({"system_prompt", "tools", "sub_agent_prompt"}),
+    "Conversation": frozenset({"system_prompt", "tools", "sub_agent_prompt"}),
+}
+"""Fields whose (large, repeated) values may be stored by reference (see "Blobs")."""
+
+BLOB_MIN_CHARS = 256
+"""The shortest value text stored by reference: below it a reference saves little."""
+
+_BLOB_KEY = re.compile(r"[0-9a-f]{64}")
 
 OMITTED_AT_DEFAULT = "omitted_at_default"
 """Field metadata key: the codec writes the field only when it differs from its default."""
@@ -215,6 +239,45 @@ class _Memo:
 
 
 _memo = _Memo(_MEMO_LIMIT)
+
+
+class _BlobSink(threading.local):
+    """Where the blob-writing encoders put the texts they replace by references (per
+    thread; None: write every value inline)."""
+
+    blobs: dict[str, str] | None = None
+
+
+_sink = _BlobSink()
+_BLOB_KEYS_LIMIT = 4096
+_blob_keys: dict[str, str] = {}  # value text -> its sha256 (a text's hash is kept by str)
+
+
+def blob_key(text: str) -> str:
+    """The reference key of a value's text: its sha256, in hex."""
+    key = _blob_keys.get(text)
+    if key is None:
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        if len(_blob_keys) >= _BLOB_KEYS_LIMIT:
+            _blob_keys.clear()
+        _blob_keys[text] = key
+    return key
+
+
+def _blobbing(emit: _Emitter) -> _Emitter:
+    """Emit the value, or a reference to its text when a sink collects blobs and the
+    text is long enough."""
+
+    def emit_blob(value: Any) -> str:
+        text = emit(value)
+        sink = _sink.blobs
+        if sink is None or len(text) < BLOB_MIN_CHARS:
+            return text
+        key = blob_key(text)
+        sink[key] = text
+        return f'{{"blob":"{key}"}}'
+
+    return emit_blob
 
 
 def _compile_emitter(
@@ -462,6 +525,46 @@ def _field_decoder(tp: Any, where: str) -> _Decoder:
     raise TypeError(f"{where}: the codec does not support the type {tp!r}")  # pragma: no cover
 
 
+_DECODED_BLOBS_LIMIT = 1024
+
+
+def _unblobbing(inner: _Decoder) -> _Decoder:
+    """Decode a field that may hold a blob reference: the referenced text (which must
+    be in the mapping given to the decoder and match its digest) is decoded by
+    ``inner``. Decoded values are kept by key (they are immutable, and a key names one
+    text): every conversation of a tree then shares one tool set."""
+    decoded: dict[str, tuple[str, Any]] = {}
+
+    def decode(value: Any) -> Any:
+        if type(value) is not dict or value.get("type") is not None:
+            return inner(value)
+        key = value.get("blob")
+        if value.keys() != {"blob"} or type(key) is not str or not _BLOB_KEY.fullmatch(key):
+            return inner(value)  # not a reference: inner says what it expected
+        blobs = _decoding.blobs
+        if blobs is None:
+            raise _Invalid("a blob reference, which only a log's own rows may hold")
+        text = blobs.get(key)
+        if text is None:
+            raise _Invalid(f"blob {key[:16]} is not in the log")
+        found = decoded.get(key)
+        if found is not None and found[0] == text:  # the same text: checked before
+            return found[1]
+        if hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest() != key:
+            raise _Invalid(f"blob {key[:16]} is damaged: its text does not match its digest")
+        try:
+            parsed = _loads(text)
+        except CodecError as exc:
+            raise _Invalid(f"blob {key[:16]}: {exc}") from None
+        result = inner(parsed)
+        if len(decoded) >= _DECODED_BLOBS_LIMIT:
+            decoded.clear()
+        decoded[key] = (text, result)
+        return result
+
+    return decode
+
+
 def _object_decoder(classes: tuple[type[Any], ...]) -> _Decoder:
     """Decode an object whose ``type`` must name one of ``classes``."""
     for cls in classes:
@@ -485,9 +588,11 @@ def _object_decoder(classes: tuple[type[Any], ...]) -> _Decoder:
 
 
 class _Decoding(threading.local):
-    """The schema version of the document being decoded (per thread)."""
+    """The schema version of the document being decoded, and the blobs its references
+    may name (per thread; None: a reference is refused)."""
 
     version = SCHEMA_VERSION
+    blobs: typing.Mapping[str, str] | None = None
 
 
 _decoding = _Decoding()
@@ -506,6 +611,7 @@ class _ClassCodec:
         "names",
         "omitted",
         "since",
+        "stored",
     )
 
     def __init__(self, cls: type[Any]) -> None:
@@ -531,6 +637,7 @@ class _ClassCodec:
         }
         self.emit: _Emitter = _unbuilt
         self.document: _Emitter = _unbuilt
+        self.stored: _Emitter = _unbuilt  # the document, blob fields by reference
         self.decoders: tuple[tuple[str, str, _Decoder], ...] = ()
 
     def build(self, hints: dict[str, Any]) -> None:
@@ -544,8 +651,22 @@ class _ClassCodec:
         self.document = _compile_emitter(
             self.name, self.names, emitters, document=True, omitted=omitted
         )
+        blobbed = BLOB_FIELDS.get(self.name, frozenset())
+        self.stored = self.document
+        if blobbed:
+            stored = {n: _blobbing(e) if n in blobbed else e for n, e in emitters.items()}
+            self.stored = _compile_emitter(
+                self.name, self.names, stored, document=True, omitted=omitted
+            )
         self.decoders = tuple(
-            (f.name, f.alias, _field_decoder(hints[f.name], where[f.name])) for f in fields
+            (
+                f.name,
+                f.alias,
+                _unblobbing(_field_decoder(hints[f.name], where[f.name]))
+                if f.name in blobbed
+                else _field_decoder(hints[f.name], where[f.name]),
+            )
+            for f in fields
         )
 
     def decode(self, obj: dict[str, Any]) -> Any:
@@ -679,11 +800,19 @@ _STATE_CODEC = _CODECS[Conversation]
 # =============================================================== documents
 
 
-def _document(codec: _ClassCodec | None, value: Any, what: str) -> str:
+def _document(
+    codec: _ClassCodec | None, value: Any, what: str, blobs: dict[str, str] | None = None
+) -> str:
     if codec is None:
         raise CodecError(f"cannot encode {type(value).__qualname__} as {what}")
     try:
-        return codec.document(value)
+        if blobs is None:
+            return codec.document(value)
+        _sink.blobs = blobs
+        try:
+            return codec.stored(value)
+        finally:
+            _sink.blobs = None
     except _NonFinite:
         raise _refuse_non_finite(value) from None
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:
@@ -908,15 +1037,80 @@ def retired_value(text: str | bytes, name: str) -> tuple[bool, Any]:
         _decoding.version = outer
 
 
-def encode_event(event: Event) -> str:
-    """Encode one event as a versioned JSON document."""
-    return _document(_EVENT_CODECS.get(type(event)), event, "an event")
+def encode_event(event: Event, blobs: dict[str, str] | None = None) -> str:
+    """Encode one event as a versioned JSON document. With ``blobs``, the values of
+    ``BLOB_FIELDS`` are written as references and their texts added to ``blobs``."""
+    return _document(_EVENT_CODECS.get(type(event)), event, "an event", blobs)
 
 
-def decode_event(text: str | bytes) -> Event:
-    """Decode a text made by ``encode_event``; anything but an event raises CodecError."""
-    event: Event = _decode_document(_loads(text), EVENT_TYPES, "an event")
+def decode_event(text: str | bytes, blobs: typing.Mapping[str, str] | None = None) -> Event:
+    """Decode a text made by ``encode_event``; anything but an event raises CodecError.
+    ``blobs``: the texts its references may name (a log's ``blobs`` table)."""
+    event: Event = _with_blobs(blobs, _decode_document, _loads(text), EVENT_TYPES, "an event")
     return event
+
+
+def _with_blobs(blobs: typing.Mapping[str, str] | None, decode: Any, *args: Any) -> Any:
+    if blobs is None:
+        return decode(*args)
+    outer, _decoding.blobs = _decoding.blobs, blobs
+    try:
+        return decode(*args)
+    finally:
+        _decoding.blobs = outer
+
+
+def collapse_blobs(text: str, blobs: dict[str, str]) -> str:
+    """A stored document's text with the values of its ``BLOB_FIELDS`` written as
+    references, their texts added to ``blobs``: what the encoders that take ``blobs``
+    write, for a document written inline (an import). Any other text, or one that
+    cannot be read (decoding it reports why), comes back unchanged."""
+    if not any(f'"type":"{name}"' in text[:200] for name in BLOB_FIELDS):
+        return text
+    try:
+        document = _loads(text)
+    except CodecError:
+        return text
+    kind = document.get("type") if type(document) is dict else None
+    fields = BLOB_FIELDS.get(kind) if type(kind) is str else None
+    if not fields:
+        return text
+    changed = False
+    for name in fields:
+        value = document.get(name)
+        if value is None or type(value) is dict:
+            continue
+        value_text = json.dumps(value, separators=(",", ":"))
+        if len(value_text) >= BLOB_MIN_CHARS:
+            key = blob_key(value_text)
+            blobs[key] = value_text
+            document[name] = {"blob": key}
+            changed = True
+    return json.dumps(document, separators=(",", ":")) if changed else text
+
+
+def expand_blobs(document: Any, blobs: typing.Mapping[str, str]) -> Any:
+    """A parsed document (as ``json.loads`` gives it) with its blob references
+    replaced by the parsed texts they name, as the document is written inline; for
+    exports, which carry no blobs table. A reference not in ``blobs`` stays as it is
+    (decoding it then says so)."""
+    if type(document) is not dict:
+        return document
+    kind = document.get("type")
+    fields = BLOB_FIELDS.get(kind, frozenset()) if type(kind) is str else frozenset()
+    out = {}
+    for name, value in document.items():
+        if (
+            name in fields
+            and type(value) is dict
+            and value.keys() == {"blob"}
+            and value["blob"] in blobs
+        ):
+            value = _loads(blobs[value["blob"]])
+        elif type(value) is dict:
+            value = expand_blobs(value, blobs)
+        out[name] = value
+    return out
 
 
 def encode_effect(effect: Effect) -> str:
@@ -951,10 +1145,11 @@ def decode_effects(text: str | bytes) -> tuple[Effect, ...]:
     return tuple(effects)
 
 
-def encode_state(state: Conversation) -> str:
-    """Encode a whole conversation state (a snapshot) as a versioned JSON document."""
+def encode_state(state: Conversation, blobs: dict[str, str] | None = None) -> str:
+    """Encode a whole conversation state (a snapshot) as a versioned JSON document
+    (``blobs``: as for ``encode_event``)."""
     codec = _STATE_CODEC if type(state) is Conversation else None
-    return _document(codec, state, "a Conversation")
+    return _document(codec, state, "a Conversation", blobs)
 
 
 def encode_state_without_history(state: Conversation) -> str:
@@ -969,7 +1164,9 @@ def encode_state_without_history(state: Conversation) -> str:
         raise CodecError(f"cannot encode Conversation: {exc}") from None
 
 
-def decode_state(text: str | bytes) -> Conversation:
-    """Decode a text made by ``encode_state``."""
-    state: Conversation = _decode_document(_loads(text), frozenset({"Conversation"}), "a state")
+def decode_state(text: str | bytes, blobs: typing.Mapping[str, str] | None = None) -> Conversation:
+    """Decode a text made by ``encode_state`` (``blobs``: as for ``decode_event``)."""
+    state: Conversation = _with_blobs(
+        blobs, _decode_document, _loads(text), frozenset({"Conversation"}), "a state"
+    )
     return state

@@ -102,12 +102,16 @@ class StoredEvent:
 
     @classmethod
     def from_rows(
-        cls, row: Mapping[str, Any], effect_rows: Sequence[Mapping[str, Any]]
+        cls,
+        row: Mapping[str, Any],
+        effect_rows: Sequence[Mapping[str, Any]],
+        blobs: Mapping[str, str] | None = None,
     ) -> StoredEvent:
-        """Build from an ``events`` row and its ``effects`` rows (ordered by idx)."""
+        """Build from an ``events`` row and its ``effects`` rows (ordered by idx);
+        ``blobs``: the log's blobs, which the event may name."""
         return cls(
             seq=row["seq"],
-            event=decode_event(row["payload"]),
+            event=decode_event(row["payload"], blobs),
             effects=tuple(decode_effect(e["payload"]) for e in effect_rows),
             fingerprint=row["fingerprint"],
             at=row["at"],
@@ -237,3 +241,6 @@ class RawLog:
     events: tuple[RawEvent, ...]
     snapshot_checksum: int | None = None
     """The snapshot's stored checksum (``fanfold.db.checksum``); None: not recorded."""
+    blobs: Mapping[str, str] = attrs.field(factory=dict, eq=False, repr=False)
+    """The log's blobs (``sha256 -> text``), which its documents may name
+    (``fanfold.db.codec``, "Blobs"); decode with ``decode_event(payload, blobs)``."""

@@ -145,17 +145,32 @@ def _v3_checksums(db: Database) -> None:
     db.execute("ALTER TABLE conversations ADD COLUMN snapshot_checksum INTEGER")
 
 
+def _v4_blobs(db: Database) -> None:
+    # Large values repeated across conversations (tool sets, system prompts), stored
+    # once per database by content: documents name them {"blob": "<sha256>"}
+    # (``fanfold.db.codec``, "Blobs"). The key is the sha256 of the body, which every
+    # reader checks: no separate checksum. Never updated or deleted.
+    db.table("blobs").create(
+        {"sha256": str, "body": str},
+        pk="sha256",
+        not_null={"body"},
+        strict=True,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _v1_initial),
     Migration(2, "tree provenance", _v2_provenance),
     Migration(3, "row checksums", _v3_checksums),
+    Migration(4, "content-addressed blobs", _v4_blobs),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
-READERS_DO_WITHOUT = frozenset({2, 3})
+READERS_DO_WITHOUT = frozenset({2, 3, 4})
 """Migrations a read-only open may find missing: they only add what readers never
 read (tree provenance matters to the runtime, which opens read-write and migrates)
-or can do without (a log without the row checksums is read unchecked)."""
+or can do without (a log without the row checksums is read unchecked; a log without
+the blobs table was written before any document named a blob)."""
 
 
 def _applied_versions(db: Database) -> set[int]:

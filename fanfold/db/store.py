@@ -34,10 +34,12 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
+import attrs
 from sqlite_utils import Database
 
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
 from fanfold.db.codec import (
+    collapse_blobs,
     column_text,
     decode_effect,
     decode_event,
@@ -164,16 +166,16 @@ class _Checkpointer:
 class _Prepared:
     """One step, validated and encoded outside the lock, ready to insert."""
 
-    __slots__ = ("effect_rows", "event_row", "size", "step")
+    __slots__ = ("blobs", "effect_rows", "event_row", "size", "step")
 
-    def __init__(self, step: Step) -> None:
+    def __init__(self, step: Step, blobs: dict[str, str]) -> None:
         self.step = step
         _check_shape(step)
         cid, seq = step.conversation_id, step.seq
         try:
             kind, payload, mark = (
                 type(step.event).__name__,
-                encode_event(step.event),
+                encode_event(step.event, blobs),
                 fingerprint(step.state),
             )
             self.event_row = (
@@ -264,6 +266,10 @@ class Store:
         # Whether the log has the row checksums (migration 3): a read-only open of an
         # older log reads its rows unchecked.
         self._checksums = True
+        # The log's blobs (migration 4) read or written so far, and the last rowid read;
+        # None: the log has no blobs table (a read-only open of an older log).
+        self._blobs: dict[str, str] = {}
+        self._blob_rowid: int | None = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -359,6 +365,8 @@ class Store:
             check_current(store._db)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(events)")}
             store._checksums = "checksum" in columns
+            if not store._db.table("blobs").exists():
+                store._blob_rowid = None
             return store
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -507,7 +515,8 @@ class Store:
             raise ReadOnlyStore(f"{self.path} was opened read-only; nothing was written")
         if not steps:
             return []
-        prepared = [_Prepared(step) for step in steps]
+        blobs: dict[str, str] = {}
+        prepared = [_Prepared(step, blobs) for step in steps]
         snapshots: dict[str, Step] = {}
         last: dict[str, Step] = {}
         for step in steps:
@@ -516,8 +525,10 @@ class Store:
                 snapshots[step.conversation_id] = step
         snapshot_rows = []
         for cid, step in snapshots.items():
-            text = encode_state(step.state)
+            text = encode_state(step.state, blobs)
             snapshot_rows.append((text, step.seq, snapshot_checksum(cid, step.seq, text), cid))
+        known = self._blobs
+        new_blobs = [(key, text) for key, text in blobs.items() if key not in known]
         snapshot_sizes = {(cid, seq): len(text) for text, seq, _, cid in snapshot_rows}
         with self._transaction("BEGIN IMMEDIATE") as conn:
             created_rows, status_before = self._check_sequence(conn, prepared)
@@ -542,6 +553,11 @@ class Store:
             trees = [p.step.tree for p in prepared if p.step.seq == 0 and p.step.tree]
             if trees:
                 self._insert_trees(conn, trees, prepared)
+            if new_blobs:
+                conn.executemany(
+                    "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    new_blobs,
+                )
             conn.executemany(
                 "INSERT INTO events (conversation_id, seq, type, payload, fingerprint, at,"
                 " checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -566,6 +582,7 @@ class Store:
                 " snapshot_checksum = ? WHERE id = ?",
                 snapshot_rows,
             )
+        known.update(new_blobs)  # committed: the log holds them
         checkpointer = self._checkpointer
         if checkpointer is not None:
             checkpointer.wrote(sum(p.size for p in prepared) + sum(snapshot_sizes.values()))
@@ -703,7 +720,26 @@ class Store:
                     "which is not among the imported conversations"
                 )
         ordered = sorted(conversations, key=lambda c: c.row.depth)
+        # Stored as ``append`` stores them: large repeated values once, by reference.
+        blobs: dict[str, str] = {}
+        events = [
+            attrs.evolve(e, payload=collapse_blobs(e.payload, blobs))
+            if e.type == "ConversationCreated"
+            else e
+            for e in events
+        ]
+        ordered = [
+            attrs.evolve(c, snapshot_json=collapse_blobs(c.snapshot_json, blobs))
+            if c.snapshot_json is not None
+            else c
+            for c in ordered
+        ]
         with self._transaction("BEGIN IMMEDIATE") as conn:
+            if blobs:
+                conn.executemany(
+                    "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    list(blobs.items()),
+                )
             stored = self._stored(conn, ids)
             if stored:
                 raise ConversationExists(min(stored))
@@ -799,7 +835,8 @@ class Store:
             raise InvalidStep(
                 f"conversation {conversation_id!r}: the state is of conversation {state.id!r}"
             )
-        text = encode_state(state)
+        blobs: dict[str, str] = {}
+        text = encode_state(state, blobs)
         with self._transaction("BEGIN IMMEDIATE") as conn:
             row = conn.execute(
                 "SELECT e.fingerprint, c.snapshot_seq, e.payload FROM events e"
@@ -819,6 +856,10 @@ class Store:
                 )
             if current is not None and current > seq:
                 return
+            conn.executemany(
+                "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                [(key, body) for key, body in blobs.items() if key not in self._blobs],
+            )
             conn.execute(
                 "UPDATE conversations SET snapshot_json = ?, snapshot_seq = ?,"
                 " snapshot_checksum = ? WHERE id = ?",
@@ -826,6 +867,25 @@ class Store:
             )
 
     # ------------------------------------------------------------------ reading
+
+    def _read_blobs(self, conn: sqlite3.Connection) -> dict[str, str]:
+        """The log's blobs, reading those added since the last call (in the caller's
+        transaction, under the lock). Checked against their keys where decoded."""
+        after = self._blob_rowid
+        if after is None:
+            return self._blobs
+        rows = conn.execute(
+            "SELECT rowid, sha256, body FROM blobs WHERE rowid > ? ORDER BY rowid", [after]
+        ).fetchall()
+        if rows:
+            self._blobs.update((key, body) for _, key, body in rows)
+            self._blob_rowid = rows[-1][0]
+        return self._blobs
+
+    def blobs(self) -> dict[str, str]:
+        """Every blob of the log (``sha256 -> text``), for decoding its documents."""
+        with self._transaction("BEGIN") as conn:
+            return dict(self._read_blobs(conn))
 
     @staticmethod
     def _require(conn: sqlite3.Connection, conversation_id: str) -> None:
@@ -869,6 +929,7 @@ class Store:
         checksum = "checksum" if self._checksums else "NULL AS checksum"
         with self._transaction("BEGIN") as conn:
             self._require(conn, conversation_id)
+            blobs = self._read_blobs(conn)
             events = list(
                 self._db.query(
                     f"SELECT seq, type, payload, fingerprint, at, {checksum} FROM events"
@@ -908,7 +969,7 @@ class Store:
                     " (checksum mismatch)"
                 )
             by_seq.setdefault(row["seq"], []).append(row)
-        return [StoredEvent.from_rows(row, by_seq.get(row["seq"], [])) for row in events]
+        return [StoredEvent.from_rows(row, by_seq.get(row["seq"], []), blobs) for row in events]
 
     def timer_starts(self, conversation_id: str) -> dict[int, float]:
         """``timer number -> at`` of the step that first started each timer
@@ -959,6 +1020,7 @@ class Store:
         """The raw logs of the conversations ``rows_sql`` selects (with ``params``)."""
         checksum = "checksum" if self._checksums else "NULL"
         with self._transaction("BEGIN") as conn:
+            blobs = self._read_blobs(conn)
             rows = list(self._db.query(rows_sql, params))
             ids = f"SELECT id FROM ({rows_sql})"
             events = conn.execute(
@@ -996,6 +1058,7 @@ class Store:
                 row["snapshot_json"],
                 tuple(by_conversation.get(row["id"], ())),
                 row["snapshot_checksum"],
+                blobs,
             )
             for row in rows
         ]
@@ -1020,6 +1083,7 @@ class Store:
             ).fetchone()
             if row is None:
                 raise UnknownConversation(conversation_id)
+            blobs = self._read_blobs(conn)
             snapshot_json, snapshot_seq, snapshot_crc = row
             if snapshot_json is None:
                 snapshot_seq = 0
@@ -1043,7 +1107,7 @@ class Store:
             ):
                 raise ReplayError(f"{where}, event {seq}: the row is damaged (checksum mismatch)")
         events = [(seq, payload, mark) for seq, _, payload, mark, _, _ in rows]
-        return _replay(conversation_id, snapshot_json, events, verify=verify)
+        return _replay(conversation_id, snapshot_json, events, blobs, verify=verify)
 
     def list_roots(self, limit: int | None = None) -> list[ConversationRow]:
         """User-initiated conversations (no sub-agents), newest first."""
@@ -1125,6 +1189,7 @@ def _replay(
     conversation_id: str,
     snapshot_json: str | None,
     events: list[tuple[int, str, str]],
+    blobs: dict[str, str],
     *,
     verify: bool,
 ) -> Conversation:
@@ -1135,7 +1200,7 @@ def _replay(
 
     def decoded(seq: int, payload: str) -> Any:
         try:
-            return decode_event(payload)
+            return decode_event(payload, blobs)
         except CodecError as exc:
             raise ReplayError(f"{where}, event {seq}: {exc}") from exc
 
@@ -1147,7 +1212,7 @@ def _replay(
                 raise ReplayError(f"{where}: event 0 is {type(created).__name__}")
             state, _ = start(created)
         else:
-            state = decode_state(snapshot_json)
+            state = decode_state(snapshot_json, blobs)
     except CodecError as exc:
         raise ReplayError(f"{where}: the snapshot cannot be read: {exc}") from exc
     except IllegalTransition as exc:

@@ -8,7 +8,7 @@ nothing in this package can execute one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from fanfold.db import (
     CodecError,
@@ -26,6 +26,7 @@ from fanfold.db import (
 )
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
 from fanfold.db.fingerprint import like as fingerprint_like
+from fanfold.db.fingerprint import summary
 from fanfold.replay.report import Finding, FindingKind, ReplayStep
 from fanfold.statemachine import (
     Conversation,
@@ -122,7 +123,7 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
             return
         following = events[index + 1] if index + 1 < len(events) else None
         notes, suspect = _suspicions(raw, previous, following, first_seen.get(raw.payload))
-        decoded = _decode_event(cid, raw)
+        decoded = _decode_event(cid, raw, log.blobs)
         if isinstance(decoded, Finding):
             yield decoded
             return
@@ -180,8 +181,10 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
                 return
             try:
                 # Fast path: the recomputed state encodes to exactly the stored text.
-                same = encode_state(after) == snapshot_text
-                recorded_state = after if same else decode_state(snapshot_text)
+                same = encode_state(after, {}) == snapshot_text or (
+                    encode_state(after) == snapshot_text
+                )
+                recorded_state = after if same else decode_state(snapshot_text, log.blobs)
             except CodecError as exc:
                 yield Finding(
                     _codec_kind(exc),
@@ -226,6 +229,95 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
             f"the conversation row says phase {row.phase}, the log ends in "
             f"{type(state.phase).__name__}",
         )
+
+
+def replay_quickly(log: RawLog) -> Conversation | None:
+    """The state at the end of the log if it replays exactly, checked the cheap way;
+    None if anything is (or may be) off, and ``replay_log`` must say what.
+
+    What ``replay_log`` checks at every step is checked here too (contiguous seqs
+    within the row's, row checksums, each event decodes, is of its stored type and is
+    accepted, the recomputed effects encode to exactly the stored texts, the snapshot
+    equals the recomputed state), except the state fingerprint: its phase and counters
+    (``fingerprint.summary``) are compared at every step, its whole-state digest only
+    after the snapshot's event and the last event. The digest is most of the cost of a
+    step (it encodes the state), and a difference in the state that lasts is still
+    seen at the end; a difference the reducer makes and later undoes, leaving no trace
+    in any effect, counter, snapshot or the final state, is not. The caller replays
+    with ``replay_log`` whenever this returns None, so every report it makes is the
+    one ``replay_log`` makes.
+    """
+    row, events = log.row, log.events
+    if not events or row.last_seq != events[-1].seq or len(events) != row.last_seq + 1:
+        return None
+    cid = row.id
+    blobs = log.blobs
+    snapshot_seq = row.snapshot_seq if log.snapshot_json is not None else None
+    last = events[-1].seq
+    state: Conversation | None = None
+    event_crc, effect_crc = event_checksum, effect_checksum
+    try:
+        for expected, raw in enumerate(events):
+            seq, payload, mark = raw.seq, raw.payload, raw.fingerprint
+            if seq != expected:
+                return None
+            if raw.checksum is not None and raw.checksum != event_crc(
+                cid, seq, raw.type, payload, mark, raw.at
+            ):
+                return None
+            event = decode_event(payload, blobs)
+            if type(event).__name__ != raw.type:
+                return None
+            if state is None:
+                if (
+                    not isinstance(event, ConversationCreated | ConversationForked)
+                    or event.conversation_id != cid
+                ):
+                    return None
+                state, effects = start(event)
+            else:
+                state, effects = transition(state, event)
+            recorded = raw.effects
+            if len(recorded) != len(effects):
+                return None
+            for index, (effect, stored) in enumerate(zip(effects, recorded, strict=True)):
+                if (
+                    stored.idx != index
+                    or type(effect).__name__ != stored.type
+                    or encode_effect(effect) != stored.payload
+                    or (
+                        stored.checksum is not None
+                        and stored.checksum
+                        != effect_crc(cid, seq, index, stored.type, stored.payload)
+                    )
+                ):
+                    return None
+            if seq in (snapshot_seq, last):
+                if fingerprint_like(state, mark, payload) != mark:
+                    return None
+                if seq == snapshot_seq and not _same_snapshot(log, state):
+                    return None
+            else:
+                counters = summary(state)
+                if mark != counters and not mark.startswith(counters + " #"):
+                    return None
+    except Exception:  # anything at all: the careful replay reports it
+        return None
+    if state is None or row.phase != type(state.phase).__name__:
+        return None
+    return state
+
+
+def _same_snapshot(log: RawLog, state: Conversation) -> bool:
+    """The log's snapshot is intact and is ``state``'s encoding, exactly."""
+    text, seq = log.snapshot_json, log.row.snapshot_seq
+    if text is None or seq is None:
+        return False
+    if log.snapshot_checksum is not None and log.snapshot_checksum != snapshot_checksum(
+        log.row.id, seq, text
+    ):
+        return False
+    return encode_state(state, {}) == text or encode_state(state) == text
 
 
 class _NotACreation(Exception):
@@ -334,9 +426,9 @@ def _codec_kind(exc: CodecError) -> FindingKind:
     return FindingKind.CORRUPT_PAYLOAD
 
 
-def _decode_event(cid: str, raw: RawEvent) -> Event | Finding:
+def _decode_event(cid: str, raw: RawEvent, blobs: Mapping[str, str]) -> Event | Finding:
     try:
-        event = decode_event(raw.payload)
+        event = decode_event(raw.payload, blobs)
     except CodecError as exc:
         return Finding(_codec_kind(exc), cid, raw.seq, f"event {raw.seq} cannot be read: {exc}")
     if type(event).__name__ != raw.type:

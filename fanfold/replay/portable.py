@@ -12,7 +12,9 @@ Format (``FORMAT`` version ``FORMAT_VERSION``), one JSON object per line:
    "seq": ..., "at": ..., "event": {...}, "effects": [{...}, ...], "fingerprint": ...}``.
 
 Events, effects and snapshots are the stored codec documents (each with its ``"v"``),
-copied verbatim: an imported log keeps its recorded effects and fingerprints, so
+copied verbatim but for blob references (``fanfold.db.codec``, "Blobs"), which are
+written inline, the value in place of its reference, as the same document encodes
+without a blobs table: an imported log keeps its recorded effects and fingerprints, so
 ``verify`` in the new database judges the log as it was recorded.
 
 An imported tree is an inert record: its provenance record says ``imported`` (with
@@ -25,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import attrs
@@ -92,12 +94,15 @@ def export_jsonl(store: Store, conversation_id: str, out: IO[str]) -> ExportSumm
 def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
     logs = store.raw_tree(root)
     events: list[RawEvent] = []
+    blobs: dict[str, str] = {}
     lines: list[str] = []
     for log in logs:
         row = log.row
         snapshot_doc = None
         if log.snapshot_json is not None:
-            snapshot_doc = _parse(log.snapshot_json, row.id, row.snapshot_seq or 0, "its snapshot")
+            snapshot_doc = _parse(
+                log.snapshot_json, row.id, row.snapshot_seq or 0, "its snapshot", log.blobs
+            )
         line: dict[str, Any] = {"record": "conversation"}
         line.update({name: getattr(row, name) for name in ConversationRow.COLUMNS})
         line["status"] = row.status.value
@@ -105,6 +110,7 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
         lines.append(_dumps(line))
         _check_contiguous(log)
         events.extend(log.events)
+        blobs.update(log.blobs)
     events.sort(key=lambda e: e.rowid if e.rowid is not None else -1)
     header = {
         "record": "header",
@@ -125,7 +131,7 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
             "conversation_id": event.conversation_id,
             "seq": event.seq,
             "at": event.at,
-            "event": _parse(event.payload, *where, "its event"),
+            "event": _parse(event.payload, *where, "its event", blobs),
             "effects": [_parse(e.payload, *where, f"its effect {e.idx}") for e in event.effects],
             "fingerprint": event.fingerprint,
         }
@@ -182,9 +188,14 @@ def _check_contiguous(log: RawLog) -> None:
         )
 
 
-def _parse(text: str, conversation_id: str, seq: int, what: str) -> Any:
+def _parse(
+    text: str, conversation_id: str, seq: int, what: str, blobs: Mapping[str, str] | None = None
+) -> Any:
+    """The document ``text`` parsed; with ``blobs``, its blob references written inline
+    (an export carries no blobs table: each document holds its values)."""
     try:
-        return codec.loads_strict(text)  # refuses NaN/Infinity: an export never holds one
+        document = codec.loads_strict(text)  # refuses NaN/Infinity: an export never holds one
+        return codec.expand_blobs(document, blobs) if blobs else document
     except CodecError as exc:
         raise LogCorrupt(
             Finding(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fanfold.db import RawLog, Store
-from fanfold.replay.core import replay_log, subtree_logs
+from fanfold.replay.core import replay_log, replay_quickly, subtree_logs
 from fanfold.replay.report import (
     ConversationResult,
     Divergence,
@@ -24,6 +24,11 @@ def verify(store: Store, conversation_id: str, *, tree: bool = False) -> VerifyR
     truncation, undecodable payload, an event the reducer refuses...). Nothing is
     executed and nothing is written. Raises UnknownConversation if there is no such
     conversation; every problem of the log is in the report.
+
+    Each conversation is first replayed the cheap way (``replay_quickly``: the state's
+    whole-state digest compared only after its snapshot and last events, its phase
+    and counters at every step); only if that finds anything off is it replayed step
+    by step with every check, which locates and reports the first difference.
     """
     logs = subtree_logs(store, conversation_id) if tree else [store.raw_log(conversation_id)]
     results = tuple(_verify_one(log) for log in logs)
@@ -31,6 +36,16 @@ def verify(store: Store, conversation_id: str, *, tree: bool = False) -> VerifyR
 
 
 def _verify_one(log: RawLog) -> ConversationResult:
+    final = replay_quickly(log)
+    if final is not None:
+        return ConversationResult(
+            conversation_id=log.row.id, events=len(log.events), final_state=final
+        )
+    return _verify_carefully(log)
+
+
+def _verify_carefully(log: RawLog) -> ConversationResult:
+    """Replay step by step with every check (``replay_log``), to the first problem."""
     count = 0
     final: Conversation | None = None
     findings: list[Finding] = []

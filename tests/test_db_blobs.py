@@ -1,0 +1,135 @@
+"""Large repeated values (tool sets, system prompts) are stored once per database, by
+content (migration 4, ``fanfold.db.codec`` "Blobs"), and read back checked."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from db_scenarios import Driver, fan_out
+from replay_helpers import edit, one_child_log
+
+from fanfold import replay
+from fanfold.db import CodecError, ReplayError, Store, decode_event, encode_event
+from fanfold.db.codec import BLOB_MIN_CHARS, collapse_blobs, expand_blobs
+from fanfold.replay.report import FindingKind
+from fanfold.statemachine import ConversationCreated, ToolSpec
+
+LONG_PROMPT = "You review code carefully and report what you find. " * 20
+
+
+def _tools() -> tuple[ToolSpec, ...]:
+    return tuple(
+        ToolSpec.from_schema(f"tool{i}", "a tool " * 30, {"type": "object"}) for i in range(3)
+    )
+
+
+def test_a_creation_names_its_large_values_and_decodes_with_them() -> None:
+    created = ConversationCreated("c", system_prompt=LONG_PROMPT, tools=_tools(), task="t")
+    blobs: dict[str, str] = {}
+    text = encode_event(created, blobs)
+    assert len(blobs) == 2  # the prompt and the tool set
+    for key, body in blobs.items():
+        assert hashlib.sha256(body.encode()).hexdigest() == key
+        assert len(body) >= BLOB_MIN_CHARS
+        assert f'{{"blob":"{key}"}}' in text
+    assert len(text) < len(encode_event(created)) - sum(map(len, blobs.values())) + 200
+    assert decode_event(text, blobs) == created
+    # Expanded, the document is the inline one; collapsed again, the stored one.
+    inline = json.dumps(expand_blobs(json.loads(text), blobs), separators=(",", ":"))
+    assert inline == encode_event(created)
+    again: dict[str, str] = {}
+    assert collapse_blobs(inline, again) == text and again == blobs
+
+
+def test_short_values_stay_inline() -> None:
+    created = ConversationCreated("c", system_prompt="Be brief.", task="t")
+    blobs: dict[str, str] = {}
+    assert encode_event(created, blobs) == encode_event(created)
+    assert blobs == {}
+
+
+def test_a_reference_needs_the_logs_blobs_and_their_exact_text() -> None:
+    created = ConversationCreated("c", system_prompt=LONG_PROMPT, tools=_tools())
+    blobs: dict[str, str] = {}
+    text = encode_event(created, blobs)
+    with pytest.raises(CodecError, match="only a log's own rows may hold"):
+        decode_event(text)
+    key = next(iter(blobs))
+    with pytest.raises(CodecError, match=f"blob {key[:16]} is not in the log"):
+        decode_event(text, {k: v for k, v in blobs.items() if k != key})
+    decode_event(text, blobs)  # decoded once: kept by key
+    damaged = {**blobs, key: blobs[key].replace("a", "b", 1)}
+    with pytest.raises(CodecError, match="does not match its digest"):
+        decode_event(text, damaged)
+
+
+def test_a_tree_stores_its_tool_set_once(tmp_path: Path) -> None:
+    driver = Driver(snapshot_every=2)
+    children = fan_out(driver)
+    path = tmp_path / "log.db"
+    with Store.open(path) as store:
+        store.append(driver.steps)
+        created = [s for s in driver.steps if s.seq == 0]
+        assert len(created) == 1 + len(children)
+        for cid in driver.states:
+            assert store.load_state(cid) == driver.states[cid]
+        assert replay.verify(store, "r", tree=True).ok
+    with sqlite3.connect(path) as conn:
+        (blobs,) = conn.execute("SELECT count(*) FROM blobs").fetchone()
+        payloads = [p for (p,) in conn.execute("SELECT payload FROM events")]
+    conn.close()
+    # One text per distinct large value: the tool sets with and without the control
+    # tools that a root and a sub-agent get (the root's bash alone is short).
+    assert 1 <= blobs <= 4
+    assert all('"blob"' not in p or '"type":"ConversationCreated"' in p for p in payloads)
+
+
+def test_a_damaged_or_missing_blob_is_reported_not_raised(tmp_path: Path) -> None:
+    db, root, _ = one_child_log(tmp_path)
+    edit(db, "UPDATE blobs SET body = replace(body, 'a', 'b')")
+    with Store.open(db) as store:
+        report = replay.verify(store, root, tree=True)
+        assert not report.ok
+        (finding, *_) = [f for r in report.results for f in r.findings]
+        assert finding.kind is FindingKind.CORRUPT_PAYLOAD and finding.seq == 0
+        assert "does not match its digest" in finding.message
+        with pytest.raises(ReplayError, match="does not match its digest"):
+            store.load_state(root)
+    edit(db, "DELETE FROM blobs")
+    with Store.open(db) as store, pytest.raises(ReplayError, match="is not in the log"):
+        store.load_state(root)
+
+
+def test_an_export_is_inline_and_imports_as_stored(tmp_path: Path) -> None:
+    db, root, _ = one_child_log(tmp_path)
+    out = io.StringIO()
+    with Store.open(db) as store:
+        replay.export_jsonl(store, root, out)
+    assert '"blob"' not in out.getvalue()
+    with Store.open(tmp_path / "other.db") as other:
+        assert replay.import_jsonl(other, io.StringIO(out.getvalue())) == root
+        assert replay.verify(other, root, tree=True).ok
+        assert other.blobs()  # collapsed on the way in, as append stores them
+    # A reference in an imported file is refused: the file carries no blobs.
+    with Store.open(db) as store:
+        (created,) = [e for e in store.raw_log(root).events if e.seq == 0]
+    assert '"blob"' in created.payload
+    lines = out.getvalue().splitlines()
+    forged = [
+        json.dumps({**json.loads(line), "event": json.loads(created.payload)})
+        if json.loads(line).get("record") == "step"
+        and json.loads(line)["conversation_id"] == root
+        and json.loads(line)["seq"] == 0
+        else line
+        for line in lines
+    ]
+    with (
+        Store.open(tmp_path / "third.db") as third,
+        pytest.raises(replay.ImportRefused, match="only a log's own rows may hold"),
+    ):
+        replay.import_jsonl(third, forged)
