@@ -380,7 +380,7 @@ MUTANTS = [
     ),
     Mutant(renotify_when_ended, terminals_absorb, "terminal phases are terminal"),
     Mutant(retry_once_too_often, every_step_checked, "retries bounded"),
-    Mutant(uncapped_backoff, every_step_checked, "backoff capped"),
+    Mutant(uncapped_backoff, every_step_checked, "backoff capped|timers run as long"),
     Mutant(no_results_on_cancel, every_step_checked, "history valid|without results"),
     Mutant(results_out_of_order, every_step_checked, "history valid"),
     # Either check names this bug, whichever generated run meets it first: a running
