@@ -337,7 +337,7 @@ def _limits(dice: _Dice) -> Limits:
         child_timeout=dice.pick([None, 5.0, 60.0, 1.0]),
         cancel_grace=dice.pick([30.0, 1.0]),
         child_result_cap=dice.pick([8000, 5, 40]),
-        max_tokens=dice.pick([None, None, None, 150, 400]),
+        max_tokens=dice.pick([None, 150, None, 400]),
     )
 
 
@@ -428,7 +428,9 @@ def _spawn_arguments(dice: _Dice, max_tasks: int) -> str:
     tasks: list[Any] = []
     for index in range(dice.pick(range(1, max_tasks + 2))):
         if dice.one_in(4):
-            tasks.append(dice.pick(_BAD_TASKS))
+            # Half of the refused tasks are well-formed but for one unknown field.
+            bad = {"task": "x", "colour": "red"} if dice.flip() else dice.pick(_BAD_TASKS)
+            tasks.append(bad)
         else:
             tasks.append({"task": f"task {index}", **dice.pick(_TASK_EXTRAS)})
     return canonical_json({"tasks": tasks})
@@ -476,6 +478,11 @@ def _model_reply(dice: _Dice, state: Conversation) -> ModelReply:
     number = phase.call if isinstance(phase, LlmRequesting) else state.next_call
     text = dice.text()
     usage = dice.pick(_USAGES)
+    budget = state.limits.max_tokens
+    if budget is not None and budget > state.tokens_spent and dice.one_in(4):
+        # Spend exactly what is left of the token budget, or one token less.
+        left = budget - state.tokens_spent - dice.pick([0, 1])
+        usage = Usage(left - left // 2, left // 2)
     if dice.one_in(8 if state.is_sub_agent else 4):
         # A plain answer; now and then one cut off at the output token limit.
         cut = dice.one_in(5)
@@ -625,6 +632,9 @@ def _progress_makers(state: Conversation) -> list[_Maker]:
     if children is not None:
         if children.running:
             makers += [_child_reports, _child_reports, _child_reports]
+            if state.limits.max_tokens is not None:
+                # A restart must re-issue each running child with its share.
+                makers.append(_resume)
         if any(p.deadline_timer is not None for p in children.pending):
             makers.append(_child_deadline)
         if isinstance(phase, CancellingSubAgents):
@@ -2443,6 +2453,20 @@ def _check_event_rules(
                         "reply not appended to the history or usage not counted",
                         after,
                     )
+                budget = before.limits.max_tokens
+                if reply.tool_calls and reply.stop_reason != STOP_REFUSAL and not phase.grace:
+                    over = budget is not None and after.tokens_spent >= budget
+                    end = after.phase
+                    ended = isinstance(end, Error | Failed) and end.kind is (
+                        ErrorKind.BUDGET_EXHAUSTED
+                    )
+                    if over != ended:
+                        _fail(
+                            "tools asked for once the token budget is spent end the "
+                            "conversation, and only then",
+                            f"{after.tokens_spent} of {budget} spent -> {end}",
+                            after,
+                        )
                 if reply.stop_reason == STOP_REFUSAL:
                     explanation = reply.stop_details or reply.text
                     end = after.phase
