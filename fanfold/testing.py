@@ -2455,12 +2455,12 @@ def _check_event_rules(
                     )
                 budget = before.limits.max_tokens
                 if reply.tool_calls and reply.stop_reason != STOP_REFUSAL and not phase.grace:
-                    over = budget is not None and after.tokens_spent >= budget
+                    spent = budget is not None and after.tokens_spent >= budget
                     end = after.phase
                     ended = isinstance(end, Error | Failed) and end.kind is (
                         ErrorKind.BUDGET_EXHAUSTED
                     )
-                    if over != ended:
+                    if spent != ended:
                         _fail(
                             "tools asked for once the token budget is spent end the "
                             "conversation, and only then",

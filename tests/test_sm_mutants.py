@@ -36,6 +36,7 @@ from fanfold.statemachine import (
     ToolCall,
     UserMessaged,
     control_tools,
+    start,
     transition,
 )
 from fanfold.statemachine import children as children_module
@@ -409,7 +410,7 @@ def non_object_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def start_forgets_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """``start`` drops the model it was created with."""
-    original = testing.start
+    original = start
 
     def mutant(created: Any) -> Any:
         state, effects = original(created)
