@@ -50,6 +50,7 @@ never imports this module.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import math
 import types
@@ -79,6 +80,7 @@ from fanfold.statemachine import (
     ChildFailed,
     ChildOutcome,
     Children,
+    ChildSpec,
     ChildSucceeded,
     Completed,
     Conversation,
@@ -86,6 +88,7 @@ from fanfold.statemachine import (
     ConversationForked,
     DuplicateChildOutcome,
     Effect,
+    EndCompleted,
     EndFailed,
     EndIdle,
     Error,
@@ -101,6 +104,7 @@ from fanfold.statemachine import (
     ModelFailed,
     ModelReplied,
     ModelReply,
+    ModelRequest,
     NotifyParent,
     RuntimeResumed,
     RunTool,
@@ -187,7 +191,25 @@ _RETRYABLE = tuple(k for k in ErrorKind if k.retryable)
 _T = TypeVar("_T")
 _CHUNK = st.binary(min_size=16, max_size=16)
 _USAGES = (Usage(10, 5), Usage(0, 0), Usage(40, 20), Usage(100, 60), Usage(1, 1))
-_ERROR_KINDS = (*_RETRYABLE, *_RETRYABLE, *ErrorKind)
+# What a provider may report of a failed model call; the other kinds are endings the
+# reducer decides (cancelled, timed out, budget, ...), each with its cancel reason.
+_MODEL_KINDS = tuple(
+    k
+    for k in ErrorKind
+    if k
+    not in (
+        ErrorKind.SUBMITTED_ERROR,
+        ErrorKind.REFUSED,
+        ErrorKind.CANCELLED,
+        ErrorKind.TIMED_OUT,
+        ErrorKind.ITERATION_LIMIT,
+        ErrorKind.BUDGET_EXHAUSTED,
+        ErrorKind.UNRESPONSIVE,
+        ErrorKind.INTERRUPTED,
+        ErrorKind.INVALID_CWD,
+    )
+)
+_ERROR_KINDS = (*_RETRYABLE, *_RETRYABLE, *_MODEL_KINDS)
 _REASONS = tuple(CancelReason)
 _ALL_KINDS = tuple(ErrorKind)
 _TASK_EXTRAS: tuple[dict[str, Any], ...] = (
@@ -199,6 +221,9 @@ _TASK_EXTRAS: tuple[dict[str, Any], ...] = (
     {"timeout": 0.5, "max_iterations": 2},
     {"max_iterations": 1},
     {"timeout": 1e9, "model": "big", "max_iterations": 1000},
+    # Boundaries that are accepted: the least time above 0, null for an absent field.
+    {"timeout": 1e-06, "cwd": "."},
+    {"timeout": None, "max_iterations": None, "model": None, "cwd": None},
 )
 _BAD_TASKS: tuple[Any, ...] = (
     "just a string",
@@ -211,6 +236,22 @@ _BAD_TASKS: tuple[Any, ...] = (
     {"task": "x", "timeout": math.nan},
     {"task": "x", "cwd": "../outside"},
     {"task": "x", "cwd": "/"},
+    # The boundaries just outside, and fields of the wrong type (``true`` is no number).
+    {"task": " "},
+    {"task": "x", "timeout": 0},
+    {"task": "x", "timeout": "2"},
+    {"task": "x", "timeout": True},
+    {"task": "x", "max_iterations": 1.5},
+    {"task": "x", "max_iterations": True},
+    {"task": "x", "max_iterations": "3"},
+    {"task": "x", "model": ""},
+    {"task": "x", "model": 7},
+    {"task": "x", "cwd": 5},
+    {"task": "x", "cwd": "~/x"},
+    {"task": "x", "cwd": "C:/x"},
+    {"task": "x", "cwd": "a\\b"},
+    {"task": "x", "cwd": "a/../.."},
+    {"task": ["x"]},
 )
 # What the runtime may find at a sub-agent's working directory "/work" (a parent's
 # "/work" too): mostly fine, now and then outside (a symbolic link) or not a directory.
@@ -296,7 +337,7 @@ def _limits(dice: _Dice) -> Limits:
         child_timeout=dice.pick([None, 5.0, 60.0, 1.0]),
         cancel_grace=dice.pick([30.0, 1.0]),
         child_result_cap=dice.pick([8000, 5, 40]),
-        max_tokens=dice.pick([None, None, None, 150, 400]),
+        max_tokens=dice.pick([None, 150, None, 400]),
     )
 
 
@@ -370,7 +411,8 @@ def _child_outcome(dice: _Dice) -> ChildOutcome:
 
 @st.composite
 def model_errors(draw: st.DrawFn) -> ModelError:
-    """Classified model failures of every kind, retryable ones more often."""
+    """Classified model failures of every kind a provider reports, retryable ones more
+    often."""
     return _model_error(_Dice(draw))
 
 
@@ -386,7 +428,9 @@ def _spawn_arguments(dice: _Dice, max_tasks: int) -> str:
     tasks: list[Any] = []
     for index in range(dice.pick(range(1, max_tasks + 2))):
         if dice.one_in(4):
-            tasks.append(dice.pick(_BAD_TASKS))
+            # Half of the refused tasks are well-formed but for one unknown field.
+            bad = {"task": "x", "colour": "red"} if dice.flip() else dice.pick(_BAD_TASKS)
+            tasks.append(bad)
         else:
             tasks.append({"task": f"task {index}", **dice.pick(_TASK_EXTRAS)})
     return canonical_json({"tasks": tasks})
@@ -395,7 +439,17 @@ def _spawn_arguments(dice: _Dice, max_tasks: int) -> str:
 def _submit_arguments(dice: _Dice, key: str) -> str:
     if dice.one_in(4):
         return dice.pick(
-            [canonical_json({key: 3}), "{}", "not json", canonical_json({key: "x", "n": math.inf})]
+            [
+                canonical_json({key: 3}),
+                "{}",
+                "not json",
+                canonical_json({key: "x", "n": math.inf}),
+                # Valid JSON that is no object.
+                canonical_json([key, "x"]),
+                canonical_json("x"),
+                "null",
+                "7",
+            ]
         )
     return canonical_json({key: dice.text()})
 
@@ -424,6 +478,11 @@ def _model_reply(dice: _Dice, state: Conversation) -> ModelReply:
     number = phase.call if isinstance(phase, LlmRequesting) else state.next_call
     text = dice.text()
     usage = dice.pick(_USAGES)
+    budget = state.limits.max_tokens
+    if budget is not None and budget > state.tokens_spent and dice.one_in(4):
+        # Spend exactly what is left of the token budget, or one token less.
+        left = budget - state.tokens_spent - dice.pick([0, 1])
+        usage = Usage(left - left // 2, left // 2)
     if dice.one_in(8 if state.is_sub_agent else 4):
         # A plain answer; now and then one cut off at the output token limit.
         cut = dice.one_in(5)
@@ -573,6 +632,9 @@ def _progress_makers(state: Conversation) -> list[_Maker]:
     if children is not None:
         if children.running:
             makers += [_child_reports, _child_reports, _child_reports]
+            if state.limits.max_tokens is not None:
+                # A restart must re-issue each running child with its share.
+                makers.append(_resume)
         if any(p.deadline_timer is not None for p in children.pending):
             makers.append(_child_deadline)
         if isinstance(phase, CancellingSubAgents):
@@ -851,6 +913,7 @@ def check_invariants(state: Conversation) -> None:
     open_calls = _history_open_calls(state.history, state, request=False)
     _check_round(state, open_calls)
     _check_children(state, open_calls)
+    _check_spawn_tasks(state, open_calls)
 
 
 # --------------------------------------------------------------------- finite numbers
@@ -1255,6 +1318,381 @@ def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> No
         )
 
 
+# --------------------------------------------------------------------- spawn tasks
+#
+# What a task of ``spawn_agents`` may ask for, written out here from the tool's schema
+# and DESIGN.md ("Spawn limits", "Working directories"), not imported, so the check
+# does not trust the code it checks.
+
+_TASK_FIELDS = frozenset({"task", "cwd", "timeout", "max_iterations", "model"})
+_SUBMITTED = "submitted; the conversation ends"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _relative_cwd(cwd: object) -> str | None:
+    """A task's ``cwd`` normalised (``""`` for the parent's own), or None if refused."""
+    if not isinstance(cwd, str) or not cwd or len(cwd) > 1024:
+        return None
+    if "\\" in cwd or cwd[0] in "/~" or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in cwd):
+        return None
+    if len(cwd) >= 2 and cwd[1] == ":" and cwd[0].isascii() and cwd[0].isalpha():
+        return None
+    parts = [part for part in cwd.split("/") if part not in ("", ".")]
+    return None if ".." in parts else "/".join(parts)
+
+
+ExpectedChild = tuple[str, str, float | None, int, str | None]
+"""What an accepted task gives its child: task, cwd, time limit, rounds, model."""
+
+
+def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None:
+    """The child a ``spawn_agents`` task entry must give, or None if it must be refused.
+
+    Refused: anything but an object, a missing or blank ``task``, an unknown field, a
+    field of the wrong type (``true`` is no number), a ``cwd`` that leaves the parent's
+    by its spelling, a ``timeout`` <= 0, a ``max_iterations`` < 1, an empty ``model``.
+    ``null`` is an absent field. Accepted numbers are capped by the parent's limits.
+    """
+    if not isinstance(entry, dict) or set(entry) - _TASK_FIELDS:
+        return None
+    task, cwd, timeout = entry.get("task"), entry.get("cwd"), entry.get("timeout")
+    rounds, model = entry.get("max_iterations"), entry.get("model")
+    if not (isinstance(task, str) and task.strip()):
+        return None
+    where = parent.cwd
+    if cwd is not None:
+        relative = _relative_cwd(cwd)
+        if relative is None:
+            return None
+        if relative:
+            where = relative if parent.cwd == "." else parent.cwd.rstrip("/") + "/" + relative
+    if timeout is not None and not (_is_number(timeout) and 0 < timeout < math.inf):
+        return None
+    if rounds is not None and not (
+        isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1
+    ):
+        return None
+    if model is not None and not (isinstance(model, str) and model):
+        return None
+    lim = parent.limits
+    limit = lim.child_timeout
+    if timeout is None:
+        seconds = limit
+    else:
+        seconds = float(timeout) if limit is None else min(float(timeout), limit)
+    return (
+        task,
+        where,
+        seconds,
+        lim.max_rounds if rounds is None else min(rounds, lim.max_rounds),
+        model or parent.model,
+    )
+
+
+def _spawn_tasks(call: ToolCall) -> list[Any] | None:
+    """The task entries of a ``spawn_agents`` call, or None if its arguments are no
+    object holding a non-empty ``tasks`` list of finite JSON."""
+    if _json_non_finite(call.arguments_json):
+        return None
+    try:
+        arguments = json.loads(call.arguments_json)
+    except (ValueError, RecursionError):
+        return None
+    tasks = arguments.get("tasks") if isinstance(arguments, dict) else None
+    return tasks if isinstance(tasks, list) and tasks else None
+
+
+def _check_spawn_tasks(state: Conversation, open_calls: tuple[ToolCall, ...]) -> None:
+    """Each ``spawn_agents`` call of the round accepted exactly its valid tasks (up to
+    ``max_tasks_per_call``), in order, each as the task asked within the parent's
+    limits, and refused the rest; a call answered by an error accepted none."""
+    phase = state.phase
+    if not isinstance(phase, _ROUND):
+        return
+    children = phase.children
+    specs: dict[str, list[ChildSpec]] = {}
+    for spec in [p.spec for p in children.pending] + [f.spec for f in children.finished]:
+        specs.setdefault(spec.spawn_call_id, []).append(spec)
+    errors = {
+        r.tool_call_id
+        for r in phase.results
+        if r.name == SPAWN_AGENTS and r.is_error and not r.content.startswith("skipped:")
+    }
+    for call in open_calls:
+        if call.name != SPAWN_AGENTS or not (call.id in specs or call.id in errors):
+            continue
+        tasks = _spawn_tasks(call) if state.offers(SPAWN_AGENTS) else None
+        entries = (tasks or [])[: state.limits.max_tasks_per_call]
+        expected = [c for c in (_expected_child(e, state) for e in entries) if c is not None]
+        got = sorted(specs.get(call.id, []), key=lambda s: int(s.id.rsplit(".", 1)[1]))
+        accepted = [(s.task, s.cwd, s.timeout, s.max_rounds, s.model) for s in got]
+        rejected = [r for r in children.rejected if r.spawn_call_id == call.id]
+        if accepted != expected or (got and len(rejected) != len(tasks or []) - len(got)):
+            _fail(
+                "a spawn accepts exactly its valid tasks, within the parent's limits",
+                f"{call.arguments_json} gave children {accepted} and {len(rejected)} "
+                f"refusals, expected {expected}",
+                state,
+            )
+
+
+# --------------------------------------------------------------------- submissions
+
+
+def _submission_value(call: ToolCall) -> str | None:
+    """The text a ``submit_result``/``submit_error`` call submits, or None if it is
+    refused: arguments that are no JSON object (``[...]``, ``"x"``, ``null``, ``7``),
+    lack a string under ``result``/``error``, or hold a non-finite number."""
+    if _json_non_finite(call.arguments_json):
+        return None
+    try:
+        arguments = json.loads(call.arguments_json)
+    except (ValueError, RecursionError):
+        return None
+    key = "result" if call.name == SUBMIT_RESULT else "error"
+    value = arguments.get(key) if isinstance(arguments, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _new_results(before: Conversation, after: Conversation) -> list[ToolResult]:
+    """The tool results a step recorded: in the round's bookkeeping or the history."""
+    old = before.phase.results if isinstance(before.phase, _ROUND) else ()
+    kept = after.phase.results if isinstance(after.phase, _ROUND) else ()
+    found = [r for r in kept if r not in old]
+    found += [
+        m.result
+        for m in after.history[len(before.history) :]
+        if isinstance(m, ToolResultMessage) and m.result not in old and m.result not in found
+    ]
+    return found
+
+
+def _ending_of(state: Conversation) -> Completed | Failed | Error | EndCompleted | EndFailed | None:
+    phase = state.phase
+    if isinstance(phase, CancellingSubAgents) and isinstance(
+        phase.ending, EndCompleted | EndFailed
+    ):
+        return phase.ending
+    return phase if isinstance(phase, Completed | Failed | Error) else None
+
+
+def _check_submissions(before: Conversation, after: Conversation) -> None:
+    """A submission is taken exactly when it is valid and offered (a sub-agent's), and
+    the sub-agent then ends with its text; any other is refused with an error result
+    (or skipped, when something ended the round before it)."""
+    calls: dict[str, ToolCall] = {}
+    for message in reversed(after.history):
+        if isinstance(message, AssistantMessage):
+            calls = {c.id: c for c in message.tool_calls}
+            break
+    for result in _new_results(before, after):
+        call = calls.get(result.tool_call_id)
+        if call is None or call.name not in (SUBMIT_RESULT, SUBMIT_ERROR):
+            continue
+        value = _submission_value(call) if after.is_sub_agent else None
+        taken = not result.is_error and result.content == _SUBMITTED
+        skipped = result.is_error and result.content.startswith(("skipped:", "cancelled:"))
+        if taken != (value is not None) and not (skipped and value is not None):
+            _fail(
+                "a submission is taken exactly when it is valid",
+                f"{call.arguments_json} of {call.name} got {result}",
+                after,
+            )
+        if not taken:
+            continue
+        assert value is not None
+        ending = _ending_of(after)
+        expected: object = (
+            (Completed(value), EndCompleted(value))
+            if call.name == SUBMIT_RESULT
+            else (
+                Failed(value, ErrorKind.SUBMITTED_ERROR),
+                EndFailed(value, ErrorKind.SUBMITTED_ERROR),
+            )
+        )
+        if ending not in expected:  # type: ignore[operator]
+            _fail("a submission ends the sub-agent with its text", f"{ending}", after)
+
+
+# --------------------------------------------------------------------- endings' reasons
+
+# The cancel reason each kind of ending implies (DESIGN.md "Cancellation", "Deadlines",
+# "Token budget"); every other kind carries none.
+_REASONS_OF_KIND: dict[ErrorKind, tuple[CancelReason, ...]] = {
+    ErrorKind.CANCELLED: (CancelReason.USER, CancelReason.PARENT),
+    ErrorKind.TIMED_OUT: (CancelReason.TIMEOUT,),
+    ErrorKind.BUDGET_EXHAUSTED: (CancelReason.LIMIT,),
+    ErrorKind.UNRESPONSIVE: (CancelReason.PARENT,),
+}
+# The outcomes a parent gives a child itself (it never started, was written off, or
+# never acknowledged a cancel): each kind with its one reason.
+_PARENT_MADE: dict[ErrorKind, CancelReason] = {
+    ErrorKind.CANCELLED: CancelReason.PARENT,
+    ErrorKind.TIMED_OUT: CancelReason.TIMEOUT,
+    ErrorKind.BUDGET_EXHAUSTED: CancelReason.LIMIT,
+    ErrorKind.UNRESPONSIVE: CancelReason.PARENT,
+}
+
+
+def _reason_fits(kind: ErrorKind, reason: CancelReason | None) -> bool:
+    return reason in _REASONS_OF_KIND.get(kind, (None,))
+
+
+def _check_reasons(before: Conversation, event: Event, after: Conversation) -> None:
+    """The reason on every outcome the reducer makes is the one its kind implies: a
+    sub-agent's ending, and the outcomes a parent records for children that did not
+    report one themselves."""
+    phase = after.phase
+    if isinstance(phase, Failed) and not _reason_fits(phase.kind, phase.reason):
+        _fail("an ending's reason fits its kind", f"{phase.kind} with {phase.reason}", after)
+    ending = phase.ending if isinstance(phase, CancellingSubAgents) else None
+    fits = not isinstance(ending, EndFailed) or _reason_fits(ending.kind, ending.reason)
+    if after.is_sub_agent and not fits:
+        _fail("an ending's reason fits its kind", f"{ending}", after)
+    cb, ca = children_of(before), children_of(after)
+    if ca is None:
+        return
+    reported = event.child_id if isinstance(event, SubAgentFinished) else None
+    old = {f.spec.id for f in cb.finished} if cb is not None else set()
+    for done in ca.finished:
+        if done.spec.id in old or done.spec.id == reported:
+            continue
+        outcome = done.outcome
+        if not (
+            isinstance(outcome, ChildFailed)
+            and _PARENT_MADE.get(outcome.kind, "none") == outcome.reason
+        ):
+            _fail("an outcome a parent makes has its kind's reason", f"{done}", after)
+
+
+# --------------------------------------------------------------------- backoff and timers
+
+
+def expected_backoff(state: Conversation, attempt: int, error: ModelError, timer: int) -> float:
+    """The delay before ``attempt`` (>= 2) after ``error``, as DESIGN.md ("Retries")
+    specifies it: the provider's hint of 0 or more, capped at ``retry_cap``; else
+    ``min(retry_cap, retry_base * 2^(attempt-2))`` with equal jitter (50-100 %) from
+    the 2-byte BLAKE2b digest of ``"<conversation id>:<timer>"``, rounded to 1 ms.
+
+    Written out here as the contract it is: the delay is in every log, and replay
+    checks it, so a different jitter breaks every recorded run.
+    """
+    lim = state.limits
+    hint = error.retry_after
+    if hint is not None and hint >= 0:
+        return min(float(hint), lim.retry_cap)
+    ceiling = min(lim.retry_cap, lim.retry_base * 2.0 ** (attempt - 2))
+    digest = hashlib.blake2b(f"{state.id}:{timer}".encode(), digest_size=2).digest()
+    return round(ceiling * (0.5 + int.from_bytes(digest, "big") / 0xFFFF / 2), 3)
+
+
+def _check_timer_delays(after: Conversation, effects: Effects) -> None:
+    """Every timer runs as long as its purpose says: a retry its backoff, a child's
+    deadline its time limit plus one cancel grace per level that can exist below the
+    parent (its backstop), the own time limit the conversation's timeout, a cancel's
+    wait the cancel grace."""
+    lim = after.limits
+    phase = after.phase
+    deadlines: dict[int, float] = {}
+    levels = max(1, lim.max_depth - after.depth)
+    children = children_of(after)
+    if children is not None:
+        for pending in children.pending:
+            if pending.deadline_timer is not None and pending.spec.timeout is not None:
+                deadlines[pending.deadline_timer] = pending.spec.timeout + lim.cancel_grace * levels
+    for index, effect in enumerate(effects):
+        expected: float | None = None
+        spawned = effects[index + 1] if index + 1 < len(effects) else None
+        if isinstance(effect, ScheduleRetry) and isinstance(phase, AwaitingRetry):
+            expected = expected_backoff(after, effect.attempt, phase.last_error, effect.timer)
+        elif isinstance(effect, StartTimer):
+            if effect.timer == after.deadline_timer:
+                expected = after.timeout
+            elif effect.timer in deadlines:
+                expected = deadlines[effect.timer]
+            elif isinstance(phase, CancellingSubAgents) and effect.timer == phase.grace_timer:
+                expected = lim.cancel_grace
+            elif isinstance(spawned, SpawnSubAgent) and spawned.timeout is not None:
+                # A child started and cancelled in one step (a reply that spawns and
+                # submits): its deadline is set and aborted at once.
+                expected = spawned.timeout + lim.cancel_grace * levels
+        else:
+            continue
+        if expected is None or effect.delay != expected:
+            _fail(
+                "timers run as long as their purpose says", f"{effect}, expected {expected}", after
+            )
+
+
+def _check_charges(before: Conversation, event: Event, after: Conversation) -> None:
+    """A child's tokens are charged to its parent once: what it reported, or its whole
+    share when the parent writes it off (it never said what it used)."""
+    expected = 0
+    if isinstance(event, SubAgentFinished) and event.child_id not in before.written_off:
+        expected += event.outcome.tokens
+    children = children_of(before)
+    for child in after.written_off[len(before.written_off) :]:
+        pending = children.find_pending(child) if children is not None else None
+        expected += (pending.budget or 0) if pending is not None else 0
+    if after.usage_children - before.usage_children != expected:
+        _fail(
+            "a child's tokens are charged once",
+            f"usage_children {before.usage_children} -> {after.usage_children}, "
+            f"expected +{expected}",
+            after,
+        )
+
+
+# The fields of a sub-agent's ConversationCreated and where its SpawnSubAgent holds
+# each (None: the runtime's, not the parent's to decide). A field added to either
+# class fails the check until it is placed here.
+_CREATED_FROM_SPAWN: dict[str, str | None] = {
+    "conversation_id": "child_id",
+    "parent_id": "parent_id",
+    "root_id": "root_id",
+    "depth": "depth",
+    "cwd": "cwd",
+    "task": "task",
+    "system_prompt": "system_prompt",
+    "model": "model",
+    "limits": "limits",
+    "tools": "tools",
+    "timeout": "timeout",
+    "workdir": None,
+    "sub_agent_prompt": "sub_agent_prompt",
+}
+
+
+def _check_child_creation(spawn: SpawnSubAgent, after: Conversation) -> None:
+    """The child's ConversationCreated carries its SpawnSubAgent field by field, and
+    ``start`` makes of it a sub-agent that keeps every invariant."""
+    created = spawn.created_event()
+    names = [f.name for f in attrs.fields(ConversationCreated)]
+    spawn_fields = {f.name for f in attrs.fields(SpawnSubAgent)} - {"max_rounds"}
+    placed = {source for source in _CREATED_FROM_SPAWN.values() if source is not None}
+    if set(names) != set(_CREATED_FROM_SPAWN) or placed != spawn_fields:
+        _fail(
+            "a child is created from its SpawnSubAgent, field by field",
+            f"unplaced fields: {sorted(set(names) ^ set(_CREATED_FROM_SPAWN))} / "
+            f"{sorted(placed ^ spawn_fields)}",
+            after,
+        )
+    for name in names:
+        source = _CREATED_FROM_SPAWN[name]
+        value = None if source is None else getattr(spawn, source)
+        if getattr(created, name) != value:
+            _fail(
+                "a child is created from its SpawnSubAgent, field by field",
+                f"{name} is {getattr(created, name)!r}, the spawn says {value!r}",
+                after,
+            )
+    state, effects = start(created)
+    check_start(created, state, effects)
+
+
 # --------------------------------------------------------------------------- start
 
 
@@ -1272,6 +1710,7 @@ def check_start(
             _fail("a fork starts where its source was", f"effects {effects}", state)
         return
     _check_finite(state, effects)
+    _check_created_as_told(created, state)
     if state.next_call != sum(1 for e in effects if _issued(e) is not None):
         _fail("numbers", f"next_call {state.next_call} for effects {effects}", state)
     if not state.is_sub_agent:
@@ -1296,8 +1735,60 @@ def check_start(
     expected = ["StartTimer", "CallModel"] if created.timeout is not None else ["CallModel"]
     if kinds != expected:
         _fail("a sub-agent starts at once", f"effects {kinds}", state)
+    first = LlmRequesting(call=state.next_call - 1, attempt=1, grace=False)
+    request = ModelRequest(
+        created.system_prompt, (UserMessage(created.task or ""),), state.tools, created.model
+    )
+    if not (
+        state.phase == first
+        and effects[-1] == CallModel(first.call, 1)
+        and state.rounds == 1
+        and model_request(state) == request
+    ):
+        _fail(
+            "a sub-agent's first model call asks its task of its model",
+            f"{state.phase}, {effects}, rounds {state.rounds}",
+            state,
+        )
+    if created.timeout is not None and effects[0] != StartTimer(
+        0, created.timeout, "time limit", counts_downtime=True
+    ):
+        _fail("a sub-agent's own time limit starts with it", f"{effects[0]}", state)
     _check_timers_say_if_downtime_counts(state, effects)
     _check_no_duplicate_numbers(state, effects, 0)
+
+
+def _check_created_as_told(created: ConversationCreated, state: Conversation) -> None:
+    """Everything the creation event says is kept: a root at depth 0 and a sub-agent at
+    depth >= 1 (with a task), its task, directory, prompts, model, limits, time limit,
+    and the ordinary tools it was offered, in order."""
+    if (created.parent_id is None) != (created.depth == 0) or created.depth < 0:
+        _fail("a root at depth 0, a sub-agent deeper", f"depth {created.depth}", state)
+    told = {
+        "parent_id": created.parent_id,
+        "root_id": created.root_id or created.conversation_id,
+        "depth": created.depth,
+        "cwd": created.cwd,
+        "task": created.task,
+        "system_prompt": created.system_prompt,
+        "sub_agent_prompt": created.sub_agent_prompt,
+        "model": created.model,
+        "limits": created.limits,
+        "timeout": created.timeout,
+    }
+    for name, value in told.items():
+        if getattr(state, name) != value:
+            _fail(
+                "a conversation starts as created",
+                f"{name} is {getattr(state, name)!r}, created with {value!r}",
+                state,
+            )
+    # The control tools are the reducer's own: a runtime offering one is ignored.
+    ordinary = tuple(t for t in state.tools if t.name not in CONTROL_TOOLS)
+    if ordinary != tuple(t for t in created.tools if t.name not in CONTROL_TOOLS):
+        _fail("a conversation starts as created", f"tools {ordinary} for {created.tools}", state)
+    if state.usage != Usage() or state.usage_children or state.spawned or state.written_off:
+        _fail("a conversation starts afresh", "counters not zero", state)
 
 
 def _workdir_refused(created: ConversationCreated) -> bool:
@@ -1388,6 +1879,10 @@ def check_transition(
     _check_cancels(before, after, effects)
     _check_fan_in(before, event, after)
     _check_event_rules(before, event, after, effects)
+    _check_submissions(before, after)
+    _check_reasons(before, event, after)
+    _check_timer_delays(after, effects)
+    _check_charges(before, event, after)
     if isinstance(event, RuntimeResumed):
         _check_resume(before, after, effects)
 
@@ -1686,6 +2181,7 @@ def _check_spawns(
     started_before, started_after = _started(children_of(before)), _started(after_children)
     for spawn in spawns:
         _check_within_parent_limits(before.limits, spawn, after)
+        _check_child_creation(spawn, after)
         if not (spawn.depth == before.depth + 1 <= before.limits.max_depth):
             _fail(
                 "depth limit",
@@ -1893,10 +2389,11 @@ def _check_fan_in(before: Conversation, event: Event, after: Conversation) -> No
             )
         entries = _fan_in_entries(results[call_id].content)
         listed = [e.get("agent_id") for e in entries]
-        if sorted(map(str, listed)) != sorted(child_ids):
+        in_spawn_order = sorted(child_ids, key=lambda c: int(c.rsplit(".", 1)[1]))
+        if listed != in_spawn_order:
             _fail(
-                "exactly one outcome per child reaches the parent",
-                f"fan-in of {call_id!r} lists {listed}, children are {child_ids}",
+                "exactly one outcome per child reaches the parent, in spawn order",
+                f"fan-in of {call_id!r} lists {listed}, children are {in_spawn_order}",
                 after,
             )
         for entry in entries:
@@ -1956,6 +2453,20 @@ def _check_event_rules(
                         "reply not appended to the history or usage not counted",
                         after,
                     )
+                budget = before.limits.max_tokens
+                if reply.tool_calls and reply.stop_reason != STOP_REFUSAL and not phase.grace:
+                    spent = budget is not None and after.tokens_spent >= budget
+                    end = after.phase
+                    ended = isinstance(end, Error | Failed) and end.kind is (
+                        ErrorKind.BUDGET_EXHAUSTED
+                    )
+                    if spent != ended:
+                        _fail(
+                            "tools asked for once the token budget is spent end the "
+                            "conversation, and only then",
+                            f"{after.tokens_spent} of {budget} spent -> {end}",
+                            after,
+                        )
                 if reply.stop_reason == STOP_REFUSAL:
                     explanation = reply.stop_details or reply.text
                     end = after.phase

@@ -26,11 +26,17 @@ from fanfold.statemachine import (
     Children,
     ChildSucceeded,
     Conversation,
+    EndCompleted,
+    EndFailed,
+    ErrorKind,
     IllegalTransition,
     Limits,
     NotifyParent,
+    SpawnSubAgent,
+    ToolCall,
     UserMessaged,
     control_tools,
+    start,
     transition,
 )
 from fanfold.statemachine import children as children_module
@@ -335,7 +341,12 @@ def uncapped_task_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def cwd_not_confined(monkeypatch: pytest.MonkeyPatch) -> None:
     """A task's cwd is taken as given, absolute or with '..' (issue 10, item 3)."""
-    monkeypatch.setattr(control_tools, "relative_cwd", lambda cwd: cwd)
+    original = control_tools.relative_cwd
+    monkeypatch.setattr(
+        control_tools,
+        "relative_cwd",
+        lambda cwd: cwd if isinstance(cwd, str) else original(cwd),
+    )
 
     def join(parent: str, cwd: str | None) -> str:
         if cwd is None:
@@ -343,6 +354,162 @@ def cwd_not_confined(monkeypatch: pytest.MonkeyPatch) -> None:
         return cwd if cwd.startswith("/") else parent.rstrip("/") + "/" + cwd
 
     monkeypatch.setattr(TM, "join_cwd", join)
+
+
+# The survivors of the mutation run (DESIGN.md, "Mutation testing"), each as the bug it
+# stands for, and the invariant of fanfold.testing that now catches it.
+
+_TASK_FIELDS = {"task", "cwd", "timeout", "max_iterations", "model"}
+
+
+def unknown_task_fields_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task's unknown fields are ignored instead of refusing the task."""
+
+    def make(original: Any) -> Any:
+        def mutant(entry: Any) -> Any:
+            if isinstance(entry, dict):
+                entry = {k: v for k, v in entry.items() if k in _TASK_FIELDS}
+            return original(entry)
+
+        return mutant
+
+    _wrap(monkeypatch, "parse_task", make)
+
+
+def one_round_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The boundary moves: ``max_iterations`` of 1 is refused (``<= 1`` for ``< 1``)."""
+
+    def make(original: Any) -> Any:
+        def mutant(entry: Any) -> Any:
+            if isinstance(entry, dict) and entry.get("max_iterations") == 1:
+                return "'max_iterations' must be an integer >= 1"
+            return original(entry)
+
+        return mutant
+
+    _wrap(monkeypatch, "parse_task", make)
+
+
+def non_object_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Valid JSON that is no object (``[...]``, ``"x"``, ``7``) is taken as a result."""
+
+    def make(original: Any) -> Any:
+        def mutant(call: ToolCall) -> Any:
+            try:
+                value = call.arguments()
+            except ValueError:
+                return original(call)
+            if isinstance(value, dict):
+                return original(call)
+            return EndCompleted(call.arguments_json)
+
+        return mutant
+
+    _wrap(monkeypatch, "_submission", make)
+
+
+def start_forgets_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``start`` drops the model it was created with."""
+    original = start
+
+    def mutant(created: Any) -> Any:
+        state, effects = original(created)
+        return state.evolve(model=None), effects
+
+    monkeypatch.setattr(testing, "start", mutant)
+
+
+def child_created_without_its_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SpawnSubAgent.created_event`` forgets a field (the model)."""
+    original = SpawnSubAgent.created_event
+
+    def mutant(self: SpawnSubAgent, workdir: Any = None) -> Any:
+        return attrs.evolve(original(self, workdir), model=None)
+
+    monkeypatch.setattr(SpawnSubAgent, "created_event", mutant)
+
+
+def written_off_for_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child written off at its deadline is not charged its share."""
+
+    def make(original: Any) -> Any:
+        def mutant(state: Conversation, children: Children, pending: Any) -> Any:
+            return original(state, children, attrs.evolve(pending, budget=None))
+
+        return mutant
+
+    _wrap(monkeypatch, "_child_deadline", make)
+
+
+def jitter_ignores_the_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every retry of a conversation gets the same jitter."""
+
+    def make(original: Any) -> Any:
+        def mutant(state: Conversation, attempt: int, error: Any, timer: int) -> Any:
+            return original(state, attempt, error, 0)
+
+        return mutant
+
+    _wrap(monkeypatch, "_backoff", make)
+
+
+def hint_of_zero_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``retry_after`` of 0 is taken for no hint (``> 0`` for ``>= 0``)."""
+
+    def make(original: Any) -> Any:
+        def mutant(state: Conversation, attempt: int, error: Any, timer: int) -> Any:
+            if error.retry_after == 0:
+                error = attrs.evolve(error, retry_after=None)
+            return original(state, attempt, error, timer)
+
+        return mutant
+
+    _wrap(monkeypatch, "_backoff", make)
+
+
+def backstop_ignores_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's backstop counts the levels from the root, not from the parent."""
+    monkeypatch.setattr(
+        TM,
+        "_backstop_grace",
+        lambda state: state.limits.cancel_grace * max(1, state.limits.max_depth),
+    )
+
+
+def budget_ending_without_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sub-agent out of tokens ends ``budget_exhausted`` with no reason."""
+
+    def make(original: Any) -> Any:
+        def mutant(state: Conversation, ending: Any, *rest: Any) -> Any:
+            if isinstance(ending, EndFailed) and ending.kind is ErrorKind.BUDGET_EXHAUSTED:
+                ending = attrs.evolve(ending, reason=None)
+            return original(state, ending, *rest)
+
+        return mutant
+
+    _wrap(monkeypatch, "_apply_ending", make)
+
+
+def fan_in_in_finish_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fan-in lists children in the order they finished, not were spawned."""
+    monkeypatch.setattr(children_module, "spawn_order", lambda child_id: (0, ""))
+
+
+def exact_budget_not_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spending exactly the token budget does not count as spent (``>`` for ``>=``)."""
+
+    def make(original: Any) -> Any:
+        def mutant(state: Conversation, phase: Any, event: Any) -> Any:
+            budget = state.limits.max_tokens
+            if budget is None:
+                return original(state, phase, event)
+            more = attrs.evolve(state.limits, max_tokens=budget + 1)
+            new, effects = original(state.evolve(limits=more), phase, event)
+            return new.evolve(limits=state.limits), effects
+
+        return mutant
+
+    _wrap(monkeypatch, "_on_model_replied", make)
 
 
 @attrs.frozen
@@ -380,7 +547,7 @@ MUTANTS = [
     ),
     Mutant(renotify_when_ended, terminals_absorb, "terminal phases are terminal"),
     Mutant(retry_once_too_often, every_step_checked, "retries bounded"),
-    Mutant(uncapped_backoff, every_step_checked, "backoff capped"),
+    Mutant(uncapped_backoff, every_step_checked, "backoff capped|timers run as long"),
     Mutant(no_results_on_cancel, every_step_checked, "history valid|without results"),
     Mutant(results_out_of_order, every_step_checked, "history valid"),
     # Either check names this bug, whichever generated run meets it first: a running
@@ -400,6 +567,24 @@ MUTANTS = [
     ),
     Mutant(cwd_not_confined, every_step_checked, "inside its parent's cwd|not inside the parent's"),
     Mutant(resume_forgets_the_model_call, every_step_checked, "re-issues everything|fresh numbers"),
+    Mutant(unknown_task_fields_dropped, every_step_checked, "accepts exactly its valid tasks"),
+    Mutant(one_round_refused, every_step_checked, "accepts exactly its valid tasks"),
+    Mutant(non_object_submitted, lambda: every_step_checked(sub_agent=True), "submission"),
+    Mutant(start_forgets_the_model, every_step_checked, "starts as created"),
+    Mutant(child_created_without_its_model, every_step_checked, "field by field"),
+    Mutant(written_off_for_free, every_step_checked, "charged once"),
+    Mutant(jitter_ignores_the_timer, every_step_checked, "timers run as long"),
+    Mutant(hint_of_zero_ignored, every_step_checked, "timers run as long"),
+    Mutant(
+        backstop_ignores_depth, lambda: every_step_checked(sub_agent=True), "timers run as long"
+    ),
+    Mutant(
+        budget_ending_without_reason,
+        lambda: every_step_checked(sub_agent=True),
+        "reason fits its kind",
+    ),
+    Mutant(fan_in_in_finish_order, every_step_checked, "in spawn order"),
+    Mutant(exact_budget_not_spent, every_step_checked, "token budget is spent"),
 ]
 
 

@@ -175,15 +175,15 @@ def start(created: ConversationCreated | ConversationForked) -> Transition:
         if refused is not None:
             # It never runs a tool there, nor calls the model: the parent hears at once.
             state = state.evolve(history=(UserMessage(created.task),))
-            return _apply_ending(state, EndFailed(refused, ErrorKind.INVALID_CWD), [])
-    effects: list[Effect] = []
+            return _apply_ending(state, EndFailed(refused, ErrorKind.INVALID_CWD))
+    timer: Effects = ()
     if created.timeout is not None:
         state = state.evolve(deadline_timer=state.next_call, next_call=state.next_call + 1)
-        effects.append(
-            StartTimer(state.next_call - 1, created.timeout, "time limit", counts_downtime=True)
+        timer = (
+            StartTimer(state.next_call - 1, created.timeout, "time limit", counts_downtime=True),
         )
     state = state.evolve(history=(UserMessage(created.task),))
-    return _call_model(state, effects)
+    return _after(timer, _call_model(state))
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -251,6 +251,14 @@ def _absorb(state: Conversation) -> Transition:
     return state, ()
 
 
+def _after(effects: Effects, then: Transition) -> Transition:
+    """``then``, with ``effects`` to run before its own."""
+    if not effects:
+        return then
+    state, more = then
+    return state, (*effects, *more)
+
+
 def _current_or_stale(state: Conversation, event: Event, number: int, current: int | None) -> bool:
     """True if ``number`` is the awaited call; False if issued earlier (stale).
 
@@ -310,9 +318,7 @@ def model_request(state: Conversation) -> ModelRequest:
     )
 
 
-def _call_model(
-    state: Conversation, effects: list[Effect], *, attempt: int = 1, grace: bool = False
-) -> Transition:
+def _call_model(state: Conversation, *, attempt: int = 1, grace: bool = False) -> Transition:
     """Start a model call. A new round past ``max_rounds`` becomes the grace round."""
     # One copy of the state for the round, the call number and the phase.
     call = state.next_call
@@ -335,8 +341,7 @@ def _call_model(
         state = state.evolve(
             next_call=call + 1, phase=LlmRequesting(call=call, attempt=attempt, grace=grace)
         )
-    effects.append(CallModel(call, attempt))
-    return state, tuple(effects)
+    return state, (CallModel(call, attempt),)
 
 
 def _tool_error(call: ToolCall, message: str) -> ToolResult:
@@ -390,8 +395,9 @@ def _append_round_results(
 # ------------------------------------------------------------------ endings
 
 
-def _apply_ending(state: Conversation, ending: Ending, effects: list[Effect]) -> Transition:
+def _apply_ending(state: Conversation, ending: Ending) -> Transition:
     """Leave the busy phases: back to Idle (root) or into a terminal phase (sub-agent)."""
+    effects: list[Effect] = []
     if state.deadline_timer is not None and not isinstance(ending, EndIdle):
         effects.append(AbortCall(state.deadline_timer))
     match ending:
@@ -422,7 +428,6 @@ def _stop_children(
     results: tuple[ToolResult, ...],
     children: Children,
     ending: Ending,
-    effects: list[Effect],
 ) -> Transition:
     """Cancel every pending child, then end once all have acknowledged.
 
@@ -440,8 +445,9 @@ def _stop_children(
     running = children.pending_ids()
     if not running:
         state = _append_round_results(state, results, children)
-        return _apply_ending(state, ending, effects)
+        return _apply_ending(state, ending)
     # Deadlines no longer apply: the cancel grace timer bounds the wait from now on.
+    effects: list[Effect] = []
     for pending in children.pending:
         if pending.deadline_timer is not None:
             effects.append(AbortCall(pending.deadline_timer))
@@ -495,7 +501,7 @@ def _on_user_message(state: Conversation, event: UserMessaged) -> Transition:
             state, event, "the conversation is busy; wait for the turn to end or cancel it"
         )
     state = state.evolve(history=(*state.history, UserMessage(event.text)), rounds=0)
-    return _call_model(state, [])
+    return _call_model(state)
 
 
 # ------------------------------------------------------------------ model results
@@ -533,9 +539,8 @@ def _on_model_failed(state: Conversation, phase: LlmRequesting, error: ModelErro
                     f"token budget of {budget} exhausted ({state.tokens_spent} used) by a "
                     f"failed model call ({error.kind}): {error.message}",
                     ErrorKind.BUDGET_EXHAUSTED,
-                    CancelReason.LIMIT if state.is_sub_agent else None,
+                    CancelReason.LIMIT,
                 ),
-                [],
             )
     if error.kind.retryable and phase.attempt < state.limits.max_attempts:
         state, timer = _issue(state)
@@ -549,7 +554,7 @@ def _on_model_failed(state: Conversation, phase: LlmRequesting, error: ModelErro
         return state, (ScheduleRetry(timer, delay, attempt),)
     why = "retries exhausted" if error.kind.retryable else "not retryable"
     message = f"model call failed ({error.kind}, {why} after {phase.attempt} attempt(s)): "
-    return _apply_ending(state, EndFailed(message + error.message, error.kind), [])
+    return _apply_ending(state, EndFailed(message + error.message, error.kind))
 
 
 def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelReplied) -> Transition:
@@ -568,10 +573,10 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
         # The model declined: a typed failure carrying its explanation, never an empty
         # result or answer. Tool calls that came with it are not run.
         state = _append_round_results(state, (), Children())
-        return _apply_ending(state, _refusal(reply), [])
+        return _apply_ending(state, _refusal(reply))
     if not reply.tool_calls:
         if phase.grace and state.is_sub_agent and not reply.text.strip():
-            return _apply_ending(state, _iteration_limit(state, reply.text), [])
+            return _apply_ending(state, _iteration_limit(state, reply.text))
         return _answered(state, reply.text)
     if phase.grace:
         return _grace_tool_calls(state, reply.tool_calls, reply.text)
@@ -583,11 +588,10 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
             EndFailed(
                 f"token budget of {budget} exhausted ({state.tokens_spent} used)",
                 ErrorKind.BUDGET_EXHAUSTED,
-                CancelReason.LIMIT if state.is_sub_agent else None,
+                CancelReason.LIMIT,  # kept by a sub-agent's Failed, not by a root's Error
             ),
-            [],
         )
-    return _run_tools(state, reply.tool_calls, (), Children(), [])
+    return _run_tools(state, reply.tool_calls, (), Children())
 
 
 def _refusal(reply: ModelReply) -> EndFailed:
@@ -600,7 +604,7 @@ def _answered(state: Conversation, text: str) -> Transition:
         # Plain text from a sub-agent is its result, but it never called submit_result
         # (a chat model that ignores tools): the parent and the user are told so.
         # (Conversation.submitted reads it from the history the reply ends).
-        return _apply_ending(state, EndCompleted(text), [])
+        return _apply_ending(state, EndCompleted(text))
     state = state.evolve(phase=Idle())
     return state, (TurnFinished(TurnOutcome.ANSWERED, text),)
 
@@ -623,9 +627,9 @@ def _grace_tool_calls(
                 done = _submission(call)
                 if isinstance(done, EndCompleted | EndFailed):
                     state = _append_round_results(state, (_submitted(call),), Children())
-                    return _apply_ending(state, done, [])
+                    return _apply_ending(state, done)
         state = _append_round_results(state, (), Children())
-        return _apply_ending(state, _iteration_limit(state, last_text), [])
+        return _apply_ending(state, _iteration_limit(state, last_text))
     state = _append_round_results(state, (), Children())
     return _apply_ending(
         state,
@@ -633,7 +637,6 @@ def _grace_tool_calls(
             f"reached the limit of {state.limits.max_rounds} model rounds in this turn",
             ErrorKind.ITERATION_LIMIT,
         ),
-        [],
     )
 
 
@@ -689,13 +692,13 @@ def _run_tools(
     queue: tuple[ToolCall, ...],
     results: tuple[ToolResult, ...],
     children: Children,
-    effects: list[Effect],
 ) -> Transition:
     """Work through the round's tool calls in order.
 
     Control tools are handled here, synchronously; the first ordinary tool becomes a
     RunTool effect and the round waits in ToolExecuting for its result.
     """
+    effects: list[Effect] = []  # of the control tools run on the way
     while queue:
         call, queue = queue[0], queue[1:]
         if not state.offers(call.name):
@@ -703,7 +706,8 @@ def _run_tools(
         elif (refused := _refused_numbers(call)) is not None:
             results = (*results, _tool_error(call, refused))
         elif call.name == SPAWN_AGENTS:
-            state, children, result = _spawn(state, call, children, effects)
+            state, children, result, spawned = _spawn(state, call, children)
+            effects += spawned
             if result is not None:
                 results = (*results, result)
         elif call.name in (SUBMIT_RESULT, SUBMIT_ERROR):
@@ -712,7 +716,7 @@ def _run_tools(
                 results = (*results, _tool_error(call, ending))
                 continue
             results = (*results, _submitted(call))
-            return _stop_children(state, results, children, ending, effects)
+            return _after(tuple(effects), _stop_children(state, results, children, ending))
         else:
             number = state.next_call  # issued with the phase: one copy of the state
             state = state.evolve(
@@ -725,9 +729,8 @@ def _run_tools(
                     children=children,
                 ),
             )
-            effects.append(RunTool(number, call, state.cwd))
-            return state, tuple(effects)
-    return _tools_done(state, results, children, effects)
+            return state, (*effects, RunTool(number, call, state.cwd))
+    return _after(tuple(effects), _tools_done(state, results, children))
 
 
 def _not_offered(state: Conversation, name: str) -> str:
@@ -744,13 +747,12 @@ def _tools_done(
     state: Conversation,
     results: tuple[ToolResult, ...],
     children: Children,
-    effects: list[Effect],
 ) -> Transition:
     if children.pending:
         state = state.evolve(phase=AwaitingSubAgents(children=children, results=results))
-        return state, tuple(effects)
+        return state, ()
     state = _append_round_results(state, results, children)
-    return _call_model(state, effects)
+    return _call_model(state)
 
 
 def _on_tool_finished(state: Conversation, event: ToolFinished) -> Transition:
@@ -766,16 +768,16 @@ def _on_tool_finished(state: Conversation, event: ToolFinished) -> Transition:
             f"result is for tool call {event.result.tool_call_id!r}, "
             f"running is {phase.current.id!r}",
         )
-    return _run_tools(state, phase.remaining, (*phase.results, event.result), phase.children, [])
+    return _run_tools(state, phase.remaining, (*phase.results, event.result), phase.children)
 
 
 # ------------------------------------------------------------------ spawning
 
 
 def _spawn(
-    state: Conversation, call: ToolCall, children: Children, effects: list[Effect]
-) -> tuple[Conversation, Children, ToolResult | None]:
-    """Accept the tasks of one spawn_agents call.
+    state: Conversation, call: ToolCall, children: Children
+) -> tuple[Conversation, Children, ToolResult | None, Effects]:
+    """Accept the tasks of one spawn_agents call, and start what may start now.
 
     Returns a plain error result if nothing could be accepted; otherwise the call's
     result is the fan-in, built once all its children have finished.
@@ -783,12 +785,12 @@ def _spawn(
     try:
         args = call.arguments()
     except ValueError:
-        return state, children, _tool_error(call, "invalid JSON arguments for spawn_agents")
+        return state, children, _tool_error(call, "invalid JSON arguments for spawn_agents"), ()
     tasks = args.get("tasks") if isinstance(args, dict) else None
     if not isinstance(tasks, list):
-        return state, children, _tool_error(call, "spawn_agents needs a 'tasks' array")
+        return state, children, _tool_error(call, "spawn_agents needs a 'tasks' array"), ()
     if not tasks:
-        return state, children, _tool_error(call, "spawn_agents needs at least one task")
+        return state, children, _tool_error(call, "spawn_agents needs at least one task"), ()
     limits = state.limits
     accepted: list[PendingChild] = []
     rejected: list[RejectedTask] = []
@@ -822,14 +824,14 @@ def _spawn(
         accepted.append(PendingChild(spec))
     if not accepted:
         lines = "; ".join(f"{r.task!r}: {r.error}" for r in rejected)
-        return state, children, _tool_error(call, f"no sub-agent was spawned: {lines}")
+        return state, children, _tool_error(call, f"no sub-agent was spawned: {lines}"), ()
     children = attrs.evolve(
         children,
         pending=(*children.pending, *accepted),
         rejected=(*children.rejected, *rejected),
     )
-    state, children = _start_queued(state, children, effects)
-    return state, children, None
+    state, children, started = _start_queued(state, children)
+    return state, children, None, started
 
 
 def _task_limits(request: TaskRequest, limits: Limits) -> tuple[float | None, int]:
@@ -848,9 +850,11 @@ def _task_limits(request: TaskRequest, limits: Limits) -> tuple[float | None, in
 
 
 def _start_queued(
-    state: Conversation, children: Children, effects: list[Effect]
-) -> tuple[Conversation, Children]:
-    """Start queued children, oldest first, while fewer than max_concurrent run."""
+    state: Conversation, children: Children
+) -> tuple[Conversation, Children, Effects]:
+    """Start queued children, oldest first, while fewer than max_concurrent run; the
+    effects start them (a deadline timer each, then the spawn)."""
+    effects: list[Effect] = []
     running = children.running
     pending = list(children.pending)
     # A token budget covers the whole tree below a conversation: each child starts
@@ -902,7 +906,7 @@ def _start_queued(
                 CancelReason.LIMIT,
             ),
         )
-    return state, children
+    return state, children, tuple(effects)
 
 
 def _backstop_grace(state: Conversation) -> float:
@@ -971,32 +975,32 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
         raise IllegalTransition(
             state, event, f"agent {event.child_id!r} is queued and has not started"
         )
-    effects: list[Effect] = []
+    abort: Effects = ()
     if pending.deadline_timer is not None:
-        effects.append(AbortCall(pending.deadline_timer))
+        abort = (AbortCall(pending.deadline_timer),)
     if event.outcome.tokens:
         state = state.evolve(usage_children=state.usage_children + event.outcome.tokens)
-    return _child_settled(state, children.finish_at(index, event.outcome), effects)
+    return _after(abort, _child_settled(state, children.finish_at(index, event.outcome)))
 
 
-def _child_settled(state: Conversation, children: Children, effects: list[Effect]) -> Transition:
+def _child_settled(state: Conversation, children: Children) -> Transition:
     """A child got its outcome: start queued ones, and finish the wait when none remain."""
     phase = state.phase
     if isinstance(phase, CancellingSubAgents):
         if children.pending:
-            return _with_children(state, children), tuple(effects)
-        effects.append(AbortCall(phase.grace_timer))
+            return _with_children(state, children), ()
         state = _append_round_results(state, phase.results, children)
-        return _apply_ending(state, phase.ending, effects)
+        return _after((AbortCall(phase.grace_timer),), _apply_ending(state, phase.ending))
     # Queued children exist only while max_concurrent children run, so after one
     # finished there are at least max_concurrent pending ones; fewer means none is
     # queued and the scan in _start_queued can be skipped (it is O(pending)).
+    started: Effects = ()
     if len(children.pending) >= state.limits.max_concurrent:
-        state, children = _start_queued(state, children, effects)
+        state, children, started = _start_queued(state, children)
     if isinstance(phase, AwaitingSubAgents) and not children.pending:
         state = _append_round_results(state, phase.results, children)
-        return _call_model(state, effects)
-    return _with_children(state, children), tuple(effects)
+        return _after(started, _call_model(state))
+    return _with_children(state, children), started
 
 
 # ------------------------------------------------------------------ timers
@@ -1008,7 +1012,7 @@ def _on_timer(state: Conversation, event: TimerFired) -> Transition:
     if timer == state.deadline_timer:
         return _on_cancel(state, CancelRequested(CancelReason.TIMEOUT))
     if isinstance(phase, AwaitingRetry) and timer == phase.timer:
-        return _call_model(state, [], attempt=phase.next_attempt, grace=phase.grace)
+        return _call_model(state, attempt=phase.next_attempt, grace=phase.grace)
     if isinstance(phase, CancellingSubAgents) and timer == phase.grace_timer:
         return _give_up_on_children(state, phase)
     children = state.children
@@ -1034,8 +1038,8 @@ def _child_deadline(state: Conversation, children: Children, pending: PendingChi
         written_off=(*state.written_off, child),
         usage_children=state.usage_children + (pending.budget or 0),
     )
-    effects: list[Effect] = [CancelSubAgents((child,), CancelReason.TIMEOUT)]
-    return _child_settled(state, children.finish(child, outcome), effects)
+    cancel = CancelSubAgents((child,), CancelReason.TIMEOUT)
+    return _after((cancel,), _child_settled(state, children.finish(child, outcome)))
 
 
 def _give_up_on_children(state: Conversation, phase: CancellingSubAgents) -> Transition:
@@ -1055,7 +1059,7 @@ def _give_up_on_children(state: Conversation, phase: CancellingSubAgents) -> Tra
         usage_children=state.usage_children + phase.children.reserved,
     )
     state = _append_round_results(state, phase.results, children)
-    return _apply_ending(state, phase.ending, [])
+    return _apply_ending(state, phase.ending)
 
 
 # ------------------------------------------------------------------ cancel
@@ -1067,9 +1071,9 @@ def _on_cancel(state: Conversation, event: CancelRequested) -> Transition:
         case Idle() | Error() | CancellingSubAgents():
             return _absorb(state)
         case LlmRequesting(call=call):
-            return _apply_ending(state, ending, [AbortCall(call)])
+            return _after((AbortCall(call),), _apply_ending(state, ending))
         case AwaitingRetry(timer=timer):
-            return _apply_ending(state, ending, [AbortCall(timer)])
+            return _after((AbortCall(timer),), _apply_ending(state, ending))
         case ToolExecuting(
             current=current, call=call, remaining=remaining, results=results, children=children
         ):
@@ -1077,9 +1081,10 @@ def _on_cancel(state: Conversation, event: CancelRequested) -> Transition:
                 _tool_error(current, CANCELLED_RESULT),
                 *(_tool_error(c, SKIPPED_RESULT) for c in remaining),
             )
-            return _stop_children(state, (*results, *stopped), children, ending, [AbortCall(call)])
+            stopping = _stop_children(state, (*results, *stopped), children, ending)
+            return _after((AbortCall(call),), stopping)
         case AwaitingSubAgents(children=children, results=results):
-            return _stop_children(state, results, children, ending, [])
+            return _stop_children(state, results, children, ending)
     raise IllegalTransition(state, event, "no rule")  # pragma: no cover - phases exhausted
 
 
@@ -1119,7 +1124,9 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
             current=current, remaining=remaining, results=results, children=children
         ):
             result = _tool_error(current, INTERRUPTED_RESULT)
-            return _run_tools(state, remaining, (*results, result), children, effects)
+            return _after(
+                tuple(effects), _run_tools(state, remaining, (*results, result), children)
+            )
         case AwaitingSubAgents():
             return state, tuple(effects)
         case CancellingSubAgents(children=children, grace_timer=grace):
