@@ -20,6 +20,7 @@ from fanfold.cli.resume_command import resume
 from fanfold.cli.run_commands import run, send
 from fanfold.cli.show_commands import list_conversations, show
 from fanfold.cli.signals import stop_signals
+from fanfold.cli.trace_command import trace_command
 
 __all__ = ["cli", "main"]
 
@@ -51,6 +52,7 @@ for _command in (
     fork_command,
     export_command,
     import_command,
+    trace_command,
 ):
     cli.add_command(_command)
 

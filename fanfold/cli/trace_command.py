@@ -1,0 +1,68 @@
+"""``fanfold trace``: a tree's log as one self-contained HTML page."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from fanfold.cli.database import db_option, open_store
+from fanfold.cli.display import printable
+from fanfold.cli.errors import CliError, user_errors
+from fanfold.cli.output import console
+from fanfold.trace import build_trace, render_html
+
+
+def default_output(conversation_id: str) -> Path:
+    """``trace-<id>.html`` in the current directory, the id kept to safe characters
+    (an imported log's id is anyone's text: it never names another directory)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", conversation_id).lstrip(".") or "tree"
+    return Path(f"trace-{safe[:80]}.html")
+
+
+@click.command(name="trace")
+@click.argument("conversation_id")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The HTML file to write (default: trace-ID.html here; - for standard output).",
+)
+@db_option
+def trace_command(conversation_id: str, output: Path | None, db: Path | None) -> None:
+    """Write a conversation tree's trace as one HTML page (no network needed).
+
+    A timeline of every agent (model calls, tools, retries, waits, cancels,
+    deadlines), each agent's prompt, messages and outcome, a slider over the steps
+    of the replay, and the first divergence of a log that fails `replay --verify`.
+    Open it in any browser; it loads nothing from anywhere.
+    """
+    with user_errors(db):
+        store = open_store(db, read_only=True)
+        try:
+            data = build_trace(store, conversation_id)
+        finally:
+            store.close()
+    page = render_html(data)
+    if output is not None and str(output) == "-":
+        click.echo(page, nl=False)
+        return
+    target = output or default_output(conversation_id)
+    try:
+        target.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
+    agents = len(data["agents"])
+    note = ""
+    if data["divergence"] is not None:
+        note = " (the log fails verify: the page shows the first divergence)"
+    elif data["findings"]:
+        note = " (the log is damaged: the page shows the steps before the damage)"
+    console.print(
+        f"wrote {printable(str(target))}: {agents} agent(s), {len(data['steps'])} step(s){note}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )

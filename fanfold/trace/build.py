@@ -1,0 +1,458 @@
+"""The trace page's data: a tree's log replayed into rows, marks, steps and a divergence.
+
+Everything here is plain JSON data (dicts, lists, strings, numbers), built from what the
+log records: each event's time, the effects it produced and the state the reducer
+recomputes. Nothing is run; texts are kept as they are (the page escapes them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fanfold.db import RawLog, Store
+from fanfold.replay import render
+from fanfold.replay.core import replay_log, subtree_logs
+from fanfold.replay.report import Divergence, Finding, ReplayStep
+from fanfold.statemachine import (
+    AbortCall,
+    AssistantMessage,
+    AwaitingSubAgents,
+    CallModel,
+    CancellingSubAgents,
+    CancelRequested,
+    CancelSubAgents,
+    ChildFailed,
+    ChildOutcome,
+    ChildSucceeded,
+    Completed,
+    Conversation,
+    Error,
+    Failed,
+    Idle,
+    ModelFailed,
+    ModelReplied,
+    RuntimeResumed,
+    RunTool,
+    ScheduleRetry,
+    StartTimer,
+    SubAgentFinished,
+    TimerFired,
+    ToolFinished,
+    ToolResultMessage,
+    UserMessage,
+    spawn_order,
+)
+
+FORMAT = "fanfold-trace"
+VERSION = 1
+
+STATE_TEXT_LIMIT = 4000
+"""Strings longer than this are cut in the pretty states of a divergence (the full
+texts are in the agents' messages)."""
+
+
+def build_trace(store: Store, conversation_id: str) -> dict[str, Any]:
+    """The trace of ``conversation_id`` and every sub-agent below it, as JSON data.
+
+    The log is replayed through today's reducer (nothing is executed): the first step
+    it does not reproduce is the trace's ``divergence`` (recorded vs recomputed), and a
+    damaged log's problems are ``findings`` (the steps before them are still shown).
+    Raises UnknownConversation for an unknown id.
+    """
+    logs = subtree_logs(store, conversation_id)
+    ordered = _tree_order(logs)
+    index = {log.row.id: i for i, log in enumerate(ordered)}
+    replayed: list[list[ReplayStep]] = []
+    findings: list[Finding] = []
+    divergences: list[tuple[Divergence, int]] = []
+    for rank, log in enumerate(ordered):
+        steps, finding, divergence = _replay(log)
+        replayed.append(steps)
+        if finding is not None:
+            findings.append(finding)
+        if divergence is not None:
+            divergences.append((divergence, rank))
+    times = [s.at for steps in replayed for s in steps]
+    t0 = min(times, default=ordered[0].row.created_at)
+    t1 = max(times, default=t0)
+    agents = [_agent(log, steps, index, t1) for log, steps in zip(ordered, replayed, strict=True)]
+    for agent in agents:
+        parent = agent["parent"]
+        if parent is not None:
+            agents[parent]["children"].append(agent["index"])
+    all_steps = sorted(
+        (
+            (step.at, step.rowid if step.rowid is not None else -1, rank, step.seq, step)
+            for rank, steps in enumerate(replayed)
+            for step in steps
+        ),
+        key=lambda item: item[:4],
+    )
+    step_rows = [_step_row(step, rank) for _, _, rank, _, step in all_steps]
+    first = min(divergences, key=lambda d: (d[0].at, d[1], d[0].seq), default=None)
+    diverged: dict[str, Any] | None = None
+    if first is not None:
+        found, rank = first
+        position = next(
+            i for i, (_, _, r, seq, _) in enumerate(all_steps) if r == rank and seq == found.seq
+        )
+        diverged = _divergence(found, rank, position)
+    prompts: dict[str, int] = {}
+    for agent in agents:
+        _relative(agent, t0)
+        prompt = agent["system_prompt"]
+        agent["system_prompt"] = prompts.setdefault(prompt, len(prompts))
+    for row in step_rows:
+        row[2] = _at(row[2], t0)
+    if diverged is not None:
+        diverged["at"] = _at(diverged["at"], t0)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "root": conversation_id,
+        "started_at": t0,
+        "duration": _at(t1, t0),
+        "agents": agents,
+        "prompts": list(prompts),
+        "steps": step_rows,
+        "divergence": diverged,
+        "findings": [str(f) for f in findings],
+    }
+
+
+def _at(when: float, t0: float) -> float:
+    """A time as seconds since the trace's first event (to the microsecond)."""
+    return round(when - t0, 6)
+
+
+def _relative(agent: dict[str, Any], t0: float) -> None:
+    agent["start"] = _at(agent["start"], t0)
+    agent["end"] = _at(agent["end"], t0)
+    for mark in agent["marks"]:
+        mark["t0"] = _at(mark["t0"], t0)
+        mark["t1"] = _at(mark["t1"], t0)
+    for outcome in agent["child_outcomes"]:
+        outcome["at"] = _at(outcome["at"], t0)
+
+
+def _tree_order(logs: list[RawLog]) -> list[RawLog]:
+    """Depth first, each parent's children in the order it spawned them."""
+    by_parent: dict[str | None, list[RawLog]] = {}
+    ids = {log.row.id for log in logs}
+    roots = []
+    for log in logs:
+        parent = log.row.parent_id
+        if parent in ids:
+            by_parent.setdefault(parent, []).append(log)
+        else:
+            roots.append(log)
+    ordered: list[RawLog] = []
+    stack = list(reversed(roots))
+    while stack:
+        log = stack.pop()
+        ordered.append(log)
+        children = sorted(by_parent.get(log.row.id, []), key=lambda c: spawn_order(c.row.id))
+        stack.extend(reversed(children))
+    return ordered
+
+
+def _replay(log: RawLog) -> tuple[list[ReplayStep], Finding | None, Divergence | None]:
+    steps: list[ReplayStep] = []
+    divergence = None
+    for outcome in replay_log(log):
+        if isinstance(outcome, Finding):
+            return steps, outcome, divergence
+        if divergence is None and not outcome.matches:
+            divergence = Divergence.of(outcome)
+        steps.append(outcome)
+    return steps, None, divergence
+
+
+def _usage(reply_usage: Any) -> dict[str, int]:
+    return {
+        "input": reply_usage.input_tokens,
+        "output": reply_usage.output_tokens,
+        "cached": reply_usage.cached_input_tokens,
+    }
+
+
+def _marks(steps: list[ReplayStep], end: float) -> Iterator[dict[str, Any]]:
+    """The intervals and instants of one conversation's timeline.
+
+    Kinds: ``model`` (a model call, ``error`` set when it failed), ``tool`` (a tool
+    run), ``retry`` (a back-off before another attempt), ``wait`` (waiting for
+    sub-agents), ``cancelling`` (waiting for cancelled sub-agents to acknowledge),
+    ``cancel`` (a cancel request, an instant), ``deadline`` (a time limit or deadline
+    that fired, an instant), ``resumed`` (the runtime restarted, an instant).
+    ``open`` marks were still in flight when the log ends.
+    """
+    calls: dict[int, dict[str, Any]] = {}
+    timers: dict[int, dict[str, Any]] = {}
+    phase_mark: dict[str, Any] | None = None
+    for step in steps:
+        at, event = step.at, step.event
+        match event:
+            case ModelReplied(call=call, reply=reply) if call in calls:
+                mark = calls.pop(call)
+                mark.update(
+                    t1=at,
+                    tokens=_usage(reply.usage),
+                    stop=reply.stop_reason,
+                    tools=[c.name for c in reply.tool_calls],
+                )
+                yield mark
+            case ModelFailed(call=call, error=error) if call in calls:
+                mark = calls.pop(call)
+                mark.update(t1=at, error=error.kind.value, message=error.message)
+                mark["tokens"] = _usage(error.usage)
+                yield mark
+            case ToolFinished(call=call, result=result) if call in calls:
+                mark = calls.pop(call)
+                mark.update(t1=at, error="tool_error" if result.is_error else None)
+                yield mark
+            case TimerFired(timer=timer) if timer in timers:
+                timer_mark = timers.pop(timer)
+                if timer_mark["k"] == "retry":
+                    timer_mark["t1"] = at
+                    yield timer_mark
+                else:
+                    yield {"k": "deadline", "t0": at, "t1": at, "label": timer_mark["label"]}
+            case CancelRequested(reason=reason):
+                yield {"k": "cancel", "t0": at, "t1": at, "label": f"cancel ({reason.value})"}
+            case RuntimeResumed():
+                yield {"k": "resumed", "t0": at, "t1": at, "label": "runtime resumed"}
+        for effect in step.effects:
+            match effect:
+                case CallModel(call=call, attempt=attempt):
+                    calls[call] = {
+                        "k": "model",
+                        "t0": at,
+                        "label": f"model call {call}"
+                        + (f" (attempt {attempt})" if attempt > 1 else ""),
+                        "attempt": attempt,
+                    }
+                case RunTool(call=call, tool_call=tool_call):
+                    calls[call] = {
+                        "k": "tool",
+                        "t0": at,
+                        "label": f"tool {tool_call.name}",
+                        "tool": tool_call.name,
+                    }
+                case ScheduleRetry(timer=timer, delay=delay, attempt=attempt):
+                    failed = step.event if isinstance(step.event, ModelFailed) else None
+                    timers[timer] = {
+                        "k": "retry",
+                        "t0": at,
+                        "label": f"retry back-off {delay:g} s before attempt {attempt}",
+                        "error": failed.error.kind.value if failed is not None else None,
+                    }
+                case StartTimer(timer=timer, delay=delay, purpose=purpose):
+                    timers[timer] = {"k": "timer", "label": f"{purpose} ({delay:g} s)"}
+                case AbortCall(call=call) if call in calls:
+                    mark = calls.pop(call)
+                    mark.update(t1=at, error="aborted")
+                    yield mark
+                case AbortCall(call=call) if call in timers:
+                    timer_mark = timers.pop(call)
+                    if timer_mark["k"] == "retry":
+                        timer_mark.update(t1=at, aborted=True)
+                        yield timer_mark
+                case CancelSubAgents(ids=ids, reason=reason):
+                    yield {
+                        "k": "cancel",
+                        "t0": at,
+                        "t1": at,
+                        "label": f"cancel {len(ids)} sub-agent(s) ({reason.value})",
+                    }
+        kind = _waiting(step.after_state)
+        if phase_mark is not None and phase_mark["k"] != kind:
+            phase_mark["t1"] = at
+            yield phase_mark
+            phase_mark = None
+        if kind is not None and phase_mark is None:
+            label = "waiting for sub-agents" if kind == "wait" else "cancelling sub-agents"
+            phase_mark = {"k": kind, "t0": at, "label": label}
+    for mark in [*calls.values(), *(t for t in timers.values() if t["k"] == "retry")]:
+        mark.update(t1=end, open=True)
+        yield mark
+    if phase_mark is not None:
+        phase_mark.update(t1=end, open=True)
+        yield phase_mark
+
+
+def _waiting(state: Conversation) -> str | None:
+    match state.phase:
+        case AwaitingSubAgents():
+            return "wait"
+        case CancellingSubAgents():
+            return "cancelling"
+    return None
+
+
+def _outcome(state: Conversation | None) -> dict[str, Any]:
+    match state.phase if state is not None else None:
+        case Completed(result=result):
+            return {"status": "completed", "text": result}
+        case Failed(error=error, kind=kind, reason=reason):
+            status = "cancelled" if kind.value == "cancelled" else "failed"
+            return {
+                "status": status,
+                "kind": kind.value,
+                "reason": reason.value if reason is not None else None,
+                "text": error,
+            }
+        case Error(error=error, kind=kind):
+            status = "cancelled" if kind.value == "cancelled" else "error"
+            return {"status": status, "kind": kind.value, "text": error}
+        case Idle():
+            assert state is not None
+            answer = next(
+                (m.text for m in reversed(state.history) if isinstance(m, AssistantMessage)),
+                "",
+            )
+            return {"status": "idle", "text": answer}
+        case None:
+            return {"status": "unknown", "text": ""}
+    return {"status": "running", "text": ""}
+
+
+def _child_outcome(child_id: str, outcome: ChildOutcome, at: float) -> dict[str, Any]:
+    match outcome:
+        case ChildSucceeded(result=result, tokens=tokens, truncated=truncated):
+            return {
+                "id": child_id,
+                "at": at,
+                "ok": True,
+                "text": result,
+                "tokens": tokens,
+                "truncated": truncated,
+            }
+        case ChildFailed(error=error, kind=kind, reason=reason, tokens=tokens):
+            return {
+                "id": child_id,
+                "at": at,
+                "ok": False,
+                "kind": kind.value,
+                "reason": reason.value if reason is not None else None,
+                "text": error,
+                "tokens": tokens,
+            }
+    raise AssertionError(outcome)  # pragma: no cover - ChildOutcome is a closed union
+
+
+def _messages(state: Conversation | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in state.history if state is not None else ():
+        match message:
+            case UserMessage(text=text):
+                out.append({"role": "user", "text": text})
+            case AssistantMessage(text=text, tool_calls=calls, truncated=truncated):
+                out.append(
+                    {
+                        "role": "assistant",
+                        "text": text,
+                        "truncated": truncated,
+                        "calls": [
+                            {"id": c.id, "name": c.name, "arguments": c.arguments_json}
+                            for c in calls
+                        ],
+                    }
+                )
+            case ToolResultMessage(result=result):
+                out.append(
+                    {
+                        "role": "tool",
+                        "id": result.tool_call_id,
+                        "name": result.name,
+                        "text": result.content,
+                        "error": result.is_error,
+                    }
+                )
+    return out
+
+
+def _agent(
+    log: RawLog, steps: list[ReplayStep], index: dict[str, int], trace_end: float
+) -> dict[str, Any]:
+    row = log.row
+    state = steps[-1].after_state if steps else None
+    outcome = _outcome(state)
+    running = outcome["status"] == "running"
+    start = steps[0].at if steps else row.created_at
+    end = trace_end if running or not steps else steps[-1].at
+    child_outcomes = [
+        _child_outcome(s.event.child_id, s.event.outcome, s.at)
+        for s in steps
+        if isinstance(s.event, SubAgentFinished)
+    ]
+    first = steps[0].after_state if steps else None
+    return {
+        "index": index[row.id],
+        "id": row.id,
+        "parent": index.get(row.parent_id) if row.parent_id is not None else None,
+        "depth": row.depth,
+        "task": row.task or "",
+        "status": outcome["status"],
+        "outcome": outcome,
+        "start": start,
+        "end": end,
+        "model": state.model if state is not None else None,
+        "system_prompt": first.system_prompt if first is not None else "",
+        "tokens": {
+            "input": state.usage_input if state is not None else 0,
+            "output": state.usage_output if state is not None else 0,
+            "cached": state.usage_cached if state is not None else 0,
+            "subtree": state.tokens_spent if state is not None else 0,
+        },
+        "rounds": state.rounds if state is not None else 0,
+        "marks": sorted(_marks(steps, end), key=lambda m: (m["t0"], m["t1"])),
+        "messages": _messages(state),
+        "child_outcomes": child_outcomes,
+        "children": [],
+    }
+
+
+def _step_row(step: ReplayStep, rank: int) -> list[Any]:
+    """``[agent, seq, at, phase after, event, effects, state summary, matches]``."""
+    return [
+        rank,
+        step.seq,
+        step.at,
+        type(step.after_state.phase).__name__,
+        render.describe(step.event, width=60),
+        [render.describe(e, width=40) for e in step.effects],
+        render.summary(step.after_state),
+        step.matches,
+    ]
+
+
+def _divergence(found: Divergence, rank: int, position: int) -> dict[str, Any]:
+    recorded_state = None
+    if found.recorded_state is not None and found.recorded_state != found.after_state:
+        recorded_state = render.pretty(found.recorded_state, limit=STATE_TEXT_LIMIT)
+    return {
+        "agent": rank,
+        "step": position,
+        "seq": found.seq,
+        "at": found.at,
+        "headline": found.headline(),
+        "event": render.pretty(found.event, limit=STATE_TEXT_LIMIT),
+        "notes": list(found.notes),
+        "effects_match": found.effects_match,
+        "recorded_effects": render.pretty(found.recorded_effects, limit=STATE_TEXT_LIMIT),
+        "recomputed_effects": render.pretty(found.recomputed_effects, limit=STATE_TEXT_LIMIT),
+        "fingerprint_match": found.fingerprint_matches,
+        "fingerprint": render.fingerprint_diff(
+            found.recorded_fingerprint, found.recomputed_fingerprint
+        )
+        if not found.fingerprint_matches
+        else [found.recorded_fingerprint],
+        "recorded_state": recorded_state,
+        "recomputed_state": render.pretty(found.after_state, limit=STATE_TEXT_LIMIT)
+        if recorded_state is not None
+        else None,
+        "before": render.summary(found.before_state) if found.before_state is not None else None,
+        "after": render.summary(found.after_state),
+        "text": found.diff(),
+    }

@@ -1,0 +1,196 @@
+"""``fanfold trace``: the page's data from a real log, the HTML's escaping, the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from replay_helpers import edit
+from trace_helpers import HOSTILE, MARKS_SCRIPT, diverge, run_script
+
+from fanfold.cli import cli
+from fanfold.db import Store
+from fanfold.trace import build_trace, embed_json, render_html
+
+
+@pytest.fixture(scope="module")
+def marks_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    return run_script(tmp_path_factory.mktemp("marks"), MARKS_SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def trace(marks_log: tuple[Path, str]) -> dict[str, Any]:
+    db, root = marks_log
+    with Store.open(db, read_only=True) as store:
+        data: dict[str, Any] = build_trace(store, root)
+    return data
+
+
+def agent(trace: dict[str, Any], suffix: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [a for a in trace["agents"] if a["id"] == trace["root"] + suffix]
+    assert len(found) == 1
+    return found[0]
+
+
+def kinds(a: dict[str, Any]) -> list[str]:
+    return [m["k"] for m in a["marks"]]
+
+
+def run(*args: str | Path) -> Result:
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+def test_agents_come_in_tree_order_with_their_outcomes(trace: dict[str, Any]) -> None:
+    ids = [a["id"] for a in trace["agents"]]
+    root = trace["root"]
+    assert ids == [root, f"{root}.1", f"{root}.2", f"{root}.3"]
+    assert trace["agents"][0]["children"] == [1, 2, 3]
+    assert [a["status"] for a in trace["agents"]] == ["idle", "completed", "completed", "failed"]
+    assert agent(trace, ".3")["outcome"]["kind"] == "timed_out"
+    assert agent(trace, ".2")["outcome"]["text"] == HOSTILE
+    assert trace["agents"][0]["outcome"]["text"] == "final " + HOSTILE
+    assert trace["divergence"] is None and trace["findings"] == []
+
+
+def test_marks_show_model_calls_tools_retries_waits_and_deadlines(trace: dict[str, Any]) -> None:
+    root = trace["agents"][0]
+    assert kinds(root) == ["model", "wait", "model"]
+    first_call = root["marks"][0]
+    assert first_call["tokens"] == {"input": 100, "output": 10, "cached": 0}
+    assert first_call["stop"] == "tool_use" and first_call["tools"] == ["spawn_agents"]
+    assert first_call["t1"] > first_call["t0"] >= 0
+    assert kinds(agent(trace, ".1")) == ["model", "tool", "model"]
+    assert agent(trace, ".1")["marks"][1]["tool"] == "bash"
+    retried = agent(trace, ".2")["marks"]
+    assert [m["k"] for m in retried[:3]] == ["model", "retry", "model"]
+    assert retried[0]["error"] == "rate_limit"
+    assert retried[1]["error"] == "rate_limit"
+    assert retried[2]["attempt"] == 2
+    # The slow child's time limit fires while its model call runs: the call is aborted.
+    slow = agent(trace, ".3")["marks"]
+    assert [m["k"] for m in slow] == ["model", "deadline"]
+    assert slow[0]["error"] == "aborted" and slow[0]["t1"] == slow[1]["t0"]
+    assert slow[1]["label"] == "time limit (0.3 s)"
+    # Every mark lies in its agent's lifetime, which lies in the trace.
+    for a in trace["agents"]:
+        assert 0 <= a["start"] <= a["end"] <= trace["duration"]
+        for mark in a["marks"]:
+            assert a["start"] <= mark["t0"] <= mark["t1"] <= a["end"], (a["id"], mark)
+
+
+def test_child_outcomes_are_those_the_parent_received(trace: dict[str, Any]) -> None:
+    received = {c["id"].rsplit(".", 1)[1]: c for c in trace["agents"][0]["child_outcomes"]}
+    assert received["1"]["ok"] and received["1"]["text"] == "hi"
+    assert received["2"]["text"] == HOSTILE
+    assert not received["3"]["ok"] and received["3"]["kind"] == "timed_out"
+
+
+def test_steps_replay_the_whole_tree_in_time_order(trace: dict[str, Any]) -> None:
+    steps = trace["steps"]
+    with_seq0 = [s for s in steps if s[1] == 0]
+    assert len(with_seq0) == 4
+    times = [s[2] for s in steps]
+    assert times == sorted(times)
+    assert all(s[7] for s in steps)  # every step replays identically
+    assert steps[-1][0] == 0 and steps[-1][3] == "Idle"
+
+
+def test_a_log_that_fails_verify_names_its_first_divergence(tmp_path: Path) -> None:
+    db, root = run_script(tmp_path, MARKS_SCRIPT)
+    diverge(db, f"{root}.1", 2)
+    with Store.open(db, read_only=True) as store:
+        data = build_trace(store, root)
+    found = data["divergence"]
+    assert found is not None
+    assert data["agents"][found["agent"]]["id"] == f"{root}.1"
+    assert found["seq"] == 2
+    assert "recorded and recomputed effects differ" in found["headline"]
+    assert '"call": 999' in found["recorded_effects"]
+    assert '"call": 999' not in found["recomputed_effects"]
+    step = data["steps"][found["step"]]
+    assert (step[0], step[1], step[7]) == (found["agent"], 2, False)
+
+
+def test_a_damaged_log_shows_the_steps_before_the_damage(tmp_path: Path) -> None:
+    db, root = run_script(tmp_path, MARKS_SCRIPT)
+    edit(
+        db,
+        f"UPDATE events SET payload = 'garbage' WHERE conversation_id = '{root}.2' AND seq = 1",
+        sealed=False,
+    )
+    with Store.open(db, read_only=True) as store:
+        data = build_trace(store, root)
+    (finding,) = data["findings"]
+    assert f"conversation {root}.2, seq 1" in finding
+    assert [s[1] for s in data["steps"] if s[0] == 2] == [0]
+    assert len(data["agents"]) == 4
+    result = run("trace", root, "--db", db, "-o", tmp_path / "t.html")
+    assert result.exit_code == 0 and "the log is damaged" in result.stdout
+
+
+def test_embedded_json_cannot_close_its_script_block() -> None:
+    text = embed_json({"t": HOSTILE})
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == {"t": HOSTILE}
+
+
+def test_the_page_holds_no_markup_from_the_log(trace: dict[str, Any]) -> None:
+    page = render_html(trace)
+    assert page.count("</script>") == 2  # the data block and the page's own script
+    assert "<img" not in page and "<b>not bold" not in page
+    assert "window.__pwned" in page  # the text is there, as escaped data
+    script = page[page.rindex("<script>") :]
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script
+    assert "eval(" not in script and "document.write" not in script
+    # No network: nothing is loaded from anywhere, and the policy says so.
+    assert not re.search(r"(src|href)=\"?https?:", page)
+    assert "default-src 'none'" in page and "connect-src" not in page
+
+
+def test_cli_writes_the_page(marks_log: tuple[Path, str], tmp_path: Path) -> None:
+    db, root = marks_log
+    out = tmp_path / "t.html"
+    result = run("trace", root, "-o", out, "--db", db)
+    assert result.exit_code == 0, result.output
+    assert "4 agent(s)" in result.stdout
+    assert out.read_text(encoding="utf-8").startswith("<!doctype html>")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nope"], "error: no conversation 'nope' in the database"),
+        (["x", "-o", "/nonexistent-dir/t.html"], "error: cannot write /nonexistent-dir/t.html"),
+    ],
+)
+def test_cli_errors_are_one_line(
+    marks_log: tuple[Path, str], args: list[str], message: str
+) -> None:
+    db, root = marks_log
+    args = [root if a == "x" else a for a in args]
+    result = run("trace", *args, "--db", db)
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith(message), result.stderr
+
+
+def test_cli_refuses_a_file_that_is_no_log(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_text("not a database")
+    result = run("trace", "x", "--db", bad, "-o", tmp_path / "t.html")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1
+
+
+def test_default_output_name_stays_here() -> None:
+    from fanfold.cli.trace_command import default_output
+
+    assert default_output("abc.1") == Path("trace-abc.1.html")
+    assert default_output("../../etc/passwd") == Path("trace-_.._etc_passwd.html")
+    assert default_output("..").parent == Path(".")

@@ -1,0 +1,130 @@
+"""Logs for the trace tests: the offline example, a tree with every kind of mark and
+an untrusted reply, a 1,000-agent fan-out, and a log edited to fail verify."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+from click.testing import CliRunner
+from replay_helpers import edit
+
+from fanfold.cli import cli
+from fanfold.db import Store
+
+# A reply that would run script if any text of the log reached the page as markup.
+HOSTILE = (
+    '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+    "<b>not bold</b> & &amp; \u2028 end"
+)
+
+MARKS_SCRIPT: dict[str, Any] = {
+    "latency": 0.02,
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {
+                    "text": HOSTILE,
+                    "tool_calls": [
+                        {
+                            "name": "spawn_agents",
+                            "arguments": {
+                                "tasks": [
+                                    {"task": "run echo"},
+                                    {"task": "retry then " + HOSTILE},
+                                    {"task": "too slow", "timeout": 0.3},
+                                ]
+                            },
+                        }
+                    ],
+                    "usage": {"input_tokens": 100, "output_tokens": 10},
+                },
+                {"text": "final " + HOSTILE, "usage": {"input_tokens": 200, "output_tokens": 20}},
+            ],
+        },
+        {
+            "match": {"path": "root/1"},
+            "replies": [
+                {"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]},
+                {"tool_calls": [{"name": "submit_result", "arguments": {"result": "hi"}}]},
+            ],
+        },
+        {
+            "match": {"path": "root/2"},
+            "replies": [
+                {
+                    "fail_first": [{"kind": "rate_limit", "retry_after": 0.05}],
+                    "tool_calls": [{"name": "think", "arguments": {"thought": HOSTILE}}],
+                    "usage": {"input_tokens": 40, "output_tokens": 4},
+                },
+                {"tool_calls": [{"name": "submit_result", "arguments": {"result": HOSTILE}}]},
+            ],
+        },
+        {"match": {"path": "root/3"}, "replies": [{"latency": 5.0, "text": "never"}]},
+    ],
+}
+
+
+def run_script(folder: Path, script: dict[str, Any], task: str = "go") -> tuple[Path, str]:
+    """``fanfold run`` of ``script`` in ``folder``: (database, root id)."""
+    path = folder / "script.json"
+    path.write_text(json.dumps(script))
+    db = folder / "log.db"
+    result = CliRunner().invoke(
+        cli,
+        ["run", "--no-live", "--db", str(db), "--script", str(path), "--cwd", str(folder), task],
+    )
+    assert result.exit_code == 0, result.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    return db, root.id
+
+
+def offline_example(folder: Path) -> tuple[Path, str]:
+    """The README's offline example (`fanfold run` with the built-in script)."""
+    db = folder / "demo.db"
+    result = CliRunner().invoke(
+        cli, ["run", "--no-live", "--db", str(db), "Review this repository"]
+    )
+    assert result.exit_code == 0, result.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    return db, root.id
+
+
+def fan_out_log(folder: Path, n: int) -> tuple[Path, str]:
+    """The benchmark's fan-out (bench/workload.py) with ``n`` sub-agents."""
+    from bench.workload import fanfold_fanout
+
+    db = folder / f"fanout{n}.db"
+
+    async def main() -> None:
+        await fanfold_fanout(n, db, logging_on=False)
+
+    trio.run(main)
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    return db, root.id
+
+
+def diverge(db: Path, conversation_id: str, seq: int) -> None:
+    """Edit the recorded effects of one step (and reseal the row checksums), as a
+    reducer that decided differently would have written them: verify then diverges."""
+    edit(
+        db,
+        (
+            "INSERT INTO effects (conversation_id, seq, idx, type, payload) "
+            "SELECT ?, ?, COALESCE(MAX(idx) + 1, 0), 'AbortCall', ? FROM effects "
+            "WHERE conversation_id = ? AND seq = ?",
+            (
+                conversation_id,
+                seq,
+                json.dumps({"v": 6, "type": "AbortCall", "call": 999}),
+                conversation_id,
+                seq,
+            ),
+        ),
+    )
