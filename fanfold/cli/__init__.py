@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from fanfold.cli import logs
+from fanfold.cli.agents_command import agents_command
 from fanfold.cli.output import err_console, lenient_output, quietly
 from fanfold.cli.replay_commands import export_command, fork_command, import_command, replay_command
 from fanfold.cli.resume_command import resume
@@ -53,6 +54,7 @@ for _command in (
     export_command,
     import_command,
     trace_command,
+    agents_command,
 ):
     cli.add_command(_command)
 

@@ -1,0 +1,351 @@
+"""Agent definition files: Markdown with YAML front matter, read into AgentDefinition.
+
+The format is Claude Code's (``.claude/agents/*.md``), so a user's existing files work
+as they are::
+
+    ---
+    name: reviewer
+    description: Reviews a change for bugs. Use after writing code.
+    tools: Read, Bash(git diff*)        # or a YAML list; omitted: the parent's tools
+    model: sonnet                       # a profile of fanfold.toml, a model, or inherit
+    ---
+    You are a careful code reviewer...  (the body: the agent's system prompt)
+
+plus fanfold's own keys: ``disallowed_tools`` (deny rules), ``max_rounds``,
+``max_tokens``, ``timeout`` (seconds), ``context`` (``task_only``), ``may_delegate``
+(default true) and ``prompt_mode`` (``extend``, the default: the sub-agent prompt
+then the body; ``replace``: the body alone). Claude Code's spellings
+(``disallowedTools``, ``maxTurns``) are read too; other keys (``color``) are ignored
+with a warning.
+
+The front matter is parsed with PyYAML's ``safe_load`` (no tags, no code), the keys'
+lines found with ``yaml.compose``; the values are structured by cattrs with strict
+hooks (a string is never taken for a number). Every problem is an ``AgentProblem``
+with the file's path and the line it is at; a file with one is left out, never fatal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NewType
+
+import attrs
+import cattrs
+import yaml
+from cattrs.errors import ClassValidationError
+
+from fanfold.statemachine.agent_defs import AgentDefinition, PromptMode
+from fanfold.statemachine.permissions import (
+    PATH_TOOLS,
+    READ_ONLY,
+    Rule,
+    parse_rule,
+)
+
+KNOWN_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file", "think"})
+"""The ordinary tools fanfold has (a rule naming another tool matches nothing)."""
+
+CONTEXT_MODES = ("task_only",)
+"""Context modes implemented: a fresh history holding just the task."""
+
+MAX_FILE_BYTES = 256 * 1024
+"""A definition file larger than this is refused unread (it is a prompt, not a book)."""
+
+_ALIASES = {
+    "disallowedTools": "disallowed_tools",
+    "disallowed-tools": "disallowed_tools",
+    "maxTurns": "max_rounds",
+    "max_turns": "max_rounds",
+    "maxRounds": "max_rounds",
+    "maxTokens": "max_tokens",
+    "mayDelegate": "may_delegate",
+    "promptMode": "prompt_mode",
+}
+
+PositiveInt = NewType("PositiveInt", int)
+Seconds = NewType("Seconds", float)
+Names = NewType("Names", tuple[str, ...])
+
+
+@attrs.frozen
+class AgentProblem:
+    """Something wrong (or, with ``warning``, doubtful) in a definition file."""
+
+    path: str
+    line: int
+    message: str
+    warning: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+@attrs.frozen
+class FrontMatter:
+    """The front matter's keys, typed (tools already split into lists)."""
+
+    name: str
+    description: str
+    tools: Names | None = None
+    disallowed_tools: Names = Names(())
+    model: str | None = None
+    max_rounds: PositiveInt | None = None
+    max_tokens: PositiveInt | None = None
+    timeout: Seconds | None = None
+    context: str = "task_only"
+    may_delegate: bool = True
+    prompt_mode: PromptMode = PromptMode.EXTEND
+
+
+_KEYS = frozenset(f.name for f in attrs.fields(FrontMatter))
+
+
+class _Invalid(ValueError):
+    pass
+
+
+def _strict(expected: str, accepts: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
+    def hook(value: Any, _: Any) -> Any:
+        if not accepts(value):
+            raise _Invalid(f"expected {expected}, got {value!r}"[:200])
+        return value
+
+    return hook
+
+
+def _converter() -> cattrs.Converter:
+    converter = cattrs.Converter(detailed_validation=True)
+    hook = converter.register_structure_hook
+    hook(str, _strict("a string", lambda v: isinstance(v, str)))
+    hook(bool, _strict("true or false", lambda v: isinstance(v, bool)))
+    hook(
+        PositiveInt,
+        _strict(
+            "a whole number >= 1",
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v < 2**63,
+        ),
+    )
+
+    def seconds(value: Any, _: Any) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not (0 < value < math.inf)
+        ):
+            raise _Invalid(f"expected a number of seconds > 0, got {value!r}"[:200])
+        return float(value)
+
+    hook(Seconds, seconds)
+
+    def names(value: Any, _: Any) -> Names:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _Invalid("expected a comma-separated string or a list of strings")
+        return Names(tuple(v for v in value if v.strip()))
+
+    hook(Names, names)
+
+    def prompt_mode(value: Any, _: Any) -> PromptMode:
+        if value not in {m.value for m in PromptMode}:
+            raise _Invalid(f"expected 'extend' or 'replace', got {value!r}"[:200])
+        return PromptMode(value)
+
+    hook(PromptMode, prompt_mode)
+    return converter
+
+
+_CONVERTER = _converter()
+
+
+def _split_front_matter(text: str) -> tuple[str, str, int] | str:
+    """(front matter, body, line of the front matter's first line) or a problem."""
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        return "no front matter: the file must start with a line '---'"
+    for index in range(1, len(lines)):
+        if lines[index].strip() == "---":
+            return "".join(lines[1:index]), "".join(lines[index + 1 :]), 2
+    return "the front matter is not closed by a line '---'"
+
+
+def _key_lines(front: str, first_line: int) -> dict[str, int]:
+    """The line of each top-level key (composed, nothing constructed)."""
+    node = yaml.compose(front, Loader=yaml.SafeLoader)
+    lines: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, _value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                lines.setdefault(str(key.value), key.start_mark.line + first_line)
+    return lines
+
+
+def parse_definition(
+    text: str, path: str
+) -> tuple[AgentDefinition | None, tuple[AgentProblem, ...]]:
+    """Read one definition file's ``text``: the definition (None if it is invalid)
+    and its problems and warnings."""
+    split = _split_front_matter(text)
+    if isinstance(split, str):
+        return None, (AgentProblem(path, 1, split),)
+    front, body, first = split
+    try:
+        data = yaml.safe_load(front)
+        lines = _key_lines(front, first)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = first + mark.line if mark is not None else first
+        return None, (AgentProblem(path, line, f"YAML: {exc.problem or exc.context}"),)
+    except yaml.YAMLError as exc:
+        return None, (AgentProblem(path, first, f"YAML: {exc}"),)
+    if not isinstance(data, dict):
+        return None, (AgentProblem(path, first, "the front matter must be a mapping of keys"),)
+    problems: list[AgentProblem] = []
+    values: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = _ALIASES.get(str(raw_key), str(raw_key))
+        line = lines.get(str(raw_key), first)
+        if key not in _KEYS:
+            problems.append(
+                AgentProblem(path, line, f"unknown key {raw_key!r} ignored", warning=True)
+            )
+            continue
+        if key in ("tools", "disallowed_tools") and isinstance(value, str):
+            value = _split_tools(value)
+        if key == "model" and isinstance(value, str) and value.strip().lower() == "inherit":
+            value = None
+        values[key] = value
+    for required in ("name", "description"):
+        if required not in values:
+            problems.append(AgentProblem(path, first, f"required key {required!r} is missing"))
+    if any(not p.warning for p in problems):
+        return None, tuple(problems)
+    try:
+        matter = _CONVERTER.structure(values, FrontMatter)
+    except ClassValidationError as exc:
+        for name, message in _leaves(exc):
+            raw = next((k for k in data if _ALIASES.get(str(k), str(k)) == name), name)
+            problems.append(AgentProblem(path, lines.get(str(raw), first), f"{raw}: {message}"))
+        return None, tuple(sorted(problems, key=lambda p: p.line))
+    definition, more = _definition(matter, body, path, lines, first)
+    problems += more
+    return definition, tuple(problems)
+
+
+def _split_tools(value: str) -> list[str]:
+    """``Read, Bash(git diff, log*)``: split on commas outside parentheses."""
+    parts: list[str] = []
+    depth = 0
+    current = ""
+    for char in value:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(0, depth - 1)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _leaves(exc: BaseException) -> list[tuple[str, str]]:
+    if isinstance(exc, ClassValidationError):
+        found: list[tuple[str, str]] = []
+        with_notes, without = exc.group_exceptions()
+        for inner, note in with_notes:
+            found += [(note.name, message) for _, message in _leaves(inner)]
+        for inner in without:
+            found += _leaves(inner)
+        return found
+    if isinstance(exc, KeyError):
+        return [("", "required, missing")]
+    return [("", str(exc))]
+
+
+def _definition(
+    matter: FrontMatter, body: str, path: str, lines: dict[str, int], first: int
+) -> tuple[AgentDefinition | None, list[AgentProblem]]:
+    problems: list[AgentProblem] = []
+
+    def at(key: str) -> int:
+        for raw, line in lines.items():
+            if _ALIASES.get(raw, raw) == key:
+                return line
+        return first
+
+    name = matter.name.strip()
+    if not name or not all(c.isalnum() or c in "-_." for c in name) or not name.isascii():
+        problems.append(
+            AgentProblem(path, at("name"), f"name {name!r}: use letters, digits, '-', '_', '.'")
+        )
+    if not matter.description.strip():
+        problems.append(AgentProblem(path, at("description"), "description is empty"))
+    if matter.context not in CONTEXT_MODES:
+        problems.append(
+            AgentProblem(
+                path,
+                at("context"),
+                f"context {matter.context!r} is not implemented (only task_only is)",
+            )
+        )
+    allow = None
+    if matter.tools is not None:
+        allow = _rules(matter.tools, "tools", at("tools"), path, problems)
+    deny = _rules(
+        matter.disallowed_tools, "disallowed_tools", at("disallowed_tools"), path, problems
+    )
+    if any(rule.tool == READ_ONLY for rule in deny):
+        problems.append(
+            AgentProblem(path, at("disallowed_tools"), "read-only is an allow rule (in tools)")
+        )
+    if any(not p.warning for p in problems):
+        return None, problems
+    prompt = body.strip("\n")
+    return (
+        AgentDefinition(
+            name=name,
+            description=" ".join(matter.description.split()),
+            prompt=prompt,
+            prompt_mode=matter.prompt_mode,
+            allow=allow,
+            deny=deny,
+            model=matter.model.strip() if matter.model else None,
+            max_rounds=matter.max_rounds,
+            max_tokens=matter.max_tokens,
+            timeout=matter.timeout,
+            may_delegate=matter.may_delegate,
+            source=path,
+        ),
+        problems,
+    )
+
+
+def _rules(
+    texts: tuple[str, ...], key: str, line: int, path: str, problems: list[AgentProblem]
+) -> tuple[Rule, ...]:
+    rules: list[Rule] = []
+    for text in texts:
+        rule = parse_rule(text)
+        if isinstance(rule, str):
+            problems.append(AgentProblem(path, line, f"{key}: {rule}"))
+            continue
+        if rule.tool != READ_ONLY and rule.tool not in KNOWN_TOOLS:
+            problems.append(
+                AgentProblem(
+                    path,
+                    line,
+                    f"{key}: fanfold has no tool {text!r}; it is ignored "
+                    f"(tools: {', '.join(sorted(KNOWN_TOOLS))}, read-only)",
+                    warning=True,
+                )
+            )
+            continue
+        if rule.pattern is not None and rule.tool in PATH_TOOLS and ".." in rule.pattern.split("/"):
+            problems.append(
+                AgentProblem(path, line, f"{key}: {text!r}: a path pattern has no '..'")
+            )
+            continue
+        rules.append(rule)
+    return tuple(rules)

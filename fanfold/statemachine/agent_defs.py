@@ -1,0 +1,74 @@
+"""Agent definitions as the reducer sees them: plain data, never read from disk here.
+
+``fanfold.agents`` reads definition files (Markdown with YAML front matter) and the
+built-ins into ``AgentDefinition`` values; the runtime puts them in the root's
+``ConversationCreated.agents``, the state keeps them and passes them down, so every
+decision a definition leads to is the reducer's, and replay makes it again from the
+log alone.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from fanfold.statemachine.permissions import Rule, RuleSet
+
+
+class PromptMode(enum.StrEnum):
+    """How a definition's body meets the default sub-agent prompt."""
+
+    EXTEND = "extend"
+    """The default prompt (the sub-agent's role, submit_result), then the body."""
+    REPLACE = "replace"
+    """The body alone."""
+
+
+@attrs.frozen
+class AgentDefinition:
+    """What a delegated agent is: its prompt, its rules, its model and limits.
+
+    - ``allow``: allow rules (the ``tools`` list); None: every tool its parent has.
+    - ``deny``: deny rules (``disallowed_tools``).
+    - ``model``: a model profile or name; None: the parent's.
+    - ``max_rounds``, ``max_tokens``, ``timeout``: caps; the parent's limits (and the
+      share of its budget it has left) cap them in turn.
+    - ``may_delegate``: False: it is not offered ``spawn_agents``.
+    - ``source``: where it was found (a path, or ``built-in``), for people.
+    """
+
+    name: str
+    description: str
+    prompt: str = ""
+    prompt_mode: PromptMode = PromptMode.EXTEND
+    allow: tuple[Rule, ...] | None = None
+    deny: tuple[Rule, ...] = ()
+    model: str | None = None
+    max_rounds: int | None = None
+    max_tokens: int | None = None
+    timeout: float | None = None
+    may_delegate: bool = True
+    source: str = "built-in"
+
+    def rules(self, base: str) -> RuleSet:
+        """Its rules as a layer, path patterns relative to ``base``."""
+        return RuleSet(self.allow, self.deny, f"agent '{self.name}'", base)
+
+    def system_prompt(self, default: str) -> str:
+        """The system prompt of an agent of this kind, ``default`` being the one a
+        sub-agent gets without a definition."""
+        if self.prompt_mode is PromptMode.REPLACE:
+            return self.prompt
+        if not self.prompt.strip():
+            return default
+        if not default:
+            return self.prompt
+        return default + "\n\n" + self.prompt
+
+
+def find_agent(agents: tuple[AgentDefinition, ...], name: str) -> AgentDefinition | None:
+    for agent in agents:
+        if agent.name == name:
+            return agent
+    return None

@@ -1,0 +1,342 @@
+"""Permission rules: which tool calls a conversation may make. Pure matching, no I/O.
+
+A rule names a tool, optionally with a pattern on its arguments, as users know them
+from coding agents:
+
+- ``bash``, ``write_file``: every call of that tool;
+- ``bash(git diff*)``: a ``bash`` call whose command matches the pattern (``*``
+  matches anything; Claude Code's ``bash(git diff:*)`` is read as ``git diff*``);
+- ``write_file(src/**)``: a file tool (``read_file``, ``write_file``, ``edit_file``)
+  whose ``path`` matches the glob (``**`` any number of directories, ``*`` and ``?``
+  within one name), the path taken relative to the working directory of the agent
+  the rule was given to;
+- ``read-only``: every reading tool (``READING_TOOLS``), as an allow rule.
+
+A ``RuleSet`` is one layer: allow rules (None: every tool) and deny rules; a call
+passes the layer if no deny rule matches it and, when there are allow rules, one of
+them does. Deny wins over allow. ``Permissions`` is a stack of layers, one per agent
+definition met from the root down: a call is permitted only if every layer permits
+it. A child's permissions are its parent's with the child's layer added
+(``restrict``), so a child can never hold a tool or a right its parent lacks, at any
+depth: its layers include all of its parent's.
+
+A bash *allow* pattern matches a simple command only: a command holding a shell
+control character (``;``, ``&``, ``|``, a backtick, ``$(``, ``<``, ``>``, a newline)
+matches no pattern, so ``bash(git diff*)`` does not allow ``git diff; rm -rf x``. A
+deny pattern is checked against every part of the command between such characters
+as well as the whole; this is best effort (a shell has many ways to hide a command),
+which is why allow lists, not deny lists, are what confines an agent.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from fanfold.statemachine.messages import ToolCall
+
+READ_ONLY = "read-only"
+"""The allow rule that stands for every reading tool."""
+
+READING_TOOLS = frozenset({"read_file", "think"})
+"""The tools that change nothing: what ``read-only`` allows."""
+
+PATH_TOOLS = frozenset({"read_file", "write_file", "edit_file"})
+"""Tools whose rules take a path glob on their ``path`` argument."""
+
+COMMAND_TOOLS = frozenset({"bash"})
+"""Tools whose rules take a pattern on their ``command`` argument."""
+
+CLAUDE_TOOL_NAMES = {
+    "Bash": "bash",
+    "Read": "read_file",
+    "Write": "write_file",
+    "Edit": "edit_file",
+    "MultiEdit": "edit_file",
+}
+"""Claude Code's names of the tools fanfold has, so that its agent files work as is."""
+
+_SHELL_CONTROL = (";", "&", "|", "`", "$(", "<", ">", "\n", "\r")
+
+
+@attrs.frozen
+class Rule:
+    """One rule: a tool name (or ``read-only``) and an optional argument pattern."""
+
+    tool: str
+    pattern: str | None = None
+
+    def __str__(self) -> str:
+        return self.tool if self.pattern is None else f"{self.tool}({self.pattern})"
+
+
+def parse_rule(text: object) -> Rule | str:
+    """A rule from its text (``bash(git diff*)``), or why it is not one.
+
+    Claude Code's tool names (``Bash``, ``Read``, ``Write``, ``Edit``, ``MultiEdit``)
+    are read as fanfold's. Tool names fanfold does not know are accepted here (a
+    runtime may offer more tools); ``unknown_tools`` names them for warnings.
+    """
+    if not isinstance(text, str):
+        return f"a rule must be a string, not {type(text).__name__}"
+    text = text.strip()
+    if text.lower().replace("_", "-") == READ_ONLY:
+        return Rule(READ_ONLY)
+    pattern: str | None = None
+    name = text
+    if "(" in text:
+        if not text.endswith(")"):
+            return f"rule {text!r}: a pattern goes in parentheses at the end, like bash(git *)"
+        name, pattern = text[:-1].split("(", 1)
+        name = name.strip()
+        pattern = pattern.strip()
+        if not pattern:
+            return f"rule {text!r}: empty pattern (leave out the parentheses to mean every call)"
+        if pattern.endswith(":*"):
+            pattern = pattern[:-2] + "*"
+    if not name or not all(c.isalnum() or c in "_-." for c in name) or not name.isascii():
+        return f"rule {text!r}: {name!r} is not a tool name"
+    name = CLAUDE_TOOL_NAMES.get(name, name)
+    if pattern is not None and name not in PATH_TOOLS | COMMAND_TOOLS:
+        return (
+            f"rule {text!r}: only bash (a command) and read_file, write_file, edit_file "
+            "(a path) take a pattern"
+        )
+    return Rule(name, pattern)
+
+
+@attrs.frozen
+class RuleSet:
+    """One layer of rules. ``allow`` None: every tool (deny rules still apply).
+
+    ``source`` says whose rules they are (``agent 'explorer'``), for refusal messages;
+    ``base`` is the working directory path patterns are relative to.
+    """
+
+    allow: tuple[Rule, ...] | None = None
+    deny: tuple[Rule, ...] = ()
+    source: str = ""
+    base: str = "."
+
+    @property
+    def unrestricted(self) -> bool:
+        return self.allow is None and not self.deny
+
+
+@attrs.frozen
+class Permissions:
+    """The layers a conversation's tool calls must all pass (root first)."""
+
+    layers: tuple[RuleSet, ...] = ()
+
+
+UNRESTRICTED = Permissions()
+
+
+def restrict(parent: Permissions | None, layer: RuleSet) -> Permissions | None:
+    """A child's permissions: its parent's intersected with ``layer`` (the agent
+    definition's rules). None stands for no rules at all."""
+    layers = () if parent is None else parent.layers
+    if layer.unrestricted:
+        return parent
+    return Permissions((*layers, layer))
+
+
+def allows_tool(permissions: Permissions | None, tool: str) -> bool:
+    """Whether some call of ``tool`` could pass: no layer denies the whole tool and
+    every layer with allow rules has one for it. Tools that fail are not offered."""
+    if permissions is None:
+        return True
+    for layer in permissions.layers:
+        if any(rule.pattern is None and _names(rule, tool) for rule in layer.deny):
+            return False
+        if layer.allow is not None and not any(_names(rule, tool) for rule in layer.allow):
+            return False
+    return True
+
+
+def refusal(permissions: Permissions | None, call: ToolCall, cwd: str) -> str | None:
+    """Why ``call``, made in working directory ``cwd``, is refused; None if permitted.
+
+    The message names the rule (or the missing allow rule) and whose it is.
+    """
+    if permissions is None:
+        return None
+    for layer in permissions.layers:
+        whose = f" of {layer.source}" if layer.source else ""
+        for rule in layer.deny:
+            if _matches(rule, call, cwd, layer.base, deny=True):
+                return f"refused by the deny rule '{rule}'{whose}"
+        if layer.allow is not None and not any(
+            _matches(rule, call, cwd, layer.base, deny=False) for rule in layer.allow
+        ):
+            allowed = ", ".join(str(r) for r in layer.allow) or "nothing"
+            return f"refused: no allow rule{whose} matches this call (allowed: {allowed})"
+    return None
+
+
+# ------------------------------------------------------------------ matching
+
+
+def _names(rule: Rule, tool: str) -> bool:
+    if rule.tool == READ_ONLY:
+        return tool in READING_TOOLS
+    return rule.tool == tool
+
+
+def _argument(call: ToolCall, key: str) -> str | None:
+    try:
+        arguments = call.arguments()
+    except ValueError:
+        return None
+    value = arguments.get(key) if isinstance(arguments, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _matches(rule: Rule, call: ToolCall, cwd: str, base: str, *, deny: bool) -> bool:
+    if not _names(rule, call.name):
+        return False
+    if rule.pattern is None:
+        return True
+    if call.name in COMMAND_TOOLS:
+        command = _argument(call, "command")
+        if command is None:
+            return False
+        return command_matches(rule.pattern, command, any_part=deny)
+    path = _argument(call, "path")
+    if path is None:
+        return False
+    return path_matches(rule.pattern, path, cwd, base)
+
+
+def command_matches(pattern: str, command: str, *, any_part: bool) -> bool:
+    """Whether ``command`` matches ``pattern`` (``*`` matches anything).
+
+    ``any_part`` False (allow rules): only a simple command can match. True (deny
+    rules): the whole command or any part of it between shell control characters.
+    """
+    command = command.strip()
+    simple = not any(c in command for c in _SHELL_CONTROL)
+    if not any_part:
+        return simple and glob_match(pattern, command, slash_special=False)
+    if glob_match(pattern, command, slash_special=False):
+        return True
+    parts = [command]
+    for separator in _SHELL_CONTROL:
+        parts = [piece for part in parts for piece in part.split(separator)]
+    return any(glob_match(pattern, part.strip().lstrip("("), slash_special=False) for part in parts)
+
+
+def normalise(path: str) -> str:
+    """``path`` with ``.``, empty and ``..`` components resolved by its spelling alone
+    (``..`` above an absolute root stays at the root; above a relative start it is
+    kept)."""
+    absolute = path.startswith("/")
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts and parts[-1] != "..":
+                parts.pop()
+            elif not absolute:
+                parts.append("..")
+            continue
+        parts.append(part)
+    joined = "/".join(parts)
+    return "/" + joined if absolute else (joined or ".")
+
+
+def _join(directory: str, path: str) -> str:
+    if path.startswith("/"):
+        return normalise(path)
+    return normalise(directory.rstrip("/") + "/" + path)
+
+
+def path_matches(pattern: str, path: str, cwd: str, base: str) -> bool:
+    """Whether ``path`` (as given to a tool working in ``cwd``) matches ``pattern``.
+
+    A pattern starting with ``/`` is matched against the absolute path; any other is
+    relative to ``base`` and matches nothing outside it. Lexical only: symbolic links
+    are the runtime's to judge (it refuses any path outside the project).
+    """
+    full = _join(cwd, path)
+    if pattern.startswith("/"):
+        return glob_match(normalise(pattern), full, slash_special=True)
+    root = normalise(base)
+    if root == ".":
+        relative = full
+    elif full == root:
+        relative = "."
+    elif full.startswith(root.rstrip("/") + "/"):
+        relative = full[len(root.rstrip("/")) + 1 :]
+    else:
+        return False
+    if relative.startswith("../") or relative == ".." or relative.startswith("/"):
+        return False
+    return glob_match(normalise(pattern), relative, slash_special=True)
+
+
+def glob_match(pattern: str, text: str, *, slash_special: bool) -> bool:
+    """Glob matching without ``re`` (the pure core's import rule).
+
+    ``slash_special`` (paths): ``*`` and ``?`` stay within one name, ``**`` spans
+    directories and ``**/`` may match nothing. Otherwise ``*`` matches any text.
+    """
+    tokens = _tokens(pattern, slash_special=slash_special)
+    # positions[i] is True when tokens[:k] can match text[:i] (k the tokens so far).
+    states = {0}
+    for token in tokens:
+        following: set[int] = set()
+        for start in sorted(states):
+            following |= _advance(token, text, start)
+        states = following
+        if not states:
+            return False
+    return len(text) in states
+
+
+def _tokens(pattern: str, *, slash_special: bool) -> list[str]:
+    tokens: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i) and slash_special:
+            tokens.append("**/")
+            i += 3
+        elif pattern.startswith("**", i):
+            tokens.append("**" if slash_special else "*")
+            i += 2
+        elif pattern[i] in "*?":
+            tokens.append(pattern[i])
+            i += 1
+        else:
+            tokens.append("=" + pattern[i])
+            i += 1
+    if not slash_special:
+        tokens = ["**" if t == "*" else "?any" if t == "?" else t for t in tokens]
+    return tokens
+
+
+def _advance(token: str, text: str, start: int) -> set[int]:
+    n = len(text)
+    if token.startswith("="):
+        char = token[1]
+        return {start + 1} if start < n and text[start] == char else set()
+    if token == "?any":
+        return {start + 1} if start < n else set()
+    if token == "?":
+        return {start + 1} if start < n and text[start] != "/" else set()
+    if token == "**":
+        return set(range(start, n + 1))
+    if token == "*":
+        end = start
+        out = {start}
+        while end < n and text[end] != "/":
+            end += 1
+            out.add(end)
+        return out
+    # "**/": nothing, or any run of whole directories ending in "/".
+    out = {start}
+    for i in range(start, n):
+        if text[i] == "/":
+            out.add(i + 1)
+    return out

@@ -1,0 +1,239 @@
+"""Agent definition files: Claude Code's format read as is, fanfold's keys, problems
+with their lines, lookup order and `fanfold agents`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fanfold.agents import AgentDefinition, PromptMode, load_agents, parse_definition
+from fanfold.cli import cli
+from fanfold.statemachine.permissions import Rule
+
+CLAUDE_FILE = """\
+---
+name: code-reviewer
+description: Expert code review specialist. Use right after writing code.
+tools: Read, Grep, Glob, Bash
+model: inherit
+color: blue
+---
+You are a senior code reviewer.
+
+Check for bugs.
+"""
+
+
+def _parse(text: str, path: str = "a.md") -> tuple[AgentDefinition | None, list[str]]:
+    definition, problems = parse_definition(text, path)
+    return definition, [str(p) for p in problems]
+
+
+def test_a_claude_code_file_is_read_as_is() -> None:
+    definition, problems = _parse(CLAUDE_FILE)
+    assert definition is not None
+    assert definition.name == "code-reviewer"
+    assert definition.description.startswith("Expert code review")
+    assert definition.allow == (Rule("read_file"), Rule("bash"))
+    assert definition.model is None  # inherit: the parent's
+    assert definition.prompt == "You are a senior code reviewer.\n\nCheck for bugs."
+    assert definition.prompt_mode is PromptMode.EXTEND
+    # Tools fanfold lacks and keys it does not use are warnings, with their lines.
+    assert problems == [
+        "a.md:6: unknown key 'color' ignored",
+        "a.md:4: tools: fanfold has no tool 'Grep'; it is ignored (tools: bash, edit_file, "
+        "read_file, think, write_file, read-only)",
+        "a.md:4: tools: fanfold has no tool 'Glob'; it is ignored (tools: bash, edit_file, "
+        "read_file, think, write_file, read-only)",
+    ]
+
+
+def test_fanfold_keys_and_yaml_lists() -> None:
+    definition, problems = _parse(
+        "---\n"
+        "name: writer\n"
+        "description: writes sources\n"
+        "tools:\n"
+        "  - read-only\n"
+        "  - write_file(src/**)\n"
+        "  - Bash(git diff:*)\n"
+        "disallowedTools: [bash(git diff --output*)]\n"
+        "model: small\n"
+        "maxTurns: 5\n"
+        "max_tokens: 2000\n"
+        "timeout: 30\n"
+        "may_delegate: false\n"
+        "prompt_mode: replace\n"
+        "---\n"
+        "Write.\n"
+    )
+    assert problems == []
+    assert definition == AgentDefinition(
+        name="writer",
+        description="writes sources",
+        prompt="Write.",
+        prompt_mode=PromptMode.REPLACE,
+        allow=(Rule("read-only"), Rule("write_file", "src/**"), Rule("bash", "git diff*")),
+        deny=(Rule("bash", "git diff --output*"),),
+        model="small",
+        max_rounds=5,
+        max_tokens=2000,
+        timeout=30.0,
+        may_delegate=False,
+        source="a.md",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("no front matter\n", ["a.md:1: no front matter: the file must start with a line '---'"]),
+        ("---\nname: x\n", ["a.md:1: the front matter is not closed by a line '---'"]),
+        ("---\n- a\n---\n", ["a.md:2: the front matter must be a mapping of keys"]),
+        ("---\nname: x\n---\n", ["a.md:2: required key 'description' is missing"]),
+        (
+            "---\nname: x\ndescription: y\nmax_rounds: '3'\n---\n",
+            ["a.md:4: max_rounds: expected a whole number >= 1, got '3'"],
+        ),
+        (
+            "---\nname: x\ndescription: y\nmay_delegate: 1\ntimeout: .inf\n---\n",
+            [
+                "a.md:4: may_delegate: expected true or false, got 1",
+                "a.md:5: timeout: expected a number of seconds > 0, got inf",
+            ],
+        ),
+        (
+            "---\nname: x\ndescription: y\n\ntools: bash(\n---\n",
+            [
+                "a.md:5: tools: rule 'bash(': a pattern goes in parentheses at the end, "
+                "like bash(git *)"
+            ],
+        ),
+        (
+            "---\nname: x\ndescription: y\ntools: think(deep)\n---\n",
+            [
+                "a.md:4: tools: rule 'think(deep)': only bash (a command) and read_file, "
+                "write_file, edit_file (a path) take a pattern"
+            ],
+        ),
+        (
+            "---\nname: x\ndescription: y\ndisallowed_tools: read-only\n---\n",
+            ["a.md:4: read-only is an allow rule (in tools)"],
+        ),
+        (
+            "---\nname: x\ndescription: y\ncontext: full\n---\n",
+            ["a.md:4: context 'full' is not implemented (only task_only is)"],
+        ),
+        (
+            "---\nname: a b\ndescription: y\n---\n",
+            ["a.md:2: name 'a b': use letters, digits, '-', '_', '.'"],
+        ),
+        ("---\nname: x\ndescription: [y\n---\n", None),  # a YAML error, with its line
+        ("---\nname: !!python/object:os.system x\ndescription: y\n---\n", None),
+    ],
+)
+def test_invalid_files_name_the_line_and_the_problem(text: str, expected: list[str] | None) -> None:
+    definition, problems = _parse(text)
+    assert definition is None
+    if expected is None:
+        assert len(problems) == 1 and problems[0].startswith("a.md:") and "YAML" in problems[0]
+    else:
+        assert problems == expected
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _agent(name: str, description: str) -> str:
+    return f"---\nname: {name}\ndescription: {description}\n---\n"
+
+
+def test_lookup_order_project_overrides_user_overrides_built_in(tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    env = {"HOME": str(home)}
+    _write(home / ".config" / "fanfold" / "agents", "r.md", _agent("reviewer", "user's"))
+    _write(home / ".claude" / "agents", "r.md", _agent("reviewer", "user's claude"))
+    _write(home / ".claude" / "agents", "mine.md", _agent("mine", "user only"))
+    _write(project / ".claude" / "agents", "e.md", _agent("explorer", "project claude"))
+    _write(project / ".fanfold" / "agents", "e.md", _agent("explorer", "project fanfold"))
+    catalog = load_agents(project, env)
+    by_name = {a.name: a for a in catalog.agents}
+    assert sorted(by_name) == ["explorer", "general-purpose", "mine", "reviewer"]
+    assert by_name["reviewer"].description == "user's"
+    assert by_name["explorer"].description == "project fanfold"
+    assert by_name["general-purpose"].source == "built-in"
+    assert by_name["explorer"].source == str(project / ".fanfold" / "agents" / "e.md")
+    assert [a.description for a in catalog.overridden if a.name == "explorer"][-1] == (
+        "project claude"
+    )
+    assert catalog.problems == ()
+
+
+def test_bad_files_are_reported_and_left_out(tmp_path: Path) -> None:
+    folder = tmp_path / ".fanfold" / "agents"
+    _write(folder, "a.md", _agent("good", "fine"))
+    _write(folder, "b.md", _agent("good", "a second of the name"))
+    _write(folder, "c.md", "---\nname: broken\ndescription: x\nmax_tokens: -5\n---\n")
+    (folder / "d.md").write_bytes(b"---\nname: x\ndescription: \xff\n---\n")
+    (folder / "e.md").write_bytes(b"x" * (300 * 1024))
+    os.mkfifo(folder / "f.md")  # would block a plain open()
+    _write(folder, "notes.txt", "not a definition")
+    catalog = load_agents(tmp_path, {"HOME": str(tmp_path / "nohome")})
+    assert "good" in {a.name for a in catalog.agents}
+    assert "broken" not in {a.name for a in catalog.agents}
+    messages = {Path(p.path).name: (p.line, p.message, p.warning) for p in catalog.problems}
+    assert messages["b.md"][2] is True and "also defined in" in messages["b.md"][1]
+    assert messages["c.md"] == (4, "max_tokens: expected a whole number >= 1, got -5", False)
+    assert messages["d.md"] == (3, "not UTF-8 text", False)
+    assert "larger than" in messages["e.md"][1]
+    assert messages["f.md"][1] == "not a regular file; ignored"
+    assert "notes.txt" not in messages
+
+
+def test_fanfold_agents_lists_agents_and_invalid_files(tmp_path: Path) -> None:
+    folder = tmp_path / ".fanfold" / "agents"
+    _write(folder, "mine.md", _agent("mine", "my own agent"))
+    _write(folder, "bad.md", "---\nname: bad\ndescription: x\ntools: bash(\n---\n")
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    runner = CliRunner()
+    result = runner.invoke(cli, ["agents", "--cwd", str(tmp_path), "--json"], env=env)
+    assert result.exit_code == 1, result.output
+    listing = json.loads(result.stdout)
+    names = {a["name"]: a["source"] for a in listing["agents"]}
+    assert names == {
+        "explorer": "built-in",
+        "general-purpose": "built-in",
+        "reviewer": "built-in",
+        "mine": str(folder / "mine.md"),
+    }
+    assert listing["problems"] == [
+        {
+            "path": str(folder / "bad.md"),
+            "line": 4,
+            "message": "tools: rule 'bash(': a pattern goes in parentheses at the end, "
+            "like bash(git *)",
+            "severity": "error",
+        }
+    ]
+    text = runner.invoke(cli, ["agents", "--cwd", str(tmp_path)], env=env)
+    assert text.exit_code == 1
+    assert "bad.md:4: tools: rule 'bash('" in " ".join(text.output.split())
+    (folder / "bad.md").unlink()
+    clean = runner.invoke(cli, ["agents", "--cwd", str(tmp_path)], env=env)
+    assert clean.exit_code == 0, clean.output
+    assert "mine" in clean.output
+
+
+def test_the_built_ins_parse_without_problems() -> None:
+    catalog = load_agents(folders=[])
+    assert catalog.problems == ()
+    explorer = {a.name: a for a in catalog.agents}["explorer"]
+    assert explorer.allow == (Rule("read-only"),) and not explorer.may_delegate
