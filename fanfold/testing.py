@@ -131,6 +131,7 @@ from fanfold.statemachine import (
     start,
     transition,
 )
+from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
 from fanfold.statemachine.transition import model_request
 
 __all__ = [
@@ -2210,8 +2211,13 @@ def _check_spawns(
     for spawn in spawns:
         pending = after_children.find_pending(spawn.child_id) if after_children else None
         given = pending.budget if pending is not None else None
-        if budget is None and spawn.limits.max_tokens is not None:
-            _fail("no budget, no shares", f"{spawn.child_id} got {spawn.limits.max_tokens}", after)
+        cap = _definition_of(after, spawn)
+        if budget is None and spawn.limits.max_tokens != (cap and cap.max_tokens):
+            _fail(
+                "no budget, no shares (but an agent definition's own budget)",
+                f"{spawn.child_id} got {spawn.limits.max_tokens}",
+                after,
+            )
         if budget is not None and not (given is not None and 0 < given == spawn.limits.max_tokens):
             _fail(
                 "a child of a budgeted parent runs on its share",
@@ -2257,9 +2263,15 @@ def _check_within_parent_limits(parent: Limits, spawn: SpawnSubAgent, after: Con
     tokens = spawn.limits.max_tokens
     if parent.max_tokens is not None and not (tokens is not None and tokens <= parent.max_tokens):
         problems.append(f"max_tokens {tokens}, parent's {parent.max_tokens}")
+    definition = _definition_of(after, spawn)
     inherited = attrs.evolve(
         spawn.limits, max_rounds=parent.max_rounds, max_tokens=parent.max_tokens
     )
+    if definition is not None and not definition.may_delegate:
+        # An agent that may not delegate lives at its own max_depth.
+        if spawn.limits.max_depth != min(parent.max_depth, spawn.depth):
+            problems.append(f"max_depth {spawn.limits.max_depth} of a non-delegating agent")
+        inherited = attrs.evolve(inherited, max_depth=parent.max_depth)
     if inherited != parent:
         problems.append(f"limits {spawn.limits} are not the parent's {parent}")
     if not _lexically_inside(spawn.cwd, after.cwd):
@@ -2267,6 +2279,9 @@ def _check_within_parent_limits(parent: Limits, spawn: SpawnSubAgent, after: Con
     # The child is told the sub-agent prompt (its role), passed on down the tree; a
     # parent without one (logs before schema 6) passes its own system prompt.
     told = after.system_prompt if after.sub_agent_prompt is None else after.sub_agent_prompt
+    if definition is not None:
+        told = definition.system_prompt(told)
+    _check_child_permissions(after, spawn, problems)
     if (spawn.system_prompt, spawn.sub_agent_prompt) != (told, after.sub_agent_prompt):
         problems.append(
             f"system prompt {spawn.system_prompt!r} / {spawn.sub_agent_prompt!r}, "
@@ -2278,6 +2293,30 @@ def _check_within_parent_limits(parent: Limits, spawn: SpawnSubAgent, after: Con
             f"{spawn.child_id}: " + "; ".join(problems),
             after,
         )
+
+
+def _definition_of(parent: Conversation, spawn: SpawnSubAgent) -> AgentDefinition | None:
+    if spawn.agent is None:
+        return None
+    found = find_agent(parent.agents, spawn.agent)
+    if found is None:
+        _fail("a child's agent is one of its parent's", f"unknown {spawn.agent!r}", parent)
+    return found
+
+
+def _check_child_permissions(
+    parent: Conversation, spawn: SpawnSubAgent, problems: list[str]
+) -> None:
+    """A child never holds what its parent lacks: its permission layers extend its
+    parent's, and its tools are among its parent's."""
+    parent_layers = () if parent.permissions is None else parent.permissions.layers
+    layers = () if spawn.permissions is None else spawn.permissions.layers
+    if layers[: len(parent_layers)] != parent_layers:
+        problems.append(f"permissions {spawn.permissions} do not extend {parent.permissions}")
+    offered = {t.name for t in parent.tools}
+    extra = sorted(t.name for t in spawn.tools if t.name not in offered)
+    if extra:
+        problems.append(f"tools {extra} its parent lacks")
 
 
 def _lexically_inside(cwd: str, parent: str) -> bool:

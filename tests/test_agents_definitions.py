@@ -237,3 +237,20 @@ def test_the_built_ins_parse_without_problems() -> None:
     assert catalog.problems == ()
     explorer = {a.name: a for a in catalog.agents}["explorer"]
     assert explorer.allow == (Rule("read-only"),) and not explorer.may_delegate
+
+
+def test_the_readme_example_file_is_valid() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("`.fanfold/agents/doc-writer.md`:\n\n```markdown\n", 1)[1]
+    text = block.split("\n```\n", 1)[0] + "\n"
+    definition, problems = _parse(text, "doc-writer.md")
+    assert problems == []
+    assert definition is not None and definition.name == "doc-writer"
+    assert definition.allow == (
+        Rule("read-only"),
+        Rule("write_file", "docs/**"),
+        Rule("edit_file", "docs/**"),
+        Rule("bash", "git diff*"),
+    )
+    assert (definition.max_rounds, definition.max_tokens, definition.timeout) == (8, 40000, 300)
+    assert not definition.may_delegate and definition.model == "small"

@@ -38,6 +38,8 @@ from fanfold.statemachine import (
     ToolCall,
     fold,
 )
+from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.permissions import Permissions, Rule, RuleSet
 
 
 def _spawned_ids(effects: tuple[object, ...]) -> list[str]:
@@ -277,6 +279,10 @@ def test_spawned_children_get_only_ordinary_tools_and_start_working() -> None:
     assert kid.phase == LlmRequesting(call=1)
 
 
+REVIEWER = AgentDefinition("reviewer", "reviews", allow=(Rule("read-only"),))
+READ_ONLY_PERMISSIONS = Permissions((RuleSet((Rule("read-only"),), source="agent 'reviewer'"),))
+
+
 def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
     """``SpawnSubAgent.created_event`` leaves no decision to the runtime: every field the
     two classes share is copied, none left at its default (mutation survivors: a field
@@ -296,6 +302,9 @@ def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
         system_prompt="role",
         model="small",
         sub_agent_prompt="their role",
+        agents=(REVIEWER,),
+        agent="reviewer",
+        permissions=READ_ONLY_PERMISSIONS,
     )
     created = spawn.created_event(workdir)
     expected = {
@@ -312,6 +321,9 @@ def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
         "timeout": 12.5,
         "workdir": workdir,
         "sub_agent_prompt": "their role",
+        "agents": (REVIEWER,),
+        "agent": "reviewer",
+        "permissions": READ_ONLY_PERMISSIONS,
     }
     assert {f.name for f in attrs.fields(sm.ConversationCreated)} == set(expected)
     assert {name: getattr(created, name) for name in expected} == expected

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
+from fanfold.agents import AgentDefinition, load_agents
 from fanfold.cli.database import db_option, db_path, default_db
-from fanfold.cli.display import TreeView
+from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
 from fanfold.cli.models import ModelChoice, choose_model, model_options
@@ -132,8 +133,18 @@ def run(
         hint(f"model: {choice.description}; log: {path}", style="dim")
         if system is None:
             system = choice.system_prompt
-        result = run_trio(_run_main, path, choice, text, cwd, limits, system, not no_live)
+        agents = _agents(cwd)
+        result = run_trio(_run_main, path, choice, text, cwd, limits, system, not no_live, agents)
     print_result(*result, db=path)
+
+
+def _agents(cwd: Path) -> tuple[AgentDefinition, ...]:
+    """The agent definitions in effect for a run in ``cwd``; an invalid file is left
+    out with a one-line warning (``fanfold agents`` says what is wrong)."""
+    catalog = load_agents(cwd)
+    for problem in catalog.errors:
+        hint(f"agent definition left out: {printable(str(problem))}", style="yellow")
+    return catalog.agents
 
 
 def _read_task(task_file: Path) -> str:
@@ -158,6 +169,7 @@ async def _run_main(
     limits: Limits,
     system: str,
     live: bool,
+    agents: tuple[AgentDefinition, ...] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
@@ -176,7 +188,7 @@ async def _run_main(
                 provider_description=choice.recorded,
             ) as runtime:
                 conversation_id = await runtime.start(
-                    text, cwd=cwd, limits=limits, system_prompt=system
+                    text, cwd=cwd, limits=limits, system_prompt=system, agents=agents
                 )
                 interruption = await watch(runtime, conversation_id, view, live, signals)
                 return conversation_id, runtime.state(conversation_id), interruption

@@ -174,6 +174,11 @@ class ShowNode:
                 if (failure := self.failure()) is None
                 else {"kind": failure[0], "reason": failure[1]}
             ),
+            # Agent definitions and permissions (issue 12): the agent it was spawned
+            # as, the tools it was offered, the calls its permissions refused.
+            "agent": state.agent,
+            "tools": [t.name for t in state.tools],
+            "refused_calls": state.refused_calls,
             "children": [c.to_json() for c in self.children],
         }
 
@@ -181,6 +186,8 @@ class ShowNode:
         state = self.state
         symbol, style = status_of(state)
         kind = "Sub-agent" if state.is_sub_agent else "Agent"
+        if state.agent is not None:
+            kind += f" [{printable(state.agent)}]"
         # Task and outcome are model text: plain Text (never markup), printable only.
         line = Text.assemble(
             (symbol or "…", style),
@@ -200,6 +207,12 @@ class ShowNode:
             # sub-agent that submitted "timed out" did not time out.
             kind_text, reason = failure
             line.append(f"\n  {kind_text}" + (f" (cancelled by {reason})" if reason else ""), "red")
+        if state.refused_calls:
+            plural = "s" if state.refused_calls != 1 else ""
+            line.append(
+                f"\n  {state.refused_calls} tool call{plural} refused by its permissions",
+                "yellow",
+            )
         if isinstance(state.phase, Completed) and not state.submitted:
             note = "completed without submit_result (its last text is the result)"
             line.append("\n  " + note, "yellow")

@@ -43,6 +43,7 @@ from fanfold.statemachine import (
     spawn_order,
     start,
 )
+from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.secrets import NO_REDACTION, EnvPolicy
@@ -355,9 +356,12 @@ class Runtime:
         limits: Limits | None = None,
         model: str | None = None,
         system_prompt: str | None = None,
+        agents: tuple[AgentDefinition, ...] = (),
     ) -> str:
         """Start a root conversation with its first user message; returns its id.
 
+        ``agents``: the agent definitions its ``spawn_agents`` tasks may name
+        (``fanfold.agents.load_agents``), recorded in its creation event.
         Returns once the message is in the log; use ``wait`` for the answer.
         """
         conversation_id = uuid.uuid4().hex[:12]
@@ -370,6 +374,7 @@ class Runtime:
             limits=limits or self.limits,
             tools=self.tools.specs(),
             sub_agent_prompt=self.sub_agent_prompt,
+            agents=agents,
         )
         tree = TreeRecord(
             conversation_id,

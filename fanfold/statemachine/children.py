@@ -56,6 +56,8 @@ class ChildSpec:
     max_rounds: int
     spawn_call_id: str
     model: str | None = None
+    # The agent definition the task named (issue 12; written only when set).
+    agent: str | None = attrs.field(default=None, metadata={"since": 6, "omitted_at_default": True})
 
 
 @attrs.frozen

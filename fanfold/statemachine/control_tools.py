@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import attrs
 
+from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import ToolSpec
 
@@ -122,8 +123,45 @@ def can_spawn(depth: int, limits: Limits) -> bool:
     return depth + 1 <= limits.max_depth
 
 
+def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
+    """``spawn_agents``, and, when there are agent definitions, the ``agent`` a task
+    may name: the description lists each with its description, so the model can
+    choose. Without definitions it is ``SPAWN_AGENTS_SPEC`` itself (older logs)."""
+    if not agents:
+        return SPAWN_AGENTS_SPEC
+    last = _last_spawn_spec[0]
+    if last is not None and last[0] is agents:
+        return last[1]
+    schema = SPAWN_AGENTS_SPEC.input_schema()
+    names = [a.name for a in agents]
+    schema["properties"]["tasks"]["items"]["properties"]["agent"] = {
+        "type": "string",
+        "enum": names,
+        "description": "The kind of agent to delegate to (default: a general sub-agent "
+        "with your tools); see the list in this tool's description",
+    }
+    listing = "\n".join(f"- {a.name}: {a.description}" for a in agents)
+    description = (
+        SPAWN_AGENTS_SPEC.description
+        + ' A task may name an agent ("agent"), which sets its instructions, tools and '
+        + "limits. Available agents:\n"
+        + listing
+    )
+    spec = ToolSpec.from_schema(SPAWN_AGENTS, description, schema)
+    _last_spawn_spec[0] = (agents, spec)
+    return spec
+
+
+_last_spawn_spec: list[tuple[tuple[AgentDefinition, ...], ToolSpec] | None] = [None]
+
+
 def offered_tools(
-    ordinary: tuple[ToolSpec, ...], *, depth: int, is_sub_agent: bool, limits: Limits
+    ordinary: tuple[ToolSpec, ...],
+    *,
+    depth: int,
+    is_sub_agent: bool,
+    limits: Limits,
+    agents: tuple[AgentDefinition, ...] = (),
 ) -> tuple[ToolSpec, ...]:
     """The full tool set of a conversation: ordinary tools plus allowed control tools.
 
@@ -134,15 +172,21 @@ def offered_tools(
     """
     spawn = can_spawn(depth, limits)
     last = _last_offered[0]
-    if last is not None and last[0] is ordinary and last[1] == spawn and last[2] == is_sub_agent:
-        return last[3]
+    if (
+        last is not None
+        and last[0] is ordinary
+        and last[1] == spawn
+        and last[2] == is_sub_agent
+        and last[3] is agents
+    ):
+        return last[4]
     tools = [t for t in ordinary if t.name not in CONTROL_TOOLS]
     if spawn:
-        tools.append(SPAWN_AGENTS_SPEC)
+        tools.append(spawn_agents_spec(agents))
     if is_sub_agent:
         tools += [SUBMIT_RESULT_SPEC, SUBMIT_ERROR_SPEC]
     offered = tuple(tools)
-    _last_offered[0] = (ordinary, spawn, is_sub_agent, offered)
+    _last_offered[0] = (ordinary, spawn, is_sub_agent, agents, offered)
     return offered
 
 
@@ -163,7 +207,10 @@ def ordinary_tools(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
 # sub-agent holds 7.7-8.0 KB of Python heap at N = 1000, without them 12.8-14.5 KB
 # (bench/sections.py memory(), 2026-11-24, two runs each): every child's state would
 # hold its own tool tuples, and the codec's memo their encodings.
-_last_offered: list[tuple[tuple[ToolSpec, ...], bool, bool, tuple[ToolSpec, ...]] | None] = [None]
+_last_offered: list[
+    tuple[tuple[ToolSpec, ...], bool, bool, tuple[AgentDefinition, ...], tuple[ToolSpec, ...]]
+    | None
+] = [None]
 _last_ordinary: list[tuple[tuple[ToolSpec, ...], tuple[ToolSpec, ...]] | None] = [None]
 
 
@@ -176,6 +223,7 @@ class TaskRequest:
     timeout: float | None
     max_iterations: int | None
     model: str | None
+    agent: str | None = None
 
 
 def parse_task(entry: object) -> TaskRequest | str:
@@ -185,7 +233,7 @@ def parse_task(entry: object) -> TaskRequest | str:
     task = entry.get("task")
     if not isinstance(task, str) or not task.strip():
         return "'task' must be a non-empty string"
-    unknown = set(entry) - {"task", "cwd", "timeout", "max_iterations", "model"}
+    unknown = set(entry) - {"task", "cwd", "timeout", "max_iterations", "model", "agent"}
     if unknown:
         return f"unknown field(s): {', '.join(sorted(unknown))}"
     cwd = entry.get("cwd")
@@ -208,12 +256,16 @@ def parse_task(entry: object) -> TaskRequest | str:
     model = entry.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         return "'model' must be a non-empty string"
+    agent = entry.get("agent")
+    if agent is not None and (not isinstance(agent, str) or not agent):
+        return "'agent' must be a non-empty string (an agent's name)"
     return TaskRequest(
         task=task,
         cwd=cwd,
         timeout=float(timeout) if timeout is not None else None,
         max_iterations=max_iterations,
         model=model,
+        agent=agent,
     )
 
 

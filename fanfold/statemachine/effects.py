@@ -11,11 +11,15 @@ import typing
 
 import attrs
 
+from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.children import ChildOutcome
 from fanfold.statemachine.errors import CancelReason
 from fanfold.statemachine.events import ConversationCreated, WorkingDirectory
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import ToolCall, ToolSpec
+from fanfold.statemachine.permissions import Permissions
+
+_AGENTS_FIELD = {"since": 6, "omitted_at_default": True}
 
 
 @attrs.frozen
@@ -100,6 +104,9 @@ class SpawnSubAgent:
     sub_agent_prompt: str | None = attrs.field(
         default=None, metadata={"since": 6, "omitted_at_default": True}
     )
+    agents: tuple[AgentDefinition, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
+    agent: str | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
+    permissions: Permissions | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
 
     def created_event(self, workdir: WorkingDirectory | None = None) -> ConversationCreated:
         """The child's first event, built from this effect with no decisions left;
@@ -118,6 +125,9 @@ class SpawnSubAgent:
             timeout=self.timeout,
             workdir=workdir,
             sub_agent_prompt=self.sub_agent_prompt,
+            agents=self.agents,
+            agent=self.agent,
+            permissions=self.permissions,
         )
 
 

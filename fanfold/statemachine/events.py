@@ -9,11 +9,15 @@ import typing
 
 import attrs
 
+from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.children import ChildOutcome
 from fanfold.statemachine.errors import CancelReason
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import ModelError, ModelReply, ToolResult, ToolSpec
+from fanfold.statemachine.permissions import Permissions
 from fanfold.statemachine.state import Conversation
+
+_AGENTS_FIELD = {"since": 6, "omitted_at_default": True}
 
 
 @attrs.frozen
@@ -46,6 +50,10 @@ class ConversationCreated:
     (a test, or a log of schema 2).
     ``sub_agent_prompt``: the system prompt its sub-agents get (and theirs); None (logs
     before schema 6): they get this conversation's own ``system_prompt``.
+    ``agents`` (issue 12): the agent definitions its ``spawn_agents`` tasks may name
+    (a root's come from the runtime, a child's from its parent); ``agent``: the
+    definition a sub-agent was spawned as; ``permissions``: the rules its tool calls
+    must pass (None: none). Its ``tools`` are already those its permissions leave.
     """
 
     conversation_id: str
@@ -63,6 +71,9 @@ class ConversationCreated:
     sub_agent_prompt: str | None = attrs.field(
         default=None, metadata={"since": 6, "omitted_at_default": True}
     )
+    agents: tuple[AgentDefinition, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
+    agent: str | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
+    permissions: Permissions | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
 
 
 @attrs.frozen

@@ -6,9 +6,11 @@ from typing import Any
 
 import attrs
 
+from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.children import ChildFailed, ChildOutcome, Children, ChildSucceeded
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import AssistantMessage, Message, ToolSpec, Usage
+from fanfold.statemachine.permissions import Permissions
 from fanfold.statemachine.phases import (
     TERMINAL_PHASES,
     AwaitingSubAgents,
@@ -20,6 +22,11 @@ from fanfold.statemachine.phases import (
     Phase,
     ToolExecuting,
 )
+
+# Fields of agent definitions and permissions (issue 12), written only when set, so
+# states without them encode, and fingerprint, as before; a log without them decodes
+# at any version (they are not used there).
+_AGENTS_FIELD = {"since": 6, "omitted_at_default": True}
 
 
 @attrs.frozen
@@ -36,6 +43,9 @@ class Conversation:
     - ``usage_children``: tokens used by its sub-agents (and theirs), as they reported
       them; a written-off child is charged its whole budget. ``max_tokens`` bounds
       ``usage.total + usage_children``: the budget of the whole tree below.
+    - ``agents``: the agent definitions ``spawn_agents`` tasks may name; ``agent``:
+      the one it was spawned as; ``permissions``: the rules its tool calls must pass
+      (its parent's and its definition's); ``refused_calls``: calls they refused.
     """
 
     id: str
@@ -65,6 +75,14 @@ class Conversation:
     sub_agent_prompt: str | None = attrs.field(
         default=None, metadata={"since": 6, "omitted_at_default": True}
     )
+    # Agent definitions its spawn_agents tasks may name (issue 12).
+    agents: tuple[AgentDefinition, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
+    # The definition it was spawned as, by name (None: none, or a root).
+    agent: str | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
+    # The rules its tool calls must pass (None: no rules).
+    permissions: Permissions | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
+    # Tool calls its permissions refused.
+    refused_calls: int = attrs.field(default=0, metadata=_AGENTS_FIELD)
 
     @property
     def is_sub_agent(self) -> bool:

@@ -25,6 +25,7 @@ import math
 
 import attrs
 
+from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.children import (
     ChildFailed,
     Children,
@@ -34,6 +35,7 @@ from fanfold.statemachine.children import (
     fan_in_result,
 )
 from fanfold.statemachine.control_tools import (
+    CONTROL_TOOLS,
     GRACE_PROMPT,
     ROOT_GRACE_PROMPT,
     SPAWN_AGENTS,
@@ -47,6 +49,13 @@ from fanfold.statemachine.control_tools import (
     offered_tools,
     ordinary_tools,
     parse_task,
+)
+from fanfold.statemachine.delegation import (
+    agent_for,
+    capped_limits,
+    capped_share,
+    child_setup,
+    permitted_tools,
 )
 from fanfold.statemachine.effects import (
     AbortCall,
@@ -98,6 +107,7 @@ from fanfold.statemachine.messages import (
     UserMessage,
     non_finite_path,
 )
+from fanfold.statemachine.permissions import refusal
 from fanfold.statemachine.phases import (
     AwaitingRetry,
     AwaitingSubAgents,
@@ -160,12 +170,19 @@ def start(created: ConversationCreated | ConversationForked) -> Transition:
         model=created.model,
         limits=created.limits,
         tools=offered_tools(
-            created.tools, depth=created.depth, is_sub_agent=is_sub, limits=created.limits
+            permitted_tools(created.tools, created.permissions),
+            depth=created.depth,
+            is_sub_agent=is_sub,
+            limits=created.limits,
+            agents=created.agents,
         ),
         history=(),
         phase=Idle(),
         timeout=created.timeout,
         sub_agent_prompt=created.sub_agent_prompt,
+        agents=created.agents,
+        agent=created.agent,
+        permissions=created.permissions,
     )
     if not is_sub:
         return state, ()
@@ -701,7 +718,12 @@ def _run_tools(
     effects: list[Effect] = []  # of the control tools run on the way
     while queue:
         call, queue = queue[0], queue[1:]
-        if not state.offers(call.name):
+        refused = _refused_by_rules(state, call)
+        if refused is not None:
+            # Decided here from the rules in the state, so replay refuses it again.
+            state = state.evolve(refused_calls=state.refused_calls + 1)
+            results = (*results, _tool_error(call, refused))
+        elif not state.offers(call.name):
             results = (*results, _tool_error(call, _not_offered(state, call.name)))
         elif (refused := _refused_numbers(call)) is not None:
             results = (*results, _tool_error(call, refused))
@@ -731,6 +753,15 @@ def _run_tools(
             )
             return state, (*effects, RunTool(number, call, state.cwd))
     return _after(tuple(effects), _tools_done(state, results, children))
+
+
+def _refused_by_rules(state: Conversation, call: ToolCall) -> str | None:
+    """Why the conversation's permissions refuse ``call`` (naming the rule), or None.
+    Control tools are never refused: a sub-agent can always submit."""
+    if state.permissions is None or call.name in CONTROL_TOOLS:
+        return None
+    why = refusal(state.permissions, call, state.cwd)
+    return None if why is None else f"{call.name} {why}"
 
 
 def _not_offered(state: Conversation, name: str) -> str:
@@ -807,10 +838,15 @@ def _spawn(
             )
             continue
         request = parse_task(entry)
+        definition = None
+        if not isinstance(request, str) and request.agent is not None:
+            found = agent_for(state.agents, request.agent)
+            request = found if isinstance(found, str) else request
+            definition = None if isinstance(found, str) else found
         if isinstance(request, str):
             rejected.append(RejectedTask(call.id, text, f"not spawned: {request}"))
             continue
-        timeout, max_rounds = _task_limits(request, limits)
+        timeout, max_rounds = capped_limits(definition, *_task_limits(request, limits))
         state = state.evolve(spawned=state.spawned + 1)
         spec = ChildSpec(
             id=f"{state.id}.{state.spawned}",
@@ -819,7 +855,8 @@ def _spawn(
             timeout=timeout,
             max_rounds=max_rounds,
             spawn_call_id=call.id,
-            model=request.model or state.model,
+            model=request.model or (definition and definition.model) or state.model,
+            agent=request.agent,
         )
         accepted.append(PendingChild(spec))
     if not accepted:
@@ -874,6 +911,8 @@ def _start_queued(
         share = None
         if budget is not None:
             share = available // (unstarted + 1)
+            if child.spec.agent is not None:
+                share = capped_share(agent_for_spec(state, child.spec.agent), share)
             unstarted -= 1
             if share <= 0 or refused:
                 # Oldest first: once one queued child cannot get a share, none of the
@@ -923,6 +962,22 @@ def _spawn_effect(state: Conversation, spec: ChildSpec, budget: int | None) -> S
     limits = with_max_rounds(state.limits, spec.max_rounds)
     if budget is not None:
         limits = attrs.evolve(limits, max_tokens=budget)
+    # A sub-agent is told its role (the sub-agent prompt), not the root's; logs
+    # before schema 6 have none, and their children inherit the parent's prompt.
+    prompt = state.system_prompt if state.sub_agent_prompt is None else state.sub_agent_prompt
+    tools = ordinary_tools(state.tools)
+    setup = None
+    if spec.agent is not None or state.agents:
+        setup = child_setup(
+            None if spec.agent is None else agent_for_spec(state, spec.agent),
+            parent_permissions=state.permissions,
+            parent_agents=state.agents,
+            tools=tools,
+            default_prompt=prompt,
+            limits=limits,
+            depth=state.depth + 1,
+            cwd=spec.cwd,
+        )
     return SpawnSubAgent(
         child_id=spec.id,
         parent_id=state.id,
@@ -932,16 +987,23 @@ def _spawn_effect(state: Conversation, spec: ChildSpec, budget: int | None) -> S
         timeout=spec.timeout,
         max_rounds=spec.max_rounds,
         depth=state.depth + 1,
-        limits=limits,
-        tools=ordinary_tools(state.tools),
-        # A sub-agent is told its role (the sub-agent prompt), not the root's; logs
-        # before schema 6 have none, and their children inherit the parent's prompt.
-        system_prompt=(
-            state.system_prompt if state.sub_agent_prompt is None else state.sub_agent_prompt
-        ),
+        limits=limits if setup is None else setup.limits,
+        tools=tools if setup is None else setup.tools,
+        system_prompt=prompt if setup is None else setup.system_prompt,
         model=spec.model,
         sub_agent_prompt=state.sub_agent_prompt,
+        agents=() if setup is None else setup.agents,
+        agent=spec.agent,
+        permissions=state.permissions if setup is None else setup.permissions,
     )
+
+
+def agent_for_spec(state: Conversation, name: str) -> AgentDefinition:
+    """The definition an accepted child names (it was found when it was accepted;
+    the parent's catalogue never changes)."""
+    found = agent_for(state.agents, name)
+    assert not isinstance(found, str), found
+    return found
 
 
 # ------------------------------------------------------------------ fan-in

@@ -1,0 +1,109 @@
+"""What a child gets from its agent definition, capped by its parent. Pure.
+
+The reducer (``transition._spawn``, ``_start_queued``, ``_spawn_effect``) calls these
+when a ``spawn_agents`` task names an agent (``"agent": "reviewer"``):
+
+- the definition is looked up in the parent's ``agents`` (data from the root's
+  creation event); an unknown name rejects the task, naming the known ones;
+- its ``max_rounds`` and ``timeout`` cap what the task and the parent's limits allow;
+  its ``max_tokens`` caps the share of the parent's budget the child gets (never
+  more than that share: a definition cannot lift a child above its parent);
+- its rules are added to the parent's permissions (``permissions.restrict``), and the
+  child is offered only the parent's tools those permissions leave;
+- its body gives the system prompt (``AgentDefinition.system_prompt``), its ``model``
+  the model unless the task names one, and ``may_delegate: false`` takes
+  ``spawn_agents`` away (the child's ``max_depth`` is its own depth).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
+from fanfold.statemachine.limits import Limits
+from fanfold.statemachine.messages import ToolSpec
+from fanfold.statemachine.permissions import Permissions, allows_tool, restrict
+
+
+def agent_for(agents: tuple[AgentDefinition, ...], name: str) -> AgentDefinition | str:
+    """The definition named ``name``, or the error a task naming it gets."""
+    found = find_agent(agents, name)
+    if found is not None:
+        return found
+    if not agents:
+        return f"unknown agent {name!r}: no agents are defined"
+    known = ", ".join(a.name for a in agents)
+    return f"unknown agent {name!r}; known agents: {known}"
+
+
+def capped_limits(
+    definition: AgentDefinition | None, timeout: float | None, max_rounds: int
+) -> tuple[float | None, int]:
+    """A child's time limit and rounds, further capped by its definition."""
+    if definition is None:
+        return timeout, max_rounds
+    if definition.timeout is not None:
+        timeout = definition.timeout if timeout is None else min(timeout, definition.timeout)
+    if definition.max_rounds is not None:
+        max_rounds = min(max_rounds, definition.max_rounds)
+    return timeout, max_rounds
+
+
+def capped_share(definition: AgentDefinition | None, share: int) -> int:
+    """The tokens set aside for a child: its share of the parent's budget, at most
+    its definition's ``max_tokens``."""
+    if definition is None or definition.max_tokens is None:
+        return share
+    return min(share, definition.max_tokens)
+
+
+def permitted_tools(
+    tools: tuple[ToolSpec, ...], permissions: Permissions | None
+) -> tuple[ToolSpec, ...]:
+    """``tools`` without those ``permissions`` refuse outright (the same tuple when
+    none is removed, so siblings keep sharing it)."""
+    if permissions is None:
+        return tools
+    kept = tuple(t for t in tools if allows_tool(permissions, t.name))
+    return tools if len(kept) == len(tools) else kept
+
+
+@attrs.frozen
+class ChildSetup:
+    """What a child of an agent definition is given (the rest is as without one)."""
+
+    tools: tuple[ToolSpec, ...]
+    system_prompt: str
+    limits: Limits
+    permissions: Permissions | None
+    agents: tuple[AgentDefinition, ...]
+
+
+def child_setup(
+    definition: AgentDefinition | None,
+    *,
+    parent_permissions: Permissions | None,
+    parent_agents: tuple[AgentDefinition, ...],
+    tools: tuple[ToolSpec, ...],
+    default_prompt: str,
+    limits: Limits,
+    depth: int,
+    cwd: str,
+) -> ChildSetup:
+    """A child's tools, prompt, limits, permissions and catalogue.
+
+    ``tools``, ``default_prompt`` and ``limits`` are what it would get without a
+    definition; ``depth`` and ``cwd`` are its own. The catalogue goes down only to a
+    child that may spawn (it is a few KB per creation event otherwise wasted).
+    """
+    permissions = parent_permissions
+    prompt = default_prompt
+    if definition is not None:
+        permissions = restrict(parent_permissions, definition.rules(cwd))
+        prompt = definition.system_prompt(default_prompt)
+        if definition.max_tokens is not None and limits.max_tokens is None:
+            limits = attrs.evolve(limits, max_tokens=definition.max_tokens)
+        if not definition.may_delegate and limits.max_depth > depth:
+            limits = attrs.evolve(limits, max_depth=depth)
+    agents = parent_agents if depth + 1 <= limits.max_depth else ()
+    return ChildSetup(permitted_tools(tools, permissions), prompt, limits, permissions, agents)

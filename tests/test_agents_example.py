@@ -1,0 +1,57 @@
+"""The offline example of examples/agents: a root delegates to the built-in explorer and
+reviewer; each makes a call its permissions refuse; the log records it, replay
+reproduces it, and `fanfold show` displays it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from fanfold.cli import cli
+from fanfold.db import Store
+from fanfold.statemachine import ToolResultMessage
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "agents" / "script.json"
+
+
+def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'x'\n", encoding="utf-8")
+    script = shutil.copy(EXAMPLE, tmp_path / "script.json")
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    db = tmp_path / "agents.db"
+    runner = CliRunner()
+    args = ["run", "--db", str(db), "--script", str(script), "--cwd", str(project), "--no-live"]
+    result = runner.invoke(cli, [*args, "Look at this repository"], env=env)
+    assert result.exit_code == 0, result.output
+    assert not (project / "notes.md").exists()  # the explorer's write was refused
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    shown = runner.invoke(cli, ["show", root.id, "--db", str(db), "--json"], env=env)
+    tree = json.loads(shown.output)
+    explorer, reviewer = tree["children"]
+    assert (explorer["agent"], explorer["tools"], explorer["refused_calls"]) == (
+        "explorer",
+        ["read_file", "think", "submit_result", "submit_error"],
+        1,
+    )
+    assert "[project]" in explorer["outcome"]  # its read was allowed
+    assert reviewer["agent"] == "reviewer" and reviewer["refused_calls"] == 1
+    assert "spawn_agents" not in reviewer["tools"]  # may_delegate: false
+    text = runner.invoke(cli, ["show", root.id, "--db", str(db)], env=env).output
+    assert "Sub-agent [explorer]" in text and "Sub-agent [reviewer]" in text
+    assert text.count("1 tool call refused by its permissions") == 2
+    with Store.open(db) as store:
+        history = store.load_state(root.id + ".1").history
+    results = [m.result.content for m in history if isinstance(m, ToolResultMessage)]
+    refusals = [r for r in results if "refused" in r]
+    assert len(refusals) == 1
+    assert refusals[0].startswith(
+        "write_file refused: no allow rule of agent 'explorer' matches this call"
+    )
+    verify = runner.invoke(cli, ["replay", root.id, "--db", str(db), "--verify", "--tree"])
+    assert verify.exit_code == 0, verify.output

@@ -1,0 +1,226 @@
+"""Permission rules: matching, deny over allow, and the intersection down a tree (a
+child never holds a tool or a right its parent lacks, at any depth)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fanfold.statemachine import ToolCall, ToolSpec
+from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.delegation import child_setup
+from fanfold.statemachine.limits import Limits
+from fanfold.statemachine.permissions import (
+    Permissions,
+    Rule,
+    RuleSet,
+    allows_tool,
+    glob_match,
+    parse_rule,
+    refusal,
+    restrict,
+)
+
+
+def _bash(command: str) -> ToolCall:
+    return ToolCall.of("t", "bash", {"command": command})
+
+
+def _file(name: str, path: str) -> ToolCall:
+    return ToolCall.of("t", name, {"path": path, "content": "x"})
+
+
+def _layer(allow: list[str] | None, deny: tuple[str, ...] = (), base: str = "/p") -> Permissions:
+    def rules(texts: list[str]) -> tuple[Rule, ...]:
+        parsed = [parse_rule(t) for t in texts]
+        assert all(isinstance(r, Rule) for r in parsed), parsed
+        return tuple(r for r in parsed if isinstance(r, Rule))
+
+    return Permissions(
+        (RuleSet(None if allow is None else rules(allow), rules(list(deny)), "agent 'a'", base),)
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("bash", Rule("bash")),
+        ("Bash(git diff:*)", Rule("bash", "git diff*")),
+        ("bash(git diff*)", Rule("bash", "git diff*")),
+        ("Read", Rule("read_file")),
+        ("write_file(src/**)", Rule("write_file", "src/**")),
+        ("read-only", Rule("read-only")),
+        ("read_only", Rule("read-only")),
+        ("my_tool", Rule("my_tool")),
+    ],
+)
+def test_rules_parse(text: str, rule: Rule) -> None:
+    assert parse_rule(text) == rule
+
+
+@pytest.mark.parametrize("text", ["bash(", "bash()", "think(x)", "a b", "", "bash(x)y", 3])
+def test_bad_rules_say_why(text: object) -> None:
+    assert isinstance(parse_rule(text), str)
+
+
+def test_bash_prefix_rules_match_simple_commands_only() -> None:
+    allowed = _layer(["bash(git diff*)"])
+    assert refusal(allowed, _bash("git diff HEAD~1"), "/p") is None
+    assert refusal(allowed, _bash("  git diff"), "/p") is None
+    for sneaky in [
+        "git diff; rm -rf /",
+        "git diff && curl x",
+        "git diff | sh",
+        "git diff $(rm x)",
+        "git diff `rm x`",
+        "git diff > out",
+        "git diff\nrm x",
+        "git status",
+    ]:
+        why = refusal(allowed, _bash(sneaky), "/p")
+        assert why == (
+            "refused: no allow rule of agent 'a' matches this call (allowed: bash(git diff*))"
+        ), sneaky
+
+
+def test_deny_wins_over_allow_and_checks_every_part_of_a_command() -> None:
+    rules = _layer(["bash"], ("bash(rm *)",))
+    assert refusal(rules, _bash("ls -l"), "/p") is None
+    for command in ["rm -rf x", "ls; rm -rf x", "ls && rm x", "echo $(rm x)", "ls | rm x"]:
+        assert refusal(rules, _bash(command), "/p") == (
+            "refused by the deny rule 'bash(rm *)' of agent 'a'"
+        ), command
+
+
+def test_path_rules_are_relative_to_the_agents_directory() -> None:
+    rules = _layer(["read-only", "write_file(src/**)", "edit_file(docs/*.md)"], base="/p")
+    assert refusal(rules, _file("write_file", "src/a/b.py"), "/p") is None
+    assert refusal(rules, _file("write_file", "b.py"), "/p/src") is None  # cwd /p/src
+    assert refusal(rules, _file("write_file", "/p/src/x"), "/elsewhere") is None
+    assert refusal(rules, _file("edit_file", "docs/a.md"), "/p") is None
+    assert refusal(rules, _file("read_file", "/etc/passwd"), "/p") is None  # read-only
+    for name, path, cwd in [
+        ("write_file", "setup.py", "/p"),
+        ("write_file", "src/../setup.py", "/p"),
+        ("write_file", "../p2/src/x", "/p"),
+        ("write_file", "/q/src/x", "/p"),
+        ("edit_file", "docs/sub/a.md", "/p"),
+        ("edit_file", "docs/a.txt", "/p"),
+    ]:
+        assert refusal(rules, _file(name, path), cwd) is not None, (name, path, cwd)
+
+
+def test_malformed_arguments_match_no_pattern() -> None:
+    rules = _layer(["bash(ls*)"])
+    assert refusal(rules, ToolCall("t", "bash", "{not json"), "/p") is not None
+    assert refusal(rules, ToolCall.of("t", "bash", {"command": 3}), "/p") is not None
+
+
+def test_glob_matching() -> None:
+    assert glob_match("src/**", "src/a/b", slash_special=True)
+    assert glob_match("**/*.py", "a.py", slash_special=True)
+    assert glob_match("**/*.py", "x/y/a.py", slash_special=True)
+    assert not glob_match("*.py", "x/a.py", slash_special=True)
+    assert glob_match("a?c", "abc", slash_special=True)
+    assert not glob_match("a?c", "a/c", slash_special=True)
+    assert glob_match("git *", "git a/b c", slash_special=False)
+
+
+def test_allows_tool_decides_what_is_offered() -> None:
+    rules = _layer(["read-only", "bash(git *)"], ("write_file",))
+    assert [t for t in ("bash", "read_file", "think", "write_file", "edit_file") if
+            allows_tool(rules, t)] == ["bash", "read_file", "think"]  # fmt: skip
+    assert allows_tool(None, "anything")
+
+
+# --------------------------------------------------------------- the subset property
+
+TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "think")
+RULE_TEXTS = (
+    "bash",
+    "bash(git *)",
+    "bash(git diff*)",
+    "bash(rm *)",
+    "bash(*)",
+    "read_file",
+    "read_file(src/**)",
+    "write_file",
+    "write_file(src/**)",
+    "write_file(**/*.md)",
+    "edit_file(docs/*)",
+    "think",
+    "read-only",
+)
+CALLS = (
+    [_bash(c) for c in ("git diff", "git log -p", "rm -rf x", "ls; rm x", "ls", "git diff | sh")]
+    + [
+        _file(n, p)
+        for n in ("read_file", "write_file", "edit_file")
+        for p in ("src/a.py", "docs/x", "README.md", "/etc/passwd", "sub/src/y.md", "../out")
+    ]
+    + [ToolCall.of("t", "think", {"thought": "x"})]
+)
+
+
+def _rules(draw: st.DrawFn) -> tuple[Rule, ...]:
+    texts = draw(st.lists(st.sampled_from(RULE_TEXTS), max_size=4))
+    return tuple(r for r in map(parse_rule, texts) if isinstance(r, Rule))
+
+
+@st.composite
+def definitions(draw: st.DrawFn) -> AgentDefinition:
+    allow = _rules(draw) if draw(st.booleans()) else None
+    return AgentDefinition(
+        "a",
+        "an agent",
+        allow=allow,
+        deny=_rules(draw),
+        may_delegate=True,
+    )
+
+
+SPECS = tuple(ToolSpec.from_schema(n, n, {"type": "object"}) for n in TOOL_NAMES)
+
+
+@given(
+    chain=st.lists(st.one_of(st.none(), definitions()), min_size=1, max_size=5),
+    cwds=st.lists(st.sampled_from(["", "src", "docs", "sub/src"]), min_size=5, max_size=5),
+)
+def test_a_child_never_holds_what_its_parent_lacks(
+    chain: list[AgentDefinition | None], cwds: list[str]
+) -> None:
+    """Down any chain of agent definitions (None: a task naming none), each child's
+    tools are among its parent's, and every call it may make its parent may make too,
+    however deep the nesting."""
+    permissions: Permissions | None = None
+    tools = SPECS
+    cwd = "/p"
+    for depth, (definition, sub) in enumerate(zip(chain, cwds, strict=False), start=1):
+        child_cwd = cwd + "/" + sub if sub else cwd
+        setup = child_setup(
+            definition,
+            parent_permissions=permissions,
+            parent_agents=(),
+            tools=tools,
+            default_prompt="role",
+            limits=Limits(max_depth=10),
+            depth=depth,
+            cwd=child_cwd,
+        )
+        assert {t.name for t in setup.tools} <= {t.name for t in tools}
+        for call in CALLS:
+            for where in (cwd, child_cwd):
+                if refusal(setup.permissions, call, where) is None:
+                    assert refusal(permissions, call, where) is None, (call, where)
+        for name in TOOL_NAMES:
+            assert not allows_tool(setup.permissions, name) or allows_tool(permissions, name)
+        permissions, tools, cwd = setup.permissions, setup.tools, child_cwd
+
+
+def test_restrict_adds_a_layer_and_keeps_the_parents() -> None:
+    parent = _layer(["bash"])
+    layer = RuleSet((Rule("read-only"),), (), "agent 'b'", "/p")
+    child = restrict(parent, layer)
+    assert child is not None and child.layers == (*parent.layers, layer)
+    assert restrict(parent, RuleSet()) is parent  # no rules: nothing to add
