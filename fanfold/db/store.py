@@ -62,7 +62,7 @@ from fanfold.db.errors import (
     UnknownConversation,
     UnloggableStep,
 )
-from fanfold.db.fingerprint import fingerprint, like, summary
+from fanfold.db.fingerprint import fingerprint, like
 from fanfold.db.provenance import Origin, TreeRecord
 from fanfold.db.records import (
     ConversationRow,
@@ -176,12 +176,7 @@ class _Prepared:
             kind, payload, mark = (
                 type(step.event).__name__,
                 encode_event(step.event, blobs),
-                # The whole-state digest where verify's quick pass compares it (a
-                # snapshot, the conversation at rest, its creation); the phase and
-                # counters elsewhere (DESIGN.md, "The event log": fingerprints).
-                fingerprint(step.state)
-                if step.snapshot or step.seq == 0 or step.state.at_rest
-                else summary(step.state),
+                fingerprint(step.state),
             )
             self.event_row = (
                 cid,
