@@ -1664,6 +1664,9 @@ _CREATED_FROM_SPAWN: dict[str, str | None] = {
     "timeout": "timeout",
     "workdir": None,
     "sub_agent_prompt": "sub_agent_prompt",
+    "agents": "agents",
+    "agent": "agent",
+    "permissions": "permissions",
 }
 
 
