@@ -1325,7 +1325,7 @@ def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> No
 # and DESIGN.md ("Spawn limits", "Working directories"), not imported, so the check
 # does not trust the code it checks.
 
-_TASK_FIELDS = frozenset({"task", "cwd", "timeout", "max_iterations", "model"})
+_TASK_FIELDS = frozenset({"task", "cwd", "timeout", "max_iterations", "model", "agent"})
 _SUBMITTED = "submitted; the conversation ends"
 
 
@@ -1354,7 +1354,8 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
 
     Refused: anything but an object, a missing or blank ``task``, an unknown field, a
     field of the wrong type (``true`` is no number), a ``cwd`` that leaves the parent's
-    by its spelling, a ``timeout`` <= 0, a ``max_iterations`` < 1, an empty ``model``.
+    by its spelling, a ``timeout`` <= 0, a ``max_iterations`` < 1, an empty ``model``,
+    an ``agent`` the parent's catalogue does not define.
     ``null`` is an absent field. Accepted numbers are capped by the parent's limits.
     """
     if not isinstance(entry, dict) or set(entry) - _TASK_FIELDS:
@@ -1378,18 +1379,34 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
         return None
     if model is not None and not (isinstance(model, str) and model):
         return None
+    agent = entry.get("agent")
+    definition = None
+    if agent is not None:
+        # A named agent must be one of the catalogue the tree was created with; its
+        # limits and model apply, under the parent's.
+        if not (isinstance(agent, str) and agent):
+            return None
+        definition = find_agent(parent.agents, agent)
+        if definition is None:
+            return None
     lim = parent.limits
     limit = lim.child_timeout
     if timeout is None:
         seconds = limit
     else:
         seconds = float(timeout) if limit is None else min(float(timeout), limit)
+    max_rounds = lim.max_rounds if rounds is None else min(rounds, lim.max_rounds)
+    if definition is not None:
+        if definition.timeout is not None:
+            seconds = definition.timeout if seconds is None else min(seconds, definition.timeout)
+        if definition.max_rounds is not None:
+            max_rounds = min(max_rounds, definition.max_rounds)
     return (
         task,
         where,
         seconds,
-        lim.max_rounds if rounds is None else min(rounds, lim.max_rounds),
-        model or parent.model,
+        max_rounds,
+        model or (definition.model if definition is not None else None) or parent.model,
     )
 
 
