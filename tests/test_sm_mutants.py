@@ -118,10 +118,10 @@ def overshoot_max_concurrent(monkeypatch: pytest.MonkeyPatch) -> None:
     """_start_queued starts one child too many (an off-by-one in the limit check)."""
 
     def make(original: Any) -> Any:
-        def mutant(state: Conversation, children: Children, effects: list[Any]) -> Any:
+        def mutant(state: Conversation, children: Children) -> Any:
             more = attrs.evolve(state.limits, max_concurrent=state.limits.max_concurrent + 1)
-            new, children = original(state.evolve(limits=more), children, effects)
-            return new.evolve(limits=state.limits), children
+            new, children, effects = original(state.evolve(limits=more), children)
+            return new.evolve(limits=state.limits), children, effects
 
         return mutant
 
@@ -133,12 +133,12 @@ def shares_forget_the_spending(monkeypatch: pytest.MonkeyPatch) -> None:
     spent or set aside yet: together they can exceed what is left."""
 
     def make(original: Any) -> Any:
-        def mutant(state: Conversation, children: Children, effects: list[Any]) -> Any:
+        def mutant(state: Conversation, children: Children) -> Any:
             fresh = state.evolve(usage_input=0, usage_output=0, usage_children=0)
             unreserved = attrs.evolve(
                 children, pending=tuple(attrs.evolve(p, budget=None) for p in children.pending)
             )
-            new, started = original(fresh, unreserved, effects)
+            new, started, effects = original(fresh, unreserved)
             kept = {p.spec.id: p.budget for p in children.pending}
             started = attrs.evolve(
                 started,
@@ -149,11 +149,15 @@ def shares_forget_the_spending(monkeypatch: pytest.MonkeyPatch) -> None:
                     for p in started.pending
                 ),
             )
-            return new.evolve(
-                usage_input=state.usage_input,
-                usage_output=state.usage_output,
-                usage_children=state.usage_children,
-            ), started
+            return (
+                new.evolve(
+                    usage_input=state.usage_input,
+                    usage_output=state.usage_output,
+                    usage_children=state.usage_children,
+                ),
+                started,
+                effects,
+            )
 
         return mutant
 
@@ -202,8 +206,8 @@ def forget_notify_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     """_apply_ending stops telling the parent."""
 
     def make(original: Any) -> Any:
-        def mutant(state: Conversation, ending: Any, effects: list[Any]) -> Any:
-            new, out = original(state, ending, effects)
+        def mutant(state: Conversation, ending: Any) -> Any:
+            new, out = original(state, ending)
             return new, tuple(e for e in out if not isinstance(e, NotifyParent))
 
         return mutant
