@@ -338,15 +338,21 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         "new content",
         "payload/step beyond content",
         "pages/step beyond content",
+        "2nd conversation, payload/step",
+        "by part (payload/step)",
     ):
         t.add_column(column, justify="right")
     for row in result["log_bytes"]:
+        parts = row.get("payload_per_step_by_part", {})
+        second = row.get("second_payload_overhead_per_step")
         t.add_row(
             str(row["rounds"]),
             str(row["steps"]),
             f"{row['content_bytes']:,} B",
             f"{row['payload_overhead_per_step']:,.0f} B",
             f"{row['overhead_per_step']:,.0f} B",
+            "-" if second is None else f"{second:,.0f} B",
+            " ".join(f"{k} {v:,.0f}" for k, v in parts.items() if round(v)),
         )
     console.print(t)
     if result.get("replay"):

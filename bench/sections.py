@@ -186,6 +186,20 @@ def _used_bytes(database: Path) -> tuple[int, int]:
     return int(pages), int(payload)
 
 
+def _payload_by_part(database: Path) -> dict[str, int]:
+    """Payload bytes by part of the log: the events, effects, conversations (the rows
+    and their snapshots), blobs tables, and every index together."""
+    parts: dict[str, int] = defaultdict(int)
+    with sqlite3.connect(database) as conn:
+        for name, payload in conn.execute("SELECT name, sum(payload) FROM dbstat GROUP BY name"):
+            part = name if name in ("events", "effects", "conversations", "blobs") else "other"
+            if name.startswith(("sqlite_autoindex_", "idx_")):
+                part = "indexes"
+            parts[part] += int(payload)
+    conn.close()
+    return dict(parts)
+
+
 async def _conversation(database: Path, provider: ScriptedProvider | None, rounds: int) -> int:
     limits = Limits(max_rounds=rounds + 1)
     async with Runtime.open(
@@ -204,14 +218,29 @@ async def _conversation(database: Path, provider: ScriptedProvider | None, round
 
 def log_bytes(rounds: int) -> dict[str, Any]:
     """Database bytes per logged step of a conversation of ``rounds`` tool rounds,
-    beyond an empty database, minus the new content (text, arguments, tool output)."""
+    beyond an empty database, minus the new content (text, arguments, tool output).
+
+    Also the same conversation run a second time into the same database
+    (``second_payload_overhead_per_step``): what each further conversation adds, once
+    the values a database stores once (its blobs: tool schemas, prompts) are there;
+    and the payload per step of each part of the log for the first one."""
     with tempfile.TemporaryDirectory() as tmp:
         empty, full = Path(tmp) / "empty.db", Path(tmp) / "full.db"
         trio.run(_conversation, empty, None, rounds, clock=CpuClock())
         provider, content = rounds_script(rounds)
         steps = trio.run(_conversation, full, provider, rounds, clock=CpuClock())
         (pages0, payload0), (pages, payload) = _used_bytes(empty), _used_bytes(full)
+        before, after = _payload_by_part(empty), _payload_by_part(full)
+        again, _ = rounds_script(rounds)
+        trio.run(_conversation, full, again, rounds, clock=CpuClock())
+        _, payload2 = _used_bytes(full)
+    parts = {
+        part: (after.get(part, 0) - before.get(part, 0)) / steps
+        for part in ("events", "effects", "conversations", "blobs", "indexes", "other")
+    }
     return {
+        "second_payload_overhead_per_step": (payload2 - payload - content) / steps,
+        "payload_per_step_by_part": parts,
         "rounds": rounds,
         "steps": steps,
         "content_bytes": content,
