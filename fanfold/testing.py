@@ -41,7 +41,7 @@ Checks (each raises ``AssertionError`` naming the broken invariant):
 
 The checks take tool call ids to be unique within one model reply (providers
 guarantee it, and reject requests that break it); ``live_numbers(state)`` and
-``children_of(state)`` expose the bookkeeping they rely on.
+``state.children`` expose the bookkeeping they rely on.
 
 This module imports Hypothesis (a dependency of fanfold); ``fanfold.statemachine``
 never imports this module.
@@ -143,7 +143,6 @@ __all__ = [
     "check_start",
     "check_transition",
     "child_outcomes",
-    "children_of",
     "conversation_created",
     "conversations",
     "event_sequences",
@@ -539,17 +538,12 @@ def live_numbers(state: Conversation) -> dict[int, str]:
             add(call, "tool call")
         case CancellingSubAgents(grace_timer=timer):
             add(timer, "cancel grace timer")
-    children = children_of(state)
+    children = state.children
     if children is not None:
         for pending in children.pending:
             if pending.deadline_timer is not None:
                 add(pending.deadline_timer, f"deadline of {pending.spec.id}")
     return live
-
-
-def children_of(state: Conversation) -> Children | None:
-    """The children of the current tool round, if the phase tracks any."""
-    return state.children
 
 
 _Maker = Callable[[_Dice, Conversation], Event]
@@ -583,14 +577,14 @@ def _tool_result(dice: _Dice, state: Conversation) -> Event:
 
 
 def _child_reports(dice: _Dice, state: Conversation) -> Event:
-    children = children_of(state)
+    children = state.children
     assert children is not None
     running = [p.spec.id for p in children.pending if p.started]
     return SubAgentFinished(dice.pick(running), _child_outcome(dice))
 
 
 def _child_deadline(dice: _Dice, state: Conversation) -> Event:
-    children = children_of(state)
+    children = state.children
     assert children is not None
     timers = [p.deadline_timer for p in children.pending if p.deadline_timer is not None]
     return TimerFired(dice.pick(timers))
@@ -629,7 +623,7 @@ def _progress_makers(state: Conversation) -> list[_Maker]:
             makers.append(_retry_fires)
         case ToolExecuting():
             makers += [_tool_result, _tool_result]
-    children = children_of(state)
+    children = state.children
     if children is not None:
         if children.running:
             makers += [_child_reports, _child_reports, _child_reports]
@@ -741,7 +735,7 @@ def rejections(state: Conversation) -> tuple[Rejected, ...]:
     ]
     if state.is_sub_agent or terminal or not isinstance(state.phase, Idle | Error):
         found.append(Rejected(UserMessaged("hello?"), IllegalTransition))
-    children = children_of(state)
+    children = state.children
     this_round: set[str] = set()
     if children is not None:
         this_round = set(children.pending_ids()) | {f.spec.id for f in children.finished}
@@ -1251,7 +1245,7 @@ def _check_round(state: Conversation, open_calls: tuple[ToolCall, ...]) -> None:
 
 
 def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> None:
-    children = children_of(state)
+    children = state.children
     if children is None:
         return
     lim = state.limits
@@ -1570,7 +1564,7 @@ def _check_reasons(before: Conversation, event: Event, after: Conversation) -> N
     fits = not isinstance(ending, EndFailed) or _reason_fits(ending.kind, ending.reason)
     if after.is_sub_agent and not fits:
         _fail("an ending's reason fits its kind", f"{ending}", after)
-    cb, ca = children_of(before), children_of(after)
+    cb, ca = before.children, after.children
     if ca is None:
         return
     reported = event.child_id if isinstance(event, SubAgentFinished) else None
@@ -1616,7 +1610,7 @@ def _check_timer_delays(after: Conversation, effects: Effects) -> None:
     phase = after.phase
     deadlines: dict[int, float] = {}
     levels = max(1, lim.max_depth - after.depth)
-    children = children_of(after)
+    children = after.children
     if children is not None:
         for pending in children.pending:
             if pending.deadline_timer is not None and pending.spec.timeout is not None:
@@ -1651,7 +1645,7 @@ def _check_charges(before: Conversation, event: Event, after: Conversation) -> N
     expected = 0
     if isinstance(event, SubAgentFinished) and event.child_id not in before.written_off:
         expected += event.outcome.tokens
-    children = children_of(before)
+    children = before.children
     for child in after.written_off[len(before.written_off) :]:
         pending = children.find_pending(child) if children is not None else None
         expected += (pending.budget or 0) if pending is not None else 0
@@ -2096,7 +2090,7 @@ def _check_model_and_tools(
     phase = after.phase
     _check_timers_say_if_downtime_counts(after, effects)
     calls = [e for e in effects if isinstance(e, CallModel)]
-    if not (len(calls) <= 1):
+    if len(calls) > 1:
         _fail("one model call at a time", f"{len(calls)} CallModel", after)
     for effect in calls:
         if not (isinstance(phase, LlmRequesting) and phase.call == effect.call):
@@ -2122,12 +2116,12 @@ def _check_model_and_tools(
             tools_ok = names == allowed
         else:
             tools_ok = request.tools == after.tools
-        if not (tools_ok):
+        if not tools_ok:
             _fail("the model is offered the allowed tools", f"{request.tools}", after)
         if not (request.system == after.system_prompt and request.model == after.model):
             _fail("request identity", "system prompt or model differ", after)
     runs = [e for e in effects if isinstance(e, RunTool)]
-    if not (len(runs) <= 1):
+    if len(runs) > 1:
         _fail("tools run one after another", f"{len(runs)} RunTool", after)
     for run in runs:
         if not (
@@ -2144,7 +2138,7 @@ def _check_model_and_tools(
     if isinstance(phase, ToolExecuting) and phase.call >= before.next_call and not runs:
         _fail("a new tool is run", "no RunTool", after)
     retries = [e for e in effects if isinstance(e, ScheduleRetry)]
-    if not (len(retries) <= 1):
+    if len(retries) > 1:
         _fail("one retry timer", f"{retries}", after)
     for retry in retries:
         if not (
@@ -2195,11 +2189,11 @@ def _check_spawns(
     ids = [e.child_id for e in spawns]
     if len(set(ids)) != len(ids):
         _fail("spawn each child once", f"{ids}", after)
-    after_children = children_of(after)
+    after_children = after.children
     specs = {}
     if after_children is not None:
         specs = {p.spec.id: p.spec for p in after_children.pending}
-    started_before, started_after = _started(children_of(before)), _started(after_children)
+    started_before, started_after = _started(before.children), _started(after_children)
     for spawn in spawns:
         _check_within_parent_limits(before.limits, spawn, after)
         _check_child_creation(spawn, after)
@@ -2361,7 +2355,7 @@ def _lexically_inside(cwd: str, parent: str) -> bool:
 
 def _check_cancels(before: Conversation, after: Conversation, effects: Effects) -> None:
     cancels = [e for e in effects if isinstance(e, CancelSubAgents)]
-    running = _started(children_of(before)) | _started(children_of(after))
+    running = _started(before.children) | _started(after.children)
     new_written_off = set(after.written_off[len(before.written_off) :])
     for cancel in cancels:
         if not (bool(cancel.ids) and set(cancel.ids) <= running):
@@ -2408,7 +2402,7 @@ def _fan_in_entries(content: str) -> list[dict[str, Any]]:
 
 
 def _check_fan_in(before: Conversation, event: Event, after: Conversation) -> None:
-    cb, ca = children_of(before), children_of(after)
+    cb, ca = before.children, after.children
     if cb is None:
         return
     if ca is not None:
@@ -2457,7 +2451,7 @@ def _check_fan_in(before: Conversation, event: Event, after: Conversation) -> No
             )
         for entry in entries:
             outcome = known.get(str(entry.get("agent_id")))
-            if outcome is not None and not (_entry_matches(entry, outcome, cap)):
+            if outcome is not None and not _entry_matches(entry, outcome, cap):
                 _fail("the fan-in reports each child's outcome", f"{entry} for {outcome}", after)
 
 
@@ -2582,7 +2576,7 @@ def _check_event_rules(
             if child in before.written_off:
                 _absorbed(before, after, effects, f"{child} was written off")
             else:
-                ca = children_of(after)
+                ca = after.children
                 if ca is not None and not (
                     any(f.spec.id == child and f.outcome == event.outcome for f in ca.finished)
                 ):
@@ -2626,7 +2620,7 @@ def _check_cancel_ending(before: Conversation, after: Conversation, reason: Canc
                 after,
             )
     else:
-        if not (isinstance(ending, EndIdle)):
+        if not isinstance(ending, EndIdle):
             _fail("a cancelled root goes Idle", f"{ending}", after)
 
 
@@ -2641,7 +2635,7 @@ def _check_resume(before: Conversation, after: Conversation, effects: Effects) -
                 after,
             )
     spawned = {e.child_id for e in effects if isinstance(e, SpawnSubAgent)}
-    missing = (_started(children_of(before)) & _started(children_of(after))) - spawned
+    missing = (_started(before.children) & _started(after.children)) - spawned
     if missing:
         _fail("a restart re-spawns running children", f"{sorted(missing)}", after)
     phase = after.phase

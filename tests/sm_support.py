@@ -355,7 +355,7 @@ class World:
                 if not self.convs[c].is_terminal and c not in state.written_off
             ]
             # A parent stops waiting for a running child only by writing it off.
-            round_children = testing.children_of(state)
+            round_children = state.children
             waiting = set(round_children.pending_ids()) if round_children else set()
             assert set(live) <= waiting, f"{cid} left {sorted(set(live) - waiting)} running"
             assert len(live) <= state.limits.max_concurrent, (

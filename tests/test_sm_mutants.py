@@ -169,7 +169,7 @@ def absorb_duplicate_outcomes(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def make(original: Any) -> Any:
         def mutant(state: Conversation, event: Any) -> Any:
-            children = testing.children_of(state)
+            children = state.children
             if children is not None and children.is_finished(event.child_id):
                 return state, ()
             return original(state, event)

@@ -13,14 +13,18 @@ from typing import Any
 import attrs
 import pytest
 import sm_support as sm
+from hypothesis import given, settings
 
+from fanfold import testing
 from fanfold.statemachine import (
     AwaitingSubAgents,
     CallModel,
     CancelReason,
     CancelRequested,
     ChildSucceeded,
+    Conversation,
     ConversationCreated,
+    ConversationForked,
     Error,
     ErrorKind,
     Failed,
@@ -41,6 +45,7 @@ from fanfold.statemachine import (
     UserMessage,
     model_request,
     start,
+    transition,
 )
 
 LIMITS = Limits(max_rounds=3, max_depth=2, child_timeout=60.0, cancel_grace=10.0)
@@ -304,3 +309,44 @@ def test_a_sub_agents_fan_in_lists_its_children_in_spawn_order() -> None:
     assert [e["agent_id"] for e in fan_in["sub_agent_results"]] == ids
     assert fan_in["sub_agent_results"][9]["result"] == "root.1.10"
     assert isinstance(state.phase, LlmRequesting)
+
+
+# ------------------------------------------------------------------ refusals and forks
+
+
+@settings(max_examples=100, deadline=None)
+@given(testing.conversations())
+def test_every_refusal_names_the_state_and_the_event_it_refused(state: Conversation) -> None:
+    for rejected in testing.rejections(state):
+        with pytest.raises(rejected.error) as caught:
+            transition(state, rejected.event)
+        assert caught.value.state is state and caught.value.event is rejected.event
+
+
+def test_a_refused_start_names_its_event() -> None:
+    created = sm.created_child(LIMITS, depth=0)
+    with pytest.raises(IllegalTransition) as caught:
+        start(created)
+    assert caught.value.state is None and caught.value.event is created
+    busy = sm.steps(sm.root(LIMITS), sm.user("go"))
+    fork = ConversationForked("fork", "root", 1, busy)
+    with pytest.raises(IllegalTransition) as refused:
+        start(fork)
+    assert refused.value.state is busy and refused.value.event is fork
+
+
+def test_a_fork_forgets_the_children_its_source_wrote_off() -> None:
+    """The source's written-off children are not the fork's: their late outcomes are
+    refused, not absorbed."""
+    lim = Limits(max_concurrent=1, child_timeout=5.0, cancel_grace=1.0)
+    state = sm.steps(sm.root(lim), sm.user("go"))
+    state, effects = sm.step(state, sm.replied(state, sm.spawn("s", "a")))
+    state, _ = sm.step(state, TimerFired(sm.only(effects, StartTimer).timer))
+    state = sm.steps(state, sm.replied(state, text="done"))
+    assert state.written_off == ("root.1",)
+    fork = ConversationForked("fork", "root", 7, state)
+    forked, effects = start(fork)
+    testing.check_start(fork, forked, effects)
+    assert forked.written_off == () and effects == ()
+    with pytest.raises(IllegalTransition):
+        transition(forked, SubAgentFinished("root.1", ChildSucceeded("late")))

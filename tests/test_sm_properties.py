@@ -51,7 +51,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine import (
     Phase as SmPhase,
 )
-from fanfold.testing import Trace, children_of
+from fanfold.testing import Trace
 
 
 @given(testing.event_sequences())
@@ -65,7 +65,7 @@ def test_every_step_keeps_every_invariant(trace: Trace) -> None:
 def test_fan_in_conservation(trace: Trace) -> None:
     round_start = 0
     for before, _, after, _ in trace.steps():
-        cb, ca = children_of(before), children_of(after)
+        cb, ca = before.children, after.children
         if ca is None:
             continue
         if cb is None:
@@ -197,7 +197,7 @@ def test_concurrency_and_depth_limits_never_exceeded(trace: Trace) -> None:
         if isinstance(event, SubAgentFinished):
             running.discard(event.child_id)
         running -= set(after.written_off)
-        children = children_of(after)
+        children = after.children
         if children is None:
             # The round is over: its children all finished or were written off.
             running.clear()
@@ -255,7 +255,7 @@ def test_generated_conversations_reach_every_phase(phase: type[SmPhase]) -> None
 
 
 def _finished_while_others_run(state: Conversation) -> bool:
-    children = children_of(state)
+    children = state.children
     return bool(
         children
         and children.pending
@@ -264,7 +264,7 @@ def _finished_while_others_run(state: Conversation) -> bool:
 
 
 def _queued(state: Conversation) -> bool:
-    children = children_of(state)
+    children = state.children
     return bool(children and not all(p.started for p in children.pending))
 
 

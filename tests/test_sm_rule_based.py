@@ -33,7 +33,6 @@ from fanfold.statemachine import (
     UserMessaged,
     transition,
 )
-from fanfold.testing import children_of
 
 
 class CountingWorld(World):
@@ -172,7 +171,7 @@ class ConversationTree(RuleBasedStateMachine):
     @invariant()
     def fan_in_conservation(self) -> None:
         for state in self.world.convs.values():
-            children = children_of(state)
+            children = state.children
             if children is None:
                 continue
             ids = [*children.pending_ids(), *(f.spec.id for f in children.finished)]
