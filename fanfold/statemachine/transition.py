@@ -107,6 +107,7 @@ from fanfold.statemachine.messages import (
     UserMessage,
     non_finite_path,
 )
+from fanfold.statemachine.modes import may_start, parse_mode, settle, task_with_earlier
 from fanfold.statemachine.permissions import refusal
 from fanfold.statemachine.phases import (
     AwaitingRetry,
@@ -820,6 +821,9 @@ def _spawn(
         return state, children, _tool_error(call, "spawn_agents needs a 'tasks' array")
     if not tasks:
         return state, children, _tool_error(call, "spawn_agents needs at least one task")
+    mode = parse_mode(args, len(tasks))
+    if isinstance(mode, str):
+        return state, children, _tool_error(call, f"spawn_agents: {mode}")
     limits = state.limits
     accepted: list[PendingChild] = []
     rejected: list[RejectedTask] = []
@@ -855,6 +859,7 @@ def _spawn(
             spawn_call_id=call.id,
             model=request.model or (definition and definition.model) or state.model,
             agent=request.agent,
+            mode=mode,
         )
         accepted.append(PendingChild(spec))
     if not accepted:
@@ -902,7 +907,7 @@ def _start_queued(
     for i, child in enumerate(pending):
         if running >= state.limits.max_concurrent:
             break
-        if child.started:
+        if child.started or not may_start(child, pending):
             continue
         share = None
         if budget is not None:
@@ -927,7 +932,7 @@ def _start_queued(
                 )
             )
         pending[i] = PendingChild(child.spec, started=True, deadline_timer=deadline, budget=share)
-        effects.append(_spawn_effect(state, child.spec, share))
+        effects.append(_spawn_effect(state, child.spec, share, children))
         running += 1
     children = attrs.evolve(children, pending=tuple(pending))
     for child_id in refused:
@@ -954,7 +959,9 @@ def _backstop_grace(state: Conversation) -> float:
     return state.limits.cancel_grace * levels
 
 
-def _spawn_effect(state: Conversation, spec: ChildSpec, budget: int | None) -> SpawnSubAgent:
+def _spawn_effect(
+    state: Conversation, spec: ChildSpec, budget: int | None, children: Children | None = None
+) -> SpawnSubAgent:
     limits = with_max_rounds(state.limits, spec.max_rounds)
     if budget is not None:
         limits = attrs.evolve(limits, max_tokens=budget)
@@ -978,7 +985,7 @@ def _spawn_effect(state: Conversation, spec: ChildSpec, budget: int | None) -> S
         child_id=spec.id,
         parent_id=state.id,
         root_id=state.root_id,
-        task=spec.task,
+        task=task_with_earlier(spec, children),
         cwd=spec.cwd,
         timeout=spec.timeout,
         max_rounds=spec.max_rounds,
@@ -1041,6 +1048,22 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
     return _child_settled(state, children.finish_at(index, event.outcome), effects)
 
 
+def _settle_mode(
+    state: Conversation, children: Children, effects: list[Effect]
+) -> tuple[Conversation, Children]:
+    """What the mode of the finished child's call makes of its siblings (modes.settle):
+    running ones it ends are written off, charged their shares and told to cancel."""
+    settled = settle(children)
+    if settled.cancel:
+        state = state.evolve(
+            written_off=(*state.written_off, *settled.cancel),
+            usage_children=state.usage_children + settled.charged,
+        )
+        effects.extend(AbortCall(timer) for timer in settled.deadline_timers)
+        effects.append(CancelSubAgents(settled.cancel, CancelReason.PARENT))
+    return state, settled.children
+
+
 def _child_settled(state: Conversation, children: Children, effects: list[Effect]) -> Transition:
     """A child got its outcome: start queued ones, and finish the wait when none remain."""
     phase = state.phase
@@ -1050,10 +1073,15 @@ def _child_settled(state: Conversation, children: Children, effects: list[Effect
         effects.append(AbortCall(phase.grace_timer))
         state = _append_round_results(state, phase.results, children)
         return _apply_ending(state, phase.ending, effects)
+    # The call's mode may end its other children (sequential failure, race quorum).
+    state, children = _settle_mode(state, children, effects)
     # Queued children exist only while max_concurrent children run, so after one
     # finished there are at least max_concurrent pending ones; fewer means none is
-    # queued and the scan in _start_queued can be skipped (it is O(pending)).
-    if len(children.pending) >= state.limits.max_concurrent:
+    # queued and the scan in _start_queued can be skipped (it is O(pending)); a
+    # sequential call queues its next step behind the one that just finished.
+    if len(children.pending) >= state.limits.max_concurrent or (
+        children.finished and children.finished[-1].spec.mode is not None
+    ):
         state, children = _start_queued(state, children, effects)
     if isinstance(phase, AwaitingSubAgents) and not children.pending:
         state = _append_round_results(state, phase.results, children)
@@ -1159,7 +1187,7 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
     if children is not None:
         for pending in children.pending:
             if pending.started:
-                effects.append(_spawn_effect(state, pending.spec, pending.budget))
+                effects.append(_spawn_effect(state, pending.spec, pending.budget, children))
                 if pending.deadline_timer is not None and pending.spec.timeout is not None:
                     effects.append(
                         StartTimer(
