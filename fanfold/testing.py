@@ -132,6 +132,8 @@ from fanfold.statemachine import (
     transition,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
+from fanfold.statemachine.children import Mode
+from fanfold.statemachine.modes import may_start
 from fanfold.statemachine.transition import model_request
 
 __all__ = [
@@ -361,7 +363,14 @@ def _created(dice: _Dice, sub_agent: bool | None, lim: Limits | None) -> Convers
             limits=lim,
             tools=tools,
         )
-    depth = dice.pick(range(1, max(1, lim.max_depth) + 1))
+    top = max(1, lim.max_depth)
+    # Half of the sub-agents sit where they may still delegate (below max_depth), so
+    # that nested fan-outs (a sub-agent waiting for its own children) are reached
+    # often, not by luck: the draws after this one vary with every change elsewhere.
+    if top > 1 and dice.flip():
+        depth = dice.pick(range(1, top))
+    else:
+        depth = dice.pick(range(1, top + 1))
     parent = "root" + ".1" * (depth - 1)
     return ConversationCreated(
         conversation_id=parent + ".1",
@@ -1305,7 +1314,10 @@ def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> No
     if isinstance(phase, CancellingSubAgents):
         if not all(started):
             _fail("queued children are never waited for when cancelling", "", state)
-    elif not all(started) and children.running != lim.max_concurrent:
+    elif children.running != lim.max_concurrent and any(
+        not p.started and may_start(p, list(children.pending)) for p in children.pending
+    ):
+        # (A sequential call's step waits for the one before it: modes.may_start.)
         _fail(
             "queued children start as soon as a slot is free",
             f"{children.running} running of {lim.max_concurrent} with children queued",
@@ -2214,7 +2226,7 @@ def _check_spawns(
         if not (
             spawn.parent_id == after.id
             and spawn.root_id == after.root_id
-            and spawn.task == spec.task
+            and (spawn.task == spec.task or _sequential_step(spawn, spec))
             and spawn.cwd == spec.cwd
             and spawn.timeout == spec.timeout
             and spawn.max_rounds == spec.max_rounds == spawn.limits.max_rounds
@@ -2353,6 +2365,23 @@ def _lexically_inside(cwd: str, parent: str) -> bool:
     )
 
 
+def _sequential_step(spawn: SpawnSubAgent, spec: ChildSpec) -> bool:
+    """A later step of a sequential call is given its task and the earlier outcomes."""
+    return (
+        spec.mode is not None
+        and spec.mode.mode is Mode.SEQUENTIAL
+        and spawn.task.startswith(spec.task + "\n\nThe earlier steps of this sequence")
+    )
+
+
+def _pending_specs(before: Conversation, ids: tuple[str, ...]) -> list[ChildSpec]:
+    """The specs of ``before``'s pending children ``ids`` (they may have left the
+    children of the state after, flushed into its history)."""
+    children = before.children
+    pending = () if children is None else children.pending
+    return [p.spec for p in pending if p.spec.id in ids]
+
+
 def _check_cancels(before: Conversation, after: Conversation, effects: Effects) -> None:
     cancels = [e for e in effects if isinstance(e, CancelSubAgents)]
     running = _started(before.children) | _started(after.children)
@@ -2365,6 +2394,14 @@ def _check_cancels(before: Conversation, after: Conversation, effects: Effects) 
         if cancel.reason is CancelReason.TIMEOUT:
             if not (set(cancel.ids) <= new_written_off):
                 _fail("a child past its deadline is written off", f"{cancel}", after)
+        elif set(cancel.ids) <= new_written_off:
+            # A race whose quorum was reached writes its other running children off
+            # and tells them to cancel, without waiting (fanfold.statemachine.modes).
+            if not all(
+                spec.mode is not None and spec.mode.mode is Mode.RACE
+                for spec in _pending_specs(before, cancel.ids)
+            ):
+                _fail("only a race's quorum writes running children off", f"{cancel}", after)
         else:
             phase = after.phase
             if not (

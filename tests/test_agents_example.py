@@ -1,6 +1,7 @@
 """The offline example of examples/agents: a root delegates to the built-in explorer and
-reviewer; each makes a call its permissions refuse; the log records it, replay
-reproduces it, and `fanfold show` displays it."""
+reviewer in sequence, each making a call its permissions refuse, then races two
+explorers (quorum 1); the log records it all, replay reproduces it, and `fanfold show`
+displays it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ from click.testing import CliRunner
 from fanfold.cli import cli
 from fanfold.db import Store
 from fanfold.statemachine import ToolResultMessage
+
+
+def tree_messages(db: Path, conversation_id: str) -> list[str]:
+    """The tool results in a conversation's history."""
+    with Store.open(db) as store:
+        history = store.load_state(conversation_id).history
+    return [m.result.content for m in history if isinstance(m, ToolResultMessage)]
+
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "agents" / "script.json"
 
@@ -33,7 +42,7 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
         (root,) = store.list_roots()
     shown = runner.invoke(cli, ["show", root.id, "--db", str(db), "--json"], env=env)
     tree = json.loads(shown.output)
-    explorer, reviewer = tree["children"]
+    explorer, reviewer, quick, slow = tree["children"]
     assert (explorer["agent"], explorer["tools"], explorer["refused_calls"]) == (
         "explorer",
         ["read_file", "think", "submit_result", "submit_error"],
@@ -53,5 +62,20 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     assert refusals[0].startswith(
         "write_file refused: no allow rule of agent 'explorer' matches this call"
     )
+    # The sequential pair: the reviewer was given the explorer's outcome with its task.
+    assert reviewer["task"].startswith("Review the most recent commit\n\nThe earlier steps")
+    assert "[project]" in reviewer["task"]
+    # The race: the quick explorer won; the slow one was cancelled by its parent.
+    assert (quick["agent"], quick["phase"], quick["outcome"]) == (
+        "explorer",
+        "Completed",
+        "MIT (from pyproject.toml)",
+    )
+    assert (slow["phase"], slow["failure"]) == (
+        "Failed",
+        {"kind": "cancelled", "reason": "parent"},
+    )
+    answer = [m for m in tree_messages(db, root.id) if '"spawn_agents"' in m or "quorum" in m]
+    assert any("the quorum of 1 successful sub-agent(s) was reached" in m for m in answer)
     verify = runner.invoke(cli, ["replay", root.id, "--db", str(db), "--verify", "--tree"])
     assert verify.exit_code == 0, verify.output

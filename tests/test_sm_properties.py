@@ -282,9 +282,16 @@ SITUATIONS: dict[str, Callable[[Conversation], bool]] = {
 }
 
 
+SUB_AGENT_SITUATIONS = frozenset({"a sub-agent waiting for its children"})
+
+
 @pytest.mark.parametrize("situation", SITUATIONS)
 def test_generated_conversations_reach_interesting_situations(situation: str) -> None:
-    found = find(testing.conversations(), SITUATIONS[situation], settings=REACH)
+    # A situation only a sub-agent can be in is looked for among sub-agents: among
+    # roots and sub-agents mixed it came up about once in 2,000 draws, so whether the
+    # fixed (derandomized) draws held it changed with any edit to the generators.
+    sub_agent = True if situation in SUB_AGENT_SITUATIONS else None
+    found = find(testing.conversations(sub_agent=sub_agent), SITUATIONS[situation], settings=REACH)
     assert SITUATIONS[situation](found)
 
 

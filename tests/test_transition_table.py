@@ -204,6 +204,12 @@ def _directed() -> Observed:
     sub = sm.child(LIMITS)
     sub = sm.steps(sub, sm.replied(sub, sm.tool("a1"), sm.submit("s1", "done")))
     _observe(sub, sm.tool_done(sub), seen)
+    # ...and with submit_error: Failed, after the tool's result or after a restart
+    # (the interrupted tool gets its error result, then the submission counts).
+    sub = sm.child(LIMITS)
+    sub = sm.steps(sub, sm.replied(sub, sm.tool("a1"), sm.submit_error("s1", "cannot")))
+    _observe(sub, sm.tool_done(sub), seen)
+    _observe(sub, RuntimeResumed(), seen)
     # A sub-agent that spawned a child and still runs a tool: its own time limit, or a
     # submit_result after the tool, must first cancel the running child.
     parent = sm.child(attrs.evolve(LIMITS, max_depth=2), timeout=60.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
 from fanfold.statemachine.errors import CancelReason, ErrorKind
@@ -45,6 +47,30 @@ class ChildFailed:
 ChildOutcome = ChildSucceeded | ChildFailed
 
 
+class Mode(enum.StrEnum):
+    """How the children of one ``spawn_agents`` call run."""
+
+    PARALLEL = "parallel"
+    SEQUENTIAL = "sequential"
+    RACE = "race"
+
+
+@attrs.frozen
+class SpawnMode:
+    """The execution mode of one ``spawn_agents`` call (absent: parallel).
+
+    - ``sequential``: one child at a time, in order; each later task is given the
+      outcomes of the earlier ones; a failure stops the rest (``not_run``) unless
+      ``keep_going``.
+    - ``race``: the parent stops waiting once ``quorum`` children have succeeded; the
+      others are cancelled (written off, recorded ``cancelled``).
+    """
+
+    mode: Mode
+    quorum: int = 1
+    keep_going: bool = False
+
+
 @attrs.frozen
 class ChildSpec:
     """What a parent asked of one child, fixed when the ``spawn_agents`` call is read."""
@@ -58,6 +84,10 @@ class ChildSpec:
     model: str | None = None
     # The agent definition the task named (issue 12; written only when set).
     agent: str | None = attrs.field(default=None, metadata={"since": 6, "omitted_at_default": True})
+    # The mode of its spawn_agents call (None: parallel; issue 12, written only when set).
+    mode: SpawnMode | None = attrs.field(
+        default=None, metadata={"since": 6, "omitted_at_default": True}
+    )
 
 
 @attrs.frozen

@@ -123,6 +123,27 @@ def can_spawn(depth: int, limits: Limits) -> bool:
     return depth + 1 <= limits.max_depth
 
 
+MODE_PROPERTIES = {
+    "mode": {
+        "type": "string",
+        "enum": ["parallel", "sequential", "race"],
+        "description": "parallel (default): all at once; sequential: one at a time in "
+        "order, each later task given the earlier outcomes, a failure stops the rest; "
+        "race: stop waiting once 'quorum' tasks have succeeded, cancelling the others",
+    },
+    "quorum": {
+        "type": "integer",
+        "minimum": 1,
+        "description": "With race: how many successes to wait for (default 1)",
+    },
+    "keep_going": {
+        "type": "boolean",
+        "description": "With sequential: run the later tasks even after one failed",
+    },
+}
+"""The per-call execution mode, in the schema of trees with an agent catalogue."""
+
+
 def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
     """``spawn_agents``, and, when there are agent definitions, the ``agent`` a task
     may name: the description lists each with its description, so the model can
@@ -133,6 +154,7 @@ def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
     if last is not None and last[0] is agents:
         return last[1]
     schema = SPAWN_AGENTS_SPEC.input_schema()
+    schema["properties"].update(MODE_PROPERTIES)
     names = [a.name for a in agents]
     schema["properties"]["tasks"]["items"]["properties"]["agent"] = {
         "type": "string",
@@ -143,6 +165,9 @@ def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
     listing = "\n".join(f"- {a.name}: {a.description}" for a in agents)
     description = (
         SPAWN_AGENTS_SPEC.description
+        + ' By default the tasks run in parallel; "mode": "sequential" runs them one '
+        + 'after another, each given the outcomes of the earlier ones, and "race" (with '
+        + '"quorum": k, default 1) stops the others once k have succeeded.'
         + ' A task may name an agent ("agent"), which sets its instructions, tools and '
         + "limits. Available agents:\n"
         + listing

@@ -45,6 +45,8 @@ class ErrorKind(enum.StrEnum):
     # A sub-agent's working directory resolves (symbolic links followed) outside its
     # parent's or the project, or is not a directory: it never started.
     INVALID_CWD = "invalid_cwd"
+    # A step of a sequential spawn_agents call that never ran: an earlier one failed.
+    NOT_RUN = "not_run"
 
     @property
     def retryable(self) -> bool:

@@ -107,6 +107,7 @@ from fanfold.statemachine.messages import (
     UserMessage,
     non_finite_path,
 )
+from fanfold.statemachine.modes import may_start, parse_mode, settle, task_with_earlier
 from fanfold.statemachine.permissions import refusal
 from fanfold.statemachine.phases import (
     AwaitingRetry,
@@ -822,6 +823,9 @@ def _spawn(
         return state, children, _tool_error(call, "spawn_agents needs a 'tasks' array"), ()
     if not tasks:
         return state, children, _tool_error(call, "spawn_agents needs at least one task"), ()
+    mode = parse_mode(args, len(tasks))
+    if isinstance(mode, str):
+        return state, children, _tool_error(call, f"spawn_agents: {mode}"), ()
     limits = state.limits
     accepted: list[PendingChild] = []
     rejected: list[RejectedTask] = []
@@ -857,6 +861,7 @@ def _spawn(
             spawn_call_id=call.id,
             model=request.model or (definition and definition.model) or state.model,
             agent=request.agent,
+            mode=mode,
         )
         accepted.append(PendingChild(spec))
     if not accepted:
@@ -906,7 +911,7 @@ def _start_queued(
     for i, child in enumerate(pending):
         if running >= state.limits.max_concurrent:
             break
-        if child.started:
+        if child.started or not may_start(child, pending):
             continue
         share = None
         if budget is not None:
@@ -931,7 +936,7 @@ def _start_queued(
                 )
             )
         pending[i] = PendingChild(child.spec, started=True, deadline_timer=deadline, budget=share)
-        effects.append(_spawn_effect(state, child.spec, share))
+        effects.append(_spawn_effect(state, child.spec, share, children))
         running += 1
     children = attrs.evolve(children, pending=tuple(pending))
     for child_id in refused:
@@ -958,7 +963,9 @@ def _backstop_grace(state: Conversation) -> float:
     return state.limits.cancel_grace * levels
 
 
-def _spawn_effect(state: Conversation, spec: ChildSpec, budget: int | None) -> SpawnSubAgent:
+def _spawn_effect(
+    state: Conversation, spec: ChildSpec, budget: int | None, children: Children | None = None
+) -> SpawnSubAgent:
     limits = with_max_rounds(state.limits, spec.max_rounds)
     if budget is not None:
         limits = attrs.evolve(limits, max_tokens=budget)
@@ -982,7 +989,7 @@ def _spawn_effect(state: Conversation, spec: ChildSpec, budget: int | None) -> S
         child_id=spec.id,
         parent_id=state.id,
         root_id=state.root_id,
-        task=spec.task,
+        task=task_with_earlier(spec, children),
         cwd=spec.cwd,
         timeout=spec.timeout,
         max_rounds=spec.max_rounds,
@@ -1045,6 +1052,23 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
     return _after(abort, _child_settled(state, children.finish_at(index, event.outcome)))
 
 
+def _settle_mode(state: Conversation, children: Children) -> tuple[Conversation, Children, Effects]:
+    """What the mode of the finished child's call makes of its siblings (modes.settle):
+    running ones it ends are written off, charged their shares and told to cancel."""
+    settled = settle(children)
+    if not settled.cancel:
+        return state, settled.children, ()
+    state = state.evolve(
+        written_off=(*state.written_off, *settled.cancel),
+        usage_children=state.usage_children + settled.charged,
+    )
+    effects: Effects = (
+        *(AbortCall(timer) for timer in settled.deadline_timers),
+        CancelSubAgents(settled.cancel, CancelReason.PARENT),
+    )
+    return state, settled.children, effects
+
+
 def _child_settled(state: Conversation, children: Children) -> Transition:
     """A child got its outcome: start queued ones, and finish the wait when none remain."""
     phase = state.phase
@@ -1053,12 +1077,18 @@ def _child_settled(state: Conversation, children: Children) -> Transition:
             return _with_children(state, children), ()
         state = _append_round_results(state, phase.results, children)
         return _after((AbortCall(phase.grace_timer),), _apply_ending(state, phase.ending))
+    # The call's mode may end its other children (sequential failure, race quorum).
+    state, children, ended = _settle_mode(state, children)
     # Queued children exist only while max_concurrent children run, so after one
     # finished there are at least max_concurrent pending ones; fewer means none is
-    # queued and the scan in _start_queued can be skipped (it is O(pending)).
+    # queued and the scan in _start_queued can be skipped (it is O(pending)); a
+    # sequential call queues its next step behind the one that just finished.
     started: Effects = ()
-    if len(children.pending) >= state.limits.max_concurrent:
+    if len(children.pending) >= state.limits.max_concurrent or (
+        children.finished and children.finished[-1].spec.mode is not None
+    ):
         state, children, started = _start_queued(state, children)
+    started = (*ended, *started)
     if isinstance(phase, AwaitingSubAgents) and not children.pending:
         state = _append_round_results(state, phase.results, children)
         return _after(started, _call_model(state))
@@ -1164,7 +1194,7 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
     if children is not None:
         for pending in children.pending:
             if pending.started:
-                effects.append(_spawn_effect(state, pending.spec, pending.budget))
+                effects.append(_spawn_effect(state, pending.spec, pending.budget, children))
                 if pending.deadline_timer is not None and pending.spec.timeout is not None:
                     effects.append(
                         StartTimer(

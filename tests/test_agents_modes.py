@@ -1,0 +1,222 @@
+"""Execution modes of spawn_agents: sequential and race/quorum, by example and by
+property over random interleavings (with cancels and restarts): exactly one outcome
+per child in every mode, a sequential call never runs two children at once, a race
+never resumes its parent before its quorum of successes, nor waits after it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sm_support import (
+    World,
+    fan_in,
+    of_type,
+    replied,
+    root,
+    step,
+    tool_results,
+    user,
+    world_moves,
+)
+
+from fanfold.statemachine import (
+    CallModel,
+    CancelReason,
+    CancelSubAgents,
+    ChildFailed,
+    ChildSucceeded,
+    Conversation,
+    ErrorKind,
+    Limits,
+    ModelReply,
+    SpawnSubAgent,
+    SubAgentFinished,
+    ToolCall,
+)
+from fanfold.statemachine.children import Mode
+
+
+def _spawn_with(call_id: str, tasks: list[str], **mode: Any) -> ToolCall:
+    return ToolCall.of(call_id, "spawn_agents", {"tasks": [{"task": t} for t in tasks], **mode})
+
+
+def _started(state: Conversation) -> list[str]:
+    children = state.children
+    return [] if children is None else [p.spec.id for p in children.pending if p.started]
+
+
+def test_sequential_runs_one_at_a_time_and_passes_the_earlier_outcomes() -> None:
+    state = root()
+    state, _ = step(state, user("go"))
+    call = _spawn_with("s", ["plan", "build", "test"], mode="sequential")
+    state, effects = step(state, replied(state, call))
+    (first,) = of_type(effects, SpawnSubAgent)
+    assert (first.child_id, first.task) == ("root.1", "plan")
+    state, effects = step(state, SubAgentFinished("root.1", ChildSucceeded("the plan")))
+    (second,) = of_type(effects, SpawnSubAgent)
+    assert second.child_id == "root.2"
+    assert second.task.startswith("build\n\nThe earlier steps of this sequence")
+    assert json.loads(second.task.split(":\n", 1)[1]) == [
+        {"task": "plan", "status": "completed", "result": "the plan"}
+    ]
+    assert _started(state) == ["root.2"]
+    state, effects = step(state, SubAgentFinished("root.2", ChildSucceeded("built")))
+    (third,) = of_type(effects, SpawnSubAgent)
+    assert "built" in third.task and "the plan" in third.task
+    state, effects = step(state, SubAgentFinished("root.3", ChildSucceeded("green")))
+    assert of_type(effects, CallModel)
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert [e["status"] for e in entries] == ["completed"] * 3
+
+
+def test_a_sequential_failure_stops_the_rest_unless_keep_going() -> None:
+    state = root()
+    state, _ = step(state, user("go"))
+    state, _ = step(state, replied(state, _spawn_with("s", ["a", "b", "c"], mode="sequential")))
+    failure = ChildFailed("broke", ErrorKind.SUBMITTED_ERROR)
+    state, effects = step(state, SubAgentFinished("root.1", failure))
+    assert not of_type(effects, SpawnSubAgent) and of_type(effects, CallModel)
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert [(e["status"], e.get("error_kind")) for e in entries] == [
+        ("failed", "submitted_error"),
+        ("failed", "not_run"),
+        ("failed", "not_run"),
+    ]
+    assert entries[1]["error"] == "not run: the earlier step root.1 failed"
+
+    state = root()
+    state, _ = step(state, user("go"))
+    call = _spawn_with("s", ["a", "b"], mode="sequential", keep_going=True)
+    state, _ = step(state, replied(state, call))
+    state, effects = step(state, SubAgentFinished("root.1", failure))
+    (next_step,) = of_type(effects, SpawnSubAgent)
+    assert '"status": "failed"' in next_step.task and "broke" in next_step.task
+
+
+def test_a_race_resumes_at_its_quorum_and_cancels_the_others() -> None:
+    state = root(Limits(child_timeout=60.0))
+    state, _ = step(state, user("go"))
+    state, effects = step(state, replied(state, _spawn_with("s", ["a", "b", "c"], quorum=2)))
+    assert len(of_type(effects, SpawnSubAgent)) == 3
+    state, effects = step(state, SubAgentFinished("root.2", ChildSucceeded("b won")))
+    assert not of_type(effects, CallModel)  # one success of two
+    state, effects = step(state, SubAgentFinished("root.3", ChildSucceeded("c won")))
+    # The quorum: the parent resumes at once; root.1 is written off and told to stop.
+    assert of_type(effects, CallModel)
+    assert of_type(effects, CancelSubAgents) == [CancelSubAgents(("root.1",), CancelReason.PARENT)]
+    assert state.written_off == ("root.1",)
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert [(e["agent_id"], e["status"], e.get("error_kind")) for e in entries] == [
+        ("root.1", "failed", "cancelled"),
+        ("root.2", "completed", None),
+        ("root.3", "completed", None),
+    ]
+    # Its acknowledgement arrives later and is absorbed.
+    late = ChildFailed("cancelled (parent)", ErrorKind.CANCELLED)
+    after, effects = step(state, SubAgentFinished("root.1", late))
+    assert after == state and effects == ()
+
+
+def test_mode_arguments_are_checked() -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"mode": "random"}, "'mode' must be one of parallel, sequential, race"),
+        ({"quorum": 0}, "'quorum' must be an integer >= 1"),
+        ({"quorum": 3}, "'quorum' 3 is more than the 2 task(s) of the call"),
+        ({"mode": "sequential", "quorum": 1}, "'quorum' goes with mode race"),
+        ({"keep_going": True}, "'keep_going' goes with mode sequential"),
+        ({"mode": "sequential", "keep_going": "yes"}, "'keep_going' must be true or false"),
+    ]
+    for arguments, error in cases:
+        state = root()
+        state, _ = step(state, user("go"))
+        state, effects = step(state, replied(state, _spawn_with("s", ["a", "b"], **arguments)))
+        assert not of_type(effects, SpawnSubAgent)
+        assert tool_results(state)[0].content == f"spawn_agents: {error}", arguments
+
+
+# --------------------------------------------------------------- properties
+
+
+def _mode_arguments(data: st.DataObject, tasks: int) -> dict[str, Any]:
+    kind = data.draw(st.sampled_from(["parallel", "sequential", "race"]))
+    if kind == "sequential":
+        return {"mode": kind, "keep_going": data.draw(st.booleans())}
+    if kind == "race":
+        return {"mode": kind, "quorum": data.draw(st.integers(1, tasks))}
+    return {}
+
+
+def _kind(arguments: dict[str, Any]) -> str:
+    return str(arguments.get("mode", "race" if "quorum" in arguments else "parallel"))
+
+
+def _check_modes(world: World, arguments: dict[str, Any]) -> None:
+    children = world.root.children
+    if children is None:
+        return
+    # The call under test (a later turn may spawn others, in parallel).
+    pending = [p for p in children.pending if p.spec.spawn_call_id == "first"]
+    finished = [f for f in children.finished if f.spec.spawn_call_id == "first"]
+    mode = _kind(arguments)
+    if mode == Mode.SEQUENTIAL:
+        assert len([p for p in pending if p.started]) <= 1, "two steps at once"
+    if mode == Mode.RACE and pending:
+        # Still waiting: never after the quorum.
+        successes = sum(isinstance(f.outcome, ChildSucceeded) for f in finished)
+        assert successes < arguments["quorum"], "waited past the quorum"
+
+
+def _check_resumed(world: World, arguments: dict[str, Any], tasks: int) -> None:
+    """Once the parent has the fan-in: one entry per child; a race resumed early only
+    with its quorum; a failed sequence ran nothing after the failure."""
+    for message in tool_results(world.root):
+        if message.tool_call_id != "first":
+            continue
+        entries = json.loads(message.content)["sub_agent_results"]
+        assert sorted(e["agent_id"] for e in entries) == [f"root.{i + 1}" for i in range(tasks)]
+        quorum_cancels = [e for e in entries if "quorum" in e.get("error", "")]
+        successes = [e for e in entries if e["status"] != "failed"]
+        if _kind(arguments) == Mode.RACE and quorum_cancels:
+            assert len(successes) == arguments["quorum"], "resumed before the quorum"
+        if _kind(arguments) == Mode.SEQUENTIAL and not arguments.get("keep_going"):
+            kinds = [e.get("error_kind") for e in entries]
+            if "not_run" in kinds:
+                first = kinds.index("not_run")
+                assert all(k == "not_run" for k in kinds[first:])
+                assert entries[first - 1]["status"] == "failed"
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data())
+def test_modes_hold_their_invariants_in_any_interleaving(data: st.DataObject) -> None:
+    limits = Limits(max_concurrent=data.draw(st.integers(1, 3)), child_timeout=30.0)
+    world = World.with_root(limits)
+    world.apply("root", user("go"))
+    tasks = data.draw(st.integers(1, 4))
+    arguments = _mode_arguments(data, tasks)
+    call = _spawn_with("first", [f"task {i}" for i in range(tasks)], **arguments)
+    (key,) = world.models
+    world.reply(key, ModelReply("delegating", (call,)))
+    world.check()
+    for _ in range(data.draw(st.integers(0, 60))):
+        moves = world_moves(world, data)
+        if not moves:
+            break
+        moves[data.draw(st.integers(0, len(moves) - 1))]()
+        world.check()
+        _check_modes(world, arguments)
+    _check_resumed(world, arguments, tasks)
+
+
+def test_a_quiet_tree_gives_every_child_one_outcome_in_every_mode() -> None:
+    for arguments in ({"mode": "sequential"}, {"quorum": 1}, {"mode": "race", "quorum": 2}, {}):
+        world = World.with_root(Limits(max_concurrent=2))
+        world.apply("root", user("go"))
+        (key,) = world.models
+        world.reply(key, ModelReply("", (_spawn_with("first", ["a", "b", "c"], **arguments),)))
+        world.drain()
+        world.check_quiet()
+        _check_resumed(world, arguments, 3)

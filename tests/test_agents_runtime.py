@@ -1,0 +1,157 @@
+"""Execution modes and permissions through the real runtime (scripted provider, real
+log): each mode with a cancel, and with a restart in the middle."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+from runtime_helpers import open_runtime, reply, script, submit, think
+
+from fanfold.db import Step, Store
+from fanfold.runtime import Runtime
+from fanfold.statemachine import ErrorKind, Failed, Limits
+from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.permissions import Rule
+
+
+def _spawn(mode: dict[str, Any], *tasks: str) -> tuple[str, dict[str, Any]]:
+    return ("spawn_agents", {"tasks": [{"task": t} for t in tasks], **mode})
+
+
+async def _run_until_cut(
+    tmp_path: Path,
+    provider: Any,
+    cut: Callable[[Sequence[Step]], bool],
+    drive: Callable[[Runtime], Awaitable[None]],
+) -> None:
+    """Run ``drive``; stop the runtime once a committed batch satisfies ``cut``,
+    before any effect of that batch runs (as tests/test_runtime_restart.py does)."""
+    async with open_runtime(tmp_path, provider) as runtime:
+        append = runtime.store.append
+
+        def cutting(steps: Sequence[Step]) -> Any:
+            reported = append(steps)
+            if cut(steps):
+                runtime._nursery.cancel_scope.cancel()
+            return reported
+
+        runtime.writer._append = cutting
+        await drive(runtime)
+        await trio.sleep_forever()
+
+
+def _tree(tmp_path: Path, root_id: str) -> dict[str, Any]:
+    with Store.open(tmp_path / "log.db") as store:
+        return {row.id: store.load_state(row.id) for row in store.tree(root_id)}
+
+
+async def test_sequential_survives_a_restart_between_steps(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    provider = script(
+        1.0,
+        root=[reply("", _spawn({"mode": "sequential"}, "one", "two", "three")), reply("done")],
+        c1=[reply("", submit("first result"))],
+        c2=[reply("", think(), latency=5.0), reply("", submit("second result"))],
+        c3=[reply("", submit("third result"))],
+    )
+
+    async def drive(runtime: Runtime) -> None:
+        await runtime.start("go", cwd=tmp_path)
+
+    def second_started(steps: Sequence[Step]) -> bool:
+        return any(s.conversation_id.endswith(".2") and s.seq == 0 for s in steps)
+
+    await _run_until_cut(tmp_path, provider, second_started, drive)
+    async with open_runtime(tmp_path, provider) as runtime:
+        (root_id,) = [r for r in await runtime.resume() if "." not in r]
+        result = await runtime.wait(root_id)
+    assert result.phase == "Idle"
+    states = _tree(tmp_path, root_id)
+    children = [states[f"{root_id}.{n}"] for n in (1, 2, 3)]
+    assert [c.phase.result for c in children] == ["first result", "second result", "third result"]
+    assert "first result" in (children[1].task or "")
+    assert "second result" in (children[2].task or "") and "first result" in (
+        children[2].task or ""
+    )
+
+
+async def test_a_cancel_in_the_middle_of_a_sequence_leaves_the_rest_unstarted(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    provider = script(
+        1.0,
+        root=[reply("", _spawn({"mode": "sequential"}, "one", "two"))],
+        c1=[reply("", think(), latency=50.0)],
+        c2=[reply("", submit("never"))],
+    )
+    async with open_runtime(tmp_path, provider) as runtime:
+        root_id = await runtime.start("go", cwd=tmp_path)
+        await trio.sleep(5.0)
+        await runtime.cancel(root_id)
+        result = await runtime.wait(root_id)
+    assert result.phase == "Idle"
+    states = _tree(tmp_path, root_id)
+    assert set(states) == {root_id, f"{root_id}.1"}  # the second step was never created
+    first = states[f"{root_id}.1"].phase
+    assert isinstance(first, Failed) and first.kind is ErrorKind.CANCELLED
+
+
+async def test_a_race_resumed_in_the_middle_cancels_its_loser(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    provider = script(
+        1.0,
+        root=[reply("", _spawn({"quorum": 1}, "quick", "slow")), reply("done")],
+        c1=[reply("", think()), reply("", submit("quick won"))],
+        c2=[reply("", think(), latency=500.0)],
+    )
+
+    async def drive(runtime: Runtime) -> None:
+        await runtime.start("go", cwd=tmp_path)
+
+    def both_running(steps: Sequence[Step]) -> bool:
+        return any(s.conversation_id.endswith(".2") and s.seq == 0 for s in steps)
+
+    await _run_until_cut(tmp_path, provider, both_running, drive)
+    async with open_runtime(tmp_path, provider) as runtime:
+        (root_id,) = [r for r in await runtime.resume() if "." not in r]
+        result = await runtime.wait(root_id)
+        # The loser is told to cancel; it acknowledges, and its outcome is absorbed.
+        with trio.fail_after(100):
+            while runtime.store.conversation(f"{root_id}.2").status != "failed":
+                await trio.sleep(1.0)
+    assert result.phase == "Idle"
+    states = _tree(tmp_path, root_id)
+    assert states[f"{root_id}.1"].phase.result == "quick won"
+    loser = states[f"{root_id}.2"].phase
+    assert isinstance(loser, Failed) and loser.kind is ErrorKind.CANCELLED
+    assert states[root_id].written_off == (f"{root_id}.2",)
+
+
+async def test_a_named_agents_refusal_is_in_the_log(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    reader = AgentDefinition("reader", "reads", allow=(Rule("read-only"),))
+    provider = script(
+        1.0,
+        root=[
+            reply("", ("spawn_agents", {"tasks": [{"task": "t", "agent": "reader"}]})),
+            reply("done"),
+        ],
+        c1=[
+            reply("", ("bash", {"command": "touch x"})),
+            reply("", submit("{{last_tool_result}}")),
+        ],
+    )
+    async with open_runtime(tmp_path, provider, limits=Limits()) as runtime:
+        root_id = await runtime.start("go", cwd=tmp_path, agents=(reader,))
+        await runtime.wait(root_id)
+    child = _tree(tmp_path, root_id)[f"{root_id}.1"]
+    assert not (tmp_path / "x").exists()
+    assert child.refused_calls == 1 and child.agent == "reader"
+    assert child.phase.result.startswith("bash refused: no allow rule of agent 'reader'")
