@@ -367,10 +367,8 @@ def _created(dice: _Dice, sub_agent: bool | None, lim: Limits | None) -> Convers
     # Half of the sub-agents sit where they may still delegate (below max_depth), so
     # that nested fan-outs (a sub-agent waiting for its own children) are reached
     # often, not by luck: the draws after this one vary with every change elsewhere.
-    if top > 1 and dice.flip():
-        depth = dice.pick(range(1, top))
-    else:
-        depth = dice.pick(range(1, top + 1))
+    below = top > 1 and dice.flip()
+    depth = dice.pick(range(1, top if below else top + 1))
     parent = "root" + ".1" * (depth - 1)
     return ConversationCreated(
         conversation_id=parent + ".1",
