@@ -19,6 +19,8 @@ Strategies (all generate values the reducer can be fed):
   grace rounds and budgets are reached in a few steps;
 - ``model_replies(state)``, ``model_errors()``, ``child_outcomes()``: the pieces of
   events;
+- ``each_plausible_event(state, seed)``: one of each kind of plausible event, without
+  Hypothesis (for seeded walks);
 - ``plausible_events(state)``: an event that could really arrive next (a reply to
   the call in flight, a result of the running tool, an outcome of a running child,
   a timer that is set, a cancel, a restart notice, a late result of an earlier call);
@@ -147,6 +149,7 @@ __all__ = [
     "child_outcomes",
     "conversation_created",
     "conversations",
+    "each_plausible_event",
     "event_sequences",
     "has_stale_events",
     "limits",
@@ -294,7 +297,7 @@ class _Dice:
     ordinary) option, so shrinking a byte simplifies one choice.
     """
 
-    def __init__(self, draw: st.DrawFn) -> None:
+    def __init__(self, draw: Callable[[st.SearchStrategy[bytes]], bytes]) -> None:
         self._draw = draw
         self._bytes = b""
         self._at = 0
@@ -696,6 +699,18 @@ def _plausible_event(dice: _Dice, state: Conversation, stale: bool) -> Event:
     if progress and not dice.one_in(16):
         return dice.pick(progress)(dice, state)
     return dice.pick(_rare_makers(state, stale))(dice, state)
+
+
+def each_plausible_event(state: Conversation, seed: bytes) -> list[Event]:
+    """One event of each kind ``plausible_events(state)`` may draw (progress, and rare
+    ones: cancels, restarts, time limits, late results), its choices read from ``seed``
+    (repeated as needed). Without Hypothesis: for seeded walks, such as the transition
+    table's coverage check, which so reach every event a generator makes.
+    """
+    chunk = (seed or b"\0") * (16 // max(1, len(seed)) + 1)
+    dice = _Dice(lambda _: chunk[:16])
+    makers = _progress_makers(state) + _rare_makers(state, True)
+    return [make(dice, state) for make in dict.fromkeys(makers)]
 
 
 @st.composite
