@@ -47,6 +47,18 @@ schema: a reference is accepted only where a blob mapping is given (a store's ow
 rows), so a document from anywhere else (an export, an import) must be inline, and a
 fanfold too old for migration 4 refuses the database before reading any document.
 
+Compact form: the log stores each event as an array instead of an object, the field
+names left out: ``[6,"ModelReplied",3,["ModelReply","Done.",[],["Usage",12,7],"end_turn"]]``
+(a document: version, type name, then every field in declaration order; a nested
+value: type name, then its fields). Fields added in a later schema are at their
+place in that order, and a compact document of an older version, which lacks them,
+decodes them as their defaults; fields "omitted at default" are always written. The
+value is the same as the object form's: ``encode_event_compact`` writes it,
+``decode_event`` reads either form, ``inline_event`` turns a stored event back into
+its object document (exports carry object documents only). Compact documents exist
+since schema 6 (``COMPACT_SINCE``); the fingerprint digests the object form, so it
+does not depend on the form an event is stored in.
+
 Speed: encoding is on the runtime's write path (every event and effect, tens of
 thousands a second), so each class gets a compiled function that writes its JSON text
 directly, and the text of the immutable values a conversation carries from step to
@@ -122,6 +134,9 @@ BLOB_MIN_CHARS = 256
 """The shortest value text stored by reference: below it a reference saves little."""
 
 _BLOB_KEY = re.compile(r"[0-9a-f]{64}")
+
+COMPACT_SINCE = 6
+"""The first schema version a compact document (see "Compact form") may have."""
 
 OMITTED_AT_DEFAULT = "omitted_at_default"
 """Field metadata key: the codec writes the field only when it differs from its default."""
@@ -239,6 +254,7 @@ class _Memo:
 
 
 _memo = _Memo(_MEMO_LIMIT)
+_compact_memo = _Memo(_MEMO_LIMIT // 4)  # the compact texts of the same values
 
 
 class _BlobSink(threading.local):
@@ -321,6 +337,26 @@ def _omitting(field: str, emit: _Emitter, default: Any) -> _Emitter:
     return emit_unless_default
 
 
+def _compile_compact_emitter(
+    name: str, names: tuple[str, ...], emitters: dict[str, _Emitter], *, document: bool
+) -> _Emitter:
+    """Compile ``obj -> compact JSON text`` for one class (see "Compact form"): an
+    array of the type name and every field's value in declaration order, after the
+    schema version for a document: ``[6,"Usage",12,7]``."""
+    namespace: dict[str, Any] = {}
+    head = f'[{SCHEMA_VERSION},"{name}"' if document else f'["{name}"'
+    parts = [head]
+    for index, field in enumerate(names):
+        namespace[f"_e{index}"] = emitters[field]
+        parts.append(f",{{_e{index}(o.{field})}}")
+    parts.append("]")
+    source = f"def emit(o):\n    return f'{''.join(parts)}'\n"
+    kind = "compact document" if document else "compact value"
+    exec(compile(source, f"<fanfold.db.codec {kind} emitter for {name}>", "exec"), namespace)
+    emit: _Emitter = namespace["emit"]
+    return emit
+
+
 def _emit_object(value: Any) -> str:
     """The text of any registered attrs value (a field of an attrs or union type)."""
     codec = _CODECS.get(type(value))
@@ -331,8 +367,19 @@ def _emit_object(value: Any) -> str:
     return codec.emit(value)
 
 
-def _field_emitter(tp: Any, where: str) -> _Emitter:
-    """The emitter of a value of annotated type ``tp``."""
+def _emit_compact_object(value: Any) -> str:
+    """The compact text of any registered attrs value."""
+    codec = _CODECS.get(type(value))
+    if codec is None:
+        raise CodecError(
+            f"cannot encode {type(value).__qualname__}: not a fanfold.statemachine value"
+        )
+    return codec.compact(value)
+
+
+def _field_emitter(tp: Any, where: str, *, compact: bool = False) -> _Emitter:
+    """The emitter of a value of annotated type ``tp`` (``compact``: in the compact
+    form, see "Compact form")."""
     primitive = _PRIMITIVE_EMITTERS.get(tp)
     if primitive is not None:
         return primitive
@@ -340,16 +387,17 @@ def _field_emitter(tp: Any, where: str) -> _Emitter:
         if not issubclass(tp, str):
             raise TypeError(f"{where}: only str enums are supported, got {tp.__name__}")
         return _emit_str
+    objects = _emit_compact_object if compact else _emit_object
     if attrs.has(tp):
-        return _emit_object
+        return objects
     members = _union_members(tp)
     if members is not None:
         rest = [m for m in members if m is not type(None)]
         emit: _Emitter
         if all(attrs.has(m) for m in rest):
-            emit = _emit_object
+            emit = objects
         elif len(rest) == 1:
-            emit = _field_emitter(rest[0], where)
+            emit = _field_emitter(rest[0], where, compact=compact)
         else:
             raise TypeError(f"{where}: unions mixing attrs classes and other types: {tp}")
         return _optional(emit) if len(rest) < len(members) else emit
@@ -357,8 +405,9 @@ def _field_emitter(tp: Any, where: str) -> _Emitter:
         args = typing.get_args(tp)
         if len(args) != 2 or args[1] is not Ellipsis:
             raise TypeError(f"{where}: only homogeneous tuples (tuple[T, ...]) are supported")
-        array = _array(_field_emitter(args[0], where))
-        return _memo.wrap(array) if args[0] in MEMOISED_ARRAYS else array
+        array = _array(_field_emitter(args[0], where, compact=compact))
+        memo = _compact_memo if compact else _memo
+        return memo.wrap(array) if args[0] in MEMOISED_ARRAYS else array
     raise TypeError(f"{where}: the codec does not support the type {tp!r}")
 
 
@@ -573,7 +622,14 @@ def _object_decoder(classes: tuple[type[Any], ...]) -> _Decoder:
     expected = " or ".join(allowed)
 
     def decode(value: Any) -> Any:
-        if type(value) is not dict:
+        kind = type(value)
+        if kind is list and value:  # the compact form: ["Type", field, ...]
+            tag = value[0]
+            codec = allowed.get(tag) if type(tag) is str else None
+            if codec is None:
+                raise _Invalid(f"expected a {expected} object, got {_describe(value)}")
+            return codec.decode_compact(value, 1)
+        if kind is not dict:
             raise _Invalid(f"expected a {expected} object, got {_describe(value)}")
         tag = value.get("type")
         codec = allowed.get(tag) if type(tag) is str else None
@@ -602,7 +658,10 @@ class _ClassCodec:
     """How one attrs class is encoded and decoded; compiled once per class."""
 
     __slots__ = (
+        "by_version",
         "cls",
+        "compact",
+        "compact_stored",
         "decoders",
         "document",
         "emit",
@@ -638,6 +697,10 @@ class _ClassCodec:
         self.emit: _Emitter = _unbuilt
         self.document: _Emitter = _unbuilt
         self.stored: _Emitter = _unbuilt  # the document, blob fields by reference
+        self.compact: _Emitter = _unbuilt  # the value in the compact form
+        self.compact_stored: _Emitter = _unbuilt  # the compact document, blobs by reference
+        # The field decoders of the fields a compact document of each version holds.
+        self.by_version: dict[int, tuple[tuple[str, str, _Decoder], ...]] = {}
         self.decoders: tuple[tuple[str, str, _Decoder], ...] = ()
 
     def build(self, hints: dict[str, Any]) -> None:
@@ -658,6 +721,19 @@ class _ClassCodec:
             self.stored = _compile_emitter(
                 self.name, self.names, stored, document=True, omitted=omitted
             )
+        compact = {
+            f.name: _field_emitter(hints[f.name], where[f.name], compact=True) for f in fields
+        }
+        value = _compile_compact_emitter(self.name, self.names, compact, document=False)
+        self.compact = _compact_memo.wrap(value) if self.cls in MEMOISED_TYPES else value
+        # A blob's text is the value's ordinary (object) text: one text per value,
+        # whichever form names it.
+        compact_stored = {
+            n: _blobbing(emitters[n]) if n in blobbed else e for n, e in compact.items()
+        }
+        self.compact_stored = _compile_compact_emitter(
+            self.name, self.names, compact_stored, document=True
+        )
         self.decoders = tuple(
             (
                 f.name,
@@ -668,6 +744,41 @@ class _ClassCodec:
             )
             for f in fields
         )
+
+    def decode_compact(self, items: list[Any], start: int) -> Any:
+        """Build the instance from a compact array whose fields begin at ``start``:
+        every field the schema version being decoded has, in declaration order; the
+        fields added later take their defaults."""
+        version = _decoding.version
+        decoders = self.by_version.get(version)
+        if decoders is None:
+            decoders = self.by_version[version] = tuple(
+                d for d in self.decoders if self.since.get(d[0], (0,))[0] <= version
+            )
+        if len(items) - start != len(decoders):
+            raise _Invalid(
+                f"{self.name} needs {len(decoders)} field(s) in its compact form, "
+                f"got {len(items) - start}"
+            )
+        kwargs = {}
+        if len(decoders) != len(self.decoders):
+            kwargs = {
+                alias: self.since[name][1]
+                for name, alias, _ in self.decoders
+                if self.since.get(name, (0,))[0] > version
+            }
+        name = ""
+        try:
+            for index, field in enumerate(decoders, start):
+                name = field[0]
+                kwargs[field[1]] = field[2](items[index])
+        except _Invalid as failure:
+            failure.path.append(f".{name}")
+            raise
+        try:
+            return self.cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise _Invalid(f"invalid {self.name}: {exc}") from None
 
     def decode(self, obj: dict[str, Any]) -> Any:
         """Build the instance from a JSON object whose ``type`` is this class."""
@@ -731,6 +842,8 @@ def as_recorded_by(value: Any, version: int) -> Any:
 def document_version(text: str | bytes) -> int:
     """The schema version a document was written with; raises CodecError if unreadable."""
     document = _loads(text)
+    if type(document) is list:
+        return _check_compact_version(document)
     if not isinstance(document, dict):
         raise CodecError("not a document")
     return _check_version(document)
@@ -903,8 +1016,45 @@ def _check_version(document: dict[str, Any]) -> int:
     return version
 
 
+def _check_compact_version(document: list[Any]) -> int:
+    version = document[0] if document else None
+    if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
+        if type(version) is int and version > SCHEMA_VERSION:
+            raise UnsupportedVersion(version, SCHEMA_VERSION)
+        raise CodecError("an array that is no compact document: it does not start with a version")
+    if version < COMPACT_SINCE:
+        raise CodecError(
+            f"a compact document of schema {version}: the compact form exists since "
+            f"schema {COMPACT_SINCE}"
+        )
+    return version
+
+
+def _decode_compact(value: list[Any], allowed: frozenset[str] | None, what: str) -> Any:
+    """Decode one compact document: ``[version, "Type", field, ...]``."""
+    version = _check_compact_version(value)
+    name = value[1] if len(value) > 1 else None
+    if type(name) is not str:
+        raise CodecError(f"expected {what}: the compact document has no type name")
+    if allowed is not None and name not in allowed:
+        raise CodecError(f"expected {what}, got type {name!r}")
+    codec = _BY_NAME.get(name)
+    if codec is None:
+        raise CodecError(f"unknown type {name!r}")
+    outer, _decoding.version = _decoding.version, version
+    try:
+        return codec.decode_compact(value, 2)
+    except _Invalid as failure:
+        where = "".join(reversed(failure.path))
+        raise CodecError(f"{name}{where}: {failure.problem}") from None
+    finally:
+        _decoding.version = outer
+
+
 def _decode_document(value: Any, allowed: frozenset[str] | None, what: str) -> Any:
     """Decode one versioned document, whose type must be in ``allowed`` (if given)."""
+    if type(value) is list:
+        return _decode_compact(value, allowed, what)
     if type(value) is not dict:
         raise CodecError(f"expected {what} (a JSON object), got {_describe(value)}")
     version = _check_version(value)
@@ -985,6 +1135,7 @@ def column_text(text: str | None) -> str | None:
 def clear_memo() -> None:
     """Forget every memoised text (benchmarks use it to measure a cold start)."""
     _memo.clear()
+    _compact_memo.clear()
 
 
 def encode(value: Any) -> str:
@@ -1041,6 +1192,51 @@ def encode_event(event: Event, blobs: dict[str, str] | None = None) -> str:
     """Encode one event as a versioned JSON document. With ``blobs``, the values of
     ``BLOB_FIELDS`` are written as references and their texts added to ``blobs``."""
     return _document(_EVENT_CODECS.get(type(event)), event, "an event", blobs)
+
+
+def encode_event_compact(event: Event, blobs: dict[str, str]) -> str:
+    """Encode one event as the log stores it: a compact document (see "Compact
+    form"), the values of ``BLOB_FIELDS`` by reference, their texts added to
+    ``blobs``."""
+    codec = _EVENT_CODECS.get(type(event))
+    if codec is None:
+        raise CodecError(f"cannot encode {type(event).__qualname__} as an event")
+    _sink.blobs = blobs
+    try:
+        return codec.compact_stored(event)
+    except _NonFinite:
+        raise _refuse_non_finite(event) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CodecError(f"cannot encode {codec.name}: {exc}") from None
+    finally:
+        _sink.blobs = None
+
+
+def stored_event(text: str, blobs: dict[str, str]) -> str:
+    """An event document from elsewhere (an import) as ``append`` stores the same
+    value: an object document of the current schema as its compact form, its blob
+    values by reference (added to ``blobs``). A document of an older schema keeps its
+    form (only its blob values by reference), and one that does not decode is left
+    as it is, for the reader to report."""
+    try:
+        if document_version(text) == SCHEMA_VERSION:
+            return encode_event_compact(decode_event(text), blobs)
+    except CodecError:
+        return text
+    return collapse_blobs(text, blobs)
+
+
+def inline_event(text: str, blobs: typing.Mapping[str, str]) -> Any:
+    """A stored event document as its ordinary, self-contained form parses: a compact
+    document re-encoded as the object document of the same value (exact: a compact
+    document is of the current schema), blob references written inline. For exports."""
+    document = _loads(text)
+    if type(document) is list:
+        version = _check_compact_version(document)
+        if version != SCHEMA_VERSION:  # pragma: no cover - no older compact form yet
+            raise CodecError(f"a compact document of schema {version} cannot be exported")
+        return _loads(encode_event(decode_event(text, blobs)))
+    return expand_blobs(document, blobs)
 
 
 def decode_event(text: str | bytes, blobs: typing.Mapping[str, str] | None = None) -> Event:

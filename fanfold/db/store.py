@@ -45,8 +45,9 @@ from fanfold.db.codec import (
     decode_event,
     decode_state,
     encode_effect,
-    encode_event,
+    encode_event_compact,
     encode_state,
+    stored_event,
 )
 from fanfold.db.errors import (
     CannotOpen,
@@ -175,7 +176,7 @@ class _Prepared:
         try:
             kind, payload, mark = (
                 type(step.event).__name__,
-                encode_event(step.event, blobs),
+                encode_event_compact(step.event, blobs),
                 fingerprint(step.state),
             )
             self.event_row = (
@@ -722,12 +723,7 @@ class Store:
         ordered = sorted(conversations, key=lambda c: c.row.depth)
         # Stored as ``append`` stores them: large repeated values once, by reference.
         blobs: dict[str, str] = {}
-        events = [
-            attrs.evolve(e, payload=collapse_blobs(e.payload, blobs))
-            if e.type == "ConversationCreated"
-            else e
-            for e in events
-        ]
+        events = [attrs.evolve(e, payload=stored_event(e.payload, blobs)) for e in events]
         ordered = [
             attrs.evolve(c, snapshot_json=collapse_blobs(c.snapshot_json, blobs))
             if c.snapshot_json is not None
@@ -881,6 +877,19 @@ class Store:
             self._blobs.update((key, body) for _, key, body in rows)
             self._blob_rowid = rows[-1][0]
         return self._blobs
+
+    def damage(self) -> str | None:
+        """What SQLite's ``PRAGMA integrity_check`` finds wrong with the database file
+        (its first lines), or None if nothing. Reads the whole file: for telling a
+        divergence from damage that no row checksum shows (a damaged index hides a row
+        from the queries that use it)."""
+        with self._transaction("BEGIN") as conn:
+            try:
+                rows = conn.execute("PRAGMA integrity_check(5)").fetchall()
+            except sqlite3.DatabaseError as exc:
+                return str(exc)
+        lines = [str(row[0]) for row in rows]
+        return None if lines == ["ok"] else "; ".join(lines)
 
     def blobs(self) -> dict[str, str]:
         """Every blob of the log (``sha256 -> text``), for decoding its documents."""

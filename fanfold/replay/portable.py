@@ -131,7 +131,7 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
             "conversation_id": event.conversation_id,
             "seq": event.seq,
             "at": event.at,
-            "event": _parse(event.payload, *where, "its event", blobs),
+            "event": _parse(event.payload, *where, "its event", blobs, event=True),
             "effects": [_parse(e.payload, *where, f"its effect {e.idx}") for e in event.effects],
             "fingerprint": event.fingerprint,
         }
@@ -189,12 +189,21 @@ def _check_contiguous(log: RawLog) -> None:
 
 
 def _parse(
-    text: str, conversation_id: str, seq: int, what: str, blobs: Mapping[str, str] | None = None
+    text: str,
+    conversation_id: str,
+    seq: int,
+    what: str,
+    blobs: Mapping[str, str] | None = None,
+    *,
+    event: bool = False,
 ) -> Any:
     """The document ``text`` parsed; with ``blobs``, its blob references written inline
-    (an export carries no blobs table: each document holds its values)."""
+    (an export carries no blobs table: each document holds its values); an ``event``
+    stored in the compact form as its object document."""
     try:
         document = codec.loads_strict(text)  # refuses NaN/Infinity: an export never holds one
+        if event and type(document) is list:
+            return codec.inline_event(text, blobs or {})
         return codec.expand_blobs(document, blobs) if blobs else document
     except CodecError as exc:
         raise LogCorrupt(

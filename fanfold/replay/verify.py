@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import attrs
+
 from fanfold.db import RawLog, Store
 from fanfold.replay.core import replay_log, replay_quickly, subtree_logs
 from fanfold.replay.report import (
     ConversationResult,
     Divergence,
     Finding,
+    FindingKind,
     ReplayStep,
     VerifyReport,
 )
@@ -32,7 +35,39 @@ def verify(store: Store, conversation_id: str, *, tree: bool = False) -> VerifyR
     """
     logs = subtree_logs(store, conversation_id) if tree else [store.raw_log(conversation_id)]
     results = tuple(_verify_one(log) for log in logs)
+    if any(r.divergence is not None for r in results):
+        results = _damage_explains(store, results)
     return VerifyReport(conversation_id=conversation_id, tree=tree, results=results)
+
+
+def _damage_explains(
+    store: Store, results: tuple[ConversationResult, ...]
+) -> tuple[ConversationResult, ...]:
+    """A divergence in a damaged file may be the damage: a damaged index hides rows
+    (an effect, an event at the end) from the queries that read through it, which no
+    row checksum can show. So a divergence is reported with a finding of damage when
+    SQLite's integrity check finds the file damaged."""
+    problem = store.damage()
+    if problem is None:
+        return results
+    return tuple(
+        attrs.evolve(
+            r,
+            findings=(
+                *r.findings,
+                Finding(
+                    FindingKind.CORRUPT_PAYLOAD,
+                    r.conversation_id,
+                    r.divergence.seq,
+                    f"the database file is damaged ({problem}): the divergence at event "
+                    f"{r.divergence.seq} may be that damage",
+                ),
+            ),
+        )
+        if r.divergence is not None
+        else r
+        for r in results
+    )
 
 
 def _verify_one(log: RawLog) -> ConversationResult:

@@ -1,0 +1,65 @@
+"""The log stores events in the compact form (``fanfold.db.codec``, "Compact form"):
+the same values as the object documents, without field names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from replay_helpers import trace_steps
+
+from fanfold import testing
+from fanfold.db import CodecError, UnsupportedVersion, decode_event, encode_event
+from fanfold.db.codec import SCHEMA_VERSION, encode_event_compact, inline_event
+from fanfold.statemachine import ModelReplied, ModelReply, ToolCall, Usage
+
+
+@given(trace=testing.event_sequences(max_steps=25))
+@settings(max_examples=60, deadline=None)
+def test_every_event_reads_back_from_its_compact_form(trace: testing.Trace) -> None:
+    for step in trace_steps(trace):
+        blobs: dict[str, str] = {}
+        text = encode_event_compact(step.event, blobs)
+        assert decode_event(text, blobs) == step.event
+        # Exported, it is the object document, exactly.
+        inline = json.dumps(inline_event(text, blobs), separators=(",", ":"))
+        assert inline == encode_event(step.event)
+
+
+def test_the_compact_form_leaves_out_the_field_names() -> None:
+    event = ModelReplied(
+        3, ModelReply("Done.", (ToolCall("c1", "think", '{"a":1}'),), Usage(12, 7), "tool_use")
+    )
+    text = encode_event_compact(event, {})
+    assert text == (
+        f'[{SCHEMA_VERSION},"ModelReplied",3,["ModelReply","Done.",'
+        '[["ToolCall","c1","think","{\\"a\\":1}"]],["Usage",12,7,0],"tool_use",""]]'
+    )
+    # (Fields written only when not at their default in the object form, such as the
+    # cached tokens of a Usage, are always written here: every field has its place.)
+    assert len(text) < len(encode_event(event)) * 0.6
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('[5,"UserMessaged","hi"]', "the compact form exists since schema 6"),
+        (f'[{SCHEMA_VERSION},"UserMessaged"]', "needs 1 field(s) in its compact form, got 0"),
+        (f'[{SCHEMA_VERSION},"UserMessaged","a","b"]', "needs 1 field(s)"),
+        (f'[{SCHEMA_VERSION},"UserMessaged",3]', "UserMessaged.text: expected a string"),
+        (f'[{SCHEMA_VERSION},"CallModel",1,1]', "expected an event, got type 'CallModel'"),
+        (f'[{SCHEMA_VERSION},"Nope"]', "expected an event, got type 'Nope'"),
+        ('["UserMessaged","hi"]', "does not start with a version"),
+        ("[]", "does not start with a version"),
+        (f'[{SCHEMA_VERSION},"ModelReplied",1,["Usage",1,2]]', "expected a ModelReply object"),
+    ],
+)
+def test_a_bad_compact_document_is_a_codec_error(text: str, problem: str) -> None:
+    with pytest.raises(CodecError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        decode_event(text)
+
+
+def test_a_newer_compact_document_is_refused_with_both_versions() -> None:
+    with pytest.raises(UnsupportedVersion):
+        decode_event(f'[{SCHEMA_VERSION + 1},"UserMessaged","hi"]')
