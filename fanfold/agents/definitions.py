@@ -35,7 +35,7 @@ import cattrs
 import yaml
 from cattrs.errors import ClassValidationError
 
-from fanfold.statemachine.agent_defs import AgentDefinition, PromptMode
+from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode, PromptMode
 from fanfold.statemachine.permissions import (
     PATH_TOOLS,
     READ_ONLY,
@@ -46,8 +46,9 @@ from fanfold.statemachine.permissions import (
 KNOWN_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file", "think"})
 """The ordinary tools fanfold has (a rule naming another tool matches nothing)."""
 
-CONTEXT_MODES = ("task_only",)
-"""Context modes implemented: a fresh history holding just the task."""
+CONTEXT_MODES = ("task_only", "full")
+"""Context modes implemented: a fresh history holding just the task; the parent's
+conversation so far, then the task. (``summary`` is not.)"""
 
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
@@ -287,7 +288,7 @@ def _definition(
             AgentProblem(
                 path,
                 at("context"),
-                f"context {matter.context!r} is not implemented (only task_only is)",
+                f"context {matter.context!r} is not implemented (task_only and full are)",
             )
         )
     allow = None
@@ -317,6 +318,7 @@ def _definition(
             timeout=matter.timeout,
             may_delegate=matter.may_delegate,
             source=path,
+            context=ContextMode(matter.context),
         ),
         problems,
     )
