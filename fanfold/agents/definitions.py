@@ -195,7 +195,17 @@ def parse_definition(
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = first + mark.line if mark is not None else first
-        return None, (AgentProblem(path, line, f"YAML: {exc.problem or exc.context}"),)
+        message = f"YAML: {exc.problem or exc.context}"
+        if (
+            exc.context
+            and exc.problem
+            and exc.context_mark is not None
+            and first + exc.context_mark.line != line
+        ):
+            # Where the construct that is not closed began ("while parsing a flow
+            # sequence" on line 3, found the end of the front matter on line 4).
+            message += f" ({exc.context}, from line {first + exc.context_mark.line})"
+        return None, (AgentProblem(path, line, message),)
     except yaml.YAMLError as exc:
         return None, (AgentProblem(path, first, f"YAML: {exc}"),)
     if not isinstance(data, dict):
