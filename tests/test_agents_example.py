@@ -43,6 +43,12 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     shown = runner.invoke(cli, ["show", root.id, "--db", str(db), "--json"], env=env)
     tree = json.loads(shown.output)
     explorer, reviewer, quick, slow = tree["children"]
+    assert [(c["parent"], c["mode"], c["context"]) for c in tree["children"]] == [
+        (root.id, "sequential", "task_only"),
+        (root.id, "sequential", "task_only"),
+        (root.id, "race", "task_only"),
+        (root.id, "race", "task_only"),
+    ]
     assert (explorer["agent"], explorer["tools"], explorer["refused_calls"]) == (
         "explorer",
         ["read_file", "think", "submit_result", "submit_error"],
@@ -52,7 +58,8 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     assert reviewer["agent"] == "reviewer" and reviewer["refused_calls"] == 1
     assert "spawn_agents" not in reviewer["tools"]  # may_delegate: false
     text = runner.invoke(cli, ["show", root.id, "--db", str(db)], env=env).output
-    assert "Sub-agent [explorer]" in text and "Sub-agent [reviewer]" in text
+    assert "Sub-agent [explorer] (sequential)" in text and "Sub-agent [reviewer]" in text
+    assert "Sub-agent [explorer] (race)" in text
     assert text.count("1 tool call refused by its permissions") == 2
     with Store.open(db) as store:
         history = store.load_state(root.id + ".1").history
