@@ -1757,7 +1757,7 @@ def check_start(
         if not (isinstance(state.phase, Idle) and effects == () and state.history == ()):
             _fail("a root starts Idle", f"effects {effects}", state)
         return
-    if state.history != (UserMessage(created.task or ""),):
+    if state.history != (*created.context, UserMessage(created.task or "")):
         _fail("a sub-agent starts on its task", f"history {state.history}", state)
     kinds = [type(e).__name__ for e in effects]
     if _workdir_refused(created):
@@ -2321,6 +2321,8 @@ def _check_within_parent_limits(parent: Limits, spawn: SpawnSubAgent, after: Con
     if definition is not None:
         told = definition.system_prompt(told)
     _check_child_permissions(after, spawn, problems)
+    if not _from_parents_history(spawn.context, after.history):
+        problems.append("its context is not its parent's history (and reply text)")
     if (spawn.system_prompt, spawn.sub_agent_prompt) != (told, after.sub_agent_prompt):
         problems.append(
             f"system prompt {spawn.system_prompt!r} / {spawn.sub_agent_prompt!r}, "
@@ -2341,6 +2343,20 @@ def _definition_of(parent: Conversation, spawn: SpawnSubAgent) -> AgentDefinitio
     if found is None:
         _fail("a child's agent is one of its parent's", f"unknown {spawn.agent!r}", parent)
     return found
+
+
+def _from_parents_history(context: tuple[Message, ...], history: tuple[Message, ...]) -> bool:
+    """A child's context (mode full) is a prefix of its parent's history, possibly
+    followed by the text of the spawning reply without its tool calls."""
+    n = len(context)
+    if context == history[:n]:
+        return True
+    last = context[-1]
+    return (
+        context[:-1] == history[: n - 1]
+        and isinstance(last, AssistantMessage)
+        and not last.tool_calls
+    )
 
 
 def _check_child_permissions(

@@ -125,8 +125,8 @@ def test_fanfold_keys_and_yaml_lists() -> None:
             ["a.md:4: read-only is an allow rule (in tools)"],
         ),
         (
-            "---\nname: x\ndescription: y\ncontext: full\n---\n",
-            ["a.md:4: context 'full' is not implemented (only task_only is)"],
+            "---\nname: x\ndescription: y\ncontext: summary\n---\n",
+            ["a.md:4: context 'summary' is not implemented (task_only and full are)"],
         ),
         (
             "---\nname: a b\ndescription: y\n---\n",
@@ -254,3 +254,4 @@ def test_the_readme_example_file_is_valid() -> None:
     )
     assert (definition.max_rounds, definition.max_tokens, definition.timeout) == (8, 40000, 300)
     assert not definition.may_delegate and definition.model == "small"
+    assert definition.context == "full"

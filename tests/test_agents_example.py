@@ -43,6 +43,12 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     shown = runner.invoke(cli, ["show", root.id, "--db", str(db), "--json"], env=env)
     tree = json.loads(shown.output)
     explorer, reviewer, quick, slow = tree["children"]
+    assert [(c["parent"], c["mode"], c["context"]) for c in tree["children"]] == [
+        (root.id, "sequential", "task_only"),
+        (root.id, "sequential", "task_only"),
+        (root.id, "race", "task_only"),
+        (root.id, "race", "task_only"),
+    ]
     assert (explorer["agent"], explorer["tools"], explorer["refused_calls"]) == (
         "explorer",
         ["read_file", "think", "submit_result", "submit_error"],
@@ -52,7 +58,8 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     assert reviewer["agent"] == "reviewer" and reviewer["refused_calls"] == 1
     assert "spawn_agents" not in reviewer["tools"]  # may_delegate: false
     text = runner.invoke(cli, ["show", root.id, "--db", str(db)], env=env).output
-    assert "Sub-agent [explorer]" in text and "Sub-agent [reviewer]" in text
+    assert "Sub-agent [explorer] (sequential)" in text and "Sub-agent [reviewer]" in text
+    assert "Sub-agent [explorer] (race)" in text
     assert text.count("1 tool call refused by its permissions") == 2
     with Store.open(db) as store:
         history = store.load_state(root.id + ".1").history
@@ -79,3 +86,59 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     assert any("the quorum of 1 successful sub-agent(s) was reached" in m for m in answer)
     verify = runner.invoke(cli, ["replay", root.id, "--db", str(db), "--verify", "--tree"])
     assert verify.exit_code == 0, verify.output
+
+
+def test_an_invalid_definition_never_stops_a_run_and_a_project_agent_is_used(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    agents = project / ".fanfold" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "broken.md").write_text("---\nname: broken\ntools: [\n---\n", encoding="utf-8")
+    (agents / "lister.md").write_text(
+        "---\nname: lister\ndescription: lists files\ntools: bash(ls*)\n---\nList.\n",
+        encoding="utf-8",
+    )
+    script = {
+        "agents": [
+            {
+                "match": {"path": "root"},
+                "replies": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "spawn_agents",
+                                "arguments": {"tasks": [{"task": "list", "agent": "lister"}]},
+                            }
+                        ]
+                    },
+                    {"text": "listed"},
+                ],
+            },
+            {
+                "match": {"depth": 1},
+                "replies": [
+                    {
+                        "tool_calls": [
+                            {"name": "bash", "arguments": {"command": "ls"}},
+                            {"name": "bash", "arguments": {"command": "ls; touch pwned"}},
+                        ]
+                    }
+                ],
+            },
+        ]
+    }
+    script_path = tmp_path / "script.json"
+    script_path.write_text(json.dumps(script), encoding="utf-8")
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    db = tmp_path / "run.db"
+    args = ["run", "--db", str(db), "--script", str(script_path), "--cwd", str(project)]
+    result = CliRunner().invoke(cli, [*args, "--no-live", "go"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "agent definition left out:" in result.output and "broken.md:4: YAML" in result.output
+    assert not (project / "pwned").exists()
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+        child = store.load_state(root.id + ".1")
+    assert child.agent == "lister" and child.refused_calls == 1
+    assert [t.name for t in child.tools] == ["bash", "submit_result", "submit_error"]

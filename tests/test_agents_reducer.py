@@ -10,6 +10,7 @@ from sm_support import (
     begin,
     created_root,
     of_type,
+    only,
     replied,
     root,
     spawn,
@@ -22,14 +23,17 @@ from sm_support import (
 
 from fanfold.statemachine import (
     SUB_AGENT_PROMPT,
+    AssistantMessage,
     ConversationCreated,
     Limits,
+    RuntimeResumed,
     RunTool,
     SpawnSubAgent,
     ToolSpec,
+    UserMessage,
     fold,
 )
-from fanfold.statemachine.agent_defs import AgentDefinition, PromptMode
+from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode, PromptMode
 from fanfold.statemachine.permissions import Rule
 
 WRITE = ToolSpec.from_schema("write_file", "Write a file", {"type": "object"})
@@ -211,3 +215,45 @@ def test_a_root_with_agents_encodes_like_before_without_them() -> None:
 
     assert "agents" not in encode_event(created_root())
     assert '"agents":[{"type":"AgentDefinition"' in encode_event(created_root(agents=AGENTS))
+
+
+def test_context_full_gives_the_parents_conversation_before_the_spawning_call() -> None:
+    thorough = AgentDefinition("thorough", "sees everything", context=ContextMode.FULL)
+    state = root(agents=(thorough,), sub_agent_prompt=SUB_AGENT_PROMPT)
+    state, _ = step(state, user("fix the bug in parser.py"))
+    state, _ = step(state, replied(state, tool("b1", "bash", command="pytest -x")))
+    state, _ = step(state, tool_done(state, "1 failed: test_parse"))
+    spawning = replied(
+        state,
+        spawn("s1", {"task": "find the cause", "agent": "thorough"}, {"task": "plain"}),
+        spawn("s2", {"task": "look too", "context": "full"}),
+        text="Let me delegate.",
+    )
+    state, effects = step(state, spawning)
+    full, plain, asked = of_type(effects, SpawnSubAgent)
+    assert [type(m).__name__ for m in full.context] == [
+        "UserMessage",  # the user's request
+        "AssistantMessage",  # the bash call ...
+        "ToolResultMessage",  # ... and its result
+        "AssistantMessage",  # the spawning reply's text, without its tool calls
+    ]
+    assert full.context[-1] == AssistantMessage("Let me delegate.")
+    assert plain.context == () and asked.context == full.context
+    child, _ = begin(full.created_event())
+    assert child.history == (*full.context, UserMessage("find the cause"))
+    # Restarted while they run: the re-issued spawns carry the same context.
+    _, again = step(state, RuntimeResumed())
+    assert [s.context for s in of_type(again, SpawnSubAgent)] == [full.context, (), full.context]
+
+
+def test_a_task_may_ask_for_task_only_under_a_full_definition() -> None:
+    thorough = AgentDefinition("thorough", "sees everything", context=ContextMode.FULL)
+    state = root(agents=(thorough,))
+    state, _ = step(state, user("go"))
+    task = {"task": "t", "agent": "thorough", "context": "task_only"}
+    state, effects = step(state, replied(state, spawn("s1", task)))
+    assert only(effects, SpawnSubAgent).context == ()
+    state = root()
+    state, _ = step(state, user("go"))
+    state, _ = step(state, replied(state, spawn("s1", {"task": "t", "context": "summary"})))
+    assert "'context' must be task_only or full" in tool_results(state)[0].content

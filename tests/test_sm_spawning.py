@@ -305,6 +305,7 @@ def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
         agents=(REVIEWER,),
         agent="reviewer",
         permissions=READ_ONLY_PERMISSIONS,
+        context=(sm.UserMessage("earlier"),),
     )
     created = spawn.created_event(workdir)
     expected = {
@@ -324,6 +325,7 @@ def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
         "agents": (REVIEWER,),
         "agent": "reviewer",
         "permissions": READ_ONLY_PERMISSIONS,
+        "context": (sm.UserMessage("earlier"),),
     }
     assert {f.name for f in attrs.fields(sm.ConversationCreated)} == set(expected)
     assert {name: getattr(created, name) for name in expected} == expected

@@ -35,7 +35,7 @@ import cattrs
 import yaml
 from cattrs.errors import ClassValidationError
 
-from fanfold.statemachine.agent_defs import AgentDefinition, PromptMode
+from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode, PromptMode
 from fanfold.statemachine.permissions import (
     PATH_TOOLS,
     READ_ONLY,
@@ -46,8 +46,9 @@ from fanfold.statemachine.permissions import (
 KNOWN_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file", "think"})
 """The ordinary tools fanfold has (a rule naming another tool matches nothing)."""
 
-CONTEXT_MODES = ("task_only",)
-"""Context modes implemented: a fresh history holding just the task."""
+CONTEXT_MODES = ("task_only", "full")
+"""Context modes implemented: a fresh history holding just the task; the parent's
+conversation so far, then the task. (``summary`` is not.)"""
 
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
@@ -194,7 +195,17 @@ def parse_definition(
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = first + mark.line if mark is not None else first
-        return None, (AgentProblem(path, line, f"YAML: {exc.problem or exc.context}"),)
+        message = f"YAML: {exc.problem or exc.context}"
+        if (
+            exc.context
+            and exc.problem
+            and exc.context_mark is not None
+            and first + exc.context_mark.line != line
+        ):
+            # Where the construct that is not closed began ("while parsing a flow
+            # sequence" on line 3, found the end of the front matter on line 4).
+            message += f" ({exc.context}, from line {first + exc.context_mark.line})"
+        return None, (AgentProblem(path, line, message),)
     except yaml.YAMLError as exc:
         return None, (AgentProblem(path, first, f"YAML: {exc}"),)
     if not isinstance(data, dict):
@@ -287,7 +298,7 @@ def _definition(
             AgentProblem(
                 path,
                 at("context"),
-                f"context {matter.context!r} is not implemented (only task_only is)",
+                f"context {matter.context!r} is not implemented (task_only and full are)",
             )
         )
     allow = None
@@ -317,6 +328,7 @@ def _definition(
             timeout=matter.timeout,
             may_delegate=matter.may_delegate,
             source=path,
+            context=ContextMode(matter.context),
         ),
         problems,
     )

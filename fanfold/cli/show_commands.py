@@ -29,7 +29,18 @@ from fanfold.cli.turns import last_answer
 from fanfold.db import EmptyLog, Store
 from fanfold.db.provenance import UserKey, refusal
 from fanfold.providers.config import Config
-from fanfold.statemachine import Completed, Conversation, Error, Failed, Idle, spawn_order
+from fanfold.statemachine import (
+    AssistantMessage,
+    Completed,
+    Conversation,
+    Error,
+    Failed,
+    Idle,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+    spawn_order,
+)
 
 
 @click.command(name="ls")
@@ -113,6 +124,17 @@ class ShowNode:
     duration: float
     children: tuple[ShowNode, ...]
     cost: float | None = None
+    mode: str | None = None  # the execution mode of the spawn_agents call that made it
+
+    @property
+    def context(self) -> str | None:
+        """A sub-agent's context mode: ``task_only`` when its history starts with its
+        task, ``full`` when with its parent's conversation."""
+        state = self.state
+        if not state.is_sub_agent:
+            return None
+        first = state.history[:1]
+        return "task_only" if not first or first[0] == UserMessage(self.task) else "full"
 
     def tree_cost(self) -> float | None:
         """The cost of this conversation and every one below it; None unless every
@@ -177,6 +199,9 @@ class ShowNode:
             # Agent definitions and permissions (issue 12): the agent it was spawned
             # as, the tools it was offered, the calls its permissions refused.
             "agent": state.agent,
+            "parent": state.parent_id,
+            "mode": self.mode,
+            "context": self.context,
             "tools": [t.name for t in state.tools],
             "refused_calls": state.refused_calls,
             "children": [c.to_json() for c in self.children],
@@ -188,6 +213,9 @@ class ShowNode:
         kind = "Sub-agent" if state.is_sub_agent else "Agent"
         if state.agent is not None:
             kind += f" [{printable(state.agent)}]"
+        how = [m for m in (self.mode, self.context) if m not in (None, "parallel", "task_only")]
+        if how:
+            kind += f" ({', '.join(how)})"
         # Task and outcome are model text: plain Text (never markup), printable only.
         line = Text.assemble(
             (symbol or "…", style),
@@ -247,6 +275,7 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
         prices = config.resolve(state.model, state.depth)[0].prices
         if prices is not None:
             cost = prices.cost(state.usage_input, state.usage_cached, state.usage_output)
+    modes = delegation_modes(state)
     return ShowNode(
         # The state's task is the exact text; the row's is a copy made storable.
         state=state,
@@ -254,11 +283,51 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
         status=row.status,
         duration=round(row.updated_at - row.created_at, 2),
         children=tuple(
-            _show_node(store, c.id, config)
+            attrs.evolve(_show_node(store, c.id, config), mode=modes.get(c.id))
             for c in sorted(store.children(conversation_id), key=lambda c: spawn_order(c.id))
         ),
         cost=cost,
     )
+
+
+def delegation_modes(state: Conversation) -> dict[str, str]:
+    """Child id -> the execution mode of the spawn_agents call that made it: read from
+    the calls and their fan-in results in the history, and the children still pending."""
+    by_call: dict[str, str] = {}
+    modes: dict[str, str] = {}
+    for message in state.history:
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls:
+                if call.name == "spawn_agents":
+                    by_call[call.id] = _call_mode(call)
+        elif isinstance(message, ToolResultMessage) and message.result.name == "spawn_agents":
+            mode = by_call.get(message.result.tool_call_id)
+            try:
+                entries = json.loads(message.result.content).get("sub_agent_results", [])
+            except (ValueError, AttributeError):
+                continue
+            for entry in entries if isinstance(entries, list) else []:
+                if mode is not None and isinstance(entry, dict):
+                    modes[str(entry.get("agent_id"))] = mode
+    children = state.children
+    if children is not None:
+        for pending in children.pending:
+            spec = pending.spec
+            modes[spec.id] = "parallel" if spec.mode is None else spec.mode.mode.value
+    return modes
+
+
+def _call_mode(call: ToolCall) -> str:
+    try:
+        arguments = call.arguments()
+    except ValueError:
+        return "parallel"
+    if not isinstance(arguments, dict):
+        return "parallel"
+    mode = arguments.get("mode")
+    if mode in ("sequential", "race"):
+        return str(mode)
+    return "race" if arguments.get("quorum") is not None else "parallel"
 
 
 def _trusted_config(store: Store, root_id: str) -> Config | None:

@@ -16,6 +16,15 @@ import attrs
 from fanfold.statemachine.permissions import Rule, RuleSet
 
 
+class ContextMode(enum.StrEnum):
+    """What a sub-agent is given besides its task."""
+
+    TASK_ONLY = "task_only"
+    """A fresh history holding just the task (the default)."""
+    FULL = "full"
+    """Its parent's history before the spawning reply, that reply's text, then the task."""
+
+
 class PromptMode(enum.StrEnum):
     """How a definition's body meets the default sub-agent prompt."""
 
@@ -35,6 +44,7 @@ class AgentDefinition:
     - ``max_rounds``, ``max_tokens``, ``timeout``: caps; the parent's limits (and the
       share of its budget it has left) cap them in turn.
     - ``may_delegate``: False: it is not offered ``spawn_agents``.
+    - ``context``: what it is given besides its task (a task may say otherwise).
     - ``source``: where it was found (a path, or ``built-in``), for people.
     """
 
@@ -50,6 +60,7 @@ class AgentDefinition:
     timeout: float | None = None
     may_delegate: bool = True
     source: str = "built-in"
+    context: ContextMode = ContextMode.TASK_ONLY
 
     def rules(self, base: str) -> RuleSet:
         """Its rules as a layer, path patterns relative to ``base``."""

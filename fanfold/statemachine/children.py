@@ -84,6 +84,10 @@ class ChildSpec:
     model: str | None = None
     # The agent definition the task named (issue 12; written only when set).
     agent: str | None = attrs.field(default=None, metadata={"since": 6, "omitted_at_default": True})
+    # Its context mode when not task_only ("full"; issue 12, written only when set).
+    context: str | None = attrs.field(
+        default=None, metadata={"since": 6, "omitted_at_default": True}
+    )
     # The mode of its spawn_agents call (None: parallel; issue 12, written only when set).
     mode: SpawnMode | None = attrs.field(
         default=None, metadata={"since": 6, "omitted_at_default": True}

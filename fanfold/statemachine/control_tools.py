@@ -155,6 +155,12 @@ def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
         return last[1]
     schema = SPAWN_AGENTS_SPEC.input_schema()
     schema["properties"].update(MODE_PROPERTIES)
+    schema["properties"]["tasks"]["items"]["properties"]["context"] = {
+        "type": "string",
+        "enum": ["task_only", "full"],
+        "description": "task_only (default): the sub-agent sees just its task; full: "
+        "also this conversation so far",
+    }
     names = [a.name for a in agents]
     schema["properties"]["tasks"]["items"]["properties"]["agent"] = {
         "type": "string",
@@ -249,6 +255,7 @@ class TaskRequest:
     max_iterations: int | None
     model: str | None
     agent: str | None = None
+    context: str | None = None
 
 
 def parse_task(entry: object) -> TaskRequest | str:
@@ -258,7 +265,15 @@ def parse_task(entry: object) -> TaskRequest | str:
     task = entry.get("task")
     if not isinstance(task, str) or not task.strip():
         return "'task' must be a non-empty string"
-    unknown = set(entry) - {"task", "cwd", "timeout", "max_iterations", "model", "agent"}
+    unknown = set(entry) - {
+        "task",
+        "cwd",
+        "timeout",
+        "max_iterations",
+        "model",
+        "agent",
+        "context",
+    }
     if unknown:
         return f"unknown field(s): {', '.join(sorted(unknown))}"
     cwd = entry.get("cwd")
@@ -284,6 +299,9 @@ def parse_task(entry: object) -> TaskRequest | str:
     agent = entry.get("agent")
     if agent is not None and (not isinstance(agent, str) or not agent):
         return "'agent' must be a non-empty string (an agent's name)"
+    context = entry.get("context")
+    if context is not None and context not in ("task_only", "full"):
+        return "'context' must be task_only or full"
     return TaskRequest(
         task=task,
         cwd=cwd,
@@ -291,6 +309,7 @@ def parse_task(entry: object) -> TaskRequest | str:
         max_iterations=max_iterations,
         model=model,
         agent=agent,
+        context=context,
     )
 
 

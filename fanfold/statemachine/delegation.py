@@ -21,8 +21,22 @@ import attrs
 
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
 from fanfold.statemachine.limits import Limits
-from fanfold.statemachine.messages import ToolSpec
+from fanfold.statemachine.messages import AssistantMessage, Message, ToolSpec
 from fanfold.statemachine.permissions import Permissions, allows_tool, restrict
+
+
+def parent_context(history: tuple[Message, ...]) -> tuple[Message, ...]:
+    """What a child of context mode ``full`` is given before its task: its parent's
+    history before the reply that spawned it, and that reply's text (its tool calls
+    left out: their results do not exist yet). During the spawning round that reply
+    is the history's last assistant message, so the context is the same whenever
+    the child's SpawnSubAgent is (re-)issued."""
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        if isinstance(message, AssistantMessage):
+            before = history[:index]
+            return (*before, AssistantMessage(message.text)) if message.text.strip() else before
+    return history
 
 
 def agent_for(agents: tuple[AgentDefinition, ...], name: str) -> AgentDefinition | str:

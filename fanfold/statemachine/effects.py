@@ -16,7 +16,7 @@ from fanfold.statemachine.children import ChildOutcome
 from fanfold.statemachine.errors import CancelReason
 from fanfold.statemachine.events import ConversationCreated, WorkingDirectory
 from fanfold.statemachine.limits import Limits
-from fanfold.statemachine.messages import ToolCall, ToolSpec
+from fanfold.statemachine.messages import Message, ToolCall, ToolSpec
 from fanfold.statemachine.permissions import Permissions
 
 _AGENTS_FIELD = {"since": 6, "omitted_at_default": True}
@@ -107,6 +107,7 @@ class SpawnSubAgent:
     agents: tuple[AgentDefinition, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
     agent: str | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
     permissions: Permissions | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
+    context: tuple[Message, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
 
     def created_event(self, workdir: WorkingDirectory | None = None) -> ConversationCreated:
         """The child's first event, built from this effect with no decisions left;
@@ -128,6 +129,7 @@ class SpawnSubAgent:
             agents=self.agents,
             agent=self.agent,
             permissions=self.permissions,
+            context=self.context,
         )
 
 

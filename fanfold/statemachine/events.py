@@ -13,7 +13,7 @@ from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.children import ChildOutcome
 from fanfold.statemachine.errors import CancelReason
 from fanfold.statemachine.limits import Limits
-from fanfold.statemachine.messages import ModelError, ModelReply, ToolResult, ToolSpec
+from fanfold.statemachine.messages import Message, ModelError, ModelReply, ToolResult, ToolSpec
 from fanfold.statemachine.permissions import Permissions
 from fanfold.statemachine.state import Conversation
 
@@ -54,6 +54,8 @@ class ConversationCreated:
     (a root's come from the runtime, a child's from its parent); ``agent``: the
     definition a sub-agent was spawned as; ``permissions``: the rules its tool calls
     must pass (None: none). Its ``tools`` are already those its permissions leave.
+    ``context``: what a sub-agent is given before its task (context mode ``full``: its
+    parent's history up to the spawning reply); its history starts with it.
     """
 
     conversation_id: str
@@ -74,6 +76,7 @@ class ConversationCreated:
     agents: tuple[AgentDefinition, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
     agent: str | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
     permissions: Permissions | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
+    context: tuple[Message, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
 
 
 @attrs.frozen

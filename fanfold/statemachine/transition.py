@@ -55,6 +55,7 @@ from fanfold.statemachine.delegation import (
     capped_limits,
     capped_share,
     child_setup,
+    parent_context,
     permitted_tools,
 )
 from fanfold.statemachine.effects import (
@@ -192,7 +193,7 @@ def start(created: ConversationCreated | ConversationForked) -> Transition:
         refused = workdir_problem(created.cwd, created.workdir)
         if refused is not None:
             # It never runs a tool there, nor calls the model: the parent hears at once.
-            state = state.evolve(history=(UserMessage(created.task),))
+            state = state.evolve(history=(*created.context, UserMessage(created.task)))
             return _apply_ending(state, EndFailed(refused, ErrorKind.INVALID_CWD))
     timer: Effects = ()
     if created.timeout is not None:
@@ -200,7 +201,8 @@ def start(created: ConversationCreated | ConversationForked) -> Transition:
         timer = (
             StartTimer(state.next_call - 1, created.timeout, "time limit", counts_downtime=True),
         )
-    state = state.evolve(history=(UserMessage(created.task),))
+    # Context mode full: what its parent had said so far, then the task.
+    state = state.evolve(history=(*created.context, UserMessage(created.task)))
     return _after(timer, _call_model(state))
 
 
@@ -862,6 +864,7 @@ def _spawn(
             model=request.model or (definition and definition.model) or state.model,
             agent=request.agent,
             mode=mode,
+            context=_context_mode(request, definition),
         )
         accepted.append(PendingChild(spec))
     if not accepted:
@@ -1002,7 +1005,16 @@ def _spawn_effect(
         agents=() if setup is None else setup.agents,
         agent=spec.agent,
         permissions=state.permissions if setup is None else setup.permissions,
+        context=parent_context(state.history) if spec.context == "full" else (),
     )
+
+
+def _context_mode(request: TaskRequest, definition: AgentDefinition | None) -> str | None:
+    """A child's context mode: the task's, else its definition's; None: task_only."""
+    mode = request.context
+    if mode is None and definition is not None:
+        mode = definition.context.value
+    return "full" if mode == "full" else None
 
 
 def agent_for_spec(state: Conversation, name: str) -> AgentDefinition:
