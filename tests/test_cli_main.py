@@ -69,7 +69,8 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
     from fanfold.cli import cli
 
     assert set(cli.commands) == {
-        "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import", "trace"
+        "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import", "trace",
+        "ui",
     }  # fmt: skip
     for name, command in cli.commands.items():
         assert isinstance(command, click.Command), name

@@ -9,13 +9,17 @@ install them; ``.ci/run`` installs both, so CI runs them.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from db_scenarios import Driver, fan_out
 from trace_helpers import HOSTILE, MARKS_SCRIPT, diverge, fan_out_log, offline_example, run_script
 
 from fanfold.db import Store
@@ -216,3 +220,55 @@ def test_a_thousand_agents_load_virtualised(
     absent = page.locator("#rows .row.absent").count()
     assert absent == page.locator("#rows .row:not(#row-0)").count() > 10
     screenshot(page, "fanout-1000")
+
+
+@contextmanager
+def ui_server(db: Path) -> Iterator[str]:
+    """``fanfold ui``'s application served by Hypercorn's Trio worker in a thread."""
+    pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra: pip install '.[ui]'")
+    import trio
+
+    from fanfold.trace.server import TraceServer, serve
+
+    binds: queue.Queue[str] = queue.Queue()
+    stop: list[Any] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            (bind,) = await nursery.start(serve, TraceServer(db, poll=0.05), "127.0.0.1", 0)
+            stop.extend([trio.lowlevel.current_trio_token(), nursery.cancel_scope])
+            binds.put(bind)
+
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    try:
+        yield binds.get(timeout=30)
+    finally:
+        token, scope = stop
+        trio.from_thread.run_sync(scope.cancel, trio_token=token)
+        thread.join(timeout=30)
+
+
+def test_ui_pages_follow_a_running_tree(page: Any, tmp_path: Path) -> None:
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    half = len(steps) // 2
+    db = tmp_path / "live.db"
+    with Store.open(db) as store:
+        store.append(steps[:half])
+    with ui_server(db) as base:
+        page.goto(base + "/")
+        page.wait_for_selector("body[data-ready]")
+        link = page.locator("#trees a")
+        assert link.inner_text() == "r"
+        assert "running" in page.locator("#trees tr.tree").inner_text()
+        link.click()
+        page.wait_for_selector("body[data-ready]")
+        assert page.locator("#row-0.running").count() == 1
+        with Store.open(db) as store:
+            store.append(steps[half:])
+        # The page hears the change (server-sent events) and redraws with the new data.
+        page.wait_for_selector("#row-0.idle", timeout=15_000)
+        assert page.locator("#rows .row").count() == 4
+        screenshot(page, "ui-live")
