@@ -272,3 +272,4 @@ def test_ui_pages_follow_a_running_tree(page: Any, tmp_path: Path) -> None:
         page.wait_for_selector("#row-0.idle", timeout=15_000)
         assert page.locator("#rows .row").count() == 4
         screenshot(page, "ui-live")
+        page.goto("about:blank")  # close the event stream before the server stops
