@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -45,7 +46,8 @@ def tree_spans(
         store, conversation_id, provider.get_tracer("fanfold"), capture_content=capture_content
     )
     provider.shutdown()
-    return memory.get_finished_spans()
+    spans: tuple[ReadableSpan, ...] = memory.get_finished_spans()
+    return spans
 
 
 def traces_url(endpoint: str) -> str:
@@ -68,4 +70,5 @@ def send_otlp(spans: Sequence[ReadableSpan], endpoint: str, *, timeout: float = 
                     f"({start} of {len(spans)} sent)"
                 )
     finally:
-        exporter.shutdown()  # type: ignore[no-untyped-call]
+        closing: Any = exporter  # its shutdown() is untyped
+        closing.shutdown()

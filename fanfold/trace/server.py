@@ -225,7 +225,8 @@ async def serve(
     config.accesslog = None
     config.errorlog = None
     config.graceful_timeout = 1.0
-    await hypercorn_serve(app, config, task_status=task_status)  # type: ignore[arg-type]
+    asgi: Any = app  # Hypercorn's ASGI types are protocols of its own; the app fits them
+    await hypercorn_serve(asgi, config, task_status=task_status)
 
 
 def finite(value: float | None) -> float | None:
