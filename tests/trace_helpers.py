@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from click.testing import CliRunner
 from replay_helpers import edit
@@ -68,16 +69,22 @@ MARKS_SCRIPT: dict[str, Any] = {
 }
 
 
+def _run(folder: Path, args: list[str]) -> None:
+    """Invoke the CLI with a provenance key of ``folder`` (module-scoped fixtures run
+    before the suite's per-test key is set: never the user's own key)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FANFOLD_KEY_FILE", str(folder / "provenance.key"))
+        result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+
+
 def run_script(folder: Path, script: dict[str, Any], task: str = "go") -> tuple[Path, str]:
     """``fanfold run`` of ``script`` in ``folder``: (database, root id)."""
     path = folder / "script.json"
     path.write_text(json.dumps(script))
     db = folder / "log.db"
-    result = CliRunner().invoke(
-        cli,
-        ["run", "--no-live", "--db", str(db), "--script", str(path), "--cwd", str(folder), task],
-    )
-    assert result.exit_code == 0, result.output
+    args = ["run", "--no-live", "--db", str(db), "--script", str(path), "--cwd", str(folder)]
+    _run(folder, [*args, task])
     with Store.open(db) as store:
         (root,) = store.list_roots()
     return db, root.id
@@ -86,10 +93,7 @@ def run_script(folder: Path, script: dict[str, Any], task: str = "go") -> tuple[
 def offline_example(folder: Path) -> tuple[Path, str]:
     """The README's offline example (`fanfold run` with the built-in script)."""
     db = folder / "demo.db"
-    result = CliRunner().invoke(
-        cli, ["run", "--no-live", "--db", str(db), "Review this repository"]
-    )
-    assert result.exit_code == 0, result.output
+    _run(folder, ["run", "--no-live", "--db", str(db), "Review this repository"])
     with Store.open(db) as store:
         (root,) = store.list_roots()
     return db, root.id
@@ -104,7 +108,9 @@ def fan_out_log(folder: Path, n: int) -> tuple[Path, str]:
     async def main() -> None:
         await fanfold_fanout(n, db, logging_on=False)
 
-    trio.run(main)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FANFOLD_KEY_FILE", str(folder / "provenance.key"))
+        trio.run(main)
     with Store.open(db) as store:
         (root,) = store.list_roots()
     return db, root.id

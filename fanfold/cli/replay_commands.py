@@ -26,6 +26,7 @@ from fanfold import replay
 from fanfold.cli.database import db_option, open_store
 from fanfold.cli.display import SHOWN_CHARS, clip, json_printable, printable, write_text
 from fanfold.cli.errors import CliError
+from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
 from fanfold.cli.output import console, err_console, hint
 from fanfold.db import DatabaseError, Store
 from fanfold.db.provenance import UserKey, refusal
@@ -267,9 +268,26 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
     default=None,
     help="Write to FILE (default, or -: stdout).",
 )
+@format_option
+@endpoint_option
+@content_option
 @db_option
-def export_command(conversation_id: str, output: Path | None, db: Path | None) -> None:
-    """Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report)."""
+def export_command(
+    conversation_id: str,
+    output: Path | None,
+    export_format: str,
+    endpoint: str | None,
+    capture_content: bool,
+    db: Path | None,
+) -> None:
+    """Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report),
+    or with --format otlp send its OpenTelemetry spans to an OTLP/HTTP endpoint."""
+    if export_format == "otlp":
+        if output is not None:
+            raise CliError("--format otlp sends to --endpoint; it writes no file (-o)")
+        with _errors(), open_store(db, read_only=True) as store:
+            export_otlp(store, conversation_id, endpoint, capture_content)
+        return
     with _errors(), open_store(db, read_only=True) as store:
         if output is None or str(output) == "-":
             try:

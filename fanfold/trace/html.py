@@ -73,7 +73,7 @@ _TRACE_BODY = """<header id="summary"></header>
 <span><i class="m-tool"></i>tool</span>
 <span><i class="m-retry"></i>retry back-off</span><span><i class="m-wait"></i>waiting</span>
 <span><i class="m-cancel"></i>cancel</span><span><i class="m-deadline"></i>deadline</span>
-<span><i class="err"></i>error</span></span>
+<span><i class="err"></i>error</span><span><i class="aborted"></i>aborted</span></span>
 </div>
 <div id="axis" aria-hidden="true"></div>
 <div id="rows" tabindex="0" role="listbox"

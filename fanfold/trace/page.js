@@ -133,7 +133,8 @@
 
   function markClass(m) {
     let c = "m m-" + m.k;
-    if (m.error) c += " err";
+    if (m.error === "aborted") c += " aborted";
+    else if (m.error && m.k !== "retry") c += " err";
     if (m.open) c += " open";
     return c;
   }

@@ -1,0 +1,86 @@
+"""``fanfold ui``: the trace pages of a whole database, served on this machine."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from fanfold.cli.database import db_option, db_path
+from fanfold.cli.errors import CliError, user_errors
+from fanfold.cli.output import console
+from fanfold.cli.show_commands import _show_node, _trusted_config
+from fanfold.db import Store
+from fanfold.trace.server import TraceServer, default_summaries, finite
+
+
+def tree_summaries(store: Store) -> list[dict[str, Any]]:
+    """The list page's rows, with each tree's tokens and cost as `fanfold show` has
+    them (cost only for the user's own trees whose recorded profiles have prices)."""
+    rows = default_summaries(store)
+    for row in rows:
+        node = _show_node(store, row["id"], _trusted_config(store, row["id"]))
+        row["tokens"] = node.state.tokens_spent
+        row["cost"] = finite(node.tree_cost())
+    return rows
+
+
+async def _stop_on_signal(scope: trio.CancelScope) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP stops the server (nothing to clean up: it only reads)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+@click.command(name="ui")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--poll",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(0.05, 60),
+    help="Seconds between looks at the database for live updates.",
+)
+@db_option
+def ui_command(host: str, port: int, poll: float, db: Path | None) -> None:
+    """Serve the trace pages of every tree in the database, live, on this machine.
+
+    Lists the trees (status, duration, agents, tokens, cost); each tree's page is the
+    one `fanfold trace` writes, updated as a running tree goes on. Read-only. Listens
+    on 127.0.0.1 unless --host says otherwise: anyone who can reach the port can read
+    every prompt and reply of the database. Needs the `ui` extra
+    (`pip install 'fanfold[ui]'`).
+    """
+    try:
+        import hypercorn  # noqa: F401
+    except ImportError:
+        raise CliError("fanfold ui needs the ui extra: pip install 'fanfold[ui]'") from None
+    from fanfold.trace.server import serve
+
+    with user_errors(db):
+        path = db_path(db)
+        Store.open(path, read_only=True).close()  # a clear error now, not per request
+    app = TraceServer(path, summaries=tree_summaries, poll=poll)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            binds = await nursery.start(serve, app, host, port)
+            for bind in binds:
+                console.print(f"fanfold ui: {bind}/ (Ctrl-C to stop)", highlight=False)
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                console.print(
+                    "warning: listening beyond this machine; every prompt and reply "
+                    "of the database is readable by whoever reaches the port",
+                    style="yellow",
+                )
+
+    try:
+        trio.run(main)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -1,0 +1,23 @@
+"""OpenTelemetry spans of conversation trees (the ``otel`` extra).
+
+- ``SpanObserver``: turns steps into ``invoke_agent``, ``chat`` and ``execute_tool``
+  spans after the GenAI semantic conventions, parented along the delegation tree; the
+  hook a runtime calls with each step it records (live spans), and what
+  ``record_tree`` feeds from a recorded log;
+- ``tree_spans`` / ``send_otlp``: a recorded tree's spans, sent to an OTLP/HTTP
+  endpoint (``fanfold export ID --format otlp``).
+
+No prompt or output text is put in a span unless ``capture_content`` is set.
+"""
+
+from fanfold.otel.export import ExportFailed, record_tree, send_otlp, traces_url, tree_spans
+from fanfold.otel.spans import SpanObserver
+
+__all__ = [
+    "ExportFailed",
+    "SpanObserver",
+    "record_tree",
+    "send_otlp",
+    "traces_url",
+    "tree_spans",
+]

@@ -1,0 +1,275 @@
+"""The trace page in a real browser: headless Chromium (Debian's ``chromium``) driven by
+pip's Playwright through its executable path (no browser download).
+
+Each test saves a screenshot in ``test-artifacts/`` (or ``$FANFOLD_TEST_ARTIFACTS``).
+Without the browser or Playwright the tests are skipped with a message saying how to
+install them; ``.ci/run`` installs both, so CI runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from db_scenarios import Driver, fan_out
+from trace_helpers import HOSTILE, MARKS_SCRIPT, diverge, fan_out_log, offline_example, run_script
+
+from fanfold.db import Store
+from fanfold.trace import build_trace, render_html
+
+INSTALL = (
+    "install headless Chromium and Playwright to run the browser tests: "
+    "`apt-get install chromium` (Debian) and `pip install -e '.[browser]'` "
+    "(.ci/run does both)"
+)
+
+ARTIFACTS = Path(os.environ.get("FANFOLD_TEST_ARTIFACTS", "test-artifacts"))
+
+
+def chromium_path() -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip(f"Playwright is not installed: {INSTALL}")
+    executable = chromium_path()
+    if executable is None:
+        pytest.skip(f"no chromium on PATH: {INSTALL}")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=executable, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.errors = errors
+    try:
+        yield page
+    finally:
+        context.close()
+    assert errors == [], errors
+
+
+def write_trace(folder: Path, db: Path, root: str) -> Path:
+    with Store.open(db, read_only=True) as store:
+        html = render_html(build_trace(store, root))
+    out = folder / "trace.html"
+    out.write_text(html, encoding="utf-8")
+    return out
+
+
+def open_trace(page: Any, path: Path) -> float:
+    """Load the page; the seconds until its script has drawn it."""
+    start = time.perf_counter()
+    page.goto(path.resolve().as_uri())
+    page.wait_for_selector("body[data-ready]")
+    return time.perf_counter() - start
+
+
+def screenshot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    folder = tmp_path_factory.mktemp("example")
+    db, root = offline_example(folder)
+    return write_trace(folder, db, root), root
+
+
+def test_offline_example_rows_marks_detail_and_slider(page: Any, example: tuple[Path, str]) -> None:
+    path, root = example
+    open_trace(page, path)
+    rows = page.locator("#rows .row")
+    assert rows.count() == 4
+    assert page.locator("#rows .row.failed").count() == 1
+    assert page.locator("#rows .row.completed").count() == 2
+    assert page.locator("#row-0 .m-model").count() == 2
+    assert page.locator("#row-0 .m-wait").count() == 1
+    assert page.locator("#rows .m-tool").count() >= 3
+    screenshot(page, "example-timeline")
+
+    # Hover: a model call's duration and tokens.
+    page.locator("#row-1 .m-model").first.hover()
+    tip = page.locator("#tooltip")
+    assert tip.is_visible()
+    assert "duration" in tip.inner_text() and "tokens 400 in" in tip.inner_text()
+
+    # Click the failed agent: its outcome, task and messages.
+    page.locator("#rows .row.failed").click()
+    detail = page.locator("#detail")
+    assert detail.locator("h2").inner_text() == f"{root}.3"
+    assert "failed (submitted_error)" in detail.inner_text()
+    assert "coverage.xml" in detail.inner_text()
+    assert page.locator("#row-3").get_attribute("aria-selected") == "true"
+
+    # Keyboard: up to the sibling, left to the parent, whose children's outcomes show.
+    page.keyboard.press("ArrowUp")
+    assert detail.locator("h2").inner_text() == f"{root}.2"
+    page.keyboard.press("ArrowLeft")
+    assert detail.locator("h2").inner_text() == root
+    assert "Sub-agents' outcomes, as received" in detail.inner_text()
+    screenshot(page, "example-detail")
+
+    # The slider: at the first step only the root exists, just created.
+    page.locator("#step").focus()
+    page.keyboard.press("Home")
+    info = page.locator("#step-info").inner_text()
+    assert "ConversationCreated" in info and "step 1/" in info
+    assert page.locator("#rows .row.absent").count() == 3
+    page.keyboard.press("End")
+    assert page.locator("#rows .row.absent").count() == 0
+    # "[" steps back one step from the end.
+    page.locator("#rows").focus()
+    page.keyboard.press("[")
+    last = page.locator("#step").get_attribute("max")
+    assert page.locator("#step").input_value() == str(int(last or 0) - 1)
+    screenshot(page, "example-slider")
+
+
+def test_model_output_is_shown_never_run(page: Any, tmp_path: Path) -> None:
+    db, root = run_script(tmp_path, MARKS_SCRIPT)
+    open_trace(page, write_trace(tmp_path, db, root))
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("img").count() == 0
+    assert page.locator("#detail b").count() == 0
+    assert HOSTILE.split("<b>")[0] in page.locator("#detail").text_content()
+    # The agent whose task and result are hostile too.
+    page.locator("#row-2").click()
+    assert page.evaluate("window.__pwned") is None
+    assert HOSTILE in page.locator("#detail").text_content()
+    # Retries and deadlines are marked: the rate limit, the slow child's time limit.
+    assert page.locator("#row-2 .m-retry").count() == 1
+    assert page.locator("#row-2 .m-model.err").count() == 1
+    assert page.locator("#row-3 .m-deadline").count() == 1
+    assert page.locator("#row-3.failed").count() == 1
+    screenshot(page, "hostile")
+
+
+def test_divergence_is_shown_recorded_against_recomputed(page: Any, tmp_path: Path) -> None:
+    db, root = run_script(tmp_path, MARKS_SCRIPT)
+    diverge(db, f"{root}.1", 2)
+    open_trace(page, write_trace(tmp_path, db, root))
+    banner = page.locator("#banner")
+    assert banner.is_visible() and "fails verify" in banner.inner_text()
+    assert page.locator("#row-1.diverged .m-div").count() == 1
+    page.keyboard.press("d")
+    panel = page.locator("#divergence")
+    assert panel.is_visible()
+    text = panel.inner_text()
+    assert f"conversation {root}.1, seq 2 (ToolFinished)" in text
+    recorded, recomputed = panel.locator(".cols pre").all()[:2]
+    assert '"call": 999' in recorded.inner_text()
+    assert '"call": 999' not in recomputed.inner_text()
+    assert "mismatch" in (page.locator("#step-info").get_attribute("class") or "")
+    assert page.locator("#detail h2").inner_text() == f"{root}.1"
+    screenshot(page, "divergence")
+    page.keyboard.press("Escape")
+    assert not panel.is_visible()
+
+
+@pytest.mark.slow
+def test_a_thousand_agents_load_virtualised(
+    page: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, root = fan_out_log(tmp_path, 1000)
+    path = write_trace(tmp_path, db, root)
+    seconds = open_trace(page, path)
+    with capsys.disabled():
+        print(f"\n1,000-agent trace page: {path.stat().st_size} bytes, ready in {seconds:.2f} s")
+    assert "1001 of 1001 agent(s) shown" in page.locator("#shown").inner_text()
+    in_dom = page.locator("#rows .row").count()
+    assert 10 < in_dom < 100  # only the rows in view are drawn
+    page.locator("#rows").focus()
+    page.keyboard.press("End")
+    assert page.locator("#detail h2").inner_text() == f"{root}.1000"
+    assert page.locator("#row-1000").is_visible()
+    page.locator("#filter").fill("task 999")
+    assert "1 of 1001" in page.locator("#shown").inner_text()
+    page.locator("#filter").fill("")
+    # At the first step no sub-agent exists yet: every sub-agent's row in view is dim.
+    page.locator("#step").focus()
+    page.keyboard.press("Home")
+    absent = page.locator("#rows .row.absent").count()
+    assert absent == page.locator("#rows .row:not(#row-0)").count() > 10
+    screenshot(page, "fanout-1000")
+
+
+@contextmanager
+def ui_server(db: Path) -> Iterator[str]:
+    """``fanfold ui``'s application served by Hypercorn's Trio worker in a thread."""
+    pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra: pip install '.[ui]'")
+    import trio
+
+    from fanfold.trace.server import TraceServer, serve
+
+    binds: queue.Queue[str] = queue.Queue()
+    stop: list[Any] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            (bind,) = await nursery.start(serve, TraceServer(db, poll=0.05), "127.0.0.1", 0)
+            stop.extend([trio.lowlevel.current_trio_token(), nursery.cancel_scope])
+            binds.put(bind)
+
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    try:
+        yield binds.get(timeout=30)
+    finally:
+        token, scope = stop
+        trio.from_thread.run_sync(scope.cancel, trio_token=token)
+        thread.join(timeout=30)
+
+
+def test_ui_pages_follow_a_running_tree(page: Any, tmp_path: Path) -> None:
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    half = len(steps) // 2
+    db = tmp_path / "live.db"
+    with Store.open(db) as store:
+        store.append(steps[:half])
+    with ui_server(db) as base:
+        page.goto(base + "/")
+        page.wait_for_selector("body[data-ready]")
+        link = page.locator("#trees a")
+        assert link.inner_text() == "r"
+        assert "running" in page.locator("#trees tr.tree").inner_text()
+        link.click()
+        page.wait_for_selector("body[data-ready]")
+        assert page.locator("#row-0.running").count() == 1
+        with Store.open(db) as store:
+            store.append(steps[half:])
+        # The page hears the change (server-sent events) and redraws with the new data.
+        page.wait_for_selector("#row-0.idle", timeout=15_000)
+        assert page.locator("#rows .row").count() == 4
+        screenshot(page, "ui-live")
+        page.goto("about:blank")  # close the event stream before the server stops

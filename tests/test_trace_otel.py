@@ -1,0 +1,207 @@
+"""OpenTelemetry spans of a tree: GenAI conventions, parenting, privacy by default;
+checked with the SDK's in-memory exporter and sent to a loopback OTLP/HTTP receiver."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from db_scenarios import Driver, fan_out
+from replay_helpers import write
+from trace_helpers import MARKS_SCRIPT, run_script
+
+from fanfold.cli import cli
+from fanfold.db import Store
+
+pytest.importorskip("opentelemetry.sdk", reason="needs the otel extra: pip install '.[otel]'")
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+)
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
+from opentelemetry.trace import StatusCode
+
+from fanfold.otel import SpanObserver, tree_spans
+
+
+@pytest.fixture(scope="module")
+def marks_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    return run_script(tmp_path_factory.mktemp("otel"), MARKS_SCRIPT)
+
+
+def spans_of(db: Path, root: str, **options: Any) -> tuple[ReadableSpan, ...]:
+    with Store.open(db, read_only=True) as store:
+        return tree_spans(store, root, **options)
+
+
+def attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def times(span: ReadableSpan) -> tuple[int, int]:
+    assert span.start_time is not None and span.end_time is not None
+    return span.start_time, span.end_time
+
+
+def test_spans_follow_the_genai_conventions_along_the_tree(marks_log: tuple[Path, str]) -> None:
+    db, root = marks_log
+    spans = spans_of(db, root)
+    by_id = {s.context.span_id: s for s in spans}
+    agents = {attrs(s)["gen_ai.agent.id"]: s for s in spans if s.name.startswith("invoke_agent")}
+    assert set(agents) == {root, f"{root}.1", f"{root}.2", f"{root}.3"}
+    assert len({s.context.trace_id for s in spans}) == 1  # one trace for the tree
+    assert agents[root].parent is None
+    for child in (f"{root}.1", f"{root}.2", f"{root}.3"):
+        parent = agents[child].parent
+        assert parent is not None and parent.span_id == agents[root].context.span_id
+    for span in spans:
+        operation = attrs(span)["gen_ai.operation.name"]
+        assert span.name.split()[0] == operation
+        assert operation in {"invoke_agent", "chat", "execute_tool"}
+        if operation != "invoke_agent":
+            assert span.parent is not None
+            owner = by_id[span.parent.span_id]
+            assert attrs(owner)["gen_ai.agent.id"] == attrs(span)["gen_ai.conversation.id"]
+            assert times(owner)[0] <= times(span)[0] <= times(span)[1] <= times(owner)[1]
+    chats = [s for s in spans if s.name == "chat"]
+    first = min((s for s in chats if s.parent == agents[root].context), key=lambda s: times(s)[0])
+    assert attrs(first)["gen_ai.usage.input_tokens"] == 100
+    assert attrs(first)["gen_ai.usage.output_tokens"] == 10
+    assert attrs(first)["gen_ai.response.finish_reasons"] == ("tool_use",)
+    failed = [s for s in chats if s.status.status_code is StatusCode.ERROR]
+    assert {attrs(s)["error.type"] for s in failed} == {"rate_limit", "aborted"}
+    tools = {attrs(s)["gen_ai.tool.name"] for s in spans if s.name.startswith("execute_tool")}
+    assert tools == {"bash", "think"}
+    slow = agents[f"{root}.3"]
+    assert slow.status.status_code is StatusCode.ERROR
+    assert attrs(slow)["error.type"] == "timed_out"
+
+
+def test_no_text_in_spans_unless_asked(marks_log: tuple[Path, str]) -> None:
+    db, root = marks_log
+    quiet = spans_of(db, root)
+    everything = " ".join(str(v) for s in quiet for v in attrs(s).values())
+    assert "pwned" not in everything and "echo hi" not in everything
+    assert "sub-agent" in everything  # names are there; texts are not
+    loud = spans_of(db, root, capture_content=True)
+    texts = " ".join(str(v) for s in loud for v in attrs(s).values())
+    assert "window.__pwned" in texts and "echo hi" in texts
+    keys = {k for s in loud for k in attrs(s)}
+    assert {
+        "gen_ai.system_instructions",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+    } <= keys
+
+
+def test_the_observer_gives_the_same_spans_live_as_from_the_log(tmp_path: Path) -> None:
+    """What a runtime would call with each step it records (the live hook) gives the
+    spans that exporting the recorded log gives."""
+    driver = Driver()
+    fan_out(driver)
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    observer = SpanObserver(provider.get_tracer("test"))
+    for step in driver.steps:
+        observer.step(step.conversation_id, step.event, step.effects, step.state, step.at)
+    live = memory.get_finished_spans()
+    db = tmp_path / "log.db"
+    write(db, driver.steps)
+    recorded = spans_of(db, "r")
+
+    def shape(spans: tuple[ReadableSpan, ...]) -> list[tuple[Any, ...]]:
+        return sorted(
+            (s.name, s.start_time, s.end_time, s.status.status_code.name, sorted(attrs(s).items()))
+            for s in spans
+        )
+
+    assert shape(live) == shape(recorded)
+    assert len(live) > 8
+
+
+class Receiver(BaseHTTPRequestHandler):
+    """A loopback OTLP/HTTP receiver: decodes each request's protobuf body."""
+
+    received: list[ExportTraceServiceRequest]
+    status = 200
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        type(self).received.append(request)
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, type[Receiver]]]:
+    handler = type("Handler", (Receiver,), {"received": [], "status": 200})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def run(*args: str | Path) -> Result:
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    return result
+
+
+def test_export_sends_the_tree_to_an_otlp_endpoint(
+    marks_log: tuple[Path, str], receiver: tuple[str, type[Receiver]]
+) -> None:
+    db, root = marks_log
+    url, handler = receiver
+    result = run("export", root, "--format", "otlp", "--endpoint", url, "--db", db)
+    assert result.exit_code == 0, result.output
+    spans = [
+        span
+        for request in handler.received
+        for resource in request.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+    expected = spans_of(db, root)
+    assert len(spans) == len(expected) and f"sent {len(spans)} span(s)" in result.output
+    assert sorted(s.name for s in spans) == sorted(s.name for s in expected)
+    service = handler.received[0].resource_spans[0].resource.attributes
+    assert any(a.key == "service.name" and a.value.string_value == "fanfold" for a in service)
+    assert not any("pwned" in str(s) for s in spans)
+
+
+def test_a_refusing_endpoint_is_one_line(
+    marks_log: tuple[Path, str], receiver: tuple[str, type[Receiver]]
+) -> None:
+    db, root = marks_log
+    url, handler = receiver
+    handler.status = 400
+    result = run("export", root, "--format", "otlp", "--endpoint", url, "--db", db)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: the OTLP endpoint") and "/v1/traces" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    bad = run("export", root, "--format", "otlp", "--endpoint", "file:///etc", "--db", db)
+    assert bad.exit_code == 2 and "http:// or https://" in bad.stderr
+    with_file = run("export", root, "--format", "otlp", "-o", "x.json", "--db", db)
+    assert with_file.exit_code == 2 and "writes no file" in with_file.stderr

@@ -1,0 +1,125 @@
+"""``fanfold ui`` over loopback: Hypercorn's Trio worker serving the list, the trace
+pages, their JSON, and server-sent events as a database changes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from db_scenarios import Driver, fan_out
+from trace_helpers import HOSTILE, MARKS_SCRIPT, run_script
+
+from fanfold.db import Store
+from fanfold.trace.server import TraceServer, serve
+
+pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra: pip install -e '.[ui]'")
+
+
+@pytest.fixture
+def marks_log(tmp_path: Path) -> tuple[Path, str]:
+    # A sync fixture: `fanfold run` starts its own Trio loop, outside the test's.
+    return run_script(tmp_path, MARKS_SCRIPT)
+
+
+@pytest.fixture
+async def server(marks_log: tuple[Path, str]) -> AsyncIterator[tuple[str, Path, str]]:
+    db, root = marks_log
+    async with trio.open_nursery() as nursery:
+        (bind,) = await nursery.start(serve, TraceServer(db, poll=0.05), "127.0.0.1", 0)
+        assert bind.startswith("http://127.0.0.1:")
+        yield bind, db, root
+        nursery.cancel_scope.cancel()
+
+
+async def test_lists_trees_and_serves_their_pages(server: tuple[str, Path, str]) -> None:
+    base, _, root = server
+    async with httpx.AsyncClient(base_url=base) as client:
+        trees = (await client.get("/api/trees")).json()
+        assert [t["id"] for t in trees] == [root]
+        assert trees[0]["agents"] == 4 and trees[0]["status"] == "idle"
+        listing = await client.get("/")
+        assert listing.status_code == 200
+        assert listing.headers["x-content-type-options"] == "nosniff"
+        assert "connect-src 'self'" in listing.text
+        page = await client.get(f"/trace/{root}")
+        assert page.status_code == 200 and page.text.startswith("<!doctype html>")
+        assert "<img" not in page.text  # the hostile reply is escaped data here too
+        assert f'"events":"/events/{root}"' in page.text
+        data = (await client.get(f"/api/trace/{root}")).json()
+        assert data["agents"][0]["outcome"]["text"] == "final " + HOSTILE
+        missing = await client.get("/trace/nope%3Cscript%3E")
+        assert missing.status_code == 404
+        assert missing.headers["content-type"].startswith("text/plain")
+        assert (await client.get("/elsewhere")).status_code == 404
+        assert (await client.post("/api/trees")).status_code == 405
+
+
+async def watching(lines: AsyncIterator[str]) -> None:
+    """Wait for the stream's first comment: the server has read the version to compare."""
+    with trio.fail_after(10):
+        async for line in lines:
+            if line == ": watching":
+                return
+    raise AssertionError("the stream ended")
+
+
+async def next_event(lines: AsyncIterator[str]) -> str:
+    with trio.fail_after(10):
+        async for line in lines:
+            if line.startswith("event: "):
+                return line.removeprefix("event: ")
+    raise AssertionError("the stream ended")
+
+
+async def test_server_sent_events_follow_a_growing_tree(tmp_path: Path) -> None:
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    half = len(steps) // 2
+    db = tmp_path / "live.db"
+    with Store.open(db) as store:
+        store.append(steps[:half])
+    async with trio.open_nursery() as nursery:
+        (base,) = await nursery.start(serve, TraceServer(db, poll=0.05), "127.0.0.1", 0)
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=10) as client,
+            client.stream("GET", "/events/r") as stream,
+        ):
+            assert stream.headers["content-type"] == "text/event-stream"
+            lines = stream.aiter_lines()
+            await watching(lines)
+            before = (await client.get("/api/trace/r")).json()
+            with Store.open(db) as store:
+                store.append(steps[half:])
+            assert await next_event(lines) == "changed"
+            after = (await client.get("/api/trace/r")).json()
+            assert len(after["steps"]) == len(steps) > len(before["steps"])
+            assert len(after["agents"]) == 4
+            assert after["agents"][0]["status"] == "idle"
+            assert before["agents"][0]["status"] == "running"
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_list_follows_new_trees(marks_log: tuple[Path, str]) -> None:
+    db, _ = marks_log
+    async with trio.open_nursery() as nursery:
+        (base,) = await nursery.start(serve, TraceServer(db, poll=0.05), "127.0.0.1", 0)
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=10) as client,
+            client.stream("GET", "/events") as stream,
+        ):
+            lines = stream.aiter_lines()
+            await watching(lines)
+            driver = Driver()
+            fan_out(driver, "another")
+            with Store.open(db) as store:
+                store.append(driver.steps)
+            assert await next_event(lines) == "changed"
+            trees = (await client.get("/api/trees")).json()
+            assert "another" in {t["id"] for t in trees}
+            assert len(json.dumps(trees)) > 0
+        nursery.cancel_scope.cancel()
