@@ -239,6 +239,10 @@ class Actor:
             self._uncommitted -= 1
             if reported:
                 self._snapshot_size = reported[0][0]
+            for observer in self.runtime.step_observers:
+                observer.step(
+                    first.conversation_id, first.event, first.effects, first.state, first.at
+                )
             if not self.runtime.closing:
                 self._context.run(self._execute_all, first.effects)
             self._unload_if_settled()
@@ -308,13 +312,13 @@ class Actor:
     def _hand_over(self, steps: list[Step], done: list[_Done]) -> None:
         def on_commit(reported: Sequence[Any]) -> None:
             self._uncommitted -= 1
-            self._context.run(self._committed, done, reported)
+            self._context.run(self._committed, done, reported, steps)
             self._unload_if_settled()
 
         self._uncommitted += 1
         self.runtime.writer.submit(steps, on_commit)
 
-    def _committed(self, done: list[_Done], reported: Sequence[Any]) -> None:
+    def _committed(self, done: list[_Done], reported: Sequence[Any], steps: list[Step]) -> None:
         """The writer committed these steps: publish them, then (write-ahead) execute
         their effects, in order. Runs in the engine's task, in this actor's context."""
         runtime = self.runtime
@@ -343,6 +347,8 @@ class Actor:
             if self._log_lifecycle and after.at_rest and not before.at_rest:
                 self._log_rest(after)
             runtime.observe(self, before, event, effects)
+            for observer in runtime.step_observers:
+                observer.step(after.id, event, effects, after, steps[index].at)
             if submission is not None:
                 submission.done.set()
             if after.is_terminal and not before.is_terminal:

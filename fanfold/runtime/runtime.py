@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import structlog
@@ -97,6 +97,23 @@ def _untune_collector() -> None:
 
 
 Observer = Callable[[Conversation, Conversation, Event, tuple[Effect, ...]], None]
+
+
+class StepObserver(Protocol):
+    """Told of every step once it is committed, in commit order (for example
+    ``fanfold.otel.SpanObserver``, which makes OpenTelemetry spans of them live).
+
+    ``at`` is the step's logged time. Called in the engine's task: it must not block
+    (an exporter hands spans to its own thread)."""
+
+    def step(
+        self,
+        conversation_id: str,
+        event: Event,
+        effects: tuple[Effect, ...],
+        state: Conversation,
+        at: float,
+    ) -> None: ...
 
 
 # SQLite result codes of a failing environment rather than a damaged log: they stop
@@ -202,6 +219,7 @@ class Runtime:
         observer: Observer | None,
         on_progress: Callable[[StreamProgress], None] | None,
         clock: Callable[[], float],
+        step_observers: Sequence[StepObserver] = (),
         key: UserKey,
         provider_description: ProviderDescription | None = None,
         redact: Callable[[str], str] = NO_REDACTION,
@@ -232,6 +250,8 @@ class Runtime:
         """Whether the logger takes info lines: lifecycle (a conversation started, came
         to rest, failed) and one line per model call and per tool call."""
         self._observer = observer
+        self.step_observers = tuple(step_observers)
+        """Told of every step once it is committed (see ``StepObserver``)."""
         self._clock = clock
         self._nursery = nursery
         self.start_soon = nursery.start_soon
@@ -265,6 +285,7 @@ class Runtime:
         provider_description: ProviderDescription | None = None,
         redact: Callable[[str], str] | None = None,
         gc_policy: str = "tuned",
+        step_observers: Sequence[StepObserver] = (),
     ) -> AsyncIterator[Runtime]:
         """Open a runtime over the SQLite file ``database`` (":memory:" for a throwaway).
 
@@ -287,6 +308,11 @@ class Runtime:
         ``SUB_AGENT_PROMPT``: its role, and to finish with ``submit_result`` or
         ``submit_error``; None: sub-agents get their parent's system prompt). Both are
         recorded in the root's creation event, so replay shows what each model was told.
+
+        ``step_observers`` are told of every step once it is committed, with its
+        logged time (``StepObserver``): ``fanfold.otel.SpanObserver`` makes live
+        OpenTelemetry spans of them. ``observer`` is the older, simpler hook: the state
+        before and after, the event and its effects.
 
         ``gc_policy`` is the collector policy while the runtime is open (DESIGN.md,
         "Memory and the collector"): "tuned" (the default) freezes the objects alive
@@ -325,6 +351,7 @@ class Runtime:
                     key=key,
                     provider_description=provider_description,
                     redact=redact if redact is not None else EnvPolicy().redactor(os.environ),
+                    step_observers=step_observers,
                 )
                 runtime._presence = presence
                 nursery.start_soon(runtime.engine.run)
