@@ -1344,7 +1344,7 @@ def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> No
 # and DESIGN.md ("Spawn limits", "Working directories"), not imported, so the check
 # does not trust the code it checks.
 
-_TASK_FIELDS = frozenset({"task", "cwd", "timeout", "max_iterations", "model", "agent"})
+_TASK_FIELDS = frozenset({"task", "cwd", "timeout", "max_iterations", "model", "agent", "context"})
 _SUBMITTED = "submitted; the conversation ends"
 
 
@@ -1374,7 +1374,8 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
     Refused: anything but an object, a missing or blank ``task``, an unknown field, a
     field of the wrong type (``true`` is no number), a ``cwd`` that leaves the parent's
     by its spelling, a ``timeout`` <= 0, a ``max_iterations`` < 1, an empty ``model``,
-    an ``agent`` the parent's catalogue does not define.
+    an ``agent`` the parent's catalogue does not define, a ``context`` other than
+    ``task_only`` or ``full``.
     ``null`` is an absent field. Accepted numbers are capped by the parent's limits.
     """
     if not isinstance(entry, dict) or set(entry) - _TASK_FIELDS:
@@ -1398,6 +1399,8 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
         return None
     if model is not None and not (isinstance(model, str) and model):
         return None
+    if entry.get("context") not in (None, "task_only", "full"):
+        return None  # the context mode is the child's history, not one of these fields
     agent = entry.get("agent")
     definition = None
     if agent is not None:
@@ -1703,6 +1706,7 @@ _CREATED_FROM_SPAWN: dict[str, str | None] = {
     "agents": "agents",
     "agent": "agent",
     "permissions": "permissions",
+    "context": "context",
 }
 
 
@@ -1776,8 +1780,12 @@ def check_start(
     if kinds != expected:
         _fail("a sub-agent starts at once", f"effects {kinds}", state)
     first = LlmRequesting(call=state.next_call - 1, attempt=1, grace=False)
+    # Context mode full: what the parent had said before the spawning call, then the task.
     request = ModelRequest(
-        created.system_prompt, (UserMessage(created.task or ""),), state.tools, created.model
+        created.system_prompt,
+        (*created.context, UserMessage(created.task or "")),
+        state.tools,
+        created.model,
     )
     if not (
         state.phase == first
