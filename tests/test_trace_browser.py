@@ -211,6 +211,12 @@ def test_a_thousand_agents_load_virtualised(
     page.keyboard.press("End")
     assert page.locator("#detail h2").inner_text() == f"{root}.1000"
     assert page.locator("#row-1000").is_visible()
+    # The root's detail lists the first 100 of its 1,000 children's outcomes, then more.
+    page.keyboard.press("Home")
+    outcomes = page.locator("#child-outcomes > .msg")
+    assert outcomes.count() == 100
+    page.locator("#child-outcomes > button").click()
+    assert outcomes.count() == 200
     page.locator("#filter").fill("task 999")
     assert "1 of 1001" in page.locator("#shown").inner_text()
     page.locator("#filter").fill("")

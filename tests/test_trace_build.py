@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from replay_helpers import edit
+from db_scenarios import Driver, cancelled_fan_out
+from replay_helpers import edit, write
 from trace_helpers import HOSTILE, MARKS_SCRIPT, diverge, run_script
 
 from fanfold.cli import cli
@@ -100,6 +101,28 @@ def test_steps_replay_the_whole_tree_in_time_order(trace: dict[str, Any]) -> Non
     assert times == sorted(times)
     assert all(s[7] for s in steps)  # every step replays identically
     assert steps[-1][0] == 0 and steps[-1][3] == "Idle"
+
+
+def test_a_cancelled_tree_shows_its_cancels(tmp_path: Path) -> None:
+    driver = Driver()
+    cancelled_fan_out(driver)  # c spawns c.1 and c.2; c.1 finishes; the user cancels c
+    write(tmp_path / "c.db", driver.steps)
+    with Store.open(tmp_path / "c.db", read_only=True) as store:
+        data = build_trace(store, "c")
+    root, done, cancelled = data["agents"]
+    assert (root["status"], done["status"], cancelled["status"]) == (
+        "cancelled",
+        "completed",
+        "cancelled",
+    )
+    assert cancelled["outcome"]["reason"] == "parent"
+    assert kinds(root) == ["model", "wait", "cancel", "cancel", "cancelling"]
+    assert [m["label"] for m in root["marks"][2:4]] == [
+        "cancel (user)",
+        "cancel 1 sub-agent(s) (parent)",
+    ]
+    assert kinds(cancelled) == ["model", "cancel"]
+    assert cancelled["marks"][0]["error"] == "aborted"
 
 
 def test_a_log_that_fails_verify_names_its_first_divergence(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from db_scenarios import Driver, fan_out
+from db_scenarios import Driver, cancelled_fan_out, fan_out
 from replay_helpers import write
 from trace_helpers import MARKS_SCRIPT, run_script
 
@@ -129,6 +129,18 @@ def test_the_observer_gives_the_same_spans_live_as_from_the_log(tmp_path: Path) 
 
     assert shape(live) == shape(recorded)
     assert len(live) > 8
+
+
+def test_a_cancelled_turn_ends_its_span_in_error(tmp_path: Path) -> None:
+    driver = Driver()
+    cancelled_fan_out(driver)
+    write(tmp_path / "c.db", driver.steps)
+    spans = spans_of(tmp_path / "c.db", "c")
+    agents = {attrs(s)["gen_ai.agent.id"]: s for s in spans if s.name.startswith("invoke_agent")}
+    assert attrs(agents["c"])["error.type"] == "cancelled"
+    assert attrs(agents["c.2"])["error.type"] == "cancelled"
+    assert agents["c.1"].status.status_code is StatusCode.UNSET
+    assert "error.type" not in attrs(agents["c.1"])
 
 
 class Receiver(BaseHTTPRequestHandler):

@@ -104,6 +104,30 @@ async def test_server_sent_events_follow_a_growing_tree(tmp_path: Path) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_the_list_follows_sub_agents_of_a_running_tree(tmp_path: Path) -> None:
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    children = [i for i, s in enumerate(steps) if s.conversation_id == "r.1"]
+    cut = children[1]  # r.1 has started; the root is waiting
+    db = tmp_path / "live.db"
+    with Store.open(db) as store:
+        store.append(steps[:cut])
+    async with trio.open_nursery() as nursery:
+        (base,) = await nursery.start(serve, TraceServer(db, poll=0.05), "127.0.0.1", 0)
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=10) as client,
+            client.stream("GET", "/events") as stream,
+        ):
+            lines = stream.aiter_lines()
+            await watching(lines)
+            assert steps[cut].conversation_id == "r.1"
+            with Store.open(db) as store:
+                store.append([steps[cut]])  # one step of a sub-agent, none of the root
+            assert await next_event(lines) == "changed"
+        nursery.cancel_scope.cancel()
+
+
 async def test_the_list_follows_new_trees(marks_log: tuple[Path, str]) -> None:
     db, _ = marks_log
     async with trio.open_nursery() as nursery:

@@ -43,6 +43,8 @@ from fanfold.statemachine import (
     ModelReplied,
     RunTool,
     ToolFinished,
+    TurnFinished,
+    TurnOutcome,
     UserMessaged,
 )
 
@@ -82,6 +84,7 @@ class SpanObserver:
         """One recorded step of ``conversation_id``: ``event`` at time ``at`` (seconds
         since the epoch, as logged), the ``effects`` it produced, the ``state`` after."""
         self._last_at = max(self._last_at, at)
+        effects = tuple(effects)
         match event:
             case ConversationCreated() | ConversationForked():
                 if state.is_sub_agent:
@@ -134,7 +137,10 @@ class SpanObserver:
                         span.set_status(Status(StatusCode.ERROR, "aborted"))
                         span.end(_ns(at))
         if state.at_rest:
-            self._end_agent(state, at)
+            cancelled = any(
+                isinstance(e, TurnFinished) and e.outcome is TurnOutcome.CANCELLED for e in effects
+            )
+            self._end_agent(state, at, cancelled=cancelled)
 
     def close(self, at: float | None = None) -> None:
         """End every span still open (a log that ends mid-run) at ``at`` (default: the
@@ -185,10 +191,14 @@ class SpanObserver:
             start_time=_ns(at),
         )
 
-    def _end_agent(self, state: Conversation, at: float) -> None:
+    def _end_agent(self, state: Conversation, at: float, *, cancelled: bool = False) -> None:
         span = self._agents.pop(state.id, None)
         if span is None:
             return
+        if cancelled and isinstance(state.phase, Idle):
+            # A root's turn that was cancelled comes to rest in Idle, like an answer.
+            span.set_attribute("error.type", "cancelled")
+            span.set_status(Status(StatusCode.ERROR, "cancelled"))
         match state.phase:
             case Failed(kind=kind) | Error(kind=kind):
                 span.set_attribute("error.type", kind.value)

@@ -40,6 +40,8 @@ from fanfold.statemachine import (
     TimerFired,
     ToolFinished,
     ToolResultMessage,
+    TurnFinished,
+    TurnOutcome,
     UserMessage,
     spawn_order,
 )
@@ -378,6 +380,13 @@ def _agent(
     row = log.row
     state = steps[-1].after_state if steps else None
     outcome = _outcome(state)
+    turn = _last_turn(steps)
+    if outcome["status"] == "idle" and turn is not None:
+        # A root at rest: how its last turn ended (a cancelled turn is Idle too).
+        if turn.outcome is TurnOutcome.CANCELLED:
+            outcome = {"status": "cancelled", "kind": "cancelled", "text": turn.text}
+        else:
+            outcome = {"status": "idle", "text": turn.text}
     running = outcome["status"] == "running"
     start = steps[0].at if steps else row.created_at
     end = trace_end if running or not steps else steps[-1].at
@@ -411,6 +420,14 @@ def _agent(
         "child_outcomes": child_outcomes,
         "children": [],
     }
+
+
+def _last_turn(steps: list[ReplayStep]) -> TurnFinished | None:
+    for step in reversed(steps):
+        for effect in step.effects:
+            if isinstance(effect, TurnFinished):
+                return effect
+    return None
 
 
 def _step_row(step: ReplayStep, rank: int) -> list[Any]:

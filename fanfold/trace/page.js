@@ -5,6 +5,7 @@
 (function () {
   const ROW = 22;
   const LONG = 600;
+  const SHOWN = 100;
   const $ = (id) => document.getElementById(id);
 
   function el(tag, attrs, ...children) {
@@ -328,15 +329,30 @@
       el("h3", { text: "System prompt" }), folded(data.prompts[a.system_prompt] || "(none)"),
     ];
     if (a.child_outcomes.length) {
-      parts.push(el("h3", { text: "Sub-agents' outcomes, as received" }));
-      for (const c of a.child_outcomes) {
+      parts.push(el("h3", { text: "Sub-agents' outcomes, as received (" + a.child_outcomes.length + ")" }));
+      const box = el("div", { id: "child-outcomes" });
+      const outcome = (c) => {
         const link = byId[c.id] !== undefined ? agentLink(byId[c.id]) : el("span", { text: c.id });
         const what = c.ok ? "completed" + (c.truncated ? " (truncated)" : "")
           : "failed (" + c.kind + (c.reason ? ", " + c.reason : "") + ")";
-        parts.push(el("div", { class: "msg " + (c.ok ? "assistant" : "tool error") },
+        return el("div", { class: "msg " + (c.ok ? "assistant" : "tool error") },
           link, el("span", { text: " +" + secs(c.at) + " " + what + " · " + c.tokens + " tokens" }),
-          folded(c.text)));
-      }
+          folded(c.text));
+      };
+      // A large fan-out delivers hundreds: the first ones, then more on demand.
+      const more = (from) => {
+        const upto = Math.min(a.child_outcomes.length, from + SHOWN);
+        box.append(...a.child_outcomes.slice(from, upto).map(outcome));
+        if (upto < a.child_outcomes.length) {
+          const button = el("button", { class: "btn", text: "show " +
+            Math.min(SHOWN, a.child_outcomes.length - upto) + " more of " +
+            (a.child_outcomes.length - upto),
+            onclick: () => { button.remove(); more(upto); } });
+          box.append(button);
+        }
+      };
+      more(0);
+      parts.push(box);
     }
     parts.push(el("h3", { text: "Messages (" + a.messages.length + ")" }));
     for (const m of a.messages) {

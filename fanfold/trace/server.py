@@ -25,7 +25,7 @@ import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import trio
 
@@ -93,7 +93,10 @@ class TraceServer:
     def _version(self, tree: str | None) -> Any:
         def version(store: Store) -> Any:
             if tree is None:
-                return [(r.id, r.updated_at, r.status.value) for r in store.list_roots()]
+                # The roots, and every conversation still running (a root waiting for
+                # its sub-agents has no events of its own while they work).
+                roots = [(r.id, r.updated_at, r.status.value) for r in store.list_roots()]
+                return roots, [(r.id, r.last_seq) for r in store.unfinished()]
             return [(r.id, r.last_seq, r.status.value) for r in store.tree(tree)]
 
         return self._read(version)
@@ -114,7 +117,7 @@ class TraceServer:
         if scope["method"] not in ("GET", "HEAD"):
             await self._plain(send, 405, "only GET is served")
             return
-        path = unquote(scope["path"])
+        path = scope["path"]  # ASGI gives it percent-decoded
         try:
             await self._route(path, receive, send)
         except UnknownConversation as exc:
