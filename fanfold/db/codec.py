@@ -55,7 +55,8 @@ place in that order, and a compact document of an older version, which lacks the
 decodes them as their defaults; fields "omitted at default" are always written. The
 value is the same as the object form's: ``encode_event_compact`` writes it,
 ``decode_event`` reads either form, ``inline_event`` turns a stored event back into
-its object document (exports carry object documents only). Compact documents exist
+its object document (exports carry object documents only). Effects are stored
+compact too, but for ``OBJECT_EFFECTS`` (``encode_effect_stored``). Compact documents exist
 since schema 6 (``COMPACT_SINCE``); the fingerprint digests the object form, so it
 does not depend on the form an event is stored in.
 
@@ -1318,6 +1319,45 @@ def decode_effect(text: str | bytes) -> Effect:
     """Decode a text made by ``encode_effect``."""
     effect: Effect = _decode_document(_loads(text), EFFECT_TYPES, "an effect")
     return effect
+
+
+OBJECT_EFFECTS: frozenset[str] = frozenset({"CallModel", "StartTimer", "ScheduleRetry"})
+"""Effects the log keeps as object documents: readers query their fields with SQL's
+JSON functions (``Store.timer_starts``: a timer's number), or they are what a model
+call is logged as (its number and attempt, by name). Every other effect is stored in
+the compact form."""
+
+
+def encode_effect_stored(effect: Effect) -> str:
+    """Encode one effect as the log stores it: compact, but for ``OBJECT_EFFECTS``."""
+    codec = _EFFECT_CODECS.get(type(effect))
+    if codec is None or codec.name in OBJECT_EFFECTS:
+        return encode_effect(effect)
+    try:
+        return codec.compact_stored(effect)
+    except _NonFinite:
+        raise _refuse_non_finite(effect) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CodecError(f"cannot encode {codec.name}: {exc}") from None
+
+
+def stored_effect(text: str) -> str:
+    """An effect document from elsewhere (an import) as ``append`` stores the same
+    value (see ``stored_event``)."""
+    try:
+        if document_version(text) == SCHEMA_VERSION:
+            return encode_effect_stored(decode_effect(text))
+    except CodecError:
+        return text
+    return text
+
+
+def inline_effect(text: str) -> Any:
+    """A stored effect document as its object form parses (for exports)."""
+    document = _loads(text)
+    if type(document) is list:
+        return _loads(encode_effect(decode_effect(text)))
+    return document
 
 
 def encode_effects(effects: tuple[Effect, ...]) -> str:

@@ -44,9 +44,10 @@ from fanfold.db.codec import (
     decode_effect,
     decode_event,
     decode_state,
-    encode_effect,
+    encode_effect_stored,
     encode_event_compact,
     encode_state,
+    stored_effect,
     stored_event,
 )
 from fanfold.db.errors import (
@@ -190,7 +191,7 @@ class _Prepared:
             )
             self.effect_rows = []
             for idx, effect in enumerate(step.effects):
-                name, text = type(effect).__name__, encode_effect(effect)
+                name, text = type(effect).__name__, encode_effect_stored(effect)
                 self.effect_rows.append(
                     (cid, seq, idx, name, text, effect_checksum(cid, seq, idx, name, text))
                 )
@@ -723,7 +724,14 @@ class Store:
         ordered = sorted(conversations, key=lambda c: c.row.depth)
         # Stored as ``append`` stores them: large repeated values once, by reference.
         blobs: dict[str, str] = {}
-        events = [attrs.evolve(e, payload=stored_event(e.payload, blobs)) for e in events]
+        events = [
+            attrs.evolve(
+                e,
+                payload=stored_event(e.payload, blobs),
+                effects=tuple(attrs.evolve(f, payload=stored_effect(f.payload)) for f in e.effects),
+            )
+            for e in events
+        ]
         ordered = [
             attrs.evolve(c, snapshot_json=collapse_blobs(c.snapshot_json, blobs))
             if c.snapshot_json is not None

@@ -25,6 +25,7 @@ from fanfold.db import (
     encode_state,
 )
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
+from fanfold.db.codec import encode_effect_stored
 from fanfold.db.fingerprint import like as fingerprint_like
 from fanfold.db.fingerprint import summary
 from fanfold.replay.report import Finding, FindingKind, ReplayStep
@@ -284,7 +285,10 @@ def replay_quickly(log: RawLog) -> Conversation | None:
                 if (
                     stored.idx != index
                     or type(effect).__name__ != stored.type
-                    or encode_effect(effect) != stored.payload
+                    or (
+                        encode_effect_stored(effect) != stored.payload
+                        and encode_effect(effect) != stored.payload
+                    )
                     or (
                         stored.checksum is not None
                         and stored.checksum
@@ -466,7 +470,7 @@ def _compare_effects(
             )
     texts = [encode_effect(e) for e in recomputed]
     if len(texts) == len(recorded) and all(
-        t == r.payload and type(e).__name__ == r.type
+        (t == r.payload or encode_effect_stored(e) == r.payload) and type(e).__name__ == r.type
         for t, r, e in zip(texts, recorded, recomputed, strict=True)
     ):
         return recomputed, True, ()

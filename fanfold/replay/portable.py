@@ -132,7 +132,9 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
             "seq": event.seq,
             "at": event.at,
             "event": _parse(event.payload, *where, "its event", blobs, event=True),
-            "effects": [_parse(e.payload, *where, f"its effect {e.idx}") for e in event.effects],
+            "effects": [
+                _parse(e.payload, *where, f"its effect {e.idx}", effect=True) for e in event.effects
+            ],
             "fingerprint": event.fingerprint,
         }
         out.write(_dumps(step) + "\n")
@@ -196,6 +198,7 @@ def _parse(
     blobs: Mapping[str, str] | None = None,
     *,
     event: bool = False,
+    effect: bool = False,
 ) -> Any:
     """The document ``text`` parsed; with ``blobs``, its blob references written inline
     (an export carries no blobs table: each document holds its values); an ``event``
@@ -204,6 +207,8 @@ def _parse(
         document = codec.loads_strict(text)  # refuses NaN/Infinity: an export never holds one
         if event and type(document) is list:
             return codec.inline_event(text, blobs or {})
+        if effect and type(document) is list:
+            return codec.inline_effect(text)
         return codec.expand_blobs(document, blobs) if blobs else document
     except CodecError as exc:
         raise LogCorrupt(
