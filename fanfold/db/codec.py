@@ -700,8 +700,8 @@ class _ClassCodec:
         self.stored: _Emitter = _unbuilt  # the document, blob fields by reference
         self.compact: _Emitter = _unbuilt  # the value in the compact form
         self.compact_stored: _Emitter = _unbuilt  # the compact document, blobs by reference
-        # The field decoders of the fields a compact document of each version holds.
-        self.by_version: dict[int, tuple[tuple[str, str, _Decoder], ...]] = {}
+        # Compiled compact decoders by (schema version, index of the first field).
+        self.by_version: dict[tuple[int, int], Callable[[list[Any]], Any]] = {}
         self.decoders: tuple[tuple[str, str, _Decoder], ...] = ()
 
     def build(self, hints: dict[str, Any]) -> None:
@@ -750,24 +750,57 @@ class _ClassCodec:
         """Build the instance from a compact array whose fields begin at ``start``:
         every field the schema version being decoded has, in declaration order; the
         fields added later take their defaults."""
+        key = (_decoding.version, start)
+        build = self.by_version.get(key)
+        if build is None:
+            build = self.by_version[key] = self._compile_compact(*key)
+        try:
+            return build(items)
+        except (_Invalid, TypeError, ValueError, IndexError):
+            return self._decode_compact_slowly(items, start)
+
+    def _fields_at(self, version: int) -> tuple[tuple[str, str, _Decoder], ...]:
+        return tuple(d for d in self.decoders if self.since.get(d[0], (0,))[0] <= version)
+
+    def _compile_compact(self, version: int, start: int) -> Callable[[list[Any]], Any]:
+        """``items -> instance`` for compact arrays of ``version`` (fields from
+        ``start``), compiled: one call of the class with each field decoded in place.
+        Any failure is left to ``_decode_compact_slowly``, which says what is wrong."""
+        fields = self._fields_at(version)
+        namespace: dict[str, Any] = {"_cls": self.cls, "_Invalid": _Invalid}
+        arguments = []
+        for index, (_name, alias, decode) in enumerate(fields):
+            namespace[f"_d{index}"] = decode
+            arguments.append(f"{alias}=_d{index}(items[{start + index}])")
+        for name, alias, _ in self.decoders:
+            if self.since.get(name, (0,))[0] > version:
+                namespace[f"_default_{alias}"] = self.since[name][1]
+                arguments.append(f"{alias}=_default_{alias}")
+        source = (
+            "def build(items):\n"
+            f"    if len(items) != {start + len(fields)}:\n"
+            "        raise _Invalid('length')\n"
+            f"    return _cls({', '.join(arguments)})\n"
+        )
+        where = f"<fanfold.db.codec compact decoder for {self.name}>"
+        exec(compile(source, where, "exec"), namespace)
+        build: Callable[[list[Any]], Any] = namespace["build"]
+        return build
+
+    def _decode_compact_slowly(self, items: list[Any], start: int) -> Any:
+        """``decode_compact`` field by field, naming the field that is wrong."""
         version = _decoding.version
-        decoders = self.by_version.get(version)
-        if decoders is None:
-            decoders = self.by_version[version] = tuple(
-                d for d in self.decoders if self.since.get(d[0], (0,))[0] <= version
-            )
+        decoders = self._fields_at(version)
         if len(items) - start != len(decoders):
             raise _Invalid(
                 f"{self.name} needs {len(decoders)} field(s) in its compact form, "
                 f"got {len(items) - start}"
             )
-        kwargs = {}
-        if len(decoders) != len(self.decoders):
-            kwargs = {
-                alias: self.since[name][1]
-                for name, alias, _ in self.decoders
-                if self.since.get(name, (0,))[0] > version
-            }
+        kwargs = {
+            alias: self.since[name][1]
+            for name, alias, _ in self.decoders
+            if self.since.get(name, (0,))[0] > version
+        }
         name = ""
         try:
             for index, field in enumerate(decoders, start):
