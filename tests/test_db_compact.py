@@ -10,8 +10,26 @@ from hypothesis import given, settings
 from replay_helpers import trace_steps
 
 from fanfold import testing
-from fanfold.db import CodecError, UnsupportedVersion, decode_event, encode_event
-from fanfold.db.codec import SCHEMA_VERSION, encode_event_compact, inline_event
+from fanfold.db import (
+    CodecError,
+    UnsupportedVersion,
+    decode_effect,
+    decode_event,
+    decode_state,
+    encode_effect,
+    encode_event,
+    encode_state,
+)
+from fanfold.db.codec import (
+    OBJECT_EFFECTS,
+    SCHEMA_VERSION,
+    encode_effect_stored,
+    encode_event_compact,
+    encode_state_stored,
+    inline_effect,
+    inline_event,
+    inline_state,
+)
 from fanfold.statemachine import ModelReplied, ModelReply, ToolCall, Usage
 
 
@@ -25,6 +43,23 @@ def test_every_event_reads_back_from_its_compact_form(trace: testing.Trace) -> N
         # Exported, it is the object document, exactly.
         inline = json.dumps(inline_event(text, blobs), separators=(",", ":"))
         assert inline == encode_event(step.event)
+
+
+@given(trace=testing.event_sequences(max_steps=25))
+@settings(max_examples=40, deadline=None)
+def test_every_state_and_effect_reads_back_as_stored(trace: testing.Trace) -> None:
+    for step in trace_steps(trace):
+        blobs: dict[str, str] = {}
+        text = encode_state_stored(step.state, blobs)
+        assert text.startswith("[")
+        assert decode_state(text, blobs) == step.state
+        inline = json.dumps(inline_state(text, blobs), separators=(",", ":"))
+        assert inline == encode_state(step.state)
+        for effect in step.effects:
+            stored = encode_effect_stored(effect)
+            assert stored.startswith("{") == (type(effect).__name__ in OBJECT_EFFECTS)
+            assert decode_effect(stored) == effect
+            assert json.dumps(inline_effect(stored), separators=(",", ":")) == encode_effect(effect)
 
 
 def test_the_compact_form_leaves_out_the_field_names() -> None:

@@ -56,7 +56,8 @@ decodes them as their defaults; fields "omitted at default" are always written. 
 value is the same as the object form's: ``encode_event_compact`` writes it,
 ``decode_event`` reads either form, ``inline_event`` turns a stored event back into
 its object document (exports carry object documents only). Effects are stored
-compact too, but for ``OBJECT_EFFECTS`` (``encode_effect_stored``). Compact documents exist
+compact too, but for ``OBJECT_EFFECTS`` (``encode_effect_stored``), and so are
+snapshots (``encode_state_stored``). Compact documents exist
 since schema 6 (``COMPACT_SINCE``); the fingerprint digests the object form, so it
 does not depend on the form an event is stored in.
 
@@ -1419,6 +1420,41 @@ def encode_state(state: Conversation, blobs: dict[str, str] | None = None) -> st
     (``blobs``: as for ``encode_event``)."""
     codec = _STATE_CODEC if type(state) is Conversation else None
     return _document(codec, state, "a Conversation", blobs)
+
+
+def encode_state_stored(state: Conversation, blobs: dict[str, str]) -> str:
+    """Encode a state as the log stores a snapshot: a compact document, the values of
+    ``BLOB_FIELDS`` by reference (their texts added to ``blobs``)."""
+    if type(state) is not Conversation:
+        raise CodecError(f"cannot encode {type(state).__qualname__} as a Conversation")
+    _sink.blobs = blobs
+    try:
+        return _STATE_CODEC.compact_stored(state)
+    except _NonFinite:
+        raise _refuse_non_finite(state) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CodecError(f"cannot encode Conversation: {exc}") from None
+    finally:
+        _sink.blobs = None
+
+
+def stored_state(text: str, blobs: dict[str, str]) -> str:
+    """A snapshot from elsewhere (an import) as ``append`` stores the same state (see
+    ``stored_event``)."""
+    try:
+        if document_version(text) == SCHEMA_VERSION:
+            return encode_state_stored(decode_state(text), blobs)
+    except CodecError:
+        return text
+    return collapse_blobs(text, blobs)
+
+
+def inline_state(text: str, blobs: typing.Mapping[str, str]) -> Any:
+    """A stored snapshot as its object document parses, blob values inline (exports)."""
+    document = _loads(text)
+    if type(document) is list:
+        return _loads(encode_state(decode_state(text, blobs)))
+    return expand_blobs(document, blobs)
 
 
 def encode_state_without_history(state: Conversation) -> str:

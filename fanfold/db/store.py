@@ -39,16 +39,16 @@ from sqlite_utils import Database
 
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
 from fanfold.db.codec import (
-    collapse_blobs,
     column_text,
     decode_effect,
     decode_event,
     decode_state,
     encode_effect_stored,
     encode_event_compact,
-    encode_state,
+    encode_state_stored,
     stored_effect,
     stored_event,
+    stored_state,
 )
 from fanfold.db.errors import (
     CannotOpen,
@@ -527,7 +527,7 @@ class Store:
                 snapshots[step.conversation_id] = step
         snapshot_rows = []
         for cid, step in snapshots.items():
-            text = encode_state(step.state, blobs)
+            text = encode_state_stored(step.state, blobs)
             snapshot_rows.append((text, step.seq, snapshot_checksum(cid, step.seq, text), cid))
         known = self._blobs
         new_blobs = [(key, text) for key, text in blobs.items() if key not in known]
@@ -733,7 +733,7 @@ class Store:
             for e in events
         ]
         ordered = [
-            attrs.evolve(c, snapshot_json=collapse_blobs(c.snapshot_json, blobs))
+            attrs.evolve(c, snapshot_json=stored_state(c.snapshot_json, blobs))
             if c.snapshot_json is not None
             else c
             for c in ordered
@@ -840,7 +840,7 @@ class Store:
                 f"conversation {conversation_id!r}: the state is of conversation {state.id!r}"
             )
         blobs: dict[str, str] = {}
-        text = encode_state(state, blobs)
+        text = encode_state_stored(state, blobs)
         with self._transaction("BEGIN IMMEDIATE") as conn:
             row = conn.execute(
                 "SELECT e.fingerprint, c.snapshot_seq, e.payload FROM events e"
