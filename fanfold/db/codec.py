@@ -48,18 +48,19 @@ rows), so a document from anywhere else (an export, an import) must be inline, a
 fanfold too old for migration 4 refuses the database before reading any document.
 
 Compact form: the log stores each event as an array instead of an object, the field
-names left out: ``[6,"ModelReplied",3,["ModelReply","Done.",[],["Usage",12,7],"end_turn"]]``
-(a document: version, type name, then every field in declaration order; a nested
-value: type name, then its fields). Fields added in a later schema are at their
-place in that order, and a compact document of an older version, which lacks them,
-decodes them as their defaults; fields "omitted at default" are always written. The
-value is the same as the object form's: ``encode_event_compact`` writes it,
-``decode_event`` reads either form, ``inline_event`` turns a stored event back into
-its object document (exports carry object documents only). Effects are stored
-compact too, but for ``OBJECT_EFFECTS`` (``encode_effect_stored``), and so are
-snapshots (``encode_state_stored``). Compact documents exist
-since schema 6 (``COMPACT_SINCE``); the fingerprint digests the object form, so it
-does not depend on the form an event is stored in.
+names left out: ``[6,"ModelReplied",3,["Done.",[],[12,7,0],"end_turn",""]]``. A
+document holds its version, type name, then every field in declaration order; a
+nested value its fields, after its type name only where the field's annotation
+allows more than one class (a phase, a message). Fields added in a later schema are
+at their place in that order, and a compact document of an older version, which
+lacks them, decodes them as their defaults; fields "omitted at default" are always
+written. The value is the same as the object form's: ``encode_event_compact``
+writes it, ``decode_event`` reads either form, ``inline_event`` turns a stored event
+back into its object document (exports carry object documents only). Effects are
+stored compact too, but for ``OBJECT_EFFECTS`` (``encode_effect_stored``), and so
+are snapshots (``encode_state_stored``). Compact documents exist since schema 6
+(``COMPACT_SINCE``); the fingerprint digests the object form, so it does not depend
+on the form a value is stored in.
 
 Speed: encoding is on the runtime's write path (every event and effect, tens of
 thousands a second), so each class gets a compiled function that writes its JSON text
@@ -257,6 +258,7 @@ class _Memo:
 
 _memo = _Memo(_MEMO_LIMIT)
 _compact_memo = _Memo(_MEMO_LIMIT // 4)  # the compact texts of the same values
+_untagged_memo = _Memo(_MEMO_LIMIT // 4)  # and their untagged ones
 
 
 class _BlobSink(threading.local):
@@ -340,20 +342,24 @@ def _omitting(field: str, emit: _Emitter, default: Any) -> _Emitter:
 
 
 def _compile_compact_emitter(
-    name: str, names: tuple[str, ...], emitters: dict[str, _Emitter], *, document: bool
+    name: str,
+    names: tuple[str, ...],
+    emitters: dict[str, _Emitter],
+    *,
+    document: bool,
+    tagged: bool = True,
 ) -> _Emitter:
     """Compile ``obj -> compact JSON text`` for one class (see "Compact form"): an
-    array of the type name and every field's value in declaration order, after the
-    schema version for a document: ``[6,"Usage",12,7]``."""
+    array of the type name (unless not ``tagged``) and every field's value in
+    declaration order, after the schema version for a document: ``[6,"Usage",12,7]``;
+    untagged ``[12,7]``."""
     namespace: dict[str, Any] = {}
-    head = f'[{SCHEMA_VERSION},"{name}"' if document else f'["{name}"'
-    parts = [head]
+    items = [f'{SCHEMA_VERSION},"{name}"' if document else f'"{name}"'] if tagged else []
     for index, field in enumerate(names):
         namespace[f"_e{index}"] = emitters[field]
-        parts.append(f",{{_e{index}(o.{field})}}")
-    parts.append("]")
-    source = f"def emit(o):\n    return f'{''.join(parts)}'\n"
-    kind = "compact document" if document else "compact value"
+        items.append(f"{{_e{index}(o.{field})}}")
+    source = f"def emit(o):\n    return f'[{','.join(items)}]'\n"
+    kind = "compact document" if document else "compact value" if tagged else "untagged value"
     exec(compile(source, f"<fanfold.db.codec {kind} emitter for {name}>", "exec"), namespace)
     emit: _Emitter = namespace["emit"]
     return emit
@@ -379,6 +385,18 @@ def _emit_compact_object(value: Any) -> str:
     return codec.compact(value)
 
 
+def _untagged(cls: type[Any]) -> _Emitter:
+    """The compact text of a value where the annotation names its one class: no type
+    name (see "Compact form")."""
+
+    def emit_untagged(value: Any) -> str:
+        if type(value) is not cls:
+            raise TypeError(f"expected a {cls.__name__}, got {type(value).__name__}")
+        return _CODECS[cls].untagged(value)
+
+    return emit_untagged
+
+
 def _field_emitter(tp: Any, where: str, *, compact: bool = False) -> _Emitter:
     """The emitter of a value of annotated type ``tp`` (``compact``: in the compact
     form, see "Compact form")."""
@@ -391,12 +409,14 @@ def _field_emitter(tp: Any, where: str, *, compact: bool = False) -> _Emitter:
         return _emit_str
     objects = _emit_compact_object if compact else _emit_object
     if attrs.has(tp):
-        return objects
+        return _untagged(tp) if compact else objects
     members = _union_members(tp)
     if members is not None:
         rest = [m for m in members if m is not type(None)]
         emit: _Emitter
-        if all(attrs.has(m) for m in rest):
+        if compact and len(rest) == 1 and attrs.has(rest[0]):
+            emit = _untagged(rest[0])
+        elif all(attrs.has(m) for m in rest):
             emit = objects
         elif len(rest) == 1:
             emit = _field_emitter(rest[0], where, compact=compact)
@@ -623,8 +643,12 @@ def _object_decoder(classes: tuple[type[Any], ...]) -> _Decoder:
     allowed = {cls.__name__: _CODECS[cls] for cls in classes}
     expected = " or ".join(allowed)
 
+    only = _CODECS[classes[0]] if len(classes) == 1 else None
+
     def decode(value: Any) -> Any:
         kind = type(value)
+        if kind is list and only is not None:  # compact, untagged: [field, ...]
+            return only.decode_compact(value, 0)
         if kind is list and value:  # the compact form: ["Type", field, ...]
             tag = value[0]
             codec = allowed.get(tag) if type(tag) is str else None
@@ -673,6 +697,7 @@ class _ClassCodec:
         "omitted",
         "since",
         "stored",
+        "untagged",
     )
 
     def __init__(self, cls: type[Any]) -> None:
@@ -700,6 +725,7 @@ class _ClassCodec:
         self.document: _Emitter = _unbuilt
         self.stored: _Emitter = _unbuilt  # the document, blob fields by reference
         self.compact: _Emitter = _unbuilt  # the value in the compact form
+        self.untagged: _Emitter = _unbuilt  # the same without its type name
         self.compact_stored: _Emitter = _unbuilt  # the compact document, blobs by reference
         # Compiled compact decoders by (schema version, index of the first field).
         self.by_version: dict[tuple[int, int], Callable[[list[Any]], Any]] = {}
@@ -728,6 +754,10 @@ class _ClassCodec:
         }
         value = _compile_compact_emitter(self.name, self.names, compact, document=False)
         self.compact = _compact_memo.wrap(value) if self.cls in MEMOISED_TYPES else value
+        untagged = _compile_compact_emitter(
+            self.name, self.names, compact, document=False, tagged=False
+        )
+        self.untagged = _untagged_memo.wrap(untagged) if self.cls in MEMOISED_TYPES else untagged
         # A blob's text is the value's ordinary (object) text: one text per value,
         # whichever form names it.
         compact_stored = {
@@ -1171,6 +1201,7 @@ def clear_memo() -> None:
     """Forget every memoised text (benchmarks use it to measure a cold start)."""
     _memo.clear()
     _compact_memo.clear()
+    _untagged_memo.clear()
 
 
 def encode(value: Any) -> str:
