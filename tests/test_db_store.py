@@ -30,9 +30,9 @@ from fanfold.db import (
     Store,
     StoreClosed,
     UnknownConversation,
-    encode_state,
     fingerprint,
 )
+from fanfold.db.codec import encode_state_stored
 from fanfold.db.schema import LATEST_VERSION
 from fanfold.statemachine import (
     ConversationCreated,
@@ -295,8 +295,8 @@ def test_snapshots_follow_the_latest_flagged_step(store: Store) -> None:
         row = store.conversation(cid)
         assert row.snapshot_seq == flagged[-1].seq
         snapshot = store._query("SELECT snapshot_json FROM conversations WHERE id = ?", [cid])
-        # Stored with its large values by reference (``fanfold.db.codec``, "Blobs").
-        assert snapshot[0]["snapshot_json"] == encode_state(flagged[-1].state, {})
+        # Stored compact, its large values by reference (``fanfold.db.codec``).
+        assert snapshot[0]["snapshot_json"] == encode_state_stored(flagged[-1].state, {})
 
 
 def test_no_snapshot_is_stored_at_creation(store: Store) -> None:

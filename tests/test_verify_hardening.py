@@ -50,10 +50,10 @@ def test_an_edited_model_reply_diverges_at_the_edited_step(tmp_path: Path) -> No
         edit(
             path,
             (
-                # The reply's text: field 1 of the reply, the event's field 1, in the
+                # The reply's text: field 0 of the reply, the event's field 1, in the
                 # compact form the log stores events in (``codec``, "Compact form").
-                "UPDATE events SET payload = json_set(payload, '$[3][1]',"
-                " json_extract(payload, '$[3][1]') || ' (edited)')"
+                "UPDATE events SET payload = json_set(payload, '$[3][0]',"
+                " json_extract(payload, '$[3][0]') || ' (edited)')"
                 " WHERE conversation_id = ? AND seq = ?",
                 (cid, seq),
             ),

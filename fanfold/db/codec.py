@@ -48,16 +48,19 @@ rows), so a document from anywhere else (an export, an import) must be inline, a
 fanfold too old for migration 4 refuses the database before reading any document.
 
 Compact form: the log stores each event as an array instead of an object, the field
-names left out: ``[6,"ModelReplied",3,["ModelReply","Done.",[],["Usage",12,7],"end_turn"]]``
-(a document: version, type name, then every field in declaration order; a nested
-value: type name, then its fields). Fields added in a later schema are at their
-place in that order, and a compact document of an older version, which lacks them,
-decodes them as their defaults; fields "omitted at default" are always written. The
-value is the same as the object form's: ``encode_event_compact`` writes it,
-``decode_event`` reads either form, ``inline_event`` turns a stored event back into
-its object document (exports carry object documents only). Compact documents exist
-since schema 6 (``COMPACT_SINCE``); the fingerprint digests the object form, so it
-does not depend on the form an event is stored in.
+names left out: ``[6,"ModelReplied",3,["Done.",[],[12,7,0],"end_turn",""]]``. A
+document holds its version, type name, then every field in declaration order; a
+nested value its fields, after its type name only where the field's annotation
+allows more than one class (a phase, a message). Fields added in a later schema are
+at their place in that order, and a compact document of an older version, which
+lacks them, decodes them as their defaults; fields "omitted at default" are always
+written. The value is the same as the object form's: ``encode_event_compact``
+writes it, ``decode_event`` reads either form, ``inline_event`` turns a stored event
+back into its object document (exports carry object documents only). Effects are
+stored compact too, but for ``OBJECT_EFFECTS`` (``encode_effect_stored``), and so
+are snapshots (``encode_state_stored``). Compact documents exist since schema 6
+(``COMPACT_SINCE``); the fingerprint digests the object form, so it does not depend
+on the form a value is stored in.
 
 Speed: encoding is on the runtime's write path (every event and effect, tens of
 thousands a second), so each class gets a compiled function that writes its JSON text
@@ -255,6 +258,7 @@ class _Memo:
 
 _memo = _Memo(_MEMO_LIMIT)
 _compact_memo = _Memo(_MEMO_LIMIT // 4)  # the compact texts of the same values
+_untagged_memo = _Memo(_MEMO_LIMIT // 4)  # and their untagged ones
 
 
 class _BlobSink(threading.local):
@@ -338,20 +342,24 @@ def _omitting(field: str, emit: _Emitter, default: Any) -> _Emitter:
 
 
 def _compile_compact_emitter(
-    name: str, names: tuple[str, ...], emitters: dict[str, _Emitter], *, document: bool
+    name: str,
+    names: tuple[str, ...],
+    emitters: dict[str, _Emitter],
+    *,
+    document: bool,
+    tagged: bool = True,
 ) -> _Emitter:
     """Compile ``obj -> compact JSON text`` for one class (see "Compact form"): an
-    array of the type name and every field's value in declaration order, after the
-    schema version for a document: ``[6,"Usage",12,7]``."""
+    array of the type name (unless not ``tagged``) and every field's value in
+    declaration order, after the schema version for a document: ``[6,"Usage",12,7]``;
+    untagged ``[12,7]``."""
     namespace: dict[str, Any] = {}
-    head = f'[{SCHEMA_VERSION},"{name}"' if document else f'["{name}"'
-    parts = [head]
+    items = [f'{SCHEMA_VERSION},"{name}"' if document else f'"{name}"'] if tagged else []
     for index, field in enumerate(names):
         namespace[f"_e{index}"] = emitters[field]
-        parts.append(f",{{_e{index}(o.{field})}}")
-    parts.append("]")
-    source = f"def emit(o):\n    return f'{''.join(parts)}'\n"
-    kind = "compact document" if document else "compact value"
+        items.append(f"{{_e{index}(o.{field})}}")
+    source = f"def emit(o):\n    return f'[{','.join(items)}]'\n"
+    kind = "compact document" if document else "compact value" if tagged else "untagged value"
     exec(compile(source, f"<fanfold.db.codec {kind} emitter for {name}>", "exec"), namespace)
     emit: _Emitter = namespace["emit"]
     return emit
@@ -377,6 +385,18 @@ def _emit_compact_object(value: Any) -> str:
     return codec.compact(value)
 
 
+def _untagged(cls: type[Any]) -> _Emitter:
+    """The compact text of a value where the annotation names its one class: no type
+    name (see "Compact form")."""
+
+    def emit_untagged(value: Any) -> str:
+        if type(value) is not cls:
+            raise TypeError(f"expected a {cls.__name__}, got {type(value).__name__}")
+        return _CODECS[cls].untagged(value)
+
+    return emit_untagged
+
+
 def _field_emitter(tp: Any, where: str, *, compact: bool = False) -> _Emitter:
     """The emitter of a value of annotated type ``tp`` (``compact``: in the compact
     form, see "Compact form")."""
@@ -389,12 +409,14 @@ def _field_emitter(tp: Any, where: str, *, compact: bool = False) -> _Emitter:
         return _emit_str
     objects = _emit_compact_object if compact else _emit_object
     if attrs.has(tp):
-        return objects
+        return _untagged(tp) if compact else objects
     members = _union_members(tp)
     if members is not None:
         rest = [m for m in members if m is not type(None)]
         emit: _Emitter
-        if all(attrs.has(m) for m in rest):
+        if compact and len(rest) == 1 and attrs.has(rest[0]):
+            emit = _untagged(rest[0])
+        elif all(attrs.has(m) for m in rest):
             emit = objects
         elif len(rest) == 1:
             emit = _field_emitter(rest[0], where, compact=compact)
@@ -621,8 +643,12 @@ def _object_decoder(classes: tuple[type[Any], ...]) -> _Decoder:
     allowed = {cls.__name__: _CODECS[cls] for cls in classes}
     expected = " or ".join(allowed)
 
+    only = _CODECS[classes[0]] if len(classes) == 1 else None
+
     def decode(value: Any) -> Any:
         kind = type(value)
+        if kind is list and only is not None:  # compact, untagged: [field, ...]
+            return only.decode_compact(value, 0)
         if kind is list and value:  # the compact form: ["Type", field, ...]
             tag = value[0]
             codec = allowed.get(tag) if type(tag) is str else None
@@ -671,6 +697,7 @@ class _ClassCodec:
         "omitted",
         "since",
         "stored",
+        "untagged",
     )
 
     def __init__(self, cls: type[Any]) -> None:
@@ -698,9 +725,10 @@ class _ClassCodec:
         self.document: _Emitter = _unbuilt
         self.stored: _Emitter = _unbuilt  # the document, blob fields by reference
         self.compact: _Emitter = _unbuilt  # the value in the compact form
+        self.untagged: _Emitter = _unbuilt  # the same without its type name
         self.compact_stored: _Emitter = _unbuilt  # the compact document, blobs by reference
-        # The field decoders of the fields a compact document of each version holds.
-        self.by_version: dict[int, tuple[tuple[str, str, _Decoder], ...]] = {}
+        # Compiled compact decoders by (schema version, index of the first field).
+        self.by_version: dict[tuple[int, int], Callable[[list[Any]], Any]] = {}
         self.decoders: tuple[tuple[str, str, _Decoder], ...] = ()
 
     def build(self, hints: dict[str, Any]) -> None:
@@ -726,6 +754,10 @@ class _ClassCodec:
         }
         value = _compile_compact_emitter(self.name, self.names, compact, document=False)
         self.compact = _compact_memo.wrap(value) if self.cls in MEMOISED_TYPES else value
+        untagged = _compile_compact_emitter(
+            self.name, self.names, compact, document=False, tagged=False
+        )
+        self.untagged = _untagged_memo.wrap(untagged) if self.cls in MEMOISED_TYPES else untagged
         # A blob's text is the value's ordinary (object) text: one text per value,
         # whichever form names it.
         compact_stored = {
@@ -749,24 +781,57 @@ class _ClassCodec:
         """Build the instance from a compact array whose fields begin at ``start``:
         every field the schema version being decoded has, in declaration order; the
         fields added later take their defaults."""
+        key = (_decoding.version, start)
+        build = self.by_version.get(key)
+        if build is None:
+            build = self.by_version[key] = self._compile_compact(*key)
+        try:
+            return build(items)
+        except (_Invalid, TypeError, ValueError, IndexError):
+            return self._decode_compact_slowly(items, start)
+
+    def _fields_at(self, version: int) -> tuple[tuple[str, str, _Decoder], ...]:
+        return tuple(d for d in self.decoders if self.since.get(d[0], (0,))[0] <= version)
+
+    def _compile_compact(self, version: int, start: int) -> Callable[[list[Any]], Any]:
+        """``items -> instance`` for compact arrays of ``version`` (fields from
+        ``start``), compiled: one call of the class with each field decoded in place.
+        Any failure is left to ``_decode_compact_slowly``, which says what is wrong."""
+        fields = self._fields_at(version)
+        namespace: dict[str, Any] = {"_cls": self.cls, "_Invalid": _Invalid}
+        arguments = []
+        for index, (_name, alias, decode) in enumerate(fields):
+            namespace[f"_d{index}"] = decode
+            arguments.append(f"{alias}=_d{index}(items[{start + index}])")
+        for name, alias, _ in self.decoders:
+            if self.since.get(name, (0,))[0] > version:
+                namespace[f"_default_{alias}"] = self.since[name][1]
+                arguments.append(f"{alias}=_default_{alias}")
+        source = (
+            "def build(items):\n"
+            f"    if len(items) != {start + len(fields)}:\n"
+            "        raise _Invalid('length')\n"
+            f"    return _cls({', '.join(arguments)})\n"
+        )
+        where = f"<fanfold.db.codec compact decoder for {self.name}>"
+        exec(compile(source, where, "exec"), namespace)
+        build: Callable[[list[Any]], Any] = namespace["build"]
+        return build
+
+    def _decode_compact_slowly(self, items: list[Any], start: int) -> Any:
+        """``decode_compact`` field by field, naming the field that is wrong."""
         version = _decoding.version
-        decoders = self.by_version.get(version)
-        if decoders is None:
-            decoders = self.by_version[version] = tuple(
-                d for d in self.decoders if self.since.get(d[0], (0,))[0] <= version
-            )
+        decoders = self._fields_at(version)
         if len(items) - start != len(decoders):
             raise _Invalid(
                 f"{self.name} needs {len(decoders)} field(s) in its compact form, "
                 f"got {len(items) - start}"
             )
-        kwargs = {}
-        if len(decoders) != len(self.decoders):
-            kwargs = {
-                alias: self.since[name][1]
-                for name, alias, _ in self.decoders
-                if self.since.get(name, (0,))[0] > version
-            }
+        kwargs = {
+            alias: self.since[name][1]
+            for name, alias, _ in self.decoders
+            if self.since.get(name, (0,))[0] > version
+        }
         name = ""
         try:
             for index, field in enumerate(decoders, start):
@@ -1136,6 +1201,7 @@ def clear_memo() -> None:
     """Forget every memoised text (benchmarks use it to measure a cold start)."""
     _memo.clear()
     _compact_memo.clear()
+    _untagged_memo.clear()
 
 
 def encode(value: Any) -> str:
@@ -1320,6 +1386,45 @@ def decode_effect(text: str | bytes) -> Effect:
     return effect
 
 
+OBJECT_EFFECTS: frozenset[str] = frozenset({"CallModel", "StartTimer", "ScheduleRetry"})
+"""Effects the log keeps as object documents: readers query their fields with SQL's
+JSON functions (``Store.timer_starts``: a timer's number), or they are what a model
+call is logged as (its number and attempt, by name). Every other effect is stored in
+the compact form."""
+
+
+def encode_effect_stored(effect: Effect) -> str:
+    """Encode one effect as the log stores it: compact, but for ``OBJECT_EFFECTS``."""
+    codec = _EFFECT_CODECS.get(type(effect))
+    if codec is None or codec.name in OBJECT_EFFECTS:
+        return encode_effect(effect)
+    try:
+        return codec.compact_stored(effect)
+    except _NonFinite:
+        raise _refuse_non_finite(effect) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CodecError(f"cannot encode {codec.name}: {exc}") from None
+
+
+def stored_effect(text: str) -> str:
+    """An effect document from elsewhere (an import) as ``append`` stores the same
+    value (see ``stored_event``)."""
+    try:
+        if document_version(text) == SCHEMA_VERSION:
+            return encode_effect_stored(decode_effect(text))
+    except CodecError:
+        return text
+    return text
+
+
+def inline_effect(text: str) -> Any:
+    """A stored effect document as its object form parses (for exports)."""
+    document = _loads(text)
+    if type(document) is list:
+        return _loads(encode_effect(decode_effect(text)))
+    return document
+
+
 def encode_effects(effects: tuple[Effect, ...]) -> str:
     """Encode a tuple of effects as a JSON array of versioned documents."""
     return "[" + ",".join(map(encode_effect, effects)) + "]"
@@ -1346,6 +1451,41 @@ def encode_state(state: Conversation, blobs: dict[str, str] | None = None) -> st
     (``blobs``: as for ``encode_event``)."""
     codec = _STATE_CODEC if type(state) is Conversation else None
     return _document(codec, state, "a Conversation", blobs)
+
+
+def encode_state_stored(state: Conversation, blobs: dict[str, str]) -> str:
+    """Encode a state as the log stores a snapshot: a compact document, the values of
+    ``BLOB_FIELDS`` by reference (their texts added to ``blobs``)."""
+    if type(state) is not Conversation:
+        raise CodecError(f"cannot encode {type(state).__qualname__} as a Conversation")
+    _sink.blobs = blobs
+    try:
+        return _STATE_CODEC.compact_stored(state)
+    except _NonFinite:
+        raise _refuse_non_finite(state) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CodecError(f"cannot encode Conversation: {exc}") from None
+    finally:
+        _sink.blobs = None
+
+
+def stored_state(text: str, blobs: dict[str, str]) -> str:
+    """A snapshot from elsewhere (an import) as ``append`` stores the same state (see
+    ``stored_event``)."""
+    try:
+        if document_version(text) == SCHEMA_VERSION:
+            return encode_state_stored(decode_state(text), blobs)
+    except CodecError:
+        return text
+    return collapse_blobs(text, blobs)
+
+
+def inline_state(text: str, blobs: typing.Mapping[str, str]) -> Any:
+    """A stored snapshot as its object document parses, blob values inline (exports)."""
+    document = _loads(text)
+    if type(document) is list:
+        return _loads(encode_state(decode_state(text, blobs)))
+    return expand_blobs(document, blobs)
 
 
 def encode_state_without_history(state: Conversation) -> str:

@@ -39,15 +39,16 @@ from sqlite_utils import Database
 
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
 from fanfold.db.codec import (
-    collapse_blobs,
     column_text,
     decode_effect,
     decode_event,
     decode_state,
-    encode_effect,
+    encode_effect_stored,
     encode_event_compact,
-    encode_state,
+    encode_state_stored,
+    stored_effect,
     stored_event,
+    stored_state,
 )
 from fanfold.db.errors import (
     CannotOpen,
@@ -190,7 +191,7 @@ class _Prepared:
             )
             self.effect_rows = []
             for idx, effect in enumerate(step.effects):
-                name, text = type(effect).__name__, encode_effect(effect)
+                name, text = type(effect).__name__, encode_effect_stored(effect)
                 self.effect_rows.append(
                     (cid, seq, idx, name, text, effect_checksum(cid, seq, idx, name, text))
                 )
@@ -526,7 +527,7 @@ class Store:
                 snapshots[step.conversation_id] = step
         snapshot_rows = []
         for cid, step in snapshots.items():
-            text = encode_state(step.state, blobs)
+            text = encode_state_stored(step.state, blobs)
             snapshot_rows.append((text, step.seq, snapshot_checksum(cid, step.seq, text), cid))
         known = self._blobs
         new_blobs = [(key, text) for key, text in blobs.items() if key not in known]
@@ -723,9 +724,16 @@ class Store:
         ordered = sorted(conversations, key=lambda c: c.row.depth)
         # Stored as ``append`` stores them: large repeated values once, by reference.
         blobs: dict[str, str] = {}
-        events = [attrs.evolve(e, payload=stored_event(e.payload, blobs)) for e in events]
+        events = [
+            attrs.evolve(
+                e,
+                payload=stored_event(e.payload, blobs),
+                effects=tuple(attrs.evolve(f, payload=stored_effect(f.payload)) for f in e.effects),
+            )
+            for e in events
+        ]
         ordered = [
-            attrs.evolve(c, snapshot_json=collapse_blobs(c.snapshot_json, blobs))
+            attrs.evolve(c, snapshot_json=stored_state(c.snapshot_json, blobs))
             if c.snapshot_json is not None
             else c
             for c in ordered
@@ -832,7 +840,7 @@ class Store:
                 f"conversation {conversation_id!r}: the state is of conversation {state.id!r}"
             )
         blobs: dict[str, str] = {}
-        text = encode_state(state, blobs)
+        text = encode_state_stored(state, blobs)
         with self._transaction("BEGIN IMMEDIATE") as conn:
             row = conn.execute(
                 "SELECT e.fingerprint, c.snapshot_seq, e.payload FROM events e"

@@ -25,6 +25,7 @@ from fanfold.db import (
     encode_state,
 )
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
+from fanfold.db.codec import encode_effect_stored, encode_state_stored
 from fanfold.db.fingerprint import like as fingerprint_like
 from fanfold.db.fingerprint import summary
 from fanfold.replay.report import Finding, FindingKind, ReplayStep
@@ -181,9 +182,7 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
                 return
             try:
                 # Fast path: the recomputed state encodes to exactly the stored text.
-                same = encode_state(after, {}) == snapshot_text or (
-                    encode_state(after) == snapshot_text
-                )
+                same = _encodes_to(after, snapshot_text)
                 recorded_state = after if same else decode_state(snapshot_text, log.blobs)
             except CodecError as exc:
                 yield Finding(
@@ -284,7 +283,10 @@ def replay_quickly(log: RawLog) -> Conversation | None:
                 if (
                     stored.idx != index
                     or type(effect).__name__ != stored.type
-                    or encode_effect(effect) != stored.payload
+                    or (
+                        encode_effect_stored(effect) != stored.payload
+                        and encode_effect(effect) != stored.payload
+                    )
                     or (
                         stored.checksum is not None
                         and stored.checksum
@@ -317,6 +319,14 @@ def _same_snapshot(log: RawLog, state: Conversation) -> bool:
         log.row.id, seq, text
     ):
         return False
+    return _encodes_to(state, text)
+
+
+def _encodes_to(state: Conversation, text: str) -> bool:
+    """``text`` is ``state``'s encoding, in the form the log stores (compact, blob
+    values by reference) or the object form (older logs, imports of older schemas)."""
+    if text.startswith("["):
+        return encode_state_stored(state, {}) == text
     return encode_state(state, {}) == text or encode_state(state) == text
 
 
@@ -466,7 +476,7 @@ def _compare_effects(
             )
     texts = [encode_effect(e) for e in recomputed]
     if len(texts) == len(recorded) and all(
-        t == r.payload and type(e).__name__ == r.type
+        (t == r.payload or encode_effect_stored(e) == r.payload) and type(e).__name__ == r.type
         for t, r, e in zip(texts, recorded, recomputed, strict=True)
     ):
         return recomputed, True, ()

@@ -101,7 +101,12 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
         snapshot_doc = None
         if log.snapshot_json is not None:
             snapshot_doc = _parse(
-                log.snapshot_json, row.id, row.snapshot_seq or 0, "its snapshot", log.blobs
+                log.snapshot_json,
+                row.id,
+                row.snapshot_seq or 0,
+                "its snapshot",
+                log.blobs,
+                state=True,
             )
         line: dict[str, Any] = {"record": "conversation"}
         line.update({name: getattr(row, name) for name in ConversationRow.COLUMNS})
@@ -132,7 +137,9 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
             "seq": event.seq,
             "at": event.at,
             "event": _parse(event.payload, *where, "its event", blobs, event=True),
-            "effects": [_parse(e.payload, *where, f"its effect {e.idx}") for e in event.effects],
+            "effects": [
+                _parse(e.payload, *where, f"its effect {e.idx}", effect=True) for e in event.effects
+            ],
             "fingerprint": event.fingerprint,
         }
         out.write(_dumps(step) + "\n")
@@ -196,6 +203,8 @@ def _parse(
     blobs: Mapping[str, str] | None = None,
     *,
     event: bool = False,
+    effect: bool = False,
+    state: bool = False,
 ) -> Any:
     """The document ``text`` parsed; with ``blobs``, its blob references written inline
     (an export carries no blobs table: each document holds its values); an ``event``
@@ -204,6 +213,10 @@ def _parse(
         document = codec.loads_strict(text)  # refuses NaN/Infinity: an export never holds one
         if event and type(document) is list:
             return codec.inline_event(text, blobs or {})
+        if effect and type(document) is list:
+            return codec.inline_effect(text)
+        if state and type(document) is list:
+            return codec.inline_state(text, blobs or {})
         return codec.expand_blobs(document, blobs) if blobs else document
     except CodecError as exc:
         raise LogCorrupt(
