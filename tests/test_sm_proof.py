@@ -44,6 +44,7 @@ from fanfold.statemachine import (
     Usage,
     UserMessage,
     model_request,
+    spawn_order,
     start,
     transition,
 )
@@ -350,3 +351,11 @@ def test_a_fork_forgets_the_children_its_source_wrote_off() -> None:
     assert forked.written_off == () and effects == ()
     with pytest.raises(IllegalTransition):
         transition(forked, SubAgentFinished("root.1", ChildSucceeded("late")))
+
+
+def test_spawn_order_sorts_by_spawn_number_and_foreign_ids_first() -> None:
+    """``spawn_order`` also sorts ids read from logs (``show``, the runtime's tree), where
+    an id need not be ``<parent>.<n>``: such an id sorts before every child."""
+    wide = "root.1.\N{FULLWIDTH DIGIT ONE}"  # a digit, but not an ASCII one
+    ids = ["root.10", "x", "root.2", wide, "root.1"]
+    assert sorted(ids, key=spawn_order) == [wide, "x", "root.1", "root.2", "root.10"]
