@@ -3,11 +3,20 @@ child never holds a tool or a right its parent lacks, at any depth)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from sm_support import World, begin, created_root, user, world_moves
 
-from fanfold.statemachine import ToolCall, ToolSpec
+from fanfold.statemachine import (
+    Effect,
+    ModelReply,
+    RunTool,
+    ToolCall,
+    ToolResultMessage,
+    ToolSpec,
+)
 from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.delegation import child_setup
 from fanfold.statemachine.limits import Limits
@@ -224,3 +233,76 @@ def test_restrict_adds_a_layer_and_keeps_the_parents() -> None:
     child = restrict(parent, layer)
     assert child is not None and child.layers == (*parent.layers, layer)
     assert restrict(parent, RuleSet()) is parent  # no rules: nothing to add
+
+
+# --------------------------------------------------------------- through the reducer
+
+CATALOGUE = (
+    AgentDefinition("reader", "reads", allow=(Rule("read-only"),)),
+    AgentDefinition("gitter", "git only", allow=(Rule("bash", "git *"), Rule("read_file"))),
+    AgentDefinition("no-ls", "anything but ls", deny=(Rule("bash", "ls*"),)),
+    AgentDefinition("open", "no rules"),
+)
+
+
+@attrs.define
+class _GuardedWorld(World):
+    """A World that fails if a tool ever runs that its conversation's rules refuse."""
+
+    ran: int = 0
+
+    def run(self, cid: str, effects: tuple[Effect, ...]) -> None:
+        state = self.convs.get(cid)
+        for effect in effects:
+            if isinstance(effect, RunTool) and state is not None:
+                assert state.offers(effect.tool_call.name), effect
+                why = refusal(state.permissions, effect.tool_call, effect.cwd)
+                assert why is None, f"{cid} ran a refused call: {why}"
+                self.ran += 1
+        super().run(cid, effects)
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data())
+def test_no_refused_call_ever_runs_at_any_depth(data: st.DataObject) -> None:
+    """Random trees of named agents (two levels) under random replies, failures,
+    cancels and restarts: every call that reaches the runtime passes the rules of the
+    conversation that made it, every refusal is counted, and every step keeps the
+    invariants (a child's rules extend its parent's, its tools are among its parent's)."""
+    world = _GuardedWorld()
+    limits = Limits(max_depth=2, max_concurrent=3)
+    state, effects = begin(created_root(limits, agents=CATALOGUE))
+    world.convs[state.id] = state
+    world.run(state.id, effects)
+    world.apply("root", user("go"))
+    names = [None, *(a.name for a in CATALOGUE)]
+    tasks: list[dict[str, str]] = []
+    for i in range(data.draw(st.integers(1, 4))):
+        name = data.draw(st.sampled_from(names))
+        tasks.append({"task": f"t{i}"} if name is None else {"task": f"t{i}", "agent": name})
+    (key,) = world.models
+    world.reply(key, ModelReply("", (ToolCall.of("first", "spawn_agents", {"tasks": tasks}),)))
+    for _ in range(data.draw(st.integers(0, 60))):
+        moves = world_moves(world, data)
+        if not moves:
+            break
+        moves[data.draw(st.integers(0, len(moves) - 1))]()
+        world.check()
+    if world.ran:
+        event("a permitted call ran")
+    for cid, conversation in world.convs.items():
+        # Each refusal is an error result "<tool> refused ..." in the history once its
+        # round is over, and counted when it is decided.
+        refused = [
+            m
+            for m in conversation.history
+            if isinstance(m, ToolResultMessage)
+            and m.result.is_error
+            and m.result.content.startswith(f"{m.result.name} refused")
+        ]
+        if conversation.refused_calls:
+            event("a call was refused")
+        if conversation.at_rest:
+            assert len(refused) == conversation.refused_calls, cid
+        else:
+            assert len(refused) <= conversation.refused_calls, cid

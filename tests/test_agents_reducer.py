@@ -257,3 +257,14 @@ def test_a_task_may_ask_for_task_only_under_a_full_definition() -> None:
     state, _ = step(state, user("go"))
     state, _ = step(state, replied(state, spawn("s1", {"task": "t", "context": "summary"})))
     assert "'context' must be task_only or full" in tool_results(state)[0].content
+
+
+def test_the_spawn_tool_lists_each_name_once_with_a_bounded_description() -> None:
+    long = AgentDefinition("long", "x" * 5000)
+    again = AgentDefinition("long", "shadowed")
+    state = root(agents=(long, again, EXPLORER))
+    spec = next(t for t in state.tools if t.name == "spawn_agents")
+    agent = spec.input_schema()["properties"]["tasks"]["items"]["properties"]["agent"]
+    assert agent["enum"] == ["long", "explorer"]
+    assert "- long: " + "x" * 497 + "...\n- explorer: reads only" in spec.description
+    assert "shadowed" not in spec.description

@@ -12,7 +12,7 @@ as they are::
     You are a careful code reviewer...  (the body: the agent's system prompt)
 
 plus fanfold's own keys: ``disallowed_tools`` (deny rules), ``max_rounds``,
-``max_tokens``, ``timeout`` (seconds), ``context`` (``task_only``), ``may_delegate``
+``max_tokens``, ``timeout`` (seconds), ``context`` (``task_only`` or ``full``), ``may_delegate``
 (default true) and ``prompt_mode`` (``extend``, the default: the sub-agent prompt
 then the body; ``replace``: the body alone). Claude Code's spellings
 (``disallowedTools``, ``maxTurns``) are read too; other keys (``color``) are ignored

@@ -104,6 +104,8 @@ from fanfold.statemachine import (
     ToolSpec,
     UserMessage,
 )
+from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.permissions import Permissions
 
 SCHEMA_VERSION = 6
 """Version written into every document; decoding accepts 1..SCHEMA_VERSION.
@@ -160,11 +162,14 @@ MEMOISED_TYPES: frozenset[type[Any]] = frozenset(
         PendingChild,
         FinishedChild,
         RejectedTask,
+        AgentDefinition,
+        Permissions,
     }
 )
 # Tuples of these are memoised too: a conversation's tool set is one tuple, repeated
-# in every model request. (Not messages: each request's history is a new, longer tuple.)
-MEMOISED_ARRAYS: frozenset[type[Any]] = frozenset({ToolSpec})
+# in every model request; so is its agent catalogue, in every state of a tree that has
+# one. (Not messages: each request's history is a new, longer tuple.)
+MEMOISED_ARRAYS: frozenset[type[Any]] = frozenset({ToolSpec, AgentDefinition})
 _MEMO_LIMIT = 16_000_000  # characters of memoised text before the memo starts over
 
 

@@ -161,14 +161,17 @@ def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
         "description": "task_only (default): the sub-agent sees just its task; full: "
         "also this conversation so far",
     }
-    names = [a.name for a in agents]
+    # The first definition of a name counts (as find_agent reads them); descriptions
+    # are cut so that one long file cannot swell every request's tool list.
+    listed = {a.name: a for a in reversed(agents)}
+    names = [a.name for a in agents if listed.get(a.name) is a]
     schema["properties"]["tasks"]["items"]["properties"]["agent"] = {
         "type": "string",
         "enum": names,
         "description": "The kind of agent to delegate to (default: a general sub-agent "
         "with your tools); see the list in this tool's description",
     }
-    listing = "\n".join(f"- {a.name}: {a.description}" for a in agents)
+    listing = "\n".join(f"- {name}: {_cut(listed[name].description)}" for name in names)
     description = (
         SPAWN_AGENTS_SPEC.description
         + ' By default the tasks run in parallel; "mode": "sequential" runs them one '
@@ -181,6 +184,16 @@ def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
     spec = ToolSpec.from_schema(SPAWN_AGENTS, description, schema)
     _last_spawn_spec[0] = (agents, spec)
     return spec
+
+
+MAX_DESCRIPTION_CHARS = 500
+"""An agent's description in the spawn_agents tool is cut to this many characters."""
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_DESCRIPTION_CHARS:
+        return text
+    return text[: MAX_DESCRIPTION_CHARS - 3] + "..."
 
 
 _last_spawn_spec: list[tuple[tuple[AgentDefinition, ...], ToolSpec] | None] = [None]

@@ -920,7 +920,7 @@ def _start_queued(
         if budget is not None:
             share = available // (unstarted + 1)
             if child.spec.agent is not None:
-                share = capped_share(agent_for_spec(state, child.spec.agent), share)
+                share = capped_share(_agent_of(state, child.spec.agent), share)
             unstarted -= 1
             if share <= 0 or refused:
                 # Oldest first: once one queued child cannot get a share, none of the
@@ -979,7 +979,7 @@ def _spawn_effect(
     setup = None
     if spec.agent is not None or state.agents:
         setup = child_setup(
-            None if spec.agent is None else agent_for_spec(state, spec.agent),
+            None if spec.agent is None else _agent_of(state, spec.agent),
             parent_permissions=state.permissions,
             parent_agents=state.agents,
             tools=tools,
@@ -1017,7 +1017,7 @@ def _context_mode(request: TaskRequest, definition: AgentDefinition | None) -> s
     return "full" if mode == "full" else None
 
 
-def agent_for_spec(state: Conversation, name: str) -> AgentDefinition:
+def _agent_of(state: Conversation, name: str) -> AgentDefinition:
     """The definition an accepted child names (it was found when it was accepted;
     the parent's catalogue never changes)."""
     found = agent_for(state.agents, name)
