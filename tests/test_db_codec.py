@@ -44,7 +44,7 @@ from fanfold.db.codec import (
     retired_value,
 )
 from fanfold.db.fingerprint import clear_cache as clear_fingerprint_cache
-from fanfold.db.fingerprint import fingerprint_v2, summary, version
+from fanfold.db.fingerprint import fingerprint_v2, fingerprint_v3, summary, version
 from fanfold.db.fingerprint import matches as fingerprint_matches
 from fanfold.statemachine import (
     ALL_EFFECTS,
@@ -485,8 +485,31 @@ def test_fingerprint_names_phase_and_counters() -> None:
     )
     assert summary(state) == "AwaitingSubAgents n4 r1 h2 s1 p1 f0 w0"
     assert summary(attrs.evolve(state, phase=Idle())) == "Idle n4 r1 h2 s1 p0 f0 w0"
-    expected = r"AwaitingSubAgents n4 r1 h2 s1 p1 f0 w0 ##[0-9a-f]{16}"
+    expected = r"AwaitingSubAgents n4 r1 h2 s1 p1 f0 w0 ###[0-9a-f]{16}"
     assert re.fullmatch(expected, fingerprint(state))
+
+
+def test_version_4_hashes_the_large_values_and_version_3_logs_still_match() -> None:
+    """Version 4 hashes the tool set, prompts and agent catalogue by kept digests: a
+    change to any of them changes the digest, an equal but distinct value does not;
+    a version-3 fingerprint (logs of 2026-11-24/25) matches in its own format."""
+    state = _waiting_root(history=(sm.UserMessage("a"),), rounds=1, next_call=2, spawned=1)
+    tool = sm.ToolSpec.from_schema("t", "a tool", {"type": "object"})
+    with_tools = attrs.evolve(state, tools=(tool,), system_prompt="Be brief. " * 50)
+    v3, v4 = fingerprint_v3(with_tools), fingerprint(with_tools)
+    assert version(v3) == 3 and version(v4) == 4 and v3.split(" ##")[0] == v4.split(" ###")[0]
+    assert fingerprint_matches(with_tools, v3) and fingerprint_matches(with_tools, v4)
+    copy = attrs.evolve(with_tools, tools=(attrs.evolve(tool),), system_prompt="Be brief. " * 50)
+    assert fingerprint(copy) == v4
+    for changed in (
+        attrs.evolve(with_tools, tools=(attrs.evolve(tool, description="another"),)),
+        attrs.evolve(with_tools, tools=()),
+        attrs.evolve(with_tools, system_prompt="Be long."),
+        attrs.evolve(with_tools, sub_agent_prompt="You are a sub-agent."),
+        attrs.evolve(with_tools, task="other"),
+    ):
+        assert fingerprint(changed) != v4
+        assert not fingerprint_matches(changed, v4)
 
 
 def test_the_fingerprint_covers_message_text() -> None:
@@ -523,7 +546,7 @@ def test_a_version_2_log_still_verifies_and_a_change_of_child_shows_in_both() ->
     own format. Both versions cover every child of the round."""
     state = _waiting_root(history=(sm.UserMessage("a"),))
     old = fingerprint_v2(state)
-    assert version(old) == 2 and version(fingerprint(state)) == 3
+    assert version(old) == 2 and version(fingerprint(state)) == 4
     assert version(summary(state)) == 1
     assert fingerprint_matches(state, old)
     assert phase_of(state).children.pending  # the helper's root waits on one child
