@@ -289,15 +289,27 @@ def blob_key(text: str) -> str:
     return key
 
 
-def _blobbing(emit: _Emitter) -> _Emitter:
+def _blobbing(emit: _Emitter, emit_item: _Emitter | None = None) -> _Emitter:
     """Emit the value, or a reference to its text when a sink collects blobs and the
-    text is long enough."""
+    text is long enough. With ``emit_item`` (a tuple field), the referenced text is
+    the array of its items, each long one itself by reference: a tool set with the
+    control tools and one without them share the texts of the tools they both have."""
 
     def emit_blob(value: Any) -> str:
         text = emit(value)
         sink = _sink.blobs
         if sink is None or len(text) < BLOB_MIN_CHARS:
             return text
+        if emit_item is not None:
+            parts = []
+            for item in value:
+                item_text = emit_item(item)
+                if len(item_text) >= BLOB_MIN_CHARS:
+                    item_key = blob_key(item_text)
+                    sink[item_key] = item_text
+                    item_text = f'{{"blob":"{item_key}"}}'
+                parts.append(item_text)
+            text = "[" + ",".join(parts) + "]"
         key = blob_key(text)
         sink[key] = text
         return f'{{"blob":"{key}"}}'
@@ -604,38 +616,72 @@ def _field_decoder(tp: Any, where: str) -> _Decoder:
 _DECODED_BLOBS_LIMIT = 1024
 
 
+def _blob_items(tp: Any) -> _Emitter | None:
+    """For a blob field of type ``tuple[X, ...]`` with X an attrs class, the emitter
+    of its items (stored by reference one by one too); None for any other field."""
+    if typing.get_origin(tp) is tuple and attrs.has(typing.get_args(tp)[0]):
+        return _emit_object
+    return None
+
+
+def _blob_text(key: str) -> str:
+    """The text of blob ``key`` from the blobs given to the decoder, checked."""
+    blobs = _decoding.blobs
+    if blobs is None:
+        raise _Invalid("a blob reference, which only a log's own rows may hold")
+    text = blobs.get(key)
+    if text is None:
+        raise _Invalid(f"blob {key[:16]} is not in the log")
+    if hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest() != key:
+        raise _Invalid(f"blob {key[:16]} is damaged: its text does not match its digest")
+    return text
+
+
+def _blob_key_of(value: Any) -> str | None:
+    """The key if ``value`` is a blob reference ``{"blob": "<sha256>"}``, else None."""
+    if type(value) is not dict or value.keys() != {"blob"}:
+        return None
+    key = value["blob"]
+    return key if type(key) is str and _BLOB_KEY.fullmatch(key) else None
+
+
 def _unblobbing(inner: _Decoder) -> _Decoder:
     """Decode a field that may hold a blob reference: the referenced text (which must
-    be in the mapping given to the decoder and match its digest) is decoded by
-    ``inner``. Decoded values are kept by key (they are immutable, and a key names one
-    text): every conversation of a tree then shares one tool set."""
-    decoded: dict[str, tuple[str, Any]] = {}
+    be in the mapping given to the decoder and match its digest; an array's items may
+    be references too) is decoded by ``inner``. Decoded values are kept by key (they
+    are immutable, and a key names one text) while the texts stay the same: every
+    conversation of a tree then shares one tool set."""
+    decoded: dict[str, tuple[tuple[tuple[str, str], ...], Any]] = {}
 
     def decode(value: Any) -> Any:
-        if type(value) is not dict or value.get("type") is not None:
-            return inner(value)
-        key = value.get("blob")
-        if value.keys() != {"blob"} or type(key) is not str or not _BLOB_KEY.fullmatch(key):
+        key = _blob_key_of(value)
+        if key is None:
             return inner(value)  # not a reference: inner says what it expected
         blobs = _decoding.blobs
-        if blobs is None:
-            raise _Invalid("a blob reference, which only a log's own rows may hold")
-        text = blobs.get(key)
-        if text is None:
-            raise _Invalid(f"blob {key[:16]} is not in the log")
         found = decoded.get(key)
-        if found is not None and found[0] == text:  # the same text: checked before
+        # The same texts as when it was decoded (and checked) before: the same value.
+        if found is not None and blobs is not None and all(blobs.get(k) == t for k, t in found[0]):
             return found[1]
-        if hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest() != key:
-            raise _Invalid(f"blob {key[:16]} is damaged: its text does not match its digest")
+        text = _blob_text(key)
         try:
             parsed = _loads(text)
         except CodecError as exc:
             raise _Invalid(f"blob {key[:16]}: {exc}") from None
+        texts = [(key, text)]
+        if type(parsed) is list:
+            for index, item in enumerate(parsed):
+                item_key = _blob_key_of(item)
+                if item_key is not None:
+                    item_text = _blob_text(item_key)
+                    texts.append((item_key, item_text))
+                    try:
+                        parsed[index] = _loads(item_text)
+                    except CodecError as exc:
+                        raise _Invalid(f"blob {item_key[:16]}: {exc}") from None
         result = inner(parsed)
         if len(decoded) >= _DECODED_BLOBS_LIMIT:
             decoded.clear()
-        decoded[key] = (text, result)
+        decoded[key] = (tuple(texts), result)
         return result
 
     return decode
@@ -750,7 +796,10 @@ class _ClassCodec:
         blobbed = BLOB_FIELDS.get(self.name, frozenset())
         self.stored = self.document
         if blobbed:
-            stored = {n: _blobbing(e) if n in blobbed else e for n, e in emitters.items()}
+            stored = {
+                n: _blobbing(e, _blob_items(hints[n])) if n in blobbed else e
+                for n, e in emitters.items()
+            }
             self.stored = _compile_emitter(
                 self.name, self.names, stored, document=True, omitted=omitted
             )
@@ -766,7 +815,8 @@ class _ClassCodec:
         # A blob's text is the value's ordinary (object) text: one text per value,
         # whichever form names it.
         compact_stored = {
-            n: _blobbing(emitters[n]) if n in blobbed else e for n, e in compact.items()
+            n: _blobbing(emitters[n], _blob_items(hints[n])) if n in blobbed else e
+            for n, e in compact.items()
         }
         self.compact_stored = _compile_compact_emitter(
             self.name, self.names, compact_stored, document=True
@@ -1349,6 +1399,16 @@ def collapse_blobs(text: str, blobs: dict[str, str]) -> str:
             continue
         value_text = json.dumps(value, separators=(",", ":"))
         if len(value_text) >= BLOB_MIN_CHARS:
+            if type(value) is list:  # items by reference too, as ``_blobbing`` writes
+                parts = []
+                for item in value:
+                    item_text = json.dumps(item, separators=(",", ":"))
+                    if len(item_text) >= BLOB_MIN_CHARS:
+                        item_key = blob_key(item_text)
+                        blobs[item_key] = item_text
+                        item_text = f'{{"blob":"{item_key}"}}'
+                    parts.append(item_text)
+                value_text = "[" + ",".join(parts) + "]"
             key = blob_key(value_text)
             blobs[key] = value_text
             document[name] = {"blob": key}
@@ -1374,6 +1434,11 @@ def expand_blobs(document: Any, blobs: typing.Mapping[str, str]) -> Any:
             and value["blob"] in blobs
         ):
             value = _loads(blobs[value["blob"]])
+            if type(value) is list:
+                value = [
+                    _loads(blobs[item["blob"]]) if _blob_key_of(item) in blobs else item
+                    for item in value
+                ]
         elif type(value) is dict:
             value = expand_blobs(value, blobs)
         out[name] = value
