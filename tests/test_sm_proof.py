@@ -83,28 +83,35 @@ def test_boundary_tasks_are_accepted(entry: dict[str, Any], expected: tuple[floa
     assert (spawn.timeout, spawn.max_rounds) == expected
 
 
+POSITIVE = "'timeout' must be a positive number of seconds"
+AT_LEAST_1 = "'max_iterations' must be an integer >= 1"
+NON_EMPTY = "'{}' must be a non-empty string"
+
+
 @pytest.mark.parametrize(
     ("entry", "why"),
     [
         ({"task": "t", "colour": "red"}, "unknown field(s): colour"),
-        ({"task": "t", "timeout": 0}, "'timeout' must be a positive number"),
-        ({"task": "t", "timeout": "2"}, "'timeout' must be a positive number"),
-        ({"task": "t", "timeout": True}, "'timeout' must be a positive number"),
-        ({"task": "t", "max_iterations": 0}, "'max_iterations' must be an integer >= 1"),
-        ({"task": "t", "max_iterations": 1.5}, "'max_iterations' must be an integer >= 1"),
-        ({"task": "t", "max_iterations": True}, "'max_iterations' must be an integer >= 1"),
-        ({"task": "t", "model": ""}, "'model' must be a non-empty string"),
-        ({"task": "t", "model": 7}, "'model' must be a non-empty string"),
-        ({"task": "t", "cwd": 5}, "'cwd' must be a non-empty string"),
-        ({"task": " "}, "'task' must be a non-empty string"),
-        ({"task": ["t"]}, "'task' must be a non-empty string"),
-        (5, "each task must be an object"),
+        ({"task": "t", "size": 1, "colour": "red"}, "unknown field(s): colour, size"),
+        ({"task": "t", "timeout": 0}, POSITIVE),
+        ({"task": "t", "timeout": "2"}, POSITIVE),
+        ({"task": "t", "timeout": True}, POSITIVE),
+        ({"task": "t", "max_iterations": 0}, AT_LEAST_1),
+        ({"task": "t", "max_iterations": 1.5}, AT_LEAST_1),
+        ({"task": "t", "max_iterations": True}, AT_LEAST_1),
+        ({"task": "t", "model": ""}, NON_EMPTY.format("model")),
+        ({"task": "t", "model": 7}, NON_EMPTY.format("model")),
+        ({"task": "t", "cwd": 5}, NON_EMPTY.format("cwd")),
+        ({"task": " "}, NON_EMPTY.format("task")),
+        ({"task": ["t"]}, NON_EMPTY.format("task")),
+        (5, 'each task must be an object like {"task": "..."}'),
     ],
 )
 def test_wrong_tasks_are_refused_with_the_reason(entry: Any, why: str) -> None:
+    """The model is told exactly why (the text of the error result it reads)."""
     spawns, result = _spawned(entry)
     assert spawns == []
-    assert result["is_error"] and why in result["error"]
+    assert result["is_error"] and result["error"].endswith(f": not spawned: {why}")
 
 
 # ------------------------------------------------------------------ submissions
