@@ -863,11 +863,13 @@ def terminal_conversations(draw: st.DrawFn, max_steps: int = 20) -> Conversation
     """A sub-agent that reached Completed or Failed, by any route."""
     dice = _Dice(draw)
     _, state = _walk(dice, _created(dice, True, None), max_steps, True)
-    for _ in range(3):
+    # Up to three tries as the dice say (a submission may be malformed: the round goes
+    # on), then a cancel and, if it waits for children, its grace timer: both end it.
+    for attempt in range(5):
         phase = state.phase
         if state.is_terminal:
             return state
-        if isinstance(phase, LlmRequesting) and dice.flip():
+        if isinstance(phase, LlmRequesting) and attempt < 3 and dice.flip():
             call = ToolCall(f"final{phase.call}", SUBMIT_RESULT, _submit_arguments(dice, "result"))
             event: Event = ModelReplied(phase.call, ModelReply(tool_calls=(call,)))
         elif isinstance(phase, CancellingSubAgents):
