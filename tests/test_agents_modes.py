@@ -24,6 +24,7 @@ from sm_support import (
 
 from fanfold.statemachine import (
     CallModel,
+    CancellingSubAgents,
     CancelReason,
     CancelSubAgents,
     ChildFailed,
@@ -163,8 +164,11 @@ def _check_modes(world: World, arguments: dict[str, Any]) -> None:
     mode = _kind(arguments)
     if mode == Mode.SEQUENTIAL:
         assert len([p for p in pending if p.started]) <= 1, "two steps at once"
-    if mode == Mode.RACE and pending:
-        # Still waiting: never after the quorum.
+    if mode == Mode.RACE and pending and not isinstance(world.root.phase, CancellingSubAgents):
+        # Still waiting for the race: never after the quorum. (A parent that is being
+        # cancelled waits for its children's acknowledgements instead, whatever the
+        # mode: every running child has been told to stop, and none of their outcomes
+        # resumes it.)
         successes = sum(isinstance(f.outcome, ChildSucceeded) for f in finished)
         assert successes < arguments["quorum"], "waited past the quorum"
 
