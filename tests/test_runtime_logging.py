@@ -248,3 +248,46 @@ def test_lines_go_to_the_file_and_the_console_by_their_levels(tmp_path: Path) ->
     assert all(line["conversation_id"] == "c1" and "timestamp" in line for line in lines)
     shown = console.getvalue()
     assert "provider_slow" in shown and "model_call" not in shown and "too_quiet" not in shown
+
+
+def test_a_line_is_compact_json_with_an_iso_utc_timestamp_and_odd_values_as_text(
+    tmp_path: Path,
+) -> None:
+    """The JSON file's lines: one object each, the timestamp UTC with microseconds
+    (formatted once a second, so two lines in one second share its date and time), a
+    value JSON cannot hold written as its repr, non-finite numbers as json.dumps
+    writes them, and non-ASCII text escaped."""
+    import re
+    import time
+
+    class Opaque:
+        def __repr__(self) -> str:
+            return "<opaque>"
+
+    log_file = tmp_path / "log.jsonl"
+    configure(json_file=log_file, console=None)
+    try:
+        before = time.time()
+        log = structlog.get_logger("fanfold")
+        log.info("first", thing=Opaque(), ratio=float("nan"), text="é\n")
+        log.info("second", n=2)
+        log.debug("dropped")
+        after = time.time()
+    finally:
+        configure(json_file=None, console=None)
+        structlog.reset_defaults()
+    raw = log_file.read_text().splitlines()
+    assert len(raw) == 2
+    assert raw[0].isascii() and ": " not in raw[0]
+    first, second = (json.loads(line) for line in raw)
+    assert first["event"] == "first" and first["level"] == "info"
+    assert first["thing"] == "<opaque>" and first["text"] == "é\n"
+    assert first["ratio"] != first["ratio"]  # NaN
+    assert second["n"] == 2
+    for line in (first, second):
+        stamp = line["timestamp"]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", stamp)
+        from datetime import datetime
+
+        at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        assert before - 1e-6 <= at <= after + 1e-6
