@@ -732,3 +732,43 @@ def test_mutated_documents_decode_or_raise_codec_error(
         parent[path[-1]] = data.draw(JSON)
     with contextlib.suppress(CodecError):
         decode_event(json.dumps(doc))
+
+
+def test_a_content_digest_hashes_stored_documents_without_their_schema_version() -> None:
+    """Format 5 (issue 11): a compact document is hashed as stored minus its version; an
+    object document of a type the log keeps as one is its value's unversioned text; an
+    event in object form (an import of another schema's export) cannot be checked."""
+    from fanfold.db.codec import (
+        SCHEMA_VERSION,
+        decode_effect,
+        encode_effect_stored,
+        encode_event,
+        encode_event_compact,
+        encode_unversioned,
+    )
+    from fanfold.db.fingerprint import canonical_text, content_digest
+    from fanfold.statemachine import CallModel, ToolFinished, ToolResult
+
+    event = ToolFinished(3, ToolResult("c", "think", "ok", False))
+    compact = encode_event_compact(event, {})
+    assert compact.startswith(f"[{SCHEMA_VERSION},")
+    assert canonical_text(compact, object_form=False) == "[" + compact.split(",", 1)[1]
+    call = CallModel(4, 2)
+    stored = encode_effect_stored(call)
+    assert decode_effect(stored) == call
+    assert canonical_text(stored, object_form=True) == encode_unversioned(call)
+    # An event in object form: of an older schema (an import), not checkable; of the
+    # current one (written by no fanfold), hashed as it is, so it matches nothing.
+    as_object = encode_event(event)
+    older = as_object.replace(f'"v":{SCHEMA_VERSION},', f'"v":{SCHEMA_VERSION - 1},', 1)
+    assert canonical_text(older, object_form=False) is None
+    assert canonical_text(as_object, object_form=False) == as_object
+    digest = content_digest(compact, [("CallModel", stored)])
+    assert digest is not None and len(digest) == 16
+    # A later schema version changes no digest; any other change does.
+    newer = compact.replace(f"[{SCHEMA_VERSION},", f"[{SCHEMA_VERSION + 1},", 1)
+    assert content_digest(newer, [("CallModel", stored)]) == digest
+    assert content_digest(compact, []) != digest
+    assert content_digest(compact, [("CallModel", encode_effect_stored(CallModel(4, 3)))]) != digest
+    assert content_digest(older, [("CallModel", stored)]) is None
+    assert content_digest(as_object, [("CallModel", stored)]) not in (None, digest)

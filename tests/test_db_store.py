@@ -33,6 +33,8 @@ from fanfold.db import (
     fingerprint,
 )
 from fanfold.db.codec import encode_state_stored
+from fanfold.db.fingerprint import matches as fingerprint_matches
+from fanfold.db.fingerprint import summary, version
 from fanfold.db.schema import LATEST_VERSION
 from fanfold.statemachine import (
     ConversationCreated,
@@ -239,7 +241,13 @@ def test_append_and_read_back(store: Store) -> None:
         assert [e.event for e in stored] == [s.event for s in mine]
         assert [e.effects for e in stored] == [s.effects for s in mine]
         assert [e.at for e in stored] == [s.at for s in mine]
-        assert [e.fingerprint for e in stored] == [fingerprint(s.state) for s in mine]
+        for e, s in zip(stored, mine, strict=True):
+            # Version 5: the counters, the content digest, the state digest at rest.
+            assert version(e.fingerprint) == 5
+            assert fingerprint_matches(s.state, e.fingerprint)
+            assert e.fingerprint.startswith(summary(s.state) + " ####")
+            assert (len(e.fingerprint.split(" ####")[1].split()) == 2) == s.state.at_rest
+            assert e.fingerprint.endswith(fingerprint(s.state).split(" ###")[1]) == s.state.at_rest
         assert store.events(cid, after_seq=len(mine) - 2) == stored[-1:]
         row = store.conversation(cid)
         assert row.last_seq == len(mine) - 1

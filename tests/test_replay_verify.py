@@ -419,21 +419,25 @@ def test_a_changed_state_is_reported_by_its_fingerprint(
     assert "model rounds: 2 recorded, 3 recomputed" in divergence.diff()
 
 
-def test_a_change_only_the_full_state_shows_is_caught_where_it_happens(
+def test_a_change_only_the_full_state_shows_is_caught_where_the_conversation_rests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Token counts are not among the fingerprint's counters, but its digest covers the
-    whole state (issue 10.14): the change is caught at the step that makes it, before
-    the snapshot after r.1's last event (at rest) would show it."""
+    """Token counts are not among the fingerprint's counters. Since format 5 (issue 11)
+    the whole-state digest is written where a conversation comes to rest, not at every
+    step: a reducer that counts more tokens at r.1's tool step is caught at r.1's last
+    step (its end, where the tokens also reach its NotifyParent), not at the tool step.
+    An edit of the log is still caught where it is: see
+    test_verify_hardening.py::test_an_edited_model_reply_diverges_at_the_edited_step."""
     path = _fan_out_db(tmp_path)
     monkeypatch.setattr(REDUCER, "_on_tool_finished", _using_more_tokens(REDUCER._on_tool_finished))
     with Store.open(path) as store:
-        snapshot_seq = store.conversation("r.1").snapshot_seq
+        last = store.conversation("r.1").last_seq
         divergence = replay.verify(store, "r.1").first_divergence
-    assert divergence is not None and snapshot_seq is not None
-    assert divergence.seq < snapshot_seq
-    assert isinstance(divergence.event, ToolFinished)
-    assert divergence.effects_match and not divergence.fingerprint_matches
+        rest = store.events("r.1")[-1].fingerprint
+    assert divergence is not None
+    assert divergence.seq == last
+    assert len(rest.split(" ####")[1].split()) == 2  # the state digest, at rest
+    assert not divergence.fingerprint_matches
     assert "state digest" in divergence.diff()
 
 
@@ -502,6 +506,10 @@ def test_a_schema_3_log_without_the_fields_4_added_still_verifies(tmp_path: Path
     path = tmp_path / "log.db"
     write(path, driver.steps)
     conn = sqlite3.connect(path)
+    # A schema-3 fanfold wrote format-1 fingerprints (phase and counters).
+    conn.execute(
+        "UPDATE events SET fingerprint = substr(fingerprint, 1, instr(fingerprint, ' #') - 1)"
+    )
     rows = conn.execute("SELECT conversation_id, seq, idx, payload FROM effects").fetchall()
     added = {"CallModel": "attempt", "StartTimer": "counts_downtime"}
     dropped: list[object] = []

@@ -134,7 +134,8 @@ def test_a_log_that_fails_verify_names_its_first_divergence(tmp_path: Path) -> N
     assert found is not None
     assert data["agents"][found["agent"]]["id"] == f"{root}.1"
     assert found["seq"] == 2
-    assert "recorded and recomputed effects differ" in found["headline"]
+    # The added effect changes the step's content digest too (fingerprint format 5).
+    assert "recorded and recomputed effects and state fingerprint differ" in found["headline"]
     assert '"call": 999' in found["recorded_effects"]
     assert '"call": 999' not in found["recomputed_effects"]
     step = data["steps"][found["step"]]

@@ -9,13 +9,15 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import attrs
 import pytest
 from db_scenarios import Driver, fan_out
 from replay_helpers import edit, write
 
 from fanfold import replay
-from fanfold.db import Store
+from fanfold.db import Store, codec
 from fanfold.replay import ImportRefused, LogCorrupt
+from fanfold.statemachine import ModelReplied, RunTool, ToolCall
 
 
 def _model_replies(path: Path) -> list[tuple[str, int, bool]]:
@@ -68,6 +70,68 @@ def test_an_edited_model_reply_diverges_at_the_edited_step(tmp_path: Path) -> No
 
 
 # ------------------------------------------------------------------ non-finite numbers
+
+
+def test_a_tool_call_edited_in_its_event_and_its_effect_diverges_at_that_step(
+    tmp_path: Path,
+) -> None:
+    """Format 5 (issue 11) writes the whole-state digest only at rest; the content
+    digest of every step still shows an edit made consistently in a step's event (the
+    reply's tool call) and its effect (RunTool), rows resealed, at that step, though
+    the conversation never comes to rest after it."""
+    original = tmp_path / "original.db"
+    driver = Driver()
+    fan_out(driver)
+    write(original, driver.steps)
+    conn = sqlite3.connect(original)
+    try:
+        cid, seq, event_text, effect_text = conn.execute(
+            "SELECT e.conversation_id, e.seq, e.payload, f.payload FROM events e"
+            " JOIN effects f ON f.conversation_id = e.conversation_id AND f.seq = e.seq"
+            " WHERE e.type = 'ModelReplied' AND f.type = 'RunTool' ORDER BY e.rowid LIMIT 1"
+        ).fetchone()
+        later = conn.execute(
+            "SELECT fingerprint FROM events WHERE conversation_id = ? AND seq = ?", (cid, seq)
+        ).fetchone()[0]
+    finally:
+        conn.close()
+    assert len(later.split(" ####")[1].split()) == 1  # no state digest at this step
+    event, effect = codec.decode_event(event_text), codec.decode_effect(effect_text)
+    assert isinstance(event, ModelReplied) and isinstance(effect, RunTool)
+    call = effect.tool_call
+    edited_call = ToolCall.of(call.id, call.name, {**call.arguments(), "edited": True})
+    edited_event = attrs.evolve(
+        event,
+        reply=attrs.evolve(
+            event.reply,
+            tool_calls=tuple(edited_call if c == call else c for c in event.reply.tool_calls),
+        ),
+    )
+    edited_effect = attrs.evolve(effect, tool_call=edited_call)
+    path = tmp_path / "edited.db"
+    shutil.copyfile(original, path)
+    edit(
+        path,
+        (
+            "UPDATE events SET payload = ? WHERE conversation_id = ? AND seq = ?",
+            (codec.encode_event_compact(edited_event, {}), cid, seq),
+        ),
+        (
+            "UPDATE effects SET payload = ?"
+            " WHERE conversation_id = ? AND seq = ? AND type = 'RunTool'",
+            (codec.encode_effect_stored(edited_effect), cid, seq),
+        ),
+    )
+    with Store.open(path) as store:
+        report = replay.verify(store, cid)
+    divergence = report.first_divergence
+    assert divergence is not None
+    assert (divergence.conversation_id, divergence.seq) == (cid, seq)
+    assert divergence.effects_match  # the edit is consistent: only the digest shows it
+    assert not divergence.fingerprint_matches
+    assert "content digest" in divergence.diff()
+    with Store.open(original) as store:
+        assert replay.verify(store, cid).ok
 
 
 def _fan_out_log(path: Path) -> None:

@@ -36,7 +36,7 @@ from fanfold.db.errors import (
     UnloggableStep,
     UnsupportedVersion,
 )
-from fanfold.db.fingerprint import fingerprint
+from fanfold.db.fingerprint import fingerprint, step_fingerprint
 from fanfold.db.records import (
     ConversationRow,
     RawConversation,
@@ -89,4 +89,5 @@ __all__ = [
     "encode_state",
     "fingerprint",
     "status_of",
+    "step_fingerprint",
 ]

@@ -42,8 +42,22 @@ is not an extension of the one kept (a fork, a rebuilt state) is rehashed once.
   children, and the step hashes their digests: version 3 ran BLAKE2b over their text
   on every step (10 of a sub-agent's 16 us per digest).
 
+- version 5 (written since 2026-11-26): the counters, then ``####`` and a 64-bit
+  digest of the step's *content* (its event's and effects' stored documents without
+  their schema version, ``content_digest``),
+  and, at a step after which the conversation is at rest
+  (Idle, Error, Completed, Failed), a space and the version-4 digest of the whole
+  state: ``"Idle n4 r1 h2 s0 p0 f0 w0 ####0123456789abcdef fedcba9876543210"``. The
+  whole-state digest was a fifth of a logged step's CPU (issue 11); what it checked at
+  every step is now checked in two parts: an edit of the log (a reply's text, a tool
+  call's arguments) changes the step's content, so the content digest still shows it
+  at the step that holds it, and import copies fingerprints without recomputing them; a
+  reducer that changes the state without changing an effect or a counter is seen
+  where the conversation next comes to rest, or at the snapshot (see DESIGN.md, "The
+  event log").
+
 ``matches(state, recorded)`` compares in the recorded format, so logs written with
-versions 1, 2 and 3 still verify.
+versions 1 to 4 still verify.
 """
 
 from __future__ import annotations
@@ -56,7 +70,9 @@ from itertools import repeat
 
 import attrs
 
+from fanfold.db import codec
 from fanfold.db.codec import (
+    OBJECT_EFFECTS,
     document_version,
     encode,
     encode_state_without_history,
@@ -102,9 +118,74 @@ def summary(state: Conversation) -> str:
 
 
 def fingerprint(state: Conversation) -> str:
-    """The current (version 4) fingerprint: ``summary(state)`` and a digest of the whole
-    state, e.g. ``"Idle n4 r1 h2 s0 p0 f0 w0 ###0123456789abcdef"``."""
+    """The version-4 fingerprint: ``summary(state)`` and a digest of the whole state,
+    e.g. ``"Idle n4 r1 h2 s0 p0 f0 w0 ###0123456789abcdef"`` (logs written
+    2026-11-25; the digest is the state part of version 5)."""
     return f"{summary(state)} ###{digest_v4(state)}"
+
+
+def canonical_text(stored: str, *, object_form: bool) -> str | None:
+    """A stored event or effect document without its schema version: the text a
+    content digest hashes. ``object_form``: the type is one the log keeps as an object
+    document (``OBJECT_EFFECTS``).
+
+    A compact document (``[6,"Type",...]``) is hashed as stored, its version left out:
+    the log writes it once and never rewrites it, and an import of the current schema
+    stores the value's compact form again, the same text. An object document of a type
+    kept as one is the value's ``encode_unversioned`` text, which a later schema does
+    not change (its new fields are written only away from their defaults). An object
+    document of any other type is either an import of an *older* schema's export, whose
+    compact text at that schema cannot be rebuilt here (None: not checkable), or, of
+    the current schema, a text neither ``append`` nor import writes: hashed as it is,
+    so it differs from any recorded digest (an effect rewritten in object form does not
+    escape the check)."""
+    if stored.startswith("["):
+        comma = stored.find(",")
+        return "[" + stored[comma + 1 :] if comma > 0 else stored
+    if object_form and stored.startswith('{"v":'):
+        comma = stored.find(",")
+        return "{" + stored[comma + 1 :] if comma > 0 else stored
+    try:
+        older = document_version(stored) < codec.SCHEMA_VERSION
+    except CodecError:
+        older = False
+    return None if older else stored
+
+
+def content_digest(event_text: str, effects: Sequence[tuple[str, str]]) -> str | None:
+    """A 64-bit BLAKE2b digest (hex) of one step's content: its event's and its
+    effects' stored documents (``effects``: each effect's type name and text), in
+    order, each without its schema version (``canonical_text``). None if a document
+    cannot be put in its canonical form (an import of another schema's export)."""
+    text = canonical_text(event_text, object_form=False)
+    if text is None:
+        return None
+    h = hashlib.blake2b(text.encode("utf-8"), digest_size=_DIGEST_SIZE)
+    for kind, stored in effects:
+        text = canonical_text(stored, object_form=kind in OBJECT_EFFECTS)
+        if text is None:
+            return None
+        h.update(b"\x1e")  # a separator no JSON text holds unescaped
+        h.update(text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def step_fingerprint(
+    state: Conversation, event_text: str, effects: Sequence[tuple[str, str]]
+) -> str:
+    """The current (version 5) fingerprint of a step that stored ``event_text`` and
+    ``effects`` (type name, text) and left ``state``: the counters, the content digest
+    and, when the state is at rest, the whole-state digest."""
+    digest_of_content = content_digest(event_text, effects)
+    if digest_of_content is None:
+        raise CodecError("a step's documents are not in the form the log stores")
+    return _v5(state, digest_of_content)
+
+
+def _v5(state: Conversation, content: str) -> str:
+    if state.at_rest:
+        return f"{summary(state)} ####{content} {digest_v4(state)}"
+    return f"{summary(state)} ####{content}"
 
 
 def fingerprint_v3(state: Conversation) -> str:
@@ -204,7 +285,9 @@ def is_version_1(recorded: str) -> bool:
 
 
 def version(recorded: str) -> int:
-    """The format of a recorded fingerprint: 1, 2, 3 or 4."""
+    """The format of a recorded fingerprint: 1 to 5."""
+    if " ####" in recorded:
+        return 5
     if " ###" in recorded:
         return 4
     if " ##" in recorded:
@@ -212,11 +295,27 @@ def version(recorded: str) -> int:
     return 1 if is_version_1(recorded) else 2
 
 
-def like(state: Conversation, recorded: str, event_payload: str | None = None) -> str:
+def like(
+    state: Conversation,
+    recorded: str,
+    event_payload: str | None = None,
+    effects: Sequence[tuple[str, str]] | None = None,
+) -> str:
     """The fingerprint of ``state`` in the format of ``recorded``. A version-2
     fingerprint hashed the schema version its log wrote: that of ``event_payload``,
-    the event recorded with it (schema 5 if not given)."""
+    the event recorded with it (schema 5 if not given). A version-5 fingerprint's
+    content digest is computed from ``event_payload`` and ``effects`` (each stored
+    effect's type name and text); without them, or when they cannot be put in
+    canonical form (``canonical_text``), it is taken from ``recorded``, and only the
+    state is compared: what rebuilding a state checks."""
     match version(recorded):
+        case 5:
+            digest_of_content = None
+            if event_payload is not None and effects is not None:
+                digest_of_content = content_digest(event_payload, effects)
+            if digest_of_content is None:
+                digest_of_content = recorded.split(" ####", 1)[1][: _DIGEST_SIZE * 2]
+            return _v5(state, digest_of_content)
         case 4:
             return fingerprint(state)
         case 3:
@@ -237,10 +336,15 @@ def _schema_of(event_payload: str | None) -> int:
         return 5
 
 
-def matches(state: Conversation, recorded: str, event_payload: str | None = None) -> bool:
+def matches(
+    state: Conversation,
+    recorded: str,
+    event_payload: str | None = None,
+    effects: Sequence[tuple[str, str]] | None = None,
+) -> bool:
     """True if ``state`` has the fingerprint ``recorded`` (in its own format; see
-    ``like`` for ``event_payload``)."""
-    return like(state, recorded, event_payload) == recorded
+    ``like`` for ``event_payload`` and ``effects``)."""
+    return like(state, recorded, event_payload, effects) == recorded
 
 
 class _HistoryChains:

@@ -64,7 +64,7 @@ from fanfold.db.errors import (
     UnknownConversation,
     UnloggableStep,
 )
-from fanfold.db.fingerprint import fingerprint, like
+from fanfold.db.fingerprint import like, step_fingerprint
 from fanfold.db.provenance import Origin, TreeRecord
 from fanfold.db.records import (
     ConversationRow,
@@ -175,11 +175,14 @@ class _Prepared:
         _check_shape(step)
         cid, seq = step.conversation_id, step.seq
         try:
-            kind, payload, mark = (
-                type(step.event).__name__,
-                encode_event_compact(step.event, blobs),
-                fingerprint(step.state),
-            )
+            kind, payload = type(step.event).__name__, encode_event_compact(step.event, blobs)
+            self.effect_rows = []
+            for idx, effect in enumerate(step.effects):
+                name, text = type(effect).__name__, encode_effect_stored(effect)
+                self.effect_rows.append(
+                    (cid, seq, idx, name, text, effect_checksum(cid, seq, idx, name, text))
+                )
+            mark = step_fingerprint(step.state, payload, [(r[3], r[4]) for r in self.effect_rows])
             self.event_row = (
                 cid,
                 seq,
@@ -189,12 +192,6 @@ class _Prepared:
                 step.at,
                 event_checksum(cid, seq, kind, payload, mark, step.at),
             )
-            self.effect_rows = []
-            for idx, effect in enumerate(step.effects):
-                name, text = type(effect).__name__, encode_effect_stored(effect)
-                self.effect_rows.append(
-                    (cid, seq, idx, name, text, effect_checksum(cid, seq, idx, name, text))
-                )
         except CodecError as exc:
             raise UnloggableStep(
                 f"conversation {cid!r}, seq {seq} ({type(step.event).__name__}) cannot be "

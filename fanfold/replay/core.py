@@ -202,7 +202,9 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
             effects=recorded_effects,
             recomputed_effects=effects,
             fingerprint=raw.fingerprint,
-            recomputed_fingerprint=fingerprint_like(after, raw.fingerprint, raw.payload),
+            recomputed_fingerprint=fingerprint_like(
+                after, raw.fingerprint, raw.payload, [(e.type, e.payload) for e in raw.effects]
+            ),
             recorded_state=recorded_state,
             rowid=raw.rowid,
             effects_match=effects_match,
@@ -237,9 +239,11 @@ def replay_quickly(log: RawLog) -> Conversation | None:
     What ``replay_log`` checks at every step is checked here too (contiguous seqs
     within the row's, row checksums, each event decodes, is of its stored type and is
     accepted, the recomputed effects encode to exactly the stored texts, the snapshot
-    equals the recomputed state), except the state fingerprint: its phase and counters
-    (``fingerprint.summary``) are compared at every step, its whole-state digest only
-    after the snapshot's event and the last event. The digest is most of the cost of a
+    equals the recomputed state), and a version-5 fingerprint (written since
+    2026-11-26) whole at every step: its counters, its content digest and, where it
+    has one (at rest), its whole-state digest. Of an older fingerprint, the phase and
+    counters (``fingerprint.summary``) are compared at every step, its whole-state
+    digest only after the snapshot's event and the last event. The digest is most of the cost of a
     step (it encodes the state), and a difference in the state that lasts is still
     seen at the end; a difference the reducer makes and later undoes, leaving no trace
     in any effect, counter, snapshot or the final state, is not. The caller replays
@@ -294,7 +298,15 @@ def replay_quickly(log: RawLog) -> Conversation | None:
                     )
                 ):
                     return None
-            if seq in (snapshot_seq, last):
+            if " ####" in mark:
+                # Version 5: the content digest at every step (it costs a hash of the
+                # texts at hand), the whole-state digest where the row holds one.
+                stored_effects = [(e.type, e.payload) for e in recorded]
+                if fingerprint_like(state, mark, payload, stored_effects) != mark:
+                    return None
+                if seq == snapshot_seq and not _same_snapshot(log, state):
+                    return None
+            elif seq in (snapshot_seq, last):
                 if fingerprint_like(state, mark, payload) != mark:
                     return None
                 if seq == snapshot_seq and not _same_snapshot(log, state):

@@ -37,6 +37,7 @@ _FINGERPRINT_FIELDS = {
     "f": "finished children",
     "w": "children written off",
     "#": "state digest (the whole state, message text included)",
+    "####": "content digest (the step's event and effects)",
 }
 
 
@@ -206,9 +207,29 @@ def fingerprint_diff(recorded: str, recomputed: str) -> list[str]:
     lines = []
     if old[0] != new[0]:
         lines.append(f"phase: {old[0]} recorded, {new[0]} recomputed")
-    for a, b in zip(old[1:], new[1:], strict=True):
+    for a, b in zip(_labelled(old[1:]), _labelled(new[1:]), strict=True):
         if a == b:
             continue
-        label = _FINGERPRINT_FIELDS.get(a[:1], a[:1]) if a[:1] == b[:1] else f"{a}/{b}"
-        lines.append(f"{label}: {a[1:]} recorded, {b[1:]} recomputed")
+        if a[0] != b[0]:
+            lines.append(f"{a[0]}{a[1]}/{b[0]}{b[1]}")
+            continue
+        label = _FINGERPRINT_FIELDS.get(a[0], a[0])
+        lines.append(f"{label}: {a[1]} recorded, {b[1]} recomputed")
     return lines or [f"recorded   {recorded}", f"recomputed {recomputed}"]
+
+
+def _labelled(tokens: list[str]) -> list[tuple[str, str]]:
+    """A fingerprint's tokens after the phase as (key, value): a counter's letter, "#"
+    for a state digest (any format; in format 5 the one after the content digest) and
+    "####" for format 5's content digest."""
+    out = []
+    for token in tokens:
+        if token.startswith("####"):
+            out.append(("####", token[4:]))
+        elif token.startswith("#"):
+            out.append(("#", token.lstrip("#")))
+        elif out and out[-1][0] == "####":
+            out.append(("#", token))
+        else:
+            out.append((token[:1], token[1:]))
+    return out
