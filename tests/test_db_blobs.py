@@ -15,9 +15,15 @@ from replay_helpers import edit, one_child_log
 
 from fanfold import replay
 from fanfold.db import CodecError, ReplayError, Store, decode_event, encode_event
-from fanfold.db.codec import BLOB_MIN_CHARS, collapse_blobs, expand_blobs
+from fanfold.db.codec import (
+    BLOB_MIN_CHARS,
+    collapse_blobs,
+    decode_effect,
+    encode_effect_stored,
+    expand_blobs,
+)
 from fanfold.replay.report import FindingKind
-from fanfold.statemachine import ConversationCreated, ToolSpec
+from fanfold.statemachine import ConversationCreated, Limits, SpawnSubAgent, ToolSpec
 
 LONG_PROMPT = "You review code carefully and report what you find. " * 20
 
@@ -46,6 +52,40 @@ def test_a_creation_names_its_large_values_and_decodes_with_them() -> None:
     assert inline == encode_event(created)
     again: dict[str, str] = {}
     assert collapse_blobs(inline, again) == text and again == blobs
+
+
+def test_a_spawn_names_its_childs_large_values_and_decodes_with_them() -> None:
+    """Since 2026-11-26 a SpawnSubAgent effect stores the child's tool set and prompt by
+    reference too (inline, they were about 5 KB per child with the default tools: three
+    quarters of a fan-out's log). Stored inline (older logs), it still decodes."""
+    created = ConversationCreated("c", system_prompt=LONG_PROMPT, tools=_tools(), task="t")
+    spawn = SpawnSubAgent(
+        child_id="c.1",
+        parent_id="c",
+        root_id="c",
+        task="review",
+        cwd="/work",
+        timeout=None,
+        max_rounds=5,
+        depth=1,
+        limits=Limits(),
+        tools=created.tools,
+        system_prompt=LONG_PROMPT,
+        model=None,
+    )
+    blobs: dict[str, str] = {}
+    text = encode_effect_stored(spawn, blobs)
+    inline = encode_effect_stored(spawn)
+    assert set(blobs) == {hashlib.sha256(b.encode()).hexdigest() for b in blobs.values()}
+    assert len(blobs) == 5 and "a tool a tool" not in text and "a tool a tool" in inline
+    assert len(text) < len(inline) - len(LONG_PROMPT)
+    assert decode_effect(text, blobs) == spawn == decode_effect(inline)
+    with pytest.raises(CodecError, match="is not in the log"):
+        decode_effect(text, {})
+    # The creation that the spawn becomes names the same blobs: stored once.
+    event_blobs: dict[str, str] = {}
+    encode_event(created, event_blobs)
+    assert event_blobs.keys() <= blobs.keys()
 
 
 def test_short_values_stay_inline() -> None:
@@ -84,7 +124,15 @@ def test_a_tree_stores_its_tool_set_once(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         bodies = [b for (b,) in conn.execute("SELECT body FROM blobs")]
         payloads = [p for (p,) in conn.execute("SELECT payload FROM events")]
+        spawns = [
+            p for (p,) in conn.execute("SELECT payload FROM effects WHERE type = 'SpawnSubAgent'")
+        ]
     conn.close()
+    assert len(spawns) == len(children)
+    with Store.open(path) as store:
+        stored = [e for cid in driver.states for e in store.events(cid)]
+    recorded = [e for step in driver.steps for e in step.effects if isinstance(e, SpawnSubAgent)]
+    assert [e for s in stored for e in s.effects if isinstance(e, SpawnSubAgent)] == recorded
     # Each long tool's text is stored once, though the root's tool set and its
     # sub-agents' differ (control tools) and each is named by many documents.
     for name in ("spawn_agents", "submit_result", "submit_error"):
@@ -116,6 +164,7 @@ def test_an_export_is_inline_and_imports_as_stored(tmp_path: Path) -> None:
     with Store.open(db) as store:
         replay.export_jsonl(store, root, out)
     assert '"blob"' not in out.getvalue()
+    assert '"SpawnSubAgent"' in out.getvalue()  # with its child's tools, inline
     with Store.open(tmp_path / "other.db") as other:
         assert replay.import_jsonl(other, io.StringIO(out.getvalue())) == root
         assert replay.verify(other, root, tree=True).ok

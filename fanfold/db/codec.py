@@ -132,6 +132,9 @@ log's recorded request against it."""
 BLOB_FIELDS: dict[str, frozenset[str]] = {
     "ConversationCreated": frozenset({"system_prompt", "tools", "sub_agent_prompt"}),
     "Conversation": frozenset({"system_prompt", "tools", "sub_agent_prompt"}),
+    # The effect that creates a child carries the child's tool set and prompts: stored
+    # inline, a fan-out's spawns were three quarters of its log (5 KB per child).
+    "SpawnSubAgent": frozenset({"system_prompt", "tools", "sub_agent_prompt"}),
 }
 """Fields whose (large, repeated) values may be stored by reference (see "Blobs")."""
 
@@ -295,24 +298,41 @@ def _blobbing(emit: _Emitter, emit_item: _Emitter | None = None) -> _Emitter:
     the array of its items, each long one itself by reference: a tool set with the
     control tools and one without them share the texts of the tools they both have."""
 
+    # By identity, the reference a value was last written as and the blobs it put in
+    # the sink: a tree's tool set and prompts are the same objects in every creation
+    # and spawn, and rebuilding a tool set's array of references (a new 6 KB string
+    # each time, hashed again to look up its key) cost most of their encoding.
+    written: dict[int, tuple[Any, str, tuple[tuple[str, str], ...]]] = {}
+
     def emit_blob(value: Any) -> str:
-        text = emit(value)
         sink = _sink.blobs
+        if sink is not None:
+            entry = written.get(id(value))
+            if entry is not None and entry[0] is value:
+                sink.update(entry[2])
+                return entry[1]
+        text = emit(value)
         if sink is None or len(text) < BLOB_MIN_CHARS:
             return text
+        added: list[tuple[str, str]] = []
         if emit_item is not None:
             parts = []
             for item in value:
                 item_text = emit_item(item)
                 if len(item_text) >= BLOB_MIN_CHARS:
                     item_key = blob_key(item_text)
-                    sink[item_key] = item_text
+                    added.append((item_key, item_text))
                     item_text = f'{{"blob":"{item_key}"}}'
                 parts.append(item_text)
             text = "[" + ",".join(parts) + "]"
         key = blob_key(text)
-        sink[key] = text
-        return f'{{"blob":"{key}"}}'
+        added.append((key, text))
+        sink.update(added)
+        reference = f'{{"blob":"{key}"}}'
+        if len(written) >= _BLOB_KEYS_LIMIT:
+            written.clear()
+        written[id(value)] = (value, reference, tuple(added))
+        return reference
 
     return emit_blob
 
@@ -1450,9 +1470,10 @@ def encode_effect(effect: Effect) -> str:
     return _document(_EFFECT_CODECS.get(type(effect)), effect, "an effect")
 
 
-def decode_effect(text: str | bytes) -> Effect:
-    """Decode a text made by ``encode_effect``."""
-    effect: Effect = _decode_document(_loads(text), EFFECT_TYPES, "an effect")
+def decode_effect(text: str | bytes, blobs: typing.Mapping[str, str] | None = None) -> Effect:
+    """Decode a text made by ``encode_effect`` or ``encode_effect_stored``; ``blobs``:
+    the texts its references may name (a log's ``blobs`` table)."""
+    effect: Effect = _with_blobs(blobs, _decode_document, _loads(text), EFFECT_TYPES, "an effect")
     return effect
 
 
@@ -1463,36 +1484,42 @@ call is logged as (its number and attempt, by name). Every other effect is store
 the compact form."""
 
 
-def encode_effect_stored(effect: Effect) -> str:
-    """Encode one effect as the log stores it: compact, but for ``OBJECT_EFFECTS``."""
+def encode_effect_stored(effect: Effect, blobs: dict[str, str] | None = None) -> str:
+    """Encode one effect as the log stores it: compact, but for ``OBJECT_EFFECTS``;
+    with ``blobs``, the values of ``BLOB_FIELDS`` by reference, their texts added to
+    ``blobs`` (without, inline: how logs written before 2026-11-26 stored them)."""
     codec = _EFFECT_CODECS.get(type(effect))
     if codec is None or codec.name in OBJECT_EFFECTS:
         return encode_effect(effect)
+    _sink.blobs = blobs
     try:
         return codec.compact_stored(effect)
     except _NonFinite:
         raise _refuse_non_finite(effect) from None
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise CodecError(f"cannot encode {codec.name}: {exc}") from None
+    finally:
+        _sink.blobs = None
 
 
-def stored_effect(text: str) -> str:
+def stored_effect(text: str, blobs: dict[str, str]) -> str:
     """An effect document from elsewhere (an import) as ``append`` stores the same
     value (see ``stored_event``)."""
     try:
         if document_version(text) == SCHEMA_VERSION:
-            return encode_effect_stored(decode_effect(text))
+            return encode_effect_stored(decode_effect(text), blobs)
     except CodecError:
         return text
-    return text
+    return collapse_blobs(text, blobs)
 
 
-def inline_effect(text: str) -> Any:
-    """A stored effect document as its object form parses (for exports)."""
+def inline_effect(text: str, blobs: typing.Mapping[str, str] | None = None) -> Any:
+    """A stored effect document as its object form parses, blob references written
+    inline (for exports)."""
     document = _loads(text)
     if type(document) is list:
-        return _loads(encode_effect(decode_effect(text)))
-    return document
+        return _loads(encode_effect(decode_effect(text, blobs)))
+    return expand_blobs(document, blobs or {})
 
 
 def encode_effects(effects: tuple[Effect, ...]) -> str:

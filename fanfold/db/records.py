@@ -108,11 +108,11 @@ class StoredEvent:
         blobs: Mapping[str, str] | None = None,
     ) -> StoredEvent:
         """Build from an ``events`` row and its ``effects`` rows (ordered by idx);
-        ``blobs``: the log's blobs, which the event may name."""
+        ``blobs``: the log's blobs, which the event and effects may name."""
         return cls(
             seq=row["seq"],
             event=decode_event(row["payload"], blobs),
-            effects=tuple(decode_effect(e["payload"]) for e in effect_rows),
+            effects=tuple(decode_effect(e["payload"], blobs) for e in effect_rows),
             fingerprint=row["fingerprint"],
             at=row["at"],
         )

@@ -178,7 +178,7 @@ class _Prepared:
             kind, payload = type(step.event).__name__, encode_event_compact(step.event, blobs)
             self.effect_rows = []
             for idx, effect in enumerate(step.effects):
-                name, text = type(effect).__name__, encode_effect_stored(effect)
+                name, text = type(effect).__name__, encode_effect_stored(effect, blobs)
                 self.effect_rows.append(
                     (cid, seq, idx, name, text, effect_checksum(cid, seq, idx, name, text))
                 )
@@ -725,7 +725,9 @@ class Store:
             attrs.evolve(
                 e,
                 payload=stored_event(e.payload, blobs),
-                effects=tuple(attrs.evolve(f, payload=stored_effect(f.payload)) for f in e.effects),
+                effects=tuple(
+                    attrs.evolve(f, payload=stored_effect(f.payload, blobs)) for f in e.effects
+                ),
             )
             for e in events
         ]

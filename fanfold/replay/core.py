@@ -162,7 +162,7 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
                 f"the reducer fails on event {seq} ({type(event).__name__}) with {detail}",
             )
             return
-        compared = _compare_effects(cid, seq, raw.effects, effects, after)
+        compared = _compare_effects(cid, seq, raw.effects, effects, after, log.blobs)
         if isinstance(compared, Finding):
             yield compared
             return
@@ -288,7 +288,10 @@ def replay_quickly(log: RawLog) -> Conversation | None:
                     stored.idx != index
                     or type(effect).__name__ != stored.type
                     or (
-                        encode_effect_stored(effect) != stored.payload
+                        # As stored now (blob fields by reference), before 2026-11-26
+                        # (inline), or as an object document (older logs, imports).
+                        encode_effect_stored(effect, {}) != stored.payload
+                        and encode_effect_stored(effect) != stored.payload
                         and encode_effect(effect) != stored.payload
                     )
                     or (
@@ -470,9 +473,11 @@ def _compare_effects(
     recorded: tuple[RawEffect, ...],
     recomputed: tuple[Effect, ...],
     after: Conversation,
+    blobs: Mapping[str, str],
 ) -> tuple[tuple[Effect, ...], bool, tuple[str, ...]] | Finding:
-    """The recorded effects, decoded, whether the reducer reproduces them, and notes
-    saying what differs where the effects alone cannot show it.
+    """The recorded effects, decoded (``blobs``: the texts their references name), whether
+    the reducer reproduces them, and notes saying what differs where the effects alone
+    cannot show it.
 
     Fast path: the recomputed effects encode to exactly the stored texts. A model
     call of a log older than schema 6 recorded its whole request: it must be the
@@ -488,7 +493,12 @@ def _compare_effects(
             )
     texts = [encode_effect(e) for e in recomputed]
     if len(texts) == len(recorded) and all(
-        (t == r.payload or encode_effect_stored(e) == r.payload) and type(e).__name__ == r.type
+        (
+            t == r.payload
+            or encode_effect_stored(e, {}) == r.payload
+            or encode_effect_stored(e) == r.payload
+        )
+        and type(e).__name__ == r.type
         for t, r, e in zip(texts, recorded, recomputed, strict=True)
     ):
         return recomputed, True, ()
@@ -498,7 +508,7 @@ def _compare_effects(
     decoded: list[Effect] = []
     for effect in recorded:
         try:
-            value = decode_effect(effect.payload)
+            value = decode_effect(effect.payload, blobs)
         except CodecError as exc:
             return Finding(
                 _codec_kind(exc),

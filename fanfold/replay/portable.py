@@ -138,7 +138,8 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
             "at": event.at,
             "event": _parse(event.payload, *where, "its event", blobs, event=True),
             "effects": [
-                _parse(e.payload, *where, f"its effect {e.idx}", effect=True) for e in event.effects
+                _parse(e.payload, *where, f"its effect {e.idx}", blobs, effect=True)
+                for e in event.effects
             ],
             "fingerprint": event.fingerprint,
         }
@@ -214,7 +215,7 @@ def _parse(
         if event and type(document) is list:
             return codec.inline_event(text, blobs or {})
         if effect and type(document) is list:
-            return codec.inline_effect(text)
+            return codec.inline_effect(text, blobs or {})
         if state and type(document) is list:
             return codec.inline_state(text, blobs or {})
         return codec.expand_blobs(document, blobs) if blobs else document

@@ -79,10 +79,17 @@ def inspect_workdir(cwd: str, parent_cwd: str, project_cwd: str) -> WorkingDirec
         is_directory = os.path.isdir(cwd)
     except (OSError, ValueError):
         is_directory = False
+    # Usually two or three of the paths are one directory (a sub-agent works where its
+    # parent does, in the project): each distinct path is resolved once (a resolution
+    # is a system call per path component).
+    resolved: dict[str, str] = {}
+    for path in (cwd, parent_cwd, project_cwd):
+        if path not in resolved:
+            resolved[path] = _realpath(path)
     return WorkingDirectory(
-        resolved=_realpath(cwd),
-        parent=_realpath(parent_cwd),
-        project=_realpath(project_cwd),
+        resolved=resolved[cwd],
+        parent=resolved[parent_cwd],
+        project=resolved[project_cwd],
         is_directory=is_directory,
     )
 
