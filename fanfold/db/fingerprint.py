@@ -46,7 +46,8 @@ is not an extension of the one kept (a fork, a rebuilt state) is rehashed once.
   digest of the step's *content* (its event's and effects' stored documents without
   their schema version, ``content_digest``),
   and, at a step after which the conversation is at rest
-  (Idle, Error, Completed, Failed), a space and the version-4 digest of the whole
+  (Idle, Error, Completed, Failed; but not where an ended conversation's step stores
+  its whole state as the snapshot), a space and the version-4 digest of the whole
   state: ``"Idle n4 r1 h2 s0 p0 f0 w0 ####0123456789abcdef fedcba9876543210"``. The
   whole-state digest was a fifth of a logged step's CPU (issue 11); what it checked at
   every step is now checked in two parts: an edit of the log (a reply's text, a tool
@@ -171,19 +172,26 @@ def content_digest(event_text: str, effects: Sequence[tuple[str, str]]) -> str |
 
 
 def step_fingerprint(
-    state: Conversation, event_text: str, effects: Sequence[tuple[str, str]]
+    state: Conversation,
+    event_text: str,
+    effects: Sequence[tuple[str, str]],
+    *,
+    snapshot: bool = False,
 ) -> str:
     """The current (version 5) fingerprint of a step that stored ``event_text`` and
     ``effects`` (type name, text) and left ``state``: the counters, the content digest
-    and, when the state is at rest, the whole-state digest."""
+    and, when the state is at rest, the whole-state digest; but not for an ended
+    conversation whose whole state the step stores as its snapshot (``snapshot``):
+    nothing changes it after that, and verify compares the snapshot itself."""
     digest_of_content = content_digest(event_text, effects)
     if digest_of_content is None:
         raise CodecError("a step's documents are not in the form the log stores")
-    return _v5(state, digest_of_content)
+    whole = state.at_rest and not (snapshot and state.is_terminal)
+    return _v5(state, digest_of_content, whole)
 
 
-def _v5(state: Conversation, content: str) -> str:
-    if state.at_rest:
+def _v5(state: Conversation, content: str, whole: bool) -> str:
+    if whole:
         return f"{summary(state)} ####{content} {digest_v4(state)}"
     return f"{summary(state)} ####{content}"
 
@@ -313,9 +321,12 @@ def like(
             digest_of_content = None
             if event_payload is not None and effects is not None:
                 digest_of_content = content_digest(event_payload, effects)
+            recorded_tail = recorded.split(" ####", 1)[1]
             if digest_of_content is None:
-                digest_of_content = recorded.split(" ####", 1)[1][: _DIGEST_SIZE * 2]
-            return _v5(state, digest_of_content)
+                digest_of_content = recorded_tail[: _DIGEST_SIZE * 2]
+            # Whether the step has a whole-state digest was the writer's choice (at
+            # rest, but not an ended conversation's snapshot step): as recorded.
+            return _v5(state, digest_of_content, " " in recorded_tail)
         case 4:
             return fingerprint(state)
         case 3:

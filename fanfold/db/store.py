@@ -182,7 +182,12 @@ class _Prepared:
                 self.effect_rows.append(
                     (cid, seq, idx, name, text, effect_checksum(cid, seq, idx, name, text))
                 )
-            mark = step_fingerprint(step.state, payload, [(r[3], r[4]) for r in self.effect_rows])
+            mark = step_fingerprint(
+                step.state,
+                payload,
+                [(r[3], r[4]) for r in self.effect_rows],
+                snapshot=step.snapshot and seq > 0,
+            )
             self.event_row = (
                 cid,
                 seq,
