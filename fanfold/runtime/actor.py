@@ -21,6 +21,7 @@ conversations that are working. The log has everything else.
 from __future__ import annotations
 
 import contextvars
+import functools
 import time
 import traceback
 import urllib.parse
@@ -517,6 +518,7 @@ class Actor:
 
     async def _call_model(self, effect: _ModelCall, attempt: int) -> Event:
         state = self.state
+        call_log = _CallLog(self.runtime.on_progress) if self._log_lifecycle else None
         context = CallContext(
             conversation_id=state.id,
             root_id=state.root_id,
@@ -525,12 +527,10 @@ class Actor:
             task=state.task,
             call=effect.call,
             attempt=attempt,
-            on_progress=self.runtime.on_progress,
+            # Timed for the call's log line, which forwards each report on.
+            on_progress=self.runtime.on_progress if call_log is None else call_log.progress,
         )
         redact = self.runtime.redact
-        call_log = _CallLog(self.runtime.on_progress) if self._log_lifecycle else None
-        if call_log is not None:
-            context = attrs.evolve(context, on_progress=call_log.progress)
         try:
             reply = await complete_checked(self.runtime.provider, effect.request, context)
         except ProviderError as exc:
@@ -671,6 +671,12 @@ def _endpoint(base_url: object) -> str | None:
     """``base_url`` without credentials: scheme, host, port and path only."""
     if not isinstance(base_url, str):
         return None
+    return _endpoint_of(base_url)
+
+
+@functools.lru_cache(maxsize=64)
+def _endpoint_of(base_url: str) -> str | None:
+    # Parsed once per URL, not per model call's log line.
     try:
         parts = urllib.parse.urlsplit(base_url)
     except ValueError:  # an unbalanced IPv6 bracket: log no endpoint rather than fail
@@ -693,11 +699,18 @@ def _clip(text: str, limit: int = 300) -> str:
 
 
 def _redact_reply(reply: ModelReply, redact: Callable[[str], str]) -> ModelReply:
-    """``reply`` with secrets redacted from its text and its tool calls' arguments."""
-    calls = tuple(
-        attrs.evolve(call, arguments_json=redact(call.arguments_json)) for call in reply.tool_calls
-    )
-    return attrs.evolve(reply, text=redact(reply.text), tool_calls=calls)
+    """``reply`` with secrets redacted from its text and its tool calls' arguments (the
+    same object when nothing was redacted: a copy per call cost more than the check)."""
+    text = redact(reply.text)
+    changed = text != reply.text
+    calls = []
+    for call in reply.tool_calls:
+        arguments = redact(call.arguments_json)
+        if arguments != call.arguments_json:
+            call = attrs.evolve(call, arguments_json=arguments)
+            changed = True
+        calls.append(call)
+    return attrs.evolve(reply, text=text, tool_calls=tuple(calls)) if changed else reply
 
 
 def _describe(exc: BaseException) -> str:
