@@ -255,3 +255,53 @@ def test_the_readme_example_file_is_valid() -> None:
     assert (definition.max_rounds, definition.max_tokens, definition.timeout) == (8, 40000, 300)
     assert not definition.may_delegate and definition.model == "small"
     assert definition.context == "full"
+
+
+def test_fanfold_agents_shows_whole_sources_and_rules_and_the_context_mode(
+    tmp_path: Path,
+) -> None:
+    """`fanfold agents` once cut a definition's source to ".fanfold/agents/…" and its
+    rules to "write_file(docs/…" in an 80-column terminal, so it did not say where an
+    agent comes from; and it left out a definition's context mode (also in --json)."""
+    folder = tmp_path / ".fanfold" / "agents"
+    _write(
+        folder,
+        "a-long-definition-file-name.md",
+        "---\nname: writer\ndescription: writes\ncontext: full\n"
+        "tools: read-only, write_file(documentation/**)\n---\n",
+    )
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    runner = CliRunner()
+    listing = json.loads(
+        runner.invoke(cli, ["agents", "--cwd", str(tmp_path), "--json"], env=env).stdout
+    )
+    contexts = {a["name"]: a["context"] for a in listing["agents"]}
+    assert contexts == {
+        "explorer": "task_only",
+        "general-purpose": "task_only",
+        "reviewer": "task_only",
+        "writer": "full",
+    }
+    from fanfold.cli.output import console
+
+    width = console.width
+    console.width = 80
+    try:
+        result = runner.invoke(cli, ["agents", "--cwd", str(tmp_path)], env=env)
+    finally:
+        console.width = width
+    assert result.exit_code == 0, result.output
+    # The table folds long cells over lines: join each column's pieces in the
+    # writer's rows (the last, in name order).
+    lines = result.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("│ writer "))
+    cells = ["", "", "", ""]
+    for line in lines[first:]:
+        if not line.startswith("│"):
+            break
+        for column, cell in enumerate(line.split("│")[1:5]):
+            cells[column] += cell.strip()
+    name, source, tools, _ = cells
+    assert name == "writer"
+    assert source == str(folder / "a-long-definition-file-name.md").replace(" ", "")
+    assert tools.replace(" ", "") == "read-only,write_file(documentation/**)(contextfull)"
