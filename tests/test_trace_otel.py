@@ -217,3 +217,31 @@ def test_a_refusing_endpoint_is_one_line(
     assert bad.exit_code == 2 and "http:// or https://" in bad.stderr
     with_file = run("export", root, "--format", "otlp", "-o", "x.json", "--db", db)
     assert with_file.exit_code == 2 and "writes no file" in with_file.stderr
+
+
+def test_a_failed_send_is_one_line_with_its_cause_and_no_exporter_log(
+    marks_log: tuple[Path, str],
+    receiver: tuple[str, type[Receiver]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An unreachable endpoint once printed the OTLP exporter's own log lines (one per
+    retry, each a repr of the whole requests exception) before fanfold's error, which
+    did not say why; now the error ends with the cause and nothing else is printed."""
+    import socket
+
+    from fanfold.otel import ExportFailed, send_otlp
+
+    db, root = marks_log
+    spans = spans_of(db, root)
+    url, handler = receiver
+    handler.status = 404
+    with pytest.raises(ExportFailed) as refused:
+        send_otlp(spans, url)
+    assert str(refused.value).endswith("sent): HTTP 404 Not Found")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(ExportFailed) as unreachable:
+        send_otlp(spans, closed, timeout=1.0)
+    assert str(unreachable.value).endswith("sent): Connection refused")
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
