@@ -25,7 +25,7 @@ from rich.text import Text
 from fanfold import replay
 from fanfold.cli.database import db_option, open_store
 from fanfold.cli.display import SHOWN_CHARS, clip, json_printable, printable, write_text
-from fanfold.cli.errors import CliError
+from fanfold.cli.errors import CliError, sqlite_message
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
 from fanfold.cli.output import console, err_console, hint
 from fanfold.db import DatabaseError, Store
@@ -52,7 +52,7 @@ def _errors() -> Iterator[None]:
     except sqlite3.Error as exc:
         # SQLite quotes the whole unreadable value ("Could not decode to UTF-8 column
         # 'payload' with text '...'"): a damaged row, named in a line of bounded length.
-        raise OneLineError(_one_line(str(exc), limit=300)) from None
+        raise OneLineError(_one_line(sqlite_message(exc), limit=300)) from None
     except (
         replay.ReplayFailure,
         DatabaseError,
