@@ -82,5 +82,21 @@ def ui_command(host: str, port: int, poll: float, db: Path | None) -> None:
 
     try:
         trio.run(main)
-    except OSError as exc:
-        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except (OSError, BaseExceptionGroup) as exc:
+        # Hypercorn's bind fails inside nested nurseries: the OSError (a port in use,
+        # an unknown host) arrives wrapped in exception groups.
+        failed = _os_error(exc)
+        if failed is None:
+            raise
+        raise CliError(f"cannot listen on {host}:{port}: {failed.strerror or failed}") from None
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """``exc`` if it is an OSError, or the first of a group made only of OSErrors."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [_os_error(inner) for inner in exc.exceptions]
+        if leaves and all(leaf is not None for leaf in leaves):
+            return leaves[0]
+    return None
