@@ -196,6 +196,12 @@ def test_bad_files_are_reported_and_left_out(tmp_path: Path) -> None:
     assert "larger than" in messages["e.md"][1]
     assert messages["f.md"][1] == "not a regular file; ignored"
     assert "notes.txt" not in messages
+    # A problem of the whole file has no line: not "e.md:0: larger than ...".
+    whole = {str(p) for p in catalog.problems if Path(p.path).name in ("e.md", "f.md")}
+    assert whole == {
+        f"{folder / 'e.md'}: larger than 262144 bytes; not read",
+        f"{folder / 'f.md'}: not a regular file; ignored",
+    }
 
 
 def test_fanfold_agents_lists_agents_and_invalid_files(tmp_path: Path) -> None:

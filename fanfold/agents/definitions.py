@@ -74,12 +74,13 @@ class AgentProblem:
     """Something wrong (or, with ``warning``, doubtful) in a definition file."""
 
     path: str
-    line: int
+    line: int  # 0: the whole file (it cannot be read, it is too large...)
     message: str
     warning: bool = False
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+        where = f"{self.path}:{self.line}" if self.line > 0 else self.path
+        return f"{where}: {self.message}"
 
 
 @attrs.frozen
