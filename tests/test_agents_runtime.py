@@ -184,3 +184,43 @@ async def test_a_full_context_child_plays_its_own_scripted_replies_and_counts_it
     assert child.phase.result == "its own tool results: []"  # the parent's think is not
     assert child.rounds == 1
     assert tool_call_count(child) == 1  # submit_result, not the parent's think
+
+
+async def test_a_path_rule_holds_through_a_symbolic_link(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """`write_file(docs/**)` is matched on the path as spelled (the reducer does no
+    I/O): through `docs/link -> ../src` a writer once wrote `src/evil.py`. The runtime
+    now checks the path its links lead to as well; a link that stays inside `docs/`
+    is still followed."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "docs" / "inner").mkdir(parents=True)
+    (tmp_path / "docs" / "link").symlink_to("../src")
+    (tmp_path / "docs" / "same").symlink_to("inner")
+    writer = AgentDefinition(
+        "writer", "writes docs", allow=(Rule("read-only"), Rule("write_file", "docs/**"))
+    )
+    provider = script(
+        1.0,
+        root=[reply("", spawn({"task": "t", "agent": "writer"})), reply("done")],
+        c1=[
+            reply(
+                "",
+                ("write_file", {"path": "docs/link/evil.py", "content": "x"}),
+                ("write_file", {"path": "docs/same/fine.md", "content": "y"}),
+            ),
+            reply("", submit("{{last_tool_result}}")),
+        ],
+    )
+    async with open_runtime(tmp_path, provider, limits=Limits()) as runtime:
+        root_id = await runtime.start("go", cwd=tmp_path, agents=(writer,))
+        await runtime.wait(root_id)
+    assert not (tmp_path / "src" / "evil.py").exists()
+    assert (tmp_path / "docs" / "inner" / "fine.md").read_text() == "y"
+    child = _tree(tmp_path, root_id)[f"{root_id}.1"]
+    results = [m.result for m in child.history if type(m).__name__ == "ToolResultMessage"]
+    refused = next(r for r in results if r.is_error)
+    assert refused.content.startswith("write_file refused: no allow rule of agent 'writer'")
+    assert refused.content.endswith(
+        "'docs/link/evil.py' leads to 'src/evil.py' through a symbolic link"
+    )
