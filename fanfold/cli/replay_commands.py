@@ -23,7 +23,7 @@ from rich.highlighter import JSONHighlighter
 from rich.text import Text
 
 from fanfold import replay
-from fanfold.cli.database import db_option, open_store
+from fanfold.cli.database import db_option, open_store, refuse_writing_over_the_log
 from fanfold.cli.display import SHOWN_CHARS, clip, json_printable, printable, write_text
 from fanfold.cli.errors import CliError, sqlite_message
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
@@ -288,6 +288,8 @@ def export_command(
         with _errors(), open_store(db, read_only=True) as store:
             export_otlp(store, conversation_id, endpoint, capture_content)
         return
+    if output is not None and str(output) != "-":
+        refuse_writing_over_the_log(output, db)
     with _errors(), open_store(db, read_only=True) as store:
         if output is None or str(output) == "-":
             try:
