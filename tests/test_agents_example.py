@@ -86,6 +86,19 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     assert any("the quorum of 1 successful sub-agent(s) was reached" in m for m in answer)
     verify = runner.invoke(cli, ["replay", root.id, "--db", str(db), "--verify", "--tree"])
     assert verify.exit_code == 0, verify.output
+    # The trace page names each sub-agent's agent and its refused calls (it once gave
+    # neither: only `fanfold show` did).
+    from fanfold.trace import build_trace
+
+    with Store.open(db) as store:
+        agents = build_trace(store, root.id)["agents"]
+    assert [(a["agent"], a["refused_calls"]) for a in agents] == [
+        (None, 0),
+        ("explorer", 1),
+        ("reviewer", 1),
+        ("explorer", 0),
+        ("explorer", 0),
+    ]
 
 
 def test_an_invalid_definition_never_stops_a_run_and_a_project_agent_is_used(
