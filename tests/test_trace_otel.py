@@ -245,3 +245,20 @@ def test_a_failed_send_is_one_line_with_its_cause_and_no_exporter_log(
         send_otlp(spans, closed, timeout=1.0)
     assert str(unreachable.value).endswith("sent): Connection refused")
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+def test_a_bad_endpoint_from_the_environment_is_named_as_such(
+    marks_log: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad $OTEL_EXPORTER_OTLP_ENDPOINT was reported as a bad --endpoint, an option
+    the user never gave."""
+    db, root = marks_log
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")
+    result = run("export", root, "--format", "otlp", "--db", db)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: $OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL, "
+        "not 'collector:4318'\n"
+    )
+    given = run("export", root, "--format", "otlp", "--endpoint", "x:1", "--db", db)
+    assert given.stderr.startswith("error: --endpoint must be an http:// or https:// URL")
