@@ -171,3 +171,33 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line(marks_log: tuple[Path, str
     assert unknown.exit_code == 2, unknown.output
     assert unknown.output.startswith("error: cannot listen on no-such-host.invalid:8765: ")
     assert len(unknown.output.splitlines()) == 1
+
+
+def test_a_damaged_tree_never_takes_the_list_down(marks_log: tuple[Path, str]) -> None:
+    """`fanfold ui`'s list once answered 500 for the whole database when one tree's
+    snapshot was damaged (its tokens and cost come from it): no tree could be opened.
+    Now the damaged tree's row has no tokens or cost, and the others are as before."""
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+    from fanfold.cli.ui_command import tree_summaries
+
+    db, damaged = marks_log
+    script = db.parent / "script.json"
+    second = CliRunner().invoke(
+        cli, ["run", "--no-live", "--db", str(db), "--script", str(script), "again"]
+    )
+    assert second.exit_code == 0, second.output
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "UPDATE conversations SET snapshot_json = '{bad' WHERE id = ?", (damaged,)
+        )
+    connection.close()
+    with Store.open(db, read_only=True) as store:
+        rows = {row["id"]: row for row in tree_summaries(store)}
+    assert len(rows) == 2
+    assert (rows[damaged]["tokens"], rows[damaged]["cost"]) == (None, None)
+    (other,) = [row for key, row in rows.items() if key != damaged]
+    assert isinstance(other["tokens"], int)

@@ -13,7 +13,7 @@ from fanfold.cli.database import db_option, db_path
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console
 from fanfold.cli.show_commands import _show_node, _trusted_config
-from fanfold.db import Store
+from fanfold.db import DatabaseError, Store
 from fanfold.trace.server import TraceServer, default_summaries, finite
 
 
@@ -22,7 +22,12 @@ def tree_summaries(store: Store) -> list[dict[str, Any]]:
     them (cost only for the user's own trees whose recorded profiles have prices)."""
     rows = default_summaries(store)
     for row in rows:
-        node = _show_node(store, row["id"], _trusted_config(store, row["id"]))
+        try:
+            node = _show_node(store, row["id"], _trusted_config(store, row["id"]))
+        except DatabaseError:
+            # A damaged tree (its trace page says where) keeps its row without tokens
+            # and cost, and never takes the list of the other trees down with it.
+            continue
         row["tokens"] = node.state.tokens_spent
         row["cost"] = finite(node.tree_cost())
     return rows
