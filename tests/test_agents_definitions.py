@@ -132,6 +132,16 @@ def test_fanfold_keys_and_yaml_lists() -> None:
             "---\nname: a b\ndescription: y\n---\n",
             ["a.md:2: name 'a b': use letters, digits, '-', '_', '.'"],
         ),
+        # A key given twice was once taken silently from its last line (YAML's rule):
+        # `tools: read-only` then `tools: bash` gave the agent bash.
+        (
+            "---\nname: x\ndescription: y\ntools: read-only\ntools: bash\n---\n",
+            ["a.md:5: 'tools' is given twice (first on line 4)"],
+        ),
+        (
+            "---\nname: x\ndescription: y\ndisallowed_tools: bash\ndisallowedTools: think\n---\n",
+            ["a.md:5: 'disallowedTools' gives 'disallowed_tools' again"],
+        ),
         ("---\nname: x\ndescription: [y\n---\n", None),  # a YAML error, with its line
         ("---\nname: !!python/object:os.system x\ndescription: y\n---\n", None),
     ],

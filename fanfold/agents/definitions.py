@@ -170,15 +170,20 @@ def _split_front_matter(text: str) -> tuple[str, str, int] | str:
     return "the front matter is not closed by a line '---'"
 
 
-def _key_lines(front: str, first_line: int) -> dict[str, int]:
-    """The line of each top-level key (composed, nothing constructed)."""
+def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """The line of each top-level key (composed, nothing constructed), and each key
+    given again with the line where it is (YAML would keep the last silently)."""
     node = yaml.compose(front, Loader=yaml.SafeLoader)
     lines: dict[str, int] = {}
+    again: list[tuple[str, int]] = []
     if isinstance(node, yaml.MappingNode):
         for key, _value in node.value:
             if isinstance(key, yaml.ScalarNode):
-                lines.setdefault(str(key.value), key.start_mark.line + first_line)
-    return lines
+                line = key.start_mark.line + first_line
+                if str(key.value) in lines:
+                    again.append((str(key.value), line))
+                lines.setdefault(str(key.value), line)
+    return lines, again
 
 
 def parse_definition(
@@ -192,7 +197,7 @@ def parse_definition(
     front, body, first = split
     try:
         data = yaml.safe_load(front)
-        lines = _key_lines(front, first)
+        lines, again = _key_lines(front, first)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = first + mark.line if mark is not None else first
@@ -211,6 +216,12 @@ def parse_definition(
         return None, (AgentProblem(path, first, f"YAML: {exc}"),)
     if not isinstance(data, dict):
         return None, (AgentProblem(path, first, "the front matter must be a mapping of keys"),)
+    if again:
+        # `tools: read-only` then `tools: bash` would give the agent bash: refused.
+        return None, tuple(
+            AgentProblem(path, line, f"{key!r} is given twice (first on line {lines[key]})")
+            for key, line in again
+        )
     problems: list[AgentProblem] = []
     values: dict[str, Any] = {}
     for raw_key, value in data.items():
@@ -225,6 +236,8 @@ def parse_definition(
             value = _split_tools(value)
         if key == "model" and isinstance(value, str) and value.strip().lower() == "inherit":
             value = None
+        if key in values:  # both spellings: disallowed_tools and disallowedTools
+            problems.append(AgentProblem(path, line, f"{raw_key!r} gives {key!r} again"))
         values[key] = value
     for required in ("name", "description"):
         if required not in values:
