@@ -142,6 +142,14 @@ def test_fanfold_keys_and_yaml_lists() -> None:
             "---\nname: x\ndescription: y\ndisallowed_tools: bash\ndisallowedTools: think\n---\n",
             ["a.md:5: 'disallowedTools' gives 'disallowed_tools' again"],
         ),
+        (
+            "---\nname: x\ndescription: y\nprompt_mode: [a]\n---\n",
+            ["a.md:4: prompt_mode: expected 'extend' or 'replace', got ['a']"],
+        ),
+        (
+            "---\nname: x\ndescription: &d y\nmodel: *d\n---\n",
+            ["a.md:4: YAML aliases (*name) are not allowed"],
+        ),
         ("---\nname: x\ndescription: [y\n---\n", None),  # a YAML error, with its line
         ("---\nname: !!python/object:os.system x\ndescription: y\n---\n", None),
     ],
@@ -321,3 +329,21 @@ def test_fanfold_agents_shows_whole_sources_and_rules_and_the_context_mode(
     assert name == "writer"
     assert source == str(folder / "a-long-definition-file-name.md").replace(" ", "")
     assert tools.replace(" ", "") == "read-only,write_file(documentation/**)(contextfull)"
+
+
+def test_a_billion_laughs_file_is_refused_at_once() -> None:
+    """Nine lists of nine references, nine deep: `fanfold agents` (and every `fanfold
+    run`, which reads the same folders) once spent minutes and gigabytes building
+    its error message ("description: expected a string, got [[[..."); aliases are
+    refused before anything is built."""
+    import time
+
+    levels = ["a: &a [" + ",".join(['"lol"'] * 9) + "]"]
+    for previous, name in zip("abcdefg", "bcdefgh", strict=True):
+        levels.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
+    text = "---\nname: lol\n" + "\n".join(levels) + "\ndescription: [" + ",".join(["*h"] * 9)
+    started = time.monotonic()
+    definition, problems = _parse(text + "]\n---\n")
+    assert time.monotonic() - started < 5
+    assert definition is None
+    assert problems == ["a.md:4: YAML aliases (*name) are not allowed"]

@@ -27,6 +27,7 @@ with the file's path and the line it is at; a file with one is left out, never f
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable
 from typing import Any, NewType
 
@@ -107,10 +108,20 @@ class _Invalid(ValueError):
     pass
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = 100
+_REPR.maxother = 100
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr, bounded however large or deep it is."""
+    return _REPR.repr(value)
+
+
 def _strict(expected: str, accepts: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
     def hook(value: Any, _: Any) -> Any:
         if not accepts(value):
-            raise _Invalid(f"expected {expected}, got {value!r}"[:200])
+            raise _Invalid(f"expected {expected}, got {_shown(value)}"[:200])
         return value
 
     return hook
@@ -135,7 +146,7 @@ def _converter() -> cattrs.Converter:
             or not isinstance(value, int | float)
             or not (0 < value < math.inf)
         ):
-            raise _Invalid(f"expected a number of seconds > 0, got {value!r}"[:200])
+            raise _Invalid(f"expected a number of seconds > 0, got {_shown(value)}"[:200])
         return float(value)
 
     hook(Seconds, seconds)
@@ -148,8 +159,8 @@ def _converter() -> cattrs.Converter:
     hook(Names, names)
 
     def prompt_mode(value: Any, _: Any) -> PromptMode:
-        if value not in {m.value for m in PromptMode}:
-            raise _Invalid(f"expected 'extend' or 'replace', got {value!r}"[:200])
+        if not isinstance(value, str) or value not in {m.value for m in PromptMode}:
+            raise _Invalid(f"expected 'extend' or 'replace', got {_shown(value)}"[:200])
         return PromptMode(value)
 
     hook(PromptMode, prompt_mode)
@@ -168,6 +179,16 @@ def _split_front_matter(text: str) -> tuple[str, str, int] | str:
         if lines[index].strip() == "---":
             return "".join(lines[1:index]), "".join(lines[index + 1 :]), 2
     return "the front matter is not closed by a line '---'"
+
+
+def _alias_line(front: str, first_line: int) -> int | None:
+    """The line of the front matter's first YAML alias (``*name``), if any."""
+    for event in yaml.parse(front, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            mark = event.start_mark
+            line: int = first_line + (mark.line if mark is not None else 0)
+            return line
+    return None
 
 
 def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[str, int]]]:
@@ -196,6 +217,11 @@ def parse_definition(
         return None, (AgentProblem(path, 1, split),)
     front, body, first = split
     try:
+        alias = _alias_line(front, first)
+        if alias is not None:
+            # An alias is a reference: nine of nine of nine... make gigabytes (the
+            # "billion laughs"). An agent file has no use for them.
+            return None, (AgentProblem(path, alias, "YAML aliases (*name) are not allowed"),)
         data = yaml.safe_load(front)
         lines, again = _key_lines(front, first)
     except yaml.MarkedYAMLError as exc:
