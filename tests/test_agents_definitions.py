@@ -347,3 +347,16 @@ def test_a_billion_laughs_file_is_refused_at_once() -> None:
     assert time.monotonic() - started < 5
     assert definition is None
     assert problems == ["a.md:4: YAML aliases (*name) are not allowed"]
+
+
+def test_replacing_the_prompt_with_nothing_is_a_warning() -> None:
+    """`prompt_mode: replace` and no body once gave the agent an empty system prompt
+    without a word: it was not even told to call submit_result."""
+    definition, problems = _parse("---\nname: x\ndescription: y\nprompt_mode: replace\n---\n\n")
+    assert definition is not None and definition.system_prompt("the role") == ""
+    assert problems == [
+        "a.md:4: prompt_mode replace with no body below the front matter: the agent gets "
+        "no system prompt (not even the role that tells it to call submit_result)"
+    ]
+    kept, none = _parse("---\nname: x\ndescription: y\nprompt_mode: replace\n---\nBe brief.\n")
+    assert kept is not None and none == []

@@ -353,6 +353,16 @@ def _definition(
         )
     if any(not p.warning for p in problems):
         return None, problems
+    if matter.prompt_mode is PromptMode.REPLACE and not body.strip():
+        problems.append(
+            AgentProblem(
+                path,
+                at("prompt_mode"),
+                "prompt_mode replace with no body below the front matter: the agent gets "
+                "no system prompt (not even the role that tells it to call submit_result)",
+                warning=True,
+            )
+        )
     prompt = body.strip("\n")
     return (
         AgentDefinition(
