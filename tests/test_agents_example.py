@@ -163,4 +163,7 @@ def test_the_readme_points_to_the_example() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Agent definitions and permissions", 1)[1].split("\n## ", 1)[0]
     assert "fanfold run --script examples/agents/script.json" in section
+    # Which folder is "the project": the run's --cwd, not a parent (a user in src/
+    # once found their project's agents missing).
+    assert "the folder the run works in (`--cwd`" in " ".join(section.split())
     assert EXAMPLE.exists()
