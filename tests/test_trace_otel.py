@@ -262,3 +262,24 @@ def test_a_bad_endpoint_from_the_environment_is_named_as_such(
     )
     given = run("export", root, "--format", "otlp", "--endpoint", "x:1", "--db", db)
     assert given.stderr.startswith("error: --endpoint must be an http:// or https:// URL")
+
+
+def test_the_exporter_log_takes_any_record(capsys: pytest.CaptureFixture[str]) -> None:
+    """A record whose message is not text (logging allows any object) once made the
+    handler that keeps the exporter's lines off the console raise AttributeError into
+    the exporter's own logging call."""
+    import logging
+
+    from fanfold.otel.export import _ExporterLog
+
+    with _ExporterLog() as complaints:
+        logger = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        logger.error(ValueError("odd"))
+        logger.warning(
+            "Transient error %s encountered while exporting %s batch, retrying in %.2fs.",
+            OSError("[Errno 111] Connection refused"),
+            "spans",
+            1.0,
+        )
+    assert complaints.reason == "Connection refused"
+    assert "Logging error" not in capsys.readouterr().err

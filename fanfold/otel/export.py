@@ -108,13 +108,14 @@ class _ExporterLog(logging.Handler):
         if record.levelno < logging.WARNING:
             return
         args = record.args if isinstance(record.args, tuple) else ()
-        if record.msg.startswith("Failed to export %s batch code:") and len(args) == 3:
+        message = str(record.msg)  # a logger may be given any object, not only text
+        if message.startswith("Failed to export %s batch code:") and len(args) == 3:
             code, reason = args[1], args[2]
             if code is not None:
                 self.reason = f"HTTP {code} {reason}".strip()
                 return
             args = (reason,)
-        elif record.msg.startswith("Transient error %s") and args:
+        elif message.startswith("Transient error %s") and args:
             args = (args[0],)
         else:  # "... due to timeout, max retries or shutdown": the last transient error's
             args = ()
