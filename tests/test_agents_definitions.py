@@ -132,6 +132,24 @@ def test_fanfold_keys_and_yaml_lists() -> None:
             "---\nname: a b\ndescription: y\n---\n",
             ["a.md:2: name 'a b': use letters, digits, '-', '_', '.'"],
         ),
+        # A key given twice was once taken silently from its last line (YAML's rule):
+        # `tools: read-only` then `tools: bash` gave the agent bash.
+        (
+            "---\nname: x\ndescription: y\ntools: read-only\ntools: bash\n---\n",
+            ["a.md:5: 'tools' is given twice (first on line 4)"],
+        ),
+        (
+            "---\nname: x\ndescription: y\ndisallowed_tools: bash\ndisallowedTools: think\n---\n",
+            ["a.md:5: 'disallowedTools' gives 'disallowed_tools' again"],
+        ),
+        (
+            "---\nname: x\ndescription: y\nprompt_mode: [a]\n---\n",
+            ["a.md:4: prompt_mode: expected 'extend' or 'replace', got ['a']"],
+        ),
+        (
+            "---\nname: x\ndescription: &d y\nmodel: *d\n---\n",
+            ["a.md:4: YAML aliases (*name) are not allowed"],
+        ),
         ("---\nname: x\ndescription: [y\n---\n", None),  # a YAML error, with its line
         ("---\nname: !!python/object:os.system x\ndescription: y\n---\n", None),
     ],
@@ -196,6 +214,12 @@ def test_bad_files_are_reported_and_left_out(tmp_path: Path) -> None:
     assert "larger than" in messages["e.md"][1]
     assert messages["f.md"][1] == "not a regular file; ignored"
     assert "notes.txt" not in messages
+    # A problem of the whole file has no line: not "e.md:0: larger than ...".
+    whole = {str(p) for p in catalog.problems if Path(p.path).name in ("e.md", "f.md")}
+    assert whole == {
+        f"{folder / 'e.md'}: larger than 262144 bytes; not read",
+        f"{folder / 'f.md'}: not a regular file; ignored",
+    }
 
 
 def test_fanfold_agents_lists_agents_and_invalid_files(tmp_path: Path) -> None:
@@ -255,3 +279,84 @@ def test_the_readme_example_file_is_valid() -> None:
     assert (definition.max_rounds, definition.max_tokens, definition.timeout) == (8, 40000, 300)
     assert not definition.may_delegate and definition.model == "small"
     assert definition.context == "full"
+
+
+def test_fanfold_agents_shows_whole_sources_and_rules_and_the_context_mode(
+    tmp_path: Path,
+) -> None:
+    """`fanfold agents` once cut a definition's source to ".fanfold/agents/…" and its
+    rules to "write_file(docs/…" in an 80-column terminal, so it did not say where an
+    agent comes from; and it left out a definition's context mode (also in --json)."""
+    folder = tmp_path / ".fanfold" / "agents"
+    _write(
+        folder,
+        "a-long-definition-file-name.md",
+        "---\nname: writer\ndescription: writes\ncontext: full\n"
+        "tools: read-only, write_file(documentation/**)\n---\n",
+    )
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    runner = CliRunner()
+    listing = json.loads(
+        runner.invoke(cli, ["agents", "--cwd", str(tmp_path), "--json"], env=env).stdout
+    )
+    contexts = {a["name"]: a["context"] for a in listing["agents"]}
+    assert contexts == {
+        "explorer": "task_only",
+        "general-purpose": "task_only",
+        "reviewer": "task_only",
+        "writer": "full",
+    }
+    from fanfold.cli.output import console
+
+    width = console.width
+    console.width = 80
+    try:
+        result = runner.invoke(cli, ["agents", "--cwd", str(tmp_path)], env=env)
+    finally:
+        console.width = width
+    assert result.exit_code == 0, result.output
+    # The table folds long cells over lines: join each column's pieces in the
+    # writer's rows (the last, in name order).
+    lines = result.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("│ writer "))
+    cells = ["", "", "", ""]
+    for line in lines[first:]:
+        if not line.startswith("│"):
+            break
+        for column, cell in enumerate(line.split("│")[1:5]):
+            cells[column] += cell.strip()
+    name, source, tools, _ = cells
+    assert name == "writer"
+    assert source == str(folder / "a-long-definition-file-name.md").replace(" ", "")
+    assert tools.replace(" ", "") == "read-only,write_file(documentation/**)(contextfull)"
+
+
+def test_a_billion_laughs_file_is_refused_at_once() -> None:
+    """Nine lists of nine references, nine deep: `fanfold agents` (and every `fanfold
+    run`, which reads the same folders) once spent minutes and gigabytes building
+    its error message ("description: expected a string, got [[[..."); aliases are
+    refused before anything is built."""
+    import time
+
+    levels = ["a: &a [" + ",".join(['"lol"'] * 9) + "]"]
+    for previous, name in zip("abcdefg", "bcdefgh", strict=True):
+        levels.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
+    text = "---\nname: lol\n" + "\n".join(levels) + "\ndescription: [" + ",".join(["*h"] * 9)
+    started = time.monotonic()
+    definition, problems = _parse(text + "]\n---\n")
+    assert time.monotonic() - started < 5
+    assert definition is None
+    assert problems == ["a.md:4: YAML aliases (*name) are not allowed"]
+
+
+def test_replacing_the_prompt_with_nothing_is_a_warning() -> None:
+    """`prompt_mode: replace` and no body once gave the agent an empty system prompt
+    without a word: it was not even told to call submit_result."""
+    definition, problems = _parse("---\nname: x\ndescription: y\nprompt_mode: replace\n---\n\n")
+    assert definition is not None and definition.system_prompt("the role") == ""
+    assert problems == [
+        "a.md:4: prompt_mode replace with no body below the front matter: the agent gets "
+        "no system prompt (not even the role that tells it to call submit_result)"
+    ]
+    kept, none = _parse("---\nname: x\ndescription: y\nprompt_mode: replace\n---\nBe brief.\n")
+    assert kept is not None and none == []

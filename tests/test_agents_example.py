@@ -86,6 +86,19 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     assert any("the quorum of 1 successful sub-agent(s) was reached" in m for m in answer)
     verify = runner.invoke(cli, ["replay", root.id, "--db", str(db), "--verify", "--tree"])
     assert verify.exit_code == 0, verify.output
+    # The trace page names each sub-agent's agent and its refused calls (it once gave
+    # neither: only `fanfold show` did).
+    from fanfold.trace import build_trace
+
+    with Store.open(db) as store:
+        agents = build_trace(store, root.id)["agents"]
+    assert [(a["agent"], a["refused_calls"]) for a in agents] == [
+        (None, 0),
+        ("explorer", 1),
+        ("reviewer", 1),
+        ("explorer", 0),
+        ("explorer", 0),
+    ]
 
 
 def test_an_invalid_definition_never_stops_a_run_and_a_project_agent_is_used(
@@ -142,3 +155,15 @@ def test_an_invalid_definition_never_stops_a_run_and_a_project_agent_is_used(
         child = store.load_state(root.id + ".1")
     assert child.agent == "lister" and child.refused_calls == 1
     assert [t.name for t in child.tools] == ["bash", "submit_result", "submit_error"]
+
+
+def test_the_readme_points_to_the_example() -> None:
+    """README's "Agent definitions and permissions" once never named examples/agents:
+    a reader of it could not find the example that shows it all."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Agent definitions and permissions", 1)[1].split("\n## ", 1)[0]
+    assert "fanfold run --script examples/agents/script.json" in section
+    # Which folder is "the project": the run's --cwd, not a parent (a user in src/
+    # once found their project's agents missing).
+    assert "the folder the run works in (`--cwd`" in " ".join(section.split())
+    assert EXAMPLE.exists()

@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 import trio.testing
-from runtime_helpers import open_runtime, reply, script, submit, think
+from runtime_helpers import open_runtime, reply, script, spawn, submit, think
 
 from fanfold.db import Step, Store
 from fanfold.runtime import Runtime
@@ -155,3 +155,72 @@ async def test_a_named_agents_refusal_is_in_the_log(
     assert not (tmp_path / "x").exists()
     assert child.refused_calls == 1 and child.agent == "reader"
     assert child.phase.result.startswith("bash refused: no allow rule of agent 'reader'")
+
+
+async def test_a_full_context_child_plays_its_own_scripted_replies_and_counts_its_calls(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A child of context mode full is given its parent's replies and tool calls:
+    the scripted provider once counted them as the child's rounds (it skipped the
+    child's first reply, or answered "no scripted reply") and filled
+    ``{{last_tool_result}}`` from the parent's tools, and `fanfold show` counted the
+    parent's tool calls as the child's."""
+    from fanfold.cli.display import tool_call_count
+
+    provider = script(
+        1.0,
+        root=[
+            reply("first I think", think("parent's thought")),
+            reply("now I delegate", spawn({"task": "t", "context": "full"})),
+            reply("done"),
+        ],
+        c1=[reply("", submit("its own tool results: [{{last_tool_result}}]"))],
+    )
+    async with open_runtime(tmp_path, provider, limits=Limits()) as runtime:
+        root_id = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(root_id)
+    child = _tree(tmp_path, root_id)[f"{root_id}.1"]
+    assert len(child.history) > 5  # the parent's conversation, then its own
+    assert child.phase.result == "its own tool results: []"  # the parent's think is not
+    assert child.rounds == 1
+    assert tool_call_count(child) == 1  # submit_result, not the parent's think
+
+
+async def test_a_path_rule_holds_through_a_symbolic_link(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """`write_file(docs/**)` is matched on the path as spelled (the reducer does no
+    I/O): through `docs/link -> ../src` a writer once wrote `src/evil.py`. The runtime
+    now checks the path its links lead to as well; a link that stays inside `docs/`
+    is still followed."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "docs" / "inner").mkdir(parents=True)
+    (tmp_path / "docs" / "link").symlink_to("../src")
+    (tmp_path / "docs" / "same").symlink_to("inner")
+    writer = AgentDefinition(
+        "writer", "writes docs", allow=(Rule("read-only"), Rule("write_file", "docs/**"))
+    )
+    provider = script(
+        1.0,
+        root=[reply("", spawn({"task": "t", "agent": "writer"})), reply("done")],
+        c1=[
+            reply(
+                "",
+                ("write_file", {"path": "docs/link/evil.py", "content": "x"}),
+                ("write_file", {"path": "docs/same/fine.md", "content": "y"}),
+            ),
+            reply("", submit("{{last_tool_result}}")),
+        ],
+    )
+    async with open_runtime(tmp_path, provider, limits=Limits()) as runtime:
+        root_id = await runtime.start("go", cwd=tmp_path, agents=(writer,))
+        await runtime.wait(root_id)
+    assert not (tmp_path / "src" / "evil.py").exists()
+    assert (tmp_path / "docs" / "inner" / "fine.md").read_text() == "y"
+    child = _tree(tmp_path, root_id)[f"{root_id}.1"]
+    results = [m.result for m in child.history if type(m).__name__ == "ToolResultMessage"]
+    refused = next(r for r in results if r.is_error)
+    assert refused.content.startswith("write_file refused: no allow rule of agent 'writer'")
+    assert refused.content.endswith(
+        "'docs/link/evil.py' leads to 'src/evil.py' through a symbolic link"
+    )

@@ -102,3 +102,39 @@ def test_an_empty_file_is_an_empty_log_left_untouched(tmp_path: Path) -> None:
     ran = runner.invoke(cli, ["run", "--no-live", "--db", str(db), "Review this repository"])
     assert ran.exit_code == 0, ran.output
     assert runner.invoke(cli, ["ls", "--db", str(db)]).output.count("idle") == 1
+
+
+def test_a_log_missing_a_table_or_unreadable_says_it_is_damaged(
+    tmp_path: Path, original: tuple[Path, str, Path]
+) -> None:
+    """`replay`, `export` and `trace` on a log whose tables were changed by hand, or
+    whose pages are garbage, once gave SQLite's bare words ("error: no such table:
+    effects", "error: database disk image is malformed"), or called a missing table
+    a failed write with "everything up to the last committed step is kept"."""
+    import sqlite3
+
+    source, root, _ = original
+    dropped = tmp_path / "dropped.db"
+    dropped.write_bytes(source.read_bytes())
+    with sqlite3.connect(dropped) as connection:
+        connection.execute("DROP TABLE effects")
+    connection.close()
+    garbled = tmp_path / "garbled.db"
+    data = bytearray(source.read_bytes())
+    half = len(data) // 2  # rows and indexes, past the schema in the first pages
+    data[half:] = b"A" * (len(data) - half)
+    garbled.write_bytes(bytes(data))
+    commands = [
+        ["replay", root, "--verify", "--tree"],
+        ["export", root, "-o", str(tmp_path / "out.jsonl")],
+        ["trace", root, "-o", str(tmp_path / "out.html")],
+    ]
+    for db, words in ((dropped, "no such table: effects"), (garbled, "malformed")):
+        for command in commands:
+            result = CliRunner().invoke(cli, [*command, "--db", str(db)])
+            what = (command[0], db.name, result.output)
+            assert result.exit_code == 2, what
+            assert result.output.startswith("error: the event log"), what
+            assert "is damaged: " in result.output and words in result.output, what
+            assert "committed step" not in result.output, what
+            assert len(result.output.strip().splitlines()) == 1, what

@@ -280,3 +280,19 @@ def test_export_into_a_pipe_closed_early_ends_quietly(db: Path) -> None:
     )
     assert done.stdout == '{"record":'
     assert done.stderr == ""
+
+
+def test_export_and_trace_never_write_over_the_log(db: Path, tmp_path: Path) -> None:
+    """`fanfold trace r -o log.db` (a slip of -o) once replaced the database with the
+    HTML page, and `export -o log.db` with JSON Lines: the log was gone."""
+    before = db.read_bytes()
+    (tmp_path / "log.db-runtimes").touch()
+    os.link(db, tmp_path / "hard.db")
+    for output in (db, tmp_path / "log.db-wal", tmp_path / "log.db-runtimes", tmp_path / "hard.db"):
+        for command in (["trace", "r"], ["export", "r"]):
+            result = run(*command, "-o", output, "--db", db)
+            line = one_error_line(result)
+            assert "writing there would destroy the log" in line, (command, output, line)
+    assert db.read_bytes() == before
+    assert not (tmp_path / "log.db-wal").exists()
+    assert run("trace", "r", "-o", tmp_path / "r.html", "--db", db).exit_code == 0

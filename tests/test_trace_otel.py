@@ -217,3 +217,69 @@ def test_a_refusing_endpoint_is_one_line(
     assert bad.exit_code == 2 and "http:// or https://" in bad.stderr
     with_file = run("export", root, "--format", "otlp", "-o", "x.json", "--db", db)
     assert with_file.exit_code == 2 and "writes no file" in with_file.stderr
+
+
+def test_a_failed_send_is_one_line_with_its_cause_and_no_exporter_log(
+    marks_log: tuple[Path, str],
+    receiver: tuple[str, type[Receiver]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An unreachable endpoint once printed the OTLP exporter's own log lines (one per
+    retry, each a repr of the whole requests exception) before fanfold's error, which
+    did not say why; now the error ends with the cause and nothing else is printed."""
+    import socket
+
+    from fanfold.otel import ExportFailed, send_otlp
+
+    db, root = marks_log
+    spans = spans_of(db, root)
+    url, handler = receiver
+    handler.status = 404
+    with pytest.raises(ExportFailed) as refused:
+        send_otlp(spans, url)
+    assert str(refused.value).endswith("sent): HTTP 404 Not Found")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(ExportFailed) as unreachable:
+        send_otlp(spans, closed, timeout=2.5)  # room for a retry: its log names the cause
+    assert str(unreachable.value).endswith("sent): Connection refused")
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+def test_a_bad_endpoint_from_the_environment_is_named_as_such(
+    marks_log: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad $OTEL_EXPORTER_OTLP_ENDPOINT was reported as a bad --endpoint, an option
+    the user never gave."""
+    db, root = marks_log
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")
+    result = run("export", root, "--format", "otlp", "--db", db)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: $OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL, "
+        "not 'collector:4318'\n"
+    )
+    given = run("export", root, "--format", "otlp", "--endpoint", "x:1", "--db", db)
+    assert given.stderr.startswith("error: --endpoint must be an http:// or https:// URL")
+
+
+def test_the_exporter_log_takes_any_record(capsys: pytest.CaptureFixture[str]) -> None:
+    """A record whose message is not text (logging allows any object) once made the
+    handler that keeps the exporter's lines off the console raise AttributeError into
+    the exporter's own logging call."""
+    import logging
+
+    from fanfold.otel.export import _ExporterLog
+
+    with _ExporterLog() as complaints:
+        logger = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        logger.error(ValueError("odd"))
+        logger.warning(
+            "Transient error %s encountered while exporting %s batch, retrying in %.2fs.",
+            OSError("[Errno 111] Connection refused"),
+            "spans",
+            1.0,
+        )
+    assert complaints.reason == "Connection refused"
+    assert "Logging error" not in capsys.readouterr().err

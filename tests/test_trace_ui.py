@@ -147,3 +147,57 @@ async def test_the_list_follows_new_trees(marks_log: tuple[Path, str]) -> None:
             assert "another" in {t["id"] for t in trees}
             assert len(json.dumps(trees)) > 0
         nursery.cancel_scope.cancel()
+
+
+def test_a_port_in_use_or_an_unknown_host_is_one_line(marks_log: tuple[Path, str]) -> None:
+    """`fanfold ui` on a port another program holds, or on a host that does not
+    resolve, once printed a traceback: Hypercorn's OSError arrived wrapped in Trio's
+    exception groups, past the command's `except OSError`."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+
+    db, _ = marks_log
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["ui", "--db", str(db), "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    unknown = CliRunner().invoke(cli, ["ui", "--db", str(db), "--host", "no-such-host.invalid"])
+    assert unknown.exit_code == 2, unknown.output
+    assert unknown.output.startswith("error: cannot listen on no-such-host.invalid:8765: ")
+    assert len(unknown.output.splitlines()) == 1
+
+
+def test_a_damaged_tree_never_takes_the_list_down(marks_log: tuple[Path, str]) -> None:
+    """`fanfold ui`'s list once answered 500 for the whole database when one tree's
+    snapshot was damaged (its tokens and cost come from it): no tree could be opened.
+    Now the damaged tree's row has no tokens or cost, and the others are as before."""
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+    from fanfold.cli.ui_command import tree_summaries
+
+    db, damaged = marks_log
+    script = db.parent / "script.json"
+    second = CliRunner().invoke(
+        cli, ["run", "--no-live", "--db", str(db), "--script", str(script), "again"]
+    )
+    assert second.exit_code == 0, second.output
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "UPDATE conversations SET snapshot_json = '{bad' WHERE id = ?", (damaged,)
+        )
+    connection.close()
+    with Store.open(db, read_only=True) as store:
+        rows = {row["id"]: row for row in tree_summaries(store)}
+    assert len(rows) == 2
+    assert (rows[damaged]["tokens"], rows[damaged]["cost"]) == (None, None)
+    (other,) = [row for key, row in rows.items() if key != damaged]
+    assert isinstance(other["tokens"], int)

@@ -27,6 +27,7 @@ with the file's path and the line it is at; a file with one is left out, never f
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable
 from typing import Any, NewType
 
@@ -74,12 +75,13 @@ class AgentProblem:
     """Something wrong (or, with ``warning``, doubtful) in a definition file."""
 
     path: str
-    line: int
+    line: int  # 0: the whole file (it cannot be read, it is too large...)
     message: str
     warning: bool = False
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+        where = f"{self.path}:{self.line}" if self.line > 0 else self.path
+        return f"{where}: {self.message}"
 
 
 @attrs.frozen
@@ -106,10 +108,20 @@ class _Invalid(ValueError):
     pass
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = 100
+_REPR.maxother = 100
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr, bounded however large or deep it is."""
+    return _REPR.repr(value)
+
+
 def _strict(expected: str, accepts: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
     def hook(value: Any, _: Any) -> Any:
         if not accepts(value):
-            raise _Invalid(f"expected {expected}, got {value!r}"[:200])
+            raise _Invalid(f"expected {expected}, got {_shown(value)}"[:200])
         return value
 
     return hook
@@ -134,7 +146,7 @@ def _converter() -> cattrs.Converter:
             or not isinstance(value, int | float)
             or not (0 < value < math.inf)
         ):
-            raise _Invalid(f"expected a number of seconds > 0, got {value!r}"[:200])
+            raise _Invalid(f"expected a number of seconds > 0, got {_shown(value)}"[:200])
         return float(value)
 
     hook(Seconds, seconds)
@@ -147,8 +159,8 @@ def _converter() -> cattrs.Converter:
     hook(Names, names)
 
     def prompt_mode(value: Any, _: Any) -> PromptMode:
-        if value not in {m.value for m in PromptMode}:
-            raise _Invalid(f"expected 'extend' or 'replace', got {value!r}"[:200])
+        if not isinstance(value, str) or value not in {m.value for m in PromptMode}:
+            raise _Invalid(f"expected 'extend' or 'replace', got {_shown(value)}"[:200])
         return PromptMode(value)
 
     hook(PromptMode, prompt_mode)
@@ -169,15 +181,30 @@ def _split_front_matter(text: str) -> tuple[str, str, int] | str:
     return "the front matter is not closed by a line '---'"
 
 
-def _key_lines(front: str, first_line: int) -> dict[str, int]:
-    """The line of each top-level key (composed, nothing constructed)."""
+def _alias_line(front: str, first_line: int) -> int | None:
+    """The line of the front matter's first YAML alias (``*name``), if any."""
+    for event in yaml.parse(front, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            mark = event.start_mark
+            line: int = first_line + (mark.line if mark is not None else 0)
+            return line
+    return None
+
+
+def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """The line of each top-level key (composed, nothing constructed), and each key
+    given again with the line where it is (YAML would keep the last silently)."""
     node = yaml.compose(front, Loader=yaml.SafeLoader)
     lines: dict[str, int] = {}
+    again: list[tuple[str, int]] = []
     if isinstance(node, yaml.MappingNode):
         for key, _value in node.value:
             if isinstance(key, yaml.ScalarNode):
-                lines.setdefault(str(key.value), key.start_mark.line + first_line)
-    return lines
+                line = key.start_mark.line + first_line
+                if str(key.value) in lines:
+                    again.append((str(key.value), line))
+                lines.setdefault(str(key.value), line)
+    return lines, again
 
 
 def parse_definition(
@@ -190,8 +217,13 @@ def parse_definition(
         return None, (AgentProblem(path, 1, split),)
     front, body, first = split
     try:
+        alias = _alias_line(front, first)
+        if alias is not None:
+            # An alias is a reference: nine of nine of nine... make gigabytes (the
+            # "billion laughs"). An agent file has no use for them.
+            return None, (AgentProblem(path, alias, "YAML aliases (*name) are not allowed"),)
         data = yaml.safe_load(front)
-        lines = _key_lines(front, first)
+        lines, again = _key_lines(front, first)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = first + mark.line if mark is not None else first
@@ -210,6 +242,12 @@ def parse_definition(
         return None, (AgentProblem(path, first, f"YAML: {exc}"),)
     if not isinstance(data, dict):
         return None, (AgentProblem(path, first, "the front matter must be a mapping of keys"),)
+    if again:
+        # `tools: read-only` then `tools: bash` would give the agent bash: refused.
+        return None, tuple(
+            AgentProblem(path, line, f"{key!r} is given twice (first on line {lines[key]})")
+            for key, line in again
+        )
     problems: list[AgentProblem] = []
     values: dict[str, Any] = {}
     for raw_key, value in data.items():
@@ -224,6 +262,8 @@ def parse_definition(
             value = _split_tools(value)
         if key == "model" and isinstance(value, str) and value.strip().lower() == "inherit":
             value = None
+        if key in values:  # both spellings: disallowed_tools and disallowedTools
+            problems.append(AgentProblem(path, line, f"{raw_key!r} gives {key!r} again"))
         values[key] = value
     for required in ("name", "description"):
         if required not in values:
@@ -313,6 +353,16 @@ def _definition(
         )
     if any(not p.warning for p in problems):
         return None, problems
+    if matter.prompt_mode is PromptMode.REPLACE and not body.strip():
+        problems.append(
+            AgentProblem(
+                path,
+                at("prompt_mode"),
+                "prompt_mode replace with no body below the front matter: the agent gets "
+                "no system prompt (not even the role that tells it to call submit_result)",
+                warning=True,
+            )
+        )
     prompt = body.strip("\n")
     return (
         AgentDefinition(

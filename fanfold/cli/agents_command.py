@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from fanfold.agents import AgentCatalog, AgentDefinition, agent_folders, load_agents
 from fanfold.cli.display import printable, short
 from fanfold.cli.errors import CliError
 from fanfold.cli.output import console, hint
+from fanfold.statemachine.agent_defs import ContextMode
 
 
 @click.command(name="agents")
@@ -53,11 +54,20 @@ def _rules(rules: tuple[Any, ...]) -> str:
 
 
 def _print(catalog: AgentCatalog, cwd: Path) -> None:
-    table = Table("name", "source", "tools", "description")
+    # Name, source and rules are folded, never cut: a path or a rule cut to
+    # ".fanfold/agents/…" or "write_file(docs/…" says neither where nor what.
+    table = Table(
+        Column("name", overflow="fold"),
+        Column("source", overflow="fold"),
+        Column("tools", overflow="fold"),
+        "description",
+    )
     for agent in catalog.agents:
         extras = []
         if agent.model:
             extras.append(f"model {agent.model}")
+        if agent.context != ContextMode.TASK_ONLY:
+            extras.append(f"context {agent.context}")
         if not agent.may_delegate:
             extras.append("no delegation")
         tools = _tools(agent) + (f" ({', '.join(extras)})" if extras else "")
@@ -90,6 +100,7 @@ def _as_json(catalog: AgentCatalog, cwd: Path) -> dict[str, Any]:
             "max_rounds": a.max_rounds,
             "max_tokens": a.max_tokens,
             "timeout": a.timeout,
+            "context": str(a.context),
             "may_delegate": a.may_delegate,
             "prompt_mode": str(a.prompt_mode),
         }

@@ -47,3 +47,31 @@ def open_store(db: Path | None, *, must_exist: bool = True, read_only: bool = Fa
     if not must_exist:
         path.parent.mkdir(parents=True, exist_ok=True)
     return Store.open(path)
+
+
+LOG_COMPANIONS = ("", "-wal", "-shm", "-journal", "-runtimes")
+"""Suffixes of the database's own files (SQLite's and the runtimes' lock file)."""
+
+
+def refuse_writing_over_the_log(output: Path, db: Path | None) -> None:
+    """A CliError if ``output`` is the database file or one of its companions: a
+    slip of ``-o`` (``fanfold trace ID -o fanfold.db``) would replace the log."""
+    path = db or default_db()
+    try:
+        target = output.resolve()
+        base = path.resolve()
+    except (OSError, RuntimeError):  # a symbolic link loop: it is no database either
+        return
+    for suffix in LOG_COMPANIONS:
+        own = base.with_name(base.name + suffix)
+        same = target == own
+        if not same and output.exists() and own.exists():
+            try:
+                same = os.path.samefile(output, own)  # a hard link
+            except OSError:
+                same = False
+        if same:
+            what = f"the event log {path}" + (f"'s {suffix[1:]} file" if suffix else "")
+            raise CliError(
+                f"-o {output} is {what}; writing there would destroy the log: choose another file"
+            )

@@ -29,6 +29,7 @@ from fanfold.statemachine import (
     ScheduleRetry,
     ToolExecuting,
 )
+from fanfold.statemachine.delegation import own_messages
 
 
 @attrs.define
@@ -271,7 +272,10 @@ class TreeView:
 
 
 def tool_call_count(state: Conversation) -> int:
-    return sum(len(m.tool_calls) for m in state.history if isinstance(m, AssistantMessage))
+    """The tool calls ``state`` made (not those of the parent's conversation a
+    sub-agent of context mode ``full`` was given)."""
+    own = own_messages(state.history, state.task, state.is_sub_agent)
+    return sum(len(m.tool_calls) for m in own if isinstance(m, AssistantMessage))
 
 
 CUT_OFF_NOTE = (

@@ -68,18 +68,22 @@ def user_errors(db: Path | None = None) -> Iterator[None]:
     except USER_ERRORS as exc:
         raise CliError(str(exc)) from None
     except sqlite3.DatabaseError as exc:
-        raise CliError(_sqlite_message(exc, db)) from None
+        raise CliError(sqlite_message(exc, db)) from None
     except BaseExceptionGroup as group:
         leaves = _leaves(group)
         if leaves and all(isinstance(leaf, USER_ERRORS) for leaf in leaves):
             raise CliError(str(leaves[0])) from None
         if leaves and all(isinstance(leaf, sqlite3.DatabaseError) for leaf in leaves):
-            raise CliError(_sqlite_message(leaves[0], db)) from None
+            raise CliError(sqlite_message(leaves[0], db)) from None
         raise
 
 
-def _sqlite_message(exc: BaseException, db: Path | None = None) -> str:
+def sqlite_message(exc: BaseException, db: Path | None = None) -> str:
+    """One line for an error SQLite raised reading or writing the log ``db``."""
     where = f" {db}" if db is not None else ""
+    if str(exc).startswith(("no such table", "no such column")):
+        # A table or column fanfold made is gone: the file was changed by hand.
+        return f"the event log{where} is damaged: {exc} (not fanfold's tables any more)"
     if not isinstance(exc, sqlite3.OperationalError):
         # The file itself is damaged (a flipped byte, a truncated copy): SQLite says
         # "database disk image is malformed" or "file is not a database".

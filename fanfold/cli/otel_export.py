@@ -44,9 +44,11 @@ def export_otlp(
         from fanfold.otel import ExportFailed, send_otlp, traces_url, tree_spans
     except ImportError:
         raise CliError("--format otlp needs the otel extra: pip install 'fanfold[otel]'") from None
-    target = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT
+    from_env = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    target = endpoint or from_env or DEFAULT_ENDPOINT
     if not target.startswith(("http://", "https://")):
-        raise CliError(f"--endpoint must be an http:// or https:// URL, not {target!r}")
+        where = "--endpoint" if endpoint else "$OTEL_EXPORTER_OTLP_ENDPOINT"
+        raise CliError(f"{where} must be an http:// or https:// URL, not {target!r}")
     spans = tree_spans(store, conversation_id, capture_content=capture_content)
     try:
         send_otlp(spans, target)

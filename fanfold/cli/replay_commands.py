@@ -23,9 +23,9 @@ from rich.highlighter import JSONHighlighter
 from rich.text import Text
 
 from fanfold import replay
-from fanfold.cli.database import db_option, open_store
+from fanfold.cli.database import db_option, open_store, refuse_writing_over_the_log
 from fanfold.cli.display import SHOWN_CHARS, clip, json_printable, printable, write_text
-from fanfold.cli.errors import CliError
+from fanfold.cli.errors import CliError, sqlite_message
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
 from fanfold.cli.output import console, err_console, hint
 from fanfold.db import DatabaseError, Store
@@ -52,7 +52,7 @@ def _errors() -> Iterator[None]:
     except sqlite3.Error as exc:
         # SQLite quotes the whole unreadable value ("Could not decode to UTF-8 column
         # 'payload' with text '...'"): a damaged row, named in a line of bounded length.
-        raise OneLineError(_one_line(str(exc), limit=300)) from None
+        raise OneLineError(_one_line(sqlite_message(exc), limit=300)) from None
     except (
         replay.ReplayFailure,
         DatabaseError,
@@ -288,6 +288,8 @@ def export_command(
         with _errors(), open_store(db, read_only=True) as store:
             export_otlp(store, conversation_id, endpoint, capture_content)
         return
+    if output is not None and str(output) != "-":
+        refuse_writing_over_the_log(output, db)
     with _errors(), open_store(db, read_only=True) as store:
         if output is None or str(output) == "-":
             try:

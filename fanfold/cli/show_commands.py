@@ -222,7 +222,7 @@ class ShowNode:
             f' {kind} {printable(state.id)}: "{short(self.task)}" ',
             (
                 f"({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
-                f"{state.limits.max_rounds}, {tool_call_count(state)} tool calls, "
+                f"{state.limits.max_rounds}, {_count(tool_call_count(state), 'tool call')}, "
                 f"{_tokens(state)}"
                 + (f", {_money(self.cost)}" if self.cost is not None else "")
                 + ")",
@@ -350,3 +350,8 @@ def _money(amount: float) -> str:
 def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:
     for node in nodes:
         _add_nodes(tree.add(node.label()), node.children)
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 tool call``, ``2 tool calls``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from fanfold.cli.database import db_option, open_store
+from fanfold.cli.database import db_option, open_store, refuse_writing_over_the_log
 from fanfold.cli.display import printable
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console
@@ -39,6 +39,8 @@ def trace_command(conversation_id: str, output: Path | None, db: Path | None) ->
     of the replay, and the first divergence of a log that fails `replay --verify`.
     Open it in any browser; it loads nothing from anywhere.
     """
+    if output is not None and str(output) != "-":
+        refuse_writing_over_the_log(output, db)
     with user_errors(db):
         store = open_store(db, read_only=True)
         try:

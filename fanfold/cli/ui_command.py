@@ -13,7 +13,7 @@ from fanfold.cli.database import db_option, db_path
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console
 from fanfold.cli.show_commands import _show_node, _trusted_config
-from fanfold.db import Store
+from fanfold.db import DatabaseError, Store
 from fanfold.trace.server import TraceServer, default_summaries, finite
 
 
@@ -22,7 +22,12 @@ def tree_summaries(store: Store) -> list[dict[str, Any]]:
     them (cost only for the user's own trees whose recorded profiles have prices)."""
     rows = default_summaries(store)
     for row in rows:
-        node = _show_node(store, row["id"], _trusted_config(store, row["id"]))
+        try:
+            node = _show_node(store, row["id"], _trusted_config(store, row["id"]))
+        except DatabaseError:
+            # A damaged tree (its trace page says where) keeps its row without tokens
+            # and cost, and never takes the list of the other trees down with it.
+            continue
         row["tokens"] = node.state.tokens_spent
         row["cost"] = finite(node.tree_cost())
     return rows
@@ -82,5 +87,21 @@ def ui_command(host: str, port: int, poll: float, db: Path | None) -> None:
 
     try:
         trio.run(main)
-    except OSError as exc:
-        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except (OSError, BaseExceptionGroup) as exc:
+        # Hypercorn's bind fails inside nested nurseries: the OSError (a port in use,
+        # an unknown host) arrives wrapped in exception groups.
+        failed = _os_error(exc)
+        if failed is None:
+            raise
+        raise CliError(f"cannot listen on {host}:{port}: {failed.strerror or failed}") from None
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """``exc`` if it is an OSError, or the first of a group made only of OSErrors."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [_os_error(inner) for inner in exc.exceptions]
+        if leaves and all(leaf is not None for leaf in leaves):
+            return leaves[0]
+    return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,18 +59,67 @@ def traces_url(endpoint: str) -> str:
 
 
 def send_otlp(spans: Sequence[ReadableSpan], endpoint: str, *, timeout: float = 10.0) -> None:
-    """Send ``spans`` to an OTLP/HTTP (protobuf) endpoint; raises ExportFailed."""
+    """Send ``spans`` to an OTLP/HTTP (protobuf) endpoint; raises ExportFailed, whose
+    message ends with the exporter's last complaint (``Connection refused``,
+    ``HTTP 404 Not Found``). The exporter's own log lines (one per retry, with a
+    repr of the whole exception) are kept from the console while it runs."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     exporter = OTLPSpanExporter(endpoint=traces_url(endpoint), timeout=timeout)
-    try:
-        for start in range(0, len(spans), BATCH):
-            result = exporter.export(spans[start : start + BATCH])
-            if result is not SpanExportResult.SUCCESS:
-                raise ExportFailed(
-                    f"the OTLP endpoint {traces_url(endpoint)} did not take the spans "
-                    f"({start} of {len(spans)} sent)"
-                )
-    finally:
-        closing: Any = exporter  # its shutdown() is untyped
-        closing.shutdown()
+    with _ExporterLog() as complaints:
+        try:
+            for start in range(0, len(spans), BATCH):
+                result = exporter.export(spans[start : start + BATCH])
+                if result is not SpanExportResult.SUCCESS:
+                    why = f": {complaints.reason}" if complaints.reason else ""
+                    raise ExportFailed(
+                        f"the OTLP endpoint {traces_url(endpoint)} did not take the spans "
+                        f"({start} of {len(spans)} sent){why}"
+                    )
+        finally:
+            closing: Any = exporter  # its shutdown() is untyped
+            closing.shutdown()
+
+
+_EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\"()\]]+)")
+
+
+class _ExporterLog(logging.Handler):
+    """Takes the OTLP exporter's log records while it is installed (``with``): they
+    do not propagate to the console, and ``reason`` is a short form of the last."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reason = ""
+        self._logger = logging.getLogger(_EXPORTER_LOGGER)
+        self._propagate = self._logger.propagate
+
+    def __enter__(self) -> _ExporterLog:
+        self._logger.addHandler(self)
+        self._logger.propagate = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.propagate = self._propagate
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < logging.WARNING:
+            return
+        args = record.args if isinstance(record.args, tuple) else ()
+        message = str(record.msg)  # a logger may be given any object, not only text
+        if message.startswith("Failed to export %s batch code:") and len(args) == 3:
+            code, reason = args[1], args[2]
+            if code is not None:
+                self.reason = f"HTTP {code} {reason}".strip()
+                return
+            args = (reason,)
+        elif message.startswith("Transient error %s") and args:
+            args = (args[0],)
+        else:  # "... due to timeout, max retries or shutdown": the last transient error's
+            args = ()
+        if args:
+            text = " ".join(str(args[0]).split())
+            found = _ERRNO.search(text)
+            self.reason = found.group(1).strip() if found else text[:200]

@@ -14,8 +14,9 @@ A script is JSON (a file or a dict)::
 A conversation uses the first entry whose ``match`` fits all given keys: ``path`` (its
 place in the tree: "root", "root/1", "root/1/2"; shell-style wildcards allowed),
 ``task`` (a wildcard over its task text) and ``depth``. Its n-th model round gets the
-n-th reply, where n counts the assistant messages already in the request, so replies
-stay the same after a restart. A reply is (every key optional)::
+n-th reply, where n counts the assistant messages already in the request (a sub-agent's
+own, from its task on: not those of the parent's conversation ``context: full`` gives
+it), so replies stay the same after a restart. A reply is (every key optional)::
 
     {"text": "...",
      "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}],
@@ -59,6 +60,7 @@ from fanfold.providers.base import CallContext, ProviderError
 from fanfold.providers.script_schema import Agent, Reply, Script, ScriptError, load_script
 from fanfold.statemachine import (
     AssistantMessage,
+    Message,
     ModelError,
     ModelReply,
     ModelRequest,
@@ -67,6 +69,7 @@ from fanfold.statemachine import (
     Usage,
     canonical_json,
 )
+from fanfold.statemachine.delegation import own_messages
 
 __all__ = ["ScriptError", "ScriptedProvider"]
 
@@ -136,8 +139,9 @@ class ScriptedProvider:
         return found
 
     async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
+        own = own_messages(request.messages, context.task, context.depth > 0)
         step = 0
-        for message in request.messages:
+        for message in own:
             if isinstance(message, AssistantMessage):
                 step += 1
         entry = self._entry_for(context)
@@ -156,7 +160,7 @@ class ScriptedProvider:
         built = entry.built[step]
         if built is not None:
             return built
-        values = {"last_tool_result": _last_tool_result(request), "task": context.task or ""}
+        values = {"last_tool_result": _last_tool_result(own), "task": context.task or ""}
         return _build(reply, step, values)
 
 
@@ -262,8 +266,8 @@ def _has_placeholders(value: Any) -> bool:
     return False
 
 
-def _last_tool_result(request: ModelRequest) -> str:
-    for message in reversed(request.messages):
+def _last_tool_result(messages: tuple[Message, ...]) -> str:
+    for message in reversed(messages):
         if isinstance(message, ToolResultMessage):
             return message.result.content[:RESULT_CAP]
     return ""

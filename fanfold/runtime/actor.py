@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import os
 import time
 import traceback
 import urllib.parse
@@ -61,9 +62,11 @@ from fanfold.statemachine import (
     ToolFinished,
     ToolResult,
     TurnFinished,
+    canonical_json,
     model_request,
     transition,
 )
+from fanfold.statemachine.permissions import PATH_TOOLS, refusal
 from fanfold.statemachine.phases import Completed, Error, Failed
 
 if TYPE_CHECKING:
@@ -601,6 +604,9 @@ class Actor:
         outside = self.runtime.tool_cwd_problem(self.state, effect.cwd)
         if outside is not None:
             return ToolFinished(effect.call, ToolResult(call.id, call.name, outside, True))
+        linked = _refused_through_a_link(self.state, call, effect.cwd)
+        if linked is not None:
+            return ToolFinished(effect.call, ToolResult(call.id, call.name, linked, True))
         started = time.perf_counter()
         outcome = "ok"
         try:
@@ -715,3 +721,34 @@ def _redact_reply(reply: ModelReply, redact: Callable[[str], str]) -> ModelReply
 
 def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _refused_through_a_link(state: Conversation, call: ToolCall, cwd: str) -> str | None:
+    """Why a file tool's call, permitted by its path as spelled, is refused by the
+    path its symbolic links lead to (None: permitted, or no link on the way).
+
+    The reducer matches path rules on the spelling alone (it does no I/O), so
+    ``write_file(docs/**)`` permits ``docs/link/x.py``; if ``docs/link`` is a link to
+    ``../src``, the file written is ``src/x.py``, which the rule does not permit.
+    """
+    if state.permissions is None or call.name not in PATH_TOOLS:
+        return None
+    try:
+        arguments = call.arguments()
+    except ValueError:
+        return None
+    path = arguments.get("path") if isinstance(arguments, dict) else None
+    if not isinstance(path, str) or not path or "\x00" in path:
+        return None
+    spelled = os.path.normpath(os.path.join(cwd, path))
+    real_cwd = os.path.realpath(cwd)
+    real = os.path.realpath(spelled)
+    if os.path.relpath(real, real_cwd) == os.path.relpath(spelled, cwd):
+        return None
+    # The real path, spelled from the working directory as the reducer spells it.
+    through = os.path.relpath(real, real_cwd)
+    resolved = attrs.evolve(call, arguments_json=canonical_json({**arguments, "path": through}))
+    why = refusal(state.permissions, resolved, state.cwd)
+    if why is None:
+        return None
+    return f"{call.name} {why}: {path!r} leads to {through!r} through a symbolic link"

@@ -21,7 +21,7 @@ import attrs
 
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
 from fanfold.statemachine.limits import Limits
-from fanfold.statemachine.messages import AssistantMessage, Message, ToolSpec
+from fanfold.statemachine.messages import AssistantMessage, Message, ToolSpec, UserMessage
 from fanfold.statemachine.permissions import Permissions, allows_tool, restrict
 
 
@@ -36,6 +36,22 @@ def parent_context(history: tuple[Message, ...]) -> tuple[Message, ...]:
         if isinstance(message, AssistantMessage):
             before = history[:index]
             return (*before, AssistantMessage(message.text)) if message.text.strip() else before
+    return history
+
+
+def own_messages(
+    history: tuple[Message, ...], task: str | None, is_sub_agent: bool
+) -> tuple[Message, ...]:
+    """A conversation's own messages: a sub-agent's from its task on (one of context
+    mode ``full`` is first given its parent's conversation, whose replies and tool
+    calls are not its own). After its task a sub-agent gets no user message but the
+    grace prompt, so its task is the last user message holding that text."""
+    if not is_sub_agent or task is None:
+        return history
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        if isinstance(message, UserMessage) and message.text == task:
+            return history[index:]
     return history
 
 

@@ -257,7 +257,8 @@ def path_matches(pattern: str, path: str, cwd: str, base: str) -> bool:
 
     A pattern starting with ``/`` is matched against the absolute path; any other is
     relative to ``base`` and matches nothing outside it. Lexical only: symbolic links
-    are the runtime's to judge (it refuses any path outside the project).
+    are the runtime's to judge (it refuses any path outside the project, and a call
+    whose path, its links resolved, these rules refuse).
     """
     full = _join(cwd, path)
     if pattern.startswith("/"):

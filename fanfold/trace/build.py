@@ -415,6 +415,9 @@ def _agent(
             "subtree": state.tokens_spent if state is not None else 0,
         },
         "rounds": state.rounds if state is not None else 0,
+        # The agent definition it was spawned as, and the calls its permissions refused.
+        "agent": state.agent if state is not None else None,
+        "refused_calls": state.refused_calls if state is not None else 0,
         "marks": sorted(_marks(steps, end), key=lambda m: (m["t0"], m["t1"])),
         "messages": _messages(state),
         "child_outcomes": child_outcomes,

@@ -322,7 +322,9 @@
       el("div", { class: "kv", text: "depth " + a.depth + " · " + a.rounds + " model round(s) · " +
         "lifetime " + secs(a.end - a.start) + " · tokens " + a.tokens.input + " in / " +
         a.tokens.output + " out" + (a.tokens.cached ? " (" + a.tokens.cached + " cached)" : "") +
-        " · subtree " + a.tokens.subtree + (a.model ? " · model " + a.model : "") }),
+        " · subtree " + a.tokens.subtree + (a.model ? " · model " + a.model : "") +
+        (a.agent ? " · agent " + a.agent : "") +
+        (a.refused_calls ? " · " + a.refused_calls + " tool call(s) refused by its permissions" : "") }),
       a.parent !== null ? el("div", {}, "parent: ", agentLink(a.parent)) : null,
       el("h3", { text: "Outcome" }), outcomeNode(a.outcome),
       el("h3", { text: "Task" }), folded(a.task),
