@@ -127,6 +127,9 @@ def test_mode_arguments_are_checked() -> None:
         ({"quorum": 0}, "'quorum' must be an integer >= 1"),
         ({"quorum": 3}, "'quorum' 3 is more than the 2 task(s) of the call"),
         ({"mode": "sequential", "quorum": 1}, "'quorum' goes with mode race"),
+        # An explicit parallel with a quorum is two requests at once (a quorum alone is
+        # a race): refused, not silently run as a race.
+        ({"mode": "parallel", "quorum": 1}, "'quorum' goes with mode race"),
         ({"keep_going": True}, "'keep_going' goes with mode sequential"),
         ({"mode": "sequential", "keep_going": "yes"}, "'keep_going' must be true or false"),
     ]

@@ -248,6 +248,63 @@ def test_show_gives_a_failed_childs_typed_kind_apart_from_its_text(tmp_path: Pat
     assert "timed_out (cancelled by timeout) → " in shown
 
 
+def test_show_lists_the_tasks_a_failed_sequence_never_ran(tmp_path: Path) -> None:
+    """Issue 12: a sequential call whose first step fails records the rest as
+    not_run; they have no conversation, and show lists them under their parent (text
+    and JSON) rather than leaving them out."""
+    script = _write(
+        tmp_path / "seq.json",
+        {
+            "latency": 0,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "name": "spawn_agents",
+                                    "arguments": {
+                                        "mode": "sequential",
+                                        "tasks": [
+                                            {"task": "plan the work"},
+                                            {"task": "build <b>it</b>"},
+                                            {"task": "test it"},
+                                        ],
+                                    },
+                                }
+                            ]
+                        },
+                        {"text": "stopped"},
+                    ],
+                },
+                {
+                    "match": {"path": "root/1"},
+                    "replies": [
+                        {"tool_calls": [{"name": "submit_error", "arguments": {"error": "no"}}]}
+                    ],
+                },
+            ],
+        },
+    )
+    db = str(tmp_path / "seq.db")
+    runner = CliRunner()
+    _invoke(runner, "run", "--no-live", "--db", db, "--script", str(script), "go")
+    with Store.open(Path(db)) as store:
+        (root,) = store.list_roots()
+    tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
+    assert [c["id"] for c in tree["children"]] == [f"{root.id}.1"]
+    assert [(n["id"], n["task"]) for n in tree["not_run"]] == [
+        (f"{root.id}.2", "build <b>it</b>"),
+        (f"{root.id}.3", "test it"),
+    ]
+    assert all(n["error"] for n in tree["not_run"])
+    assert tree["children"][0]["not_run"] == []
+    shown = _invoke(runner, "show", root.id, "--db", db).output
+    assert f'not run {root.id}.2: "build <b>it</b>"' in shown
+    assert f'not run {root.id}.3: "test it"' in shown
+
+
 # ------------------------------------------------------------------ long texts
 
 

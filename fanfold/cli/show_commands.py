@@ -34,6 +34,7 @@ from fanfold.statemachine import (
     Completed,
     Conversation,
     Error,
+    ErrorKind,
     Failed,
     Idle,
     ToolCall,
@@ -104,6 +105,7 @@ def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> No
         return
     tree = Tree(node.label(), highlight=False)
     _add_nodes(tree, node.children)
+    _add_not_run(tree, node)
     console.print(tree)
     total = node.tree_cost()
     if total is not None:
@@ -111,6 +113,15 @@ def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> No
     if isinstance(node.state.phase, Idle) and node.outcome():
         console.rule("answer")
         write_text(console, clip(node.outcome(), full=full))
+
+
+@attrs.frozen
+class NotRun:
+    """A task of a sequential ``spawn_agents`` call that was never started."""
+
+    id: str
+    task: str
+    error: str
 
 
 @attrs.frozen
@@ -125,6 +136,9 @@ class ShowNode:
     children: tuple[ShowNode, ...]
     cost: float | None = None
     mode: str | None = None  # the execution mode of the spawn_agents call that made it
+    # Tasks of a sequential call it made that never ran (a step before them failed):
+    # they have no conversation, only an entry in the call's fan-in result.
+    not_run: tuple[NotRun, ...] = ()
 
     @property
     def context(self) -> str | None:
@@ -205,6 +219,7 @@ class ShowNode:
             "tools": [t.name for t in state.tools],
             "refused_calls": state.refused_calls,
             "children": [c.to_json() for c in self.children],
+            "not_run": [attrs.asdict(n) for n in self.not_run],
         }
 
     def label(self) -> Text:
@@ -276,6 +291,8 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
         if prices is not None:
             cost = prices.cost(state.usage_input, state.usage_cached, state.usage_output)
     modes = delegation_modes(state)
+    stored = store.children(conversation_id)
+    started = {c.id for c in stored}
     return ShowNode(
         # The state's task is the exact text; the row's is a copy made storable.
         state=state,
@@ -284,10 +301,34 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
         duration=round(row.updated_at - row.created_at, 2),
         children=tuple(
             attrs.evolve(_show_node(store, c.id, config), mode=modes.get(c.id))
-            for c in sorted(store.children(conversation_id), key=lambda c: spawn_order(c.id))
+            for c in sorted(stored, key=lambda c: spawn_order(c.id))
         ),
         cost=cost,
+        not_run=tuple(n for n in never_run(state) if n.id not in started),
     )
+
+
+def never_run(state: Conversation) -> list[NotRun]:
+    """The tasks its spawn_agents calls recorded as ``not_run`` (a sequential call
+    stopped by a failure), from their fan-in results in the history."""
+    found = []
+    for message in state.history:
+        if not (isinstance(message, ToolResultMessage) and message.result.name == "spawn_agents"):
+            continue
+        try:
+            entries = json.loads(message.result.content).get("sub_agent_results", [])
+        except (ValueError, AttributeError):
+            continue
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and entry.get("error_kind") == ErrorKind.NOT_RUN.value:
+                found.append(
+                    NotRun(
+                        str(entry.get("agent_id")),
+                        str(entry.get("task", "")),
+                        str(entry.get("error", "")),
+                    )
+                )
+    return found
 
 
 def delegation_modes(state: Conversation) -> dict[str, str]:
@@ -349,7 +390,21 @@ def _money(amount: float) -> str:
 
 def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:
     for node in nodes:
-        _add_nodes(tree.add(node.label()), node.children)
+        branch = tree.add(node.label())
+        _add_nodes(branch, node.children)
+        _add_not_run(branch, node)
+
+
+def _add_not_run(tree: Tree, node: ShowNode) -> None:
+    for task in node.not_run:
+        # Model text (the task, the error): plain Text, printable only.
+        tree.add(
+            Text.assemble(
+                ("∅", "dim"),
+                f' not run {printable(task.id)}: "{short(task.task)}" ',
+                (f"({short(task.error, 120)})", "dim"),
+            )
+        )
 
 
 def _count(number: int, noun: str) -> str:

@@ -38,7 +38,8 @@ MODE_KEYS = ("mode", "quorum", "keep_going")
 def parse_mode(arguments: dict[str, object], tasks: int) -> SpawnMode | str | None:
     """The mode of a ``spawn_agents`` call with ``tasks`` tasks: None for parallel,
     or the error message for the call."""
-    mode = arguments.get("mode", Mode.PARALLEL.value)
+    given = arguments.get("mode")
+    mode = Mode.PARALLEL.value if given is None else given
     if mode not in {m.value for m in Mode}:
         return "'mode' must be one of parallel, sequential, race"
     quorum = arguments.get("quorum")
@@ -48,9 +49,11 @@ def parse_mode(arguments: dict[str, object], tasks: int) -> SpawnMode | str | No
     if quorum is not None:
         if isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1:
             return "'quorum' must be an integer >= 1"
-        if mode == Mode.PARALLEL.value:
-            mode = Mode.RACE.value  # a quorum is a race
+        if given is None:
+            mode = Mode.RACE.value  # a quorum alone is a race
         elif mode != Mode.RACE.value:
+            # An explicit "parallel" (or "sequential") with a quorum asks for two
+            # things at once: refused, rather than silently run as a race.
             return "'quorum' goes with mode race"
         if quorum > tasks:
             return f"'quorum' {quorum} is more than the {tasks} task(s) of the call"
