@@ -761,7 +761,10 @@ def test_a_content_digest_hashes_stored_documents_without_their_schema_version()
     # current one (written by no fanfold), hashed as it is, so it matches nothing.
     as_object = encode_event(event)
     older = as_object.replace(f'"v":{SCHEMA_VERSION},', f'"v":{SCHEMA_VERSION - 1},', 1)
-    assert canonical_text(older, object_form=False) is None
+    # Schema 6 wrote the first format-5 fingerprints: a document older than that in a
+    # format-5 step was never written by a fanfold (a downgrade to dodge the check).
+    assert SCHEMA_VERSION - 1 < 6
+    assert canonical_text(older, object_form=False) == older
     assert canonical_text(as_object, object_form=False) == as_object
     digest = content_digest(compact, [("CallModel", stored)])
     assert digest is not None and len(digest) == 16
@@ -770,5 +773,13 @@ def test_a_content_digest_hashes_stored_documents_without_their_schema_version()
     assert content_digest(newer, [("CallModel", stored)]) == digest
     assert content_digest(compact, []) != digest
     assert content_digest(compact, [("CallModel", encode_effect_stored(CallModel(4, 3)))]) != digest
-    assert content_digest(older, [("CallModel", stored)]) is None
+    assert content_digest(older, [("CallModel", stored)]) not in (None, digest)
     assert content_digest(as_object, [("CallModel", stored)]) not in (None, digest)
+    # A newer fanfold (schema 7, say) reading a format-5 step of schema 6 imported in
+    # object form: not checkable, rather than a false divergence.
+    from unittest import mock
+
+    from fanfold.db import codec as codec_module
+
+    with mock.patch.object(codec_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1):
+        assert canonical_text(as_object, object_form=False) is None

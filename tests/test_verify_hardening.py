@@ -108,28 +108,36 @@ def test_a_tool_call_edited_in_its_event_and_its_effect_diverges_at_that_step(
         ),
     )
     edited_effect = attrs.evolve(effect, tool_call=edited_call)
-    path = tmp_path / "edited.db"
-    shutil.copyfile(original, path)
-    edit(
-        path,
-        (
-            "UPDATE events SET payload = ? WHERE conversation_id = ? AND seq = ?",
-            (codec.encode_event_compact(edited_event, {}), cid, seq),
-        ),
-        (
-            "UPDATE effects SET payload = ?"
-            " WHERE conversation_id = ? AND seq = ? AND type = 'RunTool'",
-            (codec.encode_effect_stored(edited_effect), cid, seq),
-        ),
+    as_stored = codec.encode_effect_stored(edited_effect)
+    # The same effect as an object document of an older schema: a form no fanfold
+    # that writes this fingerprint format stores, which must not escape the check.
+    downgraded = codec.encode_effect(edited_effect).replace(
+        f'{{"v":{codec.SCHEMA_VERSION},', '{"v":5,', 1
     )
-    with Store.open(path) as store:
-        report = replay.verify(store, cid)
-    divergence = report.first_divergence
-    assert divergence is not None
-    assert (divergence.conversation_id, divergence.seq) == (cid, seq)
-    assert divergence.effects_match  # the edit is consistent: only the digest shows it
-    assert not divergence.fingerprint_matches
-    assert "content digest" in divergence.diff()
+    assert codec.decode_effect(downgraded) == edited_effect
+    for name, effect_text in (("edited", as_stored), ("downgraded", downgraded)):
+        path = tmp_path / f"{name}.db"
+        shutil.copyfile(original, path)
+        edit(
+            path,
+            (
+                "UPDATE events SET payload = ? WHERE conversation_id = ? AND seq = ?",
+                (codec.encode_event_compact(edited_event, {}), cid, seq),
+            ),
+            (
+                "UPDATE effects SET payload = ?"
+                " WHERE conversation_id = ? AND seq = ? AND type = 'RunTool'",
+                (effect_text, cid, seq),
+            ),
+        )
+        with Store.open(path) as store:
+            report = replay.verify(store, cid)
+        divergence = report.first_divergence
+        assert divergence is not None, name
+        assert (divergence.conversation_id, divergence.seq) == (cid, seq), name
+        assert divergence.effects_match, name  # a consistent edit: only the digest shows
+        assert not divergence.fingerprint_matches, name
+        assert "content digest" in divergence.diff(), name
     with Store.open(original) as store:
         assert replay.verify(store, cid).ok
 

@@ -90,6 +90,7 @@ from fanfold.statemachine import (
 )
 
 _DIGEST_SIZE = 8  # bytes: a 64-bit digest, 16 hex characters
+_FORMAT_5_SINCE = 6  # the log schema that first wrote version-5 fingerprints
 _EMPTY = b"\0" * _DIGEST_SIZE
 _CACHE_LIMIT = 4096  # conversations whose history chain is kept
 
@@ -135,11 +136,11 @@ def canonical_text(stored: str, *, object_form: bool) -> str | None:
     stores the value's compact form again, the same text. An object document of a type
     kept as one is the value's ``encode_unversioned`` text, which a later schema does
     not change (its new fields are written only away from their defaults). An object
-    document of any other type is either an import of an *older* schema's export, whose
-    compact text at that schema cannot be rebuilt here (None: not checkable), or, of
-    the current schema, a text neither ``append`` nor import writes: hashed as it is,
-    so it differs from any recorded digest (an effect rewritten in object form does not
-    escape the check)."""
+    document of any other type is either an import of an *older* schema's export (one
+    that wrote format 5 already), whose compact text at that schema cannot be rebuilt
+    here (None: not checkable), or a text neither ``append`` nor import writes: hashed
+    as it is, so it differs from any recorded digest (an effect rewritten in object
+    form, or given an older version, does not escape the check)."""
     if stored.startswith("["):
         comma = stored.find(",")
         return "[" + stored[comma + 1 :] if comma > 0 else stored
@@ -147,10 +148,13 @@ def canonical_text(stored: str, *, object_form: bool) -> str | None:
         comma = stored.find(",")
         return "{" + stored[comma + 1 :] if comma > 0 else stored
     try:
-        older = document_version(stored) < codec.SCHEMA_VERSION
+        version = document_version(stored)
     except CodecError:
-        older = False
-    return None if older else stored
+        return stored
+    # Older than today's schema, but not older than the first log schema that wrote
+    # format 5: only such a document can be a legitimate import; anything else (a
+    # document "downgraded" to dodge the check) is hashed as it is, and differs.
+    return None if _FORMAT_5_SINCE <= version < codec.SCHEMA_VERSION else stored
 
 
 def content_digest(event_text: str, effects: Sequence[tuple[str, str]]) -> str | None:
