@@ -95,8 +95,11 @@ def test_a_duplicate_outcome_raises_and_changes_nothing() -> None:
     state = _waiting()
     state, _ = step(state, SubAgentFinished("root.1", ChildSucceeded("A")))
     duplicate = SubAgentFinished("root.1", ChildFailed("again", ErrorKind.CANCELLED))
-    with pytest.raises(DuplicateChildOutcome, match=r"outcome of agent 'root\.1' was already"):
+    with pytest.raises(
+        DuplicateChildOutcome, match=r"outcome of agent 'root\.1' was already"
+    ) as refused:
         step(state, duplicate)
+    assert refused.value.state is state and refused.value.event is duplicate
     assert isinstance(state.phase, AwaitingSubAgents)
     assert [f.outcome for f in state.phase.children.finished] == [ChildSucceeded("A")]
 
