@@ -1903,12 +1903,11 @@ def check_transition(
     other step emits any; TurnFinished exactly when work stops; every call and timer
     effect has a number, fresh numbers are issued once each, no awaited call or timer
     is dropped without an AbortCall; CallModel carries a valid history; retries are
-    bounded and numbered;
-    SpawnSubAgent respects depth, never exceeds the parent's limits (rounds, time,
-    tokens; the rest inherited), passes the agent catalogue on exactly to a child that
-    may spawn, gives a full-context child no tool call without its result, gives a
-    later sequential step (re-issued too) the earlier outcomes, and starts exactly the
-    newly started children; no
+    bounded and numbered; SpawnSubAgent respects depth, never exceeds the parent's
+    limits (rounds, time, tokens; the rest inherited), passes the agent catalogue on
+    exactly to a child that may spawn, gives a full-context child no tool call without
+    its result, gives a later sequential step (re-issued too) the outcomes of the
+    earlier steps of its call, and starts exactly the newly started children; no
     effect holds a NaN or an infinity, and a tool call whose arguments hold one never
     runs and gets an error result;
     fan-in only moves children from pending to finished, and a finished round gives
