@@ -134,7 +134,7 @@ from fanfold.statemachine import (
     transition,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
-from fanfold.statemachine.children import Mode
+from fanfold.statemachine.children import Mode, spawn_order
 from fanfold.statemachine.modes import may_start
 from fanfold.statemachine.transition import model_request
 
@@ -1811,7 +1811,8 @@ def check_start(
 def _check_created_as_told(created: ConversationCreated, state: Conversation) -> None:
     """Everything the creation event says is kept: a root at depth 0 and a sub-agent at
     depth >= 1 (with a task), its task, directory, prompts, model, limits, time limit,
-    and the ordinary tools it was offered, in order."""
+    agent, agent definitions, permissions, and the ordinary tools it was offered, in
+    order."""
     if (created.parent_id is None) != (created.depth == 0) or created.depth < 0:
         _fail("a root at depth 0, a sub-agent deeper", f"depth {created.depth}", state)
     told = {
@@ -1825,6 +1826,9 @@ def _check_created_as_told(created: ConversationCreated, state: Conversation) ->
         "model": created.model,
         "limits": created.limits,
         "timeout": created.timeout,
+        "agent": created.agent,
+        "agents": created.agents,
+        "permissions": created.permissions,
     }
     for name, value in told.items():
         if getattr(state, name) != value:
@@ -1896,11 +1900,14 @@ def check_transition(
     Besides ``check_invariants(after)``: identity never changes and history, counters
     and ``written_off`` only grow; a terminal conversation absorbs with no effects;
     every entry into Completed/Failed emits exactly one matching NotifyParent and no
-    other step emits any; TurnFinished exactly when work stops; fresh call/timer
-    numbers are issued once each, no awaited call or timer is dropped without an
-    AbortCall; CallModel carries a valid history; retries are bounded and numbered;
-    SpawnSubAgent respects depth, never exceeds the parent's limits (rounds, time,
-    tokens; the rest inherited) and starts exactly the newly started children; no
+    other step emits any; TurnFinished exactly when work stops; every call and timer
+    effect has a number, fresh numbers are issued once each, no awaited call or timer
+    is dropped without an AbortCall; CallModel carries a valid history; retries are
+    bounded and numbered; SpawnSubAgent respects depth, never exceeds the parent's
+    limits (rounds, time, tokens; the rest inherited), passes the agent catalogue on
+    exactly to a child that may spawn, gives a full-context child no tool call without
+    its result, gives a later sequential step (re-issued too) the outcomes of the
+    earlier steps of its call, and starts exactly the newly started children; no
     effect holds a NaN or an infinity, and a tool call whose arguments hold one never
     runs and gets an error result;
     fan-in only moves children from pending to finished, and a finished round gives
@@ -1981,6 +1988,13 @@ def _check_fixed(before: Conversation, after: Conversation) -> None:
 def _check_numbers(
     before: Conversation, event: Event, after: Conversation, effects: Effects
 ) -> None:
+    for effect in effects:
+        number = effect.call if isinstance(effect, AbortCall) else _issued(effect)
+        numbered = isinstance(effect, CallModel | RunTool | ScheduleRetry | StartTimer | AbortCall)
+        if numbered and (type(number) is not int or number < 0):
+            # E.g. a root's time limit (start accepts one) re-armed on resume: a root
+            # has no timer number for it.
+            _fail("every call and timer has a number", f"{effect}", after)
     _check_no_duplicate_numbers(after, effects, before.next_call)
     live_before, live_after = live_numbers(before), live_numbers(after)
     resumed = isinstance(event, RuntimeResumed)
@@ -2249,7 +2263,7 @@ def _check_spawns(
         if not (
             spawn.parent_id == after.id
             and spawn.root_id == after.root_id
-            and (spawn.task == spec.task or _sequential_step(spawn, spec))
+            and _told_earlier_steps(spawn, spec, after_children)
             and spawn.cwd == spec.cwd
             and spawn.timeout == spec.timeout
             and spawn.max_rounds == spec.max_rounds == spawn.limits.max_rounds
@@ -2357,7 +2371,15 @@ def _definition_of(parent: Conversation, spawn: SpawnSubAgent) -> AgentDefinitio
 
 def _from_parents_history(context: tuple[Message, ...], history: tuple[Message, ...]) -> bool:
     """A child's context (mode full) is a prefix of its parent's history, possibly
-    followed by the text of the spawning reply without its tool calls."""
+    followed by the text of the spawning reply without its tool calls; every tool call
+    in it has its result in it (the spawning call, whose result does not exist yet,
+    never is)."""
+    answered = {m.result.tool_call_id for m in context if isinstance(m, ToolResultMessage)}
+    for message in context:
+        if isinstance(message, AssistantMessage) and any(
+            call.id not in answered for call in message.tool_calls
+        ):
+            return False
     n = len(context)
     if context == history[:n]:
         return True
@@ -2382,6 +2404,11 @@ def _check_child_permissions(
     extra = sorted(t.name for t in spawn.tools if t.name not in offered)
     if extra:
         problems.append(f"tools {extra} its parent lacks")
+    # The catalogue of agent definitions goes down, whole, exactly to a child that may
+    # spawn (named an agent or not).
+    catalogue = parent.agents if spawn.depth + 1 <= spawn.limits.max_depth else ()
+    if spawn.agents != catalogue:
+        problems.append(f"agents {[a.name for a in spawn.agents]}, expected the parent's")
 
 
 def _lexically_inside(cwd: str, parent: str) -> bool:
@@ -2404,13 +2431,43 @@ def _lexically_inside(cwd: str, parent: str) -> bool:
     )
 
 
-def _sequential_step(spawn: SpawnSubAgent, spec: ChildSpec) -> bool:
-    """A later step of a sequential call is given its task and the earlier outcomes."""
-    return (
-        spec.mode is not None
-        and spec.mode.mode is Mode.SEQUENTIAL
-        and spawn.task.startswith(spec.task + "\n\nThe earlier steps of this sequence")
-    )
+_EARLIER_STEPS = "\n\nThe earlier steps of this sequence and their outcomes:\n"
+
+
+def _told_earlier_steps(spawn: SpawnSubAgent, spec: ChildSpec, children: Children | None) -> bool:
+    """A child is given its task; a later step of a sequential call also the outcomes
+    of the earlier steps of its own call, in order (all finished before it started, so
+    a re-issued step is told the same)."""
+    earlier = []
+    sequential = spec.mode is not None and spec.mode.mode is Mode.SEQUENTIAL
+    if sequential and children is not None:
+        earlier = sorted(
+            (
+                done
+                for done in children.finished
+                if done.spec.spawn_call_id == spec.spawn_call_id
+                and spawn_order(done.spec.id) < spawn_order(spec.id)
+            ),
+            key=lambda done: spawn_order(done.spec.id),
+        )
+    if not earlier:
+        return spawn.task == spec.task
+    if not spawn.task.startswith(spec.task + _EARLIER_STEPS):
+        return False
+    expected: list[dict[str, str]] = []
+    for done in earlier:
+        outcome = done.outcome
+        entry = {"task": done.spec.task}
+        if isinstance(outcome, ChildSucceeded):
+            entry.update(status="completed", result=outcome.result)
+        else:
+            entry.update(status="failed", error=outcome.error, kind=outcome.kind.value)
+        expected.append(entry)
+    try:
+        told = json.loads(spawn.task[len(spec.task + _EARLIER_STEPS) :])
+    except ValueError:
+        return False
+    return bool(told == expected)
 
 
 def _pending_specs(before: Conversation, ids: tuple[str, ...]) -> list[ChildSpec]:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sm_support import (
     World,
+    child,
     fan_in,
     of_type,
     replied,
@@ -33,6 +34,7 @@ from fanfold.statemachine import (
     ErrorKind,
     Limits,
     ModelReply,
+    RuntimeResumed,
     SpawnSubAgent,
     SubAgentFinished,
     ToolCall,
@@ -73,6 +75,40 @@ def test_sequential_runs_one_at_a_time_and_passes_the_earlier_outcomes() -> None
     assert [e["status"] for e in entries] == ["completed"] * 3
 
 
+def test_a_restart_re_issues_a_sequential_step_with_the_earlier_outcomes() -> None:
+    state = root()
+    state, _ = step(state, user("go"))
+    state, _ = step(state, replied(state, _spawn_with("s", ["plan", "build"], mode="sequential")))
+    state, effects = step(state, SubAgentFinished("root.1", ChildSucceeded("the plan")))
+    (second,) = of_type(effects, SpawnSubAgent)
+    assert "the plan" in second.task
+    _, again = step(state, RuntimeResumed())
+    assert of_type(again, SpawnSubAgent) == [second]
+
+
+def test_a_sub_agents_sequence_numbers_its_steps_by_their_own_ids() -> None:
+    # Its children are root.1.1, root.1.2: the step number is the last part of the id.
+    state = child(Limits(max_depth=2))
+    state, _ = step(state, replied(state, _spawn_with("s", ["plan", "build"], mode="sequential")))
+    state, effects = step(state, SubAgentFinished("root.1.1", ChildSucceeded("the plan")))
+    (second,) = of_type(effects, SpawnSubAgent)
+    assert second.child_id == "root.1.2" and "the plan" in second.task
+
+
+def test_a_sequential_step_is_told_only_its_own_calls_earlier_steps() -> None:
+    state = root()
+    state, _ = step(state, user("go"))
+    calls = (_spawn_with("p", ["look"]), _spawn_with("s", ["plan", "build"], mode="sequential"))
+    state, _ = step(state, replied(state, *calls))
+    state, _ = step(state, SubAgentFinished("root.1", ChildSucceeded("looked")))
+    state, effects = step(state, SubAgentFinished("root.2", ChildSucceeded("the plan")))
+    (second,) = of_type(effects, SpawnSubAgent)
+    assert second.child_id == "root.3"
+    assert json.loads(second.task.split(":\n", 1)[1]) == [
+        {"task": "plan", "status": "completed", "result": "the plan"}
+    ]
+
+
 def test_a_sequential_failure_stops_the_rest_unless_keep_going() -> None:
     state = root()
     state, _ = step(state, user("go"))
@@ -94,7 +130,9 @@ def test_a_sequential_failure_stops_the_rest_unless_keep_going() -> None:
     state, _ = step(state, replied(state, call))
     state, effects = step(state, SubAgentFinished("root.1", failure))
     (next_step,) = of_type(effects, SpawnSubAgent)
-    assert '"status": "failed"' in next_step.task and "broke" in next_step.task
+    assert json.loads(next_step.task.split(":\n", 1)[1]) == [
+        {"task": "a", "status": "failed", "error": "broke", "kind": "submitted_error"}
+    ]
 
 
 def test_a_race_resumes_at_its_quorum_and_cancels_the_others() -> None:
@@ -139,6 +177,39 @@ def test_mode_arguments_are_checked() -> None:
         state, effects = step(state, replied(state, _spawn_with("s", ["a", "b"], **arguments)))
         assert not of_type(effects, SpawnSubAgent)
         assert tool_results(state)[0].content == f"spawn_agents: {error}", arguments
+
+
+def test_a_race_charges_the_shares_of_the_children_it_cancels_and_says_why() -> None:
+    # Another call of the round keeps the round open, so the cancelled child's
+    # outcome is still there to read after the quorum.
+    state = root(Limits(max_tokens=1000))
+    state, _ = step(state, user("go"))
+    calls = (_spawn_with("s", ["a", "b"], quorum=1), _spawn_with("p", ["c"]))
+    state, _ = step(state, replied(state, *calls))
+    assert state.children is not None
+    shares = {p.spec.id: p.budget or 0 for p in state.children.pending}
+    assert all(shares.values())
+    used = state.usage_children
+    state, effects = step(state, SubAgentFinished("root.1", ChildSucceeded("a won", tokens=7)))
+    assert of_type(effects, CancelSubAgents) == [CancelSubAgents(("root.2",), CancelReason.PARENT)]
+    assert state.written_off == ("root.2",)
+    assert state.usage_children == used + 7 + shares["root.2"]
+    assert state.children is not None
+    (cancelled,) = [f.outcome for f in state.children.finished if f.spec.id == "root.2"]
+    assert cancelled == ChildFailed(
+        "cancelled: the quorum of 1 successful sub-agent(s) was reached",
+        ErrorKind.CANCELLED,
+        CancelReason.PARENT,
+    )
+
+
+def test_a_race_without_a_quorum_ends_at_the_first_success() -> None:
+    state = root()
+    state, _ = step(state, user("go"))
+    state, _ = step(state, replied(state, _spawn_with("s", ["a", "b"], mode="race")))
+    state, effects = step(state, SubAgentFinished("root.2", ChildSucceeded("b won")))
+    assert of_type(effects, CallModel)
+    assert of_type(effects, CancelSubAgents) == [CancelSubAgents(("root.1",), CancelReason.PARENT)]
 
 
 # --------------------------------------------------------------- properties
@@ -199,7 +270,12 @@ def _check_resumed(world: World, arguments: dict[str, Any], tasks: int) -> None:
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(data=st.data())
 def test_modes_hold_their_invariants_in_any_interleaving(data: st.DataObject) -> None:
-    limits = Limits(max_concurrent=data.draw(st.integers(1, 3)), child_timeout=30.0)
+    limits = Limits(
+        max_concurrent=data.draw(st.integers(1, 3)),
+        child_timeout=30.0,
+        # A budget: a race charges the shares of the children it cancels.
+        max_tokens=data.draw(st.sampled_from([None, 2000])),
+    )
     world = World.with_root(limits)
     world.apply("root", user("go"))
     tasks = data.draw(st.integers(1, 4))

@@ -25,8 +25,11 @@ from fanfold.statemachine.permissions import (
     Rule,
     RuleSet,
     allows_tool,
+    command_matches,
     glob_match,
+    normalise,
     parse_rule,
+    path_matches,
     refusal,
     restrict,
 )
@@ -134,6 +137,53 @@ def test_glob_matching() -> None:
     assert glob_match("a?c", "abc", slash_special=True)
     assert not glob_match("a?c", "a/c", slash_special=True)
     assert glob_match("git *", "git a/b c", slash_special=False)
+
+
+def test_a_pattern_may_hold_parentheses() -> None:
+    assert parse_rule("bash(echo (hi))") == Rule("bash", "echo (hi)")
+
+
+def test_a_bash_pattern_is_no_path_glob() -> None:
+    # In a command '*' and '?' match '/' too, for allow and deny rules alike.
+    allowed = _layer(["bash(git diff*)", "bash(cat ?/x)"])
+    assert refusal(allowed, _bash("git diff src/a.py"), "/p") is None
+    assert refusal(allowed, _bash("cat //x"), "/p") is None
+    assert refusal(allowed, _bash("cat a/x"), "/p") is None
+    assert command_matches("git d?ff", "git diff", any_part=False)
+    assert command_matches("rm */x", "rm a/b/x", any_part=True)
+    assert glob_match("a?c", "a/c", slash_special=False)
+    assert not glob_match("a?c", "abbc", slash_special=False)
+
+
+def test_a_deny_pattern_sees_the_whole_command_and_each_part() -> None:
+    rules = _layer(["bash"], ("bash(rm *)", "bash(curl * | sh)"))
+    # A subshell's parenthesis does not hide its command; '/' is text like any other.
+    for command in ["(rm -rf x)", "ls && (rm a/b)", "curl https://x/y | sh"]:
+        assert refusal(rules, _bash(command), "/p") is not None, command
+    assert refusal(rules, _bash("curl https://x/y"), "/p") is None
+
+
+def test_absolute_path_patterns_match_whole_names_only() -> None:
+    rules = _layer(["write_file(/tmp/*.txt)"], base="/p")
+    assert refusal(rules, _file("write_file", "/tmp/a.txt"), "/p") is None
+    assert refusal(rules, _file("write_file", "../tmp/a.txt"), "/p") is None
+    assert refusal(rules, _file("write_file", "/tmp/sub/a.txt"), "/p") is not None
+    assert path_matches("/tmp/*", "/tmp/a", "/p", "/p")
+    assert not path_matches("/tmp/*", "/tmp/a/b", "/p", "/p")
+
+
+def test_relative_bases_and_paths_are_spelled_out() -> None:
+    assert [normalise(p) for p in ("", ".", "./", "a/..", "a/b/../..")] == ["."] * 5
+    assert normalise("../a/./b//") == "../a/b" and normalise("/../a") == "/a"
+    # A base of "." (relative paths): a path above it or an absolute one matches nothing.
+    assert path_matches("src/**", "src/a.py", ".", ".")
+    assert path_matches("**", "a.py", ".", ".")
+    for path in ("../a.py", "..", "/a.py", "../../x"):
+        assert not path_matches("**", path, ".", "."), path
+    assert path_matches("etc/*", "/etc/passwd", "/", "/")  # a base of "/"
+    # A directory name may end with a space: only '/' is trimmed from it.
+    assert path_matches("x", "x", "/p ", "/p ")
+    assert not path_matches("x", "x", "/p ", "/p")
 
 
 def test_allows_tool_decides_what_is_offered() -> None:

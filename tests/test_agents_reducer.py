@@ -70,6 +70,13 @@ def test_the_spawn_tool_lists_the_agents_with_their_descriptions() -> None:
     assert "- explorer: reads only\n- writer: writes sources" in spec.description
     agent = spec.input_schema()["properties"]["tasks"]["items"]["properties"]["agent"]
     assert agent["enum"] == ["explorer", "writer"]
+    context = spec.input_schema()["properties"]["tasks"]["items"]["properties"]["context"]
+    assert context == {
+        "type": "string",
+        "enum": ["task_only", "full"],
+        "description": "task_only (default): the sub-agent sees just its task; full: "
+        "also this conversation so far",
+    }
     # Without definitions the tool is what it always was (older logs).
     plain = next(t for t in root().tools if t.name == "spawn_agents")
     assert "agent" not in plain.input_schema()["properties"]["tasks"]["items"]["properties"]
@@ -99,6 +106,7 @@ def test_a_child_gets_its_definitions_tools_prompt_model_and_limits() -> None:
     assert writer.agents == AGENTS  # it may delegate, and max_depth allows it
 
     assert plain.agent is None and plain.permissions is None
+    assert plain.agents == AGENTS  # it may delegate too: the catalogue goes down
     assert [t.name for t in plain.tools] == ["bash", "read_file", "write_file"]
     assert plain.system_prompt == SUB_AGENT_PROMPT
 
@@ -244,6 +252,19 @@ def test_context_full_gives_the_parents_conversation_before_the_spawning_call() 
     # Restarted while they run: the re-issued spawns carry the same context.
     _, again = step(state, RuntimeResumed())
     assert [s.context for s in of_type(again, SpawnSubAgent)] == [full.context, (), full.context]
+
+
+def test_context_full_in_the_first_reply_is_the_request_and_the_replys_text() -> None:
+    # The spawning reply is the first assistant message (index 1 of the history).
+    for text, context in [
+        ("Delegating.", (UserMessage("go"), AssistantMessage("Delegating."))),
+        ("", (UserMessage("go"),)),
+    ]:
+        state = root()
+        state, _ = step(state, user("go"))
+        call = spawn("s1", {"task": "t", "context": "full"})
+        _, effects = step(state, replied(state, call, text=text))
+        assert only(effects, SpawnSubAgent).context == context
 
 
 def test_a_task_may_ask_for_task_only_under_a_full_definition() -> None:

@@ -108,6 +108,26 @@ def test_when_nothing_is_left_queued_children_never_start() -> None:
     assert "1052 used" in state.phase.error
 
 
+def test_a_share_of_one_token_still_starts_a_child() -> None:
+    # 103 - 100 = 3 tokens left for two children and the parent: one each.
+    _, spawns = _spawned(Limits(max_tokens=103, child_timeout=None), "a", "b")
+    assert [s.limits.max_tokens for s in spawns] == [1, 1]
+
+
+def test_a_child_refused_its_share_while_others_run_records_the_limit() -> None:
+    limits = Limits(max_tokens=1000, max_concurrent=2, child_timeout=None)
+    state, _ = _spawned(limits, "a", "b", "c")
+    state, effects = step(state, SubAgentFinished("root.1", ChildSucceeded("A", tokens=900)))
+    assert of_type(effects, SpawnSubAgent) == []
+    assert isinstance(state.phase, AwaitingSubAgents)  # b still runs
+    (refused,) = [f.outcome for f in state.phase.children.finished if f.spec.id == "root.3"]
+    assert refused == ChildFailed(
+        "not started: the token budget of 1000 is used up",
+        ErrorKind.BUDGET_EXHAUSTED,
+        CancelReason.LIMIT,
+    )
+
+
 def test_a_written_off_child_is_charged_its_whole_share() -> None:
     limits = Limits(max_tokens=1000, child_timeout=60.0)
     state, spawns = _spawned(limits, "a", "b")

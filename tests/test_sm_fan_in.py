@@ -42,6 +42,8 @@ from fanfold.statemachine import (
     UnknownChild,
     model_request,
 )
+from fanfold.statemachine.children import Children, ChildSpec, FinishedChild, PendingChild
+from fanfold.statemachine.messages import canonical_json
 
 
 def _waiting(limits: Limits | None = None, *tasks: str) -> Conversation:
@@ -93,8 +95,11 @@ def test_a_duplicate_outcome_raises_and_changes_nothing() -> None:
     state = _waiting()
     state, _ = step(state, SubAgentFinished("root.1", ChildSucceeded("A")))
     duplicate = SubAgentFinished("root.1", ChildFailed("again", ErrorKind.CANCELLED))
-    with pytest.raises(DuplicateChildOutcome, match=r"outcome of agent 'root\.1' was already"):
+    with pytest.raises(
+        DuplicateChildOutcome, match=r"outcome of agent 'root\.1' was already"
+    ) as refused:
         step(state, duplicate)
+    assert refused.value.state is state and refused.value.event is duplicate
     assert isinstance(state.phase, AwaitingSubAgents)
     assert [f.outcome for f in state.phase.children.finished] == [ChildSucceeded("A")]
 
@@ -241,3 +246,22 @@ def test_a_child_that_never_submitted_has_its_own_status_in_the_fan_in() -> None
         },
         {"agent_id": "root.2", "task": "b", "status": "completed", "result": "B"},
     ]
+
+
+@pytest.mark.parametrize("size", [3, 20])  # a scan, and beyond _SCAN_LIMIT a binary search
+def test_children_find_exactly_their_pending_children_by_id(size: int) -> None:
+    specs = [ChildSpec(f"root.{i}", "t", "/work", None, 3, "s") for i in range(1, size + 2)]
+    done = FinishedChild(specs[0], ChildSucceeded("r"))
+    children = Children(pending=tuple(PendingChild(s) for s in specs[1:]), finished=(done,))
+    for index, spec in enumerate(specs[1:]):
+        assert children.index_of(spec.id) == index
+        assert children.find_pending(spec.id) == PendingChild(spec)
+    for absent in ("root.1", f"root.{size + 2}", "root.x", "other.2", "root"):
+        assert children.index_of(absent) == -1, absent
+        assert children.find_pending(absent) is None, absent
+    assert children.is_finished("root.1") and not children.is_finished("root.2")
+
+
+def test_canonical_json_is_sorted_and_compact() -> None:
+    # The fan-in, tool arguments and schemas are written this one way (the log too).
+    assert canonical_json({"b": 1, "a": [1, "é"]}) == '{"a":[1,"é"],"b":1}'

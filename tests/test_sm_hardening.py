@@ -148,12 +148,20 @@ def test_a_nan_retry_hint_is_not_kept() -> None:
     assert math.isfinite(only(effects, ScheduleRetry).delay)
 
 
+def test_limits_and_time_limits_may_be_zero() -> None:
+    limits = Limits(retry_base=0.0, retry_cap=0.0, child_timeout=0.0, cancel_grace=0.0)
+    assert limits.child_timeout == 0.0 and limits.cancel_grace == 0.0
+    assert start(created_child(timeout=0.0))[0].timeout == 0.0
+
+
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
 def test_limits_and_time_limits_refuse_non_finite_numbers(value: float) -> None:
     with pytest.raises(ValueError, match="must be a finite number >= 0"):
         Limits(child_timeout=value)
-    with pytest.raises(IllegalTransition, match="finite"):
-        start(created_child(timeout=value))
+    created = created_child(timeout=value)
+    with pytest.raises(IllegalTransition, match="finite") as refused:
+        start(created)
+    assert refused.value.state is None and refused.value.event is created
 
 
 def test_the_finiteness_invariant_catches_a_nan_in_an_effect() -> None:
@@ -253,6 +261,8 @@ def test_a_task_cwd_that_would_leave_the_parent_s_directory_is_rejected(cwd: str
     [
         (WorkingDirectory("/etc", "/work", "/work", True), "outside the project '/work'"),
         (WorkingDirectory("/work/b", "/work/a", "/work", True), "outside its parent's"),
+        # Only a '/' is trimmed off a directory: /work/aX is no parent of /work/a/b.
+        (WorkingDirectory("/work/a/b", "/work/aX", "/work", True), "outside its parent's"),
         (WorkingDirectory("/work/f", "/work", "/work", False), "not a directory"),
     ],
 )

@@ -34,6 +34,7 @@ from fanfold.statemachine import (
     ModelError,
     ModelRequest,
     RuntimeResumed,
+    RunTool,
     ScheduleRetry,
     SpawnSubAgent,
     StartTimer,
@@ -128,6 +129,14 @@ def test_a_submission_that_is_no_object_is_refused_and_the_sub_agent_goes_on(
     (result,) = sm.tool_results(after)
     assert result.is_error and "needs a string argument" in result.content
     assert isinstance(after.phase, LlmRequesting) and sm.only(effects, CallModel)
+
+
+def test_a_refused_submission_lets_the_rest_of_the_reply_run() -> None:
+    state = sm.child(LIMITS)
+    bad = ToolCall("c", "submit_result", "null")
+    after, effects = sm.step(state, sm.replied(state, bad, sm.tool("t", command="ls")))
+    assert isinstance(after.phase, ToolExecuting) and after.phase.current.id == "t"
+    assert sm.only(effects, RunTool).tool_call.id == "t"
 
 
 # ------------------------------------------------------------------ start

@@ -131,6 +131,17 @@ def test_resume_restarts_a_sub_agents_own_time_limit() -> None:
     assert effects == start_effects  # StartTimer(0, 5.0, "time limit"), CallModel(1, ...)
 
 
+def test_resume_starts_no_timer_for_a_roots_time_limit() -> None:
+    # start accepts a time limit for a root but only a sub-agent has its own timer
+    # (deadline_timer): resuming a root must not start one (a timer without a number).
+    state = root(timeout=5.0)
+    assert state.timeout == 5.0 and state.deadline_timer is None
+    assert step(state, RuntimeResumed()) == (state, ())
+    state, _ = step(state, user("go"))
+    _, effects = step(state, RuntimeResumed())
+    assert [type(e).__name__ for e in effects] == ["CallModel"]
+
+
 def test_resume_of_an_ended_sub_agent_is_absorbed() -> None:
     state = child()
     state = steps(state, replied(state, submit("r", "done")))

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import attrs
+import pytest
 import sm_support as sm
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,7 +45,14 @@ from fanfold.statemachine import (
     start,
     transition,
 )
-from fanfold.statemachine.table import START_TARGETS, TABLE, generated_section, update
+from fanfold.statemachine.table import (
+    BEGIN,
+    END,
+    START_TARGETS,
+    TABLE,
+    generated_section,
+    update,
+)
 
 BASH = ToolSpec.from_schema("bash", "run a command", {"type": "object"})
 LIMITS = Limits(max_rounds=3, max_attempts=2, max_concurrent=2, child_timeout=5.0)
@@ -330,3 +338,11 @@ def test_design_md_shows_the_current_table_and_diagram() -> None:
     design = (Path(__file__).parent.parent / "DESIGN.md").read_text(encoding="utf-8")
     assert generated_section() in design
     assert update(design) == design, "run: python -m fanfold.statemachine.table DESIGN.md"
+
+
+def test_update_replaces_the_first_generated_section_only() -> None:
+    text = f"head\n{BEGIN}\nold\n{END}\nquoted: {BEGIN}{END}\ntail"
+    assert update(text) == f"head\n{generated_section()}\nquoted: {BEGIN}{END}\ntail"
+    for broken in ("no markers", f"{BEGIN} and no end"):
+        with pytest.raises(ValueError, match="marker"):
+            update(broken)
