@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +312,16 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
 def never_run(state: Conversation) -> list[NotRun]:
     """The tasks its spawn_agents calls recorded as ``not_run`` (a sequential call
     stopped by a failure), from their fan-in results in the history."""
-    found = []
+    return [
+        NotRun(str(entry.get("agent_id")), str(entry.get("task", "")), str(entry.get("error", "")))
+        for _, entry in _fan_in_entries(state)
+        if entry.get("error_kind") == ErrorKind.NOT_RUN.value
+    ]
+
+
+def _fan_in_entries(state: Conversation) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(spawn call id, entry) for every child entry of the spawn_agents fan-in results
+    in the history; a result that is not the fan-in's JSON (an error result) has none."""
     for message in state.history:
         if not (isinstance(message, ToolResultMessage) and message.result.name == "spawn_agents"):
             continue
@@ -320,36 +330,25 @@ def never_run(state: Conversation) -> list[NotRun]:
         except (ValueError, AttributeError):
             continue
         for entry in entries if isinstance(entries, list) else []:
-            if isinstance(entry, dict) and entry.get("error_kind") == ErrorKind.NOT_RUN.value:
-                found.append(
-                    NotRun(
-                        str(entry.get("agent_id")),
-                        str(entry.get("task", "")),
-                        str(entry.get("error", "")),
-                    )
-                )
-    return found
+            if isinstance(entry, dict):
+                yield message.result.tool_call_id, entry
 
 
 def delegation_modes(state: Conversation) -> dict[str, str]:
     """Child id -> the execution mode of the spawn_agents call that made it: read from
     the calls and their fan-in results in the history, and the children still pending."""
-    by_call: dict[str, str] = {}
+    by_call = {
+        call.id: _call_mode(call)
+        for message in state.history
+        if isinstance(message, AssistantMessage)
+        for call in message.tool_calls
+        if call.name == "spawn_agents"
+    }
     modes: dict[str, str] = {}
-    for message in state.history:
-        if isinstance(message, AssistantMessage):
-            for call in message.tool_calls:
-                if call.name == "spawn_agents":
-                    by_call[call.id] = _call_mode(call)
-        elif isinstance(message, ToolResultMessage) and message.result.name == "spawn_agents":
-            mode = by_call.get(message.result.tool_call_id)
-            try:
-                entries = json.loads(message.result.content).get("sub_agent_results", [])
-            except (ValueError, AttributeError):
-                continue
-            for entry in entries if isinstance(entries, list) else []:
-                if mode is not None and isinstance(entry, dict):
-                    modes[str(entry.get("agent_id"))] = mode
+    for call_id, entry in _fan_in_entries(state):
+        mode = by_call.get(call_id)
+        if mode is not None:
+            modes[str(entry.get("agent_id"))] = mode
     children = state.children
     if children is not None:
         for pending in children.pending:
