@@ -287,13 +287,7 @@ def replay_quickly(log: RawLog) -> Conversation | None:
                 if (
                     stored.idx != index
                     or type(effect).__name__ != stored.type
-                    or (
-                        # As stored now (blob fields by reference), before 2026-11-26
-                        # (inline), or as an object document (older logs, imports).
-                        encode_effect_stored(effect, {}) != stored.payload
-                        and encode_effect_stored(effect) != stored.payload
-                        and encode_effect(effect) != stored.payload
-                    )
+                    or not _stored_as(effect, stored.payload)
                     or (
                         stored.checksum is not None
                         and stored.checksum
@@ -467,6 +461,17 @@ def _decode_event(cid: str, raw: RawEvent, blobs: Mapping[str, str]) -> Event | 
     return event
 
 
+def _stored_as(effect: Effect, text: str) -> bool:
+    """``text`` is ``effect`` in a form the log stores it in: as stored now (blob fields
+    by reference), as stored before 2026-11-26 (inline), or as an object document (older
+    logs, imports of older schemas)."""
+    return (
+        encode_effect_stored(effect, {}) == text
+        or encode_effect_stored(effect) == text
+        or encode_effect(effect) == text
+    )
+
+
 def _compare_effects(
     cid: str,
     seq: int,
@@ -493,12 +498,7 @@ def _compare_effects(
             )
     texts = [encode_effect(e) for e in recomputed]
     if len(texts) == len(recorded) and all(
-        (
-            t == r.payload
-            or encode_effect_stored(e, {}) == r.payload
-            or encode_effect_stored(e) == r.payload
-        )
-        and type(e).__name__ == r.type
+        (t == r.payload or _stored_as(e, r.payload)) and type(e).__name__ == r.type
         for t, r, e in zip(texts, recorded, recomputed, strict=True)
     ):
         return recomputed, True, ()
