@@ -134,7 +134,8 @@ from fanfold.statemachine import (
     transition,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
-from fanfold.statemachine.children import Mode, spawn_order
+from fanfold.statemachine.children import Mode, PendingChild, Summary, spawn_order
+from fanfold.statemachine.delegation import SUMMARY_HEADER
 from fanfold.statemachine.modes import may_start
 from fanfold.statemachine.transition import model_request
 
@@ -229,6 +230,11 @@ _TASK_EXTRAS: tuple[dict[str, Any], ...] = (
     # Boundaries that are accepted: the least time above 0, null for an absent field.
     {"timeout": 1e-06, "cwd": "."},
     {"timeout": None, "max_iterations": None, "model": None, "cwd": None},
+    # Context modes: the parent's conversation, or a summary of it (one model call).
+    {"context": "full"},
+    {"context": "summary"},
+    {"context": "summary", "timeout": 2},
+    {"context": "task_only"},
 )
 _BAD_TASKS: tuple[Any, ...] = (
     "just a string",
@@ -553,6 +559,11 @@ def live_numbers(state: Conversation) -> dict[int, str]:
         for pending in children.pending:
             if pending.deadline_timer is not None:
                 add(pending.deadline_timer, f"deadline of {pending.spec.id}")
+        summary = children.summary
+        if summary is not None and summary.call is not None:
+            add(summary.call, "summary call")
+        if summary is not None and summary.timer is not None:
+            add(summary.timer, "summary retry timer")
     return live
 
 
@@ -576,6 +587,37 @@ def _failure(dice: _Dice, state: Conversation) -> Event:
 def _retry_fires(dice: _Dice, state: Conversation) -> Event:
     assert isinstance(state.phase, AwaitingRetry)
     return TimerFired(state.phase.timer)
+
+
+def _summary_of(state: Conversation) -> Summary:
+    children = state.children
+    assert children is not None and children.summary is not None
+    return children.summary
+
+
+def _summary_reply(dice: _Dice, state: Conversation) -> Event:
+    call = _summary_of(state).call
+    assert call is not None
+    # Mostly a summary; now and then an empty text, a refusal, or tool calls (none
+    # are offered: the text is what counts).
+    return ModelReplied(
+        call,
+        _model_reply(dice, state)
+        if dice.one_in(4)
+        else ModelReply(dice.text(), usage=dice.pick(_USAGES)),
+    )
+
+
+def _summary_failure(dice: _Dice, state: Conversation) -> Event:
+    call = _summary_of(state).call
+    assert call is not None
+    return ModelFailed(call, _model_error(dice))
+
+
+def _summary_retry_fires(dice: _Dice, state: Conversation) -> Event:
+    timer = _summary_of(state).timer
+    assert timer is not None
+    return TimerFired(timer)
 
 
 def _tool_result(dice: _Dice, state: Conversation) -> Event:
@@ -635,6 +677,10 @@ def _progress_makers(state: Conversation) -> list[_Maker]:
             makers += [_tool_result, _tool_result]
     children = state.children
     if children is not None:
+        if children.summary is not None and children.summary.call is not None:
+            makers += [_summary_reply, _summary_reply, _summary_failure]
+        if children.summary is not None and children.summary.timer is not None:
+            makers.append(_summary_retry_fires)
         if children.running:
             makers += [_child_reports, _child_reports, _child_reports]
             if state.limits.max_tokens is not None:
@@ -1291,9 +1337,13 @@ def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> No
             f"{children.running} running, max_concurrent {lim.max_concurrent}",
             state,
         )
-    started = [p.started for p in children.pending]
+    # Children of context mode summary let younger ones start ahead of them while
+    # the summary is made (and may still be queued behind them after); the rest
+    # start oldest first.
+    started = [p.started for p in children.pending if p.started or p.spec.context != "summary"]
     if started != sorted(started, reverse=True):
         _fail("queued children start oldest first", f"started flags {started}", state)
+    _check_summary(state, children)
     for pending in children.pending:
         spec = pending.spec
         if spec.id in state.written_off:
@@ -1327,10 +1377,11 @@ def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> No
     if waiting and not children.pending:
         _fail("waiting for someone", "no pending children", state)
     if isinstance(phase, CancellingSubAgents):
-        if not all(started):
+        if not all(p.started for p in children.pending):
             _fail("queued children are never waited for when cancelling", "", state)
     elif children.running != lim.max_concurrent and any(
-        not p.started and may_start(p, list(children.pending)) for p in children.pending
+        not p.started and may_start(p, list(children.pending)) and not _awaits_summary(p, children)
+        for p in children.pending
     ):
         # (A sequential call's step waits for the one before it: modes.may_start.)
         _fail(
@@ -1338,6 +1389,55 @@ def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> No
             f"{children.running} running of {lim.max_concurrent} with children queued",
             state,
         )
+
+
+def _awaits_summary(pending: PendingChild, children: Children) -> bool:
+    """A queued child of context mode summary whose summary is not made yet."""
+    summary = children.summary
+    return (
+        not pending.started
+        and pending.spec.context == "summary"
+        and (summary is None or summary.text is None)
+    )
+
+
+def _check_summary(state: Conversation, children: Children) -> None:
+    """The summary of context mode summary: asked for once the round's tools are done
+    (so never beside a tool), in flight only while children wait for it, exactly one
+    of its parts set, and every started child of that mode was given one."""
+    phase = state.phase
+    summary = children.summary
+    waiting = [p.spec.id for p in children.pending if _awaits_summary(p, children)]
+    if summary is None:
+        if waiting and isinstance(phase, AwaitingSubAgents):
+            _fail("children waiting for a summary have one asked for", f"{waiting}", state)
+        return
+    if isinstance(phase, ToolExecuting):
+        _fail("a summary is asked for once the round's tools are done", f"{summary}", state)
+    parts = [summary.call, summary.timer, summary.text, summary.error]
+    if sum(part is not None for part in parts) != 1:
+        _fail("a summary is one of: in flight, retrying, made, failed", f"{summary}", state)
+    if summary.in_flight is not None:
+        if not isinstance(phase, AwaitingSubAgents):
+            _fail("a summary is in flight only while its round waits", f"{summary}", state)
+        if not waiting:
+            _fail("a summary is in flight only while children wait for it", f"{summary}", state)
+        if not (1 <= summary.attempt <= state.limits.max_attempts):
+            _fail("retries bounded", f"summary attempt {summary.attempt}", state)
+    if summary.timer is not None and not (summary.delay is not None and summary.delay >= 0):
+        _fail("a summary retry keeps its delay", f"{summary}", state)
+    if summary.error is not None and summary.kind is None:
+        _fail("a failed summary has a typed kind", f"{summary}", state)
+    if summary.error is not None and waiting and isinstance(phase, AwaitingSubAgents):
+        # Each ends failed when it would start: only one still queued behind others
+        # of its call may wait.
+        queued = [p for p in children.pending if p.spec.id in waiting]
+        if any(may_start(p, list(children.pending)) for p in queued) and (
+            children.running < state.limits.max_concurrent
+        ):
+            _fail("no child waits for a summary that failed", f"{waiting}", state)
+    if summary.text is not None and not summary.text.strip():
+        _fail("a summary has text", f"{summary}", state)
 
 
 # --------------------------------------------------------------------- spawn tasks
@@ -1377,7 +1477,7 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
     field of the wrong type (``true`` is no number), a ``cwd`` that leaves the parent's
     by its spelling, a ``timeout`` <= 0, a ``max_iterations`` < 1, an empty ``model``,
     an ``agent`` the parent's catalogue does not define, a ``context`` other than
-    ``task_only`` or ``full``.
+    ``task_only``, ``full`` or ``summary``.
     ``null`` is an absent field. Accepted numbers are capped by the parent's limits.
     """
     if not isinstance(entry, dict) or set(entry) - _TASK_FIELDS:
@@ -1401,7 +1501,7 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
         return None
     if model is not None and not (isinstance(model, str) and model):
         return None
-    if entry.get("context") not in (None, "task_only", "full"):
+    if entry.get("context") not in (None, "task_only", "full", "summary"):
         return None  # the context mode is the child's history, not one of these fields
     agent = entry.get("agent")
     definition = None
@@ -1576,7 +1676,11 @@ _PARENT_MADE: dict[ErrorKind, CancelReason] = {
     ErrorKind.TIMED_OUT: CancelReason.TIMEOUT,
     ErrorKind.BUDGET_EXHAUSTED: CancelReason.LIMIT,
     ErrorKind.UNRESPONSIVE: CancelReason.PARENT,
+    ErrorKind.NOT_RUN: CancelReason.PARENT,
 }
+# A child whose summary (context mode summary) could not be made never starts: it
+# fails with the summary call's kind, and that kind's reason.
+_NO_SUMMARY = "not started: no summary of its parent's conversation: "
 
 
 def _reason_fits(kind: ErrorKind, reason: CancelReason | None) -> bool:
@@ -1603,10 +1707,13 @@ def _check_reasons(before: Conversation, event: Event, after: Conversation) -> N
         if done.spec.id in old or done.spec.id == reported:
             continue
         outcome = done.outcome
-        if not (
-            isinstance(outcome, ChildFailed)
-            and _PARENT_MADE.get(outcome.kind, "none") == outcome.reason
-        ):
+        if not isinstance(outcome, ChildFailed):
+            _fail("an outcome a parent makes has its kind's reason", f"{done}", after)
+        if outcome.error.startswith(_NO_SUMMARY):
+            fits = _reason_fits(outcome.kind, outcome.reason)
+        else:
+            fits = _PARENT_MADE.get(outcome.kind, "none") == outcome.reason
+        if not fits:
             _fail("an outcome a parent makes has its kind's reason", f"{done}", after)
 
 
@@ -2141,6 +2248,12 @@ def _check_model_and_tools(
     calls = [e for e in effects if isinstance(e, CallModel)]
     if len(calls) > 1:
         _fail("one model call at a time", f"{len(calls)} CallModel", after)
+    summary = after.children.summary if after.children is not None else None
+    if summary is not None and summary.call is not None:
+        # The summary call (context mode summary): no round, no tools, the parent's
+        # conversation as a full-context child gets it, then the instruction.
+        _check_summary_call(after, summary, calls)
+        calls = []
     for effect in calls:
         if not (isinstance(phase, LlmRequesting) and phase.call == effect.call):
             _fail("CallModel is awaited", f"CallModel({effect.call})", after)
@@ -2189,6 +2302,16 @@ def _check_model_and_tools(
     retries = [e for e in effects if isinstance(e, ScheduleRetry)]
     if len(retries) > 1:
         _fail("one retry timer", f"{retries}", after)
+    if summary is not None and summary.timer is not None:
+        for retry in retries:
+            if not (
+                retry.timer == summary.timer
+                and retry.attempt == summary.attempt <= after.limits.max_attempts
+                and retry.delay == summary.delay
+                and retry.delay >= 0
+            ):
+                _fail("summary retries bounded", f"{retry} for {summary}", after)
+        retries = []
     for retry in retries:
         if not (
             isinstance(phase, AwaitingRetry)
@@ -2223,6 +2346,24 @@ def _check_model_and_tools(
         and phase.grace == bphase.grace
     ):
         _fail("the retry timer starts the next attempt", f"{bphase} -> {phase}", after)
+
+
+def _check_summary_call(after: Conversation, summary: Summary, calls: list[CallModel]) -> None:
+    for effect in calls:
+        if not (effect.call == summary.call and effect.attempt == summary.attempt):
+            _fail("CallModel is awaited", f"{effect} for {summary}", after)
+        request = model_request(after)
+        messages = request.messages
+        if not (
+            messages
+            and isinstance(messages[-1], UserMessage)
+            and _from_parents_history(messages[:-1], after.history)
+            and request.tools == ()
+            and request.system == after.system_prompt
+            and request.model == after.model
+        ):
+            _fail("a summary call sees the parent's conversation, no tools", f"{request}", after)
+        _history_open_calls(messages, after, request=True)
 
 
 def _started(children: Children | None) -> set[str]:
@@ -2345,8 +2486,9 @@ def _check_within_parent_limits(parent: Limits, spawn: SpawnSubAgent, after: Con
     if definition is not None:
         told = definition.system_prompt(told)
     _check_child_permissions(after, spawn, problems)
-    if not _from_parents_history(spawn.context, after.history):
-        problems.append("its context is not its parent's history (and reply text)")
+    problem = _context_problem(spawn, after)
+    if problem is not None:
+        problems.append(problem)
     if (spawn.system_prompt, spawn.sub_agent_prompt) != (told, after.sub_agent_prompt):
         problems.append(
             f"system prompt {spawn.system_prompt!r} / {spawn.sub_agent_prompt!r}, "
@@ -2367,6 +2509,25 @@ def _definition_of(parent: Conversation, spawn: SpawnSubAgent) -> AgentDefinitio
     if found is None:
         _fail("a child's agent is one of its parent's", f"unknown {spawn.agent!r}", parent)
     return found
+
+
+def _context_problem(spawn: SpawnSubAgent, after: Conversation) -> str | None:
+    """What is wrong with a child's context for its context mode, if anything."""
+    children = after.children
+    spec = None if children is None else children.find_pending(spawn.child_id)
+    mode = None if spec is None else spec.spec.context
+    if mode == "summary":
+        summary = None if children is None else children.summary
+        if summary is None or summary.text is None:
+            return "it was started before its summary was made"
+        if spawn.context != (UserMessage(SUMMARY_HEADER + summary.text),):
+            return "its context is not the round's summary"
+        return None
+    if mode == "full":
+        if not _from_parents_history(spawn.context, after.history):
+            return "its context is not its parent's history (and reply text)"
+        return None
+    return None if spawn.context == () else "a task_only child was given a context"
 
 
 def _from_parents_history(context: tuple[Message, ...], history: tuple[Message, ...]) -> bool:
@@ -2622,7 +2783,12 @@ def _check_event_rules(
 ) -> None:
     phase = before.phase
     live = live_numbers(before)
+    summary = before.children.summary if before.children is not None else None
     match event:
+        case ModelReplied(call=n) | ModelFailed(call=n) if (
+            summary is not None and summary.call is not None and summary.call == n
+        ):
+            _check_summary_result(before, event, after, effects, summary)
         case ModelReplied(call=n) | ModelFailed(call=n):
             if not (isinstance(phase, LlmRequesting) and phase.call == n):
                 _absorbed(before, after, effects, f"model result for call {n} not awaited")
@@ -2729,6 +2895,51 @@ def _check_event_rules(
         case RuntimeResumed():
             if not isinstance(phase, ToolExecuting) and after != before:
                 _fail("a restart changes nothing", "the state changed", after)
+
+
+def _check_summary_result(
+    before: Conversation,
+    event: ModelReplied | ModelFailed,
+    after: Conversation,
+    effects: Effects,
+    summary: Summary,
+) -> None:
+    """The summary call answered: its tokens count, the history is untouched (a
+    summary is no round), and the summary is made from a text, retried, or failed."""
+    usage = event.reply.usage if isinstance(event, ModelReplied) else event.error.usage
+    # (It is no round: only the next model call, once its round ends, takes one.)
+    ended = isinstance(after.phase, LlmRequesting)
+    if after.usage != before.usage + usage or (after.rounds != before.rounds and not ended):
+        _fail("a summary call's tokens count, and it is no round", f"{after.usage}", after)
+    if after.history[: len(before.history)] != before.history:
+        _fail("a summary call leaves the history alone", "history changed", after)
+    children = after.children
+    made = children.summary if children is not None else None
+    if isinstance(event, ModelReplied):
+        reply = event.reply
+        good = reply.stop_reason != STOP_REFUSAL and reply.text.strip()
+        if good and made is not None and made.text != reply.text:
+            _fail("a summary is the reply's text", f"{made} for {reply.text!r}", after)
+        if not good and made is not None and made.error is None:
+            _fail("a refused or empty summary is a failure", f"{made}", after)
+        if not good:
+            for spawn in (e for e in effects if isinstance(e, SpawnSubAgent)):
+                first = spawn.context[0] if spawn.context else None
+                if isinstance(first, UserMessage) and first.text.startswith(SUMMARY_HEADER):
+                    _fail("no child starts without its summary", spawn.child_id, after)
+        return
+    error = event.error
+    retry = error.kind.retryable and summary.attempt < before.limits.max_attempts
+    if retry != (made is not None and made.timer is not None):
+        _fail(
+            "a summary's retryable failures are retried up to max_attempts",
+            f"{error.kind} at attempt {summary.attempt} -> {made}",
+            after,
+        )
+    if made is not None and made.timer is not None and made.attempt != summary.attempt + 1:
+        _fail("attempts count up by one", f"{summary} -> {made}", after)
+    if not retry and made is not None and made.kind != error.kind:
+        _fail("a failed summary keeps the error's kind", f"{made} for {error.kind}", after)
 
 
 def _check_cancel_ending(before: Conversation, after: Conversation, reason: CancelReason) -> None:

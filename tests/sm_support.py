@@ -55,6 +55,7 @@ from fanfold.statemachine import (
     start,
     transition,
 )
+from fanfold.statemachine.delegation import own_messages
 from fanfold.testing import check_invariants, check_start, check_transition
 
 E = TypeVar("E")
@@ -373,7 +374,9 @@ class World:
             else:
                 assert state.is_terminal, f"{cid} still waits in {state.phase}"
             listed: Counter[str] = Counter()
-            for message in state.history:
+            # Its own messages: a child of context mode full starts with its
+            # parent's conversation, whose fan-in results are not its own.
+            for message in own_messages(state.history, state.task, state.is_sub_agent):
                 if isinstance(message, ToolResultMessage) and message.result.name == (
                     "spawn_agents"
                 ):

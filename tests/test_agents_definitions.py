@@ -125,8 +125,8 @@ def test_fanfold_keys_and_yaml_lists() -> None:
             ["a.md:4: read-only is an allow rule (in tools)"],
         ),
         (
-            "---\nname: x\ndescription: y\ncontext: summary\n---\n",
-            ["a.md:4: context 'summary' is not implemented (task_only and full are)"],
+            "---\nname: x\ndescription: y\ncontext: everything\n---\n",
+            ["a.md:4: context 'everything': use task_only, full or summary"],
         ),
         (
             "---\nname: a b\ndescription: y\n---\n",
@@ -278,7 +278,7 @@ def test_the_readme_example_file_is_valid() -> None:
     )
     assert (definition.max_rounds, definition.max_tokens, definition.timeout) == (8, 40000, 300)
     assert not definition.may_delegate and definition.model == "small"
-    assert definition.context == "full"
+    assert definition.context == "summary"
 
 
 def test_fanfold_agents_shows_whole_sources_and_rules_and_the_context_mode(

@@ -203,6 +203,26 @@ def test_a_race_charges_the_shares_of_the_children_it_cancels_and_says_why() -> 
     )
 
 
+def test_a_sequential_step_refused_for_want_of_budget_does_not_strand_the_rest() -> None:
+    # The first step spends the whole budget: the second cannot get a share. Before
+    # 2026-11-26 the third stayed queued behind it with nothing running, and the parent
+    # waited forever; now the refusal is a failed step, so the rest are not run...
+    limits = Limits(max_tokens=100)
+    for keep_going, kinds in [
+        (False, ["budget_exhausted", "not_run"]),
+        # ...or, with keep_going, each is tried in turn (and refused the same way).
+        (True, ["budget_exhausted", "budget_exhausted"]),
+    ]:
+        state = root(limits)
+        state, _ = step(state, user("go"))
+        call = _spawn_with("s", ["a", "b", "c"], mode="sequential", keep_going=keep_going)
+        state, _ = step(state, replied(state, call))
+        state, effects = step(state, SubAgentFinished("root.1", ChildSucceeded("x", tokens=100)))
+        assert of_type(effects, CallModel) and not of_type(effects, SpawnSubAgent)
+        entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+        assert [e.get("error_kind") for e in entries[1:]] == kinds
+
+
 def test_a_race_without_a_quorum_ends_at_the_first_success() -> None:
     state = root()
     state, _ = step(state, user("go"))
@@ -280,7 +300,16 @@ def test_modes_hold_their_invariants_in_any_interleaving(data: st.DataObject) ->
     world.apply("root", user("go"))
     tasks = data.draw(st.integers(1, 4))
     arguments = _mode_arguments(data, tasks)
-    call = _spawn_with("first", [f"task {i}" for i in range(tasks)], **arguments)
+    # Each task with a context mode: a summary child waits for its parent's summary
+    # call, which may fail, be retried, be cancelled or be cut short by a restart.
+    contexts = data.draw(
+        st.lists(st.sampled_from([None, "full", "summary"]), min_size=tasks, max_size=tasks)
+    )
+    entries = [
+        {"task": f"task {i}"} if context is None else {"task": f"task {i}", "context": context}
+        for i, context in enumerate(contexts)
+    ]
+    call = ToolCall.of("first", "spawn_agents", {"tasks": entries, **arguments})
     (key,) = world.models
     world.reply(key, ModelReply("delegating", (call,)))
     world.check()

@@ -18,7 +18,7 @@ from fanfold.statemachine import (
     ToolSpec,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition
-from fanfold.statemachine.delegation import child_setup
+from fanfold.statemachine.delegation import child_setup, own_messages
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.permissions import (
     Permissions,
@@ -343,9 +343,12 @@ def test_no_refused_call_ever_runs_at_any_depth(data: st.DataObject) -> None:
     for cid, conversation in world.convs.items():
         # Each refusal is an error result "<tool> refused ..." in the history once its
         # round is over, and counted when it is decided.
+        # (Its own messages: a child of context mode full is first given its
+        # parent's conversation, refusals included.)
+        own = own_messages(conversation.history, conversation.task, conversation.is_sub_agent)
         refused = [
             m
-            for m in conversation.history
+            for m in own
             if isinstance(m, ToolResultMessage)
             and m.result.is_error
             and m.result.content.startswith(f"{m.result.name} refused")

@@ -73,9 +73,9 @@ def test_the_spawn_tool_lists_the_agents_with_their_descriptions() -> None:
     context = spec.input_schema()["properties"]["tasks"]["items"]["properties"]["context"]
     assert context == {
         "type": "string",
-        "enum": ["task_only", "full"],
+        "enum": ["task_only", "full", "summary"],
         "description": "task_only (default): the sub-agent sees just its task; full: "
-        "also this conversation so far",
+        "also this conversation so far; summary: a summary of this conversation so far",
     }
     # Without definitions the tool is what it always was (older logs).
     plain = next(t for t in root().tools if t.name == "spawn_agents")
@@ -276,8 +276,8 @@ def test_a_task_may_ask_for_task_only_under_a_full_definition() -> None:
     assert only(effects, SpawnSubAgent).context == ()
     state = root()
     state, _ = step(state, user("go"))
-    state, _ = step(state, replied(state, spawn("s1", {"task": "t", "context": "summary"})))
-    assert "'context' must be task_only or full" in tool_results(state)[0].content
+    state, _ = step(state, replied(state, spawn("s1", {"task": "t", "context": "all"})))
+    assert "'context' must be task_only, full or summary" in tool_results(state)[0].content
 
 
 def test_the_spawn_tool_lists_each_name_once_with_a_bounded_description() -> None:

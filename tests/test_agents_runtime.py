@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from runtime_helpers import open_runtime, reply, script, spawn, submit, think
@@ -224,3 +225,110 @@ async def test_a_path_rule_holds_through_a_symbolic_link(
     assert refused.content.endswith(
         "'docs/link/evil.py' leads to 'src/evil.py' through a symbolic link"
     )
+
+
+def _summary_script(latency: float, summary: dict[str, Any], **agents: Any) -> Any:
+    """``runtime_helpers.script`` with a scripted reply to the root's summary call."""
+    from fanfold.providers.scripted import ScriptedProvider
+
+    entries = [
+        {"match": {"path": "root"}, "replies": agents.pop("root"), "summary": summary},
+        *(
+            {"match": {"path": "root/" + key[1:]}, "replies": replies}
+            for key, replies in agents.items()
+        ),
+    ]
+    return ScriptedProvider({"latency": latency, "agents": entries})
+
+
+async def test_summary_children_start_with_the_recorded_summary_and_replay(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    from fanfold.replay import verify
+    from fanfold.statemachine import UserMessage
+    from fanfold.statemachine.delegation import SUMMARY_HEADER
+
+    provider = _summary_script(
+        1.0,
+        # Its first attempt is rate limited: retried after the hinted 3 s.
+        {
+            "text": "The user wants X; a.py is broken.",
+            "fail_first": [{"kind": "rate_limit", "message": "slow", "retry_after": 3.0}],
+            "usage": {"input_tokens": 400, "output_tokens": 30},
+        },
+        root=[
+            reply("Looking first.", think("a.py is broken")),
+            reply("Delegating.", spawn({"task": "fix a.py", "context": "summary"}, "plain")),
+            reply("done"),
+        ],
+        c1=[reply("", submit("fixed with: {{task}}"))],
+        c2=[reply("", submit("plain done"))],
+    )
+    async with open_runtime(tmp_path, provider, limits=Limits()) as runtime:
+        root_id = await runtime.start("go", cwd=tmp_path)
+        result = await runtime.wait(root_id)
+    assert result.phase == "Idle"
+    states = _tree(tmp_path, root_id)
+    summarised, plain = states[f"{root_id}.1"], states[f"{root_id}.2"]
+    briefing = UserMessage(SUMMARY_HEADER + "The user wants X; a.py is broken.")
+    assert summarised.history[:2] == (briefing, UserMessage("fix a.py"))
+    assert plain.history[0] == UserMessage("plain")
+    # The summary's tokens are the root's (one call's 430, beside its three rounds).
+    root = states[root_id]
+    assert root.rounds == 3 and root.usage_input >= 400
+    with Store.open(tmp_path / "log.db") as store:
+        report = verify(store, root_id, tree=True)
+        assert report.ok, report
+        kinds = [type(e.event).__name__ for e in store.events(root_id)]
+    # Call, rate limited, retry timer, call again, the summary: all in the root's log.
+    assert kinds.count("ModelFailed") == 1 and kinds.count("ModelReplied") == 4
+
+
+@pytest.mark.parametrize("cut_at", [2, 3])
+async def test_a_restart_while_the_summary_is_made_asks_again_and_a_cancel_stops_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, cut_at: int
+) -> None:
+    """Stopped when the summary was asked for (seq 2: the call in flight) or made
+    (seq 3: the child not yet spawned): resumed, the tree finishes the same way."""
+    summary = {"text": "S", "latency": 50.0}
+    root_replies = [reply("", spawn({"task": "t", "context": "summary"})), reply("done")]
+    provider = _summary_script(
+        1.0, summary, root=root_replies, c1=[reply("", submit("got {{task}}"))]
+    )
+
+    async def drive(runtime: Runtime) -> None:
+        await runtime.start("go", cwd=tmp_path)
+
+    def summary_asked(steps: Sequence[Step]) -> bool:
+        return any(s.conversation_id.count(".") == 0 and s.seq == cut_at for s in steps)
+
+    await _run_until_cut(tmp_path, provider, summary_asked, drive)
+    async with open_runtime(tmp_path, provider) as runtime:
+        (root_id,) = [r for r in await runtime.resume() if "." not in r]
+        result = await runtime.wait(root_id)
+    assert result.phase == "Idle"
+    states = _tree(tmp_path, root_id)
+    assert states[f"{root_id}.1"].phase.result == "got t"
+    with Store.open(tmp_path / "log.db") as store:
+        assert verify_ok(store, root_id)
+        kinds = [type(e.event).__name__ for e in store.events(root_id)]
+    assert kinds[cut_at + 1] == "RuntimeResumed"
+    assert kinds.count("ModelReplied") == 3  # spawn, summary, done: asked once more at most
+
+    # Cancelled while the summary is made: the call is aborted, the child never exists.
+    cancelled = tmp_path / "cancelled"
+    cancelled.mkdir()
+    provider = _summary_script(1.0, summary, root=root_replies, c1=[])
+    async with open_runtime(cancelled, provider) as runtime:
+        root_id = await runtime.start("go", cwd=cancelled)
+        await trio.sleep(10.0)
+        await runtime.cancel(root_id)
+        result = await runtime.wait(root_id)
+    assert result.phase == "Idle"
+    assert set(_tree(cancelled, root_id)) == {root_id}
+
+
+def verify_ok(store: Store, root_id: str) -> bool:
+    from fanfold.replay import verify
+
+    return verify(store, root_id, tree=True).ok

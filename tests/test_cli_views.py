@@ -301,8 +301,8 @@ def test_show_lists_the_tasks_a_failed_sequence_never_ran(tmp_path: Path) -> Non
     assert all(n["error"] for n in tree["not_run"])
     assert tree["children"][0]["not_run"] == []
     shown = _invoke(runner, "show", root.id, "--db", db).output
-    assert f'not run {root.id}.2: "build <b>it</b>"' in shown
-    assert f'not run {root.id}.3: "test it"' in shown
+    assert f'never started {root.id}.2: "build <b>it</b>"' in shown
+    assert f'never started {root.id}.3: "test it"' in shown
 
 
 # ------------------------------------------------------------------ long texts

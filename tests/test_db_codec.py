@@ -359,15 +359,20 @@ def _v6(golden: str) -> str:
     return _v5(golden).replace('{"v":5,', '{"v":6,', 1)
 
 
+def _v7(golden: str) -> str:
+    return _v6(golden).replace('{"v":6,', '{"v":7,', 1)
+
+
 def test_format_is_stable() -> None:
-    """Version 6 documents: changing these strings needs a new SCHEMA_VERSION."""
-    assert SCHEMA_VERSION == 6
+    """Version 7 documents: changing these strings needs a new SCHEMA_VERSION."""
+    assert SCHEMA_VERSION == 7
     reply = ModelReplied(
         3, ModelReply("ok", (ToolCall.of("t1", "bash", {"command": "ls"}),), Usage(5, 2))
     )
-    assert encode_event(UserMessaged("hi")) == '{"v":6,"type":"UserMessaged","text":"hi"}'
-    assert encode_event(ConversationCreated("r")) == _v6(GOLDEN_CREATED)
-    assert encode_event(reply) == _v6(GOLDEN_REPLY)
+    assert encode_event(UserMessaged("hi")) == '{"v":7,"type":"UserMessaged","text":"hi"}'
+    assert encode_event(ConversationCreated("r")) == _v7(GOLDEN_CREATED)
+    assert encode_event(reply) == _v7(GOLDEN_REPLY)
+    assert decode_event(_v7(GOLDEN_CREATED)) == ConversationCreated("r")
     assert decode_event(_v6(GOLDEN_CREATED)) == ConversationCreated("r")
     assert decode_event(_v5(GOLDEN_CREATED)) == ConversationCreated("r")
     assert decode_event(_v4(GOLDEN_CREATED)) == ConversationCreated("r")
@@ -375,12 +380,12 @@ def test_format_is_stable() -> None:
     assert decode_event(_v4(GOLDEN_REPLY)) == reply
     assert decode_event(_v2(GOLDEN_CREATED)) == ConversationCreated("r")
     _fails(_v6(GOLDEN_CREATED)[:-16] + "}", "", "missing field(s) 'workdir'")
-    assert encode(ErrorKind.AUTH) == '{"v":6,"type":"ErrorKind","value":"auth"}'
+    assert encode(ErrorKind.AUTH) == '{"v":7,"type":"ErrorKind","value":"auth"}'
     assert encode(()) == "[]"
     assert encode(None) == "null"
     finished = SubAgentFinished("r.1", ChildSucceeded("done", 42))
     assert encode_event(finished) == (
-        '{"v":6,"type":"SubAgentFinished","child_id":"r.1",'
+        '{"v":7,"type":"SubAgentFinished","child_id":"r.1",'
         '"outcome":{"type":"ChildSucceeded","result":"done","tokens":42}}'
     )
 
@@ -391,11 +396,11 @@ def test_schema_6_retired_the_model_request_of_call_model() -> None:
     and ``retired_value`` reads it (replay checks it against the derived request); a
     schema 6 document holding one is refused, as any unknown field is."""
     request = sm.ModelRequest("s", (sm.UserMessage("a"),), (), "m")
-    nested = encode(request).replace('{"v":6,', "{", 1)  # a field's value has no "v"
+    nested = encode(request).replace('{"v":7,', "{", 1)  # a field's value has no "v"
     old = '{"v":5,"type":"CallModel","call":3,"request":' + nested + ',"attempt":2}'
     assert decode_effect(old) == sm.CallModel(3, 2)
     assert retired_value(old, "request") == (True, request)
-    assert encode_effect(sm.CallModel(3, 2)) == '{"v":6,"type":"CallModel","call":3,"attempt":2}'
+    assert encode_effect(sm.CallModel(3, 2)) == '{"v":7,"type":"CallModel","call":3,"attempt":2}'
     assert retired_value(encode_effect(sm.CallModel(3, 2)), "request") == (False, None)
     _fails(old.replace('"v":5', '"v":6'), "CallModel", "unknown field(s) 'request'")
     with pytest.raises(CodecError, match="expected a ModelRequest object"):
@@ -411,9 +416,9 @@ def test_the_submitted_flag_of_schema_5_is_written_only_when_false() -> None:
         '"outcome":{"type":"ChildSucceeded","result":"done","tokens":42}}'
     )
     assert decode_event(old) == SubAgentFinished("r.1", ChildSucceeded("done", 42, True))
-    assert encode_event(decode_event(old)) == old.replace('"v":4', '"v":6')
+    assert encode_event(decode_event(old)) == old.replace('"v":4', '"v":7')
     plain = SubAgentFinished("r.1", ChildSucceeded("done", 42, submitted=False))
-    assert encode_event(plain) == old.replace('"v":4', '"v":6')[:-2] + ',"submitted":false}}'
+    assert encode_event(plain) == old.replace('"v":4', '"v":7')[:-2] + ',"submitted":false}}'
     assert decode_event(encode_event(plain)) == plain
     assert as_recorded_by(plain, 4) == decode_event(old)
     assert as_recorded_by(plain, 5) == plain
@@ -426,7 +431,7 @@ def test_version_3_effects_decode_with_the_fields_4_added_defaulted() -> None:
     timer = '{"v":3,"type":"StartTimer","timer":1,"delay":5.0,"purpose":"time limit"}'
     assert decode_effect(timer) == StartTimer(1, 5.0, "time limit", counts_downtime=False)
     current = StartTimer(1, 5.0, "time limit", counts_downtime=True)
-    assert encode_effect(current) == timer.replace('"v":3', '"v":6')[:-1] + (
+    assert encode_effect(current) == timer.replace('"v":3', '"v":7')[:-1] + (
         ',"counts_downtime":true}'
     )
     _fails(timer.replace('"v":3', '"v":4'), "", "missing field(s) 'counts_downtime'")
@@ -651,9 +656,9 @@ def test_wrong_value_types_are_named() -> None:
 
 def test_versions() -> None:
     with pytest.raises(UnsupportedVersion) as info:
-        decode('{"v":7,"type":"UserMessaged","text":"hi"}')
-    assert info.value.version == 7
-    assert "versions 1 to 6" in str(info.value)
+        decode('{"v":8,"type":"UserMessaged","text":"hi"}')
+    assert info.value.version == 8
+    assert "versions 1 to 7" in str(info.value)
     for bad in ("0", '"1"', "1.0", "null"):
         with pytest.raises(CodecError):
             decode('{"v":' + bad + ',"type":"UserMessaged","text":"hi"}')
@@ -757,13 +762,17 @@ def test_a_content_digest_hashes_stored_documents_without_their_schema_version()
     stored = encode_effect_stored(call)
     assert decode_effect(stored) == call
     assert canonical_text(stored, object_form=True) == encode_unversioned(call)
-    # An event in object form: of an older schema (an import), not checkable; of the
-    # current one (written by no fanfold), hashed as it is, so it matches nothing.
+    # An event in object form: of an older schema that wrote format 5 (an import of
+    # its export), not checkable; of the current one (written by no fanfold), hashed
+    # as it is, so it matches nothing.
     as_object = encode_event(event)
-    older = as_object.replace(f'"v":{SCHEMA_VERSION},', f'"v":{SCHEMA_VERSION - 1},', 1)
+    imported = as_object.replace(f'"v":{SCHEMA_VERSION},', '"v":6,', 1)
+    assert SCHEMA_VERSION > 6
+    assert canonical_text(imported, object_form=False) is None
+    assert content_digest(imported, [("CallModel", stored)]) is None
     # Schema 6 wrote the first format-5 fingerprints: a document older than that in a
     # format-5 step was never written by a fanfold (a downgrade to dodge the check).
-    assert SCHEMA_VERSION - 1 < 6
+    older = as_object.replace(f'"v":{SCHEMA_VERSION},', '"v":5,', 1)
     assert canonical_text(older, object_form=False) == older
     assert canonical_text(as_object, object_form=False) == as_object
     digest = content_digest(compact, [("CallModel", stored)])

@@ -23,6 +23,7 @@ import pytest
 
 from fanfold.db import Store
 from fanfold.db.checksum import effect_checksum
+from fanfold.db.codec import SCHEMA_VERSION
 from fanfold.replay import verify
 from fanfold.replay.report import Divergence
 
@@ -174,7 +175,7 @@ def test_a_killed_run_of_schema_5_resumes_and_verifies(tmp_path: Path) -> None:
         report = verify(store, root, tree=True)
         assert report.ok, report
     versions = {json.loads(p)["v"] for _, _, _, p in _call_model_rows(path)}
-    assert versions == {5, 6}
+    assert versions == {5, SCHEMA_VERSION}
 
 
 def test_a_killed_run_of_schema_6_resumes_and_verifies(tmp_path: Path) -> None:

@@ -84,10 +84,18 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
     (("agents",), "root", 'agents: expected a list, got "root"'),
     (("colour",), "blue", "unknown key(s) 'colour' (keys are agents, latency)"),
     # an agent entry
-    (("agents", 0), "root", 'agents[0]: expected an object with keys match, replies, got "root"'),
+    (
+        ("agents", 0),
+        "root",
+        'agents[0]: expected an object with keys match, replies, summary, got "root"',
+    ),
     (("agents", 0, "replies"), _DELETE, "agents[0].replies: required, missing"),
     (("agents", 0, "replies"), {}, "agents[0].replies: expected a list, got an object"),
-    (("agents", 0, "name"), "x", "agents[0]: unknown key(s) 'name' (keys are match, replies)"),
+    (
+        ("agents", 0, "name"),
+        "x",
+        "agents[0]: unknown key(s) 'name' (keys are match, replies, summary)",
+    ),
     # its match
     (("agents", 0, "match"), [], "agents[0].match: expected an object with keys path, "),
     (("agents", 0, "match", "path"), 1, "agents[0].match.path: expected a string, got 1"),

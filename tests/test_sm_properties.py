@@ -42,6 +42,7 @@ from fanfold.statemachine import (
     SubAgentFinished,
     TimerFired,
     ToolResultMessage,
+    UserMessage,
     UserMessaged,
     fold,
     model_request,
@@ -51,6 +52,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine import (
     Phase as SmPhase,
 )
+from fanfold.statemachine.delegation import SUMMARY_PROMPT, parent_context
 from fanfold.testing import Trace
 
 
@@ -182,7 +184,16 @@ def test_history_valid_before_every_model_call(trace: Trace) -> None:
         for effect in effects:
             if isinstance(effect, CallModel):
                 _no_open_calls(model_request(after).messages)
-                assert model_request(after).messages == after.history
+                children = after.children
+                if children is not None and children.summary is not None:
+                    # The summary call of context mode summary: the conversation
+                    # before the spawning reply's calls, then the instruction.
+                    assert model_request(after).messages == (
+                        *parent_context(after.history),
+                        UserMessage(SUMMARY_PROMPT),
+                    )
+                else:
+                    assert model_request(after).messages == after.history
 
 
 @given(testing.event_sequences())

@@ -238,6 +238,17 @@ def _directed() -> Observed:
     assert cancelling is not None and isinstance(cancelling.phase, CancellingSubAgents)
     (child,) = cancelling.phase.children.pending_ids()
     _observe(cancelling, SubAgentFinished(child, ChildSucceeded("stopped")), seen)
+    # Context mode summary: the parent's summary call is refused, so its only child
+    # never starts and the round ends (AwaitingSubAgents -> LlmRequesting on the
+    # reply); a sub-agent cancelled while the call runs ends at once (nothing runs).
+    wants = {"task": "t", "context": "summary"}
+    summarising = sm.steps(sm.root(LIMITS), sm.user("go"))
+    summarising = sm.steps(summarising, sm.replied(summarising, sm.spawn("s1", wants)))
+    (call,) = testing.live_numbers(summarising)
+    _observe(summarising, ModelReplied(call, ModelReply("no", stop_reason="refusal")), seen)
+    sub = sm.child(attrs.evolve(LIMITS, max_depth=2))
+    sub = sm.steps(sub, sm.replied(sub, sm.spawn("s1", wants)))
+    _observe(sub, CancelRequested(CancelReason.PARENT), seen)
     return seen
 
 

@@ -14,6 +14,7 @@ from replay_helpers import edit
 
 from fanfold.cli import cli
 from fanfold.db import Store
+from fanfold.db.codec import SCHEMA_VERSION
 
 # A reply that would run script if any text of the log reached the page as markup.
 HOSTILE = (
@@ -128,7 +129,7 @@ def diverge(db: Path, conversation_id: str, seq: int) -> None:
             (
                 conversation_id,
                 seq,
-                json.dumps({"v": 6, "type": "AbortCall", "call": 999}),
+                json.dumps({"v": SCHEMA_VERSION, "type": "AbortCall", "call": 999}),
                 conversation_id,
                 seq,
             ),

@@ -12,9 +12,9 @@ as they are::
     You are a careful code reviewer...  (the body: the agent's system prompt)
 
 plus fanfold's own keys: ``disallowed_tools`` (deny rules), ``max_rounds``,
-``max_tokens``, ``timeout`` (seconds), ``context`` (``task_only`` or ``full``), ``may_delegate``
-(default true) and ``prompt_mode`` (``extend``, the default: the sub-agent prompt
-then the body; ``replace``: the body alone). Claude Code's spellings
+``max_tokens``, ``timeout`` (seconds), ``context`` (``task_only``, ``full`` or
+``summary``), ``may_delegate`` (default true) and ``prompt_mode`` (``extend``, the
+default: the sub-agent prompt then the body; ``replace``: the body alone). Claude Code's spellings
 (``disallowedTools``, ``maxTurns``) are read too; other keys (``color``) are ignored
 with a warning.
 
@@ -47,9 +47,9 @@ from fanfold.statemachine.permissions import (
 KNOWN_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file", "think"})
 """The ordinary tools fanfold has (a rule naming another tool matches nothing)."""
 
-CONTEXT_MODES = ("task_only", "full")
-"""Context modes implemented: a fresh history holding just the task; the parent's
-conversation so far, then the task. (``summary`` is not.)"""
+CONTEXT_MODES = ("task_only", "full", "summary")
+"""Context modes: a fresh history holding just the task; the parent's conversation
+so far, then the task; a summary of it (one model call of the parent), then the task."""
 
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
@@ -338,7 +338,7 @@ def _definition(
             AgentProblem(
                 path,
                 at("context"),
-                f"context {matter.context!r} is not implemented (task_only and full are)",
+                f"context {matter.context!r}: use task_only, full or summary",
             )
         )
     allow = None

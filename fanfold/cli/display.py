@@ -17,6 +17,8 @@ from fanfold.providers.base import StreamProgress
 from fanfold.statemachine import (
     AssistantMessage,
     AwaitingRetry,
+    AwaitingSubAgents,
+    Children,
     Completed,
     Conversation,
     Effect,
@@ -27,6 +29,7 @@ from fanfold.statemachine import (
     LlmRequesting,
     RunTool,
     ScheduleRetry,
+    Summary,
     ToolExecuting,
 )
 from fanfold.statemachine.delegation import own_messages
@@ -174,6 +177,11 @@ def describe(state: Conversation, retry_in: float | None = None) -> str:
             else:
                 wait = f"retrying in {math.ceil(max(0.0, retry_in))}s"
             return f"{error.kind} error, {wait} (attempt {attempt})"
+        case AwaitingSubAgents(children=Children(summary=Summary(call=int(), attempt=n))):
+            return "summarising for sub-agents" + (f", attempt {n}" if n > 1 else "")
+        case AwaitingSubAgents(children=Children(summary=Summary(timer=int(), attempt=n))):
+            wait = "" if retry_in is None else f" in {math.ceil(max(0.0, retry_in))}s"
+            return f"summary for sub-agents failed, retrying{wait} (attempt {n})"
         case LlmRequesting(attempt=attempt) if attempt > 1:
             return f"model call, attempt {attempt}"
         case LlmRequesting():
@@ -217,7 +225,13 @@ class TreeView:
         for effect in effects:
             if isinstance(effect, ScheduleRetry):
                 row.retry_at = self._clock() + effect.delay
-        if not isinstance(after.phase, AwaitingRetry):
+        children = after.children
+        summary_retry = (
+            children is not None
+            and children.summary is not None
+            and (children.summary.timer is not None)
+        )
+        if not (isinstance(after.phase, AwaitingRetry) or summary_retry):
             row.retry_at = None
         if not isinstance(after.phase, LlmRequesting):
             self.streamed.pop(after.id, None)

@@ -35,7 +35,6 @@ from fanfold.statemachine import (
     Completed,
     Conversation,
     Error,
-    ErrorKind,
     Failed,
     Idle,
     ToolCall,
@@ -43,6 +42,7 @@ from fanfold.statemachine import (
     UserMessage,
     spawn_order,
 )
+from fanfold.statemachine.delegation import SUMMARY_HEADER
 
 
 @click.command(name="ls")
@@ -144,12 +144,22 @@ class ShowNode:
     @property
     def context(self) -> str | None:
         """A sub-agent's context mode: ``task_only`` when its history starts with its
-        task, ``full`` when with its parent's conversation."""
+        task, ``summary`` when with the summary of its parent's conversation and then
+        its task, ``full`` when with its parent's conversation."""
         state = self.state
         if not state.is_sub_agent:
             return None
-        first = state.history[:1]
-        return "task_only" if not first or first[0] == UserMessage(self.task) else "full"
+        history = state.history
+        if not history or history[0] == UserMessage(self.task):
+            return "task_only"
+        first = history[0]
+        if (
+            isinstance(first, UserMessage)
+            and first.text.startswith(SUMMARY_HEADER)
+            and history[1:2] == (UserMessage(self.task),)
+        ):
+            return "summary"
+        return "full"
 
     def tree_cost(self) -> float | None:
         """The cost of this conversation and every one below it; None unless every
@@ -310,12 +320,15 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
 
 
 def never_run(state: Conversation) -> list[NotRun]:
-    """The tasks its spawn_agents calls recorded as ``not_run`` (a sequential call
-    stopped by a failure), from their fan-in results in the history."""
+    """The failed children of its spawn_agents calls, from their fan-in results in the
+    history; the caller keeps those that never started (no conversation of theirs
+    exists): a sequential call's steps after a failure (``not_run``), children
+    cancelled or out of token budget before their turn, children whose summary
+    (context mode ``summary``) could not be made."""
     return [
         NotRun(str(entry.get("agent_id")), str(entry.get("task", "")), str(entry.get("error", "")))
         for _, entry in _fan_in_entries(state)
-        if entry.get("error_kind") == ErrorKind.NOT_RUN.value
+        if entry.get("status") == "failed"
     ]
 
 
@@ -400,7 +413,7 @@ def _add_not_run(tree: Tree, node: ShowNode) -> None:
         tree.add(
             Text.assemble(
                 ("∅", "dim"),
-                f' not run {printable(task.id)}: "{short(task.task)}" ',
+                f' never started {printable(task.id)}: "{short(task.task)}" ',
                 (f"({short(task.error, 120)})", "dim"),
             )
         )

@@ -107,7 +107,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.permissions import Permissions
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Version written into every document; decoding accepts 1..SCHEMA_VERSION.
 
 History: 2 added the token accounting of sub-agent trees (``ChildSucceeded.tokens``,
@@ -118,7 +118,8 @@ is) and the error kind ``invalid_cwd``; 4 added ``CallModel.attempt`` and
 ``ChildSucceeded.submitted`` (whether a sub-agent called ``submit_result`` or ended
 with plain text), written only when False (see ``OMITTED_AT_DEFAULT``), and
 ``ModelError.usage`` (the tokens of a failed attempt), written only when not zero; 6
-retired ``CallModel.request`` (see ``RETIRED``).
+retired ``CallModel.request`` (see ``RETIRED``); 7 added ``Children.summary`` and the
+context mode ``summary`` of ``ChildSpec.context`` (issue 12), written only when used.
 """
 
 RETIRED: dict[str, dict[str, tuple[int, type[Any]]]] = {"CallModel": {"request": (6, ModelRequest)}}

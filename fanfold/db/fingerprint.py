@@ -223,7 +223,7 @@ def digest(state: Conversation) -> str:
         # The phase with its children taken out; they are hashed item by item below.
         phase = state.phase
         assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
-        rest_of = state.evolve(phase=attrs.evolve(phase, children=_NO_CHILDREN))
+        rest_of = state.evolve(phase=attrs.evolve(phase, children=_bare(children)))
         kids = _children_digest(state.id, children)
     # Without the leading '"v":N,': a new schema version must not change a digest.
     rest = "{" + encode_state_without_history(rest_of).split(",", 1)[1]
@@ -253,7 +253,7 @@ def digest_v4(state: Conversation) -> str:
     if children is not None and (children.pending or children.finished or children.rejected):
         phase = state.phase
         assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
-        changes["phase"] = attrs.evolve(phase, children=_NO_CHILDREN)
+        changes["phase"] = attrs.evolve(phase, children=_bare(children))
         kids = _children_digest(state.id, children)
     rest = "{" + encode_state_without_history(state.evolve(**changes)).split(",", 1)[1]
     h = hashlib.blake2b(rest.encode("utf-8"), digest_size=_DIGEST_SIZE)
@@ -280,6 +280,13 @@ def _as_written_by(document: str, schema: int) -> str:
 
 
 _NO_CHILDREN = Children()
+
+
+def _bare(children: Children) -> Children:
+    """The round's children without the lists hashed item by item (``_children_digest``):
+    what is left is the summary of context mode summary (schema 7), encoded with the
+    rest of the state; without one, nothing (so older logs' digests are unchanged)."""
+    return _NO_CHILDREN if children.summary is None else Children(summary=children.summary)
 
 
 def _children_digest(key: str, children: Children) -> bytes:

@@ -47,6 +47,7 @@ from fanfold.statemachine import (
     TurnOutcome,
     UserMessaged,
 )
+from fanfold.statemachine.transition import is_summary_call
 
 SYSTEM = "fanfold"
 """``gen_ai.provider.name`` is the model provider's; fanfold's agents are named by it."""
@@ -228,6 +229,9 @@ class SpanObserver:
         }
         if state.model is not None:
             attributes["gen_ai.request.model"] = state.model
+        if is_summary_call(state, call):
+            # The summary its sub-agents of context mode summary start with.
+            attributes["fanfold.call.purpose"] = "summary"
         self._calls[(state.id, call)] = self.tracer.start_span(
             f"chat {state.model}" if state.model else "chat",
             context=self._child_context(state),

@@ -118,6 +118,8 @@ class Agent:
 
     match: Match = Match()
     replies: tuple[Reply, ...] = attrs.field(kw_only=True)
+    # The reply to a summary call (context mode "summary"); None: a made-up summary.
+    summary: Reply | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

@@ -36,6 +36,12 @@ tools really found), and ``{{task}}`` by the conversation's task.
 When a conversation's replies run out it answers with text only (a sub-agent then
 completes with that text).
 
+A summary call (made when a ``spawn_agents`` task asks for ``"context": "summary"``)
+is no round: it is answered by the entry's ``"summary"`` reply (a reply as above,
+``fail_first`` and ``stop_reason`` included, ``{{task}}`` and ``{{last_tool_result}}``
+filled), or, without one, by a made-up summary naming the conversation and its
+latest user message.
+
 Every field is checked when the script loads (types, ranges, unknown keys), and a
 ``ScriptError`` names each place that is wrong: ``script.json: agents[0].replies[2]
 .fail_first[0].retry_after: expected a number of seconds >= 0, got "soon"``. A script
@@ -67,9 +73,10 @@ from fanfold.statemachine import (
     ToolCall,
     ToolResultMessage,
     Usage,
+    UserMessage,
     canonical_json,
 )
-from fanfold.statemachine.delegation import own_messages
+from fanfold.statemachine.delegation import SUMMARY_PROMPT, own_messages
 
 __all__ = ["ScriptError", "ScriptedProvider"]
 
@@ -139,6 +146,8 @@ class ScriptedProvider:
         return found
 
     async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
+        if is_summary_request(request):
+            return await self._summary(request, context)
         own = own_messages(request.messages, context.task, context.depth > 0)
         step = 0
         for message in own:
@@ -150,18 +159,47 @@ class ScriptedProvider:
             return ModelReply(text=f"(no scripted reply for {context.path} round {step + 1})")
         reply = entry.agent.replies[step]
         await _sleep(self._latency if reply.latency is None else reply.latency)
-        failures = reply.fail_first
-        if context.attempt <= len(failures):
-            failure = failures[context.attempt - 1]
-            usage = Usage(failure.usage.input_tokens, failure.usage.output_tokens)
-            raise ProviderError(
-                ModelError(failure.kind, failure.message, failure.retry_after, usage)
-            )
+        _fail_first(reply, context.attempt)
         built = entry.built[step]
         if built is not None:
             return built
         values = {"last_tool_result": _last_tool_result(own), "task": context.task or ""}
         return _build(reply, step, values)
+
+    async def _summary(self, request: ModelRequest, context: CallContext) -> ModelReply:
+        entry = self._entry_for(context)
+        reply = None if entry is None else entry.agent.summary
+        if reply is None:
+            await _sleep(self._latency)
+            return ModelReply(text=_made_up_summary(request.messages, context.path))
+        await _sleep(self._latency if reply.latency is None else reply.latency)
+        _fail_first(reply, context.attempt)
+        own = own_messages(request.messages, context.task, context.depth > 0)
+        values = {"last_tool_result": _last_tool_result(own), "task": context.task or ""}
+        return _build(reply, 0, values)
+
+
+def is_summary_request(request: ModelRequest) -> bool:
+    """Whether ``request`` is a summary call's (context mode ``summary``)."""
+    last = request.messages[-1] if request.messages else None
+    return not request.tools and isinstance(last, UserMessage) and last.text == SUMMARY_PROMPT
+
+
+def _made_up_summary(messages: tuple[Message, ...], path: str) -> str:
+    asked = [m.text for m in messages[:-1] if isinstance(m, UserMessage)]
+    latest = asked[-1] if asked else "(none)"
+    if len(latest) > RESULT_CAP:
+        latest = latest[:RESULT_CAP] + "..."
+    return f"(scripted summary of {path}: {len(messages) - 1} messages; latest request: {latest})"
+
+
+def _fail_first(reply: Reply, attempt: int) -> None:
+    """Raise the failure ``reply`` scripts for ``attempt``, if it scripts one."""
+    failures = reply.fail_first
+    if attempt <= len(failures):
+        failure = failures[attempt - 1]
+        usage = Usage(failure.usage.input_tokens, failure.usage.output_tokens)
+        raise ProviderError(ModelError(failure.kind, failure.message, failure.retry_after, usage))
 
 
 _MATCH_CACHE = 10_000  # conversations whose script entry is remembered

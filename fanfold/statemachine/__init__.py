@@ -20,6 +20,7 @@ from fanfold.statemachine.children import (
     FinishedChild,
     PendingChild,
     RejectedTask,
+    Summary,
     fan_in_result,
     spawn_order,
 )
@@ -167,6 +168,7 @@ __all__ = [
     "SpawnSubAgent",
     "StartTimer",
     "SubAgentFinished",
+    "Summary",
     "TimerFired",
     "ToolCall",
     "ToolExecuting",

@@ -23,6 +23,9 @@ class ContextMode(enum.StrEnum):
     """A fresh history holding just the task (the default)."""
     FULL = "full"
     """Its parent's history before the spawning reply, that reply's text, then the task."""
+    SUMMARY = "summary"
+    """A summary of its parent's conversation so far (one model call of the parent per
+    tool round, shared by the round's children of this mode), then the task."""
 
 
 class PromptMode(enum.StrEnum):

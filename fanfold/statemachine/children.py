@@ -16,6 +16,8 @@ _SINCE_2 = {"since": 2}
 _SINCE_5_OMITTED_AT_DEFAULT = {"since": 5, "omitted_at_default": True}
 # Written only when True, likewise.
 _SINCE_6_OMITTED_AT_DEFAULT = {"since": 6, "omitted_at_default": True}
+# The summary of context mode "summary" (schema 7), written only when there is one.
+_SINCE_7_OMITTED_AT_DEFAULT = {"since": 7, "omitted_at_default": True}
 
 
 @attrs.frozen
@@ -84,7 +86,8 @@ class ChildSpec:
     model: str | None = None
     # The agent definition the task named (issue 12; written only when set).
     agent: str | None = attrs.field(default=None, metadata={"since": 6, "omitted_at_default": True})
-    # Its context mode when not task_only ("full"; issue 12, written only when set).
+    # Its context mode when not task_only ("full" or "summary"; issue 12, written only
+    # when set; "summary" since schema 7).
     context: str | None = attrs.field(
         default=None, metadata={"since": 6, "omitted_at_default": True}
     )
@@ -125,12 +128,45 @@ class RejectedTask:
 
 
 @attrs.frozen
+class Summary:
+    """The summary of a parent's conversation that its children of context mode
+    ``summary`` start with: one model call of the parent per tool round, shared by
+    every such child of the round (the parent's history does not change during a
+    round, so neither would the summary).
+
+    Exactly one of these is set: ``call``, the model call in flight; ``timer``, the
+    retry timer before attempt ``attempt`` (``delay`` its backoff, re-issued as is
+    after a restart); ``text``, the summary made; ``error``, why none could be made
+    (``kind``: its typed kind, which the children waiting for it fail with).
+    ``attempt``: the attempt of ``call``, or the one ``timer`` starts.
+    """
+
+    call: int | None = None
+    attempt: int = 1
+    timer: int | None = None
+    delay: float | None = None
+    text: str | None = None
+    error: str | None = None
+    kind: ErrorKind | None = None
+
+    @property
+    def in_flight(self) -> int | None:
+        """The number of the model call or retry timer awaited, if any."""
+        return self.call if self.call is not None else self.timer
+
+
+@attrs.frozen
 class Children:
-    """The children of one tool round. ``pending`` + ``finished`` is every accepted child."""
+    """The children of one tool round. ``pending`` + ``finished`` is every accepted child.
+
+    ``summary``: the summary their children of context mode ``summary`` start with,
+    once one of them waits for it (None before that, and in rounds without one).
+    """
 
     pending: tuple[PendingChild, ...] = ()
     finished: tuple[FinishedChild, ...] = ()
     rejected: tuple[RejectedTask, ...] = ()
+    summary: Summary | None = attrs.field(default=None, metadata=_SINCE_7_OMITTED_AT_DEFAULT)
 
     @property
     def running(self) -> int:
@@ -188,6 +224,7 @@ class Children:
             pending[:index] + pending[index + 1 :],
             self.finished + (FinishedChild(pending[index].spec, outcome),),  # noqa: RUF005
             self.rejected,
+            self.summary,
         )
 
 

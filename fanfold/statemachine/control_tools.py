@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import ToolSpec
 
@@ -157,9 +157,9 @@ def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
     schema["properties"].update(MODE_PROPERTIES)
     schema["properties"]["tasks"]["items"]["properties"]["context"] = {
         "type": "string",
-        "enum": ["task_only", "full"],
+        "enum": ["task_only", "full", "summary"],
         "description": "task_only (default): the sub-agent sees just its task; full: "
-        "also this conversation so far",
+        "also this conversation so far; summary: a summary of this conversation so far",
     }
     # The first definition of a name counts (as find_agent reads them); descriptions
     # are cut so that one long file cannot swell every request's tool list.
@@ -313,8 +313,8 @@ def parse_task(entry: object) -> TaskRequest | str:
     if agent is not None and (not isinstance(agent, str) or not agent):
         return "'agent' must be a non-empty string (an agent's name)"
     context = entry.get("context")
-    if context is not None and context not in ("task_only", "full"):
-        return "'context' must be task_only or full"
+    if context is not None and context not in CONTEXT_MODES:
+        return "'context' must be task_only, full or summary"
     return TaskRequest(
         task=task,
         cwd=cwd,
@@ -325,6 +325,9 @@ def parse_task(entry: object) -> TaskRequest | str:
         context=context,
     )
 
+
+CONTEXT_MODES = tuple(m.value for m in ContextMode)
+"""The values a task's ``context`` may take."""
 
 MAX_CWD_CHARS = 1024
 """The longest ``cwd`` a task may give (Linux allows 4096 bytes for a whole path)."""

@@ -137,3 +137,26 @@ def child_setup(
             limits = attrs.evolve(limits, max_depth=depth)
     agents = parent_agents if depth + 1 <= limits.max_depth else ()
     return ChildSetup(permitted_tools(tools, permissions), prompt, limits, permissions, agents)
+
+
+SUMMARY_PROMPT = (
+    "Write a summary of this conversation so far for the sub-agents you are about to "
+    "delegate to: the goal, what has been found, decided or tried, the files, names and "
+    "facts that matter, and what is still open. Plain text only, no tool calls: the "
+    "sub-agents will know nothing of this conversation but this summary and their task."
+)
+"""The instruction that ends a summary call's request (context mode ``summary``)."""
+
+SUMMARY_HEADER = "A summary of the conversation of the agent that delegated this task:\n\n"
+"""What a child of context mode ``summary`` reads before the summary."""
+
+
+def summary_messages(history: tuple[Message, ...]) -> tuple[Message, ...]:
+    """The messages of a summary call: what a child of context mode ``full`` would be
+    given (``parent_context``), then the instruction to summarise it."""
+    return (*parent_context(history), UserMessage(SUMMARY_PROMPT))
+
+
+def summary_context(text: str) -> tuple[Message, ...]:
+    """What a child of context mode ``summary`` is given before its task."""
+    return (UserMessage(SUMMARY_HEADER + text),)

@@ -171,25 +171,48 @@ _row(
 _row(
     "AwaitingSubAgents",
     UserMessaged=_BUSY_USER,
-    ModelReplied=_stale("AwaitingSubAgents"),
-    ModelFailed=_stale("AwaitingSubAgents"),
+    # The one model call made while children run: the summary their children of
+    # context mode summary start with (DESIGN.md "Context modes").
+    ModelReplied=_cell(
+        "AwaitingSubAgents LlmRequesting",
+        "summary call: its tokens count (no round); a text starts the children waiting "
+        "for it; refusal or no text: they end failed, never started; last one: fan-in, "
+        "CallModel. " + STALE,
+        UnknownCall,
+    ),
+    ModelFailed=_cell(
+        "AwaitingSubAgents LlmRequesting",
+        "summary call: its billed tokens count; retryable with attempts left -> "
+        "ScheduleRetry; else the children waiting for it end failed with its kind; last "
+        "one: fan-in, CallModel. " + STALE,
+        UnknownCall,
+    ),
     ToolFinished=_stale("AwaitingSubAgents"),
     SubAgentFinished=_cell(
         "AwaitingSubAgents LlmRequesting",
         "record outcome, charge its tokens, start queued (each on a share of the "
-        "token budget); last one: fan-in result per spawn_agents call, CallModel; "
-        "duplicate/unknown/queued: raise; written-off: absorb",
+        "token budget); last one: fan-in result per spawn_agents call, CallModel "
+        "(a summary call still in flight aborted); duplicate/unknown/queued: raise; "
+        "written-off: absorb",
         *_CHILD_REFUSALS,
     ),
     TimerFired=_cell(
         "AwaitingSubAgents LlmRequesting CancellingSubAgents",
-        "child deadline: write child off; own time limit: cancel; " + STALE,
+        "child deadline: write child off; summary retry timer: CallModel of its next "
+        "attempt; own time limit: cancel; " + STALE,
         UnknownCall,
     ),
-    # A child always runs while waiting (the queue starts children as slots free up),
-    # so a cancel always waits for acknowledgements.
-    CancelRequested=_cell("CancellingSubAgents", "CancelSubAgents(running) + grace timer"),
-    RuntimeResumed=_cell("AwaitingSubAgents", "re-issue SpawnSubAgent (idempotent), deadlines"),
+    # Children waiting for a summary have not started: with nothing running (only
+    # such children, or none left running), a cancel ends at once.
+    CancelRequested=_cell(
+        "CancellingSubAgents Idle Failed",
+        "AbortCall(summary call), queued children finish cancelled; CancelSubAgents"
+        "(running) + grace timer, or end at once when none runs",
+    ),
+    RuntimeResumed=_cell(
+        "AwaitingSubAgents",
+        "re-issue SpawnSubAgent (idempotent), deadlines, the summary's CallModel or ScheduleRetry",
+    ),
 )
 _row(
     "CancellingSubAgents",

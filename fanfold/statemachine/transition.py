@@ -25,13 +25,14 @@ import math
 
 import attrs
 
-from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
 from fanfold.statemachine.children import (
     ChildFailed,
     Children,
     ChildSpec,
     PendingChild,
     RejectedTask,
+    Summary,
     fan_in_result,
 )
 from fanfold.statemachine.control_tools import (
@@ -57,6 +58,8 @@ from fanfold.statemachine.delegation import (
     child_setup,
     parent_context,
     permitted_tools,
+    summary_context,
+    summary_messages,
 )
 from fanfold.statemachine.effects import (
     AbortCall,
@@ -98,6 +101,7 @@ from fanfold.statemachine.messages import (
     STOP_MAX_TOKENS,
     STOP_REFUSAL,
     AssistantMessage,
+    Message,
     ModelError,
     ModelReply,
     ModelRequest,
@@ -105,6 +109,7 @@ from fanfold.statemachine.messages import (
     ToolResult,
     ToolResultMessage,
     ToolSpec,
+    Usage,
     UserMessage,
     non_finite_path,
 )
@@ -323,9 +328,14 @@ def model_request(state: Conversation) -> ModelRequest:
     the system prompt, the whole history, the tools offered now (only the submit tools
     in a grace round) and the model. What a ``CallModel`` effect asks for.
 
+    While a round's children wait for the summary of context mode ``summary``, the
+    call awaited is that summary's (``summary_request``).
+
     Raises ValueError if ``state`` awaits no model call.
     """
     phase = state.phase
+    if _summary_call(state) is not None:
+        return summary_request(state)
     if not isinstance(phase, LlmRequesting):
         raise ValueError(
             f"conversation {state.id!r} awaits no model call (phase {type(phase).__name__})"
@@ -336,6 +346,35 @@ def model_request(state: Conversation) -> ModelRequest:
         tools=_offered_now(state, phase.grace),
         model=state.model,
     )
+
+
+def summary_request(state: Conversation) -> ModelRequest:
+    """The request of a summary call: the parent's system prompt and model, its
+    history as a context-``full`` child would get it, and the instruction to
+    summarise; no tools (a summary is text)."""
+    return ModelRequest(
+        system=state.system_prompt,
+        messages=summary_messages(state.history),
+        tools=(),
+        model=state.model,
+    )
+
+
+def is_summary_call(state: Conversation, call: int) -> bool:
+    """Whether model call ``call``, awaited in ``state``, is a summary call (context
+    mode ``summary``) rather than one of the conversation's rounds."""
+    summary = _summary_call(state)
+    return summary is not None and summary.call == call
+
+
+def _summary_call(state: Conversation) -> Summary | None:
+    """The summary whose model call ``state`` awaits, if it awaits one."""
+    phase = state.phase
+    if isinstance(phase, AwaitingSubAgents):
+        summary = phase.children.summary
+        if summary is not None and summary.call is not None:
+            return summary
+    return None
 
 
 def _call_model(state: Conversation, *, attempt: int = 1, grace: bool = False) -> Transition:
@@ -452,8 +491,19 @@ def _stop_children(
     """Cancel every pending child, then end once all have acknowledged.
 
     Queued children never started, so they are finished here and now; running ones
-    are told to cancel, and a grace timer bounds how long we wait for them.
+    are told to cancel, and a grace timer bounds how long we wait for them. A summary
+    call in flight is aborted.
     """
+    children, aborted = _summary_stopped(children)
+    return _after(aborted, _stop_children_now(state, results, children, ending))
+
+
+def _stop_children_now(
+    state: Conversation,
+    results: tuple[ToolResult, ...],
+    children: Children,
+    ending: Ending,
+) -> Transition:
     for pending in children.pending:
         if not pending.started:
             children = children.finish(
@@ -528,6 +578,11 @@ def _on_user_message(state: Conversation, event: UserMessaged) -> Transition:
 
 
 def _on_model_result(state: Conversation, event: ModelReplied | ModelFailed) -> Transition:
+    summary = _summary_call(state)
+    if summary is not None:
+        if not _current_or_stale(state, event, event.call, summary.call):
+            return _absorb(state)
+        return _on_summary_result(state, summary, event)
     phase = state.phase
     current = phase.call if isinstance(phase, LlmRequesting) else None
     if not _current_or_stale(state, event, event.call, current):
@@ -538,19 +593,29 @@ def _on_model_result(state: Conversation, event: ModelReplied | ModelFailed) -> 
     return _on_model_replied(state, phase, event)
 
 
-def _on_model_failed(state: Conversation, phase: LlmRequesting, error: ModelError) -> Transition:
+def _count_usage(state: Conversation, usage: Usage) -> Conversation:
+    """``state`` with the tokens of one model call (or a billed failed attempt) added."""
+    return state.evolve(
+        usage_input=state.usage_input + usage.input_tokens,
+        usage_cached=state.usage_cached + usage.cached_input_tokens,
+        usage_output=state.usage_output + usage.output_tokens,
+    )
+
+
+def _finite_hint(error: ModelError) -> ModelError:
+    """``error`` without a NaN or infinite delay hint: that is no hint, and the state
+    keeps no such number (the backoff ignores it either way)."""
     if error.retry_after is not None and not math.isfinite(error.retry_after):
-        # A provider's NaN or infinite delay hint is no hint; the state keeps no such
-        # number (the backoff ignores it either way).
-        error = attrs.evolve(error, retry_after=None)
+        return attrs.evolve(error, retry_after=None)
+    return error
+
+
+def _on_model_failed(state: Conversation, phase: LlmRequesting, error: ModelError) -> Transition:
+    error = _finite_hint(error)
     if error.usage.total:
         # A failed attempt the server billed counts like any other: in the usage and
         # against the token budget, which may end the conversation instead of a retry.
-        state = state.evolve(
-            usage_input=state.usage_input + error.usage.input_tokens,
-            usage_cached=state.usage_cached + error.usage.cached_input_tokens,
-            usage_output=state.usage_output + error.usage.output_tokens,
-        )
+        state = _count_usage(state, error.usage)
         budget = state.limits.max_tokens
         if budget is not None and state.tokens_spent >= budget:
             return _apply_ending(
@@ -583,10 +648,7 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
     # and the parent see that the answer or result is cut (a cut-off tool call never
     # gets here: its provider reports output_truncated instead).
     truncated = reply.stop_reason == STOP_MAX_TOKENS and not reply.tool_calls
-    state = state.evolve(
-        usage_input=state.usage_input + reply.usage.input_tokens,
-        usage_cached=state.usage_cached + reply.usage.cached_input_tokens,
-        usage_output=state.usage_output + reply.usage.output_tokens,
+    state = _count_usage(state, reply.usage).evolve(
         history=(*state.history, AssistantMessage(reply.text, reply.tool_calls, truncated)),
     )
     if reply.stop_reason == STOP_REFUSAL:
@@ -782,11 +844,19 @@ def _tools_done(
     results: tuple[ToolResult, ...],
     children: Children,
 ) -> Transition:
+    effects: Effects = ()
+    if children.summary is None and any(_wants_summary(p) for p in children.pending):
+        # Asked for only now, when the round's tools are done, so that a
+        # conversation never has a model call and a tool in flight at once.
+        state, children, effects = _ask_for_summary(state, children)
+        if not effects:
+            # None could be asked for: the children waiting for it end now.
+            state, children, effects = _start_queued(state, children)
     if children.pending:
         state = state.evolve(phase=AwaitingSubAgents(children=children, results=results))
-        return state, ()
+        return state, effects
     state = _append_round_results(state, results, children)
-    return _call_model(state)
+    return _after(effects, _call_model(state))
 
 
 def _on_tool_finished(state: Conversation, event: ToolFinished) -> Transition:
@@ -898,7 +968,32 @@ def _start_queued(
     state: Conversation, children: Children
 ) -> tuple[Conversation, Children, Effects]:
     """Start queued children, oldest first, while fewer than max_concurrent run; the
-    effects start them (a deadline timer each, then the spawn)."""
+    effects start them (a deadline timer each, then the spawn).
+
+    A child that cannot start (no token budget left, or no summary to give it) is
+    finished failed instead, and its call's mode applies (a sequential call's later
+    steps are not run, or, with ``keep_going``, are tried in turn): so a queued child
+    never waits behind one that will never run.
+    """
+    all_effects: list[Effect] = []
+    while True:
+        state, children, effects, unable = _start_pass(state, children)
+        all_effects += effects
+        if not unable:
+            return state, children, tuple(all_effects)
+        for child_id, outcome in unable:
+            if children.find_pending(child_id) is None:
+                continue  # already finished by an earlier one's mode (not run)
+            children = children.finish(child_id, outcome)
+            state, children, ended = _settle_mode(state, children)
+            all_effects += ended
+
+
+def _start_pass(
+    state: Conversation, children: Children
+) -> tuple[Conversation, Children, Effects, list[tuple[str, ChildFailed]]]:
+    """One pass of ``_start_queued``: the children started, and those that cannot
+    start with the outcome each gets."""
     effects: list[Effect] = []
     running = children.running
     pending = list(children.pending)
@@ -911,11 +1006,19 @@ def _start_queued(
         available = budget - state.tokens_spent - children.reserved
         unstarted = sum(1 for p in pending if not p.started)
     refused: list[str] = []
+    unable: list[tuple[str, ChildFailed]] = []
+    summary = children.summary
     for i, child in enumerate(pending):
         if running >= state.limits.max_concurrent:
             break
         if child.started or not may_start(child, pending):
             continue
+        if _wants_summary(child):
+            if summary is None or summary.in_flight is not None:
+                continue  # its context is not made yet
+            if summary.text is None:
+                unable.append((child.spec.id, _without_summary(summary)))
+                continue
         share = None
         if budget is not None:
             share = available // (unstarted + 1)
@@ -942,18 +1045,19 @@ def _start_queued(
         effects.append(_spawn_effect(state, child.spec, share, children))
         running += 1
     children = attrs.evolve(children, pending=tuple(pending))
-    for child_id in refused:
-        # Nothing left to give it: it never starts (a child would spend tokens on its
-        # first model call before it could notice).
-        children = children.finish(
-            child_id,
-            ChildFailed(
-                f"not started: the token budget of {budget} is used up",
-                ErrorKind.BUDGET_EXHAUSTED,
-                CancelReason.LIMIT,
-            ),
-        )
-    return state, children, tuple(effects)
+    # Nothing left to give them: they never start (a child would spend tokens on its
+    # first model call before it could notice).
+    unable += [(child_id, _budget_used_up(budget)) for child_id in refused]
+    unable.sort(key=lambda item: children.index_of(item[0]))  # oldest first
+    return state, children, tuple(effects), unable
+
+
+def _budget_used_up(budget: int | None) -> ChildFailed:
+    return ChildFailed(
+        f"not started: the token budget of {budget} is used up",
+        ErrorKind.BUDGET_EXHAUSTED,
+        CancelReason.LIMIT,
+    )
 
 
 def _backstop_grace(state: Conversation) -> float:
@@ -1005,8 +1109,22 @@ def _spawn_effect(
         agents=() if setup is None else setup.agents,
         agent=spec.agent,
         permissions=state.permissions if setup is None else setup.permissions,
-        context=parent_context(state.history) if spec.context == "full" else (),
+        context=_context_for(state, spec, children),
     )
+
+
+def _context_for(
+    state: Conversation, spec: ChildSpec, children: Children | None
+) -> tuple[Message, ...]:
+    """What a child is given before its task, by its context mode."""
+    if spec.context == ContextMode.FULL:
+        return parent_context(state.history)
+    if spec.context == ContextMode.SUMMARY:
+        # It starts only once the summary is made (_start_pass).
+        summary = children.summary if children is not None else None
+        assert summary is not None and summary.text is not None
+        return summary_context(summary.text)
+    return ()
 
 
 def _context_mode(request: TaskRequest, definition: AgentDefinition | None) -> str | None:
@@ -1014,7 +1132,7 @@ def _context_mode(request: TaskRequest, definition: AgentDefinition | None) -> s
     mode = request.context
     if mode is None and definition is not None:
         mode = definition.context.value
-    return "full" if mode == "full" else None
+    return None if mode in (None, ContextMode.TASK_ONLY) else mode
 
 
 def _agent_of(state: Conversation, name: str) -> AgentDefinition:
@@ -1023,6 +1141,110 @@ def _agent_of(state: Conversation, name: str) -> AgentDefinition:
     found = agent_for(state.agents, name)
     assert not isinstance(found, str), found
     return found
+
+
+# ------------------------------------------------------------------ summary context
+
+
+def _wants_summary(child: PendingChild) -> bool:
+    """A queued child of context mode ``summary``: it starts once the summary is made."""
+    return not child.started and child.spec.context == ContextMode.SUMMARY
+
+
+def _ask_for_summary(
+    state: Conversation, children: Children
+) -> tuple[Conversation, Children, Effects]:
+    """Issue the round's summary call, unless the token budget has nothing left for
+    it (a call made then would overshoot the budget): then there is no summary, and
+    the children waiting for one end ``budget_exhausted`` as they come to start."""
+    budget = state.limits.max_tokens
+    if budget is not None and budget - state.tokens_spent - children.reserved <= 0:
+        summary = Summary(
+            error=f"the token budget of {budget} is used up", kind=ErrorKind.BUDGET_EXHAUSTED
+        )
+        return state, attrs.evolve(children, summary=summary), ()
+    state, call = _issue(state)
+    return state, attrs.evolve(children, summary=Summary(call=call)), (CallModel(call, 1),)
+
+
+def _without_summary(summary: Summary) -> ChildFailed:
+    """The outcome of a child whose summary could not be made: it never started."""
+    kind = summary.kind or ErrorKind.PROVIDER_FAILURE
+    reason = CancelReason.LIMIT if kind is ErrorKind.BUDGET_EXHAUSTED else None
+    return ChildFailed(
+        f"not started: no summary of its parent's conversation: {summary.error}", kind, reason
+    )
+
+
+def _on_summary_result(
+    state: Conversation, summary: Summary, event: ModelReplied | ModelFailed
+) -> Transition:
+    """The summary call answered: its tokens count as the parent's (not as a round);
+    a text starts the children waiting for it; a refusal, an empty text or a failure
+    that is not retried (or is out of attempts) ends them failed, never started."""
+    phase = state.phase
+    assert isinstance(phase, AwaitingSubAgents) and summary.call is not None
+    if isinstance(event, ModelReplied):
+        reply = event.reply
+        state = _count_usage(state, reply.usage)
+        if reply.stop_reason == STOP_REFUSAL:
+            explanation = reply.stop_details or reply.text or "(no explanation given)"
+            made = Summary(
+                error=f"the model refused to summarise: {explanation}", kind=ErrorKind.REFUSED
+            )
+        elif not reply.text.strip():
+            made = Summary(
+                error="the summary call returned no text", kind=ErrorKind.MALFORMED_RESPONSE
+            )
+        else:
+            made = Summary(text=reply.text)
+        return _summary_settled(state, phase, made)
+    error = _finite_hint(event.error)
+    state = _count_usage(state, error.usage)
+    if error.kind.retryable and summary.attempt < state.limits.max_attempts:
+        state, timer = _issue(state)
+        attempt = summary.attempt + 1
+        delay = _backoff(state, attempt, error, timer)
+        retry = Summary(attempt=attempt, timer=timer, delay=delay)
+        state = _with_children(state, attrs.evolve(phase.children, summary=retry))
+        return state, (ScheduleRetry(timer, delay, attempt),)
+    why = "retries exhausted" if error.kind.retryable else "not retryable"
+    made = Summary(
+        error=f"the summary call failed ({error.kind}, {why} after {summary.attempt} "
+        f"attempt(s)): {error.message}",
+        kind=error.kind,
+    )
+    return _summary_settled(state, phase, made)
+
+
+def _summary_settled(state: Conversation, phase: AwaitingSubAgents, made: Summary) -> Transition:
+    """Start (or fail) the children waiting for the summary; the last one ends the round."""
+    children = attrs.evolve(phase.children, summary=made)
+    state, children, started = _start_queued(state, children)
+    return _after(started, _round_goes_on(state, phase, children))
+
+
+def _retry_summary(state: Conversation, summary: Summary) -> Transition:
+    """The summary's retry timer fired: its next attempt, as a new call."""
+    state, call = _issue(state)
+    children = state.children
+    assert children is not None
+    retry = Summary(call=call, attempt=summary.attempt)
+    return _with_children(state, attrs.evolve(children, summary=retry)), (
+        CallModel(call, summary.attempt),
+    )
+
+
+def _summary_stopped(children: Children) -> tuple[Children, Effects]:
+    """The round stops needing its summary (it ends, or is cancelled): the call or
+    retry timer in flight, if any, is aborted, and no longer awaited."""
+    summary = children.summary
+    if summary is None or summary.in_flight is None:
+        return children, ()
+    stopped = Summary(
+        attempt=summary.attempt, error="not needed any more", kind=ErrorKind.CANCELLED
+    )
+    return attrs.evolve(children, summary=stopped), (AbortCall(summary.in_flight),)
 
 
 # ------------------------------------------------------------------ fan-in
@@ -1101,10 +1323,19 @@ def _child_settled(state: Conversation, children: Children) -> Transition:
     ):
         state, children, started = _start_queued(state, children)
     started = (*ended, *started)
-    if isinstance(phase, AwaitingSubAgents) and not children.pending:
-        state = _append_round_results(state, phase.results, children)
-        return _after(started, _call_model(state))
+    if isinstance(phase, AwaitingSubAgents):
+        return _after(started, _round_goes_on(state, phase, children))
     return _with_children(state, children), started
+
+
+def _round_goes_on(state: Conversation, phase: AwaitingSubAgents, children: Children) -> Transition:
+    """Go on waiting for ``children``; once none is pending, the fan-in results and
+    the next model call (a summary still in flight is no longer needed: aborted)."""
+    if children.pending:
+        return _with_children(state, children), ()
+    children, aborted = _summary_stopped(children)
+    state = _append_round_results(state, phase.results, children)
+    return _after(aborted, _call_model(state))
 
 
 # ------------------------------------------------------------------ timers
@@ -1120,6 +1351,8 @@ def _on_timer(state: Conversation, event: TimerFired) -> Transition:
     if isinstance(phase, CancellingSubAgents) and timer == phase.grace_timer:
         return _give_up_on_children(state, phase)
     children = state.children
+    if children is not None and children.summary is not None and timer == children.summary.timer:
+        return _retry_summary(state, children.summary)
     if children is not None:
         for pending in children.pending:
             if pending.deadline_timer == timer:
@@ -1231,6 +1464,12 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
             return _after(
                 tuple(effects), _run_tools(state, remaining, (*results, result), children)
             )
+        case AwaitingSubAgents(children=Children(summary=Summary() as summary)):
+            if summary.call is not None:
+                effects.append(CallModel(summary.call, summary.attempt))
+            elif summary.timer is not None and summary.delay is not None:
+                effects.append(ScheduleRetry(summary.timer, summary.delay, summary.attempt))
+            return state, tuple(effects)
         case AwaitingSubAgents():
             return state, tuple(effects)
         case CancellingSubAgents(children=children, grace_timer=grace):

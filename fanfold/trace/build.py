@@ -45,6 +45,7 @@ from fanfold.statemachine import (
     UserMessage,
     spawn_order,
 )
+from fanfold.statemachine.transition import is_summary_call
 
 FORMAT = "fanfold-trace"
 VERSION = 1
@@ -227,10 +228,13 @@ def _marks(steps: list[ReplayStep], end: float) -> Iterator[dict[str, Any]]:
         for effect in step.effects:
             match effect:
                 case CallModel(call=call, attempt=attempt):
+                    what = (
+                        "summary call" if is_summary_call(step.after_state, call) else "model call"
+                    )
                     calls[call] = {
                         "k": "model",
                         "t0": at,
-                        "label": f"model call {call}"
+                        "label": f"{what} {call}"
                         + (f" (attempt {attempt})" if attempt > 1 else ""),
                         "attempt": attempt,
                     }

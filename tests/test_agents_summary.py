@@ -1,0 +1,309 @@
+"""Context mode ``summary``: a summary of the parent's conversation, made by one
+recorded model call of the parent per tool round and shared by the round's children
+of that mode. By example through the reducer (every step checked by
+``fanfold.testing``'s invariants); the random walks of ``fanfold.testing`` and the
+modes' property test draw such tasks too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sm_support import (
+    World,
+    child,
+    fan_in,
+    of_type,
+    only,
+    replied,
+    root,
+    spawn,
+    step,
+    steps,
+    tool,
+    tool_done,
+    tool_results,
+    user,
+)
+
+from fanfold.statemachine import (
+    AbortCall,
+    AssistantMessage,
+    AwaitingSubAgents,
+    CallModel,
+    CancelReason,
+    CancelRequested,
+    ChildFailed,
+    ChildSucceeded,
+    Conversation,
+    ErrorKind,
+    Idle,
+    LlmRequesting,
+    ModelError,
+    ModelFailed,
+    ModelReplied,
+    ModelReply,
+    RuntimeResumed,
+    ScheduleRetry,
+    SpawnSubAgent,
+    SubAgentFinished,
+    Summary,
+    TimerFired,
+    ToolCall,
+    Usage,
+    UserMessage,
+    model_request,
+)
+from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
+from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT
+from fanfold.statemachine.limits import Limits
+
+SUMMARY = {"task": "fix it", "context": "summary"}
+
+
+def _summary(state: Conversation) -> Summary:
+    children = state.children
+    assert children is not None and children.summary is not None
+    return children.summary
+
+
+def _summary_call(state: Conversation) -> int:
+    call = _summary(state).call
+    assert call is not None
+    return call
+
+
+def _summarised(text: str = "the goal is X; Y was found") -> ModelReply:
+    return ModelReply(text, usage=Usage(300, 40))
+
+
+def _spawned(limits: Limits | None = None, *tasks: str | dict[str, Any]) -> Conversation:
+    """A root that said "go", then replied with one spawn_agents call of ``tasks``."""
+    state = steps(root(limits), user("go"))
+    return steps(state, replied(state, spawn("s1", *tasks), text="Let me delegate."))
+
+
+def test_the_summary_is_one_call_of_the_parent_shared_by_its_children() -> None:
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, tool("t1"), text="Looking first."))
+    state = steps(state, tool_done(state, "a.py is broken"))
+    # Two spawn calls in one round, three summary children, one task_only.
+    calls = (spawn("s1", SUMMARY, "plain"), spawn("s2", {**SUMMARY, "task": "test it"}))
+    state, effects = step(state, replied(state, *calls, text="Let me delegate."))
+    # The plain child starts at once; the others wait for the one summary call.
+    assert [s.child_id for s in of_type(effects, SpawnSubAgent)] == ["root.2"]
+    call = only(effects, CallModel)
+    assert isinstance(state.phase, AwaitingSubAgents)
+    assert _summary(state) == Summary(call=call.call)
+    request = model_request(state)
+    # The parent's conversation as a full-context child gets it, then the instruction;
+    # its system prompt and model, no tools.
+    assert request.messages[-2:] == (
+        AssistantMessage("Let me delegate."),
+        UserMessage(SUMMARY_PROMPT),
+    )
+    assert request.messages[:-2] == state.history[:-1]
+    assert (request.system, request.model, request.tools) == (
+        state.system_prompt,
+        state.model,
+        (),
+    )
+    rounds, usage = state.rounds, state.usage
+    state, effects = step(state, ModelReplied(call.call, _summarised()))
+    spawned = of_type(effects, SpawnSubAgent)
+    assert [s.child_id for s in spawned] == ["root.1", "root.3"]
+    context = (UserMessage(SUMMARY_HEADER + "the goal is X; Y was found"),)
+    assert all(s.context == context for s in spawned)
+    # Its tokens are the parent's; it is no round; the history is untouched.
+    assert state.rounds == rounds and state.usage == usage + Usage(300, 40)
+    assert _summary(state).text == "the goal is X; Y was found"
+    # A restart re-spawns the running summary children with the same context.
+    _, again = step(state, RuntimeResumed())
+    assert {s.child_id: s.context for s in of_type(again, SpawnSubAgent)} == {
+        "root.1": context,
+        "root.2": (),
+        "root.3": context,
+    }
+    for child_id in ("root.1", "root.2", "root.3"):
+        state, effects = step(state, SubAgentFinished(child_id, ChildSucceeded("ok")))
+    assert isinstance(state.phase, LlmRequesting)
+    fan_ins = [fan_in(r.content) for r in tool_results(state) if r.name == "spawn_agents"]
+    assert [[e["status"] for e in f["sub_agent_results"]] for f in fan_ins] == [
+        ["completed", "completed"],
+        ["completed"],
+    ]
+
+
+def test_a_child_created_from_its_spawn_starts_with_the_summary_then_its_task() -> None:
+    state = _spawned(None, SUMMARY)
+    state, effects = step(state, ModelReplied(_summary_call(state), _summarised("S")))
+    spawn_effect = only(effects, SpawnSubAgent)
+    sub = child(task=spawn_effect.task, context=spawn_effect.context)
+    assert sub.history == (UserMessage(SUMMARY_HEADER + "S"), UserMessage("fix it"))
+
+
+def test_a_retryable_failure_is_retried_then_the_children_start() -> None:
+    state = _spawned(Limits(max_attempts=3), SUMMARY)
+    first = _summary_call(state)
+    billed = ModelError(ErrorKind.RATE_LIMIT, "slow down", retry_after=2.0, usage=Usage(5, 0))
+    state, effects = step(state, ModelFailed(first, billed))
+    retry = only(effects, ScheduleRetry)
+    assert (retry.delay, retry.attempt) == (2.0, 2)
+    assert _summary(state) == Summary(attempt=2, timer=retry.timer, delay=2.0)
+    assert state.usage_input == 5
+    # A restart while it waits schedules the same retry again.
+    _, again = step(state, RuntimeResumed())
+    assert of_type(again, ScheduleRetry) == [retry]
+    state, effects = step(state, TimerFired(retry.timer))
+    call = only(effects, CallModel)
+    assert call.attempt == 2 and call.call not in (first, retry.timer)
+    # A restart while the second attempt runs re-issues that call, same number.
+    _, again = step(state, RuntimeResumed())
+    assert of_type(again, CallModel) == [call]
+    # The first attempt's late answer is stale: absorbed.
+    late, effects = step(state, ModelReplied(first, _summarised("late")))
+    assert late == state and effects == ()
+    state, effects = step(state, ModelReplied(call.call, _summarised()))
+    assert only(effects, SpawnSubAgent).context[0].text.startswith(SUMMARY_HEADER)  # type: ignore[union-attr]
+
+
+def test_a_failed_summary_fails_its_children_and_keeps_their_siblings_work() -> None:
+    cases: list[tuple[ModelReplied | ModelFailed, ErrorKind, str]] = [
+        (
+            ModelFailed(0, ModelError(ErrorKind.AUTH, "bad key")),
+            ErrorKind.AUTH,
+            "the summary call failed (auth, not retryable after 1 attempt(s)): bad key",
+        ),
+        (
+            ModelReplied(0, ModelReply("I won't", stop_reason="refusal", stop_details="policy")),
+            ErrorKind.REFUSED,
+            "the model refused to summarise: policy",
+        ),
+        (
+            ModelReplied(0, ModelReply("  ")),
+            ErrorKind.MALFORMED_RESPONSE,
+            "the summary call returned no text",
+        ),
+    ]
+    for answer, kind, words in cases:
+        state = _spawned(None, "plain", SUMMARY, SUMMARY)
+        state = steps(state, SubAgentFinished("root.1", ChildSucceeded("plain done")))
+        answer = _with_call(answer, _summary_call(state))
+        state, effects = step(state, answer)
+        # No child starts without its summary; the round ends: the plain child's
+        # result is kept beside the two failures, each with the call's kind.
+        assert not of_type(effects, SpawnSubAgent) and of_type(effects, CallModel)
+        entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+        assert [(e["status"], e.get("error_kind")) for e in entries] == [
+            ("completed", None),
+            ("failed", kind),
+            ("failed", kind),
+        ]
+        assert entries[1]["error"] == (
+            f"not started: no summary of its parent's conversation: {words}"
+        )
+
+
+def _with_call(event: ModelReplied | ModelFailed, call: int) -> ModelReplied | ModelFailed:
+    if isinstance(event, ModelReplied):
+        return ModelReplied(call, event.reply)
+    return ModelFailed(call, event.error)
+
+
+def test_a_cancel_aborts_the_summary_call_and_its_late_answer_is_absorbed() -> None:
+    state = _spawned(None, SUMMARY, "plain")
+    call = _summary_call(state)
+    state, effects = step(state, CancelRequested(CancelReason.USER))
+    assert AbortCall(call) in effects
+    # The plain child runs: the cancel waits for it; the summary child never started.
+    assert of_type(effects, SpawnSubAgent) == []
+    late, effects = step(state, ModelReplied(call, _summarised()))
+    assert late == state and effects == ()
+    state = steps(state, SubAgentFinished("root.2", ChildFailed("stopped", ErrorKind.CANCELLED)))
+    assert isinstance(state.phase, Idle)
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert entries[0]["error"] == "cancelled before it started"
+
+    # With only summary children, nothing runs: a sub-agent cancelled ends at once.
+    sub = child(Limits(max_depth=2))
+    sub = steps(sub, replied(sub, spawn("s1", SUMMARY)))
+    call = _summary_call(sub)
+    sub, effects = step(sub, CancelRequested(CancelReason.PARENT))
+    assert sub.is_terminal and AbortCall(call) in effects
+
+
+def test_a_race_won_before_the_summary_is_made_aborts_it() -> None:
+    call = ToolCall.of(
+        "s1", "spawn_agents", {"tasks": [{"task": "quick"}, SUMMARY], "mode": "race"}
+    )
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, call))
+    summary_call = _summary_call(state)
+    state, effects = step(state, SubAgentFinished("root.1", ChildSucceeded("won")))
+    assert AbortCall(summary_call) in effects and of_type(effects, CallModel)
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert entries[1]["error_kind"] == "cancelled"
+
+
+def test_a_sequential_step_waits_for_the_earlier_one_then_gets_the_summary_too() -> None:
+    call = ToolCall.of(
+        "s1", "spawn_agents", {"tasks": [{"task": "plan"}, SUMMARY], "mode": "sequential"}
+    )
+    state = steps(root(), user("go"))
+    state, effects = step(state, replied(state, call))
+    assert [s.child_id for s in of_type(effects, SpawnSubAgent)] == ["root.1"]
+    state, effects = step(state, ModelReplied(_summary_call(state), _summarised("S")))
+    assert not of_type(effects, SpawnSubAgent)  # its turn has not come
+    state, effects = step(state, SubAgentFinished("root.1", ChildSucceeded("the plan")))
+    second = only(effects, SpawnSubAgent)
+    assert second.context == (UserMessage(SUMMARY_HEADER + "S"),)
+    assert "the plan" in second.task
+
+
+def test_the_summary_and_its_children_keep_to_the_token_budget() -> None:
+    # 99 of 100 tokens spent: the summary call is made on what is left (as any call
+    # is made while the budget is not spent), then nothing is left for a share.
+    state = steps(root(Limits(max_tokens=100)), user("go"))
+    state = steps(state, ModelReplied(0, ModelReply("", (spawn("s1", SUMMARY),), Usage(60, 39))))
+    state, effects = step(state, ModelReplied(_summary_call(state), _summarised()))
+    assert not of_type(effects, SpawnSubAgent)
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert entries[0]["error_kind"] == "budget_exhausted"
+
+    # A child that overshot its share while the round's tools ran spent the rest: no
+    # summary call is made at all (it would overshoot the budget further).
+    state = steps(root(Limits(max_tokens=100)), user("go"))
+    calls = (spawn("s1", "plain"), spawn("s2", SUMMARY), tool("t1"))
+    state = steps(state, ModelReplied(0, ModelReply("", calls, Usage(5, 5))))
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("done", tokens=90)))
+    state, effects = step(state, tool_done(state))
+    assert not of_type(effects, SpawnSubAgent)
+    assert of_type(effects, CallModel) == [CallModel(state.next_call - 1, 1)]  # the next round
+    assert isinstance(state.phase, LlmRequesting)
+    (entry,) = fan_in(tool_results(state)[1].content)["sub_agent_results"]
+    assert entry["error"] == (
+        "not started: no summary of its parent's conversation: the token budget of 100 is used up"
+    )
+    assert entry["error_kind"] == "budget_exhausted"
+
+
+def test_a_definition_may_ask_for_a_summary() -> None:
+    briefed = AgentDefinition("briefed", "gets a summary", context=ContextMode.SUMMARY)
+    state = steps(root(agents=(briefed,)), user("go"))
+    state, effects = step(state, replied(state, spawn("s1", {"task": "t", "agent": "briefed"})))
+    assert not of_type(effects, SpawnSubAgent) and of_type(effects, CallModel)
+    # ...and a task may ask for task_only under it.
+    state = steps(root(agents=(briefed,)), user("go"))
+    task = {"task": "t", "agent": "briefed", "context": "task_only"}
+    state, effects = step(state, replied(state, spawn("s1", task)))
+    assert only(effects, SpawnSubAgent).context == ()
+
+
+def test_a_quiet_tree_of_summary_children_gives_each_one_outcome() -> None:
+    for limits in (Limits(max_concurrent=1), Limits(max_concurrent=3, max_depth=2)):
+        world = World.with_root(limits)
+        world.apply("root", user("go"))
+        (key,) = world.models
+        tasks = [SUMMARY, {"task": "plain"}, {**SUMMARY, "task": "again"}]
+        world.reply(key, ModelReply("", (spawn("first", *tasks),)))
+        world.drain()
+        world.check_quiet()
