@@ -28,7 +28,9 @@ from fanfold.statemachine import (
     ModelReplied,
     ScheduleRetry,
     ToolResultMessage,
+    UserMessage,
 )
+from fanfold.statemachine.delegation import SUMMARY_HEADER
 
 # What must never reach a terminal raw: C0 controls but tab and newline, DEL, C1
 # controls, bidirectional controls, lone surrogates.
@@ -577,3 +579,70 @@ def test_show_gives_cached_tokens_and_costs_at_the_profiles_prices(tmp_path: Pat
         tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
         assert tree["cost"] is None and tree["tree_cost"] is None
         assert tree["cached_input_tokens"] == 1500  # the log itself is still shown
+
+
+def _summary_script(path: Path, summary: dict[str, Any]) -> str:
+    spawn = {
+        "name": "spawn_agents",
+        "arguments": {"tasks": [{"task": "fix it", "context": "summary"}, {"task": "plain"}]},
+    }
+    return str(
+        _write(
+            path,
+            {
+                "latency": 0,
+                "agents": [
+                    {
+                        "match": {"path": "root"},
+                        "replies": [
+                            {"text": "delegating", "tool_calls": [spawn]},
+                            {"text": "done"},
+                        ],
+                        "summary": summary,
+                    },
+                    {"match": {"path": "root/*"}, "replies": [{"text": "did {{task}}"}]},
+                ],
+            },
+        )
+    )
+
+
+def test_show_gives_summary_children_their_mode_and_lists_those_left_without_one(
+    tmp_path: Path,
+) -> None:
+    """A run whose summary is made: its child starts with it and `show` names the
+    mode; a run whose summary call fails for good: its child never starts, is listed
+    under the root with the call's error kind, and its sibling's work is kept."""
+    runner = CliRunner()
+    db = str(tmp_path / "summary.db")
+    made = _summary_script(tmp_path / "made.json", {"text": "The goal: {{task}}"})
+    _invoke(runner, "run", "--no-live", "--db", db, "--script", made, "go")
+    failing = _summary_script(
+        tmp_path / "failing.json",
+        {"fail_first": [{"kind": "auth", "message": "bad key"}], "text": "never"},
+    )
+    _invoke(runner, "run", "--no-live", "--db", db, "--script", failing, "go again")
+    with Store.open(Path(db)) as store:
+        first, second = sorted(store.list_roots(), key=lambda r: r.created_at)
+        child = store.load_state(f"{first.id}.1")
+    assert child.history[:2] == (
+        UserMessage(SUMMARY_HEADER + "The goal: go"),
+        UserMessage("fix it"),
+    )
+    tree = json.loads(_invoke(runner, "show", first.id, "--json", "--db", db).output)
+    assert [(c["id"], c["context"]) for c in tree["children"]] == [
+        (f"{first.id}.1", "summary"),
+        (f"{first.id}.2", "task_only"),
+    ]
+    assert tree["not_run"] == []
+    tree = json.loads(_invoke(runner, "show", second.id, "--json", "--db", db).output)
+    assert [c["id"] for c in tree["children"]] == [f"{second.id}.2"]
+    assert tree["children"][0]["outcome"] == "did plain"
+    ((never),) = tree["not_run"]
+    assert never["id"] == f"{second.id}.1"
+    assert never["error"].startswith("not started: no summary of its parent's conversation")
+    shown = _invoke(runner, "show", second.id, "--db", db).output
+    assert f'never started {second.id}.1: "fix it"' in shown
+    for tree_root in (first, second):
+        verify = _invoke(runner, "replay", tree_root.id, "--db", db, "--verify", "--tree")
+        assert verify.exit_code == 0

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -41,6 +42,7 @@ from fanfold.statemachine import (
     ModelReply,
     ModelRequest,
     ToolCall,
+    ToolSpec,
     Usage,
     UserMessage,
 )
@@ -373,3 +375,42 @@ async def test_a_provider_failing_at_call_time_ends_the_tree_with_a_recorded_rea
     with Store.open(tmp_path / "log.db") as store:
         assert store.unfinished() == []
         assert {row.status for row in store.tree(root)} == {"error", "completed", "failed"}
+
+
+async def test_a_summary_call_is_answered_by_the_summary_reply_or_a_made_up_one() -> None:
+    """A summary call (context mode summary) is no round: it takes the entry's
+    ``summary`` reply, its failures first; without one, a summary naming the
+    conversation and its latest request. Ordinary rounds are unaffected."""
+    from fanfold.statemachine.delegation import SUMMARY_PROMPT
+
+    summary_request = ModelRequest(
+        "", (UserMessage("fix the bug"), AssistantMessage("on it"), UserMessage(SUMMARY_PROMPT)), ()
+    )
+    round_request = ModelRequest("", (UserMessage("fix the bug"),), ())
+    scripted = ScriptedProvider(
+        {
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [{"text": "round one"}],
+                    "summary": {
+                        "text": "summary of {{task}}",
+                        "fail_first": [{"kind": "server_error", "message": "busy"}],
+                    },
+                },
+                {"match": {"path": "*"}, "replies": [{"text": "other"}]},
+            ]
+        }
+    )
+    first = CallContext("c", "c", "root", 0, "the task", 1, 1)
+    with pytest.raises(ProviderError, match="server_error: busy"):
+        await scripted.complete(summary_request, first)
+    second = attrs.evolve(first, attempt=2)
+    assert await scripted.complete(summary_request, second) == ModelReply("summary of the task")
+    assert (await scripted.complete(round_request, first)).text == "round one"
+    other = CallContext("d", "d", "root/1", 1, "t", 1, 1)
+    made_up = await scripted.complete(summary_request, other)
+    assert made_up.text == "(scripted summary of root/1: 2 messages; latest request: fix the bug)"
+    # A request that offers tools is an ordinary round, whatever its last message says.
+    with_tools = attrs.evolve(summary_request, tools=(ToolSpec("think", "", "{}"),))
+    assert (await scripted.complete(with_tools, other)).text.startswith("(no scripted reply")
