@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from fanfold.cli import cli
 from fanfold.db import Store
-from fanfold.statemachine import ToolResultMessage
+from fanfold.statemachine import ToolResultMessage, UserMessage
 
 
 def tree_messages(db: Path, conversation_id: str) -> list[str]:
@@ -45,7 +45,7 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     explorer, reviewer, quick, slow = tree["children"]
     assert [(c["parent"], c["mode"], c["context"]) for c in tree["children"]] == [
         (root.id, "sequential", "task_only"),
-        (root.id, "sequential", "task_only"),
+        (root.id, "sequential", "summary"),
         (root.id, "race", "task_only"),
         (root.id, "race", "task_only"),
     ]
@@ -72,6 +72,11 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     # The sequential pair: the reviewer was given the explorer's outcome with its task.
     assert reviewer["task"].startswith("Review the most recent commit\n\nThe earlier steps")
     assert "[project]" in reviewer["task"]
+    # ...and began with the summary of the root's conversation, one call of the root.
+    with Store.open(db) as store:
+        briefing = store.load_state(root.id + ".2").history[0]
+    assert isinstance(briefing, UserMessage)
+    assert briefing.text.endswith("then you to review the most recent commit.")
     # The race: the quick explorer won; the slow one was cancelled by its parent.
     assert (quick["agent"], quick["phase"], quick["outcome"]) == (
         "explorer",
