@@ -136,6 +136,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
 from fanfold.statemachine.children import Mode, PendingChild, Summary, spawn_order
 from fanfold.statemachine.delegation import SUMMARY_HEADER
+from fanfold.statemachine.limits import CONTEXT_MODES
 from fanfold.statemachine.modes import may_start
 from fanfold.statemachine.transition import model_request
 
@@ -349,6 +350,11 @@ def _limits(dice: _Dice) -> Limits:
         cancel_grace=dice.pick([30.0, 1.0]),
         child_result_cap=dice.pick([8000, 5, 40]),
         max_tokens=dice.pick([None, 150, None, 400]),
+        # Now and then the modes of a schema 6 log, or task_only alone: tasks asking
+        # for another are refused.
+        context_modes=dice.pick(
+            [CONTEXT_MODES, CONTEXT_MODES, ("task_only", "full"), ("task_only",)]
+        ),
     )
 
 
@@ -1476,8 +1482,8 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
     Refused: anything but an object, a missing or blank ``task``, an unknown field, a
     field of the wrong type (``true`` is no number), a ``cwd`` that leaves the parent's
     by its spelling, a ``timeout`` <= 0, a ``max_iterations`` < 1, an empty ``model``,
-    an ``agent`` the parent's catalogue does not define, a ``context`` other than
-    ``task_only``, ``full`` or ``summary``.
+    an ``agent`` the parent's catalogue does not define, a ``context`` (its own or its
+    definition's) the parent's limits do not offer.
     ``null`` is an absent field. Accepted numbers are capped by the parent's limits.
     """
     if not isinstance(entry, dict) or set(entry) - _TASK_FIELDS:
@@ -1501,7 +1507,8 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
         return None
     if model is not None and not (isinstance(model, str) and model):
         return None
-    if entry.get("context") not in (None, "task_only", "full", "summary"):
+    modes = parent.limits.context_modes
+    if entry.get("context") not in (None, *modes):
         return None  # the context mode is the child's history, not one of these fields
     agent = entry.get("agent")
     definition = None
@@ -1513,6 +1520,8 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
         definition = find_agent(parent.agents, agent)
         if definition is None:
             return None
+        if entry.get("context") is None and definition.context.value not in modes:
+            return None  # its definition asks for a mode the limits leave out
     lim = parent.limits
     limit = lim.child_timeout
     if timeout is None:

@@ -307,3 +307,30 @@ def test_a_quiet_tree_of_summary_children_gives_each_one_outcome() -> None:
         world.reply(key, ModelReply("", (spawn("first", *tasks),)))
         world.drain()
         world.check_quiet()
+
+
+def test_limits_that_leave_summary_out_refuse_it_as_a_schema_6_log_did() -> None:
+    """The limits say which modes tasks may ask for; a log of schema 6 decodes to
+    task_only and full, so its spawn_agents tool and its refusals replay as recorded
+    (tests/test_old_logs.py verifies such a log)."""
+    briefed = AgentDefinition("briefed", "gets a summary", context=ContextMode.SUMMARY)
+    old = Limits(context_modes=("task_only", "full"))
+    state = steps(root(old, agents=(briefed,)), user("go"))
+    spec = next(t for t in state.tools if t.name == "spawn_agents")
+    context = spec.input_schema()["properties"]["tasks"]["items"]["properties"]["context"]
+    assert context == {
+        "type": "string",
+        "enum": ["task_only", "full"],
+        "description": "task_only (default): the sub-agent sees just its task; full: "
+        "also this conversation so far",
+    }
+    tasks = (SUMMARY, {"task": "t", "agent": "briefed"}, {"task": "t", "context": "full"})
+    state, effects = step(state, replied(state, spawn("s1", *tasks)))
+    assert [s.context != () for s in of_type(effects, SpawnSubAgent)] == [True]  # the full one
+    assert not of_type(effects, CallModel)  # no summary is made
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("ok")))
+    rejected = fan_in(tool_results(state)[0].content)["rejected_tasks"]
+    assert [r["error"] for r in rejected] == [
+        "not spawned: 'context' must be task_only or full",
+        "not spawned: agent 'briefed' asks for context summary; the limits offer task_only or full",
+    ]

@@ -363,6 +363,13 @@ def _v7(golden: str) -> str:
     return _v6(golden).replace('{"v":6,', '{"v":7,', 1)
 
 
+# Schema 7 offers the context mode summary by default; a Limits of schema 6 or older
+# decodes to the modes it offered, task_only and full (the codec's BEFORE value), and
+# encodes without the field, as it was written.
+MODES = ',"context_modes":["task_only","full","summary"]'
+OLD_LIMITS = Limits(context_modes=("task_only", "full"))
+
+
 def test_format_is_stable() -> None:
     """Version 7 documents: changing these strings needs a new SCHEMA_VERSION."""
     assert SCHEMA_VERSION == 7
@@ -370,16 +377,18 @@ def test_format_is_stable() -> None:
         3, ModelReply("ok", (ToolCall.of("t1", "bash", {"command": "ls"}),), Usage(5, 2))
     )
     assert encode_event(UserMessaged("hi")) == '{"v":7,"type":"UserMessaged","text":"hi"}'
-    assert encode_event(ConversationCreated("r")) == _v7(GOLDEN_CREATED)
+    created = _v7(GOLDEN_CREATED).replace('"max_tokens":null}', '"max_tokens":null' + MODES + "}")
+    assert encode_event(ConversationCreated("r")) == created
     assert encode_event(reply) == _v7(GOLDEN_REPLY)
-    assert decode_event(_v7(GOLDEN_CREATED)) == ConversationCreated("r")
-    assert decode_event(_v6(GOLDEN_CREATED)) == ConversationCreated("r")
-    assert decode_event(_v5(GOLDEN_CREATED)) == ConversationCreated("r")
-    assert decode_event(_v4(GOLDEN_CREATED)) == ConversationCreated("r")
-    assert decode_event(_v3(GOLDEN_CREATED)) == ConversationCreated("r")
+    assert decode_event(created) == ConversationCreated("r")
+    old = ConversationCreated("r", limits=OLD_LIMITS)
+    assert encode_event(old) == _v7(GOLDEN_CREATED)
+    for golden in (_v7, _v6, _v5, _v4, _v3, _v2):
+        assert decode_event(golden(GOLDEN_CREATED)) == old
     assert decode_event(_v4(GOLDEN_REPLY)) == reply
-    assert decode_event(_v2(GOLDEN_CREATED)) == ConversationCreated("r")
     _fails(_v6(GOLDEN_CREATED)[:-16] + "}", "", "missing field(s) 'workdir'")
+    with pytest.raises(CodecError, match="context_modes must list task_only"):
+        decode_event(created.replace('"task_only",', ""))
     assert encode(ErrorKind.AUTH) == '{"v":7,"type":"ErrorKind","value":"auth"}'
     assert encode(()) == "[]"
     assert encode(None) == "null"
@@ -445,7 +454,7 @@ def test_version_1_documents_still_decode() -> None:
     reply = ModelReplied(
         3, ModelReply("ok", (ToolCall.of("t1", "bash", {"command": "ls"}),), Usage(5, 2))
     )
-    assert decode_event(GOLDEN_CREATED) == ConversationCreated("r")
+    assert decode_event(GOLDEN_CREATED) == ConversationCreated("r", limits=OLD_LIMITS)
     assert decode_event(GOLDEN_REPLY) == reply
     old = (
         '{"v":1,"type":"SubAgentFinished","child_id":"r.1","outcome":{"type":"ChildFailed",'

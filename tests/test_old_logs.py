@@ -32,8 +32,11 @@ FINISHED = ["s1", "s2", "s5"]
 # Today's reducer reproduces these exactly. s1 (schema 1) offered a spawn_agents tool
 # whose description of ``cwd`` has changed since: see the test of s1 below.
 IDENTICAL = ["s2", "s5"]
-# Written after requests were retired: no recorded request to check.
-IDENTICAL_LATER = ["s6"]
+# Written after requests were retired: no recorded request to check. s6-agents is
+# examples/agents run by fanfold at 62a7ab3 (2026-11-26): compact documents and an
+# agent catalogue, whose spawn_agents tool offered the context modes task_only and
+# full (schema 7 added summary; its limits decode to the two it offered).
+IDENTICAL_LATER = ["s6", "s6-agents"]
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
@@ -200,5 +203,26 @@ def test_a_killed_run_of_schema_6_resumes_and_verifies(tmp_path: Path) -> None:
     with Store.open(path) as store:
         assert store.conversation(root).status == "idle"
         assert not [r for r in store.tree(root) if r.status == "running"]
+        report = verify(store, root, tree=True)
+        assert report.ok, report
+
+
+def test_a_schema_6_log_of_compact_documents_exports_imports_and_verifies(tmp_path: Path) -> None:
+    """An export writes a compact document of schema 6 as the object document schema
+    6 wrote (it once refused: only today's compact documents could be exported)."""
+    from fanfold.replay import export_jsonl, import_jsonl
+
+    path = _copy("s6-agents", tmp_path)
+    root = _root(path)
+    exported = tmp_path / "tree.jsonl"
+    with Store.open(path) as store, exported.open("w", encoding="utf-8") as out:
+        export_jsonl(store, root, out)
+    versions = {
+        json.loads(line).get("event", {}).get("v") for line in exported.read_text().splitlines()
+    }
+    assert 6 in versions and SCHEMA_VERSION not in versions
+    with Store.open(tmp_path / "imported.db") as store:
+        with exported.open(encoding="utf-8") as source:
+            import_jsonl(store, source)
         report = verify(store, root, tree=True)
         assert report.ok, report

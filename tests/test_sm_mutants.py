@@ -370,10 +370,10 @@ def unknown_task_fields_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     """A task's unknown fields are ignored instead of refusing the task."""
 
     def make(original: Any) -> Any:
-        def mutant(entry: Any) -> Any:
+        def mutant(entry: Any, *modes: Any) -> Any:
             if isinstance(entry, dict):
                 entry = {k: v for k, v in entry.items() if k in _TASK_FIELDS}
-            return original(entry)
+            return original(entry, *modes)
 
         return mutant
 
@@ -384,10 +384,10 @@ def one_round_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """The boundary moves: ``max_iterations`` of 1 is refused (``<= 1`` for ``< 1``)."""
 
     def make(original: Any) -> Any:
-        def mutant(entry: Any) -> Any:
+        def mutant(entry: Any, *modes: Any) -> Any:
             if isinstance(entry, dict) and entry.get("max_iterations") == 1:
                 return "'max_iterations' must be an integer >= 1"
-            return original(entry)
+            return original(entry, *modes)
 
         return mutant
 

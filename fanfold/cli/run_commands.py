@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -119,7 +120,7 @@ def run(
     open_logs(path, json_log)
     with user_errors(path):
         choice = choose_model(script, config_path, profile, model)
-        overrides = {
+        overrides: dict[str, Any] = {
             k: v
             for k, v in {
                 "max_rounds": max_rounds,

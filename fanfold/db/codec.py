@@ -148,6 +148,12 @@ COMPACT_SINCE = 6
 """The first schema version a compact document (see "Compact form") may have."""
 
 OMITTED_AT_DEFAULT = "omitted_at_default"
+BEFORE = "before"
+"""Metadata of a ``since`` field whose new values default to something other than what
+the older documents, which lack it, meant: the value those documents decode to (and,
+with ``OMITTED_AT_DEFAULT``, the value left out when encoding, so that they encode
+as they did). ``Limits.context_modes``: ``summary`` is offered by default since
+schema 7, and a log of schema 6 decodes to the two modes it offered."""
 """Field metadata key: the codec writes the field only when it differs from its default."""
 
 _Emitter = Callable[[Any], str]
@@ -779,14 +785,18 @@ class _ClassCodec:
         if {"type", "v"} & set(self.names):
             raise TypeError(f"{self.name}: fields 'type' and 'v' are reserved by the codec")
         self.keys = frozenset(("type", *self.names))
-        # Fields added by a later schema version: name -> (that version, default).
+        # Fields added by a later schema version: name -> (that version, the value a
+        # document without them means).
         self.since: dict[str, tuple[int, Any]] = {}
         for field in attrs.fields(cls):
             since = field.metadata.get("since")
             if since is not None:
                 if field.default is attrs.NOTHING or hasattr(field.default, "factory"):
                     raise TypeError(f"{self.name}.{field.name}: a 'since' field needs a default")
-                self.since[field.name] = (since, field.default)
+                # What a document without the field means: the field's default, or
+                # its BEFORE value when new values default to something else.
+                before = field.metadata.get(BEFORE, field.default)
+                self.since[field.name] = (since, before)
         # Fields written only when they differ from their default: name -> default.
         self.omitted: dict[str, Any] = {
             name: default
@@ -1375,9 +1385,12 @@ def inline_event(text: str, blobs: typing.Mapping[str, str]) -> Any:
     document = _loads(text)
     if type(document) is list:
         version = _check_compact_version(document)
-        if version != SCHEMA_VERSION:  # pragma: no cover - no older compact form yet
-            raise CodecError(f"a compact document of schema {version} cannot be exported")
-        return _loads(encode_event(decode_event(text, blobs)))
+        exported: dict[str, Any] = _loads(encode_event(decode_event(text, blobs)))
+        # A compact document of an older schema (6) becomes the object document that
+        # schema wrote: the same fields, since the later ones are at their defaults
+        # and written only away from them; only the version differs.
+        exported["v"] = version
+        return exported
     return expand_blobs(document, blobs)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import attrs
 
-from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
-from fanfold.statemachine.limits import Limits
+from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.limits import CONTEXT_MODES, Limits
 from fanfold.statemachine.messages import ToolSpec
 
 SPAWN_AGENTS = "spawn_agents"
@@ -144,22 +144,33 @@ MODE_PROPERTIES = {
 """The per-call execution mode, in the schema of trees with an agent catalogue."""
 
 
-def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
+_CONTEXT_WORDS = {
+    "task_only": "task_only (default): the sub-agent sees just its task",
+    "full": "full: also this conversation so far",
+    "summary": "summary: a summary of this conversation so far",
+}
+
+
+def spawn_agents_spec(
+    agents: tuple[AgentDefinition, ...], context_modes: tuple[str, ...] = CONTEXT_MODES
+) -> ToolSpec:
     """``spawn_agents``, and, when there are agent definitions, the ``agent`` a task
     may name: the description lists each with its description, so the model can
-    choose. Without definitions it is ``SPAWN_AGENTS_SPEC`` itself (older logs)."""
+    choose; the ``context`` a task may ask for lists ``context_modes`` (the limits').
+    Without definitions it is ``SPAWN_AGENTS_SPEC`` itself (older logs)."""
     if not agents:
         return SPAWN_AGENTS_SPEC
     last = _last_spawn_spec[0]
-    if last is not None and last[0] is agents:
-        return last[1]
+    if last is not None and last[0] is agents and last[1] == context_modes:
+        return last[2]
     schema = SPAWN_AGENTS_SPEC.input_schema()
     schema["properties"].update(MODE_PROPERTIES)
+    # Written from the modes, so that a log of schema 6 (task_only and full) gets
+    # exactly the text it was recorded with.
     schema["properties"]["tasks"]["items"]["properties"]["context"] = {
         "type": "string",
-        "enum": ["task_only", "full", "summary"],
-        "description": "task_only (default): the sub-agent sees just its task; full: "
-        "also this conversation so far; summary: a summary of this conversation so far",
+        "enum": list(context_modes),
+        "description": "; ".join(_CONTEXT_WORDS[mode] for mode in context_modes),
     }
     # The first definition of a name counts (as find_agent reads them); descriptions
     # are cut so that one long file cannot swell every request's tool list.
@@ -182,7 +193,7 @@ def spawn_agents_spec(agents: tuple[AgentDefinition, ...]) -> ToolSpec:
         + listing
     )
     spec = ToolSpec.from_schema(SPAWN_AGENTS, description, schema)
-    _last_spawn_spec[0] = (agents, spec)
+    _last_spawn_spec[0] = (agents, context_modes, spec)
     return spec
 
 
@@ -196,7 +207,9 @@ def _cut(text: str) -> str:
     return text[: MAX_DESCRIPTION_CHARS - 3] + "..."
 
 
-_last_spawn_spec: list[tuple[tuple[AgentDefinition, ...], ToolSpec] | None] = [None]
+_last_spawn_spec: list[tuple[tuple[AgentDefinition, ...], tuple[str, ...], ToolSpec] | None] = [
+    None
+]
 
 
 def offered_tools(
@@ -215,6 +228,7 @@ def offered_tools(
     states share it, and so does its encoding in the log.
     """
     spawn = can_spawn(depth, limits)
+    modes = limits.context_modes
     last = _last_offered[0]
     if (
         last is not None
@@ -222,15 +236,16 @@ def offered_tools(
         and last[1] == spawn
         and last[2] == is_sub_agent
         and last[3] is agents
+        and last[5] == modes
     ):
         return last[4]
     tools = [t for t in ordinary if t.name not in CONTROL_TOOLS]
     if spawn:
-        tools.append(spawn_agents_spec(agents))
+        tools.append(spawn_agents_spec(agents, modes))
     if is_sub_agent:
         tools += [SUBMIT_RESULT_SPEC, SUBMIT_ERROR_SPEC]
     offered = tuple(tools)
-    _last_offered[0] = (ordinary, spawn, is_sub_agent, agents, offered)
+    _last_offered[0] = (ordinary, spawn, is_sub_agent, agents, offered, modes)
     return offered
 
 
@@ -252,7 +267,14 @@ def ordinary_tools(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
 # (bench/sections.py memory(), 2026-11-24, two runs each): every child's state would
 # hold its own tool tuples, and the codec's memo their encodings.
 _last_offered: list[
-    tuple[tuple[ToolSpec, ...], bool, bool, tuple[AgentDefinition, ...], tuple[ToolSpec, ...]]
+    tuple[
+        tuple[ToolSpec, ...],
+        bool,
+        bool,
+        tuple[AgentDefinition, ...],
+        tuple[ToolSpec, ...],
+        tuple[str, ...],
+    ]
     | None
 ] = [None]
 _last_ordinary: list[tuple[tuple[ToolSpec, ...], tuple[ToolSpec, ...]] | None] = [None]
@@ -271,8 +293,9 @@ class TaskRequest:
     context: str | None = None
 
 
-def parse_task(entry: object) -> TaskRequest | str:
-    """Validate one task entry; returns the request or a human error message."""
+def parse_task(entry: object, context_modes: tuple[str, ...] = CONTEXT_MODES) -> TaskRequest | str:
+    """Validate one task entry; returns the request or a human error message.
+    ``context_modes``: the modes its ``context`` may name (the limits')."""
     if not isinstance(entry, dict):
         return 'each task must be an object like {"task": "..."}'
     task = entry.get("task")
@@ -313,8 +336,8 @@ def parse_task(entry: object) -> TaskRequest | str:
     if agent is not None and (not isinstance(agent, str) or not agent):
         return "'agent' must be a non-empty string (an agent's name)"
     context = entry.get("context")
-    if context is not None and context not in CONTEXT_MODES:
-        return "'context' must be task_only, full or summary"
+    if context is not None and context not in context_modes:
+        return f"'context' must be {one_of(context_modes)}"
     return TaskRequest(
         task=task,
         cwd=cwd,
@@ -326,8 +349,10 @@ def parse_task(entry: object) -> TaskRequest | str:
     )
 
 
-CONTEXT_MODES = tuple(m.value for m in ContextMode)
-"""The values a task's ``context`` may take."""
+def one_of(modes: tuple[str, ...]) -> str:
+    """``task_only, full or summary``."""
+    return modes[0] if len(modes) == 1 else ", ".join(modes[:-1]) + " or " + modes[-1]
+
 
 MAX_CWD_CHARS = 1024
 """The longest ``cwd`` a task may give (Linux allows 4096 bytes for a whole path)."""

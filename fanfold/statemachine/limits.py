@@ -20,6 +20,26 @@ def _finite(_inst: object, attribute: attrs.Attribute[Any], value: float | None)
         raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value}")
 
 
+CONTEXT_MODES = ("task_only", "full", "summary")
+"""Every context mode, in the order the tool's schema lists them."""
+
+CONTEXT_MODES_BEFORE_7 = ("task_only", "full")
+"""The modes offered before log schema 7 (``summary`` came with it)."""
+
+
+def _context_modes(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not (
+        isinstance(value, tuple)
+        and "task_only" in value
+        and all(mode in CONTEXT_MODES for mode in value)
+        and len(set(value)) == len(value)
+    ):
+        raise ValueError(
+            f"{attribute.name} must list task_only and any of full, summary once each, "
+            f"got {value!r}"
+        )
+
+
 @attrs.frozen
 class Limits:
     """Limits of one conversation; sub-agents inherit their parent's, with overrides.
@@ -37,6 +57,11 @@ class Limits:
       and how long past a child's time limit it waits before writing the child off.
     - ``child_result_cap``: characters of each child's result/error in the fan-in.
     - ``max_tokens``: token budget of this conversation (None: unlimited).
+    - ``context_modes``: the context modes a ``spawn_agents`` task (or an agent
+      definition) may ask for: ``task_only`` always, ``full`` and ``summary`` unless
+      an operator leaves them out (both cost tokens: the parent's conversation, or a
+      model call to summarise it). A log of schema 6 or older decodes to ``task_only,
+      full``, the modes it offered, so its tool descriptions replay as recorded.
     """
 
     max_rounds: int = attrs.field(default=20, validator=_positive)
@@ -50,6 +75,11 @@ class Limits:
     cancel_grace: float = attrs.field(default=30.0, validator=_finite)
     child_result_cap: int = attrs.field(default=8000, validator=_positive)
     max_tokens: int | None = None
+    context_modes: tuple[str, ...] = attrs.field(
+        default=CONTEXT_MODES,
+        validator=_context_modes,
+        metadata={"since": 7, "omitted_at_default": True, "before": CONTEXT_MODES_BEFORE_7},
+    )
 
 
 def with_max_rounds(limits: Limits, max_rounds: int) -> Limits:

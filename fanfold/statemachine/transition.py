@@ -48,6 +48,7 @@ from fanfold.statemachine.control_tools import (
     can_spawn,
     join_cwd,
     offered_tools,
+    one_of,
     ordinary_tools,
     parse_task,
 )
@@ -913,12 +914,20 @@ def _spawn(
                 )
             )
             continue
-        request = parse_task(entry)
+        request = parse_task(entry, limits.context_modes)
         definition = None
         if not isinstance(request, str) and request.agent is not None:
             found = agent_for(state.agents, request.agent)
             request = found if isinstance(found, str) else request
             definition = None if isinstance(found, str) else found
+        context = None if isinstance(request, str) else _context_mode(request, definition)
+        if context not in (None, *limits.context_modes) and definition is not None:
+            # A definition's mode the operator's limits leave out (a task's own was
+            # checked by parse_task).
+            request = (
+                f"agent {definition.name!r} asks for context {context}; the limits offer "
+                f"{one_of(limits.context_modes)}"
+            )
         if isinstance(request, str):
             rejected.append(RejectedTask(call.id, text, f"not spawned: {request}"))
             continue
@@ -934,7 +943,7 @@ def _spawn(
             model=request.model or (definition and definition.model) or state.model,
             agent=request.agent,
             mode=mode,
-            context=_context_mode(request, definition),
+            context=context,
         )
         accepted.append(PendingChild(spec))
     if not accepted:
