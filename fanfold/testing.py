@@ -967,7 +967,10 @@ def check_invariants(state: Conversation) -> None:
     ``max_attempts``, a valid history (each tool call answered exactly once, in order,
     except the calls of the round in progress), the round's bookkeeping, and fan-in
     conservation (pending + finished children == children accepted this round,
-    running <= max_concurrent, queued children start oldest first).
+    running <= max_concurrent, queued children start oldest first), and the summary
+    of context mode summary (asked for once the round's tools are done, in flight only
+    while children wait for it, exactly one of call/retry/text/error, no child waiting
+    for one that failed).
     """
     _check_identity(state)
     _check_finite(state)
