@@ -237,6 +237,16 @@ _TASK_EXTRAS: tuple[dict[str, Any], ...] = (
     {"context": "summary", "timeout": 2},
     {"context": "task_only"},
 )
+# Execution modes of a spawn_agents call (most calls parallel, the default).
+_CALL_MODES: tuple[dict[str, Any], ...] = (
+    {},
+    {},
+    {},
+    {"mode": "sequential"},
+    {"mode": "sequential", "keep_going": True},
+    {"mode": "race"},
+    {"quorum": 1},
+)
 _BAD_TASKS: tuple[Any, ...] = (
     "just a string",
     {},
@@ -455,7 +465,7 @@ def _spawn_arguments(dice: _Dice, max_tasks: int) -> str:
             tasks.append(bad)
         else:
             tasks.append({"task": f"task {index}", **dice.pick(_TASK_EXTRAS)})
-    return canonical_json({"tasks": tasks})
+    return canonical_json({"tasks": tasks, **dice.pick(_CALL_MODES)})
 
 
 def _submit_arguments(dice: _Dice, key: str) -> str:
@@ -1346,10 +1356,16 @@ def _check_children(state: Conversation, open_calls: tuple[ToolCall, ...]) -> No
             f"{children.running} running, max_concurrent {lim.max_concurrent}",
             state,
         )
-    # Children of context mode summary let younger ones start ahead of them while
-    # the summary is made (and may still be queued behind them after); the rest
-    # start oldest first.
-    started = [p.started for p in children.pending if p.started or p.spec.context != "summary"]
+    # Queued children start oldest first, but for those that could not start when
+    # younger ones did: a sequential call's step waits for the one before it, and a
+    # child of context mode summary for the summary (and may still be queued behind
+    # the younger ones after it is made).
+    pending_list = list(children.pending)
+    started = [
+        p.started
+        for p in pending_list
+        if p.started or (p.spec.context != "summary" and may_start(p, pending_list))
+    ]
     if started != sorted(started, reverse=True):
         _fail("queued children start oldest first", f"started flags {started}", state)
     _check_summary(state, children)

@@ -334,3 +334,20 @@ def test_limits_that_leave_summary_out_refuse_it_as_a_schema_6_log_did() -> None
         "not spawned: 'context' must be task_only or full",
         "not spawned: agent 'briefed' asks for context summary; the limits offer task_only or full",
     ]
+
+
+def test_a_summary_nobody_waits_for_any_more_is_aborted_while_the_round_goes_on() -> None:
+    # A race of a summary child and a quick one, beside a plain call still running:
+    # the race is won, its summary child cancelled, the summary call no longer needed.
+    race = ToolCall.of("r", "spawn_agents", {"tasks": [SUMMARY, {"task": "quick"}], "quorum": 1})
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, race, spawn("p", "slow")))
+    call = _summary_call(state)
+    state, effects = step(state, SubAgentFinished("root.2", ChildSucceeded("won")))
+    assert AbortCall(call) in effects and not of_type(effects, CallModel)
+    assert isinstance(state.phase, AwaitingSubAgents)
+    assert _summary(state).in_flight is None
+    late, effects = step(state, ModelReplied(call, _summarised()))
+    assert late == state and effects == ()
+    state, effects = step(state, SubAgentFinished("root.3", ChildSucceeded("slow done")))
+    assert of_type(effects, CallModel) and AbortCall(call) not in effects  # not twice

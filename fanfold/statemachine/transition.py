@@ -649,7 +649,12 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
     # and the parent see that the answer or result is cut (a cut-off tool call never
     # gets here: its provider reports output_truncated instead).
     truncated = reply.stop_reason == STOP_MAX_TOKENS and not reply.tool_calls
-    state = _count_usage(state, reply.usage).evolve(
+    # One copy of the state (this is every round's path): not _count_usage + evolve.
+    usage = reply.usage
+    state = state.evolve(
+        usage_input=state.usage_input + usage.input_tokens,
+        usage_cached=state.usage_cached + usage.cached_input_tokens,
+        usage_output=state.usage_output + usage.output_tokens,
         history=(*state.history, AssistantMessage(reply.text, reply.tool_calls, truncated)),
     )
     if reply.stop_reason == STOP_REFUSAL:
@@ -1339,8 +1344,17 @@ def _child_settled(state: Conversation, children: Children) -> Transition:
 
 def _round_goes_on(state: Conversation, phase: AwaitingSubAgents, children: Children) -> Transition:
     """Go on waiting for ``children``; once none is pending, the fan-in results and
-    the next model call (a summary still in flight is no longer needed: aborted)."""
+    the next model call. A summary still in flight once no child waits for it (the
+    round ends, or a race cancelled its children) is no longer needed: aborted."""
     if children.pending:
+        summary = children.summary
+        if (
+            summary is not None
+            and summary.in_flight is not None
+            and not any(_wants_summary(p) for p in children.pending)
+        ):
+            children, aborted = _summary_stopped(children)
+            return _with_children(state, children), aborted
         return _with_children(state, children), ()
     children, aborted = _summary_stopped(children)
     state = _append_round_results(state, phase.results, children)
