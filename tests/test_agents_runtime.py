@@ -313,7 +313,7 @@ async def test_a_restart_while_the_summary_is_made_asks_again_and_a_cancel_stops
         assert verify_ok(store, root_id)
         kinds = [type(e.event).__name__ for e in store.events(root_id)]
     assert kinds[cut_at + 1] == "RuntimeResumed"
-    assert kinds.count("ModelReplied") == 3  # spawn, summary, done: asked once more at most
+    assert kinds.count("ModelReplied") == 3  # spawn, the summary (answered once), done
 
     # Cancelled while the summary is made: the call is aborted, the child never exists.
     cancelled = tmp_path / "cancelled"
