@@ -2957,7 +2957,20 @@ def _check_summary_result(
                     _fail("no child starts without its summary", spawn.child_id, after)
         return
     error = event.error
-    retry = error.kind.retryable and summary.attempt < before.limits.max_attempts
+    # A billed failure that leaves nothing of the budget for another attempt ends
+    # the summary budget_exhausted, as it ends a conversation's own call.
+    budget = before.limits.max_tokens
+    reserved = before.children.reserved if before.children is not None else 0
+    over = (
+        budget is not None and error.usage.total > 0 and budget - after.tokens_spent - reserved <= 0
+    )
+    if over and made is not None and made.kind is not ErrorKind.BUDGET_EXHAUSTED:
+        _fail(
+            "a summary is not retried once a billed failure spent the budget",
+            f"{error.kind} at attempt {summary.attempt} -> {made}",
+            after,
+        )
+    retry = error.kind.retryable and summary.attempt < before.limits.max_attempts and not over
     if retry != (made is not None and made.timer is not None):
         _fail(
             "a summary's retryable failures are retried up to max_attempts",
@@ -2966,7 +2979,7 @@ def _check_summary_result(
         )
     if made is not None and made.timer is not None and made.attempt != summary.attempt + 1:
         _fail("attempts count up by one", f"{summary} -> {made}", after)
-    if not retry and made is not None and made.kind != error.kind:
+    if not retry and not over and made is not None and made.kind != error.kind:
         _fail("a failed summary keeps the error's kind", f"{made} for {error.kind}", after)
 
 

@@ -351,3 +351,31 @@ def test_a_summary_nobody_waits_for_any_more_is_aborted_while_the_round_goes_on(
     assert late == state and effects == ()
     state, effects = step(state, SubAgentFinished("root.3", ChildSucceeded("slow done")))
     assert of_type(effects, CallModel) and AbortCall(call) not in effects  # not twice
+
+
+def test_a_billed_failed_summary_attempt_that_spends_the_budget_is_not_retried() -> None:
+    # As with the parent's own calls: a failed attempt the server billed counts
+    # against the budget, and once that is spent no further attempt is made (the
+    # retries would overshoot the budget more each time).
+    state = _spawned(Limits(max_tokens=100, max_attempts=3), SUMMARY)
+    billed = ModelError(ErrorKind.RATE_LIMIT, "slow down", retry_after=1.0, usage=Usage(150, 1))
+    state, effects = step(state, ModelFailed(_summary_call(state), billed))
+    assert not of_type(effects, ScheduleRetry) and not of_type(effects, SpawnSubAgent)
+    (entry,) = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert entry["error_kind"] == "budget_exhausted"
+    assert "token budget of 100" in entry["error"]
+
+
+def test_a_summary_retry_due_after_the_budget_was_spent_is_not_made() -> None:
+    # The budget was spent by a sibling while the retry waited: the next attempt
+    # is not made (as none would be asked for with no budget left).
+    state = _spawned(Limits(max_tokens=100, max_attempts=3), "plain", SUMMARY)
+    unbilled = ModelError(ErrorKind.RATE_LIMIT, "slow down", retry_after=1.0)
+    state, effects = step(state, ModelFailed(_summary_call(state), unbilled))
+    retry = only(effects, ScheduleRetry)
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("done", tokens=120)))
+    state, effects = step(state, TimerFired(retry.timer))
+    assert not of_type(effects, SpawnSubAgent)
+    assert of_type(effects, CallModel) == [CallModel(state.next_call - 1, 1)]  # the next round
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert entries[1]["error_kind"] == "budget_exhausted"

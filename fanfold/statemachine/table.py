@@ -182,8 +182,9 @@ _row(
     ),
     ModelFailed=_cell(
         "AwaitingSubAgents LlmRequesting",
-        "summary call: its billed tokens count; retryable with attempts left -> "
-        "ScheduleRetry; else the children waiting for it end failed with its kind; last "
+        "summary call: its billed tokens count; retryable with attempts left (and "
+        "budget) -> ScheduleRetry; else the children waiting for it end failed with its "
+        "kind (budget_exhausted once the budget is spent); last "
         "one: fan-in, CallModel. " + STALE,
         UnknownCall,
     ),
@@ -199,7 +200,8 @@ _row(
     TimerFired=_cell(
         "AwaitingSubAgents LlmRequesting CancellingSubAgents",
         "child deadline: write child off; summary retry timer: CallModel of its next "
-        "attempt; own time limit: cancel; " + STALE,
+        "attempt (with no budget left: the waiting children end failed); own time "
+        "limit: cancel; " + STALE,
         UnknownCall,
     ),
     # Children waiting for a summary have not started: with nothing running (only

@@ -1171,14 +1171,22 @@ def _ask_for_summary(
     """Issue the round's summary call, unless the token budget has nothing left for
     it (a call made then would overshoot the budget): then there is no summary, and
     the children waiting for one end ``budget_exhausted`` as they come to start."""
-    budget = state.limits.max_tokens
-    if budget is not None and budget - state.tokens_spent - children.reserved <= 0:
-        summary = Summary(
-            error=f"the token budget of {budget} is used up", kind=ErrorKind.BUDGET_EXHAUSTED
-        )
-        return state, attrs.evolve(children, summary=summary), ()
+    spent = _no_budget_for_summary(state, children)
+    if spent is not None:
+        return state, attrs.evolve(children, summary=spent), ()
     state, call = _issue(state)
     return state, attrs.evolve(children, summary=Summary(call=call)), (CallModel(call, 1),)
+
+
+def _no_budget_for_summary(state: Conversation, children: Children) -> Summary | None:
+    """The summary that cannot be made when the token budget has nothing left for a
+    summary call (or its next attempt), else None."""
+    budget = state.limits.max_tokens
+    if budget is not None and budget - state.tokens_spent - children.reserved <= 0:
+        return Summary(
+            error=f"the token budget of {budget} is used up", kind=ErrorKind.BUDGET_EXHAUSTED
+        )
+    return None
 
 
 def _without_summary(summary: Summary) -> ChildFailed:
@@ -1215,6 +1223,11 @@ def _on_summary_result(
         return _summary_settled(state, phase, made)
     error = _finite_hint(event.error)
     state = _count_usage(state, error.usage)
+    # A billed failure may have spent the budget: then no further attempt (each
+    # would overshoot it more), as with the conversation's own calls.
+    spent = _no_budget_for_summary(state, phase.children) if error.usage.total else None
+    if spent is not None:
+        return _summary_settled(state, phase, spent)
     if error.kind.retryable and summary.attempt < state.limits.max_attempts:
         state, timer = _issue(state)
         attempt = summary.attempt + 1
@@ -1239,10 +1252,15 @@ def _summary_settled(state: Conversation, phase: AwaitingSubAgents, made: Summar
 
 
 def _retry_summary(state: Conversation, summary: Summary) -> Transition:
-    """The summary's retry timer fired: its next attempt, as a new call."""
+    """The summary's retry timer fired: its next attempt, as a new call, unless the
+    budget was spent meanwhile (by a sibling's tokens): then there is no summary."""
+    phase = state.phase
+    assert isinstance(phase, AwaitingSubAgents)
+    children = phase.children
+    spent = _no_budget_for_summary(state, children)
+    if spent is not None:
+        return _summary_settled(state, phase, spent)
     state, call = _issue(state)
-    children = state.children
-    assert children is not None
     retry = Summary(call=call, attempt=summary.attempt)
     return _with_children(state, attrs.evolve(children, summary=retry)), (
         CallModel(call, summary.attempt),
