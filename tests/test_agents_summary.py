@@ -379,3 +379,18 @@ def test_a_summary_retry_due_after_the_budget_was_spent_is_not_made() -> None:
     assert of_type(effects, CallModel) == [CallModel(state.next_call - 1, 1)]  # the next round
     entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
     assert entries[1]["error_kind"] == "budget_exhausted"
+
+
+def test_a_sequential_summary_step_not_run_after_a_failure_aborts_the_summary() -> None:
+    # (From the review: the race case above, and this one.)
+    seq = ToolCall.of(
+        "s1", "spawn_agents", {"tasks": [{"task": "plan"}, SUMMARY], "mode": "sequential"}
+    )
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, seq, spawn("s2", "plain")))
+    summary_call = _summary_call(state)
+    failed = ChildFailed("no plan", ErrorKind.SUBMITTED_ERROR)
+    state, effects = step(state, SubAgentFinished("root.1", failed))
+    assert AbortCall(summary_call) in effects
+    assert _summary(state).in_flight is None
+    assert isinstance(state.phase, AwaitingSubAgents)  # the plain child still runs
