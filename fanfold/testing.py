@@ -2382,16 +2382,25 @@ def _check_summary_call(after: Conversation, summary: Summary, calls: list[CallM
             _fail("CallModel is awaited", f"{effect} for {summary}", after)
         request = model_request(after)
         messages = request.messages
+        # The parent's conversation as plain turns: its user messages in order, tool
+        # calls and results written as text (no tool blocks: no tools are offered).
+        asked = [
+            m.text
+            for m in messages[:-1]
+            if isinstance(m, UserMessage) and not m.text.startswith("[result of ")
+        ]
+        said = [m.text for m in after.history if isinstance(m, UserMessage)]
         if not (
             messages
             and isinstance(messages[-1], UserMessage)
-            and _from_parents_history(messages[:-1], after.history)
+            and asked == said
+            and not any(isinstance(m, ToolResultMessage) for m in messages)
+            and not any(isinstance(m, AssistantMessage) and m.tool_calls for m in messages)
             and request.tools == ()
             and request.system == after.system_prompt
             and request.model == after.model
         ):
             _fail("a summary call sees the parent's conversation, no tools", f"{request}", after)
-        _history_open_calls(messages, after, request=True)
 
 
 def _started(children: Children | None) -> set[str]:
@@ -2946,8 +2955,16 @@ def _check_summary_result(
     if isinstance(event, ModelReplied):
         reply = event.reply
         good = reply.stop_reason != STOP_REFUSAL and reply.text.strip()
-        if good and made is not None and made.text != reply.text:
-            _fail("a summary is the reply's text", f"{made} for {reply.text!r}", after)
+        cut = reply.stop_reason == STOP_MAX_TOKENS
+        if good and made is not None and not (
+            made.text == reply.text
+            or (cut and made.text is not None and made.text.startswith(reply.text + "\n["))
+        ):
+            _fail(
+                "a summary is the reply's text (marked when cut off)",
+                f"{made} for {reply.text!r}",
+                after,
+            )
         if not good and made is not None and made.error is None:
             _fail("a refused or empty summary is a failure", f"{made}", after)
         if not good:

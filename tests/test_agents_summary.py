@@ -95,13 +95,20 @@ def test_the_summary_is_one_call_of_the_parent_shared_by_its_children() -> None:
     assert isinstance(state.phase, AwaitingSubAgents)
     assert _summary(state) == Summary(call=call.call)
     request = model_request(state)
-    # The parent's conversation as a full-context child gets it, then the instruction;
-    # its system prompt and model, no tools.
-    assert request.messages[-2:] == (
-        AssistantMessage("Let me delegate."),
+    # The parent's conversation as plain turns, its tool calls and results written
+    # as text (no tool blocks, which a request without tools may not hold), then the
+    # instruction; its system prompt and model, no tools.
+    (t1,) = [c for m in state.history if isinstance(m, AssistantMessage) for c in m.tool_calls][:1]
+    assert request.messages == (
+        UserMessage("go"),
+        AssistantMessage(f"Looking first.\n[tool call bash: {t1.arguments_json}]"),
+        UserMessage("[result of bash: a.py is broken]"),
+        AssistantMessage(
+            "Let me delegate.\n"
+            + "\n".join(f"[tool call spawn_agents: {c.arguments_json}]" for c in calls)
+        ),
         UserMessage(SUMMARY_PROMPT),
     )
-    assert request.messages[:-2] == state.history[:-1]
     assert (request.system, request.model, request.tools) == (
         state.system_prompt,
         state.model,
@@ -394,3 +401,39 @@ def test_a_sequential_summary_step_not_run_after_a_failure_aborts_the_summary() 
     assert AbortCall(summary_call) in effects
     assert _summary(state).in_flight is None
     assert isinstance(state.phase, AwaitingSubAgents)  # the plain child still runs
+
+
+def test_a_summary_request_holds_no_tool_blocks_for_either_api() -> None:
+    """Found in review: a summary made after a tool round sent Anthropic tool_use and
+    tool_result blocks without any tools, which its API refuses (400: "Requests which
+    include tool_use or tool_result blocks must define tools"), so every summary
+    child would fail invalid_request. The conversation is now written as plain turns."""
+    from fanfold.providers.anthropic import anthropic_request_body
+    from fanfold.providers.openai import openai_request_body
+
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, tool("t1"), text="Looking."))
+    state = steps(state, tool_done(state, "found it"))
+    state = steps(state, replied(state, spawn("s1", SUMMARY)))
+    request = model_request(state)
+    anthropic = anthropic_request_body(request, model="m", stream=False)
+    assert "tools" not in anthropic
+    blocks = [
+        b for m in anthropic["messages"] if isinstance(m["content"], list) for b in m["content"]
+    ]
+    assert not [b for b in blocks if b.get("type") in ("tool_use", "tool_result")]
+    openai = openai_request_body(request, model="m", stream=False)
+    assert "tools" not in openai
+    assert not [m for m in openai["messages"] if m.get("tool_calls") or m["role"] == "tool"]
+
+
+def test_a_summary_cut_off_at_the_output_limit_says_so() -> None:
+    state = _spawned(None, SUMMARY)
+    cut = ModelReply("The goal is", usage=Usage(5, 5), stop_reason="max_tokens")
+    state, effects = step(state, ModelReplied(_summary_call(state), cut))
+    (spawned,) = of_type(effects, SpawnSubAgent)
+    assert spawned.context == (
+        UserMessage(
+            SUMMARY_HEADER + "The goal is\n[the summary was cut off at the output token limit]"
+        ),
+    )

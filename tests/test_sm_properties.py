@@ -52,7 +52,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine import (
     Phase as SmPhase,
 )
-from fanfold.statemachine.delegation import SUMMARY_PROMPT, parent_context
+from fanfold.statemachine.delegation import SUMMARY_PROMPT
 from fanfold.testing import Trace
 
 
@@ -186,11 +186,13 @@ def test_history_valid_before_every_model_call(trace: Trace) -> None:
                 _no_open_calls(model_request(after).messages)
                 children = after.children
                 if children is not None and children.summary is not None:
-                    # The summary call of context mode summary: the conversation
-                    # before the spawning reply's calls, then the instruction.
-                    assert model_request(after).messages == (
-                        *parent_context(after.history),
-                        UserMessage(SUMMARY_PROMPT),
+                    # The summary call of context mode summary: the conversation as
+                    # plain turns (no tool blocks), then the instruction.
+                    messages = model_request(after).messages
+                    assert messages[-1] == UserMessage(SUMMARY_PROMPT)
+                    assert not any(isinstance(m, ToolResultMessage) for m in messages)
+                    assert not any(
+                        isinstance(m, AssistantMessage) and m.tool_calls for m in messages
                     )
                 else:
                     assert model_request(after).messages == after.history

@@ -38,9 +38,9 @@ completes with that text).
 
 A summary call (made when a ``spawn_agents`` task asks for ``"context": "summary"``)
 is no round: it is answered by the entry's ``"summary"`` reply (a reply as above,
-``fail_first`` and ``stop_reason`` included, ``{{task}}`` and ``{{last_tool_result}}``
-filled), or, without one, by a made-up summary naming the conversation and its
-latest user message.
+``fail_first`` and ``stop_reason`` included, ``{{task}}`` filled; the request writes
+tool results as text, so ``{{last_tool_result}}`` is empty), or, without one, by a
+made-up summary naming the conversation and its latest user message.
 
 Every field is checked when the script loads (types, ranges, unknown keys), and a
 ``ScriptError`` names each place that is wrong: ``script.json: agents[0].replies[2]
@@ -186,7 +186,12 @@ def is_summary_request(request: ModelRequest) -> bool:
 
 
 def _made_up_summary(messages: tuple[Message, ...], path: str) -> str:
-    asked = [m.text for m in messages[:-1] if isinstance(m, UserMessage)]
+    # (A summary request writes tool results as user turns "[result of ...]".)
+    asked = [
+        m.text
+        for m in messages[:-1]
+        if isinstance(m, UserMessage) and not m.text.startswith("[result of ")
+    ]
     latest = asked[-1] if asked else "(none)"
     if len(latest) > RESULT_CAP:
         latest = latest[:RESULT_CAP] + "..."

@@ -21,7 +21,13 @@ import attrs
 
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
 from fanfold.statemachine.limits import Limits
-from fanfold.statemachine.messages import AssistantMessage, Message, ToolSpec, UserMessage
+from fanfold.statemachine.messages import (
+    AssistantMessage,
+    Message,
+    ToolResultMessage,
+    ToolSpec,
+    UserMessage,
+)
 from fanfold.statemachine.permissions import Permissions, allows_tool, restrict
 
 
@@ -148,13 +154,35 @@ SUMMARY_PROMPT = (
 """The instruction that ends a summary call's request (context mode ``summary``)."""
 
 SUMMARY_HEADER = "A summary of the conversation of the agent that delegated this task:\n\n"
+SUMMARY_CUT = "\n[the summary was cut off at the output token limit]"
+"""Ends a summary whose reply was cut off at the output token limit."""
 """What a child of context mode ``summary`` reads before the summary."""
 
 
 def summary_messages(history: tuple[Message, ...]) -> tuple[Message, ...]:
-    """The messages of a summary call: what a child of context mode ``full`` would be
-    given (``parent_context``), then the instruction to summarise it."""
-    return (*parent_context(history), UserMessage(SUMMARY_PROMPT))
+    """The messages of a summary call: the parent's conversation as plain turns, then
+    the instruction to summarise it.
+
+    A reply's tool calls and the tools' results are written into the text
+    (``[tool call NAME: ARGUMENTS]``, ``[result of NAME: CONTENT]``), the spawning
+    reply's calls included (they say what is being delegated): the request then holds
+    no tool call and offers no tool, which every API accepts (Anthropic's refuses tool
+    blocks in a request that defines no tools), and the model has nothing to call.
+    """
+    flat: list[Message] = []
+    for message in history:
+        match message:
+            case AssistantMessage(text=text, tool_calls=calls):
+                lines = [text] if text.strip() else []
+                lines += [f"[tool call {c.name}: {c.arguments_json}]" for c in calls]
+                if lines:
+                    flat.append(AssistantMessage("\n".join(lines)))
+            case ToolResultMessage(result=result):
+                error = " (error)" if result.is_error else ""
+                flat.append(UserMessage(f"[result of {result.name}{error}: {result.content}]"))
+            case _:
+                flat.append(message)
+    return (*flat, UserMessage(SUMMARY_PROMPT))
 
 
 def summary_context(text: str) -> tuple[Message, ...]:

@@ -53,6 +53,7 @@ from fanfold.statemachine.control_tools import (
     parse_task,
 )
 from fanfold.statemachine.delegation import (
+    SUMMARY_CUT,
     agent_for,
     capped_limits,
     capped_share,
@@ -351,8 +352,8 @@ def model_request(state: Conversation) -> ModelRequest:
 
 def summary_request(state: Conversation) -> ModelRequest:
     """The request of a summary call: the parent's system prompt and model, its
-    history as a context-``full`` child would get it, and the instruction to
-    summarise; no tools (a summary is text)."""
+    conversation as plain turns (``delegation.summary_messages``) and the instruction
+    to summarise; no tools (a summary is text)."""
     return ModelRequest(
         system=state.system_prompt,
         messages=summary_messages(state.history),
@@ -1218,6 +1219,9 @@ def _on_summary_result(
             made = Summary(
                 error="the summary call returned no text", kind=ErrorKind.MALFORMED_RESPONSE
             )
+        elif reply.stop_reason == STOP_MAX_TOKENS:
+            # Cut off at the output token limit: kept, and the children told so.
+            made = Summary(text=reply.text + SUMMARY_CUT)
         else:
             made = Summary(text=reply.text)
         return _summary_settled(state, phase, made)
