@@ -1451,6 +1451,8 @@ def _check_summary(state: Conversation, children: Children) -> None:
             _fail("retries bounded", f"summary attempt {summary.attempt}", state)
     if summary.timer is not None and not (summary.delay is not None and summary.delay >= 0):
         _fail("a summary retry keeps its delay", f"{summary}", state)
+    if summary.timer is not None and not (summary.kind is not None and summary.kind.retryable):
+        _fail("a summary retry follows a retryable failure", f"{summary}", state)
     if summary.error is not None and summary.kind is None:
         _fail("a failed summary has a typed kind", f"{summary}", state)
     if summary.error is not None and waiting and isinstance(phase, AwaitingSubAgents):
@@ -2956,9 +2958,13 @@ def _check_summary_result(
         reply = event.reply
         good = reply.stop_reason != STOP_REFUSAL and reply.text.strip()
         cut = reply.stop_reason == STOP_MAX_TOKENS
-        if good and made is not None and not (
-            made.text == reply.text
-            or (cut and made.text is not None and made.text.startswith(reply.text + "\n["))
+        if (
+            good
+            and made is not None
+            and not (
+                made.text == reply.text
+                or (cut and made.text is not None and made.text.startswith(reply.text + "\n["))
+            )
         ):
             _fail(
                 "a summary is the reply's text (marked when cut off)",

@@ -155,7 +155,9 @@ def test_a_retryable_failure_is_retried_then_the_children_start() -> None:
     state, effects = step(state, ModelFailed(first, billed))
     retry = only(effects, ScheduleRetry)
     assert (retry.delay, retry.attempt) == (2.0, 2)
-    assert _summary(state) == Summary(attempt=2, timer=retry.timer, delay=2.0)
+    assert _summary(state) == Summary(
+        attempt=2, timer=retry.timer, delay=2.0, kind=ErrorKind.RATE_LIMIT
+    )
     assert state.usage_input == 5
     # A restart while it waits schedules the same retry again.
     _, again = step(state, RuntimeResumed())

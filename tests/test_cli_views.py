@@ -22,11 +22,15 @@ from sm_support import failed, root, step, steps, user
 from fanfold.cli import cli, display
 from fanfold.db import Store, decode_event
 from fanfold.statemachine import (
+    CallModel,
     ErrorKind,
     Limits,
     ModelError,
+    ModelFailed,
     ModelReplied,
+    ModelReply,
     ScheduleRetry,
+    ToolCall,
     ToolResultMessage,
     UserMessage,
 )
@@ -496,6 +500,29 @@ def test_the_live_view_counts_down_to_a_retry_and_names_the_error() -> None:
     now[0] += 60
     assert "retrying in 0s" in rendered()  # overdue: never a negative count
     assert display.describe(after) == "rate_limit error, waiting to retry (attempt 2)"
+
+
+def test_the_live_view_says_when_a_parent_summarises_and_why_it_waits() -> None:
+    """Context mode summary: the parent makes a summary call while its children wait;
+    a failed attempt counts down to its retry, with the error kind."""
+    now = [100.0]
+    view = display.TreeView(clock=lambda: now[0])
+    state = steps(root(Limits(max_attempts=3)), user("hi"))
+    call = ToolCall.of("s", "spawn_agents", {"tasks": [{"task": "t", "context": "summary"}]})
+    before = state
+    state, effects = step(state, ModelReplied(0, ModelReply("", (call,))))
+    view.observe(before, state, ModelReplied(0, ModelReply("")), effects)
+    assert display.describe(state) == "summarising for sub-agents"
+    summary_call = next(e.call for e in effects if isinstance(e, CallModel))
+    error = ModelError(ErrorKind.SERVER_ERROR, "busy", retry_after=20.0)
+    event = ModelFailed(summary_call, error)
+    after, effects = step(state, event)
+    view.observe(state, after, event, effects)
+    console = Console(width=200, file=io.StringIO(), force_terminal=False)
+    console.print(view.render())
+    assert isinstance(console.file, io.StringIO)
+    shown = console.file.getvalue()
+    assert "summary for sub-agents: server_error error, retrying in 20s (attempt 2)" in shown
 
 
 def test_show_gives_cached_tokens_and_costs_at_the_profiles_prices(tmp_path: Path) -> None:

@@ -179,9 +179,11 @@ def describe(state: Conversation, retry_in: float | None = None) -> str:
             return f"{error.kind} error, {wait} (attempt {attempt})"
         case AwaitingSubAgents(children=Children(summary=Summary(call=int(), attempt=n))):
             return "summarising for sub-agents" + (f", attempt {n}" if n > 1 else "")
-        case AwaitingSubAgents(children=Children(summary=Summary(timer=int(), attempt=n))):
+        case AwaitingSubAgents(
+            children=Children(summary=Summary(timer=int(), attempt=n, kind=kind))
+        ):
             wait = "" if retry_in is None else f" in {math.ceil(max(0.0, retry_in))}s"
-            return f"summary for sub-agents failed, retrying{wait} (attempt {n})"
+            return f"summary for sub-agents: {kind} error, retrying{wait} (attempt {n})"
         case LlmRequesting(attempt=attempt) if attempt > 1:
             return f"model call, attempt {attempt}"
         case LlmRequesting():

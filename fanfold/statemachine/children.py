@@ -137,7 +137,8 @@ class Summary:
     Exactly one of these is set: ``call``, the model call in flight; ``timer``, the
     retry timer before attempt ``attempt`` (``delay`` its backoff, re-issued as is
     after a restart); ``text``, the summary made; ``error``, why none could be made
-    (``kind``: its typed kind, which the children waiting for it fail with).
+    (``kind``: its typed kind, which the children waiting for it fail with; while a
+    retry waits, the kind of the failure it follows).
     ``attempt``: the attempt of ``call``, or the one ``timer`` starts.
     """
 

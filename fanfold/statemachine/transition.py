@@ -1236,7 +1236,8 @@ def _on_summary_result(
         state, timer = _issue(state)
         attempt = summary.attempt + 1
         delay = _backoff(state, attempt, error, timer)
-        retry = Summary(attempt=attempt, timer=timer, delay=delay)
+        # (Its kind says why it waits: the views show it, as for the parent's calls.)
+        retry = Summary(attempt=attempt, timer=timer, delay=delay, kind=error.kind)
         state = _with_children(state, attrs.evolve(phase.children, summary=retry))
         return state, (ScheduleRetry(timer, delay, attempt),)
     why = "retries exhausted" if error.kind.retryable else "not retryable"
