@@ -303,6 +303,16 @@ async def test_a_restart_while_the_summary_is_made_asks_again_and_a_cancel_stops
         return any(s.conversation_id.count(".") == 0 and s.seq == cut_at for s in steps)
 
     await _run_until_cut(tmp_path, provider, summary_asked, drive)
+    if cut_at == 2:
+        # Stopped while the summary was made: `show` lists the child as queued.
+        shown = _show_json(tmp_path / "log.db")
+        assert shown["queued"] == [
+            {
+                "id": shown["id"] + ".1",
+                "task": "t",
+                "waiting_for": "the summary of its parent's conversation",
+            }
+        ]
     async with open_runtime(tmp_path, provider) as runtime:
         (root_id,) = [r for r in await runtime.resume() if "." not in r]
         result = await runtime.wait(root_id)
@@ -332,3 +342,19 @@ def verify_ok(store: Store, root_id: str) -> bool:
     from fanfold.replay import verify
 
     return verify(store, root_id, tree=True).ok
+
+
+def _show_json(db: Path) -> dict[str, Any]:
+    """`fanfold show --json` of the one tree in ``db``."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    result = CliRunner().invoke(cli, ["show", root.id, "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.output
+    shown: dict[str, Any] = json.loads(result.output)
+    return shown

@@ -43,6 +43,7 @@ from fanfold.statemachine import (
     spawn_order,
 )
 from fanfold.statemachine.delegation import SUMMARY_HEADER
+from fanfold.statemachine.modes import may_start
 
 
 @click.command(name="ls")
@@ -126,6 +127,38 @@ class NotRun:
 
 
 @attrs.frozen
+class Queued:
+    """A child its parent accepted that has not started yet (a tree shown while it
+    runs, or stopped): ``waiting_for`` a free slot, the earlier step of its
+    sequential call, or the summary of its parent's conversation."""
+
+    id: str
+    task: str
+    waiting_for: str
+
+
+def queued_children(state: Conversation) -> list[Queued]:
+    """The children ``state`` has accepted but not started, with what each waits for."""
+    children = state.children
+    if children is None:
+        return []
+    pending = list(children.pending)
+    summary = children.summary
+    queued = []
+    for child in pending:
+        if child.started:
+            continue
+        if not may_start(child, pending):
+            waiting = "an earlier step of its sequence"
+        elif child.spec.context == "summary" and (summary is None or summary.text is None):
+            waiting = "the summary of its parent's conversation"
+        else:
+            waiting = "a free slot"
+        queued.append(Queued(child.spec.id, child.spec.task, waiting))
+    return queued
+
+
+@attrs.frozen
 class ShowNode:
     """One conversation of `fanfold show`, with its children. ``cost``: what its own
     model calls cost at its profile's prices (None without prices)."""
@@ -140,6 +173,8 @@ class ShowNode:
     # Tasks of a sequential call it made that never ran (a step before them failed):
     # they have no conversation, only an entry in the call's fan-in result.
     not_run: tuple[NotRun, ...] = ()
+    # Children it accepted that have not started (the tree runs, or was stopped).
+    queued: tuple[Queued, ...] = ()
 
     @property
     def context(self) -> str | None:
@@ -231,6 +266,7 @@ class ShowNode:
             "refused_calls": state.refused_calls,
             "children": [c.to_json() for c in self.children],
             "not_run": [attrs.asdict(n) for n in self.not_run],
+            "queued": [attrs.asdict(q) for q in self.queued],
         }
 
     def label(self) -> Text:
@@ -316,6 +352,7 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
         ),
         cost=cost,
         not_run=tuple(n for n in never_run(state) if n.id not in started),
+        queued=tuple(queued_children(state)),
     )
 
 
@@ -408,6 +445,14 @@ def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:
 
 
 def _add_not_run(tree: Tree, node: ShowNode) -> None:
+    for waiting in node.queued:
+        tree.add(
+            Text.assemble(
+                ("…", "dim"),
+                f' queued {printable(waiting.id)}: "{short(waiting.task)}" ',
+                (f"(waiting for {waiting.waiting_for})", "dim"),
+            )
+        )
     for task in node.not_run:
         # Model text (the task, the error): plain Text, printable only.
         tree.add(
