@@ -673,3 +673,49 @@ def test_show_gives_summary_children_their_mode_and_lists_those_left_without_one
     for tree_root in (first, second):
         verify = _invoke(runner, "replay", tree_root.id, "--db", db, "--verify", "--tree")
         assert verify.exit_code == 0
+
+
+def test_run_may_leave_context_modes_out(tmp_path: Path) -> None:
+    """`--context-modes task_only`: a task asking for a summary is refused (an error
+    result naming the modes offered), nothing is summarised; an unknown mode is a
+    one-line error, no traceback and no tree."""
+    runner = CliRunner()
+    db = str(tmp_path / "modes.db")
+    made = _summary_script(tmp_path / "made.json", {"text": "never asked"})
+    _invoke(
+        runner,
+        "run",
+        "--no-live",
+        "--db",
+        db,
+        "--script",
+        made,
+        "--context-modes",
+        "task_only",
+        "go",
+    )
+    with Store.open(Path(db)) as store:
+        (root,) = store.list_roots()
+        state = store.load_state(root.id)
+    assert state.limits.context_modes == ("task_only",)
+    (fan_in,) = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    assert "'context' must be task_only" in fan_in.content
+    bad = runner.invoke(
+        cli,
+        [
+            "run",
+            "--no-live",
+            "--db",
+            str(tmp_path / "bad.db"),
+            "--script",
+            made,
+            "--context-modes",
+            "full,everything",
+            "go",
+        ],
+    )
+    assert bad.exit_code != 0
+    assert bad.exception is None or isinstance(bad.exception, SystemExit)
+    assert "--context-modes: unknown mode(s) everything" in bad.output
+    assert "Traceback" not in bad.output
+    assert not (tmp_path / "bad.db").exists()

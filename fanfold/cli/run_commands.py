@@ -19,6 +19,7 @@ from fanfold.cli.turns import print_result, watch
 from fanfold.db import Store
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Limits
+from fanfold.statemachine.limits import CONTEXT_MODES
 
 
 @click.command()
@@ -79,6 +80,13 @@ from fanfold.statemachine import Conversation, Limits
     default=None,
     help="Read the root's system prompt from a file.",
 )
+@click.option(
+    "--context-modes",
+    default=None,
+    metavar="MODES",
+    help="The context modes sub-agent tasks may ask for, comma-separated: task_only and "
+    "any of full, summary (default: all three; both cost tokens).",
+)
 @click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
 @db_option
 def run(
@@ -96,6 +104,7 @@ def run(
     json_log: Path | None,
     system_text: str | None,
     system_file: Path | None,
+    context_modes: str | None,
     no_live: bool,
     db: Path | None,
 ) -> None:
@@ -130,6 +139,8 @@ def run(
             }.items()
             if v is not None
         }
+        if context_modes is not None:
+            overrides["context_modes"] = _context_modes(context_modes)
         limits = choice.retry.apply(Limits(**overrides))
         hint(f"model: {choice.description}; log: {path}", style="dim")
         if system is None:
@@ -264,3 +275,14 @@ async def _send_main(
                 return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
+
+
+def _context_modes(text: str) -> tuple[str, ...]:
+    """``--context-modes``: ``task_only`` first, then the others given, in order."""
+    given = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in given if m not in CONTEXT_MODES]
+    if unknown:
+        raise CliError(
+            f"--context-modes: unknown mode(s) {', '.join(unknown)}; use task_only, full, summary"
+        )
+    return ("task_only", *dict.fromkeys(m for m in given if m != "task_only"))
