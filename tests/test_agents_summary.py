@@ -10,6 +10,7 @@ from typing import Any
 
 from sm_support import (
     World,
+    call_of,
     child,
     fan_in,
     of_type,
@@ -56,6 +57,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
 from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT
 from fanfold.statemachine.limits import Limits
+from fanfold.statemachine.transition import is_summary_call
 
 SUMMARY = {"task": "fix it", "context": "summary"}
 
@@ -438,4 +440,50 @@ def test_a_summary_cut_off_at_the_output_limit_says_so() -> None:
         UserMessage(
             SUMMARY_HEADER + "The goal is\n[the summary was cut off at the output token limit]"
         ),
+    )
+
+
+def test_is_summary_call_names_only_the_summary_call_awaited() -> None:
+    """(Mutation testing: the trace and the OpenTelemetry spans label a call with it,
+    and no pure test asked it; a mutant that crashed or always said no survived.)"""
+    state = steps(root(), user("go"))
+    round_call = call_of(state)
+    assert not is_summary_call(state, round_call)  # a round's call, no summary at all
+    state = steps(state, replied(state, spawn("s1", SUMMARY, "plain")))
+    call = _summary_call(state)
+    assert is_summary_call(state, call)
+    assert not is_summary_call(state, round_call) and not is_summary_call(state, call + 1)
+    # Once made, it is no call awaited any more.
+    state = steps(state, ModelReplied(call, _summarised()))
+    assert not is_summary_call(state, call)
+
+
+def test_a_failed_tool_result_is_marked_in_the_summary_request() -> None:
+    """(Mutation testing: dropping the " (error)" mark survived.) The model that
+    summarises must know a tool call failed, not read its error text as its output."""
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, tool("t1"), text="Looking."))
+    state = steps(state, tool_done(state, "no such file", is_error=True))
+    state = steps(state, replied(state, spawn("s1", SUMMARY)))
+    assert UserMessage("[result of bash (error): no such file]") in model_request(state).messages
+
+
+def test_children_without_a_summary_for_want_of_budget_are_stopped_by_the_limit() -> None:
+    """(Mutation testing: their outcome's reason was unchecked whenever the round ended
+    in the same step, as the invariants see only the children still held.) A sibling
+    still runs here, so the failed child stays in the round, with its reason."""
+    state = steps(root(Limits(max_tokens=100)), user("go"))
+    calls = (spawn("s1", "plain", "slow"), spawn("s2", SUMMARY), tool("t1"))
+    state = steps(state, ModelReplied(0, ModelReply("", calls, Usage(5, 5))))
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("done", tokens=90)))
+    state, effects = step(state, tool_done(state))
+    assert not of_type(effects, CallModel) and not of_type(effects, SpawnSubAgent)
+    assert isinstance(state.phase, AwaitingSubAgents)  # root.2 still runs
+    children = state.children
+    assert children is not None
+    (failed,) = [f.outcome for f in children.finished if f.spec.id == "root.3"]
+    assert failed == ChildFailed(
+        "not started: no summary of its parent's conversation: the token budget of 100 is used up",
+        ErrorKind.BUDGET_EXHAUSTED,
+        CancelReason.LIMIT,
     )
