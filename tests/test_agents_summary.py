@@ -487,3 +487,22 @@ def test_children_without_a_summary_for_want_of_budget_are_stopped_by_the_limit(
         ErrorKind.BUDGET_EXHAUSTED,
         CancelReason.LIMIT,
     )
+
+
+def test_a_step_unblocked_by_children_left_without_a_summary_gets_their_share() -> None:
+    """(Mutation testing: stopping the start pass at the first child left without a
+    summary survived.) The children that cannot start are finished before the next
+    pass, so a step they unblock splits the budget with none of them."""
+    steps_call = ToolCall.of(
+        "s1",
+        "spawn_agents",
+        {"tasks": [SUMMARY, {"task": "go on"}], "mode": "sequential", "keep_going": True},
+    )
+    state = steps(root(Limits(max_tokens=900)), user("go"))
+    state = steps(state, replied(state, steps_call, spawn("s2", SUMMARY)))
+    refusal = ModelReply("no", stop_reason="refusal")
+    state, effects = step(state, ModelReplied(_summary_call(state), refusal))
+    # Both summary children failed; the step after the first starts on half of the
+    # 900 tokens (the other half stays with the parent), not on a third.
+    spawned = of_type(effects, SpawnSubAgent)
+    assert [(s.child_id, s.limits.max_tokens) for s in spawned] == [("root.2", 450)]
