@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sm_support import (
     World,
     call_of,
@@ -55,8 +56,10 @@ from fanfold.statemachine import (
     model_request,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
+from fanfold.statemachine.control_tools import offered_tools, spawn_agents_spec
 from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT
-from fanfold.statemachine.limits import Limits
+from fanfold.statemachine.errors import UnknownCall
+from fanfold.statemachine.limits import CONTEXT_MODES, Limits
 from fanfold.statemachine.transition import is_summary_call
 
 SUMMARY = {"task": "fix it", "context": "summary"}
@@ -506,3 +509,42 @@ def test_a_step_unblocked_by_children_left_without_a_summary_gets_their_share() 
     # 900 tokens (the other half stays with the parent), not on a third.
     spawned = of_type(effects, SpawnSubAgent)
     assert [(s.child_id, s.limits.max_tokens) for s in spawned] == [("root.2", 450)]
+
+
+def test_context_modes_must_hold_task_only_and_known_modes_once_each() -> None:
+    """(Mutation testing: a validator that or-ed its conditions survived.)"""
+    for modes in (("full",), ("summary", "full"), ("task_only", "bogus"), ("task_only",) * 2):
+        with pytest.raises(ValueError, match="context_modes must list task_only"):
+            Limits(context_modes=modes)
+    with pytest.raises(ValueError, match="context_modes must list task_only"):
+        Limits(context_modes=["task_only"])  # type: ignore[arg-type]
+    assert Limits(context_modes=("task_only",)).context_modes == ("task_only",)
+
+
+def test_the_spawn_tool_follows_the_limits_modes_with_the_same_agents() -> None:
+    """(Mutation testing: the memo of the last spawn tool and tool set could return the
+    one made for other modes.) A tree whose limits offer fewer modes gets a tool that
+    lists only those, even right after one listing all of them for the same agents."""
+    agents = (AgentDefinition("briefed", "gets a summary", context=ContextMode.SUMMARY),)
+
+    def context_enum(spec: Any) -> list[str]:
+        properties = spec.input_schema()["properties"]["tasks"]["items"]["properties"]
+        return list(properties["context"]["enum"])
+
+    old = ("task_only", "full")
+    for modes in (CONTEXT_MODES, old, CONTEXT_MODES, old):
+        assert context_enum(spawn_agents_spec(agents, modes)) == list(modes)
+        offered = offered_tools(
+            (), depth=0, is_sub_agent=False, limits=Limits(context_modes=modes), agents=agents
+        )
+        (spec,) = [t for t in offered if t.name == "spawn_agents"]
+        assert context_enum(spec) == list(modes)
+
+
+def test_an_answer_to_a_call_never_issued_during_a_summary_is_refused_with_its_event() -> None:
+    """(Mutation testing: the refusal could carry no event, unnoticed.)"""
+    state = _spawned(None, SUMMARY)
+    unknown = ModelReplied(state.next_call + 5, _summarised())
+    with pytest.raises(UnknownCall) as refused:
+        step(state, unknown)
+    assert refused.value.event == unknown
