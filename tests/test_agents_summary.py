@@ -548,3 +548,47 @@ def test_an_answer_to_a_call_never_issued_during_a_summary_is_refused_with_its_e
     with pytest.raises(UnknownCall) as refused:
         step(state, unknown)
     assert refused.value.event == unknown
+
+
+def test_a_summary_call_gets_max_attempts_in_all_then_its_children_fail() -> None:
+    """(Mutation testing: one attempt too many, ``<=`` for ``<``, survived.)"""
+    state = _spawned(Limits(max_attempts=2), SUMMARY)
+    error = ModelError(ErrorKind.RATE_LIMIT, "slow down", retry_after=1.0)
+    state, effects = step(state, ModelFailed(_summary_call(state), error))
+    state, effects = step(state, TimerFired(only(effects, ScheduleRetry).timer))
+    state, effects = step(state, ModelFailed(only(effects, CallModel).call, error))
+    assert not of_type(effects, ScheduleRetry) and not of_type(effects, SpawnSubAgent)
+    (entry,) = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert entry["error"] == (
+        "not started: no summary of its parent's conversation: the summary call failed "
+        "(rate_limit, retries exhausted after 2 attempt(s)): slow down"
+    )
+
+
+def test_a_refusal_to_summarise_says_why_as_best_it_can() -> None:
+    """(Mutation testing: the fallbacks of the explanation survived.) The refusal's
+    details, else its text, else a placeholder."""
+    for reply, why in (
+        (ModelReply("I can't", stop_reason="refusal"), "I can't"),
+        (ModelReply("", stop_reason="refusal"), "(no explanation given)"),
+    ):
+        state = _spawned(None, SUMMARY)
+        state = steps(state, ModelReplied(_summary_call(state), reply))
+        (entry,) = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+        assert entry["error"] == (
+            f"not started: no summary of its parent's conversation: "
+            f"the model refused to summarise: {why}"
+        )
+
+
+def test_a_reply_with_no_text_is_only_its_tool_calls_in_the_summary_request() -> None:
+    """(Mutation testing: keeping an empty text survived: the turn began with a blank
+    line.)"""
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, spawn("s1", SUMMARY)))
+    (call,) = [c for m in state.history if isinstance(m, AssistantMessage) for c in m.tool_calls]
+    assert model_request(state).messages == (
+        UserMessage("go"),
+        AssistantMessage(f"[tool call spawn_agents: {call.arguments_json}]"),
+        UserMessage(SUMMARY_PROMPT),
+    )
