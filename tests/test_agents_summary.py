@@ -53,6 +53,7 @@ from fanfold.statemachine import (
     ToolCall,
     Usage,
     UserMessage,
+    control_tools,
     model_request,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
@@ -61,6 +62,7 @@ from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT
 from fanfold.statemachine.errors import UnknownCall
 from fanfold.statemachine.limits import CONTEXT_MODES, Limits
 from fanfold.statemachine.transition import is_summary_call
+from fanfold.testing import expected_backoff
 
 SUMMARY = {"task": "fix it", "context": "summary"}
 
@@ -592,3 +594,47 @@ def test_a_reply_with_no_text_is_only_its_tool_calls_in_the_summary_request() ->
         AssistantMessage(f"[tool call spawn_agents: {call.arguments_json}]"),
         UserMessage(SUMMARY_PROMPT),
     )
+
+
+def test_a_child_started_beside_one_left_without_a_summary_is_spawned() -> None:
+    """(Mutation testing: the start pass's effects could be dropped when a later pass
+    or a failed child's mode replaced them, unnoticed.) One slot: the third task
+    starts when the second ends, in the pass that fails the summary child."""
+    state = _spawned(Limits(max_concurrent=1), SUMMARY, "second", "third")
+    refusal = ModelReply("no", stop_reason="refusal")
+    state = steps(state, ModelReplied(_summary_call(state), refusal))
+    state, effects = step(state, SubAgentFinished("root.2", ChildSucceeded("ok")))
+    assert [s.child_id for s in of_type(effects, SpawnSubAgent)] == ["root.3"]
+    state = steps(state, SubAgentFinished("root.3", ChildSucceeded("ok")))
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert [e["status"] for e in entries] == ["failed", "completed", "completed"]
+
+
+def test_a_task_only_context_is_recorded_as_no_context_mode() -> None:
+    """(Mutation testing: recording "task_only" itself survived; the spec writes the
+    mode only when it is not task_only.)"""
+    briefed = AgentDefinition("briefed", "gets a summary", context=ContextMode.SUMMARY)
+    state = steps(root(agents=(briefed,)), user("go"))
+    tasks = ({"task": "t", "agent": "briefed", "context": "task_only"}, {**SUMMARY})
+    state = steps(state, replied(state, spawn("s1", *tasks)))
+    children = state.children
+    assert children is not None
+    assert [p.spec.context for p in children.pending] == [None, "summary"]
+
+
+def test_a_summary_retry_without_a_hint_backs_off_as_specified() -> None:
+    """(Mutation testing: a jitter drawn without the timer number survived; every test
+    gave a retry_after hint.)"""
+    state = _spawned(Limits(max_attempts=3), SUMMARY)
+    error = ModelError(ErrorKind.SERVER_ERROR, "busy")
+    after, effects = step(state, ModelFailed(_summary_call(state), error))
+    retry = only(effects, ScheduleRetry)
+    assert retry.delay == expected_backoff(after, 2, error, retry.timer)
+
+
+def test_the_spawn_tool_is_made_in_a_fresh_process_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Mutation testing: a memo check that failed only on its first use survived: the
+    memo was always filled by an earlier test.)"""
+    monkeypatch.setattr(control_tools, "_last_spawn_spec", [None])
+    agents = (AgentDefinition("briefed", "gets a summary"),)
+    assert spawn_agents_spec(agents).name == "spawn_agents"
