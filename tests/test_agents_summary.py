@@ -638,3 +638,17 @@ def test_the_spawn_tool_is_made_in_a_fresh_process_too(monkeypatch: pytest.Monke
     monkeypatch.setattr(control_tools, "_last_spawn_spec", [None])
     agents = (AgentDefinition("briefed", "gets a summary"),)
     assert spawn_agents_spec(agents).name == "spawn_agents"
+
+
+def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
+    """(Mutation testing: memos that never hit, or were never filled, survived: only
+    memory told.) As documented, called again with the same arguments, both return
+    the very object they made, which the siblings' states and log encodings share."""
+    agents = (AgentDefinition("briefed", "gets a summary"),)
+    for modes in (CONTEXT_MODES, ("task_only", "full")):
+        assert spawn_agents_spec(agents, modes) is spawn_agents_spec(agents, modes)
+        limits = Limits(context_modes=modes)
+        ordinary = root().tools  # one tuple, as a spawn's siblings get it
+        first = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
+        again = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
+        assert again is first
