@@ -652,3 +652,15 @@ def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
         first = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
         again = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
         assert again is first
+
+
+def test_an_unbilled_summary_failure_is_retried_even_after_a_sibling_spent_the_budget() -> None:
+    """(Mutation testing: checking the budget after every failure, not only a billed
+    one, survived.) The budget is checked when the retry is due (the test above);
+    a failure that cost nothing schedules it as usual."""
+    state = _spawned(Limits(max_tokens=100, max_attempts=3), "plain", SUMMARY)
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("done", tokens=120)))
+    unbilled = ModelError(ErrorKind.RATE_LIMIT, "slow down", retry_after=1.0)
+    state, effects = step(state, ModelFailed(_summary_call(state), unbilled))
+    assert only(effects, ScheduleRetry).attempt == 2
+    assert isinstance(state.phase, AwaitingSubAgents)
