@@ -632,12 +632,15 @@ def test_a_summary_retry_without_a_hint_backs_off_as_specified() -> None:
     assert retry.delay == expected_backoff(after, 2, error, retry.timer)
 
 
-def test_the_spawn_tool_is_made_in_a_fresh_process_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """(Mutation testing: a memo check that failed only on its first use survived: the
-    memo was always filled by an earlier test.)"""
+def test_the_spawn_tools_are_made_in_a_fresh_process_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Mutation testing: memo checks that failed only on their first use survived: the
+    memos were always filled by an earlier test.)"""
     monkeypatch.setattr(control_tools, "_last_spawn_spec", [None])
+    monkeypatch.setattr(control_tools, "_last_offered", [None])
     agents = (AgentDefinition("briefed", "gets a summary"),)
     assert spawn_agents_spec(agents).name == "spawn_agents"
+    offered = offered_tools((), depth=0, is_sub_agent=False, limits=Limits(), agents=agents)
+    assert [t.name for t in offered] == ["spawn_agents"]
 
 
 def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
