@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sm_support import (
     World,
+    call_of,
     child,
     fan_in,
     of_type,
@@ -51,11 +53,16 @@ from fanfold.statemachine import (
     ToolCall,
     Usage,
     UserMessage,
+    control_tools,
     model_request,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
+from fanfold.statemachine.control_tools import offered_tools, spawn_agents_spec
 from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT
-from fanfold.statemachine.limits import Limits
+from fanfold.statemachine.errors import UnknownCall
+from fanfold.statemachine.limits import CONTEXT_MODES, Limits
+from fanfold.statemachine.transition import is_summary_call
+from fanfold.testing import expected_backoff
 
 SUMMARY = {"task": "fix it", "context": "summary"}
 
@@ -439,3 +446,224 @@ def test_a_summary_cut_off_at_the_output_limit_says_so() -> None:
             SUMMARY_HEADER + "The goal is\n[the summary was cut off at the output token limit]"
         ),
     )
+
+
+def test_is_summary_call_names_only_the_summary_call_awaited() -> None:
+    """(Mutation testing: the trace and the OpenTelemetry spans label a call with it,
+    and no pure test asked it; a mutant that crashed or always said no survived.)"""
+    state = steps(root(), user("go"))
+    round_call = call_of(state)
+    assert not is_summary_call(state, round_call)  # a round's call, no summary at all
+    state = steps(state, replied(state, spawn("s1", SUMMARY, "plain")))
+    call = _summary_call(state)
+    assert is_summary_call(state, call)
+    assert not is_summary_call(state, round_call) and not is_summary_call(state, call + 1)
+    # Once made, it is no call awaited any more.
+    state = steps(state, ModelReplied(call, _summarised()))
+    assert not is_summary_call(state, call)
+
+
+def test_a_failed_tool_result_is_marked_in_the_summary_request() -> None:
+    """(Mutation testing: dropping the " (error)" mark survived.) The model that
+    summarises must know a tool call failed, not read its error text as its output."""
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, tool("t1"), text="Looking."))
+    state = steps(state, tool_done(state, "no such file", is_error=True))
+    state = steps(state, replied(state, spawn("s1", SUMMARY)))
+    assert UserMessage("[result of bash (error): no such file]") in model_request(state).messages
+
+
+def test_children_without_a_summary_for_want_of_budget_are_stopped_by_the_limit() -> None:
+    """(Mutation testing: their outcome's reason was unchecked whenever the round ended
+    in the same step, as the invariants see only the children still held.) A sibling
+    still runs here, so the failed child stays in the round, with its reason."""
+    state = steps(root(Limits(max_tokens=100)), user("go"))
+    calls = (spawn("s1", "plain", "slow"), spawn("s2", SUMMARY), tool("t1"))
+    state = steps(state, ModelReplied(0, ModelReply("", calls, Usage(5, 5))))
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("done", tokens=90)))
+    state, effects = step(state, tool_done(state))
+    assert not of_type(effects, CallModel) and not of_type(effects, SpawnSubAgent)
+    assert isinstance(state.phase, AwaitingSubAgents)  # root.2 still runs
+    children = state.children
+    assert children is not None
+    (failed,) = [f.outcome for f in children.finished if f.spec.id == "root.3"]
+    assert failed == ChildFailed(
+        "not started: no summary of its parent's conversation: the token budget of 100 is used up",
+        ErrorKind.BUDGET_EXHAUSTED,
+        CancelReason.LIMIT,
+    )
+
+
+def test_a_step_unblocked_by_children_left_without_a_summary_gets_their_share() -> None:
+    """(Mutation testing: stopping the start pass at the first child left without a
+    summary survived.) The children that cannot start are finished before the next
+    pass, so a step they unblock splits the budget with none of them."""
+    steps_call = ToolCall.of(
+        "s1",
+        "spawn_agents",
+        {"tasks": [SUMMARY, {"task": "go on"}], "mode": "sequential", "keep_going": True},
+    )
+    state = steps(root(Limits(max_tokens=900)), user("go"))
+    state = steps(state, replied(state, steps_call, spawn("s2", SUMMARY)))
+    refusal = ModelReply("no", stop_reason="refusal")
+    state, effects = step(state, ModelReplied(_summary_call(state), refusal))
+    # Both summary children failed; the step after the first starts on half of the
+    # 900 tokens (the other half stays with the parent), not on a third.
+    spawned = of_type(effects, SpawnSubAgent)
+    assert [(s.child_id, s.limits.max_tokens) for s in spawned] == [("root.2", 450)]
+
+
+def test_context_modes_must_hold_task_only_and_known_modes_once_each() -> None:
+    """(Mutation testing: a validator that or-ed its conditions survived.)"""
+    for modes in (("full",), ("summary", "full"), ("task_only", "bogus"), ("task_only",) * 2):
+        with pytest.raises(ValueError, match="context_modes must list task_only"):
+            Limits(context_modes=modes)
+    with pytest.raises(ValueError, match="context_modes must list task_only"):
+        Limits(context_modes=["task_only"])  # type: ignore[arg-type]
+    assert Limits(context_modes=("task_only",)).context_modes == ("task_only",)
+
+
+def test_the_spawn_tool_follows_the_limits_modes_with_the_same_agents() -> None:
+    """(Mutation testing: the memo of the last spawn tool and tool set could return the
+    one made for other modes.) A tree whose limits offer fewer modes gets a tool that
+    lists only those, even right after one listing all of them for the same agents."""
+    agents = (AgentDefinition("briefed", "gets a summary", context=ContextMode.SUMMARY),)
+
+    def context_enum(spec: Any) -> list[str]:
+        properties = spec.input_schema()["properties"]["tasks"]["items"]["properties"]
+        return list(properties["context"]["enum"])
+
+    old = ("task_only", "full")
+    for modes in (CONTEXT_MODES, old, CONTEXT_MODES, old):
+        assert context_enum(spawn_agents_spec(agents, modes)) == list(modes)
+        offered = offered_tools(
+            (), depth=0, is_sub_agent=False, limits=Limits(context_modes=modes), agents=agents
+        )
+        (spec,) = [t for t in offered if t.name == "spawn_agents"]
+        assert context_enum(spec) == list(modes)
+
+
+def test_an_answer_to_a_call_never_issued_during_a_summary_is_refused_with_its_event() -> None:
+    """(Mutation testing: the refusal could carry no event, unnoticed.)"""
+    state = _spawned(None, SUMMARY)
+    unknown = ModelReplied(state.next_call + 5, _summarised())
+    with pytest.raises(UnknownCall) as refused:
+        step(state, unknown)
+    assert refused.value.event == unknown
+
+
+def test_a_summary_call_gets_max_attempts_in_all_then_its_children_fail() -> None:
+    """(Mutation testing: one attempt too many, ``<=`` for ``<``, survived.)"""
+    state = _spawned(Limits(max_attempts=2), SUMMARY)
+    error = ModelError(ErrorKind.RATE_LIMIT, "slow down", retry_after=1.0)
+    state, effects = step(state, ModelFailed(_summary_call(state), error))
+    state, effects = step(state, TimerFired(only(effects, ScheduleRetry).timer))
+    state, effects = step(state, ModelFailed(only(effects, CallModel).call, error))
+    assert not of_type(effects, ScheduleRetry) and not of_type(effects, SpawnSubAgent)
+    (entry,) = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert entry["error"] == (
+        "not started: no summary of its parent's conversation: the summary call failed "
+        "(rate_limit, retries exhausted after 2 attempt(s)): slow down"
+    )
+
+
+def test_a_refusal_to_summarise_says_why_as_best_it_can() -> None:
+    """(Mutation testing: the fallbacks of the explanation survived.) The refusal's
+    details, else its text, else a placeholder."""
+    for reply, why in (
+        (ModelReply("I can't", stop_reason="refusal"), "I can't"),
+        (ModelReply("", stop_reason="refusal"), "(no explanation given)"),
+    ):
+        state = _spawned(None, SUMMARY)
+        state = steps(state, ModelReplied(_summary_call(state), reply))
+        (entry,) = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+        assert entry["error"] == (
+            f"not started: no summary of its parent's conversation: "
+            f"the model refused to summarise: {why}"
+        )
+
+
+def test_a_reply_with_no_text_is_only_its_tool_calls_in_the_summary_request() -> None:
+    """(Mutation testing: keeping an empty text survived: the turn began with a blank
+    line.)"""
+    state = steps(root(), user("go"))
+    state = steps(state, replied(state, spawn("s1", SUMMARY)))
+    (call,) = [c for m in state.history if isinstance(m, AssistantMessage) for c in m.tool_calls]
+    assert model_request(state).messages == (
+        UserMessage("go"),
+        AssistantMessage(f"[tool call spawn_agents: {call.arguments_json}]"),
+        UserMessage(SUMMARY_PROMPT),
+    )
+
+
+def test_a_child_started_beside_one_left_without_a_summary_is_spawned() -> None:
+    """(Mutation testing: the start pass's effects could be dropped when a later pass
+    or a failed child's mode replaced them, unnoticed.) One slot: the third task
+    starts when the second ends, in the pass that fails the summary child."""
+    state = _spawned(Limits(max_concurrent=1), SUMMARY, "second", "third")
+    refusal = ModelReply("no", stop_reason="refusal")
+    state = steps(state, ModelReplied(_summary_call(state), refusal))
+    state, effects = step(state, SubAgentFinished("root.2", ChildSucceeded("ok")))
+    assert [s.child_id for s in of_type(effects, SpawnSubAgent)] == ["root.3"]
+    state = steps(state, SubAgentFinished("root.3", ChildSucceeded("ok")))
+    entries = fan_in(tool_results(state)[0].content)["sub_agent_results"]
+    assert [e["status"] for e in entries] == ["failed", "completed", "completed"]
+
+
+def test_a_task_only_context_is_recorded_as_no_context_mode() -> None:
+    """(Mutation testing: recording "task_only" itself survived; the spec writes the
+    mode only when it is not task_only.)"""
+    briefed = AgentDefinition("briefed", "gets a summary", context=ContextMode.SUMMARY)
+    state = steps(root(agents=(briefed,)), user("go"))
+    tasks = ({"task": "t", "agent": "briefed", "context": "task_only"}, {**SUMMARY})
+    state = steps(state, replied(state, spawn("s1", *tasks)))
+    children = state.children
+    assert children is not None
+    assert [p.spec.context for p in children.pending] == [None, "summary"]
+
+
+def test_a_summary_retry_without_a_hint_backs_off_as_specified() -> None:
+    """(Mutation testing: a jitter drawn without the timer number survived; every test
+    gave a retry_after hint.)"""
+    state = _spawned(Limits(max_attempts=3), SUMMARY)
+    error = ModelError(ErrorKind.SERVER_ERROR, "busy")
+    after, effects = step(state, ModelFailed(_summary_call(state), error))
+    retry = only(effects, ScheduleRetry)
+    assert retry.delay == expected_backoff(after, 2, error, retry.timer)
+
+
+def test_the_spawn_tools_are_made_in_a_fresh_process_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Mutation testing: memo checks that failed only on their first use survived: the
+    memos were always filled by an earlier test.)"""
+    monkeypatch.setattr(control_tools, "_last_spawn_spec", [None])
+    monkeypatch.setattr(control_tools, "_last_offered", [None])
+    agents = (AgentDefinition("briefed", "gets a summary"),)
+    assert spawn_agents_spec(agents).name == "spawn_agents"
+    offered = offered_tools((), depth=0, is_sub_agent=False, limits=Limits(), agents=agents)
+    assert [t.name for t in offered] == ["spawn_agents"]
+
+
+def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
+    """(Mutation testing: memos that never hit, or were never filled, survived: only
+    memory told.) As documented, called again with the same arguments, both return
+    the very object they made, which the siblings' states and log encodings share."""
+    agents = (AgentDefinition("briefed", "gets a summary"),)
+    for modes in (CONTEXT_MODES, ("task_only", "full")):
+        assert spawn_agents_spec(agents, modes) is spawn_agents_spec(agents, modes)
+        limits = Limits(context_modes=modes)
+        ordinary = root().tools  # one tuple, as a spawn's siblings get it
+        first = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
+        again = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
+        assert again is first
+
+
+def test_an_unbilled_summary_failure_is_retried_even_after_a_sibling_spent_the_budget() -> None:
+    """(Mutation testing: checking the budget after every failure, not only a billed
+    one, survived.) The budget is checked when the retry is due (the test above);
+    a failure that cost nothing schedules it as usual."""
+    state = _spawned(Limits(max_tokens=100, max_attempts=3), "plain", SUMMARY)
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("done", tokens=120)))
+    unbilled = ModelError(ErrorKind.RATE_LIMIT, "slow down", retry_after=1.0)
+    state, effects = step(state, ModelFailed(_summary_call(state), unbilled))
+    assert only(effects, ScheduleRetry).attempt == 2
+    assert isinstance(state.phase, AwaitingSubAgents)
