@@ -69,7 +69,14 @@ def test_the_spawn_tool_lists_the_agents_with_their_descriptions() -> None:
     spec = next(t for t in state.tools if t.name == "spawn_agents")
     assert "- explorer: reads only\n- writer: writes sources" in spec.description
     agent = spec.input_schema()["properties"]["tasks"]["items"]["properties"]["agent"]
-    assert agent["enum"] == ["explorer", "writer"]
+    # The whole property: a schema a model API reads (mutants that corrupted its keys
+    # or its type survived the enum check alone).
+    assert agent == {
+        "type": "string",
+        "enum": ["explorer", "writer"],
+        "description": "The kind of agent to delegate to (default: a general sub-agent "
+        "with your tools); see the list in this tool's description",
+    }
     context = spec.input_schema()["properties"]["tasks"]["items"]["properties"]["context"]
     assert context == {
         "type": "string",

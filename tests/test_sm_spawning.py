@@ -329,3 +329,17 @@ def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
     }
     assert {f.name for f in attrs.fields(sm.ConversationCreated)} == set(expected)
     assert {name: getattr(created, name) for name in expected} == expected
+
+
+def test_a_rejected_task_that_is_no_string_is_shown_as_the_json_it_was() -> None:
+    # A task given as a number or a list is refused; the fan-in shows what was given
+    # (a mutant that wrote "null" for it survived every test).
+    state = steps(root(), user("go"))
+    call = spawn("s", "ok", {"task": 5}, {"task": ["a", 1]})
+    state = steps(state, replied(state, call))
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("done")))
+    payload = fan_in(tool_results(state)[0].content)
+    assert [(r["task"], r["error"]) for r in payload["rejected_tasks"]] == [
+        ("5", "not spawned: 'task' must be a non-empty string"),
+        ('["a", 1]', "not spawned: 'task' must be a non-empty string"),
+    ]
