@@ -37,6 +37,8 @@ import yaml
 from cattrs.errors import ClassValidationError
 
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode, PromptMode
+from fanfold.statemachine.control_tools import one_of
+from fanfold.statemachine.limits import CONTEXT_MODES
 from fanfold.statemachine.permissions import (
     PATH_TOOLS,
     READ_ONLY,
@@ -46,10 +48,6 @@ from fanfold.statemachine.permissions import (
 
 KNOWN_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file", "think"})
 """The ordinary tools fanfold has (a rule naming another tool matches nothing)."""
-
-CONTEXT_MODES = ("task_only", "full", "summary")
-"""Context modes: a fresh history holding just the task; the parent's conversation
-so far, then the task; a summary of it (one model call of the parent), then the task."""
 
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
@@ -338,7 +336,7 @@ def _definition(
             AgentProblem(
                 path,
                 at("context"),
-                f"context {matter.context!r}: use task_only, full or summary",
+                f"context {matter.context!r}: use {one_of(CONTEXT_MODES)}",
             )
         )
     allow = None

@@ -174,9 +174,8 @@ class ScriptedProvider:
             return ModelReply(text=_made_up_summary(request.messages, context.path))
         await _sleep(self._latency if reply.latency is None else reply.latency)
         _fail_first(reply, context.attempt)
-        own = own_messages(request.messages, context.task, context.depth > 0)
-        values = {"last_tool_result": _last_tool_result(own), "task": context.task or ""}
-        return _build(reply, 0, values)
+        # The request writes tool results as text: there is no last tool result.
+        return _build(reply, 0, {"last_tool_result": "", "task": context.task or ""})
 
 
 def is_summary_request(request: ModelRequest) -> bool:
