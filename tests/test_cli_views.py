@@ -20,7 +20,7 @@ from rich.console import Console
 from sm_support import failed, root, step, steps, user
 
 from fanfold.cli import cli, display
-from fanfold.db import Store, decode_event
+from fanfold.db import ConversationRow, Store, decode_event
 from fanfold.statemachine import (
     CallModel,
     ErrorKind,
@@ -96,6 +96,14 @@ def _invoke(runner: CliRunner, *args: str) -> Result:
     )
     assert result.exit_code == 0, (args, result.output)
     return result
+
+
+def _run_tree(runner: CliRunner, db: str, *args: str) -> tuple[Result, ConversationRow]:
+    """`fanfold run --no-live --db DB ARGS...`, checked, and the one tree it made."""
+    ran = _invoke(runner, "run", "--no-live", "--db", db, *args)
+    with Store.open(Path(db)) as store:
+        (root,) = store.list_roots()
+    return ran, root
 
 
 def _views(tmp: Path, text: str) -> dict[str, str]:
@@ -240,9 +248,7 @@ def test_show_gives_a_failed_childs_typed_kind_apart_from_its_text(tmp_path: Pat
     )
     db = str(tmp_path / "fail.db")
     runner = CliRunner()
-    _invoke(runner, "run", "--no-live", "--db", db, "--script", str(script), "go")
-    with Store.open(Path(db)) as store:
-        (root,) = store.list_roots()
+    _, root = _run_tree(runner, db, "--script", str(script), "go")
     tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
     claimed, slow = tree["children"]
     assert claimed["outcome"] == "timed out"
@@ -295,9 +301,7 @@ def test_show_lists_the_tasks_a_failed_sequence_never_ran(tmp_path: Path) -> Non
     )
     db = str(tmp_path / "seq.db")
     runner = CliRunner()
-    _invoke(runner, "run", "--no-live", "--db", db, "--script", str(script), "go")
-    with Store.open(Path(db)) as store:
-        (root,) = store.list_roots()
+    _, root = _run_tree(runner, db, "--script", str(script), "go")
     tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
     assert [c["id"] for c in tree["children"]] == [f"{root.id}.1"]
     assert [(n["id"], n["task"]) for n in tree["not_run"]] == [
@@ -323,10 +327,8 @@ def _long_answer_tree(tmp_path: Path) -> tuple[str, str, str]:
         {"latency": 0, "agents": [{"match": {"path": "root"}, "replies": [{"text": answer}]}]},
     )
     db = str(tmp_path / "long.db")
-    ran = _invoke(CliRunner(), "run", "--no-live", "--db", db, "--script", str(script), "go")
+    ran, root = _run_tree(CliRunner(), db, "--script", str(script), "go")
     assert len(ran.output) < 20_000 and "more characters" in ran.output
-    with Store.open(Path(db)) as store:
-        (root,) = store.list_roots()
     return db, root.id, answer
 
 
@@ -386,9 +388,8 @@ def test_show_says_which_child_never_called_submit_result(tmp_path: Path) -> Non
     )
     db = str(tmp_path / "plain.db")
     runner = CliRunner()
-    _invoke(runner, "run", "--no-live", "--db", db, "--script", str(script), "go")
+    _, root = _run_tree(runner, db, "--script", str(script), "go")
     with Store.open(Path(db)) as store:
-        (root,) = store.list_roots()
         state = store.load_state(root.id)
     tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
     chatty, proper = tree["children"]
@@ -435,10 +436,8 @@ def test_show_types_a_refusal_and_a_cut_off_answer(tmp_path: Path) -> None:
     )
     db = str(tmp_path / "stops.db")
     runner = CliRunner()
-    ran = _invoke(runner, "run", "--no-live", "--db", db, "--script", str(script), "go")
+    ran, root = _run_tree(runner, db, "--script", str(script), "go")
     assert "cut off at the output token limit" in ran.output
-    with Store.open(Path(db)) as store:
-        (root,) = store.list_roots()
     tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
     (child,) = tree["children"]
     assert tree["truncated"] is True and child["truncated"] is False
@@ -467,9 +466,7 @@ def test_show_counts_the_tokens_of_failed_attempts(tmp_path: Path) -> None:
     )
     db = str(tmp_path / "billed.db")
     runner = CliRunner()
-    _invoke(runner, "run", "--no-live", "--db", db, "--script", str(script), "go")
-    with Store.open(Path(db)) as store:
-        (root,) = store.list_roots()
+    _, root = _run_tree(runner, db, "--script", str(script), "go")
     tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
     assert (tree["outcome"], tree["tokens"], tree["tree_tokens"]) == ("finally", 3849, 3849)
     assert "3849 tokens" in _invoke(runner, "show", root.id, "--db", db).output
@@ -579,9 +576,7 @@ def test_show_gives_cached_tokens_and_costs_at_the_profiles_prices(tmp_path: Pat
             )
             db = str(tmp_path / f"cost-{expect_tree}.db")
             runner = CliRunner()
-            _invoke(runner, "run", "--no-live", "--db", db, "--config", str(config), "cost me")
-            with Store.open(Path(db)) as store:
-                (root,) = store.list_roots()
+            _, root = _run_tree(runner, db, "--config", str(config), "cost me")
             tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
             (child,) = tree["children"]
             assert (tree["input_tokens"], tree["cached_input_tokens"]) == (5000, 1500)
@@ -682,20 +677,8 @@ def test_run_may_leave_context_modes_out(tmp_path: Path) -> None:
     runner = CliRunner()
     db = str(tmp_path / "modes.db")
     made = _summary_script(tmp_path / "made.json", {"text": "never asked"})
-    _invoke(
-        runner,
-        "run",
-        "--no-live",
-        "--db",
-        db,
-        "--script",
-        made,
-        "--context-modes",
-        "task_only",
-        "go",
-    )
+    _, root = _run_tree(runner, db, "--script", made, "--context-modes", "task_only", "go")
     with Store.open(Path(db)) as store:
-        (root,) = store.list_roots()
         state = store.load_state(root.id)
     assert state.limits.context_modes == ("task_only",)
     (fan_in,) = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
