@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -201,3 +202,30 @@ def test_a_damaged_tree_never_takes_the_list_down(marks_log: tuple[Path, str]) -
     assert (rows[damaged]["tokens"], rows[damaged]["cost"]) == (None, None)
     (other,) = [row for key, row in rows.items() if key != damaged]
     assert isinstance(other["tokens"], int)
+
+
+async def test_the_stream_reads_its_version_before_it_answers(tmp_path: Path) -> None:
+    """A browser's EventSource opens when the headers arrive and the pages fetch their
+    data again then; the version the stream compares with must already be read, or a
+    change in between is never announced (the browser test saw a page stay stale)."""
+    driver = Driver()
+    fan_out(driver)
+    db = tmp_path / "live.db"
+    with Store.open(db) as store:
+        store.append(driver.steps)
+    reads: list[str | None] = []
+
+    class Counting(TraceServer):
+        def _version(self, tree: str | None) -> Any:
+            reads.append(tree)
+            return super()._version(tree)
+
+    async with trio.open_nursery() as nursery:
+        (base,) = await nursery.start(serve, Counting(db, poll=0.05), "127.0.0.1", 0)
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=10) as client,
+            client.stream("GET", "/events/r") as stream,
+        ):
+            assert stream.headers["content-type"] == "text/event-stream"
+            assert reads[:1] == ["r"]
+        nursery.cancel_scope.cancel()

@@ -46,11 +46,15 @@
   render(JSON.parse($("trees-data").textContent));
   if (window.EventSource) {
     const events = new EventSource("/events");
-    events.addEventListener("changed", () => {
+    const refresh = () => {
       fetch("/api/trees").then((r) => r.json()).then((trees) => {
         render({ db: $("db").textContent, trees: trees });
       }).catch(() => {});
-    });
+    };
+    events.addEventListener("changed", refresh);
+    // What changed since this page was made (the stream compares with the version
+    // it read before it opened), and again after a reconnection.
+    events.addEventListener("open", refresh);
   }
   document.body.setAttribute("data-ready", "1");
 })();

@@ -460,9 +460,13 @@
     if (live && window.EventSource) {
       const cfg = JSON.parse(live.textContent);
       const events = new EventSource(cfg.events);
-      events.addEventListener("changed", () => {
+      const refresh = () => {
         fetch(cfg.data).then((r) => r.json()).then(load).catch(() => {});
-      });
+      };
+      events.addEventListener("changed", refresh);
+      // The stream compares with the version it read before it opened: what changed
+      // since this page was made is fetched now (and again after a reconnection).
+      events.addEventListener("open", refresh);
     }
     rows.focus();
     document.body.setAttribute("data-ready", "1");

@@ -160,7 +160,14 @@ class TraceServer:
 
     async def _events(self, tree: str | None, receive: Receive, send: Send) -> None:
         """Server-sent events: ``changed`` each time the version read differs, until
-        the client goes away."""
+        the client goes away.
+
+        The version to compare with is read before the response starts: a browser's
+        ``EventSource`` opens when the headers arrive, and the pages fetch their data
+        again then, so a change made between the page's first read and the stream
+        is never missed (it once was: the page stayed stale until the next change).
+        """
+        seen = await trio.to_thread.run_sync(self._version, tree)
         await send(
             {
                 "type": "http.response.start",
@@ -180,7 +187,6 @@ class TraceServer:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(disconnected)
-            seen = await trio.to_thread.run_sync(self._version, tree)
             await send({"type": "http.response.body", "body": b": watching\n\n", "more_body": True})
             count = 0
             while True:
