@@ -5,9 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from fanfold.cli.errors import CliError
-from fanfold.runtime.logging import configure
-
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 _file_log_level = logging.INFO  # the JSON log's level, set by the group's --log-level
 
@@ -20,6 +17,11 @@ def set_file_level(name: str) -> None:
 
 def open_logs(path: Path, json_log: Path | None) -> None:
     """Create the database's folder and send the JSON log next to it (or to json_log)."""
+    # Imported here: the group imports this module for LOG_LEVELS, and a command that
+    # writes no log (--version, ls, show) must not import the runtime for it.
+    from fanfold.cli.errors import CliError
+    from fanfold.runtime.logging import configure
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         configure(
