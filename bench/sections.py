@@ -23,10 +23,11 @@ from bench.cpuclock import CpuClock
 from bench.workload import default_logging, fanfold_fanout, fanout_limits, fanout_script
 from fanfold import replay
 from fanfold.db import Store
+from fanfold.providers.base import CallContext
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import Runtime
 from fanfold.runtime.logging import quiet_logger
-from fanfold.statemachine import Limits, LlmRequesting, canonical_json
+from fanfold.statemachine import Limits, ModelReply, ModelRequest, canonical_json
 from fanfold.tools.registry import ToolSet
 
 # ------------------------------------------------------------------ CPU by component
@@ -294,17 +295,40 @@ def _rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class _InFlight:
+    """A provider that counts the calls it holds: the figure "heap per waiting child"
+    means something once every child's call has reached the provider, which write-ahead
+    allows only after the step that made it is committed (so the writer is done with
+    the children's creation batch too)."""
+
+    def __init__(self, inner: ScriptedProvider) -> None:
+        self.inner = inner
+        self.held = 0
+
+    async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
+        self.held += 1
+        try:
+            return await self.inner.complete(request, context)
+        finally:
+            self.held -= 1
+
+
 def memory(n: int) -> dict[str, Any]:
     """Python heap (tracemalloc) and RSS per sub-agent while ``n`` children all wait on
     a model call (an hour of scripted latency), durable log on a file. The heap is
     measured in one run, RSS in an earlier one without tracemalloc (which adds its own).
-    RSS is only indicative: it moves in whole pages and with what the allocator kept."""
+    RSS is only indicative: it moves in whole pages and with what the allocator kept.
+
+    Measured once all ``n`` children's calls are in the provider (not when their state
+    says a call is due: until the writer has committed their creation the calls have
+    not started, and the heap then holds the batch being written instead)."""
 
     async def measure(database: Path, traced: bool) -> tuple[int, int]:
         limits = fanout_limits(n)
+        provider = _InFlight(fanout_script(n, child_latency=3600))
         async with Runtime.open(
             database,
-            fanout_script(n, child_latency=3600),
+            provider,
             ToolSet.default(),
             limits=limits,
             logger=quiet_logger(),
@@ -312,19 +336,10 @@ def memory(n: int) -> dict[str, Any]:
             gc.collect()
             before = tracemalloc.get_traced_memory()[0] if traced else _rss()
             await runtime.start("fan out", limits=limits)
-            steps = -1
             with trio.fail_after(600):
-                # Until every child waits for its model and the log has stopped growing.
-                while True:
-                    waiting = sum(
-                        1
-                        for s in runtime.running()
-                        if s.parent_id is not None and isinstance(s.phase, LlmRequesting)
-                    )
-                    now = runtime.writer.statistics().steps
-                    if waiting == n and now == steps:
-                        break
-                    steps = now
+                # The root's own call has returned (it spawned them); every call held
+                # is a child's.
+                while provider.held < n:
                     await trio.sleep(0.05)
             gc.collect()
             after = tracemalloc.get_traced_memory()[0] if traced else _rss()
