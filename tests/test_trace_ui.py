@@ -265,7 +265,7 @@ def refused(answer: httpx.Response, why: str) -> None:
     assert answer.status_code == 403, (answer.request.url, answer.status_code)
     assert answer.headers["content-type"].startswith("text/plain")
     assert answer.text.startswith("refused: ") and why in answer.text
-    assert "\n" not in answer.text and "HOSTILE" not in answer.text and "final" not in answer.text
+    assert "\n" not in answer.text and len(answer.text) < 100  # one line, no data
 
 
 async def test_a_wrong_host_is_refused_on_every_route(server: tuple[str, Path, str]) -> None:
@@ -397,6 +397,9 @@ async def test_the_token_in_the_query_sets_the_cookie(server: tuple[str, Path, s
         # The redirect stays on this server ("//host" would leave it).
         away = await script.get(f"{base}//evil.example/", params={"token": UI_TOKEN})
         assert away.status_code == 303 and away.headers["location"] == "/evil.example/"
+        # A backslash too: browsers read "/\host" as "//host".
+        away = await script.get(f"{base}/%5Cevil.example/", params={"token": UI_TOKEN})
+        assert away.status_code == 303 and away.headers["location"] == "/%5Cevil.example/"
 
 
 async def test_cross_site_requests_are_refused(server: tuple[str, Path, str]) -> None:

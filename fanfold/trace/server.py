@@ -253,8 +253,8 @@ class TraceServer:
         return values[-1] if values else None
 
     def _cookie_name(self, port: int | None) -> str:
-        # Cookies ignore ports: two servers on one machine (or a restarted one on a new
-        # port) must not overwrite each other's token.
+        # Cookies ignore ports: two servers on one machine must not overwrite each
+        # other's token.
         return f"fanfold-ui-{port or 0}"
 
     def _cookie_token(self, headers: dict[str, list[str]], port: int | None) -> str | None:
