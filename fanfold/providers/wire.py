@@ -383,6 +383,9 @@ _OVERFLOW_PATTERNS = (
     "context_length_exceeded",  # OpenAI code
     "maximum context length",  # OpenAI, vLLM ("This model's maximum context length is")
     "context length is only",  # vLLM
+    # vLLM: "The decoder prompt (length N) is longer than the maximum model length of
+    # M" (V1 engine), "Prompt length of N is longer than the maximum model length"
+    "longer than the maximum model length",
     "context length exceeded",
     "exceeds the context length",  # Ollama ("the input length exceeds the context length")
     "exceeded max context length",  # Ollama ("prompt too long; exceeded max context ...")
