@@ -136,7 +136,9 @@ def test_vllm_max_model_length_is_context_exhausted(message: str, status: int) -
 def test_llamacpp_exceed_context_size_type_alone_is_context_exhausted() -> None:
     """llama-server's current 400 names the overflow by its type; a build whose message
     says nothing about the context is still CONTEXT_EXHAUSTED, by the type."""
-    payload = {"error": {"code": 400, "message": "bad request", "type": "exceed_context_size_error"}}
+    payload = {
+        "error": {"code": 400, "message": "bad request", "type": "exceed_context_size_error"}
+    }
     error = classify_http_error("openai", 400, json.dumps(payload), {}, NOW)
     assert error.kind is ErrorKind.CONTEXT_EXHAUSTED
     assert classify_stream_error("openai", payload).kind is ErrorKind.CONTEXT_EXHAUSTED

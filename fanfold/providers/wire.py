@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from fanfold.providers.base import ProviderError
-from fanfold.statemachine import ErrorKind, ModelError, canonical_json
+from fanfold.statemachine import ErrorKind, ModelError, Usage, canonical_json
 from fanfold.statemachine.messages import non_finite_path
 
 # ------------------------------------------------------------------ secrets
@@ -280,6 +280,15 @@ def finite_json(value: Any) -> Any:
     if isinstance(value, list):
         return [finite_json(inner) for inner in value]
     return value
+
+
+def billed(error: ModelError, usage: Usage) -> ModelError:
+    """``error`` carrying the usage the server reported before it failed (a stream
+    broken after its usage chunk, a whole reply that could not be used): the tokens
+    were billed, so they count. An error that states its own usage keeps it."""
+    if usage.total and not error.usage.total:
+        return attrs.evolve(error, usage=usage)
+    return error
 
 
 def as_int(value: Any) -> int:
