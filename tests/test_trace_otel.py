@@ -283,3 +283,127 @@ def test_the_exporter_log_takes_any_record(capsys: pytest.CaptureFixture[str]) -
         )
     assert complaints.reason == "Connection refused"
     assert "Logging error" not in capsys.readouterr().err
+
+
+def _scripted_spawns(folder: Path) -> tuple[Path, str]:
+    """A scripted tree whose root spawns the built-in ``explorer`` and a plain task."""
+    spawn = {
+        "name": "spawn_agents",
+        "arguments": {"tasks": [{"task": "look", "agent": "explorer"}, {"task": "plain"}]},
+    }
+    script = {
+        "agents": [
+            {"match": {"path": "root"}, "replies": [{"tool_calls": [spawn]}, {"text": "ok"}]},
+            {
+                "match": {"depth": 1},
+                "replies": [
+                    {"tool_calls": [{"name": "submit_result", "arguments": {"result": "r"}}]}
+                ],
+            },
+        ]
+    }
+    return run_script(folder, script)
+
+
+def test_agents_are_named_by_their_definition_and_calls_by_provider_and_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receiver: tuple[str, type[Receiver]]
+) -> None:
+    """Issue 22, item 14: a defined agent's span was named "sub-agent", and no span
+    said which provider served it."""
+    from fanfold.cli.otel_export import recorded_served_by
+
+    db, root = _scripted_spawns(tmp_path)
+    monkeypatch.setenv("FANFOLD_KEY_FILE", str(tmp_path / "provenance.key"))  # run_script's
+    # What a backend receives from `fanfold export --format otlp`.
+    url, handler = receiver
+    assert run("export", root, "--format", "otlp", "--endpoint", url, "--db", db).exit_code == 0
+    sent = {
+        (span.name, attribute.key, attribute.value.string_value)
+        for request in handler.received
+        for resource in request.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+        for attribute in span.attributes
+        if attribute.key in ("gen_ai.agent.name", "gen_ai.provider.name")
+    }
+    assert ("invoke_agent explorer", "gen_ai.agent.name", "explorer") in sent
+    assert ("chat", "gen_ai.provider.name", "scripted") in sent
+    with Store.open(db, read_only=True) as store:
+        served_by = recorded_served_by(store, root)
+        spans = tree_spans(store, root, served_by=served_by)
+    agents = {
+        attrs(s)["gen_ai.agent.id"]: attrs(s)["gen_ai.agent.name"]
+        for s in spans
+        if s.name.startswith("invoke_agent")
+    }
+    assert agents == {root: "agent", f"{root}.1": "explorer", f"{root}.2": "sub-agent"}
+    assert any(s.name == "invoke_agent explorer" for s in spans)
+    chats = [s for s in spans if s.name.startswith("chat")]
+    assert len(chats) == 4
+    assert {attrs(s)["gen_ai.provider.name"] for s in chats} == {"scripted"}
+
+
+def test_a_configured_profile_s_calls_carry_its_provider_and_model(tmp_path: Path) -> None:
+    """Issue 22, item 14: a root on a configured profile exported ``chat`` spans with
+    no request or response model (Phoenix and Langfuse price spans by them); the model
+    named is the profile's, never the one the server puts in its replies."""
+    import json as jsonlib
+
+    from fakeserver import FakeServer, Json, first_user_contains
+
+    from fanfold.cli.otel_export import recorded_served_by
+
+    def completion(text: str, calls: list[dict[str, Any]]) -> Json:
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if calls:
+            message["tool_calls"] = calls
+        finish = "tool_calls" if calls else "stop"
+        choice = {"index": 0, "message": message, "finish_reason": finish}
+        usage = {"prompt_tokens": 100, "completion_tokens": 5}
+        return Json({"model": "server-says-x", "choices": [choice], "usage": usage})
+
+    def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        function = {"name": name, "arguments": jsonlib.dumps(arguments)}
+        return {"id": f"call_{name}", "type": "function", "function": function}
+
+    with FakeServer() as server:
+        server.when(
+            first_user_contains("delegate"),
+            completion("", [call("spawn_agents", {"tasks": [{"task": "small job"}]})]),
+            completion("all done", []),
+        )
+        server.when(
+            first_user_contains("small job"),
+            completion("", [call("submit_result", {"result": "done"})]),
+        )
+        config = tmp_path / "fanfold.toml"
+        profile = f"provider = 'openai'\nbase_url = '{server.url}/v1'\nstream = false\n"
+        config.write_text(
+            "default = 'big'\nsub_agents = 'small'\n"
+            f"[profiles.big]\n{profile}model = 'big-1'\n"
+            f"[profiles.small]\n{profile}model = 'small-1'\n",
+            encoding="utf-8",
+        )
+        db = tmp_path / "log.db"
+        ran = run("run", "--no-live", "--db", db, "--config", config, "delegate")
+        assert ran.exit_code == 0, ran.output
+    with Store.open(db, read_only=True) as store:
+        (row,) = store.list_roots()
+        spans = tree_spans(store, row.id, served_by=recorded_served_by(store, row.id))
+    chats = [s for s in spans if s.name.startswith("chat")]
+    models = sorted(
+        (
+            attrs(s)["gen_ai.conversation.id"] == row.id,
+            s.name,
+            attrs(s)["gen_ai.provider.name"],
+            attrs(s)["gen_ai.request.model"],
+            attrs(s)["gen_ai.response.model"],
+        )
+        for s in chats
+    )
+    assert models == [
+        (False, "chat small-1", "openai", "small-1", "small-1"),
+        (True, "chat big-1", "openai", "big-1", "big-1"),
+        (True, "chat big-1", "openai", "big-1", "big-1"),
+    ]
+    assert not any("server-says-x" in str(attrs(s)) for s in spans)

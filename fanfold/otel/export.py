@@ -15,7 +15,7 @@ from opentelemetry.trace import Tracer
 
 from fanfold import replay
 from fanfold.db import Store
-from fanfold.otel.spans import SpanObserver
+from fanfold.otel.spans import ServedBy, SpanObserver
 
 BATCH = 512
 """Spans per OTLP request."""
@@ -26,26 +26,40 @@ class ExportFailed(Exception):
 
 
 def record_tree(
-    store: Store, conversation_id: str, tracer: Tracer, *, capture_content: bool = False
+    store: Store,
+    conversation_id: str,
+    tracer: Tracer,
+    *,
+    capture_content: bool = False,
+    served_by: ServedBy | None = None,
 ) -> None:
     """Emit the spans of ``conversation_id``'s tree (it and every sub-agent below it)
     from its log through ``tracer``, with the recorded times. Nothing is run: the log is
-    replayed (``fanfold.replay.steps``); a damaged log raises LogCorrupt."""
-    observer = SpanObserver(tracer, capture_content=capture_content)
+    replayed (``fanfold.replay.steps``); a damaged log raises LogCorrupt. ``served_by``:
+    the provider and model of each conversation (``SpanObserver``)."""
+    observer = SpanObserver(tracer, capture_content=capture_content, served_by=served_by)
     for step in replay.steps(store, conversation_id, tree=True):
         observer.step(step.conversation_id, step.event, step.effects, step.after_state, step.at)
     observer.close()
 
 
 def tree_spans(
-    store: Store, conversation_id: str, *, capture_content: bool = False
+    store: Store,
+    conversation_id: str,
+    *,
+    capture_content: bool = False,
+    served_by: ServedBy | None = None,
 ) -> tuple[ReadableSpan, ...]:
     """The finished spans of a recorded tree, in the order they ended."""
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "fanfold"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     record_tree(
-        store, conversation_id, provider.get_tracer("fanfold"), capture_content=capture_content
+        store,
+        conversation_id,
+        provider.get_tracer("fanfold"),
+        capture_content=capture_content,
+        served_by=served_by,
     )
     provider.shutdown()
     spans: tuple[ReadableSpan, ...] = memory.get_finished_spans()
