@@ -123,3 +123,45 @@ async def test_an_anthropic_profile_sends_only_the_sampling_settings_it_sets(
     assert sent.path == "/v1/messages"
     sampling = {k: v for k, v in sent.json.items() if k in ("temperature", "top_p", "top_k")}
     assert sampling == expected
+
+
+def test_a_reply_cut_inside_a_tool_call_is_counted_in_show(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    """Issue 22, item 11, as the user saw it: llama-server's whole (non-streaming)
+    reply cut at max_tokens inside a tool call showed ``0 tokens, $0.0000`` where the
+    server reported 1,435 + 200."""
+    from fakeserver import Json
+
+    cut = {
+        "index": 0,
+        "finish_reason": "length",
+        "message": {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "spawn_agents", "arguments": '{"tasks": [{"ta'},
+                }
+            ],
+        },
+    }
+    usage = {"prompt_tokens": 1435, "completion_tokens": 200, "total_tokens": 1635}
+    server.enqueue(Json({"model": SERVER_MODEL, "choices": [cut], "usage": usage}))
+    config = tmp_path / "fanfold.toml"
+    config.write_text(
+        f"default = 'local'\n[profiles.local]\nprovider = 'openai'\nbase_url = '{server.url}/v1'\n"
+        "model = 'm'\nstream = false\nprices = { input = 1.0, output = 2.0 }\n",
+        encoding="utf-8",
+    )
+    db = tmp_path / "log.db"
+    ran = invoke("run", "--no-live", "--db", db, "--config", config, "--cwd", tmp_path, "go")
+    assert "output_truncated" in ran.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    as_json = json.loads(invoke("show", root.id, "--db", db, "--json").output)
+    assert (as_json["input_tokens"], as_json["output_tokens"]) == (1435, 200)
+    assert as_json["cost"] == pytest.approx((1435 * 1.0 + 200 * 2.0) / 1_000_000)
+    assert "1635 tokens" in " ".join(invoke("show", root.id, "--db", db).output.split())
