@@ -606,3 +606,26 @@ def test_credentials_and_compression_from_the_standard_variables(
     assert sum(len(r.resource_spans[0].scope_spans[0].spans) for r in handler.received) == len(
         spans
     )
+
+
+def test_a_malformed_headers_variable_is_named_without_its_text(
+    marks_log: tuple[Path, str],
+    monkeypatch: pytest.MonkeyPatch,
+    receiver: tuple[str, type[Receiver]],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The SDK's parser of OTEL_EXPORTER_OTLP_HEADERS logged a malformed value whole
+    (a credential with it) to the console; the export now names the variable only."""
+    db, root = marks_log
+    url, handler = receiver
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization Basic s3cr3t-value")
+    result = run("export", root, "--format", "otlp", "--endpoint", url, "--db", db)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: $OTEL_EXPORTER_OTLP_HEADERS is not a comma-separated list of name=value "
+        "(its text is not shown: it may hold a credential)\n"
+    )
+    assert handler.received == []
+    logged = " ".join(r.getMessage() for r in caplog.records) + str(capsys.readouterr())
+    assert "s3cr3t" not in logged + result.output

@@ -6,6 +6,8 @@ import gzip
 import os
 import socket
 import ssl
+import time
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 
 import httpx
@@ -96,8 +98,9 @@ def send_otlp(
 
     One attempt per request, no retry: the user runs the command again. A redirect is
     never followed (it is reported with its target); the connection must open within
-    ``connect_timeout`` seconds and each read take at most ``timeout``; at most
-    ``RESPONSE_LIMIT`` bytes of a response are read. From ``environ`` (default: the
+    ``connect_timeout`` seconds and each read take at most ``timeout``; an accepted
+    request's answer is not read, an error's at most ``RESPONSE_LIMIT`` bytes (for its
+    message), for at most about ``timeout`` seconds. From ``environ`` (default: the
     process's): the standard ``OTEL_EXPORTER_OTLP_[TRACES_]HEADERS`` (a backend's
     credentials), ``..._CERTIFICATE`` (a CA file) and ``..._COMPRESSION`` (``gzip``).
     """
@@ -144,10 +147,11 @@ def _post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str]) 
                 where = response.headers.get("location", "")
                 target = _short(where) if where else "no Location"
                 return f"HTTP {status} redirect to {target} (not followed: give that URL)"
-            answer = b"".join(_bounded(response.iter_raw(), RESPONSE_LIMIT))
             if 200 <= status <= 299:
-                return None
-            reason = response.reason_phrase or ""
+                return None  # taken; its body (a partial success, at most) is not read
+            deadline = time.monotonic() + (client.timeout.read or 10.0)
+            answer = b"".join(_bounded(response.iter_raw(), RESPONSE_LIMIT, deadline))
+            reason = _short(response.reason_phrase or "", 60)
             kind = response.headers.get("content-type", "")
             # A text or JSON body says why; a protobuf one (google.rpc.Status) is left out.
             text = "text" in kind or "json" in kind
@@ -159,18 +163,22 @@ def _post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str]) 
         return f"could not connect within {client.timeout.connect}s"
     except httpx.TimeoutException:
         return f"no answer within {client.timeout.read}s"
+    except httpx.LocalProtocolError:
+        # Its text may quote a header, and the headers may hold a credential.
+        return "the request could not be sent (an invalid header: see OTEL_EXPORTER_OTLP_HEADERS)"
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         return f"{type(exc).__name__}: {_short(str(exc)) or 'no details'}"
 
 
-def _bounded(chunks: Iterator[bytes], limit: int) -> Iterator[bytes]:
-    """The first ``limit`` bytes of ``chunks``; the rest is never read (the response
-    is closed, and its connection with it)."""
+def _bounded(chunks: Iterator[bytes], limit: int, deadline: float) -> Iterator[bytes]:
+    """The first ``limit`` bytes of ``chunks``, as long as they come before
+    ``deadline`` (``time.monotonic``: a server dripping a byte a second is not waited
+    for); the rest is never read (the response is closed, and its connection with it)."""
     left = limit
     for chunk in chunks:
         yield chunk[:left]
         left -= len(chunk)
-        if left <= 0:
+        if left <= 0 or time.monotonic() > deadline:
             return
 
 
@@ -193,11 +201,24 @@ def _env(env: Mapping[str, str], name: str) -> str:
 
 
 def _env_headers(env: Mapping[str, str]) -> dict[str, str]:
-    from opentelemetry.util.re import parse_env_headers
-
+    """The headers of ``OTEL_EXPORTER_OTLP_HEADERS`` and ``..._TRACES_HEADERS`` (the
+    latter wins): ``name=value`` pairs separated by commas, values URL-encoded, as the
+    OTLP exporter specification says. Read here rather than by the SDK's parser, which
+    logs a malformed variable's whole text, credentials included, to the console; a
+    malformed one is an ExportFailed that does not quote it."""
     found: dict[str, str] = {}
     for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
-        found.update(parse_env_headers(env.get(name, ""), liberal=True))
+        for item in env.get(name, "").split(","):
+            if not item.strip():
+                continue
+            key, equals, value = item.partition("=")
+            key = urllib.parse.unquote(key).strip().lower()
+            if not equals or not key or not all(ch.isalnum() or ch in "-_." for ch in key):
+                raise ExportFailed(
+                    f"${name} is not a comma-separated list of name=value (its text is "
+                    "not shown: it may hold a credential)"
+                )
+            found[key] = urllib.parse.unquote(value).strip()
     return found
 
 
