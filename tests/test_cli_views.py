@@ -491,12 +491,12 @@ def test_the_live_view_counts_down_to_a_retry_and_names_the_error() -> None:
 
     shown = rendered()
     assert "AwaitingRetry" not in shown
-    assert "rate_limit error, retrying in 45s (attempt 2)" in shown
+    assert "rate limited, retrying in 45s (attempt 2)" in shown
     now[0] += 30.5
     assert "retrying in 15s" in rendered()
     now[0] += 60
     assert "retrying in 0s" in rendered()  # overdue: never a negative count
-    assert display.describe(after) == "rate_limit error, waiting to retry (attempt 2)"
+    assert display.describe(after) == "rate limited, waiting to retry (attempt 2)"
 
 
 def test_the_live_view_says_when_a_parent_summarises_and_why_it_waits() -> None:
@@ -519,7 +519,7 @@ def test_the_live_view_says_when_a_parent_summarises_and_why_it_waits() -> None:
     console.print(view.render())
     assert isinstance(console.file, io.StringIO)
     shown = console.file.getvalue()
-    assert "summary for sub-agents: server_error error, retrying in 20s (attempt 2)" in shown
+    assert "summary for sub-agents: server error, retrying in 20s (attempt 2)" in shown
 
 
 def test_show_gives_cached_tokens_and_costs_at_the_profiles_prices(tmp_path: Path) -> None:
@@ -702,3 +702,81 @@ def test_run_may_leave_context_modes_out(tmp_path: Path) -> None:
     assert "--context-modes: unknown mode(s) everything" in bad.output
     assert "Traceback" not in bad.output
     assert not (tmp_path / "bad.db").exists()
+
+
+# Anthropic's stop_details of a refusal: an object the log keeps as canonical JSON.
+CYBER = json.dumps({"category": "cyber", "explanation": "I can't help with that exploit."})
+
+
+def test_a_refusal_shows_its_category_and_explanation_not_json(tmp_path: Path) -> None:
+    """Issue 22, item 15: a refusal whose stop_details is Anthropic's object is shown
+    as `refused (cyber): <explanation>` by run (root and live view) and show; show
+    --json gives the category and explanation as fields, the outcome as recorded."""
+    spawn = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "declines"}]}}
+    refused = {"text": "", "stop_reason": "refusal", "stop_details": CYBER}
+    script = _write(
+        tmp_path / "refuse.json",
+        {
+            "latency": 0,
+            "agents": [
+                {"match": {"path": "root"}, "replies": [{"tool_calls": [spawn]}, refused]},
+                {"match": {"path": "root/1"}, "replies": [refused]},
+            ],
+        },
+    )
+    db = str(tmp_path / "refuse.db")
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", "--no-live", "--db", db, "--script", str(script), "go"])
+    assert ran.exit_code == 1, ran.output
+    # The root's error and, in the tree drawn once at the end, the sub-agent's.
+    assert "refused (cyber): I can't help with that exploit." in ran.output
+    assert "failed: refused (cyber)" in ran.output
+    assert '"category"' not in ran.output and "{" not in ran.output
+    with Store.open(Path(db)) as store:
+        (root,) = store.list_roots()
+    shown = _invoke(runner, "show", root.id, "--db", db).output
+    assert "refused (cyber) → I can't help with that exploit." in shown
+    assert '"category"' not in shown
+    tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
+    (child,) = tree["children"]
+    for node in (tree, child):
+        assert node["failure"] == {"kind": "refused", "reason": None}
+        assert node["refusal"] == {
+            "category": "cyber",
+            "explanation": "I can't help with that exploit.",
+        }
+        assert node["outcome"] == f"the model refused the request: {CYBER}"
+
+
+def test_a_refusal_in_plain_words_is_its_own_explanation(tmp_path: Path) -> None:
+    """A provider that explains in words (OpenAI's `refusal`, a scripted one): no
+    category, the words as the explanation."""
+    script = _write(
+        tmp_path / "words.json",
+        {
+            "latency": 0,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [{"stop_reason": "refusal", "stop_details": "not allowed"}],
+                }
+            ],
+        },
+    )
+    db = str(tmp_path / "words.db")
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", "--no-live", "--db", db, "--script", str(script), "go"])
+    assert "refused: not allowed" in ran.output
+    with Store.open(Path(db)) as store:
+        (root,) = store.list_roots()
+    tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
+    assert tree["refusal"] == {"category": None, "explanation": "not allowed"}
+    # Any other failure has none.
+    assert tree["children"] == []
+
+
+@pytest.mark.parametrize("kind", list(ErrorKind))
+def test_a_retry_countdown_names_its_error_in_words(kind: ErrorKind) -> None:
+    """Issue 22, item 15: `server error, retrying in 1s`, never `server_error error`."""
+    words = display.retried(kind)
+    assert "_" not in words and "error error" not in words

@@ -218,3 +218,31 @@ def test_default_output_name_stays_here() -> None:
     assert default_output("abc.1") == Path("trace-abc.1.html")
     assert default_output("../../etc/passwd") == Path("trace-_.._etc_passwd.html")
     assert default_output("..").parent == Path(".")
+
+
+def test_a_refusal_gives_its_category_and_explanation_apart(tmp_path: Path) -> None:
+    """Issue 22, item 15: the page's outcome of a refused agent (and the outcome its
+    parent received) carries the refusal's category and explanation as fields, not
+    only the error text with Anthropic's stop_details JSON in it."""
+    details = json.dumps({"category": "cyber", "explanation": "Not with exploits."})
+    refused = {"text": "", "stop_reason": "refusal", "stop_details": details}
+    spawn = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "declines"}]}}
+    script = {
+        "latency": 0,
+        "agents": [
+            {"match": {"path": "root"}, "replies": [{"tool_calls": [spawn]}, {"text": "ok"}]},
+            {"match": {"path": "root/1"}, "replies": [refused]},
+        ],
+    }
+    db, root = run_script(tmp_path, script)
+    with Store.open(db, read_only=True) as store:
+        data = build_trace(store, root)
+    child = agent(data, ".1")
+    assert child["outcome"]["kind"] == "refused"
+    assert (child["outcome"]["category"], child["outcome"]["explanation"]) == (
+        "cyber",
+        "Not with exploits.",
+    )
+    (received,) = agent(data, "")["child_outcomes"]
+    assert (received["category"], received["explanation"]) == ("cyber", "Not with exploits.")
+    assert "category" not in agent(data, "")["outcome"]  # an answer is no refusal

@@ -14,6 +14,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from fanfold.providers.base import StreamProgress
+from fanfold.replay.render import model_refusal
 from fanfold.statemachine import (
     AssistantMessage,
     AwaitingRetry,
@@ -157,13 +158,33 @@ def status_of(state: Conversation) -> tuple[str, str]:
 
 
 def outcome_text(state: Conversation) -> str:
-    """A sub-agent's result or error, once it has one."""
+    """A sub-agent's result or error (a refusal's explanation), once it has one."""
     match state.phase:
         case Completed(result=result):
             return result
-        case Failed(error=error):
-            return error
+        case Failed(error=error, kind=kind):
+            said = model_refusal(kind, error)
+            return error if said is None else said.explanation
     return ""
+
+
+# What went wrong, in words, for the kinds a model call is retried after.
+_RETRIED = {
+    "rate_limit": "rate limited",
+    "server_error": "server error",
+    "network": "network error",
+    "timeout": "timed out",
+    "malformed_response": "malformed response",
+}
+
+
+def retried(kind: str) -> str:
+    """A model error kind as words (``server_error`` -> ``server error``, ``rate_limit``
+    -> ``rate limited``): what a retry countdown says went wrong."""
+    if kind in _RETRIED:
+        return _RETRIED[kind]
+    words = str(kind).replace("_", " ")
+    return words if words.endswith("error") else f"{words} error"
 
 
 def describe(state: Conversation, retry_in: float | None = None) -> str:
@@ -176,14 +197,15 @@ def describe(state: Conversation, retry_in: float | None = None) -> str:
                 wait = "waiting to retry"
             else:
                 wait = f"retrying in {math.ceil(max(0.0, retry_in))}s"
-            return f"{error.kind} error, {wait} (attempt {attempt})"
+            return f"{retried(error.kind)}, {wait} (attempt {attempt})"
         case AwaitingSubAgents(children=Children(summary=Summary(call=int(), attempt=n))):
             return "summarising for sub-agents" + (f", attempt {n}" if n > 1 else "")
         case AwaitingSubAgents(
             children=Children(summary=Summary(timer=int(), attempt=n, kind=kind))
         ):
             wait = "" if retry_in is None else f" in {math.ceil(max(0.0, retry_in))}s"
-            return f"summary for sub-agents: {kind} error, retrying{wait} (attempt {n})"
+            what = "failed" if kind is None else retried(kind)
+            return f"summary for sub-agents: {what}, retrying{wait} (attempt {n})"
         case LlmRequesting(attempt=attempt) if attempt > 1:
             return f"model call, attempt {attempt}"
         case LlmRequesting():
@@ -194,10 +216,12 @@ def describe(state: Conversation, retry_in: float | None = None) -> str:
             return "completed without submit_result"
         case Completed():
             return "completed"
-        case Failed(kind=kind):
-            return f"failed: {kind}"
-        case Error(kind=kind):
-            return f"error: {kind}"
+        case Failed(kind=kind, error=error):
+            said = model_refusal(kind, error)
+            return f"failed: {kind if said is None else said.headline}"
+        case Error(kind=kind, error=error):
+            said = model_refusal(kind, error)
+            return f"error: {kind if said is None else said.headline}"
     return type(state.phase).__name__
 
 

@@ -30,6 +30,7 @@ from fanfold.cli.turns import last_answer
 from fanfold.db import EmptyLog, Store
 from fanfold.db.provenance import UserKey, refusal
 from fanfold.providers.config import Config
+from fanfold.replay.render import Refusal, model_refusal
 from fanfold.statemachine import (
     AssistantMessage,
     Completed,
@@ -227,6 +228,13 @@ class ShowNode:
                 return kind.value, None
         return None
 
+    def refusal(self) -> Refusal | None:
+        """The category and explanation of a model's refusal, if it ended this one."""
+        match self.state.phase:
+            case Failed(error=error, kind=kind) | Error(error=error, kind=kind):
+                return model_refusal(kind, error)
+        return None
+
     def to_json(self) -> dict[str, Any]:
         state = self.state
         return {
@@ -255,6 +263,11 @@ class ShowNode:
                 None
                 if (failure := self.failure()) is None
                 else {"kind": failure[0], "reason": failure[1]}
+            ),
+            # A refusal read: the category the provider gave (or null) and the
+            # explanation; `outcome` keeps the error text as recorded.
+            "refusal": (
+                None if (said := self.refusal()) is None else attrs.asdict(said, recurse=False)
             ),
             # Agent definitions and permissions (issue 12): the agent it was spawned
             # as, the tools it was offered, the calls its permissions refused.
@@ -296,6 +309,8 @@ class ShowNode:
             # The typed kind apart from the text, which is the model's own words: a
             # sub-agent that submitted "timed out" did not time out.
             kind_text, reason = failure
+            said = self.refusal()
+            kind_text = kind_text if said is None else said.headline
             line.append(f"\n  {kind_text}" + (f" (cancelled by {reason})" if reason else ""), "red")
         if state.refused_calls:
             plural = "s" if state.refused_calls != 1 else ""
@@ -309,8 +324,9 @@ class ShowNode:
         if state.truncated:
             line.append("\n  " + CUT_OFF_NOTE, "yellow")
         if self.outcome() and not isinstance(state.phase, Idle):  # answers: below
+            said = self.refusal()
             line.append(" → " if failure is not None else "\n  → ")
-            line.append(short(self.outcome(), 200))
+            line.append(short(self.outcome() if said is None else said.explanation, 200))
         return line
 
 

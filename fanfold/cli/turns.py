@@ -14,6 +14,7 @@ from rich.text import Text
 from fanfold.cli.display import CUT_OFF_NOTE, TreeView, clip, printable, write_text
 from fanfold.cli.output import console, hint, quietly, say
 from fanfold.cli.signals import Interruption
+from fanfold.replay.render import model_refusal
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Error
 
@@ -74,9 +75,13 @@ def print_result(
                 hint(f"finish the cancel with: fanfold resume --db {db}", to=console)
             case Error(error=error, kind=kind):
                 # Model and tool text: printed as plain text, never as markup or escapes.
-                console.print(
-                    Text.assemble((f"error ({kind}): ", "red"), printable(error)), highlight=False
+                said = model_refusal(kind, error)
+                head, text = (
+                    (f"error ({kind}): ", error)
+                    if said is None
+                    else (f"{said.headline}: ", said.explanation)
                 )
+                console.print(Text.assemble((head, "red"), printable(text)), highlight=False)
             case _ if interruption is not None:
                 console.print(
                     f"[yellow]cancelled by {interruption.name}: the turn and every "

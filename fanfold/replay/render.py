@@ -20,6 +20,7 @@ from fanfold.statemachine import (
     ChildFailed,
     ChildSucceeded,
     Conversation,
+    ErrorKind,
     ModelError,
     ModelReply,
     ModelRequest,
@@ -39,6 +40,68 @@ _FINGERPRINT_FIELDS = {
     "#": "state digest (the whole state, message text included)",
     "####": "content digest (the step's event and effects)",
 }
+
+
+@attrs.frozen
+class Refusal:
+    """A model's refusal, as a person reads it: its ``category`` (``cyber``...), if the
+    provider gave one, and its ``explanation``."""
+
+    category: str | None
+    explanation: str
+
+    @property
+    def headline(self) -> str:
+        """``refused (cyber)``, or ``refused`` without a category."""
+        return f"refused ({self.category})" if self.category else "refused"
+
+    def __str__(self) -> str:
+        return f"{self.headline}: {self.explanation}"
+
+
+# How the reducer words a refusal's error (transition.py, `_refusal` and the summary's
+# refusal): the words, then the provider's stop_details as it recorded them.
+_REFUSAL_PREFIXES = ("the model refused the request: ", "the model refused to summarise: ")
+_NO_EXPLANATION = "(no explanation given)"
+
+
+def model_refusal(kind: ErrorKind | str, error: str) -> Refusal | None:
+    """The category and explanation of a failure of kind ``refused`` (None for any
+    other kind), read from its error text.
+
+    Anthropic's ``stop_details`` is an object (``{"category": "cyber", "explanation":
+    "..."}``) that the log keeps as canonical JSON inside the error text; shown raw it
+    is JSON soup. Other providers give plain words, which are the explanation. The
+    error text itself is left as recorded (replay checks it byte for byte): this is a
+    reading of it, for the views.
+    """
+    if kind != ErrorKind.REFUSED:
+        return None
+    rest = error
+    for prefix in _REFUSAL_PREFIXES:
+        if error.startswith(prefix):
+            rest = error[len(prefix) :]
+            break
+    details = _json_object(rest)
+    if details is None:
+        return Refusal(None, rest.strip() or _NO_EXPLANATION)
+    category = details.get("category")
+    category = category.strip() or None if isinstance(category, str) else None
+    explanation = details.get("explanation")
+    if isinstance(explanation, str) and explanation.strip():
+        return Refusal(category, explanation.strip())
+    # An object with no explanation: its category alone, or (neither) the text as is.
+    return Refusal(category, _NO_EXPLANATION if category else rest)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to read
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def as_json(value: Any) -> Any:

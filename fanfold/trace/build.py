@@ -28,6 +28,7 @@ from fanfold.statemachine import (
     Completed,
     Conversation,
     Error,
+    ErrorKind,
     Failed,
     Idle,
     ModelFailed,
@@ -307,10 +308,11 @@ def _outcome(state: Conversation | None) -> dict[str, Any]:
                 "kind": kind.value,
                 "reason": reason.value if reason is not None else None,
                 "text": error,
+                **_refusal(kind, error),
             }
         case Error(error=error, kind=kind):
             status = "cancelled" if kind.value == "cancelled" else "error"
-            return {"status": status, "kind": kind.value, "text": error}
+            return {"status": status, "kind": kind.value, "text": error, **_refusal(kind, error)}
         case Idle():
             assert state is not None
             answer = next(
@@ -321,6 +323,13 @@ def _outcome(state: Conversation | None) -> dict[str, Any]:
         case None:
             return {"status": "unknown", "text": ""}
     return {"status": "running", "text": ""}
+
+
+def _refusal(kind: ErrorKind, error: str) -> dict[str, Any]:
+    """A refusal's ``category`` (or None) and ``explanation``, for the page to show
+    apart from the recorded error text; nothing for other failures."""
+    said = render.model_refusal(kind, error)
+    return {} if said is None else {"category": said.category, "explanation": said.explanation}
 
 
 def _child_outcome(child_id: str, outcome: ChildOutcome, at: float) -> dict[str, Any]:
@@ -343,6 +352,7 @@ def _child_outcome(child_id: str, outcome: ChildOutcome, at: float) -> dict[str,
                 "reason": reason.value if reason is not None else None,
                 "text": error,
                 "tokens": tokens,
+                **_refusal(kind, error),
             }
     raise AssertionError(outcome)  # pragma: no cover - ChildOutcome is a closed union
 
