@@ -38,7 +38,10 @@ from fanfold.statemachine.delegation import SUMMARY_HEADER
 
 # What must never reach a terminal raw: C0 controls but tab and newline, DEL, C1
 # controls, bidirectional controls, lone surrogates.
-RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+RAW = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+    "\u2066-\u2069\ud800-\udfff]"
+)
 HALF_EMOJI = "\ud83d"
 
 
@@ -144,6 +147,7 @@ def _views(tmp: Path, text: str) -> dict[str, str]:
 @example(text="{")  # braces in the text must not confuse finding the state document
 @example(text="\x9b[31m\u202eevil\x1b]0;title\x07\r")
 @example(text="\x1b[31m[red]not markup[/red] \udfff\ud800")
+@example(text="one\u2028two\u2029three\u061c\x85")  # separators, a bidi mark, NEL
 def test_every_view_renders_any_text_printable(tmp_path_factory: Any, text: str) -> None:
     tmp = tmp_path_factory.mktemp("views")
     outputs = _views(tmp, text)

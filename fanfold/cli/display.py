@@ -53,12 +53,16 @@ class Row:
 # C0 controls but tab and newline, DEL and the C1 controls: ESC starts the escape
 # sequences that clear the screen, move the cursor or retitle the window, and C1's CSI
 # (0x9b) and OSC (0x9d) do the same on some terminals.
-# Also the bidirectional-text controls (U+200E/F, U+202A-E, U+2066-9), which make a
-# terminal show text in another order than it is written.
+# Also the bidirectional-text controls (U+061C, U+200E/F, U+202A-E, U+2066-9), which
+# make a terminal show text in another order than it is written, and the line and
+# paragraph separators (U+2028/9, Unicode's only Zl and Zp characters; NEL, U+0085,
+# is a C1 control): some terminals and most editors break the line there, so a model
+# could make one line of a view look like two, or a field look like the next.
 # And lone surrogates (half of a UTF-16 pair, e.g. "\ud83d" in a model's JSON): a str
 # can hold them, but no output encoding can write them (writing one raises).
 _CONTROLS = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+    "\u2066-\u2069\ud800-\udfff]"
 )
 
 
