@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
 import click
 from rich.highlighter import JSONHighlighter
@@ -353,14 +353,15 @@ def _cannot_write(output: Path, exc: OSError) -> OneLineError:
 
 
 @contextmanager
-def _lines(file: Path) -> Iterator[TextIO]:
-    """The lines of ``file`` (stdin for ``-``), opened before any database is."""
+def _lines(file: Path) -> Iterator[BinaryIO]:
+    """The lines of ``file`` (stdin for ``-``), opened before any database is.
+
+    Binary: the import decodes each line itself (a line that is not UTF-8 is refused
+    with its line number) and records the sha256 of the bytes, the file's own."""
     if str(file) == "-":
-        yield sys.stdin
+        yield sys.stdin.buffer
         return
-    # newline="": lines as they are in the file, so the sha256 recorded for the import
-    # (of the text read) is the file's own.
-    with file.open(encoding="utf-8", newline="") as lines:
+    with file.open("rb") as lines:
         yield lines
 
 
