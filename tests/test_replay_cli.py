@@ -20,7 +20,7 @@ from replay_helpers import edit, write
 
 from fanfold.cli import cli
 from fanfold.db import SCHEMA_VERSION, Store
-from fanfold.statemachine import AbortCall, Conversation, ToolFinished
+from fanfold.statemachine import AbortCall, Conversation, StartTimer, TimerFired, ToolFinished
 
 REDUCER = importlib.import_module("fanfold.statemachine.transition")
 
@@ -341,3 +341,58 @@ def test_an_export_with_a_byte_order_mark_imports(db: Path, tmp_path: Path) -> N
         cli, ["import", "-", "--db", str(tmp_path / "piped.db")], input=marked.read_bytes()
     )
     assert piped.exit_code == 0, piped.output
+
+
+def test_step_names_the_timer_an_abort_stops_and_a_timer_that_fires(tmp_path: Path) -> None:
+    """Issue 22, item 18: the end of a child's deadline backstop (its parent's timer,
+    stopped when the child reports) was shown as `AbortCall(call=1)`, which reads like
+    a model call being aborted. The reducer numbers calls and timers from one counter
+    and AbortCall stops either: the step view names what the number was, with --at
+    too, and a TimerFired says which timer ran out."""
+    spawn = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "a", "timeout": 60}]}}
+    script = tmp_path / "s.json"
+    script.write_text(
+        json.dumps(
+            {
+                "latency": 0,
+                "agents": [
+                    {
+                        "match": {"path": "root"},
+                        "replies": [{"tool_calls": [spawn]}, {"text": "done"}],
+                    },
+                    {
+                        "match": {"path": "root/1"},
+                        "replies": [
+                            {
+                                "tool_calls": [
+                                    {"name": "submit_result", "arguments": {"result": "x"}}
+                                ]
+                            }
+                        ],
+                    },
+                ],
+            }
+        )
+    )
+    db = tmp_path / "timers.db"
+    assert run("run", "--no-live", "--script", script, "--db", db, "go").exit_code == 0
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    stepped = run("replay", root.id, "--step", "--tree", "--db", db).stdout
+    parent = f"AbortCall(call=1) stops timer 'deadline of {root.id}.1' (90 s)"
+    assert parent in stepped
+    assert "AbortCall(call=0) stops timer 'time limit' (60 s)" in stepped  # the child's
+    # --at replays the steps before it (unseen) to know the number.
+    at = run("replay", root.id, "--at", "3", "--db", db).stdout
+    assert parent in at and "seq 2" not in at
+    # A timer that fires, and a number the steps shown never issued.
+    from fanfold.replay import render
+
+    numbers = render.Numbers()
+    numbers.learn("c", (StartTimer(0, 60.0, "time limit"),))
+    assert numbers.describe("c", TimerFired(0)) == (
+        "TimerFired(timer=0): timer 'time limit' (60 s) ran out"
+    )
+    assert numbers.describe("c", AbortCall(7)) == (
+        "AbortCall(call=7) stops a number issued before these steps"
+    )

@@ -246,3 +246,14 @@ def test_a_refusal_gives_its_category_and_explanation_apart(tmp_path: Path) -> N
     (received,) = agent(data, "")["child_outcomes"]
     assert (received["category"], received["explanation"]) == ("cyber", "Not with exploits.")
     assert "category" not in agent(data, "")["outcome"]  # an answer is no refusal
+
+
+def test_steps_name_what_an_abort_stops(trace: dict[str, Any]) -> None:
+    """Issue 22, item 18: an AbortCall in the page's steps names the timer or call its
+    number was (`stops timer 'deadline of ...'`), as `replay --step` does."""
+    aborts = [e for row in trace["steps"] for e in row[5] if e.startswith("AbortCall(")]
+    assert aborts
+    assert all(
+        " stops timer '" in e or " stops model call" in e or " stops tool" in e for e in aborts
+    )
+    assert not any("issued before these steps" in e for e in aborts)

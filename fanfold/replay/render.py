@@ -15,7 +15,9 @@ import attrs
 
 from fanfold.db.codec import encode
 from fanfold.statemachine import (
+    AbortCall,
     AwaitingSubAgents,
+    CallModel,
     CancellingSubAgents,
     ChildFailed,
     ChildSucceeded,
@@ -24,6 +26,10 @@ from fanfold.statemachine import (
     ModelError,
     ModelReply,
     ModelRequest,
+    RunTool,
+    ScheduleRetry,
+    StartTimer,
+    TimerFired,
     ToolCall,
     ToolExecuting,
     ToolResult,
@@ -231,6 +237,52 @@ def describe(value: Any, *, width: int = 40) -> str:
         shown = _scalar(item, width)
         parts.append(f"{field.name}={shown if shown is not None else _nested(item, width)}")
     return f"{type(value).__name__}({', '.join(parts)})"
+
+
+class Numbers:
+    """What each number a conversation issued stands for, learnt from the effects of
+    its steps as they are stepped through (``replay --step``).
+
+    The reducer numbers model calls, tool runs and timers from one counter per
+    conversation, and one effect, ``AbortCall(call=N)``, stops whichever of them N is:
+    most often a timer that is no longer needed (a child's deadline backstop once the
+    child reported, a conversation's time limit once it ended). On its own the line
+    said ``AbortCall(call=1)``, which reads like a model call being aborted; with the
+    numbers known it names the timer, and ``TimerFired(timer=N)`` which timer fired.
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[tuple[str, int], str] = {}
+
+    def learn(self, conversation_id: str, effects: tuple[Any, ...]) -> None:
+        """Note what the numbers issued by these effects of ``conversation_id`` are."""
+        for effect in effects:
+            match effect:
+                case CallModel(call=call):
+                    self._names[conversation_id, call] = "model call"
+                case RunTool(call=call, tool_call=ToolCall(name=name)):
+                    self._names[conversation_id, call] = f"tool call {_short(name, 30)!r}"
+                case ScheduleRetry(timer=timer, delay=delay, attempt=attempt):
+                    self._names[conversation_id, timer] = (
+                        f"retry back-off timer ({delay:g} s, before attempt {attempt})"
+                    )
+                case StartTimer(timer=timer, delay=delay, purpose=purpose):
+                    self._names[conversation_id, timer] = (
+                        f"timer {_short(purpose, 40)!r} ({delay:g} s)"
+                    )
+
+    def describe(self, conversation_id: str, value: Any, *, width: int = 40) -> str:
+        """``describe(value)``, with what an ``AbortCall`` stops or a ``TimerFired``
+        was (``AbortCall(call=1) stops timer 'deadline of r.1' (90 s)``)."""
+        line = describe(value, width=width)
+        match value:
+            case AbortCall(call=number):
+                name = self._names.get((conversation_id, number))
+                return f"{line} stops {name or 'a number issued before these steps'}"
+            case TimerFired(timer=number):
+                name = self._names.get((conversation_id, number))
+                return f"{line}: {name or 'a timer issued before these steps'} ran out"
+        return line
 
 
 def describe_effects(effects: tuple[Any, ...]) -> str:

@@ -93,7 +93,8 @@ def build_trace(store: Store, conversation_id: str) -> dict[str, Any]:
         ),
         key=lambda item: item[:4],
     )
-    step_rows = [_step_row(step, rank) for _, _, rank, _, step in all_steps]
+    numbers = render.Numbers()  # what an AbortCall stops, a TimerFired was
+    step_rows = [_step_row(step, rank, numbers) for _, _, rank, _, step in all_steps]
     first = min(divergences, key=lambda d: (d[0].at, d[1], d[0].seq), default=None)
     diverged: dict[str, Any] | None = None
     if first is not None:
@@ -447,15 +448,20 @@ def _last_turn(steps: list[ReplayStep]) -> TurnFinished | None:
     return None
 
 
-def _step_row(step: ReplayStep, rank: int) -> list[Any]:
-    """``[agent, seq, at, phase after, event, effects, state summary, matches]``."""
+def _step_row(step: ReplayStep, rank: int, numbers: render.Numbers) -> list[Any]:
+    """``[agent, seq, at, phase after, event, effects, state summary, matches]``;
+    ``numbers`` has learnt the numbers issued by the steps before (a conversation's
+    own steps come in their order)."""
+    cid = step.conversation_id
+    event = numbers.describe(cid, step.event, width=60)
+    numbers.learn(cid, step.effects)
     return [
         rank,
         step.seq,
         step.at,
         type(step.after_state.phase).__name__,
-        render.describe(step.event, width=60),
-        [render.describe(e, width=40) for e in step.effects],
+        event,
+        [numbers.describe(cid, e, width=40) for e in step.effects],
         render.summary(step.after_state),
         step.matches,
     ]
