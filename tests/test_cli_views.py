@@ -784,3 +784,47 @@ def test_a_retry_countdown_names_its_error_in_words(kind: ErrorKind) -> None:
     """Issue 22, item 15: `server error, retrying in 1s`, never `server_error error`."""
     words = display.retried(kind)
     assert "_" not in words and "error error" not in words
+
+
+def test_ls_marks_forks_and_imported_trees(tmp_path: Path) -> None:
+    """Issue 22, item 18: `ls` listed a fork and an imported tree like any other. An
+    origin column says `fork of ID@SEQ` or `imported`; `ls --json` gives origin,
+    forked_from, forked_at_seq and imported_from."""
+    script = _write(
+        tmp_path / "s.json",
+        {"latency": 0, "agents": [{"match": {"path": "root"}, "replies": [{"text": "hi"}]}]},
+    )
+    db = str(tmp_path / "ls.db")
+    runner = CliRunner()
+    _, root = _run_tree(runner, db, "--script", str(script), "go")
+    fork = _invoke(runner, "fork", root.id, "--at", "2", "--id", "f1", "--db", db)
+    assert fork.stdout.strip() == "f1"
+    exported = tmp_path / "tree.jsonl"
+    other = str(tmp_path / "other.db")
+    _invoke(runner, "export", root.id, "-o", str(exported), "--db", db)
+    _invoke(runner, "import", str(exported), "--db", other)
+    _invoke(runner, "fork", root.id, "--at", "2", "--id", "f2", "--db", other)
+    wide = {"COLUMNS": "200"}
+    listed = runner.invoke(cli, ["ls", "--db", other], env=wide).output
+    lines = {line.split("│")[1].strip(): line for line in listed.splitlines() if "│" in line}
+    assert "imported" in lines[root.id] and "fork of" not in lines[root.id]
+    assert f"fork of {root.id}@2" in lines["f2"]
+    here = runner.invoke(cli, ["ls", "--db", db], env=wide).output
+    mine = next(line for line in here.splitlines() if line.startswith(f"│ {root.id}"))
+    assert "imported" not in mine and "fork of" not in mine
+    as_json = json.loads(_invoke(runner, "ls", "--json", "--db", other).output)
+    by_id = {item["id"]: item for item in as_json}
+    assert by_id[root.id]["origin"] == "imported"
+    assert by_id[root.id]["imported_from"] == str(exported.resolve())
+    assert (by_id["f2"]["origin"], by_id["f2"]["forked_from"], by_id["f2"]["forked_at_seq"]) == (
+        "fork",
+        root.id,
+        2,
+    )
+    assert by_id["f2"]["imported_from"] is None
+    assert {item["sub_agents"] for item in as_json} == {0}
+    plain = json.loads(_invoke(runner, "ls", "--json", "--db", db).output)
+    assert {(i["id"], i["origin"]) for i in plain} == {(root.id, "run"), ("f1", "fork")}
+    (tmp_path / "empty.db").touch()  # a run stopped before its first write
+    empty = _invoke(runner, "ls", "--json", "--db", str(tmp_path / "empty.db")).output
+    assert json.loads(empty) == []
