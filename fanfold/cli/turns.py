@@ -112,7 +112,7 @@ def print_outcome(conversation_id: str, state: Conversation, *, title: str = "an
         case _:
             answer = last_answer(state)
             console.rule(Text(title))
-            more = f"`fanfold show {conversation_id} --full` shows all of it"
+            more = f"`fanfold show {printable(conversation_id)} --full` shows all of it"
             write_text(console, clip(answer, hint=more) or "(no text)")
             if state.truncated:
                 hint(f"the answer was {CUT_OFF_NOTE}", to=console, style="yellow")
