@@ -37,7 +37,7 @@ from fanfold.statemachine.messages import ToolCall
 READ_ONLY = "read-only"
 """The allow rule that stands for every reading tool."""
 
-READING_TOOLS = frozenset({"read_file", "think"})
+READING_TOOLS = frozenset({"read_file", "think", "grep", "glob"})
 """The tools that change nothing: what ``read-only`` allows."""
 
 PATH_TOOLS = frozenset({"read_file", "write_file", "edit_file"})
@@ -52,6 +52,9 @@ CLAUDE_TOOL_NAMES = {
     "Write": "write_file",
     "Edit": "edit_file",
     "MultiEdit": "edit_file",
+    "Grep": "grep",
+    "Glob": "glob",
+    "WebFetch": "web_fetch",
 }
 """Claude Code's names of the tools fanfold has, so that its agent files work as is."""
 

@@ -14,6 +14,7 @@ from fanfold.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from fanfold.tools.function import function_tool
 from fanfold.tools.paths import PathPolicy
 from fanfold.tools.schema import check_schema, validate_arguments
+from fanfold.tools.search import GlobTool, GrepTool
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.think import ThinkTool
 from fanfold.tools.tool import Tool, ToolInputError, ToolOutput, valid_tool_name
@@ -73,7 +74,8 @@ class ToolSet:
         *,
         extra: Iterable[Tool | Callable[..., Any]] = (),
     ) -> ToolSet:
-        """bash, read_file, write_file, edit_file and think, file tools under ``policy``,
+        """bash, read_file, write_file, edit_file, think, grep and glob, file and search
+        tools under ``policy``,
         bash commands' environments under ``env_policy``; then the ``extra`` tools
         (tool objects or functions, see ``fanfold.tool``) beside them."""
         return cls(
@@ -83,6 +85,8 @@ class ToolSet:
                 WriteFileTool(policy),
                 EditFileTool(policy),
                 ThinkTool(),
+                GrepTool(policy),
+                GlobTool(policy),
                 *extra,
             ]
         )
@@ -145,10 +149,20 @@ class ToolSet:
 
 _ANNOTATIONS = frozenset({"description", "title", "default", "examples"})
 
-BUILT_IN_NAMES = frozenset({"bash", "read_file", "write_file", "edit_file", "think"})
+BUILT_IN_NAMES = frozenset(
+    {"bash", "read_file", "write_file", "edit_file", "think", "grep", "glob", "web_fetch"}
+)
 """fanfold's own tools' names: a tool of another kind may not take one."""
 
-_BUILT_IN_TYPES = (BashTool, ReadFileTool, WriteFileTool, EditFileTool, ThinkTool)
+_BUILT_IN_TYPES = (
+    BashTool,
+    ReadFileTool,
+    WriteFileTool,
+    EditFileTool,
+    ThinkTool,
+    GrepTool,
+    GlobTool,
+)
 
 
 def _as_tool(given: Tool | Callable[..., Any]) -> Tool:
