@@ -18,6 +18,7 @@ from fanfold.tools.search import GlobTool, GrepTool
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.think import ThinkTool
 from fanfold.tools.tool import Tool, ToolInputError, ToolOutput, valid_tool_name
+from fanfold.tools.web import WebFetchTool
 
 DEFAULT_POLICY = PathPolicy()
 DEFAULT_ENV = EnvPolicy()
@@ -73,11 +74,15 @@ class ToolSet:
         env_policy: EnvPolicy = DEFAULT_ENV,
         *,
         extra: Iterable[Tool | Callable[..., Any]] = (),
+        web_domains: Iterable[str] = (),
     ) -> ToolSet:
         """bash, read_file, write_file, edit_file, think, grep and glob, file and search
         tools under ``policy``,
-        bash commands' environments under ``env_policy``; then the ``extra`` tools
-        (tool objects or functions, see ``fanfold.tool``) beside them."""
+        bash commands' environments under ``env_policy``; ``web_fetch`` too when
+        ``web_domains`` names hosts it may fetch from (``docs.python.org``,
+        ``*.python.org``); then the ``extra`` tools (tool objects or functions, see
+        ``fanfold.tool``) beside them."""
+        domains = tuple(web_domains)
         return cls(
             [
                 BashTool(env_policy=env_policy),
@@ -87,6 +92,7 @@ class ToolSet:
                 ThinkTool(),
                 GrepTool(policy),
                 GlobTool(policy),
+                *([WebFetchTool(domains)] if domains else []),
                 *extra,
             ]
         )
@@ -162,6 +168,7 @@ _BUILT_IN_TYPES = (
     ThinkTool,
     GrepTool,
     GlobTool,
+    WebFetchTool,
 )
 
 
