@@ -133,3 +133,40 @@ def test_without_the_table_the_definition_is_left_out_with_one_line(tmp_path: Pa
     listing = CliRunner().invoke(cli, ["agents", "--cwd", str(project), "--json"], env=env)
     assert listing.exit_code == 1
     assert "[model_aliases]" in json.dumps(json.loads(listing.stdout))
+
+
+def test_fanfold_tools_lists_each_tool_its_source_and_the_agents_allowed(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    folder = project / ".fanfold" / "agents"
+    folder.mkdir(parents=True)
+    (folder / "web.md").write_text(
+        "---\nname: web\ndescription: reads the docs\n"
+        "tools: WebFetch(domain:docs.python.org), Grep\n---\n"
+    )
+    config = tmp_path / "fanfold.toml"
+    config.write_text(
+        'default = "o"\n[profiles.o]\nprovider = "scripted"\n'
+        '[tools.web_fetch]\ndomains = ["docs.python.org"]\n'
+    )
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    args = ["tools", "--cwd", str(project), "--config", str(config), "--json"]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    tools = {t["name"]: t for t in listing["tools"]}
+    assert list(tools) == [
+        "bash", "read_file", "write_file", "edit_file", "think", "grep", "glob", "web_fetch"
+    ]  # fmt: skip
+    assert tools["web_fetch"]["source"] == (f"built-in; domains from [tools.web_fetch] of {config}")
+    assert [n for n, t in tools.items() if t["read_only"]] == ["read_file", "think", "grep", "glob"]
+    assert tools["web_fetch"]["agents"] == ["general-purpose", "web"]
+    assert tools["grep"]["agents"] == ["explorer", "general-purpose", "reviewer", "web"]
+    assert "web" not in tools["bash"]["agents"]
+    plain = CliRunner().invoke(cli, ["tools", "--cwd", str(project)], env=env)
+    assert plain.exit_code == 0
+    assert "web_fetch: not offered (no [tools.web_fetch] domains configured)" in plain.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('default = "o"\n[profiles.o]\nprovider = "scripted"\n[tools.web_fetch]\nx = 1\n')
+    failed = CliRunner().invoke(cli, ["tools", "--config", str(bad)], env=env)
+    assert failed.exit_code == 2
+    assert "tools.web_fetch.x" in failed.output

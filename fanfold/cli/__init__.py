@@ -21,6 +21,7 @@ from fanfold.cli.resume_command import resume
 from fanfold.cli.run_commands import run, send
 from fanfold.cli.show_commands import list_conversations, show
 from fanfold.cli.signals import stop_signals
+from fanfold.cli.tools_command import tools_command
 from fanfold.cli.trace_command import trace_command
 from fanfold.cli.ui_command import ui_command
 
@@ -56,6 +57,7 @@ for _command in (
     import_command,
     trace_command,
     agents_command,
+    tools_command,
     ui_command,
 ):
     cli.add_command(_command)
