@@ -71,6 +71,7 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
     assert set(cli.commands) == {
         "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import", "trace",
         "agents",
+        "tools",
         "ui",
     }  # fmt: skip
     for name, command in cli.commands.items():
