@@ -88,9 +88,10 @@ async def test_grep_never_leaves_the_working_directory(project: Path) -> None:
 
 
 async def test_a_bad_pattern_is_an_error_result(project: Path) -> None:
-    content, is_error = await run(GrepTool(), project, pattern="(unclosed")
-    assert is_error
-    assert content.startswith("grep: the pattern is not a valid regular expression: ")
+    for pattern in ("(unclosed", "a{99999999999}"):
+        content, is_error = await run(GrepTool(), project, pattern=pattern)
+        assert is_error, pattern
+        assert content.startswith("grep: the pattern is not a valid regular expression: ")
 
 
 async def test_output_is_bounded(project: Path) -> None:

@@ -261,7 +261,7 @@ def grep(request: dict[str, Any]) -> tuple[int, str]:
     flags = re.IGNORECASE if request.get("ignore_case") else 0
     try:
         regex = re.compile(request["pattern"], flags | re.MULTILINE)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError, ValueError) as exc:
         return 2, f"the pattern is not a valid regular expression: {exc}"
     walk = Walk(request)
     keep = name_filter(request.get("glob"))
