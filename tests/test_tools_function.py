@@ -20,7 +20,7 @@ from fanfold.providers.scripted import ScriptedProvider
 from fanfold.replay.verify import verify
 from fanfold.runtime import Runtime
 from fanfold.runtime.logging import quiet_logger
-from fanfold.statemachine import ToolCall
+from fanfold.statemachine import ToolCall, ToolResultMessage
 from fanfold.tools import ToolSet
 from fanfold.tools.function import ToolDefinitionError, parse_docstring
 
@@ -387,3 +387,45 @@ async def test_runtime_open_takes_functions_and_replay_needs_none_of_them(tmp_pa
         assert verify(store, root, tree=True).ok
     finally:
         store.close()
+
+
+async def test_a_call_in_flight_when_the_runtime_stops_is_interrupted_never_run_again(
+    tmp_path: Path,
+) -> None:
+    """A sync function running when the runtime closes (as at a crash) is not called
+    again on resume: its call gets an 'interrupted' error result, and the tree goes on."""
+    started = threading.Event()
+    release = threading.Event()
+    calls: list[int] = []
+
+    def deploy(n: Annotated[int, "which"]) -> str:
+        """Deploy something (not idempotent)."""
+        calls.append(n)
+        started.set()
+        release.wait(30)
+        return "deployed"
+
+    provider = ScriptedProvider(
+        {
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [reply("", ("deploy", {"n": 1})), reply("went on")],
+                }
+            ]
+        }
+    )
+    database = tmp_path / "log.db"
+    options: dict[str, Any] = {"logger": quiet_logger(), "threaded_writes": False}
+    async with Runtime.open(database, provider, [deploy], **options) as runtime:
+        root = await runtime.start("deploy")
+        await trio.to_thread.run_sync(started.wait, 30)
+    release.set()
+    async with Runtime.open(database, provider, [deploy], **options) as runtime:
+        assert await runtime.resume() == [root]
+        result = await runtime.wait(root)
+        state = runtime.state(root)
+    assert calls == [1]
+    assert result.text == "went on"
+    (outcome,) = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    assert outcome.is_error and "interrupted" in outcome.content
