@@ -168,7 +168,7 @@ class Walk:
         parts = target_relative.split("/") if target_relative else []
         directory = self.root
         self._load_rules(directory, "")
-        for i, part in enumerate(parts[:-1] if not os.path.isdir(target) else parts):
+        for i, part in enumerate(parts[:-1]):  # the target's own: read by _walk
             directory = os.path.join(directory, part)
             self._load_rules(directory, "/".join(parts[: i + 1]))
         if not os.path.isdir(target):
