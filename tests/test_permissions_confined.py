@@ -157,6 +157,8 @@ def test_git_global_options_aliases_and_program_runners_are_refused() -> None:
         "git format-patch -o /tmp HEAD~1",
     ]:
         assert refusal(anything, _bash(command), "/p") is not None, command
+    by_path = Permissions((RuleSet((Rule("bash", "/usr/bin/git log*"),), (), "", "/p"),))
+    assert "not as '/usr/bin/git'" in (refusal(by_path, _bash("/usr/bin/git log"), "/p") or "")
     for command in ["git --no-pager log -1", "git -P status", "git grep -n a -- '*.py'"]:
         assert refusal(anything, _bash(command), "/p") is None, command
 

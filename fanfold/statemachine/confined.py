@@ -147,7 +147,10 @@ def command_problem(command: str) -> str | None:
     first = words[0][0]
     if "=" in first and _is_name(first.split("=", 1)[0]):
         return f"'{first}' sets an environment variable for the command"
-    if first == "git" or first.endswith("/git"):
+    if first.endswith("/git"):
+        # The runtime guards the git that PATH finds (fanfold/tools/git_guard.py).
+        return f"run git as 'git', not as '{first}'"
+    if first == "git":
         return git_problem(words)
     return None
 

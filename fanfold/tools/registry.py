@@ -15,7 +15,7 @@ from fanfold.tools.paths import PathPolicy
 from fanfold.tools.schema import check_schema, validate_arguments
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.think import ThinkTool
-from fanfold.tools.tool import Tool, ToolInputError, ToolOutput
+from fanfold.tools.tool import Confinable, Tool, ToolInputError, ToolOutput
 
 DEFAULT_POLICY = PathPolicy()
 DEFAULT_ENV = EnvPolicy()
@@ -83,16 +83,22 @@ class ToolSet:
         """The specs offered to conversations, in order."""
         return tuple(self._specs.values())
 
-    async def run(self, call: ToolCall, cwd: str) -> ToolResult:
-        """Validate and run ``call`` in ``cwd``; bad input becomes an error result."""
-        output = await self._run(call, cwd)
+    async def run(self, call: ToolCall, cwd: str, *, confined: bool = False) -> ToolResult:
+        """Validate and run ``call`` in ``cwd``; bad input becomes an error result.
+
+        ``confined``: the calling agent's bash runs only through allow patterns; a
+        tool that can be confined (:class:`~fanfold.tools.tool.Confinable`, the bash
+        tool) runs in its confined form."""
+        output = await self._run(call, cwd, confined)
         return ToolResult(call.id, call.name, output.content, output.is_error)
 
-    async def _run(self, call: ToolCall, cwd: str) -> ToolOutput:
+    async def _run(self, call: ToolCall, cwd: str, confined: bool = False) -> ToolOutput:
         tool = self._tools.get(call.name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
             return ToolOutput.error(f"unknown tool {call.name!r}. Available tools: {available}")
+        if confined and isinstance(tool, Confinable):
+            tool = tool.confined()
         arguments = _parse(call)
         if isinstance(arguments, ToolOutput):
             return arguments
