@@ -232,3 +232,33 @@ async def test_a_removed_guard_is_made_again(tmp_path: Path) -> None:
         shutil.rmtree(directory)
     result = await tool.run({"command": "git diff"}, str(repo))
     assert _fired(markers) == set() and "+third line" in result.content
+
+
+async def test_a_submodules_own_filters_stay_off(tmp_path: Path) -> None:
+    """`git status` and `git diff` compare a submodule's work tree with a git reading
+    the submodule's configuration, whose drivers the guard does not read: it keeps
+    them out of submodule work trees (`submodule.<name>.ignore=none` set to invite
+    them in)."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    _git(sub, "init", "-q")
+    (sub / "f.txt").write_text("x\n")
+    _git(sub, "add", ".")
+    _git(sub, "-c", "user.email=a@example.com", "-c", "user.name=a", "commit", "-qm", "s")
+    top = tmp_path / "top"
+    top.mkdir()
+    _git(top, "init", "-q")
+    _git(top, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "sm")
+    _git(top, "-c", "user.email=a@example.com", "-c", "user.name=a", "commit", "-qm", "t")
+    _git(top, "config", "submodule.sm.ignore", "none")
+    (top / "sm" / ".gitattributes").write_text("*.txt filter=evil\n")
+    _git(top / "sm", "config", "filter.evil.clean", f'touch "{markers}/subclean"; cat')
+    for command in ["git status", "git diff", "git status --short"]:
+        os.utime(top / "sm" / "f.txt")
+        result = await BashTool().confined().run({"command": command}, str(top))
+        assert _fired(markers) == set(), (command, result.content)
+    os.utime(top / "sm" / "f.txt")
+    await BashTool().run({"command": "git status"}, str(top))
+    assert _fired(markers) == {"subclean"}  # the control: unguarded, it runs

@@ -106,6 +106,9 @@ GIT_DANGEROUS_LONG_OPTIONS = frozenset(
         "config-env",
         "git-dir",
         "work-tree",
+        "submodule",  # diff --submodule=diff: diff inside a submodule, its drivers
+        "ignore-submodules",  # would undo the guard's --ignore-submodules=dirty
+        "recurse-submodules",  # grep, ls-files...: into a submodule's configuration
     }
 )
 """git long options (without ``--``) a confined command may not give."""

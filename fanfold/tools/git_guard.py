@@ -26,8 +26,12 @@ such an agent the bash tool runs the command with:
    ``false`` (a conflict); gives ``git diff`` ``--no-ext-diff`` right after the
    subcommand (``diff.external`` and ``diff.<driver>.command`` have no value meaning
    "none", and ``diff`` is the one command that runs them unasked: the others need
-   ``--ext-diff``, which ``confined`` refuses); then replaces itself with the real
-   git. A configuration key cannot hold a newline (git refuses one), so the script
+   ``--ext-diff``, which ``confined`` refuses); gives ``diff``, ``status``,
+   ``diff-files`` and ``diff-index`` ``--ignore-submodules=dirty`` (a submodule's
+   work tree is compared by a git reading the submodule's own configuration, whose
+   drivers the script did not read; the commits a submodule is at are still shown,
+   and the option beats ``submodule.<name>.ignore``); then replaces itself with the
+   real git. A configuration key cannot hold a newline (git refuses one), so the script
    reads one key a line.
 """
 
@@ -52,6 +56,9 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
     ("log.showSignature", "false"),
     ("interactive.diffFilter", "cat"),
     ("protocol.allow", "never"),
+    ("diff.submodule", "short"),
+    ("status.submoduleSummary", "false"),
+    ("submodule.recurse", "false"),
 )
 """Configuration every guarded git command runs with, whatever the files say."""
 
@@ -112,7 +119,9 @@ for key in $keys; do
     i=$((i + 1))
 done
 export GIT_CONFIG_COUNT=$i
-# "git [options] diff ..." gets --no-ext-diff after "diff": rotate the arguments once.
+# After the subcommand (rotating the arguments once): "diff" gets --no-ext-diff;
+# what looks at the work tree does not look into submodules' work trees, where
+# their own configuration's filters would run.
 found=
 for arg do
     shift
@@ -120,7 +129,8 @@ for arg do
     if [ -z "$found" ]; then
         case $arg in
             -*) ;;
-            diff) found=1; set -- "$@" --no-ext-diff ;;
+            diff) found=1; set -- "$@" --no-ext-diff --ignore-submodules=dirty ;;
+            status|diff-files|diff-index) found=1; set -- "$@" --ignore-submodules=dirty ;;
             *) found=1 ;;
         esac
     fi
