@@ -95,6 +95,8 @@ def test_the_reviewer_cannot_run_difftool_or_its_neighbours() -> None:
         "git status --short",
         "git status -v",
         "git diff -c HEAD",
+        "git log HEAD~1..HEAD",
+        "git diff origin/main...HEAD -- src/a.py",
     ],
 )
 def test_the_reviewer_still_reads_the_history(command: str) -> None:
@@ -121,6 +123,9 @@ def test_the_reviewer_still_reads_the_history(command: str) -> None:
         ("git diff *", "unquoted"),
         ("git diff 'unterminated", "unterminated"),
         ("git diff # x", "comment"),
+        ("git diff /etc/passwd notes.txt", "outside the working directory"),
+        ("git diff HEAD -- ../elsewhere", "outside the working directory"),
+        ("git log -p ~/x", "outside the working directory"),
     ],
 )
 def test_options_that_start_programs_are_refused_with_the_reason(command: str, why: str) -> None:

@@ -262,3 +262,17 @@ async def test_a_submodules_own_filters_stay_off(tmp_path: Path) -> None:
     os.utime(top / "sm" / "f.txt")
     await BashTool().run({"command": "git status"}, str(top))
     assert _fired(markers) == {"subclean"}  # the control: unguarded, it runs
+
+
+async def test_git_diff_outside_a_repository_is_refused(tmp_path: Path) -> None:
+    """Outside a repository `git diff a b` compares any two files (an implicit
+    --no-index); the guard refuses it there."""
+    (tmp_path / "a").write_text("one\n")
+    (tmp_path / "b").write_text("two\n")
+    env_check = await BashTool().run({"command": "git rev-parse --git-dir"}, str(tmp_path))
+    assert env_check.is_error  # the test's folder is in no repository
+    unguarded = await BashTool().run({"command": "git diff a b"}, str(tmp_path))
+    assert "+two" in unguarded.content  # the control
+    guarded = await BashTool().confined().run({"command": "git diff a b"}, str(tmp_path))
+    assert "+two" not in guarded.content and "outside a repository" in guarded.content
+    assert guarded.content.endswith("[exit code 128]")

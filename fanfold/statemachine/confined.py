@@ -24,7 +24,9 @@ through the words themselves:
   ``--open-files-in-pager``/``-O``, ``--show-signature``, ``--upload-pack``,
   ``--exec``...), in any abbreviation git accepts (``--ext``, ``--out=f``), and an
   unquoted ``*``, ``?`` or ``[`` (the shell would expand it to file names, and a file
-  named ``--output=x`` is an option).
+  named ``--output=x`` is an option); anywhere, a path that leaves the working
+  directory (absolute, ``~``, ``..``): outside a repository ``git diff a b`` reads
+  any two files.
 
 The runtime adds what words cannot show: git's own configuration can name programs
 (``core.fsmonitor``, ``diff.external``, textconv and filter drivers, hooks), which the
@@ -246,11 +248,19 @@ def git_problem(words: list[tuple[str, bool]]) -> str | None:
             f"'git {subcommand}' is not one of git's built-in commands that run no "
             "other program (aliases and external commands are refused)"
         )
+    after_dashes = False
     for text, globbed in words[i + 1 :]:
+        if after_dashes:
+            if _leaves(text):
+                return f"'{text}' is a path outside the working directory"
+            continue
         if text == "--":
-            return None
+            after_dashes = True
+            continue
         if globbed:
             return f"'{text}' holds an unquoted * ? or [ before '--'; quote it"
+        if _leaves(text):
+            return f"'{text}' is a path outside the working directory"
         if text.startswith("--"):
             name = text[2:].split("=", 1)[0]
             if name and name not in _HARMLESS_EXACT:
@@ -268,6 +278,15 @@ def git_problem(words: list[tuple[str, bool]]) -> str | None:
                 if flag in refused:
                     return f"git's option '-{flag}' (in '{text}') is not allowed here"
     return None
+
+
+def _leaves(word: str) -> bool:
+    """Whether a word is a path that leaves the working directory: absolute, from a
+    home directory, or through ``..`` (``HEAD~1..HEAD`` is a range, not a path)."""
+    if word.startswith(("/", "~")):
+        return True
+    parts = word.split("/")
+    return ".." in parts and (len(parts) > 1 or word == "..")
 
 
 def _is_name(text: str) -> bool:

@@ -30,9 +30,10 @@ such an agent the bash tool runs the command with:
    ``diff-files`` and ``diff-index`` ``--ignore-submodules=dirty`` (a submodule's
    work tree is compared by a git reading the submodule's own configuration, whose
    drivers the script did not read; the commits a submodule is at are still shown,
-   and the option beats ``submodule.<name>.ignore``); then replaces itself with the
-   real git. A configuration key cannot hold a newline (git refuses one), so the script
-   reads one key a line.
+   and the option beats ``submodule.<name>.ignore``); refuses ``git diff`` outside a
+   repository, where it compares any two files on the disk (an implicit
+   ``--no-index``); then replaces itself with the real git. A configuration key
+   cannot hold a newline (git refuses one), so the script reads one key a line.
 """
 
 from __future__ import annotations
@@ -129,7 +130,12 @@ for arg do
     if [ -z "$found" ]; then
         case $arg in
             -*) ;;
-            diff) found=1; set -- "$@" --no-ext-diff --ignore-submodules=dirty ;;
+            diff) found=1; set -- "$@" --no-ext-diff --ignore-submodules=dirty
+                if ! {git} rev-parse --git-dir >/dev/null 2>&1; then
+                    echo "fanfold: git diff outside a repository compares any two files" \
+                        "(an implicit --no-index); refused for this agent" >&2
+                    exit 128
+                fi ;;
             status|diff-files|diff-index) found=1; set -- "$@" --ignore-submodules=dirty ;;
             *) found=1 ;;
         esac
