@@ -177,6 +177,11 @@ def test_words_are_split_as_bash_splits_them() -> None:
         ("c d", False),
     ]
     assert shell_words("ls *.py '*.md'") == [("ls", False), ("*.py", True), ("*.md", False)]
+    assert shell_words("git diff -'-e'\\x\"t-diff\"") == [
+        ("git", False),
+        ("diff", False),
+        ("--ext-diff", False),
+    ]
 
 
 def test_only_agents_whose_bash_is_pattern_bound_are_confined() -> None:
@@ -226,6 +231,37 @@ _GIT_RUNNERS = st.sampled_from(
 )
 
 
+# Long options that run a program or write a file, as git spells them in full.
+_LONG = ["--ext-diff", "--textconv", "--output=PWNED", "--show-signature", "--open-files-in-pager"]
+
+
+@st.composite
+def _disguised_option(draw: st.DrawFn) -> str:
+    """One of ``_LONG``, maybe abbreviated (git takes a unique prefix), then cut in
+    pieces that are each quoted or escaped as the shell allows: the shell hands git
+    the same word."""
+    option = draw(st.sampled_from(_LONG))
+    name, equals, value = option.partition("=")
+    if draw(st.booleans()):
+        name = name[: draw(st.integers(5, len(name)))]
+    text = name + equals + value
+    pieces = []
+    i = 0
+    while i < len(text):
+        j = draw(st.integers(i + 1, len(text)))
+        piece = text[i:j]
+        style = draw(st.sampled_from(["plain", "single", "double", "escaped"]))
+        if style == "single":
+            piece = f"'{piece}'"
+        elif style == "double":
+            piece = f'"{piece}"'
+        elif style == "escaped":
+            piece = "".join("\\" + c for c in piece)
+        pieces.append(piece)
+        i = j
+    return "".join(pieces)
+
+
 @st.composite
 def _program_starting_command(draw: st.DrawFn, prefix: str) -> str:
     program = draw(_PROGRAM)
@@ -233,7 +269,8 @@ def _program_starting_command(draw: st.DrawFn, prefix: str) -> str:
     before = draw(st.sampled_from(["", " HEAD", " -p", " --stat"]))
     after = draw(st.sampled_from(["", " HEAD~1 HEAD", " -- a.py"]))
     if kind == 0:  # an option of git's that runs a program, writes or reads a file
-        return f"{prefix}{before} {draw(_GIT_RUNNERS)}{after}"
+        option = draw(st.one_of(_GIT_RUNNERS, _disguised_option()))
+        return f"{prefix}{before} {option}{after}"
     if kind == 1:  # another subcommand that starts with the same letters
         tail = draw(st.sampled_from(["tool -y -x", "tool -y --extcmd=", "-tree --ext-diff", "x"]))
         return f"{prefix}{tail} '{program}'{after}"
@@ -293,3 +330,28 @@ def test_no_builtin_allow_rule_lets_a_command_start_another_program(data: st.Dat
     definition, pattern = data.draw(st.sampled_from(BUILTIN_PATTERNS))
     command = data.draw(_program_starting_command(_literal_start(pattern)))
     assert _refused(definition, command) is not None, (definition.name, pattern, command)
+
+
+# ------------------------------------------------------------------ against bash itself
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet="ab-=\"'\\ \t*?[]{},./#:^@", max_size=24))
+def test_the_words_are_the_words_bash_makes(text: str) -> None:
+    """Whenever ``shell_words`` splits a command (it refuses what it cannot), bash
+    splits it into the same words: what the checks read is what git gets. (File-name
+    expansion is off here, ``-f``: a word holding a pattern is refused before '--'
+    and only a path after it.)"""
+    import subprocess
+
+    words = shell_words("x " + text)
+    if isinstance(words, str):
+        return
+    done = subprocess.run(
+        ["bash", "-f", "-c", "printf '%s\\0' " + text],
+        capture_output=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    made = done.stdout.decode().split("\0")[:-1] if text.strip() else []
+    assert [word for word, _ in words[1:]] == made, (text, made)
