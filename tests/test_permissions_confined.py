@@ -126,6 +126,9 @@ def test_the_reviewer_still_reads_the_history(command: str) -> None:
         ("git diff /etc/passwd notes.txt", "outside the working directory"),
         ("git diff HEAD -- ../elsewhere", "outside the working directory"),
         ("git log -p ~/x", "outside the working directory"),
+        ("git log --ignore-revs-file=/etc/passwd", "outside the working directory"),
+        ("git log -S/etc/passwd", "outside the working directory"),
+        ("git log -S../x", "outside the working directory"),
     ],
 )
 def test_options_that_start_programs_are_refused_with_the_reason(command: str, why: str) -> None:

@@ -259,7 +259,7 @@ def git_problem(words: list[tuple[str, bool]]) -> str | None:
             continue
         if globbed:
             return f"'{text}' holds an unquoted * ? or [ before '--'; quote it"
-        if _leaves(text):
+        if _leaves(text) or _leaves(_option_value(text)):
             return f"'{text}' is a path outside the working directory"
         if text.startswith("--"):
             name = text[2:].split("=", 1)[0]
@@ -278,6 +278,17 @@ def git_problem(words: list[tuple[str, bool]]) -> str | None:
                 if flag in refused:
                     return f"git's option '-{flag}' (in '{text}') is not allowed here"
     return None
+
+
+def _option_value(word: str) -> str:
+    """The value an option word carries: after ``=`` in ``--name=value``, after the
+    letter in ``-Xvalue`` (``-S/etc/x``, ``--ignore-revs-file=/etc/x`` read a file);
+    empty for any other word."""
+    if word.startswith("--"):
+        return word.partition("=")[2]
+    if word.startswith("-") and len(word) > 2:
+        return word[2:]
+    return ""
 
 
 def _leaves(word: str) -> bool:

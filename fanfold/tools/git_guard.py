@@ -60,10 +60,20 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
     ("diff.submodule", "short"),
     ("status.submoduleSummary", "false"),
     ("submodule.recurse", "false"),
+    ("core.alternateRefsCommand", "true"),  # advertises no alternate's refs
+    ("gpg.ssh.defaultKeyCommand", "false"),
+    ("grep.fallbackToNoIndex", "false"),  # git grep outside a repository: any file
 )
 """Configuration every guarded git command runs with, whatever the files say."""
 
-REMOVED = ("GIT_EXTERNAL_DIFF", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "SSH_ASKPASS")
+REMOVED = (
+    "GIT_EXTERNAL_DIFF",
+    "GIT_SSH",
+    "GIT_SSH_COMMAND",
+    "GIT_ASKPASS",
+    "SSH_ASKPASS",
+    "GIT_PROXY_COMMAND",
+)
 """Variables a guarded command does not get (each names a program)."""
 
 SET = (
