@@ -247,6 +247,8 @@ def _disguised_option(draw: st.DrawFn) -> str:
     name, equals, value = option.partition("=")
     if draw(st.booleans()):
         name = name[: draw(st.integers(5, len(name)))]
+        if name == "--text":  # an option of its own (diff -a), not "--textconv"
+            name = "--textc"
     text = name + equals + value
     pieces = []
     i = 0
