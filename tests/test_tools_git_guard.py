@@ -178,6 +178,7 @@ def test_the_guard_keeps_the_callers_configuration_and_adds_its_own_after_it() -
         "GIT_CONFIG_VALUE_0": "a",
         "GIT_EXTERNAL_DIFF": "evil",
         "GIT_SSH_COMMAND": "evil",
+        "GIT_CONFIG_PARAMETERS": "'core.fsmonitor'='evil'",
     }
     env = guarded_env(environ)
     count = int(env["GIT_CONFIG_COUNT"])
@@ -185,6 +186,7 @@ def test_the_guard_keeps_the_callers_configuration_and_adds_its_own_after_it() -
     assert pairs["user.name"] == "a"
     assert pairs["core.fsmonitor"] == "false" and pairs["core.hooksPath"] == "/dev/null"
     assert "GIT_EXTERNAL_DIFF" not in env and "GIT_SSH_COMMAND" not in env
+    assert "GIT_CONFIG_PARAMETERS" not in env  # it would win over GIT_CONFIG_COUNT
     assert env["GIT_ALLOW_PROTOCOL"] == "" and env["GIT_PAGER"] == "cat"
     assert guarded_env({"GIT_CONFIG_COUNT": "junk"})["GIT_CONFIG_KEY_0"] == "core.fsmonitor"
 

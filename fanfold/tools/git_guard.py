@@ -73,6 +73,9 @@ REMOVED = (
     "GIT_ASKPASS",
     "SSH_ASKPASS",
     "GIT_PROXY_COMMAND",
+    # What `git -c` hands its children; it is read after GIT_CONFIG_COUNT, so it would
+    # win over the overrides (seen with git 2.39).
+    "GIT_CONFIG_PARAMETERS",
 )
 """Variables a guarded command does not get (each names a program)."""
 
