@@ -21,8 +21,6 @@ from fanfold.tools import bash as bash_module
 from fanfold.tools.bash import BashTool
 from fanfold.tools.git_guard import guarded_env
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-
 # Each names a program that leaves a marker, as a hostile repository would.
 HOOKS = ["fsmonitor", "pager", "external", "textconv", "clean", "smudge", "gpg", "hook"]
 
