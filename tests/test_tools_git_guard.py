@@ -276,3 +276,22 @@ async def test_git_diff_outside_a_repository_is_refused(tmp_path: Path) -> None:
     guarded = await BashTool().confined().run({"command": "git diff a b"}, str(tmp_path))
     assert "+two" not in guarded.content and "outside a repository" in guarded.content
     assert guarded.content.endswith("[exit code 128]")
+
+
+async def test_blame_reads_no_revisions_file_outside_the_repository(tmp_path: Path) -> None:
+    """`blame.ignoreRevsFile` names a file git reads; an unreadable revision in it is
+    printed in the error: a repository could have a secret's first line printed."""
+    repo, _ = _hostile_repository(tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_text("the-secret-value\n")
+    _git(repo, "config", "blame.ignoreRevsFile", str(secret))
+    unguarded = await BashTool().run({"command": "git blame notes.txt"}, str(repo))
+    assert "the-secret-value" in unguarded.content  # the control
+    guarded = await BashTool().confined().run({"command": "git blame notes.txt"}, str(repo))
+    assert "the-secret-value" not in guarded.content
+    assert "outside the repository; refused" in guarded.content
+    # One inside the repository, as projects keep `.git-blame-ignore-revs`, is read.
+    (repo / ".git-blame-ignore-revs").write_text("")
+    _git(repo, "config", "blame.ignoreRevsFile", ".git-blame-ignore-revs")
+    inside = await BashTool().confined().run({"command": "git blame notes.txt"}, str(repo))
+    assert not inside.is_error and "first line" in inside.content

@@ -32,8 +32,11 @@ such an agent the bash tool runs the command with:
    drivers the script did not read; the commits a submodule is at are still shown,
    and the option beats ``submodule.<name>.ignore``); refuses ``git diff`` outside a
    repository, where it compares any two files on the disk (an implicit
-   ``--no-index``); then replaces itself with the real git. A configuration key
-   cannot hold a newline (git refuses one), so the script reads one key a line.
+   ``--no-index``); refuses ``git blame`` when ``blame.ignoreRevsFile`` names a file
+   outside the repository (git reads it and prints its first line in the error, and
+   an empty value does not reset the list); then replaces itself with the real git.
+   A configuration key cannot hold a newline (git refuses one), so the script reads
+   one key a line.
 """
 
 from __future__ import annotations
@@ -150,6 +153,17 @@ for arg do
                     exit 128
                 fi ;;
             status|diff-files|diff-index) found=1; set -- "$@" --ignore-submodules=dirty ;;
+            blame|annotate|pickaxe) found=1
+                # blame.ignoreRevsFile names a file git reads, and an empty value does
+                # not reset the list: a file outside the repository is refused.
+                for revs in $({git} config --get-all blame.ignoreRevsFile 2>/dev/null); do
+                    case $revs in
+                        /*|~*|..|../*|*/..|*/../*)
+                            echo "fanfold: blame.ignoreRevsFile names $revs, outside the" \
+                                "repository; refused for this agent" >&2
+                            exit 128 ;;
+                    esac
+                done ;;
             *) found=1 ;;
         esac
     fi
