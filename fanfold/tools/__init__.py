@@ -14,10 +14,11 @@ from fanfold.tools.registry import ToolSet
 from fanfold.tools.schema import SchemaError, check_schema, validate, validate_arguments
 from fanfold.tools.secrets import EnvPolicy, Redactor
 from fanfold.tools.think import ThinkTool
-from fanfold.tools.tool import Tool, ToolInputError, ToolOutput
+from fanfold.tools.tool import Confinable, Tool, ToolInputError, ToolOutput
 
 __all__ = [
     "BashTool",
+    "Confinable",
     "EditFileTool",
     "EnvPolicy",
     "HeadTailBuffer",
