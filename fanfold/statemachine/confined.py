@@ -36,7 +36,6 @@ bash tool switches off for a confined agent's commands (``fanfold/tools/git_guar
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
 GIT_SAFE_GLOBAL_OPTIONS = frozenset(
     {
@@ -129,18 +128,17 @@ _HARMLESS_EXACT = frozenset({"text"})
 # a command (rebase); -o an output directory (format-patch). Every letter of a
 # cluster is read as an option ("-nO" holds -O), also after one that takes a value
 # ("-SOpen" is refused though it searches for "Open": write "-S Open").
-GIT_DANGEROUS_SHORT_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
-    {
-        "": frozenset("O"),
-        "clone": frozenset("u"),
-        "fetch": frozenset("u"),
-        "fetch-pack": frozenset("u"),
-        "ls-remote": frozenset("u"),
-        "pull": frozenset("u"),
-        "rebase": frozenset("x"),
-        "format-patch": frozenset("o"),
-    }
-)
+# A Mapping: read-only to the type checker (the pure core imports no `types`).
+GIT_DANGEROUS_SHORT_OPTIONS: Mapping[str, frozenset[str]] = {
+    "": frozenset("O"),
+    "clone": frozenset("u"),
+    "fetch": frozenset("u"),
+    "fetch-pack": frozenset("u"),
+    "ls-remote": frozenset("u"),
+    "pull": frozenset("u"),
+    "rebase": frozenset("x"),
+    "format-patch": frozenset("o"),
+}
 """git short options a confined command may not give: ``""`` for every subcommand."""
 
 _SHELL_SPECIAL = ";&|<>()\n\r"
