@@ -786,7 +786,9 @@ def test_a_retry_countdown_names_its_error_in_words(kind: ErrorKind) -> None:
     assert "_" not in words and "error error" not in words
 
 
-def test_ls_marks_forks_and_imported_trees(tmp_path: Path) -> None:
+def test_ls_marks_forks_and_imported_trees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 22, item 18: `ls` listed a fork and an imported tree like any other. An
     origin column says `fork of ID@SEQ` or `imported`; `ls --json` gives origin,
     forked_from, forked_at_seq and imported_from."""
@@ -804,12 +806,15 @@ def test_ls_marks_forks_and_imported_trees(tmp_path: Path) -> None:
     _invoke(runner, "export", root.id, "-o", str(exported), "--db", db)
     _invoke(runner, "import", str(exported), "--db", other)
     _invoke(runner, "fork", root.id, "--at", "2", "--id", "f2", "--db", other)
-    wide = {"COLUMNS": "200"}
-    listed = runner.invoke(cli, ["ls", "--db", other], env=wide).output
+    # The console's width is fixed when it is made (rich reads COLUMNS then), so set it.
+    from fanfold.cli import output
+
+    monkeypatch.setattr(output.console, "width", 200)
+    listed = runner.invoke(cli, ["ls", "--db", other]).output
     lines = {line.split("│")[1].strip(): line for line in listed.splitlines() if "│" in line}
     assert "imported" in lines[root.id] and "fork of" not in lines[root.id]
     assert f"fork of {root.id}@2" in lines["f2"]
-    here = runner.invoke(cli, ["ls", "--db", db], env=wide).output
+    here = runner.invoke(cli, ["ls", "--db", db]).output
     mine = next(line for line in here.splitlines() if line.startswith(f"│ {root.id}"))
     assert "imported" not in mine and "fork of" not in mine
     as_json = json.loads(_invoke(runner, "ls", "--json", "--db", other).output)
