@@ -786,9 +786,7 @@ def test_a_retry_countdown_names_its_error_in_words(kind: ErrorKind) -> None:
     assert "_" not in words and "error error" not in words
 
 
-def test_ls_marks_forks_and_imported_trees(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ls_marks_forks_and_imported_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 22, item 18: `ls` listed a fork and an imported tree like any other. An
     origin column says `fork of ID@SEQ` or `imported`; `ls --json` gives origin,
     forked_from, forked_at_seq and imported_from."""
