@@ -440,7 +440,7 @@ def _fan_in_entries(state: Conversation, start: int = 0) -> Iterator[tuple[str, 
             continue
         try:
             entries = json.loads(message.result.content).get("sub_agent_results", [])
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # an imported log's text
             continue
         for entry in entries if isinstance(entries, list) else []:
             if isinstance(entry, dict):
