@@ -17,7 +17,7 @@ from runtime_helpers import open_runtime, reply, script, spawn, submit
 from fanfold import replay, testing
 from fanfold.agents import AgentDefinition
 from fanfold.db import Store, codec
-from fanfold.statemachine import Limits
+from fanfold.statemachine import ConversationCreated, Limits
 
 SECONDS = ("retry_base", "retry_cap", "child_timeout", "cancel_grace")
 COUNTS = (
@@ -151,3 +151,9 @@ async def test_an_agent_definition_with_an_int_timeout_verifies(
 def test_an_agent_definition_refuses_what_is_not_its_number(field: str, value: object) -> None:
     with pytest.raises(TypeError, match=field if field != "timeout" else "number of seconds"):
         AgentDefinition(name="a", description="d", **{field: value})  # type: ignore[arg-type]
+
+
+def test_a_created_conversations_int_timeout_is_a_float() -> None:
+    created = ConversationCreated(conversation_id="c", parent_id="r", depth=1, timeout=30)
+    assert type(created.timeout) is float
+    assert codec.decode_event(codec.encode_event(created)) == created
