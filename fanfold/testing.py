@@ -975,7 +975,8 @@ def check_invariants(state: Conversation) -> None:
     phase allowed for a root or
     sub-agent, unique live call/timer numbers below ``next_call``, attempts within
     ``max_attempts``, a valid history (each tool call answered exactly once, in order,
-    except the calls of the round in progress), the round's bookkeeping, and fan-in
+    except the calls of the round in progress; a valid request while a model call is in
+    flight or waits for its retry), the round's bookkeeping, and fan-in
     conservation (pending + finished children == children accepted this round,
     running <= max_concurrent, queued children start oldest first), and the summary
     of context mode summary (asked for once the round's tools are done, in flight only
@@ -994,6 +995,10 @@ def check_invariants(state: Conversation) -> None:
                 f"{what} has number {number}, next_call is {state.next_call}",
                 state,
             )
+    if isinstance(state.phase, LlmRequesting | AwaitingRetry):
+        # The history is the request of the model call in flight (or to be retried):
+        # valid as a request in this phase, not only at the step that issued it.
+        _history_open_calls(state.history, state, request=True, what="history valid")
     open_calls = _history_open_calls(state.history, state, request=False)
     _check_round(state, open_calls)
     _check_children(state, open_calls)
@@ -1208,12 +1213,14 @@ def _check_phase(state: Conversation) -> None:
 
 
 def _history_open_calls(
-    history: tuple[Message, ...], state: Conversation, *, request: bool
+    history: tuple[Message, ...], state: Conversation, *, request: bool, what: str | None = None
 ) -> tuple[ToolCall, ...]:
     """Validate ``history``; return the calls of its last assistant message if none of
     them has a result yet (the round in progress). With ``request``, none may be open.
+    ``what`` names the invariant in a failure.
     """
-    what = "history valid before every model call" if request else "history valid"
+    if what is None:
+        what = "history valid before every model call" if request else "history valid"
     if history and not isinstance(history[0], UserMessage):
         _fail(what, f"history starts with {type(history[0]).__name__}", state)
     open_calls: tuple[ToolCall, ...] = ()
@@ -2035,7 +2042,9 @@ def check_transition(
     """Assert every invariant of one accepted step ``transition(before, event)``.
 
     Besides ``check_invariants(after)``: identity never changes and history, counters
-    and ``written_off`` only grow; a terminal conversation absorbs with no effects;
+    and ``written_off`` only grow (a failure names the counters that shrank); only the
+    model call's outcome changes the history while the call is in flight or waits for
+    its retry; a terminal conversation absorbs with no effects;
     every entry into Completed/Failed emits exactly one matching NotifyParent and no
     other step emits any; TurnFinished exactly when work stops; every call and timer
     effect has a number, fresh numbers are issued once each, no awaited call or timer
@@ -2053,6 +2062,7 @@ def check_transition(
     """
     check_invariants(after)
     _check_fixed(before, after)
+    _check_history_while_calling(before, event, after)
     if before.is_terminal:
         if not (after == before and effects == ()):
             _fail(
@@ -2105,19 +2115,49 @@ def _check_fixed(before: Conversation, after: Conversation) -> None:
             )
     if after.history[: len(before.history)] != before.history:
         _fail("history only grows", "a message was changed or removed", after)
-    if not (
-        after.next_call >= before.next_call
-        and after.spawned >= before.spawned
-        and after.usage_input >= before.usage_input
-        and after.usage_output >= before.usage_output
-        and after.usage_children >= before.usage_children
-        and after.written_off[: len(before.written_off)] == before.written_off
+    # Name exactly the counters that shrank: a message listing every counter hides
+    # the one that matters (issue 22.10).
+    shrunk = [
+        f"{name} {getattr(before, name)}->{getattr(after, name)}"
+        for name in _GROWING
+        if getattr(after, name) < getattr(before, name)
+    ]
+    if after.written_off[: len(before.written_off)] != before.written_off:
+        shrunk.append(f"written_off {before.written_off}->{after.written_off}")
+    if shrunk:
+        _fail("counters only grow", ", ".join(shrunk), after)
+
+
+# The counters of a state that never decrease (``rounds`` restarts with each turn).
+_GROWING = (
+    "next_call",
+    "spawned",
+    "usage_input",
+    "usage_output",
+    "usage_cached",
+    "usage_children",
+    "refused_calls",
+)
+
+
+def _check_history_while_calling(before: Conversation, event: Event, after: Conversation) -> None:
+    """While a model call is in flight (or waits for its retry), the history is the
+    call's request: only the call's outcome may change it. A rule that let another
+    event add a message there (a note during a model call) kept every other invariant:
+    the request stayed valid, and the reply would follow a message the model never
+    saw."""
+    calling = LlmRequesting | AwaitingRetry
+    if (
+        isinstance(before.phase, calling)
+        and isinstance(after.phase, calling)
+        and not isinstance(event, ModelReplied | ModelFailed)
+        and after.history != before.history
     ):
+        added = after.history[len(before.history) :]
         _fail(
-            "counters only grow",
-            f"next_call {before.next_call}->{after.next_call}, spawned "
-            f"{before.spawned}->{after.spawned}, written_off {before.written_off}->"
-            f"{after.written_off}",
+            "history valid in every phase",
+            f"{type(event).__name__} changed the history of the model call in flight "
+            f"(added {', '.join(type(m).__name__ for m in added) or 'nothing'})",
             after,
         )
 

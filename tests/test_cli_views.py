@@ -831,3 +831,38 @@ def test_ls_marks_forks_and_imported_trees(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "empty.db").touch()  # a run stopped before its first write
     empty = _invoke(runner, "ls", "--json", "--db", str(tmp_path / "empty.db")).output
     assert json.loads(empty) == []
+
+
+def test_a_forks_show_leaves_the_sources_children_to_the_source(tmp_path: Path) -> None:
+    """Issue 22.9: a fork holds its source's history, fan-in results included, but not
+    its children: it listed the source's failed child as never started, and its header
+    counted the source's sub-agents' tokens as its own."""
+    data = _script("x")
+    for agent in data["agents"]:
+        for reply in agent["replies"]:
+            reply["usage"] = {"input_tokens": 100, "output_tokens": 10}
+    script = _write(tmp_path / "tree.json", data)
+    db = str(tmp_path / "fork.db")
+    runner = CliRunner()
+    _, source = _run_tree(runner, db, "--script", str(script), "go")
+    before = json.loads(_invoke(runner, "show", source.id, "--json", "--db", db).output)
+    assert [c["failure"]["kind"] for c in before["children"] if c["failure"]] == ["submitted_error"]
+    assert before["not_run"] == []
+    assert before["tree_tokens"] > before["tokens"] > 0
+    fork = _invoke(runner, "fork", source.id, "--at", str(source.last_seq), "--db", db)
+    fork_id = fork.stdout.strip()
+    tree = json.loads(_invoke(runner, "show", fork_id, "--json", "--db", db).output)
+    assert tree["children"] == []
+    assert tree["not_run"] == []
+    # Its own counts start at the fork; what the source spent is named apart.
+    assert tree["tokens"] == tree["tree_tokens"] == 0
+    assert tree["forked_from"] == {
+        "id": source.id,
+        "seq": source.last_seq,
+        "tokens": before["tokens"],
+        "tree_tokens": before["tree_tokens"],
+    }
+    shown = _invoke(runner, "show", fork_id, "--db", db).output
+    assert "never started" not in shown
+    assert "with sub-agents" not in shown
+    assert f"forked from {source.id} at seq {source.last_seq}" in shown

@@ -192,13 +192,36 @@ def _split_front_matter(text: str) -> tuple[str, str, int] | str:
     return "the front matter is not closed by a line '---'"
 
 
-def _alias_line(front: str, first_line: int) -> int | None:
-    """The line of the front matter's first YAML alias (``*name``), if any."""
+MAX_DEPTH = 16
+"""Collections nested deeper than this in a front matter refuse the file."""
+
+
+def _event_problem(front: str, first_line: int) -> tuple[int, str] | None:
+    """The line and problem of the front matter's first YAML alias (``*name``), or of
+    its first collection nested deeper than ``MAX_DEPTH``; None if there is neither.
+
+    Read from YAML's events, which its parser makes without recursion, before
+    anything is composed: composing and constructing recurse, and a front matter of
+    2,000 nested ``[`` ended in a RecursionError traceback (20,000: after 44 s of
+    CPU), issue 22.5. The scan stops at the first problem, so its cost is bounded
+    by the depth allowed, whatever the file holds after it."""
+    depth = 0
     for event in yaml.parse(front, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.AliasEvent):
-            mark = event.start_mark
-            line: int = first_line + (mark.line if mark is not None else 0)
-            return line
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth <= MAX_DEPTH:
+                continue
+            problem = f"nested more than {MAX_DEPTH} levels deep"
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+            continue
+        elif isinstance(event, yaml.AliasEvent):
+            problem = "YAML aliases (*name) are not allowed"
+        else:
+            continue
+        mark = event.start_mark
+        line: int = first_line + (mark.line if mark is not None else 0)
+        return line, problem
     return None
 
 
@@ -235,13 +258,15 @@ def parse_definition(
         return None, (AgentProblem(path, 1, split),)
     front, body, first = split
     try:
-        alias = _alias_line(front, first)
-        if alias is not None:
+        found = _event_problem(front, first)
+        if found is not None:
             # An alias is a reference: nine of nine of nine... make gigabytes (the
-            # "billion laughs"). An agent file has no use for them.
-            return None, (AgentProblem(path, alias, "YAML aliases (*name) are not allowed"),)
+            # "billion laughs"). An agent file has no use for them, nor for depth.
+            return None, (AgentProblem(path, *found),)
         data = yaml.safe_load(front)
         lines, again = _key_lines(front, first)
+    except RecursionError:  # a backstop: _event_problem refuses deep nesting first
+        return None, (AgentProblem(path, first, "nested too deeply"),)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = first + mark.line if mark is not None else first

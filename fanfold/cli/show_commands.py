@@ -35,6 +35,7 @@ from fanfold.statemachine import (
     AssistantMessage,
     Completed,
     Conversation,
+    ConversationForked,
     Error,
     Failed,
     Idle,
@@ -174,6 +175,17 @@ class NotRun:
 
 
 @attrs.frozen
+class ForkedFrom:
+    """Where a fork began: its source and seq, and what the source had spent there
+    (its own tokens, and with its sub-agents'), which the fork's state still counts."""
+
+    id: str
+    seq: int
+    tokens: int
+    tree_tokens: int
+
+
+@attrs.frozen
 class Queued:
     """A child its parent accepted that has not started yet (a tree shown while it
     runs, or stopped): ``waiting_for`` a free slot, the earlier step of its
@@ -225,6 +237,9 @@ class ShowNode:
     # The model and profile its calls went to, when known (see _show_node).
     model: str | None = None
     profile: str | None = None
+    # A fork: where it began. Its state holds its source's history and counts, but
+    # not the source's children (issue 22.9): the counts shown are its own, since then.
+    forked: ForkedFrom | None = None
 
     @property
     def context(self) -> str | None:
@@ -304,6 +319,9 @@ class ShowNode:
             "model": self.model,
             "profile": self.profile,
             "tree_tokens": state.tokens_spent,
+            # A fork's counts above are its own, since the fork; here what its source
+            # had spent then.
+            "forked_from": None if self.forked is None else attrs.asdict(self.forked),
             "max_tokens": state.limits.max_tokens,
             "outcome": self.outcome(),
             # False: a sub-agent ended with plain text and never called submit_result.
@@ -371,6 +389,14 @@ class ShowNode:
                 f"\n  {state.refused_calls} tool call{plural} refused by its permissions",
                 "yellow",
             )
+        if self.forked is not None:
+            source = self.forked
+            line.append(
+                f"\n  forked from {printable(source.id)} at seq {source.seq}, which had spent "
+                f"{source.tokens} tokens ({source.tree_tokens} with sub-agents) by then: "
+                "its sub-agents are the source's",
+                "dim",
+            )
         if isinstance(state.phase, Completed) and not state.submitted:
             note = "completed without submit_result (its last text is the result)"
             line.append("\n  " + note, "yellow")
@@ -400,6 +426,18 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
     row = store.conversation(conversation_id)
     assert row is not None
     state = store.load_state(conversation_id)
+    inherited = 0
+    forked = None
+    base = _fork_base(store, conversation_id) if row.forked_from is not None else None
+    if base is not None:
+        # The fork's history begins with its source's, fan-in results of the source's
+        # children included; its counts include the source's spend. Only what came
+        # after the fork is its own.
+        inherited = len(base.history)
+        forked = ForkedFrom(
+            str(row.forked_from), int(row.forked_at_seq or 0), base.usage.total, base.tokens_spent
+        )
+        state = _since(state, base)
     cost = None
     # The model its calls asked for: the configured one (the profile's, as the router
     # resolved it), never a name a server put in its replies (llama-server answers
@@ -428,33 +466,58 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
         cost=cost,
         model=model,
         profile=profile_name,
-        not_run=tuple(n for n in never_run(state) if n.id not in started),
+        not_run=tuple(n for n in never_run(state, inherited) if n.id not in started),
         queued=tuple(queued_children(state)),
+        forked=forked,
     )
 
 
-def never_run(state: Conversation) -> list[NotRun]:
+def _fork_base(store: Store, conversation_id: str) -> Conversation | None:
+    """The state a fork started from (its seq 0 holds it), or None if that is not a
+    ``ConversationForked``."""
+    # events() reads the whole log; the fork's first event is what is needed, and
+    # show reads the log anyway (load_state), so this at most doubles its reading.
+    first = store.events(conversation_id)[0].event
+    return first.state if isinstance(first, ConversationForked) else None
+
+
+def _since(state: Conversation, base: Conversation) -> Conversation:
+    """``state`` for show: its token counts less those of ``base`` (where it was
+    forked), so that a fork does not show its source's spend as its own."""
+    return attrs.evolve(
+        state,
+        usage_input=max(0, state.usage_input - base.usage_input),
+        usage_output=max(0, state.usage_output - base.usage_output),
+        usage_cached=max(0, state.usage_cached - base.usage_cached),
+        usage_children=max(0, state.usage_children - base.usage_children),
+    )
+
+
+def never_run(state: Conversation, inherited: int = 0) -> list[NotRun]:
     """The failed children of its spawn_agents calls, from their fan-in results in the
     history; the caller keeps those that never started (no conversation of theirs
     exists): a sequential call's steps after a failure (``not_run``), children
     cancelled or out of token budget before their turn, children whose summary
-    (context mode ``summary``) could not be made."""
+    (context mode ``summary``) could not be made. The first ``inherited`` messages
+    are left out: a fork's history begins with its source's, whose children are the
+    source's, not the fork's."""
     return [
         NotRun(str(entry.get("agent_id")), str(entry.get("task", "")), str(entry.get("error", "")))
-        for _, entry in _fan_in_entries(state)
+        for _, entry in _fan_in_entries(state, inherited)
         if entry.get("status") == "failed"
     ]
 
 
-def _fan_in_entries(state: Conversation) -> Iterator[tuple[str, dict[str, Any]]]:
+def _fan_in_entries(state: Conversation, start: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
     """(spawn call id, entry) for every child entry of the spawn_agents fan-in results
-    in the history; a result that is not the fan-in's JSON (an error result) has none."""
-    for message in state.history:
+    in the history (from message ``start``); a result that is not the fan-in's JSON (an
+    error result) has none."""
+    for message in state.history[start:]:
         if not (isinstance(message, ToolResultMessage) and message.result.name == "spawn_agents"):
             continue
         try:
             entries = json.loads(message.result.content).get("sub_agent_results", [])
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # an imported log's text
             continue
         for entry in entries if isinstance(entries, list) else []:
             if isinstance(entry, dict):

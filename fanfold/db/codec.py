@@ -1312,7 +1312,11 @@ def encode_unversioned(value: Any) -> str:
 
 def decode(text: str | bytes) -> Any:
     """Decode a text made by ``encode``; arrays come back as tuples."""
-    return _decode_any(_loads(text))
+    value = _loads(text)
+    try:
+        return _decode_any(value)
+    except RecursionError:  # JSON that parsed just below the limit recurses again here
+        raise CodecError("not valid JSON: nested too deeply") from None
 
 
 def retired_value(text: str | bytes, name: str) -> tuple[bool, Any]:

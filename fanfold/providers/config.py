@@ -863,18 +863,69 @@ def config_path(environ: Mapping[str, str], cwd: Path) -> Path | None:
     return user if user.is_file() else None
 
 
+# What a TOML file holds outside its strings and comments, for _nesting_problem: each
+# string (of the four kinds) and comment is one token, so brackets and dots inside
+# them are not counted; a closing """ may be followed by one or two quotes of content.
+_TOML_TOKENS = re.compile(
+    rb'"""(?:[^"\\]|\\.|"(?!""))*"""(?:""?)?'
+    rb"|'''(?:[^']|'(?!''))*'''(?:''?)?"
+    rb'|"(?:[^"\\\n]|\\.)*"'
+    rb"|'[^'\n]*'"
+    rb"|#[^\n]*"
+    rb"|[\[\]{}.=,\n]",
+    re.DOTALL,
+)
+MAX_TOML_DEPTH = 32
+"""Arrays and inline tables nested deeper than this refuse the file."""
+MAX_TOML_KEY_PARTS = 32
+"""Dotted keys (``a.b.c``, ``[a.b.c]``) of more parts than this refuse the file."""
+
+
+def _nesting_problem(raw: bytes) -> str | None:
+    """Why ``raw`` nests too deeply for tomllib, or None; one pass of a C regex.
+
+    tomllib reads arrays and inline tables recursively (``x = [[[...]]]`` 100,000 deep
+    ended in a RecursionError traceback, issue 22.5), and a dotted key costs it time
+    quadratic in its parts (100,000 parts: minutes of CPU). No configuration needs
+    more than a few of either."""
+    depth = parts = 0
+    for match in _TOML_TOKENS.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            parts = 0
+            if depth > MAX_TOML_DEPTH:
+                return f"arrays or tables nested more than {MAX_TOML_DEPTH} deep"
+        elif token in (b"]", b"}"):
+            depth -= 1
+            parts = 0
+        elif token == b".":
+            parts += 1
+            if parts >= MAX_TOML_KEY_PARTS:
+                return f"a dotted key of more than {MAX_TOML_KEY_PARTS} parts"
+        elif token in (b"=", b",", b"\n"):
+            parts = 0
+    return None
+
+
 def read_config_file(path: str | Path) -> Config:
     """Parse one TOML config file (no environment overrides)."""
     path = Path(path)
     try:
         with path.open("rb") as handle:
-            data = tomllib.load(handle)
+            raw = handle.read()
+        problem = _nesting_problem(raw)
+        if problem is not None:
+            raise ConfigError(f"invalid TOML: {problem}", path=str(path))
+        data = tomllib.loads(raw.decode())
     except FileNotFoundError:
         raise ConfigError("no such file", path=str(path)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}", path=str(path)) from None
+    except RecursionError:  # a backstop: _nesting_problem refuses such files first
+        raise ConfigError("invalid TOML: nested too deeply", path=str(path)) from None
     return parse_config(data, source=str(path))
 
 

@@ -118,6 +118,10 @@ class ProviderDescription:
             raise DescriptionError(
                 f"the recorded provider configuration is unreadable: {exc}"
             ) from None
+        except RecursionError:  # an imported log's record, nested too deeply
+            raise DescriptionError(
+                "the recorded provider configuration is unreadable: nested too deeply"
+            ) from None
         if data["kind"] == SCRIPT and "script" not in files:
             raise DescriptionError("the recorded provider configuration names no script")
         return cls(

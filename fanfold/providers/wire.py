@@ -230,11 +230,13 @@ def tool_arguments(raw: str | None, what: str) -> str:
         return "{}"
     try:
         value = json.loads(raw)
+        if not isinstance(value, dict):
+            raise malformed(f"{what}: tool arguments are not a JSON object: {snippet(raw)}")
+        # Writing it back recurses too: JSON that parsed near the recursion limit
+        # may not be written (issue 22.5).
+        return canonical_json(value)
     except (ValueError, RecursionError):  # RecursionError: nested too deeply
         raise malformed(f"{what}: tool arguments are not valid JSON: {snippet(raw)}") from None
-    if not isinstance(value, dict):
-        raise malformed(f"{what}: tool arguments are not a JSON object: {snippet(raw)}")
-    return canonical_json(value)
 
 
 TRUNCATED_ADVICE = (
@@ -447,6 +449,17 @@ def parse_error_body(body: Any) -> ErrorBody:
     """Read an error payload: OpenAI's ``{"error": {...}}``, Anthropic's
     ``{"type": "error", "error": {...}}``, llama.cpp's numeric ``code``, vLLM's
     top-level ``message``/``type``, FastAPI's ``detail``, or plain text."""
+    try:
+        return _parse_error_body(body)
+    except RecursionError:
+        # A body nested too deeply to read (or to write back as its message): its
+        # beginning, as text, is all it says (issue 22.5).
+        if isinstance(body, bytes):
+            body = body.decode("utf-8", errors="replace")
+        return ErrorBody(message=snippet(body) if isinstance(body, str) else None)
+
+
+def _parse_error_body(body: Any) -> ErrorBody:
     if isinstance(body, bytes):
         body = body.decode("utf-8", errors="replace")
     if isinstance(body, str):

@@ -13,6 +13,7 @@ import enum
 
 import attrs
 
+from fanfold.statemachine.limits import integer, optional_seconds
 from fanfold.statemachine.permissions import Rule, RuleSet
 
 
@@ -58,9 +59,11 @@ class AgentDefinition:
     allow: tuple[Rule, ...] | None = None
     deny: tuple[Rule, ...] = ()
     model: str | None = None
-    max_rounds: int | None = None
-    max_tokens: int | None = None
-    timeout: float | None = None
+    # Built from Python too: an int timeout becomes a float here, as in Limits (stored
+    # as an int it would decode as a float, and replay would report a divergence).
+    max_rounds: int | None = attrs.field(default=None, validator=integer)
+    max_tokens: int | None = attrs.field(default=None, validator=integer)
+    timeout: float | None = attrs.field(default=None, converter=optional_seconds)
     may_delegate: bool = True
     source: str = "built-in"
     context: ContextMode = ContextMode.TASK_ONLY

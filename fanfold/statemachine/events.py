@@ -12,7 +12,7 @@ import attrs
 from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.children import ChildOutcome
 from fanfold.statemachine.errors import CancelReason
-from fanfold.statemachine.limits import Limits
+from fanfold.statemachine.limits import Limits, optional_seconds
 from fanfold.statemachine.messages import Message, ModelError, ModelReply, ToolResult, ToolSpec
 from fanfold.statemachine.permissions import Permissions
 from fanfold.statemachine.state import Conversation
@@ -68,7 +68,8 @@ class ConversationCreated:
     model: str | None = None
     limits: Limits = Limits()
     tools: tuple[ToolSpec, ...] = ()
-    timeout: float | None = None
+    # An int from Python becomes a float, as in Limits (see limits.seconds).
+    timeout: float | None = attrs.field(default=None, converter=optional_seconds)
     workdir: WorkingDirectory | None = attrs.field(default=None, metadata={"since": 3})
     sub_agent_prompt: str | None = attrs.field(
         default=None, metadata={"since": 6, "omitted_at_default": True}

@@ -8,12 +8,42 @@ from typing import Any
 import attrs
 
 
+def seconds(value: object) -> float:
+    """A number of seconds as a float: an int from Python (``cancel_grace=8``) is
+    converted here, at the boundary. Stored as an int, it encodes as ``8`` and decodes
+    as ``8.0``: the state rebuilt from the log then differs from the one recorded, and
+    replay reports a divergence that never happened. A bool is refused (``True`` is an
+    int to Python, never a number of seconds)."""
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    raise TypeError(f"expected a number of seconds, got {type(value).__name__} {value!r}")
+
+
+def optional_seconds(value: object) -> float | None:
+    """``seconds``, with None (no limit) kept."""
+    return None if value is None else seconds(value)
+
+
+def integer(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """attrs validator: an int (or None), never a bool or a float."""
+    # A bool is an int to Python, never a count; a float (even 3.0) is refused, as the
+    # log's decoder refuses it: stored, it could not be read back.
+    if value is not None and type(value) is not int:
+        raise TypeError(
+            f"{attribute.name} must be an integer, got {type(value).__name__} {value!r}"
+        )
+
+
 def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    integer(_inst, attribute, value)
     if value < 1:
         raise ValueError(f"{attribute.name} must be >= 1, got {value}")
 
 
-def _finite(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+def finite(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    """attrs validator: a finite number >= 0 (or None)."""
     # NaN compares false with everything: a NaN limit would disable the check it
     # stands for, or reach a timer. Infinity is spelled None where it is allowed.
     if value is not None and not (0.0 <= value < math.inf):
@@ -66,15 +96,17 @@ class Limits:
 
     max_rounds: int = attrs.field(default=20, validator=_positive)
     max_attempts: int = attrs.field(default=4, validator=_positive)
-    retry_base: float = attrs.field(default=1.0, validator=_finite)
-    retry_cap: float = attrs.field(default=60.0, validator=_finite)
+    retry_base: float = attrs.field(default=1.0, converter=seconds, validator=finite)
+    retry_cap: float = attrs.field(default=60.0, converter=seconds, validator=finite)
     max_concurrent: int = attrs.field(default=10, validator=_positive)
     max_tasks_per_call: int = attrs.field(default=10, validator=_positive)
-    max_depth: int = 1
-    child_timeout: float | None = attrs.field(default=600.0, validator=_finite)
-    cancel_grace: float = attrs.field(default=30.0, validator=_finite)
+    max_depth: int = attrs.field(default=1, validator=integer)
+    child_timeout: float | None = attrs.field(
+        default=600.0, converter=optional_seconds, validator=finite
+    )
+    cancel_grace: float = attrs.field(default=30.0, converter=seconds, validator=finite)
     child_result_cap: int = attrs.field(default=8000, validator=_positive)
-    max_tokens: int | None = None
+    max_tokens: int | None = attrs.field(default=None, validator=integer)
     context_modes: tuple[str, ...] = attrs.field(
         default=CONTEXT_MODES,
         validator=_context_modes,
