@@ -156,9 +156,15 @@ class Prices:
         """The cost of a usage (``input_tokens`` includes the cached ones)."""
         cached_price = self.input if self.cached_input is None else self.cached_input
         fresh = max(0, input_tokens - cached_input_tokens)
-        return (
-            fresh * self.input + cached_input_tokens * cached_price + output_tokens * self.output
-        ) / 1_000_000
+        try:
+            return (
+                fresh * self.input
+                + cached_input_tokens * cached_price
+                + output_tokens * self.output
+            ) / 1_000_000
+        except OverflowError:
+            # Counts beyond a float (only a damaged or edited log holds them).
+            return math.inf
 
 
 @attrs.frozen
@@ -371,18 +377,43 @@ def _string(value: Any, path: str, key: str) -> str:
     return value.strip()
 
 
-def _number(value: Any, path: str, key: str, *, minimum: float, inclusive: bool) -> float:
+# Upper bounds of the numeric settings. TOML reads `nan`, `inf` and `1e308` as
+# floats; none of them is a setting anyone means, and each broke something downstream
+# (`show` printed "$nan", `--json` wrote NaN, a retry loop of 1e9 attempts or a wait
+# capped at 1e308 s never ends). The bounds are far above any real use, so they refuse
+# typing slips only. DESIGN.md ("Provider configuration") lists them.
+MAX_PRICE = 100_000.0
+"""Dollars per million tokens (the dearest models cost a few hundred)."""
+MAX_ATTEMPTS = 100
+"""Attempts of one model round (``retry.max_attempts``)."""
+MAX_RETRY_SECONDS = 3600.0
+"""``retry.base`` and ``retry.cap``: an hour between two attempts."""
+MAX_TIMEOUT_SECONDS = 86_400.0
+"""``timeouts.connect``/``read``/``total``: a day."""
+MAX_OUTPUT_TOKENS = 100_000_000
+"""``max_tokens`` of one reply."""
+
+
+def _number(
+    value: Any, path: str, key: str, *, minimum: float, inclusive: bool, maximum: float
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError("must be a number", path=path, key=key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"must be a finite number, got {value!r}", path=path, key=key)
     if value < minimum or (not inclusive and value == minimum):
         relation = ">=" if inclusive else ">"
         raise ConfigError(f"must be {relation} {minimum:g}, got {value!r}", path=path, key=key)
+    if value > maximum:
+        raise ConfigError(f"must be <= {maximum:g}, got {value!r}", path=path, key=key)
     return float(value)
 
 
-def _integer(value: Any, path: str, key: str) -> int:
+def _integer(value: Any, path: str, key: str, *, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"must be an integer >= 1, got {value!r}", path=path, key=key)
+    if value > maximum:
+        raise ConfigError(f"must be <= {maximum}, got {value!r}", path=path, key=key)
     return value
 
 
@@ -415,11 +446,17 @@ def _timeouts(value: Any, path: str, key: str) -> Timeouts:
     read = value.get("read", default.read)
     total = value.get("total")
     return Timeouts(
-        connect=_number(connect, path, f"{key}.connect", minimum=0, inclusive=False),
-        read=_number(read, path, f"{key}.read", minimum=0, inclusive=False),
+        connect=_number(
+            connect, path, f"{key}.connect", minimum=0, inclusive=False, maximum=MAX_TIMEOUT_SECONDS
+        ),
+        read=_number(
+            read, path, f"{key}.read", minimum=0, inclusive=False, maximum=MAX_TIMEOUT_SECONDS
+        ),
         total=None
         if total is None
-        else _number(total, path, f"{key}.total", minimum=0, inclusive=False),
+        else _number(
+            total, path, f"{key}.total", minimum=0, inclusive=False, maximum=MAX_TIMEOUT_SECONDS
+        ),
     )
 
 
@@ -453,7 +490,9 @@ def _profile(name: str, table: Any, path: str) -> Profile:
             raise ConfigError("must be true or false", path=path, key=f"{prefix}.stream")
         fields["stream"] = table["stream"]
     if "max_tokens" in table:
-        fields["max_tokens"] = _integer(table["max_tokens"], path, f"{prefix}.max_tokens")
+        fields["max_tokens"] = _integer(
+            table["max_tokens"], path, f"{prefix}.max_tokens", maximum=MAX_OUTPUT_TOKENS
+        )
     if "max_tokens_param" in table:
         param = table["max_tokens_param"]
         if param not in ("max_tokens", "max_completion_tokens"):
@@ -465,7 +504,12 @@ def _profile(name: str, table: Any, path: str) -> Profile:
         fields["max_tokens_param"] = param
     if "temperature" in table:
         temperature = _number(
-            table["temperature"], path, f"{prefix}.temperature", minimum=0, inclusive=True
+            table["temperature"],
+            path,
+            f"{prefix}.temperature",
+            minimum=0,
+            inclusive=True,
+            maximum=math.inf,  # the message below says the range
         )
         if temperature > 2:
             raise ConfigError("must be between 0 and 2", path=path, key=f"{prefix}.temperature")
@@ -498,7 +542,7 @@ def _prices(value: Any, path: str, key: str) -> Prices:
         if needed not in value:
             raise ConfigError(f"needs {needed} (per million tokens)", path=path, key=key)
     numbers = {
-        name: _number(item, path, f"{key}.{name}", minimum=0, inclusive=True)
+        name: _number(item, path, f"{key}.{name}", minimum=0, inclusive=True, maximum=MAX_PRICE)
         for name, item in value.items()
     }
     return Prices(numbers["input"], numbers["output"], numbers.get("cached_input"))
@@ -559,7 +603,9 @@ def _settings(table: Mapping[str, Any], provider: str, path: str, prefix: str) -
     if "stop" in table:
         fields["stop"] = _stop(table["stop"], path, f"{prefix}.stop")
     if "top_p" in table:
-        top_p = _number(table["top_p"], path, f"{prefix}.top_p", minimum=0, inclusive=False)
+        top_p = _number(
+            table["top_p"], path, f"{prefix}.top_p", minimum=0, inclusive=False, maximum=math.inf
+        )
         if top_p > 1:
             raise ConfigError("must be > 0 and <= 1", path=path, key=f"{prefix}.top_p")
         fields["top_p"] = top_p
@@ -706,13 +752,17 @@ def _retry(value: Any, path: str, key: str = "retry") -> RetryPolicy:
     return RetryPolicy(
         max_attempts=None
         if "max_attempts" not in value
-        else _integer(value["max_attempts"], path, f"{key}.max_attempts"),
+        else _integer(value["max_attempts"], path, f"{key}.max_attempts", maximum=MAX_ATTEMPTS),
         base=None
         if "base" not in value
-        else _number(value["base"], path, f"{key}.base", minimum=0, inclusive=True),
+        else _number(
+            value["base"], path, f"{key}.base", minimum=0, inclusive=True, maximum=MAX_RETRY_SECONDS
+        ),
         cap=None
         if "cap" not in value
-        else _number(value["cap"], path, f"{key}.cap", minimum=0, inclusive=True),
+        else _number(
+            value["cap"], path, f"{key}.cap", minimum=0, inclusive=True, maximum=MAX_RETRY_SECONDS
+        ),
     )
 
 
