@@ -72,6 +72,7 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
         "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import", "trace",
         "agents",
         "ui",
+        "trust",
     }  # fmt: skip
     for name, command in cli.commands.items():
         assert isinstance(command, click.Command), name

@@ -22,6 +22,7 @@ from fanfold.cli.run_commands import run, send
 from fanfold.cli.show_commands import list_conversations, show
 from fanfold.cli.signals import stop_signals
 from fanfold.cli.trace_command import trace_command
+from fanfold.cli.trust_command import trust_command
 from fanfold.cli.ui_command import ui_command
 
 __all__ = ["cli", "main"]
@@ -57,6 +58,7 @@ for _command in (
     trace_command,
     agents_command,
     ui_command,
+    trust_command,
 ):
     cli.add_command(_command)
 
