@@ -23,10 +23,10 @@ from bench.cpuclock import CpuClock
 from bench.workload import default_logging, fanfold_fanout, fanout_limits, fanout_script
 from fanfold import replay
 from fanfold.db import Store
-from fanfold.providers.scripted import ScriptedProvider
+from fanfold.providers.scripted import _ALARMS, ScriptedProvider
 from fanfold.runtime import Runtime
 from fanfold.runtime.logging import quiet_logger
-from fanfold.statemachine import Limits, LlmRequesting, canonical_json
+from fanfold.statemachine import Limits, canonical_json
 from fanfold.tools.registry import ToolSet
 
 # ------------------------------------------------------------------ CPU by component
@@ -294,11 +294,25 @@ def _rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _calls_asleep() -> int:
+    """How many scripted model calls are waiting out their latency in this Trio run.
+
+    Read from the scripted provider's alarm clock (private: this is a benchmark) rather
+    than by wrapping the provider, whose coroutine frame per call would be counted as
+    the children's heap."""
+    clock = _ALARMS.get()
+    return 0 if clock is None else sum(1 for entry in clock._heap if entry[2] is not None)
+
+
 def memory(n: int) -> dict[str, Any]:
     """Python heap (tracemalloc) and RSS per sub-agent while ``n`` children all wait on
     a model call (an hour of scripted latency), durable log on a file. The heap is
     measured in one run, RSS in an earlier one without tracemalloc (which adds its own).
-    RSS is only indicative: it moves in whole pages and with what the allocator kept."""
+    RSS is only indicative: it moves in whole pages and with what the allocator kept.
+
+    Measured once all ``n`` children's calls are asleep in the provider (not when their state
+    says a call is due: until the writer has committed their creation the calls have
+    not started, and the heap then holds the batch being written instead)."""
 
     async def measure(database: Path, traced: bool) -> tuple[int, int]:
         limits = fanout_limits(n)
@@ -312,19 +326,10 @@ def memory(n: int) -> dict[str, Any]:
             gc.collect()
             before = tracemalloc.get_traced_memory()[0] if traced else _rss()
             await runtime.start("fan out", limits=limits)
-            steps = -1
             with trio.fail_after(600):
-                # Until every child waits for its model and the log has stopped growing.
-                while True:
-                    waiting = sum(
-                        1
-                        for s in runtime.running()
-                        if s.parent_id is not None and isinstance(s.phase, LlmRequesting)
-                    )
-                    now = runtime.writer.statistics().steps
-                    if waiting == n and now == steps:
-                        break
-                    steps = now
+                # The root's own call has returned (it spawned them); every call
+                # asleep is a child's.
+                while _calls_asleep() < n:
                     await trio.sleep(0.05)
             gc.collect()
             after = tracemalloc.get_traced_memory()[0] if traced else _rss()

@@ -59,8 +59,9 @@ def test_a_signal_during_shutdown_neither_kills_nor_prints_a_traceback() -> None
 
 
 def test_the_group_is_built_explicitly_from_command_modules() -> None:
-    """Every command is added by fanfold/cli/__init__.py; no module registers itself on
-    the group by being imported (`@cli.command` in a module the group must import)."""
+    """Every command is named in fanfold/cli/__init__.py's table; no module registers
+    itself on the group by being imported (`@cli.command` in a module the group must
+    import), and each name leads to the command of that name in its own module."""
     from pathlib import Path
 
     import click
@@ -68,17 +69,44 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
     import fanfold.cli as package
     from fanfold.cli import cli
 
-    assert set(cli.commands) == {
+    context = click.Context(cli)
+    assert set(cli.list_commands(context)) == {
         "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import", "trace",
         "agents",
         "ui",
         "trust",
     }  # fmt: skip
-    for name, command in cli.commands.items():
+    for name in cli.list_commands(context):
+        command = cli.get_command(context, name)
         assert isinstance(command, click.Command), name
+        assert command.name == name
         assert command.callback is not None
         assert command.callback.__module__ != "fanfold.cli", name  # defined in its module
     for module in Path(package.__file__).parent.glob("*.py"):
         source = module.read_text(encoding="utf-8")
         assert "@cli.command" not in source, module.name
         assert "@cli.group" not in source, module.name
+
+
+def test_the_version_is_printed_without_importing_a_command() -> None:
+    """`fanfold --version` imports no command module, nor Trio, httpx, rich or the
+    reducer: the group imports a command's module only when it is looked up."""
+    code = (
+        "import sys\n"
+        "from fanfold.cli import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    heavy = sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "                   ('trio', 'httpx', 'rich', 'sqlite_utils', 'structlog')\n"
+        "                   or m.startswith(('fanfold.statemachine', 'fanfold.runtime',\n"
+        "                                    'fanfold.cli.run_commands', 'fanfold.db')))\n"
+        "    print('heavy:', heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    from fanfold import __version__
+
+    assert done.stdout.splitlines() == [f"fanfold, version {__version__}", "heavy: []"]

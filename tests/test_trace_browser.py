@@ -20,7 +20,15 @@ from typing import Any
 
 import pytest
 from db_scenarios import Driver, fan_out
-from trace_helpers import HOSTILE, MARKS_SCRIPT, diverge, fan_out_log, offline_example, run_script
+from trace_helpers import (
+    HOSTILE,
+    MARKS_SCRIPT,
+    UI_TOKEN,
+    diverge,
+    fan_out_log,
+    offline_example,
+    run_script,
+)
 
 from fanfold.db import Store
 from fanfold.trace import build_trace, render_html
@@ -241,7 +249,9 @@ def ui_server(db: Path) -> Iterator[str]:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            (bind,) = await nursery.start(serve, TraceServer(db, poll=0.05), "127.0.0.1", 0)
+            (bind,) = await nursery.start(
+                serve, TraceServer(db, token=UI_TOKEN, poll=0.05), "127.0.0.1", 0
+            )
             stop.extend([trio.lowlevel.current_trio_token(), nursery.cancel_scope])
             binds.put(bind)
 
@@ -264,8 +274,10 @@ def test_ui_pages_follow_a_running_tree(page: Any, tmp_path: Path) -> None:
     with Store.open(db) as store:
         store.append(steps[:half])
     with ui_server(db) as base:
-        page.goto(base + "/")
+        page.goto(f"{base}/?token={UI_TOKEN}")
         page.wait_for_selector("body[data-ready]")
+        assert page.url == base + "/"  # the token went into the cookie, out of the URL
+        assert page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
         link = page.locator("#trees a")
         assert link.inner_text() == "r"
         assert "running" in page.locator("#trees tr.tree").inner_text()
@@ -279,3 +291,22 @@ def test_ui_pages_follow_a_running_tree(page: Any, tmp_path: Path) -> None:
         assert page.locator("#rows .row").count() == 4
         screenshot(page, "ui-live")
         page.goto("about:blank")  # close the event stream before the server stops
+
+
+def test_ui_without_the_token_shows_a_refusal(browser: Any, tmp_path: Path) -> None:
+    """A browser that never opened the printed URL (another profile, another user) gets
+    the one-line refusal, and the token of another launch does not open the pages."""
+    db, _ = run_script(tmp_path, MARKS_SCRIPT)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        with ui_server(db) as base:
+            answer = page.goto(base + "/")
+            assert answer is not None and answer.status == 403
+            assert page.locator("body").inner_text().startswith("refused: open the URL")
+            answer = page.goto(base + "/?token=another-launch-0123456789")
+            assert answer is not None and answer.status == 403
+            assert context.cookies() == []
+            page.goto("about:blank")
+    finally:
+        context.close()

@@ -135,3 +135,13 @@ def diverge(db: Path, conversation_id: str, seq: int) -> None:
             ),
         ),
     )
+
+
+# The token of the `fanfold ui` servers the tests start (a real launch draws a new one).
+UI_TOKEN = "test-token-0123456789abcdef"
+
+
+def ui_cookie(base: str) -> dict[str, str]:
+    """The cookie that carries UI_TOKEN to the server at ``base`` (http://HOST:PORT),
+    as a browser holds it after opening the printed URL."""
+    return {f"fanfold-ui-{base.rsplit(':', 1)[1]}": UI_TOKEN}

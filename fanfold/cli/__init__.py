@@ -1,35 +1,66 @@
 """The ``fanfold`` command line: run, resume, list and show conversation trees.
 
 Each command lives in the module of its concern (``run_commands``, ``resume_command``,
-``show_commands``, ``replay_commands``); this module builds the group from them
-explicitly, so importing a command module registers nothing by side effect.
+``show_commands``, ``replay_commands``); this module names them in one table and the
+group imports a command's module only when that command is looked up, so that
+``fanfold --version`` (or a command that reads no log) does not pay for importing the
+runtime, the providers, the codec and the reducer. Importing a command module
+registers nothing by side effect.
 """
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 from typing import Any, NoReturn
 
 import click
 
+from fanfold import __version__
 from fanfold.cli import logs
-from fanfold.cli.agents_command import agents_command
-from fanfold.cli.output import err_console, lenient_output, quietly
-from fanfold.cli.replay_commands import export_command, fork_command, import_command, replay_command
-from fanfold.cli.resume_command import resume
-from fanfold.cli.run_commands import run, send
-from fanfold.cli.show_commands import list_conversations, show
-from fanfold.cli.signals import stop_signals
-from fanfold.cli.trace_command import trace_command
-from fanfold.cli.trust_command import trust_command
-from fanfold.cli.ui_command import ui_command
+from fanfold.cli.signal_set import stop_signals
 
-__all__ = ["cli", "main"]
+__all__ = ["COMMANDS", "cli", "main"]
+
+# name -> (module under fanfold.cli, attribute): the commands, in the order of --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run_commands", "run"),
+    "send": ("run_commands", "send"),
+    "resume": ("resume_command", "resume"),
+    "ls": ("show_commands", "list_conversations"),
+    "show": ("show_commands", "show"),
+    "replay": ("replay_commands", "replay_command"),
+    "fork": ("replay_commands", "fork_command"),
+    "export": ("replay_commands", "export_command"),
+    "import": ("replay_commands", "import_command"),
+    "trace": ("trace_command", "trace_command"),
+    "agents": ("agents_command", "agents_command"),
+    "ui": ("ui_command", "ui_command"),
+    "trust": ("trust_command", "trust_command"),
+}
 
 
-@click.group()
-@click.version_option(package_name="fanfold")
+class LazyGroup(click.Group):
+    """A group whose commands are imported from ``COMMANDS`` when first looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *(n for n in super().list_commands(ctx) if n not in COMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands or cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module_name, attribute = COMMANDS[cmd_name]
+        module = importlib.import_module(f"fanfold.cli.{module_name}")
+        command = getattr(module, attribute)
+        if not isinstance(command, click.Command) or command.name != cmd_name:
+            raise RuntimeError(f"fanfold.cli.COMMANDS[{cmd_name!r}] names {command!r}")
+        self.add_command(command)
+        return command
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(version=__version__, prog_name="fanfold")
 @click.option(
     "--log-level",
     type=click.Choice(list(logs.LOG_LEVELS), case_sensitive=False),
@@ -41,26 +72,10 @@ __all__ = ["cli", "main"]
 )
 def cli(log_level: str) -> None:
     """Run LLM-agent conversations that delegate to sub-agents, with a replayable log."""
+    from fanfold.cli.output import lenient_output
+
     logs.set_file_level(log_level)
     lenient_output()
-
-
-for _command in (
-    run,
-    send,
-    resume,
-    list_conversations,
-    show,
-    replay_command,
-    fork_command,
-    export_command,
-    import_command,
-    trace_command,
-    agents_command,
-    ui_command,
-    trust_command,
-):
-    cli.add_command(_command)
 
 
 def main() -> NoReturn:
@@ -78,6 +93,8 @@ def main() -> NoReturn:
         result = cli.main(standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except (KeyboardInterrupt, click.exceptions.Abort):
+        from fanfold.cli.output import err_console, quietly
+
         quietly(lambda: err_console.print("interrupted"))
         code = 130
     except click.ClickException as exc:

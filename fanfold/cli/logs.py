@@ -7,11 +7,6 @@ import os
 import stat
 from pathlib import Path
 
-from fanfold.cli.database import refuse_writing_over_the_log
-from fanfold.cli.errors import CliError
-from fanfold.regular_files import kind
-from fanfold.runtime.logging import configure
-
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 _file_log_level = logging.INFO  # the JSON log's level, set by the group's --log-level
 
@@ -27,6 +22,13 @@ def open_logs(path: Path, json_log: Path | None) -> None:
     ``--json-log`` may not name the database, its companions or the key file, nor a
     FIFO, socket or directory (appending to a FIFO would wait for a reader); a
     character device (``/dev/null``, ``/dev/stderr``) is fine."""
+    # Imported here: the group imports this module for LOG_LEVELS, and a command that
+    # writes no log (--version, ls, show) must not import the runtime for it.
+    from fanfold.cli.database import refuse_writing_over_the_log
+    from fanfold.cli.errors import CliError
+    from fanfold.regular_files import kind
+    from fanfold.runtime.logging import configure
+
     if json_log is not None:
         refuse_writing_over_the_log(json_log, path, "--json-log")
         try:

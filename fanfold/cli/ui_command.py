@@ -14,7 +14,18 @@ from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console
 from fanfold.cli.show_commands import _show_node, _trusted_config
 from fanfold.db import DatabaseError, Store
-from fanfold.trace.server import TraceServer, default_summaries, finite
+from fanfold.trace.server import (
+    BadToken,
+    TraceServer,
+    check_token,
+    default_summaries,
+    finite,
+    new_token,
+)
+
+# Addresses that listen on every interface: the machine's other addresses and names
+# reach the server too (the Host check accepts the address a connection arrived at).
+_WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 
 
 def tree_summaries(store: Store) -> list[dict[str, Any]]:
@@ -51,15 +62,25 @@ async def _stop_on_signal(scope: trio.CancelScope) -> None:
     type=click.FloatRange(0.05, 60),
     help="Seconds between looks at the database for live updates.",
 )
+@click.option(
+    "--token",
+    envvar="FANFOLD_UI_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="The secret every request must carry (16+ characters of A-Z a-z 0-9 . _ ~ -); "
+    "a fresh random one per launch by default. Prefer the variable: a command line is "
+    "visible to other users of the machine.",
+)
 @db_option
-def ui_command(host: str, port: int, poll: float, db: Path | None) -> None:
+def ui_command(host: str, port: int, poll: float, token: str | None, db: Path | None) -> None:
     """Serve the trace pages of every tree in the database, live, on this machine.
 
     Lists the trees (status, duration, agents, tokens, cost); each tree's page is the
     one `fanfold trace` writes, updated as a running tree goes on. Read-only. Listens
-    on 127.0.0.1 unless --host says otherwise: anyone who can reach the port can read
-    every prompt and reply of the database. Needs the `ui` extra
-    (`pip install 'fanfold[ui]'`).
+    on 127.0.0.1 unless --host says otherwise. Open the printed URL: it holds a token,
+    random per launch, without which every request is refused (the browser keeps it in
+    a cookie); requests naming another host or coming from another site are refused
+    too. Needs the `ui` extra (`pip install 'fanfold[ui]'`).
     """
     try:
         import hypercorn  # noqa: F401
@@ -67,22 +88,33 @@ def ui_command(host: str, port: int, poll: float, db: Path | None) -> None:
         raise CliError("fanfold ui needs the ui extra: pip install 'fanfold[ui]'") from None
     from fanfold.trace.server import serve
 
+    try:
+        secret = new_token() if token is None else check_token(token)
+    except BadToken as exc:
+        raise CliError(f"--token / FANFOLD_UI_TOKEN: {exc}") from None
     with user_errors(db):
         path = db_path(db)
         Store.open(path, read_only=True).close()  # a clear error now, not per request
-    app = TraceServer(path, summaries=tree_summaries, poll=poll)
+    app = TraceServer(path, token=secret, hosts=(host,), summaries=tree_summaries, poll=poll)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             binds = await nursery.start(serve, app, host, port)
+            # The only place the token is written: Hypercorn's access log is off.
             for bind in binds:
-                console.print(f"fanfold ui: {bind}/ (Ctrl-C to stop)", highlight=False)
-            if host not in ("127.0.0.1", "localhost", "::1"):
                 console.print(
-                    "warning: listening beyond this machine; every prompt and reply "
-                    "of the database is readable by whoever reaches the port",
+                    f"fanfold ui: {bind}/?token={secret} (Ctrl-C to stop)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                everywhere = " on every interface" if host in _WILDCARDS else ""
+                console.print(
+                    f"warning: listening beyond this machine{everywhere}, over plain HTTP: "
+                    "whoever sees the traffic sees the token and every page",
                     style="yellow",
+                    highlight=False,
                 )
 
     try:

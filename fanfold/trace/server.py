@@ -16,16 +16,28 @@ Routes (GET only):
 
 Every answer carries ``X-Content-Type-Options: nosniff``; ids from the URL are only
 ever looked up, never put in markup (pages embed them as escaped JSON data).
+
+Every request, on every route and before anything is looked up, passes three checks
+(DESIGN.md, "Security model"): its ``Host`` names this server (a loopback name, the
+address the connection arrived at, or the ``--host`` given; with the port it arrived
+on), so a page whose name was rebound to 127.0.0.1 is refused; it is not cross-site
+(``Sec-Fetch-Site`` and ``Origin``); and it carries the per-launch token, in the query
+(``?token=...``, the URL ``fanfold ui`` prints) or in the HttpOnly, SameSite=Strict
+cookie that a query token sets. A refusal is a 403 with one plain line.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import math
+import re
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote
 
 import trio
 
@@ -67,17 +79,72 @@ def default_summaries(store: Store) -> list[dict[str, Any]]:
     return rows
 
 
+# What a token may hold: it goes in a URL and a cookie as it is (token_urlsafe's
+# alphabet, and "." and "~"), and is long enough not to be guessed.
+_TOKEN_RE = re.compile(r"[A-Za-z0-9._~-]{16,256}")
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+class BadToken(ValueError):
+    """A token given by the user (``--token``, ``FANFOLD_UI_TOKEN``) that cannot be
+    used: too short, too long, or holding what a URL or a cookie cannot carry as is."""
+
+
+def new_token() -> str:
+    """A fresh per-launch token: 32 random bytes, URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def check_token(token: str) -> str:
+    """``token`` if it can serve as ``fanfold ui``'s token, else :class:`BadToken`."""
+    if not _TOKEN_RE.fullmatch(token):
+        raise BadToken("a fanfold ui token needs 16 to 256 characters among A-Z a-z 0-9 . _ ~ -")
+    return token
+
+
+def _host_name_and_port(host: str) -> tuple[str, int | None] | None:
+    """``host`` (a Host header or an Origin's authority) as its lower-case name (IPv6
+    without brackets) and port, or None if it is not one."""
+    match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::([0-9]{1,5}))?", host)
+    if match is None:
+        return None
+    name = match.group(1).lower().removeprefix("[").removesuffix("]")
+    return name, int(match.group(2)) if match.group(2) is not None else None
+
+
+def _address(name: str) -> str:
+    """An IP literal in its canonical text (``::0001`` is ``::1``); other names as given."""
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        return name
+
+
 def _json_bytes(data: Any) -> bytes:
     return json.dumps(data, ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 class TraceServer:
-    """The ASGI application of ``fanfold ui`` over the database at ``db``."""
+    """The ASGI application of ``fanfold ui`` over the database at ``db``.
+
+    ``token``: the secret every request must carry (``check_token``'s rules; a fresh
+    ``new_token()`` for each launch). ``hosts``: names besides the loopback ones and
+    the connection's own address that a ``Host`` header may give (the ``--host``
+    listened on).
+    """
 
     def __init__(
-        self, db: Path, *, summaries: Summaries = default_summaries, poll: float = 0.5
+        self,
+        db: Path,
+        *,
+        token: str,
+        hosts: tuple[str, ...] = (),
+        summaries: Summaries = default_summaries,
+        poll: float = 0.5,
     ) -> None:
         self.db = db
+        self.token = check_token(token)
+        self.hosts = frozenset(_address(h.lower().strip("[]")) for h in hosts)
         self.summaries = summaries
         self.poll = poll
 
@@ -114,16 +181,116 @@ class TraceServer:
                     return
         if scope["type"] != "http":
             return
+        refused = self._refusal(scope)
+        if refused is not None:
+            await self._plain(send, 403, refused)
+            return
         if scope["method"] not in ("GET", "HEAD"):
             await self._plain(send, 405, "only GET is served")
             return
         path = scope["path"]  # ASGI gives it percent-decoded
+        query = self._query_token(scope)
+        if query is not None:
+            # The token from the printed URL goes into the cookie. A page is sent again
+            # without it (303), so it stays out of the address bar and the history; the
+            # JSON and the event stream answer at once (a script need not follow).
+            cookie = self._cookie_header(scope)
+            if not (path.startswith("/api/") or path == "/events" or path.startswith("/events/")):
+                # One leading slash: "//host" would send the browser elsewhere.
+                await self._redirect(send, "/" + quote(path.lstrip("/")), cookie)
+                return
+            send = _with_header(send, cookie)
         try:
             await self._route(path, receive, send)
         except UnknownConversation as exc:
             await self._plain(send, 404, str(exc))
         except DatabaseError as exc:
             await self._plain(send, 500, str(exc))
+
+    # ------------------------------------------------------------------ access
+
+    def _refusal(self, scope: Scope) -> str | None:
+        """Why this request is refused (one line for a 403), or None: a ``Host`` that
+        is not this server's, a cross-site request, or no valid token."""
+        headers = _headers(scope)
+        server = scope.get("server")
+        port = server[1] if server else None
+        hosts = headers.get("host", [])
+        if len(hosts) != 1 or not self._our_host(hosts[0], scope):
+            return "refused: the Host header does not name this server"
+        # A browser says where a request comes from: "same-origin" for the pages' own
+        # fetches and event streams, "none" for an address typed or opened from the
+        # terminal. "same-site" is refused too: another server on localhost is that.
+        if any(s not in ("same-origin", "none") for s in headers.get("sec-fetch-site", [])):
+            return "refused: a cross-site request"
+        for origin in headers.get("origin", []):
+            scheme, _, authority = origin.partition("://")
+            if scheme != "http" or not self._our_host(authority, scope):
+                return "refused: a cross-site request"
+        given = self._query_token(scope) or self._cookie_token(headers, port)
+        if given is None or not hmac.compare_digest(
+            given.encode("utf-8", "replace"), self.token.encode()
+        ):
+            return "refused: open the URL with the token that fanfold ui printed"
+        return None
+
+    def _our_host(self, host: str, scope: Scope) -> bool:
+        parsed = _host_name_and_port(host)
+        if parsed is None:
+            return False
+        name, port = parsed
+        server = scope.get("server")
+        if server is None or (80 if port is None else port) != server[1]:
+            return False
+        # The loopback names, the address the connection arrived at (an IP literal
+        # cannot be rebound), and the --host given: never a name an outside page chose.
+        name = _address(name)
+        return name in _LOOPBACK_NAMES or name == _address(server[0]) or name in self.hosts
+
+    def _query_token(self, scope: Scope) -> str | None:
+        raw: bytes = scope.get("query_string", b"")
+        values = [v for k, v in parse_qsl(raw.decode("latin-1")) if k == "token"]
+        return values[-1] if values else None
+
+    def _cookie_name(self, port: int | None) -> str:
+        # Cookies ignore ports: two servers on one machine must not overwrite each
+        # other's token.
+        return f"fanfold-ui-{port or 0}"
+
+    def _cookie_token(self, headers: dict[str, list[str]], port: int | None) -> str | None:
+        name = self._cookie_name(port)
+        found = None
+        for header in headers.get("cookie", []):
+            for part in header.split(";"):
+                key, sep, value = part.strip().partition("=")
+                if sep and key == name:
+                    found = value
+        return found
+
+    def _cookie_header(self, scope: Scope) -> tuple[bytes, bytes]:
+        server = scope.get("server")
+        name = self._cookie_name(server[1] if server else None)
+        value = f"{name}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+        return b"set-cookie", value.encode()
+
+    async def _redirect(self, send: Send, location: str, cookie: tuple[bytes, bytes]) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [
+                    (b"location", location.encode("ascii")),
+                    (b"content-length", b"0"),
+                    (b"cache-control", b"no-store"),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                    cookie,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+    # ------------------------------------------------------------------ routes
 
     async def _route(self, path: str, receive: Receive, send: Send) -> None:
         if path == "/":
@@ -236,6 +403,25 @@ async def serve(
     config.graceful_timeout = 1.0
     asgi: Any = app  # Hypercorn's ASGI types are protocols of its own; the app fits them
     await hypercorn_serve(asgi, config, task_status=task_status)
+
+
+def _headers(scope: Scope) -> dict[str, list[str]]:
+    """The request's headers by lower-case name (ASGI gives them lower-cased)."""
+    found: dict[str, list[str]] = {}
+    for name, value in scope.get("headers", []):
+        found.setdefault(name.decode("latin-1"), []).append(value.decode("latin-1"))
+    return found
+
+
+def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
+    """``send`` adding ``header`` to the response's start."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), header]}
+        await send(message)
+
+    return sending
 
 
 def finite(value: float | None) -> float | None:
