@@ -43,7 +43,7 @@ async def run(tools: ToolSet, name: str, arguments_json: str = "{}") -> ToolResu
 
 def test_default_tool_set() -> None:
     tools = ToolSet.default()
-    assert tools.names == ("bash", "read_file", "write_file", "edit_file", "think")
+    assert tools.names == ("bash", "read_file", "write_file", "edit_file", "think", "grep", "glob")
     assert tuple(s.name for s in tools.specs()) == tools.names
     assert "bash" in tools
     assert "spawn_agents" not in tools
@@ -82,7 +82,8 @@ async def test_unknown_tool_is_an_error_result() -> None:
     assert result == ToolResult(
         "id-1",
         "python",
-        "unknown tool 'python'. Available tools: bash, read_file, write_file, edit_file, think",
+        "unknown tool 'python'. Available tools: bash, read_file, write_file, edit_file, think, "
+        "grep, glob",
         is_error=True,
     )
 
@@ -154,3 +155,23 @@ async def test_successful_result_carries_call_id_and_name(tmp_path: Path) -> Non
     tools = ToolSet.default()
     result = await tools.run(ToolCall.of("abc", "think", {"thought": "hmm"}), str(tmp_path))
     assert result == ToolResult("abc", "think", "ok", is_error=False)
+
+
+@attrs.frozen
+class Flood:
+    """A tool of a program's own that does not cap its output."""
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec.from_schema("flood", "floods", {"type": "object", "properties": {}})
+
+    async def run(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
+        return ToolOutput.ok("a" * 60_000 + "b" * 600_000)
+
+
+async def test_every_tools_output_is_capped_by_the_tool_set() -> None:
+    result = await run(ToolSet([Flood()]), "flood")
+    assert len(result.content) < 100_300
+    assert result.content.startswith("a" * 50_000)
+    assert result.content.endswith("b" * 50_000)
+    assert "560000 characters omitted" in result.content

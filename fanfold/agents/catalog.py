@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import attrs
@@ -61,9 +61,15 @@ def load_agents(
     environ: Mapping[str, str] | None = None,
     *,
     folders: list[Path] | None = None,
+    model_aliases: Mapping[str, str] | None = None,
+    tools: Iterable[str] = (),
 ) -> AgentCatalog:
     """The built-ins and every definition in ``folders`` (default: ``agent_folders``
-    of ``project``), later ones overriding earlier ones of the same name."""
+    of ``project``), later ones overriding earlier ones of the same name.
+    ``model_aliases``: the configuration's ``[model_aliases]`` (see
+    ``parse_definition``); ``tools``: the names of the runtime's tools beside
+    fanfold's (``ToolSet.names``), which rules may name."""
+    tools = tuple(tools)
     problems: list[AgentProblem] = []
     effective: dict[str, AgentDefinition] = {}
     overridden: list[AgentDefinition] = []
@@ -81,7 +87,7 @@ def load_agents(
             continue
         seen.add(key)
         in_folder: dict[str, str] = {}
-        for definition, path in _read_folder(folder, problems):
+        for definition, path in _read_folder(folder, problems, model_aliases, tools):
             first = in_folder.get(definition.name)
             if first is not None:
                 problems.append(
@@ -113,7 +119,12 @@ def _identity(folder: Path) -> str:
         return str(folder)
 
 
-def _read_folder(folder: Path, problems: list[AgentProblem]) -> list[tuple[AgentDefinition, str]]:
+def _read_folder(
+    folder: Path,
+    problems: list[AgentProblem],
+    model_aliases: Mapping[str, str] | None = None,
+    tools: Iterable[str] = (),
+) -> list[tuple[AgentDefinition, str]]:
     try:
         if not folder.is_dir():
             return []
@@ -131,14 +142,48 @@ def _read_folder(folder: Path, problems: list[AgentProblem]) -> list[tuple[Agent
                 )
             )
             continue
+        target = _linked_outside(folder, path)
+        if target is not None:
+            problems.append(
+                AgentProblem(
+                    str(path),
+                    0,
+                    f"a symbolic link to {target}, outside this folder; ignored",
+                    warning=True,
+                )
+            )
+            continue
         text = _read(path, problems)
         if text is None:
             continue
-        definition, file_problems = parse_definition(text, str(path))
+        definition, file_problems = parse_definition(
+            text, str(path), model_aliases=model_aliases, tools=tools
+        )
         problems += file_problems
         if definition is not None:
             found.append((definition, str(path)))
     return found
+
+
+def _linked_outside(folder: Path, path: Path) -> str | None:
+    """Where ``path`` leads, if it is a symbolic link to something outside ``folder``
+    (both resolved: the folder may itself be a link, as dotfiles often make
+    ``~/.claude/agents``); None for a plain file or a link that stays inside.
+
+    A cloned repository's ``.claude/agents/x.md -> ~/.ssh/id_ed25519`` would otherwise
+    be read as an agent's prompt and sent to the model: a definition is the folder's
+    own text, never a file elsewhere on the machine.
+    """
+    try:
+        if not path.is_symlink():
+            return None
+        base = os.path.realpath(folder)
+        target = os.path.realpath(path)
+    except (OSError, ValueError):
+        return str(path)
+    if os.path.commonpath([base, target]) == base:
+        return None
+    return target
 
 
 def _read(path: Path, problems: list[AgentProblem]) -> str | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NewType
 
 import attrs
@@ -46,11 +46,24 @@ from fanfold.statemachine.permissions import (
     parse_rule,
 )
 
-KNOWN_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file", "think"})
+KNOWN_TOOLS = frozenset(
+    {"bash", "read_file", "write_file", "edit_file", "think", "grep", "glob", "web_fetch"}
+)
 """The ordinary tools fanfold has (a rule naming another tool matches nothing)."""
+
+DELEGATION_TOOLS = frozenset({"Task", "Agent", "spawn_agents"})
+"""Names of delegation in a ``tools`` list (Claude Code's ``Task``, later ``Agent``):
+read as ``may_delegate`` (true in ``tools``, false in ``disallowed_tools``)."""
+
+CLAUDE_MODEL_ALIASES = frozenset({"sonnet", "opus", "haiku"})
+"""Claude Code's model aliases: an agent file naming one is refused unless the
+configuration's ``[model_aliases]`` table maps it (no server knows them as they are)."""
 
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
+
+MAX_NAME_CHARS = 64
+"""The longest agent name: ASCII letters, digits, '-', '_', '.', a letter or digit first."""
 
 _ALIASES = {
     "disallowedTools": "disallowed_tools",
@@ -206,10 +219,17 @@ def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[
 
 
 def parse_definition(
-    text: str, path: str
+    text: str,
+    path: str,
+    *,
+    model_aliases: Mapping[str, str] | None = None,
+    tools: Iterable[str] = (),
 ) -> tuple[AgentDefinition | None, tuple[AgentProblem, ...]]:
     """Read one definition file's ``text``: the definition (None if it is invalid)
-    and its problems and warnings."""
+    and its problems and warnings. ``model_aliases`` (the configuration's
+    ``[model_aliases]``, keys in lower case) says what a ``model`` name stands for;
+    ``tools`` names the tools the runtime has beside fanfold's (Python function
+    tools), which rules may name too."""
     split = _split_front_matter(text)
     if isinstance(split, str):
         return None, (AgentProblem(path, 1, split),)
@@ -275,7 +295,8 @@ def parse_definition(
             raw = next((k for k in data if _ALIASES.get(str(k), str(k)) == name), name)
             problems.append(AgentProblem(path, lines.get(str(raw), first), f"{raw}: {message}"))
         return None, tuple(sorted(problems, key=lambda p: p.line))
-    definition, more = _definition(matter, body, path, lines, first)
+    known = KNOWN_TOOLS | frozenset(tools)
+    definition, more = _definition(matter, body, path, lines, first, model_aliases or {}, known)
     problems += more
     return definition, tuple(problems)
 
@@ -314,7 +335,13 @@ def _leaves(exc: BaseException) -> list[tuple[str, str]]:
 
 
 def _definition(
-    matter: FrontMatter, body: str, path: str, lines: dict[str, int], first: int
+    matter: FrontMatter,
+    body: str,
+    path: str,
+    lines: dict[str, int],
+    first: int,
+    model_aliases: Mapping[str, str],
+    known: frozenset[str] = KNOWN_TOOLS,
 ) -> tuple[AgentDefinition | None, list[AgentProblem]]:
     problems: list[AgentProblem] = []
 
@@ -324,10 +351,34 @@ def _definition(
                 return line
         return first
 
+    matter = _delegation(matter, path, at, {_ALIASES.get(k, k) for k in lines}, problems)
+    model = matter.model.strip() if matter.model else None
+    if model is not None and model.lower() in model_aliases:
+        model = model_aliases[model.lower()]
+    elif model is not None and model.lower() in CLAUDE_MODEL_ALIASES:
+        problems.append(
+            AgentProblem(
+                path,
+                at("model"),
+                f"model {model!r} is a Claude Code alias: map it to a profile or model in "
+                f'the configuration\'s [model_aliases] table ({model.lower()} = "...")',
+            )
+        )
+
     name = matter.name.strip()
     if not name or not all(c.isalnum() or c in "-_." for c in name) or not name.isascii():
         problems.append(
             AgentProblem(path, at("name"), f"name {name!r}: use letters, digits, '-', '_', '.'")
+        )
+    elif not name[0].isalnum() or len(name) > MAX_NAME_CHARS:
+        # `..`, `.x`, `-rf`: a name is shown, logged and offered in a schema like an
+        # identifier, and must never read as a path or an option.
+        problems.append(
+            AgentProblem(
+                path,
+                at("name"),
+                f"name {name!r}: start with a letter or digit; at most {MAX_NAME_CHARS} characters",
+            )
         )
     if not matter.description.strip():
         problems.append(AgentProblem(path, at("description"), "description is empty"))
@@ -341,9 +392,9 @@ def _definition(
         )
     allow = None
     if matter.tools is not None:
-        allow = _rules(matter.tools, "tools", at("tools"), path, problems)
+        allow = _rules(matter.tools, "tools", at("tools"), path, problems, known)
     deny = _rules(
-        matter.disallowed_tools, "disallowed_tools", at("disallowed_tools"), path, problems
+        matter.disallowed_tools, "disallowed_tools", at("disallowed_tools"), path, problems, known
     )
     if any(rule.tool == READ_ONLY for rule in deny):
         problems.append(
@@ -370,7 +421,7 @@ def _definition(
             prompt_mode=matter.prompt_mode,
             allow=allow,
             deny=deny,
-            model=matter.model.strip() if matter.model else None,
+            model=model,
             max_rounds=matter.max_rounds,
             max_tokens=matter.max_tokens,
             timeout=matter.timeout,
@@ -382,8 +433,53 @@ def _definition(
     )
 
 
+def _delegation(
+    matter: FrontMatter,
+    path: str,
+    at: Callable[[str], int],
+    given: set[str],
+    problems: list[AgentProblem],
+) -> FrontMatter:
+    """``Task`` (``Agent``, ``spawn_agents``) taken out of the tool lists and read as
+    ``may_delegate``: true in ``tools``, false in ``disallowed_tools``."""
+    allowed = matter.tools is not None and any(t.strip() in DELEGATION_TOOLS for t in matter.tools)
+    denied = any(t.strip() in DELEGATION_TOOLS for t in matter.disallowed_tools)
+    if not allowed and not denied:
+        return matter
+    tools = (
+        None
+        if matter.tools is None
+        else Names(tuple(t for t in matter.tools if t.strip() not in DELEGATION_TOOLS))
+    )
+    disallowed = Names(
+        tuple(t for t in matter.disallowed_tools if t.strip() not in DELEGATION_TOOLS)
+    )
+    may_delegate = matter.may_delegate
+    if allowed and denied:
+        problems.append(
+            AgentProblem(path, at("disallowed_tools"), "Task is in both tools and disallowed_tools")
+        )
+    elif "may_delegate" in given and matter.may_delegate != allowed:
+        where = "tools" if allowed else "disallowed_tools"
+        problems.append(
+            AgentProblem(
+                path,
+                at("may_delegate"),
+                f"may_delegate: {str(matter.may_delegate).lower()} contradicts Task in {where}",
+            )
+        )
+    else:
+        may_delegate = allowed
+    return attrs.evolve(matter, tools=tools, disallowed_tools=disallowed, may_delegate=may_delegate)
+
+
 def _rules(
-    texts: tuple[str, ...], key: str, line: int, path: str, problems: list[AgentProblem]
+    texts: tuple[str, ...],
+    key: str,
+    line: int,
+    path: str,
+    problems: list[AgentProblem],
+    known: frozenset[str] = KNOWN_TOOLS,
 ) -> tuple[Rule, ...]:
     rules: list[Rule] = []
     for text in texts:
@@ -391,13 +487,13 @@ def _rules(
         if isinstance(rule, str):
             problems.append(AgentProblem(path, line, f"{key}: {rule}"))
             continue
-        if rule.tool != READ_ONLY and rule.tool not in KNOWN_TOOLS:
+        if rule.tool != READ_ONLY and rule.tool not in known:
             problems.append(
                 AgentProblem(
                     path,
                     line,
                     f"{key}: fanfold has no tool {text!r}; it is ignored "
-                    f"(tools: {', '.join(sorted(KNOWN_TOOLS))}, read-only)",
+                    f"(tools: {', '.join(sorted(known))}, read-only, Task)",
                     warning=True,
                 )
             )

@@ -22,12 +22,14 @@ from fanfold.cli.models import (
 )
 from fanfold.cli.output import console, err_console, hint, quietly, say
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
+from fanfold.cli.turns import print_outcome
 from fanfold.db import Store
 from fanfold.db.provenance import UserKey
 from fanfold.providers.config import ConfigError
 from fanfold.providers.description import DescriptionError, ProviderDescription
 from fanfold.providers.scripted import ScriptError
 from fanfold.runtime import Runtime, SkippedTree, resume_plan
+from fanfold.statemachine import Conversation, Error
 from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import EnvPolicy
 
@@ -97,6 +99,20 @@ def _say_skipped(skipped: SkippedTree) -> None:
     )
 
 
+def _print_answers(finished: dict[str, Conversation], path: Path) -> None:
+    """Each resumed tree's outcome as ``run`` prints it: its answer, or its error."""
+
+    def show() -> None:
+        for root, state in finished.items():
+            if len(finished) > 1 or isinstance(state.phase, Error):
+                console.print(Text(f"tree {printable(root)}:", style="bold"), highlight=False)
+            print_outcome(root, state, title=f"answer of {printable(root)}")
+            shown = printable(root)
+            hint(f"inspect it with: fanfold show {shown} --db {path}", to=console, style="dim")
+
+    quietly(show)
+
+
 async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice | None) -> int:
     """Resume and wait for every unfinished tree.
 
@@ -145,6 +161,10 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
         # A variable passes only if every configuration resumed here lets it pass.
         frozenset.intersection(*(c.env_policy.pass_env for c in used)) if used else frozenset(),
     )
+    # A domain is fetched from only if every configuration resumed here allows it.
+    web_domains = (
+        tuple(sorted(set.intersection(*(set(c.web_domains) for c in used)))) if used else ()
+    )
     try:
         # Open until the runtime has shut down: a second signal during the shutdown
         # waits (and is delivered after it) instead of killing the process before its
@@ -153,7 +173,7 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
             async with Runtime.open(
                 path,
                 override.provider if override is not None else per_tree,
-                ToolSet.default(env_policy=policy),
+                ToolSet.default(env_policy=policy, web_domains=web_domains),
                 redact=policy.redactor(os.environ),
                 observer=view.observe,
                 key=key,
@@ -181,8 +201,10 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
                     for root in roots:
                         await runtime.wait(root)
                     nursery.cancel_scope.cancel()
+                finished = {root: runtime.state(root) for root in roots}
             if stopped is None:
                 say(view.render(), to=console)
+                _print_answers(finished, path)
     finally:
         for choice in used:
             await choice.aclose()

@@ -5,11 +5,19 @@ from coding agents:
 
 - ``bash``, ``write_file``: every call of that tool;
 - ``bash(git diff*)``: a ``bash`` call whose command matches the pattern (``*``
-  matches anything; Claude Code's ``bash(git diff:*)`` is read as ``git diff*``);
+  matches any text, but in an allow rule a ``*`` right after a letter, digit or ``_``
+  ends the word: ``git diff*`` matches ``git diff`` and ``git diff HEAD``, not ``git
+  difftool``; Claude Code's ``bash(git diff:*)`` is read as ``git diff*``);
 - ``write_file(src/**)``: a file tool (``read_file``, ``write_file``, ``edit_file``)
   whose ``path`` matches the glob (``**`` any number of directories, ``*`` and ``?``
   within one name), the path taken relative to the working directory of the agent
   the rule was given to;
+- ``web_fetch(domain:docs.python.org)``: a ``web_fetch`` call whose ``url`` has that
+  host (``domain:*.python.org``: any host below ``python.org``); Claude Code's
+  ``WebFetch(domain:...)``. A URL that is not plain (not http or https, with a user
+  name, a backslash, a space, a ``%`` or a non-ASCII character in it) matches no
+  allow rule and every deny rule. The tool itself checks the same rules (its own
+  list, which the configuration gives) and the address the host resolves to;
 - ``read-only``: every reading tool (``READING_TOOLS``), as an allow rule.
 
 A ``RuleSet`` is one layer: allow rules (None: every tool) and deny rules; a call
@@ -23,21 +31,24 @@ depth: its layers include all of its parent's.
 A bash *allow* pattern matches a simple command only: a command holding a shell
 control character (``;``, ``&``, ``|``, a backtick, ``$(``, ``<``, ``>``, a newline)
 matches no pattern, so ``bash(git diff*)`` does not allow ``git diff; rm -rf x``. A
-deny pattern is checked against every part of the command between such characters
-as well as the whole; this is best effort (a shell has many ways to hide a command),
-which is why allow lists, not deny lists, are what confines an agent.
+command an allow pattern matches must also pass ``confined.command_problem``: no
+expansion, no environment prefix, and for git no option, subcommand or alias that
+starts another program. A deny pattern is checked against every part of the command
+between such characters as well as the whole; this is best effort (a shell has many
+ways to hide a command), which is why allow lists, not deny lists, confine an agent.
 """
 
 from __future__ import annotations
 
 import attrs
 
+from fanfold.statemachine.confined import command_problem
 from fanfold.statemachine.messages import ToolCall
 
 READ_ONLY = "read-only"
 """The allow rule that stands for every reading tool."""
 
-READING_TOOLS = frozenset({"read_file", "think"})
+READING_TOOLS = frozenset({"read_file", "think", "grep", "glob"})
 """The tools that change nothing: what ``read-only`` allows."""
 
 PATH_TOOLS = frozenset({"read_file", "write_file", "edit_file"})
@@ -46,12 +57,20 @@ PATH_TOOLS = frozenset({"read_file", "write_file", "edit_file"})
 COMMAND_TOOLS = frozenset({"bash"})
 """Tools whose rules take a pattern on their ``command`` argument."""
 
+URL_TOOLS = frozenset({"web_fetch"})
+"""Tools whose rules take ``domain:HOST`` on their ``url`` argument."""
+
+DOMAIN = "domain:"
+
 CLAUDE_TOOL_NAMES = {
     "Bash": "bash",
     "Read": "read_file",
     "Write": "write_file",
     "Edit": "edit_file",
     "MultiEdit": "edit_file",
+    "Grep": "grep",
+    "Glob": "glob",
+    "WebFetch": "web_fetch",
 }
 """Claude Code's names of the tools fanfold has, so that its agent files work as is."""
 
@@ -96,12 +115,73 @@ def parse_rule(text: object) -> Rule | str:
     if not name or not all(c.isalnum() or c in "_-." for c in name) or not name.isascii():
         return f"rule {text!r}: {name!r} is not a tool name"
     name = CLAUDE_TOOL_NAMES.get(name, name)
+    if pattern is not None and name in URL_TOOLS:
+        problem = domain_problem(pattern)
+        if problem is not None:
+            return f"rule {text!r}: {problem}"
+        return Rule(name, DOMAIN + pattern[len(DOMAIN) :].strip().lower().rstrip("."))
     if pattern is not None and name not in PATH_TOOLS | COMMAND_TOOLS:
         return (
-            f"rule {text!r}: only bash (a command) and read_file, write_file, edit_file "
-            "(a path) take a pattern"
+            f"rule {text!r}: only bash (a command), read_file, write_file, edit_file "
+            "(a path) and web_fetch (domain:HOST) take a pattern"
         )
     return Rule(name, pattern)
+
+
+def domain_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is not ``domain:HOST`` (``domain:*.HOST``); None if it is."""
+    if not pattern.startswith(DOMAIN):
+        return "web_fetch takes domain:HOST, like web_fetch(domain:docs.python.org)"
+    host = pattern[len(DOMAIN) :].strip().lower().rstrip(".")
+    name = host[2:] if host.startswith("*.") else host
+    if not name or not _plain_host(name) or "*" in name:
+        return f"{host!r} is not a host name (a wildcard only as '*.' at the start)"
+    return None
+
+
+def _plain_host(host: str) -> bool:
+    return host.isascii() and all(c.isalnum() or c in "-.:" for c in host)
+
+
+def url_host(url: str) -> str | None:
+    """The host of a plain http(s) URL, lowercased, without a trailing dot; None for
+    anything else (another scheme, a user name, a backslash, a space, a control
+    character or a non-ASCII character anywhere in it, a ``%`` escape in its host): so this
+    reading and an HTTP client's cannot disagree about which host a URL names."""
+    if not url.isascii() or any(c.isspace() or ord(c) < 32 or c == "\\" for c in url):
+        return None
+    lower = url.lower()
+    for scheme in ("https://", "http://"):
+        if lower.startswith(scheme):
+            rest = lower[len(scheme) :]
+            break
+    else:
+        return None
+    authority = rest
+    for separator in "/?#":
+        authority = authority.split(separator, 1)[0]
+    if "@" in authority or "%" in authority:
+        return None
+    if authority.startswith("["):
+        end = authority.find("]")
+        host, port = (authority[1:end], authority[end + 1 :]) if end > 0 else ("", "")
+        if port and not (port.startswith(":") and port[1:].isdigit()):
+            return None
+    else:
+        host, _, port = authority.partition(":")
+        if (port and not port.isdigit()) or ":" in port:
+            return None
+    host = host.rstrip(".")
+    return host if host and _plain_host(host) else None
+
+
+def domain_matches(pattern: str, host: str) -> bool:
+    """Whether ``domain:HOST`` (``pattern``) names ``host``: exactly, or for
+    ``domain:*.example.com`` any host below ``example.com`` (not itself)."""
+    name = pattern[len(DOMAIN) :] if pattern.startswith(DOMAIN) else pattern
+    if name.startswith("*."):
+        return host.endswith(name[1:]) and len(host) > len(name) - 1
+    return host == name
 
 
 @attrs.frozen
@@ -169,8 +249,42 @@ def refusal(permissions: Permissions | None, call: ToolCall, cwd: str) -> str | 
         if layer.allow is not None and not any(
             _matches(rule, call, cwd, layer.base, deny=False) for rule in layer.allow
         ):
+            problem = _confined_problem(layer.allow, call)
+            if problem is not None:
+                return f"refused: {problem} (a command allowed by a pattern{whose})"
             allowed = ", ".join(str(r) for r in layer.allow) or "nothing"
             return f"refused: no allow rule{whose} matches this call (allowed: {allowed})"
+    return None
+
+
+def confines_commands(permissions: Permissions | None) -> bool:
+    """Whether this conversation's bash commands run only through allow patterns: some
+    layer allows ``bash`` by patterns alone. The bash tool then switches off what git's
+    own configuration could run (``fanfold/tools/git_guard.py``), since a pattern cannot
+    see it."""
+    if permissions is None:
+        return False
+    return any(
+        layer.allow is not None
+        and not any(rule.pattern is None and _names(rule, "bash") for rule in layer.allow)
+        for layer in permissions.layers
+    )
+
+
+def _confined_problem(allow: tuple[Rule, ...], call: ToolCall) -> str | None:
+    """Why a bash call that an allow pattern matches as text is still refused."""
+    if call.name not in COMMAND_TOOLS:
+        return None
+    command = _argument(call, "command")
+    if command is None:
+        return None
+    for rule in allow:
+        if (
+            _names(rule, call.name)
+            and rule.pattern is not None
+            and command_matches(rule.pattern, command, any_part=False)
+        ):
+            return command_problem(command)
     return None
 
 
@@ -201,7 +315,20 @@ def _matches(rule: Rule, call: ToolCall, cwd: str, base: str, *, deny: bool) -> 
         command = _argument(call, "command")
         if command is None:
             return False
-        return command_matches(rule.pattern, command, any_part=deny)
+        if deny:
+            return command_matches(rule.pattern, command, any_part=True)
+        # An allow pattern sees the text; what the words would start is checked too.
+        return (
+            command_matches(rule.pattern, command, any_part=False)
+            and command_problem(command) is None
+        )
+    if call.name in URL_TOOLS:
+        url = _argument(call, "url")
+        host = None if url is None else url_host(url)
+        if host is None:
+            # Not a plain URL: no allow rule vouches for it, every deny rule takes it.
+            return deny
+        return domain_matches(rule.pattern, host)
     path = _argument(call, "path")
     if path is None:
         return False
@@ -217,7 +344,7 @@ def command_matches(pattern: str, command: str, *, any_part: bool) -> bool:
     command = command.strip()
     simple = not any(c in command for c in _SHELL_CONTROL)
     if not any_part:
-        return simple and glob_match(pattern, command, slash_special=False)
+        return simple and glob_match(pattern, command, slash_special=False, word_boundary=True)
     if glob_match(pattern, command, slash_special=False):
         return True
     parts = [command]
@@ -277,13 +404,23 @@ def path_matches(pattern: str, path: str, cwd: str, base: str) -> bool:
     return glob_match(normalise(pattern), relative, slash_special=True)
 
 
-def glob_match(pattern: str, text: str, *, slash_special: bool) -> bool:
+def glob_match(
+    pattern: str, text: str, *, slash_special: bool, word_boundary: bool = False
+) -> bool:
     """Glob matching without ``re`` (the pure core's import rule).
 
     ``slash_special`` (paths): ``*`` and ``?`` stay within one name, ``**`` spans
     directories and ``**/`` may match nothing. Otherwise ``*`` matches any text.
+
+    ``word_boundary`` (bash allow patterns): a ``*`` right after a letter, digit or
+    ``_`` matches nothing or text that starts with a space or a tab, so ``git diff*``
+    matches ``git diff`` and ``git diff HEAD`` but not ``git difftool``, ``git diffx``
+    or ``git diff-tree``; a pattern ending in such a word, a space and ``*`` (``git
+    diff *``) is read the same way, so it matches the bare ``git diff`` too.
     """
-    tokens = _tokens(pattern, slash_special=slash_special)
+    if word_boundary and pattern.endswith(" *") and _is_word(pattern.rstrip(" *")[-1:]):
+        pattern = pattern.rstrip(" *") + "*"
+    tokens = _tokens(pattern, slash_special=slash_special, word_boundary=word_boundary)
     # positions[i] is True when tokens[:k] can match text[:i] (k the tokens so far).
     states = {0}
     for token in tokens:
@@ -296,13 +433,21 @@ def glob_match(pattern: str, text: str, *, slash_special: bool) -> bool:
     return len(text) in states
 
 
-def _tokens(pattern: str, *, slash_special: bool) -> list[str]:
+def _is_word(char: str) -> bool:
+    return len(char) == 1 and (char.isalnum() or char == "_")
+
+
+def _tokens(pattern: str, *, slash_special: bool, word_boundary: bool = False) -> list[str]:
     tokens: list[str] = []
     i = 0
     while i < len(pattern):
         if pattern.startswith("**/", i) and slash_special:
             tokens.append("**/")
             i += 3
+        elif word_boundary and pattern[i] == "*" and i > 0 and _is_word(pattern[i - 1]):
+            # "*b": the end of a word; "git diff*" may not reach into "git difftool".
+            tokens.append("*b")
+            i += 2 if pattern.startswith("**", i) else 1
         elif pattern.startswith("**", i):
             tokens.append("**" if slash_special else "*")
             i += 2
@@ -328,6 +473,10 @@ def _advance(token: str, text: str, start: int) -> set[int]:
         return {start + 1} if start < n and text[start] != "/" else set()
     if token == "**":
         return set(range(start, n + 1))
+    if token == "*b":
+        if start < n and text[start] in " \t":
+            return set(range(start, n + 1))
+        return {start}
     if token == "*":
         end = start
         out = {start}

@@ -10,11 +10,17 @@ running (a missing file, a path outside the working directory) by raising
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
 from fanfold.statemachine import ToolSpec
+
+
+def valid_tool_name(name: str) -> bool:
+    """Whether ``name`` is a name providers accept for a tool: 1-64 ASCII letters,
+    digits, ``_`` or ``-`` (Anthropic's and OpenAI's rule)."""
+    return 0 < len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
 
 
 class ToolInputError(Exception):
@@ -48,7 +54,13 @@ class ToolOutput:
 
 
 class Tool(Protocol):
-    """One ordinary tool. ``args`` already conform to ``spec``'s input schema."""
+    """One ordinary tool. ``args`` already conform to ``spec``'s input schema.
+
+    A tool may also have boolean ``read_only`` (it changes nothing) and ``idempotent``
+    (a second call with the same arguments is harmless) attributes: its own claims,
+    which ``ToolSet.read_only``/``ToolSet.idempotent`` read (absent: false). Python
+    functions become tools with ``fanfold.tool``.
+    """
 
     @property
     def spec(self) -> ToolSpec:
@@ -57,4 +69,14 @@ class Tool(Protocol):
 
     async def run(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
         """Run with validated ``args`` in the conversation's working directory ``cwd``."""
+        ...
+
+
+@runtime_checkable
+class Confinable(Protocol):
+    """A tool with a form for agents confined to allow patterns (the bash tool: git
+    runs with what the repository's configuration could start switched off)."""
+
+    def confined(self) -> Tool:
+        """This tool as a confined agent runs it."""
         ...
