@@ -1888,7 +1888,14 @@ def check_start(
         _fail("identity", "id differs", state)
     if isinstance(created, ConversationForked):
         source = created.state
-        same = attrs.evolve(source, id=state.id, root_id=state.id, written_off=())
+        # A root at rest becomes a tree of its own; any other conversation is forked
+        # with its tree, its state already under the fork's ids (see DESIGN, "Time
+        # travel"), and starts exactly as it was.
+        same = (
+            attrs.evolve(source, id=state.id, root_id=state.id, written_off=())
+            if source.parent_id is None and isinstance(source.phase, Idle | Error)
+            else source
+        )
         if state != same or effects != ():
             _fail("a fork starts where its source was", f"effects {effects}", state)
         return

@@ -236,21 +236,36 @@ def _show_steps(
 @click.option(
     "--at", "at_seq", type=click.IntRange(min=0), required=True, help="Fork after event SEQ."
 )
+@click.option(
+    "--agent",
+    "path",
+    default=None,
+    help="The conversation of the tree whose step SEQ is meant: root, root/1, 1/2 or an "
+    "id (default: CONVERSATION_ID).",
+)
 @click.option("--id", "new_id", default=None, help="Id of the fork (default: a fresh one).")
 @db_option
-def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path | None) -> None:
-    """Create a new conversation starting from CONVERSATION_ID's state at --at SEQ.
+def fork_command(
+    conversation_id: str, at_seq: int, path: str | None, new_id: str | None, db: Path | None
+) -> None:
+    """Fork CONVERSATION_ID's tree after step --at SEQ of one of its conversations.
 
-    Prints the new id. The source is untouched; continue the fork with
-    `fanfold send NEW_ID "message"`.
+    A root at rest there is forked alone: continue it with `fanfold send NEW_ID
+    "message"`. Any other step (a sub-agent's, or one with work in flight) forks the
+    whole tree as it was at that moment; continue it with `fanfold resume NEW_ID`.
+    Prints the new root's id. The source is untouched.
     """
+    from fanfold.replay.transcript import agent_id
+
     with _errors(), open_store(db) as store:
         key = UserKey.load()
-        source_root = store.conversation(conversation_id).root_id
+        target = agent_id(store, conversation_id, path)
+        source_root = store.conversation(target).root_id
         foreign = refusal(store.tree_record(source_root), key, store.instance_id, source_root)
-        forked = replay.fork(store, conversation_id, at_seq, new_id=new_id, key=key)
+        forked = replay.fork(store, target, at_seq, new_id=new_id, key=key)
         cwd = store.load_state(forked).cwd
-        path = store.path
+        whole_tree = len(store.tree(forked)) > 1 or not store.load_state(forked).at_rest
+        path_text = store.path
     click.echo(forked)
     if foreign is not None:
         # The fork is this user's tree now, but its working directory, system prompt
@@ -258,11 +273,18 @@ def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path
         hint(
             f"note: {conversation_id} was not written by this runtime; the fork keeps its "
             f"working directory ({printable(cwd)}), system prompt and history: check them "
-            f"(fanfold replay {forked} --at 0 --db {path}) before sending to it",
+            f"(fanfold replay {forked} --at 0 --db {path_text}) before sending to it",
         )
+    if whole_tree:
+        hint(
+            f"forked the tree of {printable(target)} at its seq {at_seq} as {forked}; "
+            "continue it (with the source's provider, or --script/--profile) with:\n"
+            f"  fanfold resume --db {path_text}",
+        )
+        return
     hint(
-        f"forked {conversation_id} at seq {at_seq} as {forked}; continue it with:\n"
-        f"  fanfold send {forked} 'your message' --db {path}",
+        f"forked {printable(target)} at seq {at_seq} as {forked}; continue it with:\n"
+        f"  fanfold send {forked} 'your message' --db {path_text}",
     )
 
 

@@ -233,14 +233,28 @@ def workdir_problem(cwd: str, workdir: WorkingDirectory) -> str | None:
 
 def _fork(forked: ConversationForked) -> Transition:
     source = forked.state
-    if source.is_sub_agent or not isinstance(source.phase, Idle | Error):
-        raise IllegalTransition(
-            source, forked, "only a root conversation at rest (Idle or Error) can be forked"
+    if not source.is_sub_agent and isinstance(source.phase, Idle | Error):
+        # A root at rest: a new tree of one conversation, under the fork's id.
+        state = attrs.evolve(
+            source, id=forked.conversation_id, root_id=forked.conversation_id, written_off=()
         )
-    state = attrs.evolve(
-        source, id=forked.conversation_id, root_id=forked.conversation_id, written_off=()
-    )
-    return state, ()
+        return state, ()
+    # One conversation of a tree forked at a moment of its run (a sub-agent, or a
+    # conversation with work in flight): the whole tree is copied, so the state
+    # arrives already under the fork's ids (its own, its parent's, its children's).
+    # It starts as it was and issues nothing: the runtime continues the forked tree
+    # as it recovers one after a crash (RuntimeResumed re-issues what was in flight).
+    if source.id != forked.conversation_id:
+        raise IllegalTransition(
+            source,
+            forked,
+            "a fork of a sub-agent or of a conversation with work in flight carries its "
+            f"state under the fork's ids (state of {source.id!r}, fork "
+            f"{forked.conversation_id!r})",
+        )
+    if source.is_sub_agent == (source.root_id == source.id):
+        raise IllegalTransition(source, forked, "its root id does not match its place")
+    return source, ()
 
 
 def transition(state: Conversation, event: Event) -> Transition:

@@ -1,0 +1,197 @@
+"""Forking any step of any conversation of a tree (issue 24): the whole tree as it was
+at that moment, continued by ``resume``, the source untouched."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner, Result
+from db_scenarios import CHILD_PLANS, Driver, cancelled_fan_out, fan_out
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from replay_helpers import write
+
+from fanfold import replay, testing
+from fanfold.cli import cli
+from fanfold.db import Store
+from fanfold.db.provenance import UserKey
+from fanfold.replay.fork import fork_tree
+
+# A root delegates two tasks: root/1 runs a bash command then submits, root/2 answers.
+TWO_CHILDREN = {
+    "latency": 0.0,
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "spawn_agents",
+                            "arguments": {"tasks": [{"task": "a"}, {"task": "b"}]},
+                        }
+                    ]
+                },
+                {"text": "the answer is {{last_tool_result}}"},
+            ],
+        },
+        {
+            "match": {"path": "root/1"},
+            "replies": [
+                {"tool_calls": [{"name": "bash", "arguments": {"command": "echo 42"}}]},
+                {"tool_calls": [{"name": "submit_result", "arguments": {"result": "42"}}]},
+            ],
+        },
+        {"match": {"path": "root/2"}, "replies": [{"text": "b done"}]},
+    ],
+}
+
+
+def run(*args: str | Path) -> Result:
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+def ran(folder: Path) -> tuple[Path, str, Path]:
+    script = folder / "script.json"
+    script.write_text(json.dumps(TWO_CHILDREN))
+    db = folder / "log.db"
+    done = run("run", "--db", db, "--script", script, "--cwd", folder, "go")
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    return db, root.id, script
+
+
+def events_of(db: Path, root: str) -> list[tuple[Any, ...]]:
+    """Every stored event of the tree ``root``, as stored."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(
+            "SELECT conversation_id, seq, type, payload FROM events "
+            "WHERE conversation_id = ? OR conversation_id LIKE ? ORDER BY conversation_id, seq",
+            (root, f"{root}.%"),
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def show(db: Path, conversation_id: str) -> dict[str, Any]:
+    shown = run("show", conversation_id, "--json", "--db", db)
+    assert shown.exit_code == 0, shown.output
+    node: dict[str, Any] = json.loads(shown.stdout)
+    return node
+
+
+def test_a_sub_agent_forked_mid_tool_forks_its_tree_and_resumes(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    before = events_of(db, root)
+    forked = run("fork", root, "--agent", "root/1", "--at", "1", "--id", "fk", "--db", db)
+    assert forked.exit_code == 0, forked.output
+    assert forked.stdout == "fk\n" and "fanfold resume --db" in forked.stderr
+    assert run("replay", "fk", "--verify", "--tree", "--db", db).exit_code == 0
+    # At that moment: the root waiting, root/1 running its bash call, root/2 finished
+    # (its outcome accepted by the root one step earlier).
+    tree = show(db, "fk")
+    assert tree["phase"] == "AwaitingSubAgents"
+    first, second = tree["children"]
+    assert (first["id"], first["phase"]) == ("fk.1", "ToolExecuting")
+    assert (second["id"], second["phase"], second["outcome"]) == ("fk.2", "Completed", "b done")
+    listed = {r["id"]: r for r in json.loads(run("ls", "--json", "--db", db).stdout)}
+    assert listed["fk"]["origin"] == "fork"
+    assert (listed["fk"]["forked_from"], listed["fk"]["forked_at_seq"]) == (root, 2)
+    told = run("transcript", "fk", "--agent", "1", "--db", db).stdout
+    assert f"forked from: {root}.1@1" in told
+
+    resumed = run("resume", "--db", db)
+    assert resumed.exit_code == 0, resumed.output
+    tree = show(db, "fk")
+    assert tree["phase"] == "Idle" and tree["children"][0]["outcome"] == "42"
+    assert '"agent_id":"fk.2","result":"b done"' in tree["outcome"]
+    # The finished sibling ran nothing again; the source has not one event more.
+    with Store.open(db) as store:
+        assert store.conversation("fk.2").last_seq == 0
+    assert events_of(db, root) == before
+
+
+def test_a_root_forked_as_it_delegates_spawns_its_children_again(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    before = events_of(db, root)
+    # Seq 2: the model asked for two sub-agents; none existed yet at that moment.
+    assert run("fork", root, "--at", "2", "--id", "fr", "--db", db).exit_code == 0
+    assert [c["id"] for c in show(db, "fr")["children"]] == []
+    assert run("resume", "--db", db).exit_code == 0
+    report = json.loads(run("diff", root, "fr", "--json", "--db", db).stdout)
+    assert [(a["path"], a["same"]) for a in report["agents"]] == [
+        ("root", True),
+        ("root/1", True),
+        ("root/2", True),
+    ]
+    assert events_of(db, root) == before
+
+
+def test_a_tree_from_elsewhere_is_forked_only_at_its_roots_rest(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    exported = tmp_path / "tree.jsonl"
+    assert run("export", root, "-o", exported, "--db", db).exit_code == 0
+    other = tmp_path / "other.db"
+    imported = run("import", exported, "--db", other).stdout.strip()
+    refused = run("fork", imported, "--agent", "1", "--at", "1", "--db", other)
+    assert refused.exit_code == 2
+    assert "sub-agent of a tree this runtime did not write" in refused.stderr
+    mid = run("fork", imported, "--at", "2", "--db", other)
+    assert mid.exit_code == 2 and "can be forked only at rest" in mid.stderr
+    unknown = run("fork", root, "--agent", "root/7", "--at", "0", "--db", db)
+    assert unknown.exit_code == 2 and f"no agent 'root/7' in the tree of '{root}'" in unknown.stderr
+
+
+def _moments(store: Store, root: str) -> list[tuple[str, int]]:
+    return [(s.conversation_id, s.seq) for s in replay.steps(store, root, tree=True)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    plans=st.lists(st.sampled_from(CHILD_PLANS), min_size=1, max_size=3),
+    finish=st.booleans(),
+    cancelled=st.booleans(),
+    pick=st.integers(min_value=0),
+)
+def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
+    plans: list[Any], finish: bool, cancelled: bool, pick: int
+) -> None:
+    driver = Driver(snapshot_every=2)
+    root = "c" if cancelled else "r"
+    if cancelled:
+        cancelled_fan_out(driver, root)
+    else:
+        fan_out(driver, root, plans, finish=finish)
+    with tempfile.TemporaryDirectory() as folder:
+        db = Path(folder) / "log.db"
+        write(db, driver.steps)
+        with Store.open(db) as store:
+            moments = _moments(store, root)
+            cid, seq = moments[pick % len(moments)]
+            before = events_of(db, root)
+            fork = fork_tree(store, cid, seq, new_id="f", key=UserKey.load())
+            assert replay.verify(store, fork, tree=True).ok
+            # Each conversation created by then is in the fork, in its state then.
+            then: dict[str, Any] = {}
+            for step in replay.steps(store, root, tree=True):
+                then[step.conversation_id] = step.after_state
+                if (step.conversation_id, step.seq) == (cid, seq):
+                    break
+            copied = {row.id for row in store.tree(fork)}
+            assert copied == {"f" + c[len(root) :] for c in then}
+            for source_id, state in then.items():
+                forked = store.load_state("f" + source_id[len(root) :])
+                testing.check_invariants(forked)
+                assert forked.outcome == state.outcome  # finished ones keep theirs
+                assert (forked.phase == state.phase) or state.children is not None
+                assert forked.history == state.history
+        assert events_of(db, root) == before  # nothing written to the source
