@@ -103,6 +103,10 @@ def test_a_sub_agent_forked_mid_tool_forks_its_tree_and_resumes(tmp_path: Path) 
     first, second = tree["children"]
     assert (first["id"], first["phase"]) == ("fk.1", "ToolExecuting")
     assert (second["id"], second["phase"], second["outcome"]) == ("fk.2", "Completed", "b done")
+    assert (tree["forked_from"], tree["forked_at_seq"]) == (root, 2)
+    assert (first["forked_from"], first["forked_at_seq"]) == (f"{root}.1", 1)
+    shown = run("show", "fk", "--db", db).stdout
+    assert f"fork of {root}@2" in shown and f"fork of {root}.1@1" in shown
     listed = {r["id"]: r for r in json.loads(run("ls", "--json", "--db", db).stdout)}
     assert listed["fk"]["origin"] == "fork"
     assert (listed["fk"]["forked_from"], listed["fk"]["forked_at_seq"]) == (root, 2)

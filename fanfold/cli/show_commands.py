@@ -225,6 +225,9 @@ class ShowNode:
     # The model and profile its calls went to, when known (see _show_node).
     model: str | None = None
     profile: str | None = None
+    # The conversation and seq it was forked from (None: not a fork).
+    forked_from: str | None = None
+    forked_at_seq: int | None = None
 
     @property
     def context(self) -> str | None:
@@ -330,6 +333,8 @@ class ShowNode:
             "refused_calls": state.refused_calls,
             "children": [c.to_json() for c in self.children],
             "not_run": [attrs.asdict(n) for n in self.not_run],
+            "forked_from": self.forked_from,
+            "forked_at_seq": self.forked_at_seq,
             "queued": [attrs.asdict(q) for q in self.queued],
         }
 
@@ -357,6 +362,8 @@ class ShowNode:
                 "dim",
             ),
         )
+        if self.forked_from is not None:
+            line.append(f"\n  fork of {printable(self.forked_from)}@{self.forked_at_seq}", "blue")
         failure = self.failure()
         if failure is not None:
             # The typed kind apart from the text, which is the model's own words: a
@@ -430,6 +437,8 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
         profile=profile_name,
         not_run=tuple(n for n in never_run(state) if n.id not in started),
         queued=tuple(queued_children(state)),
+        forked_from=row.forked_from,
+        forked_at_seq=row.forked_at_seq,
     )
 
 
