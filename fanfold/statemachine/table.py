@@ -265,6 +265,45 @@ for _terminal in ("Completed", "Failed"):
         RuntimeResumed=_cell(_terminal, "absorb, no effects"),
     )
 
+# ForkEdited (issue 24): a forked conversation goes on with the user's edit in place of
+# what was in flight: what RuntimeResumed re-issues, and the edit, in one step.
+_PROMPT = "SystemPromptEdit: the new prompt, then as RuntimeResumed"
+_EDIT_ELSEWHERE = "other edits: raise"
+_FORK_EDITS = {
+    "Idle": _cell("Idle", f"{_PROMPT} (nothing in flight); {_EDIT_ELSEWHERE}", IllegalTransition),
+    "Error": _cell("Error", f"{_PROMPT} (nothing in flight); {_EDIT_ELSEWHERE}", IllegalTransition),
+    "LlmRequesting": _cell(
+        "Idle Completed ToolExecuting AwaitingSubAgents LlmRequesting CancellingSubAgents "
+        "Failed Error",
+        "ReplyEdit: as ModelReplied of the current call (its tools run live), after the "
+        "own time limit re-armed; TaskEdit (a sub-agent before its first reply): the task "
+        f"message replaced, CallModel re-issued; {_PROMPT}; {_EDIT_ELSEWHERE}",
+        IllegalTransition,
+    ),
+    "AwaitingRetry": _cell(
+        "AwaitingRetry",
+        f"TaskEdit (a sub-agent before its first reply) or {_PROMPT}; {_EDIT_ELSEWHERE}",
+        IllegalTransition,
+    ),
+    "ToolExecuting": _cell(
+        _TOOL_TARGETS,
+        "ToolResultEdit of the running call: as ToolFinished, after what RuntimeResumed "
+        f"re-issues of the round's children; wrong call id: raise; {_PROMPT} (the running "
+        f"tool gets the interrupted result); {_EDIT_ELSEWHERE}",
+        IllegalTransition,
+    ),
+    "AwaitingSubAgents": _cell(
+        "AwaitingSubAgents", f"{_PROMPT}; {_EDIT_ELSEWHERE}", IllegalTransition
+    ),
+    "CancellingSubAgents": _cell(
+        "CancellingSubAgents", f"{_PROMPT}; {_EDIT_ELSEWHERE}", IllegalTransition
+    ),
+    "Completed": _cell("", "raise: the conversation has ended", IllegalTransition),
+    "Failed": _cell("", "raise: the conversation has ended", IllegalTransition),
+}
+for _phase, _edit_cell in _FORK_EDITS.items():
+    TABLE[(_phase, "ForkEdited")] = _edit_cell
+
 START_TARGETS = frozenset({"Idle", "LlmRequesting", "Failed"})
 
 PHASE_NAMES = tuple(p.__name__ for p in ALL_PHASES)
