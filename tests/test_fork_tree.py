@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import CHILD_PLANS, Driver, cancelled_fan_out, fan_out
 from hypothesis import given, settings
@@ -20,6 +21,7 @@ from fanfold.cli import cli
 from fanfold.db import Store
 from fanfold.db.provenance import UserKey
 from fanfold.replay.fork import fork_tree
+from fanfold.statemachine import UserMessage
 
 # A root delegates two tasks: root/1 runs a bash command then submits, root/2 answers.
 TWO_CHILDREN = {
@@ -42,7 +44,11 @@ TWO_CHILDREN = {
         {
             "match": {"path": "root/1"},
             "replies": [
-                {"tool_calls": [{"name": "bash", "arguments": {"command": "echo 42"}}]},
+                {
+                    # Slower than root/2: its outcome is in before this call's step.
+                    "latency": 0.5,
+                    "tool_calls": [{"name": "bash", "arguments": {"command": "echo 42"}}],
+                },
                 {"tool_calls": [{"name": "submit_result", "arguments": {"result": "42"}}]},
             ],
         },
@@ -97,19 +103,19 @@ def test_a_sub_agent_forked_mid_tool_forks_its_tree_and_resumes(tmp_path: Path) 
     assert forked.stdout == "fk\n" and "fanfold resume --db" in forked.stderr
     assert run("replay", "fk", "--verify", "--tree", "--db", db).exit_code == 0
     # At that moment: the root waiting, root/1 running its bash call, root/2 finished
-    # (its outcome accepted by the root one step earlier).
+    # (its outcome accepted by the root at its seq 3).
     tree = show(db, "fk")
     assert tree["phase"] == "AwaitingSubAgents"
     first, second = tree["children"]
     assert (first["id"], first["phase"]) == ("fk.1", "ToolExecuting")
     assert (second["id"], second["phase"], second["outcome"]) == ("fk.2", "Completed", "b done")
-    assert (tree["forked_from"], tree["forked_at_seq"]) == (root, 2)
+    assert (tree["forked_from"], tree["forked_at_seq"]) == (root, 3)
     assert (first["forked_from"], first["forked_at_seq"]) == (f"{root}.1", 1)
     shown = run("show", "fk", "--db", db).stdout
-    assert f"fork of {root}@2" in shown and f"fork of {root}.1@1" in shown
+    assert f"fork of {root}@3" in shown and f"fork of {root}.1@1" in shown
     listed = {r["id"]: r for r in json.loads(run("ls", "--json", "--db", db).stdout)}
     assert listed["fk"]["origin"] == "fork"
-    assert (listed["fk"]["forked_from"], listed["fk"]["forked_at_seq"]) == (root, 2)
+    assert (listed["fk"]["forked_from"], listed["fk"]["forked_at_seq"]) == (root, 3)
     told = run("transcript", "fk", "--agent", "1", "--db", db).stdout
     assert f"forked from: {root}.1@1" in told
 
@@ -199,3 +205,133 @@ def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
                 assert (forked.phase == state.phase) or state.children is not None
                 assert forked.history == state.history
         assert events_of(db, root) == before  # nothing written to the source
+
+
+# ------------------------------------------------------------------ edits (--continue)
+
+# The fork's continuation: replies are per place and round (round 1 is the first).
+GO_ON = {
+    "latency": 0.0,
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [{"text": "unused"}, {"text": "root says {{last_tool_result}}"}],
+        },
+        {
+            "match": {"path": "root/1"},
+            "replies": [
+                {"text": "unused"},
+                {
+                    "tool_calls": [
+                        {"name": "submit_result", "arguments": {"result": "{{last_tool_result}}"}}
+                    ]
+                },
+            ],
+        },
+        {"match": {"path": "root/2"}, "replies": [{"text": "b again"}]},
+    ],
+}
+
+
+def roots(db: Path) -> list[str]:
+    with Store.open(db) as store:
+        return [row.id for row in store.list_roots()]
+
+
+def go_on_script(folder: Path) -> Path:
+    script = folder / "go_on.json"
+    script.write_text(json.dumps(GO_ON))
+    return script
+
+
+def test_an_edited_reply_runs_its_tool_live_in_the_fork(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    before = events_of(db, root)
+    reply = tmp_path / "reply.json"
+    calls = [{"name": "bash", "arguments": {"command": "echo 99"}}]
+    reply.write_text(json.dumps({"text": "edited", "tool_calls": calls}))
+    args: list[str | Path] = [
+        "fork",
+        root,
+        "--agent",
+        "1",
+        "--at",
+        "0",
+        "--id",
+        "e",
+        "--reply",
+        reply,
+    ]
+    done = run(*args, "--continue", "--script", go_on_script(tmp_path), "--db", db)
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith("e\n") and "resuming" in done.stdout
+    with Store.open(db) as store:
+        child = store.load_state("e.1")
+        assert child.outcome is not None and child.outcome.result.startswith("99")  # type: ignore[union-attr]
+        assert store.load_state("e.2").outcome.result == "b again"  # type: ignore[union-attr]
+    assert run("replay", "e", "--verify", "--tree", "--db", db).exit_code == 0
+    told = run("transcript", "e", "--agent", "1", "--db", db).stdout
+    assert "seq 1 · edit: the awaited model reply given by the user" in told
+    assert "tool call: bash edit_0" in told
+    assert events_of(db, root) == before
+
+
+def test_an_edited_tool_result_and_an_edited_task(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    result = tmp_path / "result.txt"
+    result.write_text("edited result")
+    script = go_on_script(tmp_path)
+    # Seq 1 of root/1: its bash call (call_0_0, as the scripted provider numbers it) runs.
+    args = ["--agent", "1", "--at", "1", "--tool-result", f"call_0_0={result}"]
+    done = run("fork", root, *args, "--id", "t", "--continue", "--script", script, "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        assert store.load_state("t.1").outcome.result == "edited result"  # type: ignore[union-attr]
+    args = ["--agent", "2", "--at", "0", "--task", "the other task"]
+    done = run("fork", root, *args, "--id", "k", "--continue", "--script", script, "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        second = store.load_state("k.2")
+        assert second.task == "the other task" and UserMessage("the other task") in second.history
+    for fork in ("t", "k"):
+        assert run("replay", fork, "--verify", "--tree", "--db", db).exit_code == 0
+
+
+def test_a_new_system_prompt_for_a_root_at_rest_is_recorded_at_once(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    prompt = tmp_path / "prompt.md"
+    prompt.write_text("be terse \x1b[2J")
+    done = run("fork", root, "--at", "5", "--id", "p", "--system-file", prompt, "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        assert store.load_state("p").system_prompt == "be terse \x1b[2J"
+        assert store.conversation("p").last_seq == 1
+    assert run("replay", "p", "--verify", "--db", db).exit_code == 0
+    told = run("transcript", "p", "--db", db).stdout
+    assert "edit: the system prompt replaced" in told and "be terse \\x1b[2J" in told
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--agent", "1", "--at", "1", "--task", "x", "--continue"], "TaskEdit is legal in"),
+        (["--agent", "1", "--at", "1", "--reply", "R", "--continue"], "ReplyEdit is legal in"),
+        (["--agent", "1", "--at", "0", "--reply", "R"], "add --continue (nothing was written)"),
+        (["--at", "5", "--task", "x", "--system-file", "R"], "give at most one edit"),
+        (["--at", "5", "--tool-result", "nofile"], "--tool-result takes CALL=FILE"),
+        (["--at", "5", "--script", "R"], "go with --continue"),
+    ],
+)
+def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    db, root, _ = ran(tmp_path)
+    reply = tmp_path / "reply.txt"
+    reply.write_text("hello")
+    args = [str(reply) if a == "R" else a for a in args]
+    before = roots(db)
+    refused = run("fork", root, *args, "--db", db)
+    assert refused.exit_code == 2, refused.output
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], refused.stderr
+    assert roots(db) == before

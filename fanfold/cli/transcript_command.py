@@ -37,6 +37,7 @@ _HEADINGS = {
     "resumed": ("resumed", "dim"),
     "forked": ("forked from", "blue"),
     "note": ("note", "dim"),
+    "edit": ("edit", "bold magenta"),
     "outcome": ("outcome", "bold"),
 }
 

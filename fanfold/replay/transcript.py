@@ -28,15 +28,21 @@ from fanfold.statemachine import (
     Conversation,
     ConversationCreated,
     ConversationForked,
+    Edit,
     Error,
     Failed,
+    ForkEdited,
     Message,
     ModelFailed,
     ModelReplied,
+    ReplyEdit,
     RuntimeResumed,
     SubAgentFinished,
+    SystemPromptEdit,
+    TaskEdit,
     TimerFired,
     ToolExecuting,
+    ToolResultEdit,
     ToolResultMessage,
     UserMessage,
 )
@@ -191,6 +197,8 @@ def _entries(step: ReplayStep) -> Iterator[Entry]:
             yield Entry(seq, "timer", label=f"timer {timer} fired")
         case RuntimeResumed():
             yield Entry(seq, "resumed", label="the runtime resumed the conversation")
+        case ForkEdited(edit=edit):
+            yield _edit_entry(seq, edit)
     old = () if before is None else before.history
     new = after.history
     # The reducer appends to the history (the earlier messages are the same objects),
@@ -200,6 +208,23 @@ def _entries(step: ReplayStep) -> Iterator[Entry]:
         old = ()
     for message in new[len(old) :]:
         yield from _message(seq, message)
+
+
+def _edit_entry(seq: int, edit: Edit) -> Entry:
+    """A fork edit: what the user changed (the edited reply and result also appear as
+    messages of the history, below)."""
+    match edit:
+        case SystemPromptEdit(system_prompt=text):
+            return Entry(seq, "edit", text, label="the system prompt replaced")
+        case TaskEdit(task=task):
+            return Entry(seq, "edit", task, label="the task replaced")
+        case ReplyEdit():
+            return Entry(seq, "edit", label="the awaited model reply given by the user")
+        case ToolResultEdit(result=result):
+            return Entry(
+                seq, "edit", label=f"the result of {result.tool_call_id} given by the user"
+            )
+    return Entry(seq, "edit")  # pragma: no cover - the edits are exhausted
 
 
 def _system(seq: int, state: Conversation) -> Entry:
