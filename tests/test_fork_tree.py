@@ -273,6 +273,9 @@ def test_an_edited_reply_runs_its_tool_live_in_the_fork(tmp_path: Path) -> None:
     told = run("transcript", "e", "--agent", "1", "--db", db).stdout
     assert "seq 1 · edit: the awaited model reply given by the user" in told
     assert "tool call: bash edit_0" in told
+    page = tmp_path / "trace.html"
+    assert run("trace", "e", "-o", page, "--db", db).exit_code == 0
+    assert "fork went on, edited (ReplyEdit)" in page.read_text(encoding="utf-8")
     assert events_of(db, root) == before
 
 
