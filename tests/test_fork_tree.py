@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +341,59 @@ def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], refused.stderr
     assert roots(db) == before
+
+
+def _slow_then(result_latency: float) -> dict[str, Any]:
+    """The continuation after root/1's edited reply: its next reply takes
+    ``result_latency`` seconds (a kill lands while it is awaited)."""
+    script: dict[str, Any] = json.loads(json.dumps(GO_ON))
+    submit = script["agents"][1]["replies"][1]
+    submit["latency"] = result_latency
+    return script
+
+
+def test_a_killed_continuation_of_an_edited_fork_resumes_like_any_tree(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    before = events_of(db, root)
+    runs = tmp_path / "runs.txt"
+    reply = tmp_path / "reply.json"
+    command = f"echo edited >> {runs}; echo 99"
+    reply.write_text(
+        json.dumps({"tool_calls": [{"name": "bash", "arguments": {"command": command}}]})
+    )
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(_slow_then(60.0)))
+    args = ["fork", root, "--agent", "1", "--at", "0", "--id", "e", "--reply", str(reply)]
+    args += ["--continue", "--script", str(slow), "--db", str(db)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # Wait until the edited tool has run and root/1 awaits its (slow) next reply.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with Store.open(db, read_only=True) as store:
+                    if store.exists("e.1") and store.conversation("e.1").last_seq >= 2:
+                        break
+            except Exception:
+                pass
+            time.sleep(0.05)
+        else:
+            pytest.fail("the fork's continuation never reached root/1's next call")
+        proc.kill()
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -9
+    with Store.open(db) as store:
+        assert not store.load_state("e").at_rest  # left unfinished by the kill
+    resumed = run("resume", "--script", go_on_script(tmp_path), "--db", db)
+    assert resumed.exit_code == 0, resumed.output
+    with Store.open(db) as store:
+        assert store.load_state("e.1").outcome.result.startswith("99")  # type: ignore[union-attr]
+        assert store.load_state("e").at_rest
+    assert run("replay", "e", "--verify", "--tree", "--db", db).exit_code == 0
+    assert runs.read_text().split() == ["edited"]  # the edited tool ran once, in the fork
+    assert events_of(db, root) == before
