@@ -397,3 +397,18 @@ def test_a_killed_continuation_of_an_edited_fork_resumes_like_any_tree(tmp_path:
     assert run("replay", "e", "--verify", "--tree", "--db", db).exit_code == 0
     assert runs.read_text().split() == ["edited"]  # the edited tool ran once, in the fork
     assert events_of(db, root) == before
+
+
+def test_an_enum_value_equal_to_the_root_id_is_not_renamed(tmp_path: Path) -> None:
+    # A root named "cancelled", whose cancelled children fail with ErrorKind.CANCELLED
+    # (a StrEnum, so a str): only ids are renamed, never a value that spells one.
+    driver = Driver()
+    cancelled_fan_out(driver, "cancelled")
+    db = tmp_path / "log.db"
+    write(db, driver.steps)
+    with Store.open(db) as store:
+        last = store.conversation("cancelled.2").last_seq
+        fork = fork_tree(store, "cancelled.2", last, new_id="f", key=UserKey.load())
+        assert replay.verify(store, fork, tree=True).ok
+        outcome = store.load_state("f.2").outcome
+        assert outcome is not None and outcome == store.load_state("cancelled.2").outcome

@@ -264,7 +264,7 @@ def _renamed(value: Any, rename: Any) -> Any:
     """``value`` with every id of the source tree it holds as an id (a conversation's
     own, its parent's and root's, its children's in its phase, those it wrote off)
     replaced by the fork's."""
-    if isinstance(value, str):
+    if type(value) is str:  # an enum's value (a StrEnum) is no id
         return rename(value)
     if isinstance(value, tuple):
         return tuple(_renamed(item, rename) for item in value)
