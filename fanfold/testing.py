@@ -97,6 +97,7 @@ from fanfold.statemachine import (
     ErrorKind,
     Event,
     Failed,
+    ForkEdited,
     Idle,
     IllegalTransition,
     Limits,
@@ -108,17 +109,21 @@ from fanfold.statemachine import (
     ModelReply,
     ModelRequest,
     NotifyParent,
+    ReplyEdit,
     RuntimeResumed,
     RunTool,
     ScheduleRetry,
     SpawnSubAgent,
     StartTimer,
     SubAgentFinished,
+    SystemPromptEdit,
+    TaskEdit,
     TimerFired,
     ToolCall,
     ToolExecuting,
     ToolFinished,
     ToolResult,
+    ToolResultEdit,
     ToolResultMessage,
     ToolSpec,
     TurnFinished,
@@ -838,6 +843,16 @@ def rejections(state: Conversation) -> tuple[Rejected, ...]:
     if isinstance(phase, ToolExecuting) and not terminal:
         wrong = ToolResult(phase.current.id + "-other", phase.current.name, "?")
         found.append(Rejected(ToolFinished(phase.call, wrong), IllegalTransition))
+        found.append(Rejected(ForkEdited(ToolResultEdit(wrong)), IllegalTransition))
+    # Fork edits (issue 24): none once it has ended; a reply only to an awaited call,
+    # a tool result only to a running tool.
+    if terminal:
+        found.append(Rejected(ForkEdited(SystemPromptEdit("edited")), IllegalTransition))
+    if not isinstance(phase, LlmRequesting):
+        found.append(Rejected(ForkEdited(ReplyEdit(ModelReply("edited"))), IllegalTransition))
+    if not isinstance(phase, ToolExecuting):
+        edited = ToolResult("x", "bash", "edited")
+        found.append(Rejected(ForkEdited(ToolResultEdit(edited)), IllegalTransition))
     return tuple(found)
 
 
@@ -1895,7 +1910,14 @@ def check_start(
         _fail("identity", "id differs", state)
     if isinstance(created, ConversationForked):
         source = created.state
-        same = attrs.evolve(source, id=state.id, root_id=state.id, written_off=())
+        # A root at rest becomes a tree of its own; any other conversation is forked
+        # with its tree, its state already under the fork's ids (see DESIGN, "Time
+        # travel"), and starts exactly as it was.
+        same = (
+            attrs.evolve(source, id=state.id, root_id=state.id, written_off=())
+            if source.parent_id is None and isinstance(source.phase, Idle | Error)
+            else source
+        )
         if state != same or effects != ():
             _fail("a fork starts where its source was", f"effects {effects}", state)
         return
@@ -2061,7 +2083,14 @@ def check_transition(
     are absorbed; RuntimeResumed re-issues everything in flight.
     """
     check_invariants(after)
-    _check_fixed(before, after)
+    _check_fixed(_as_edited(before, event), after)
+    numbered = event
+    # A fork edit is checked as what it stands for (besides its own checks below): an
+    # edited reply as the reply of the awaited call, an edited tool result as the
+    # running tool's, any other edit as a restart of the edited state.
+    event = _plain_event(before, event)
+    if isinstance(numbered, ForkEdited) and isinstance(event, RuntimeResumed):
+        before = _as_edited(before, numbered)
     _check_history_while_calling(before, event, after)
     if before.is_terminal:
         if not (after == before and effects == ()):
@@ -2074,12 +2103,12 @@ def check_transition(
         return
     _check_finite(after, effects)
     _check_non_finite_calls(before, after, effects)
-    _check_numbers(before, event, after, effects)
+    _check_numbers(before, numbered, after, effects)
     _check_notify(before, after, effects)
     _check_submitted(event, after)
     _check_turn_finished(before, event, after, effects)
     _check_model_and_tools(before, event, after, effects)
-    _check_spawns(before, event, after, effects)
+    _check_spawns(before, event, after, effects, restarted=isinstance(numbered, ForkEdited))
     _check_cancels(before, after, effects)
     _check_fan_in(before, event, after)
     _check_event_rules(before, event, after, effects)
@@ -2089,6 +2118,64 @@ def check_transition(
     _check_charges(before, event, after)
     if isinstance(event, RuntimeResumed):
         _check_resume(before, after, effects)
+    if isinstance(numbered, ForkEdited):
+        _check_fork_edit(before, numbered, after, effects)
+
+
+def _plain_event(state: Conversation, event: Event) -> Event:
+    """The event a fork edit stands for in ``state`` (see ``check_transition``)."""
+    match event, state.phase:
+        case ForkEdited(edit=ReplyEdit(reply=reply)), LlmRequesting(call=n):
+            return ModelReplied(n, reply)
+        case ForkEdited(edit=ToolResultEdit(result=result)), ToolExecuting(call=n, current=c):
+            return ToolFinished(n, attrs.evolve(result, name=c.name))
+        case ForkEdited(), _:
+            return RuntimeResumed()
+    return event
+
+
+def _as_edited(state: Conversation, event: Event) -> Conversation:
+    """``state`` with what a fork edit changes of its identity (its system prompt, a
+    sub-agent's task and the task message): the rest must stay as it was."""
+    match event:
+        case ForkEdited(edit=SystemPromptEdit(system_prompt=text)):
+            return state.evolve(system_prompt=text)
+        case ForkEdited(edit=TaskEdit(task=task)):
+            history = (*state.history[:-1], UserMessage(task))
+            return state.evolve(task=task, history=history)
+    return state
+
+
+def _check_fork_edit(
+    before: Conversation, event: ForkEdited, after: Conversation, effects: Effects
+) -> None:
+    """A fork edit shows: the prompt or task is the new one, an edited reply or tool
+    result is in the history or the round, and a reply is charged no tokens."""
+    edit = event.edit
+    match edit:
+        case SystemPromptEdit(system_prompt=text) if after.system_prompt != text:
+            _fail("an edit shows", "the system prompt is not the edited one", after)
+        case TaskEdit(task=task) if (after.task, after.history[-1:]) != (
+            task,
+            (UserMessage(task),),
+        ):
+            _fail("an edit shows", "the task is not the edited one", after)
+        case ReplyEdit(reply=reply):
+            added = after.history[len(before.history) : len(before.history) + 1]
+            if not added or not isinstance(added[0], AssistantMessage):
+                _fail("an edit shows", "the edited reply is not in the history", after)
+            elif (added[0].text, added[0].tool_calls) != (reply.text, reply.tool_calls):
+                _fail("an edit shows", f"{added[0]} is not the edited reply", after)
+            if after.usage != before.usage + reply.usage:
+                _fail("an edit shows", "the edited reply's usage is not what it says", after)
+        case ToolResultEdit(result=result):
+            round_results = after.phase.results if isinstance(after.phase, _ROUND) else ()
+            new = after.history[len(before.history) :]
+            kept = [r.content for r in round_results] + [
+                m.result.content for m in new if isinstance(m, ToolResultMessage)
+            ]
+            if result.content not in kept:
+                _fail("an edit shows", "the edited tool result was lost", after)
 
 
 def _check_fixed(before: Conversation, after: Conversation) -> None:
@@ -2174,7 +2261,8 @@ def _check_numbers(
             _fail("every call and timer has a number", f"{effect}", after)
     _check_no_duplicate_numbers(after, effects, before.next_call)
     live_before, live_after = live_numbers(before), live_numbers(after)
-    resumed = isinstance(event, RuntimeResumed)
+    # A fork edit goes on as a restart does: it re-issues what was in flight.
+    resumed = isinstance(event, RuntimeResumed | ForkEdited)
     for effect in effects:
         number = _issued(effect)
         reissued = number is not None and number < before.next_call
@@ -2199,6 +2287,12 @@ def _check_numbers(
                 after,
             )
     answered = _event_number(event)
+    match event, before.phase:
+        # An edited reply answers the awaited call; an edited result, the running tool.
+        case ForkEdited(edit=ReplyEdit()), LlmRequesting(call=n):
+            answered = n
+        case ForkEdited(edit=ToolResultEdit()), ToolExecuting(call=n):
+            answered = n
     for number, what in live_before.items():
         if number in live_after or number in aborted or number == answered:
             continue
@@ -2452,7 +2546,12 @@ def _started(children: Children | None) -> set[str]:
 
 
 def _check_spawns(
-    before: Conversation, event: Event, after: Conversation, effects: Effects
+    before: Conversation,
+    event: Event,
+    after: Conversation,
+    effects: Effects,
+    *,
+    restarted: bool = False,
 ) -> None:
     spawns = [e for e in effects if isinstance(e, SpawnSubAgent)]
     ids = [e.child_id for e in spawns]
@@ -2516,7 +2615,7 @@ def _check_spawns(
             after,
         )
     expected = newly | (
-        started_before & started_after if isinstance(event, RuntimeResumed) else set()
+        started_before & started_after if restarted or isinstance(event, RuntimeResumed) else set()
     )
     if set(ids) != expected:
         _fail(

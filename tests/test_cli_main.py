@@ -72,6 +72,8 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
     context = click.Context(cli)
     assert set(cli.list_commands(context)) == {
         "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import", "trace",
+        "transcript",
+        "diff",
         "agents",
         "tools",
         "ui",

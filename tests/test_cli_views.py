@@ -882,13 +882,12 @@ def test_a_forks_show_leaves_the_sources_children_to_the_source(tmp_path: Path) 
     assert tree["not_run"] == []
     # Its own counts start at the fork; what the source spent is named apart.
     assert tree["tokens"] == tree["tree_tokens"] == 0
-    assert tree["forked_from"] == {
-        "id": source.id,
-        "seq": source.last_seq,
+    assert (tree["forked_from"], tree["forked_at_seq"]) == (source.id, source.last_seq)
+    assert tree["source_spent"] == {
         "tokens": before["tokens"],
         "tree_tokens": before["tree_tokens"],
     }
     shown = _invoke(runner, "show", fork_id, "--db", db).output
     assert "never started" not in shown
     assert "with sub-agents" not in shown
-    assert f"forked from {source.id} at seq {source.last_seq}" in shown
+    assert f"fork of {source.id}@{source.last_seq}; the source had spent" in shown

@@ -15,6 +15,7 @@ from runtime_helpers import open_runtime, reply, script, spawn, submit, think
 
 from fanfold import replay
 from fanfold.db import Store
+from fanfold.db.provenance import UserKey
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import Runtime
 from fanfold.statemachine import (
@@ -25,6 +26,7 @@ from fanfold.statemachine import (
     Event,
     Idle,
     Limits,
+    LlmRequesting,
     UserMessage,
 )
 
@@ -185,8 +187,13 @@ async def test_a_fork_continues_with_a_new_message_and_the_source_is_untouched(
         before = store.raw_log(source)
         rest = [s.seq for s in replay.steps(store, source) if isinstance(s.after_state.phase, Idle)]
         assert rest == [0, 2, 4]
+        # Seq 3 has a model call in flight: this user's own tree is forked whole there
+        # (issue 24), a tree to be resumed; only a tree from elsewhere is refused.
+        mid = replay.fork(store, source, 3, new_id="mid")
+        assert isinstance(store.load_state(mid).phase, LlmRequesting)
+        foreign = UserKey.generate()  # another user's
         with pytest.raises(replay.ForkRefused, match="nearest seqs where it can be are 2 and 4"):
-            replay.fork(store, source, 3)
+            replay.fork(store, source, 3, key=foreign)
         fork = replay.fork(store, source, 2, new_id="forked")
         row = store.conversation(fork)
         assert (row.forked_from, row.forked_at_seq, row.root_id) == (source, 2, fork)

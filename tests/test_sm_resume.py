@@ -4,6 +4,7 @@ events rebuilds the very same state."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from sm_support import (
     BASH,
@@ -186,9 +187,29 @@ def test_a_fork_starts_where_its_source_rests_under_its_own_id() -> None:
     assert only(effects, SpawnSubAgent).child_id == "fork.2"
 
 
-def test_only_a_root_at_rest_can_be_forked() -> None:
+def test_a_busy_state_is_forked_only_under_the_forks_ids() -> None:
+    # A conversation with work in flight is forked with its whole tree, renamed by the
+    # fork (issue 24): the reducer takes no state still under its source's ids.
     busy = steps(root(), user("go"))
-    with pytest.raises(IllegalTransition, match="at rest"):
+    with pytest.raises(IllegalTransition, match="under the fork's ids"):
         start(ConversationForked("fork", "root", 1, busy))
     with pytest.raises(IllegalTransition, match="already exists"):
         transition(busy, ConversationForked("fork", "root", 1, busy))
+
+
+def test_a_busy_fork_starts_as_it_was_and_resuming_reissues_its_work() -> None:
+    busy = steps(root(), user("go"))
+    renamed = attrs.evolve(busy, id="fork", root_id="fork")
+    fork = ConversationForked("fork", "root", 1, renamed)
+    forked, effects = start(fork)
+    check_start(fork, forked, effects)
+    assert (forked, effects) == (renamed, ())
+    call = busy.phase.call  # type: ignore[union-attr]
+    _, reissued = transition(forked, RuntimeResumed())
+    assert CallModel(call, 1) in reissued
+
+
+def test_a_forked_sub_agent_must_name_its_own_root() -> None:
+    child = attrs.evolve(steps(root(), user("go")), id="f.1", parent_id="f", root_id="f.1", depth=1)
+    with pytest.raises(IllegalTransition, match="root id does not match"):
+        start(ConversationForked("f.1", "root.1", 0, child))

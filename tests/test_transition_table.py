@@ -25,6 +25,7 @@ from fanfold.statemachine import (
     ConversationCreated,
     ErrorKind,
     Event,
+    ForkEdited,
     IllegalTransition,
     Limits,
     LlmRequesting,
@@ -32,13 +33,17 @@ from fanfold.statemachine import (
     ModelFailed,
     ModelReplied,
     ModelReply,
+    ReplyEdit,
     RuntimeResumed,
     SubAgentFinished,
+    SystemPromptEdit,
+    TaskEdit,
     TimerFired,
     ToolCall,
     ToolExecuting,
     ToolFinished,
     ToolResult,
+    ToolResultEdit,
     ToolSpec,
     Usage,
     UserMessaged,
@@ -131,6 +136,22 @@ def _outcome(state: Conversation, event: Event) -> tuple[str, Conversation | Non
 def _observe(state: Conversation, event: Event, seen: Observed) -> Conversation | None:
     result, after = _outcome(state, event)
     seen.add((type(state.phase).__name__, type(event).__name__, result))
+    # A fork edit of the awaited reply or the running tool's result goes where the
+    # real one goes: try it beside every one tried (it does not move the walk on).
+    phase = state.phase
+    mirrored: Event | None = None
+    match event:
+        case ModelReplied(call=n, reply=reply) if isinstance(phase, LlmRequesting) and (
+            phase.call == n
+        ):
+            mirrored = ForkEdited(ReplyEdit(reply))
+        case ToolFinished(call=n, result=tool_result) if isinstance(phase, ToolExecuting) and (
+            phase.call == n
+        ):
+            mirrored = ForkEdited(ToolResultEdit(tool_result))
+    if mirrored is not None:
+        edited, _ = _outcome(state, mirrored)
+        seen.add((type(phase).__name__, "ForkEdited", edited))
     return after
 
 
@@ -147,6 +168,7 @@ def _probe(state: Conversation, seen: Observed) -> None:
         if late not in testing.live_numbers(state):
             probes.append(ModelFailed(late, ModelError(ErrorKind.NETWORK, "late")))
     probes += [SubAgentFinished(child, ChildSucceeded("late")) for child in state.written_off]
+    probes += [ForkEdited(SystemPromptEdit("edited")), ForkEdited(TaskEdit("edited task"))]
     for event in probes:
         _observe(state, event, seen)
 

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fork": ("replay_commands", "fork_command"),
     "export": ("replay_commands", "export_command"),
     "import": ("replay_commands", "import_command"),
+    "transcript": ("transcript_command", "transcript_command"),
+    "diff": ("diff_command", "diff_command"),
     "trace": ("trace_command", "trace_command"),
     "agents": ("agents_command", "agents_command"),
     "tools": ("tools_command", "tools_command"),

@@ -7,6 +7,7 @@ a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import sys
@@ -28,14 +29,28 @@ from fanfold.cli.database import (
     write_output,
 )
 from fanfold.cli.display import SHOWN_CHARS, clip, json_printable, printable, write_text
-from fanfold.cli.errors import CliError, sqlite_message
+from fanfold.cli.errors import CliError, sqlite_message, user_errors
+from fanfold.cli.models import model_options
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
 from fanfold.cli.output import console, err_console, hint
-from fanfold.db import DatabaseError, Store
+from fanfold.db import DatabaseError, Step, Store
 from fanfold.db.provenance import UserKey, refusal
 from fanfold.regular_files import open_regular_bytes
 from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
+from fanfold.statemachine import (
+    Edit,
+    ForkEdited,
+    IllegalTransition,
+    ModelReply,
+    ReplyEdit,
+    SystemPromptEdit,
+    TaskEdit,
+    ToolCall,
+    ToolResult,
+    ToolResultEdit,
+    transition,
+)
 
 # CliError prints one plain line at any width; the name stays for this module's use.
 OneLineError = CliError
@@ -240,34 +255,211 @@ def _show_steps(
 @click.option(
     "--at", "at_seq", type=click.IntRange(min=0), required=True, help="Fork after event SEQ."
 )
+@click.option(
+    "--agent",
+    "path",
+    default=None,
+    help="The conversation of the tree whose step SEQ is meant: root, root/1, 1/2 or an "
+    "id (default: CONVERSATION_ID).",
+)
 @click.option("--id", "new_id", default=None, help="Id of the fork (default: a fresh one).")
+@click.option(
+    "--reply",
+    "reply_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help='Edit: the awaited model reply is FILE\'s text (a .json file: {"text": ..., '
+    '"tool_calls": [{"name": ..., "arguments": {...}}]}).',
+)
+@click.option(
+    "--tool-result",
+    "tool_result",
+    metavar="CALL=FILE",
+    help="Edit: the running tool call CALL (its id) returns FILE's text.",
+)
+@click.option("--task", "task", help="Edit: a sub-agent before its first reply works on TEXT.")
+@click.option(
+    "--system-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Edit: the system prompt is FILE's text from the next model call on.",
+)
+@click.option(
+    "--continue",
+    "go_on",
+    is_flag=True,
+    help="Go on with the forked tree at once (live, like resume), with the edit if any.",
+)
+@model_options
 @db_option
-def fork_command(conversation_id: str, at_seq: int, new_id: str | None, db: Path | None) -> None:
-    """Create a new conversation starting from CONVERSATION_ID's state at --at SEQ.
+def fork_command(
+    conversation_id: str,
+    at_seq: int,
+    path: str | None,
+    new_id: str | None,
+    reply_file: Path | None,
+    tool_result: str | None,
+    task: str | None,
+    system_file: Path | None,
+    go_on: bool,
+    script: Path | None,
+    config_path: Path | None,
+    profile: str | None,
+    model: str | None,
+    db: Path | None,
+) -> None:
+    """Fork CONVERSATION_ID's tree after step --at SEQ of one of its conversations.
 
-    Prints the new id. The source is untouched; continue the fork with
-    `fanfold send NEW_ID "message"`.
+    A root at rest there is forked alone: continue it with `fanfold send NEW_ID
+    "message"`. Any other step (a sub-agent's, or one with work in flight) forks the
+    whole tree as it was at that moment: --continue goes on with it at once (with
+    --script/--config/--profile/--model, else the source's provider), or later
+    `fanfold resume`. At most one edit (--reply, --tool-result, --task,
+    --system-file) changes the picked conversation as it goes on. Prints the new
+    root's id. The source is untouched.
     """
+    from fanfold.replay.transcript import agent_id
+
+    edit = _edit(reply_file, tool_result, task, system_file)
+    override = None
+    if (script or config_path or profile or model) and not go_on:
+        raise OneLineError("--script, --config, --profile and --model go with --continue")
     with _errors(), open_store(db) as store:
         key = UserKey.load()
-        source_root = store.conversation(conversation_id).root_id
+        target = agent_id(store, conversation_id, path)
+        source_root = store.conversation(target).root_id
         foreign = refusal(store.tree_record(source_root), key, store.instance_id, source_root)
-        forked = replay.fork(store, conversation_id, at_seq, new_id=new_id, key=key)
+        if edit is not None:
+            rests = _check_edit(store, target, at_seq, edit)
+            if not rests and not go_on:
+                raise OneLineError(
+                    "an edit of a conversation with work in flight takes effect as the fork "
+                    "goes on: add --continue (nothing was written)"
+                )
+        forked = replay.fork(store, target, at_seq, new_id=new_id, key=key)
         cwd = store.load_state(forked).cwd
-        path = store.path
+        whole_tree = len(store.tree(forked)) > 1 or not store.load_state(forked).at_rest
+        edited_id = forked + target[len(source_root) :]
+        if edit is not None and not whole_tree:
+            # A root at rest: nothing is in flight, so the edit is recorded now.
+            _record_edit(store, forked, edit)
+        path_text = store.path
     click.echo(forked)
+    if whole_tree and go_on:
+        from fanfold.cli.logs import open_logs
+        from fanfold.cli.models import choose_model
+        from fanfold.cli.resume_command import _resume_main
+        from fanfold.cli.signals import run_trio
+
+        log_path = Path(str(path_text))
+        open_logs(log_path, None)
+        with user_errors(log_path):
+            if script or config_path or profile or model:
+                override = choose_model(script, config_path, profile, model)
+            edits = {edited_id: ForkEdited(edit)} if edit is not None else {}
+            code = run_trio(_resume_main, log_path, override, forked, edits)
+        if code:
+            raise SystemExit(code)
+        return
+    if go_on and not whole_tree:
+        hint(f"{forked} is at rest: nothing to go on with; send it a message")
     if foreign is not None:
         # The fork is this user's tree now, but its working directory, system prompt
         # and history are what the source's log says: someone else's words.
         hint(
             f"note: {conversation_id} was not written by this runtime; the fork keeps its "
             f"working directory ({printable(cwd)}), system prompt and history: check them "
-            f"(fanfold replay {forked} --at 0 --db {path}) before sending to it",
+            f"(fanfold replay {forked} --at 0 --db {path_text}) before sending to it",
         )
+    if whole_tree:
+        hint(
+            f"forked the tree of {printable(target)} at its seq {at_seq} as {forked}; "
+            "continue it (with the source's provider, or --script/--profile) with:\n"
+            f"  fanfold resume --db {path_text}",
+        )
+        return
     hint(
-        f"forked {conversation_id} at seq {at_seq} as {forked}; continue it with:\n"
-        f"  fanfold send {forked} 'your message' --db {path}",
+        f"forked {printable(target)} at seq {at_seq} as {forked}; continue it with:\n"
+        f"  fanfold send {forked} 'your message' --db {path_text}",
     )
+
+
+def _edit(
+    reply_file: Path | None, tool_result: str | None, task: str | None, system_file: Path | None
+) -> Edit | None:
+    """The one edit the options ask for (files read now: a bad one is a one-line error
+    before anything is written), or None."""
+    given = [x for x in (reply_file, tool_result, task, system_file) if x is not None]
+    if len(given) > 1:
+        raise OneLineError("give at most one edit: --reply, --tool-result, --task or --system-file")
+    with _errors():
+        if reply_file is not None:
+            return ReplyEdit(_reply(reply_file))
+        if tool_result is not None:
+            call, sep, file = tool_result.partition("=")
+            if not sep or not call or not file:
+                raise OneLineError("--tool-result takes CALL=FILE (the tool call's id, a file)")
+            content = Path(file).read_text(encoding="utf-8")
+            return ToolResultEdit(ToolResult(call, "", content))
+        if task is not None:
+            return TaskEdit(task)
+        if system_file is not None:
+            return SystemPromptEdit(system_file.read_text(encoding="utf-8"))
+    return None
+
+
+def _reply(file: Path) -> ModelReply:
+    """A reply from a file: its text, or for a ``.json`` file an object with ``text``
+    and ``tool_calls`` (each a ``name`` and ``arguments``; ``id`` optional)."""
+    text = file.read_text(encoding="utf-8")
+    if file.suffix.lower() != ".json":
+        return ModelReply(text=text)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise OneLineError(f"{file}: not JSON: {exc}") from None
+    if not isinstance(data, dict) or not set(data) <= {"text", "tool_calls"}:
+        raise OneLineError(f'{file}: a reply is an object with "text" and "tool_calls"')
+    reply_text = data.get("text", "")
+    calls = data.get("tool_calls", [])
+    if not isinstance(reply_text, str) or not isinstance(calls, list):
+        raise OneLineError(f'{file}: "text" is a string and "tool_calls" a list')
+    made = []
+    for n, call in enumerate(calls):
+        if not (
+            isinstance(call, dict)
+            and isinstance(call.get("name"), str)
+            and isinstance(call.get("arguments", {}), dict)
+            and isinstance(call.get("id", ""), str)
+            and set(call) <= {"id", "name", "arguments"}
+        ):
+            raise OneLineError(
+                f'{file}: tool call {n}: an object with "name", "arguments" (an object) '
+                'and optionally "id"'
+            )
+        made.append(
+            ToolCall.of(call.get("id") or f"edit_{n}", call["name"], call.get("arguments", {}))
+        )
+    stop = "tool_use" if made else "end_turn"
+    return ModelReply(text=reply_text, tool_calls=tuple(made), stop_reason=stop)
+
+
+def _check_edit(store: Store, conversation_id: str, at_seq: int, edit: Edit) -> bool:
+    """Refuse (one line, nothing written) an edit the conversation's state at ``at_seq``
+    does not take: the reducer's own rule (the transition table's ForkEdited column).
+    True if that state is a root at rest (forked alone, the edit recorded at once)."""
+    state = replay.state_at(store, conversation_id, at_seq)
+    try:
+        transition(state, ForkEdited(edit))
+    except IllegalTransition as exc:
+        raise OneLineError(f"cannot edit {conversation_id} at seq {at_seq}: {exc.reason}") from None
+    return state.parent_id is None and state.at_rest
+
+
+def _record_edit(store: Store, conversation_id: str, edit: Edit) -> None:
+    state = store.load_state(conversation_id)
+    event = ForkEdited(edit)
+    after, effects = transition(state, event)
+    assert effects == ()  # at rest: nothing in flight to re-issue, nothing to run
+    store.append([Step(conversation_id, 1, event, effects, after, time.time(), snapshot=True)])
 
 
 # ------------------------------------------------------------------ export / import

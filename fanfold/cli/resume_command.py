@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import click
 import trio
 from rich.text import Text
@@ -29,7 +31,7 @@ from fanfold.providers.config import ConfigError
 from fanfold.providers.description import DescriptionError, ProviderDescription
 from fanfold.providers.scripted import ScriptError
 from fanfold.runtime import Runtime, SkippedTree, resume_plan
-from fanfold.statemachine import Conversation, Error
+from fanfold.statemachine import Conversation, Error, ForkEdited
 from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import EnvPolicy
 
@@ -113,8 +115,15 @@ def _print_answers(finished: dict[str, Conversation], path: Path) -> None:
     quietly(show)
 
 
-async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice | None) -> int:
-    """Resume and wait for every unfinished tree.
+async def _resume_main(
+    stop: tuple[int, ...],
+    path: Path,
+    override: ModelChoice | None,
+    only: str | None = None,
+    edits: Mapping[str, ForkEdited] | None = None,
+) -> int:
+    """Resume and wait for every unfinished tree (``only``: that tree alone, with
+    ``edits`` delivered in place of RuntimeResumed: ``fork --continue``).
 
     A stop signal (Ctrl-C, SIGTERM, SIGHUP) stops this process, not the work: the
     runtime closes (model calls and bash commands are cancelled, nothing is left
@@ -133,6 +142,12 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
     key = UserKey.load()
     with Store.open(path) as store:
         plan = resume_plan(store, key)
+        if only is not None:
+            plan = attrs.evolve(
+                plan,
+                roots=tuple(r for r in plan.roots if r == only),
+                skipped=tuple(s for s in plan.skipped if s.root_id == only),
+            )
         recorded_for = {}
         for root_id in plan.roots:
             record = store.tree_record(root_id)
@@ -179,7 +194,7 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
                 key=key,
                 provider_description=override.recorded if override is not None else None,
             ) as runtime:
-                ids = await runtime.resume(chosen) if chosen else []
+                ids = await runtime.resume(chosen, edits=edits) if chosen else []
                 for damaged in runtime.resume_damaged:
                     _say_skipped(damaged)
                 unbuildable += len(runtime.resume_damaged)

@@ -325,8 +325,12 @@ class ShowNode:
             "profile": self.profile,
             "tree_tokens": state.tokens_spent,
             # A fork's counts above are its own, since the fork; here what its source
-            # had spent then.
-            "forked_from": None if self.forked is None else attrs.asdict(self.forked),
+            # had spent then (null: not a fork).
+            "source_spent": (
+                None
+                if self.forked is None
+                else {"tokens": self.forked.tokens, "tree_tokens": self.forked.tree_tokens}
+            ),
             "max_tokens": state.limits.max_tokens,
             "outcome": self.outcome(),
             # False: a sub-agent ended with plain text and never called submit_result.
@@ -353,6 +357,9 @@ class ShowNode:
             "refused_calls": state.refused_calls,
             "children": [c.to_json() for c in self.children],
             "not_run": [attrs.asdict(n) for n in self.not_run],
+            # The conversation and seq it was forked from, as `ls --json` names them.
+            "forked_from": None if self.forked is None else self.forked.id,
+            "forked_at_seq": None if self.forked is None else self.forked.seq,
             "queued": [attrs.asdict(q) for q in self.queued],
         }
 
@@ -380,6 +387,14 @@ class ShowNode:
                 "dim",
             ),
         )
+        if self.forked is not None:
+            source = self.forked
+            line.append(f"\n  fork of {printable(source.id)}@{source.seq}", "blue")
+            line.append(
+                f"; the source had spent {source.tokens} tokens "
+                f"({source.tree_tokens} with sub-agents) by then, not counted here",
+                "dim",
+            )
         failure = self.failure()
         if failure is not None:
             # The typed kind apart from the text, which is the model's own words: a
@@ -393,14 +408,6 @@ class ShowNode:
             line.append(
                 f"\n  {state.refused_calls} tool call{plural} refused by its permissions",
                 "yellow",
-            )
-        if self.forked is not None:
-            source = self.forked
-            line.append(
-                f"\n  forked from {printable(source.id)} at seq {source.seq}, which had spent "
-                f"{source.tokens} tokens ({source.tree_tokens} with sub-agents) by then: "
-                "its sub-agents are the source's",
-                "dim",
             )
         if isinstance(state.phase, Completed) and not state.submitted:
             note = "completed without submit_result (its last text is the result)"

@@ -12,7 +12,8 @@ only ever be compared, never run. No network, no model, no tools.
   findings, each with its seq.
 - ``steps(store, id, at=, until=, tree=)``: the history one transition at a time;
   ``state_at(store, id, seq)``: the state after one event.
-- ``fork(store, id, at_seq)``: a new root conversation starting from a state at rest.
+- ``fork(store, id, at_seq)``: a new tree from any step of any conversation (a root at
+  rest alone; otherwise ``fork_tree``: the whole tree as it was at that moment).
 - ``export_jsonl`` / ``import_jsonl``: a tree's log as portable JSON Lines.
 """
 
@@ -25,7 +26,7 @@ from fanfold.replay.errors import (
     ReplayFailure,
     VersionRefused,
 )
-from fanfold.replay.fork import fork
+from fanfold.replay.fork import fork, fork_tree
 from fanfold.replay.portable import (
     FORMAT,
     FORMAT_VERSION,
@@ -63,6 +64,7 @@ __all__ = [
     "VersionRefused",
     "export_jsonl",
     "fork",
+    "fork_tree",
     "import_jsonl",
     "state_at",
     "steps",

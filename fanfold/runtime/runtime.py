@@ -7,7 +7,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -35,6 +35,7 @@ from fanfold.statemachine import (
     ConversationCreated,
     Effect,
     Event,
+    ForkEdited,
     Limits,
     RuntimeResumed,
     SpawnSubAgent,
@@ -539,7 +540,12 @@ class Runtime:
         self._trusted.update(plan.roots)
         return plan
 
-    async def resume(self, roots: Sequence[str] | None = None) -> list[str]:
+    async def resume(
+        self,
+        roots: Sequence[str] | None = None,
+        *,
+        edits: Mapping[str, ForkEdited] | None = None,
+    ) -> list[str]:
         """Resume the unfinished conversations of trees this runtime may continue
         (see ``resume_plan``); returns their ids. Skipped trees are logged
         (``resume_skipped``) and left as they are.
@@ -554,6 +560,12 @@ class Runtime:
         A tree whose log cannot be rebuilt (undecodable or refused events, a damaged
         database page) is left as it is, logged (``resume_damaged``) and listed in
         ``resume_damaged`` with the reason; the other trees are resumed all the same.
+
+        ``edits``: for a forked tree (``replay.fork``), the ``ForkEdited`` each named
+        conversation gets instead of its RuntimeResumed: it goes on with the edit in
+        place of what was in flight, and what the edit starts (an edited reply's tool
+        calls) runs live. Each must name an unfinished conversation being resumed,
+        else ValueError, before anything is resumed.
 
         Raises DatabaseInUse, and resumes nothing, while another runtime (in this
         process or another) has the database open: its unfinished conversations may be
@@ -600,12 +612,19 @@ class Runtime:
         if description is not None:
             for root_id in dict.fromkeys(row.root_id for row, _, _ in loaded):
                 self.store.record_provider(root_id, description)
+        edits = dict(edits or {})
+        unknown = sorted(set(edits) - {row.id for row, _, _ in loaded})
+        if unknown:
+            raise ValueError(
+                f"cannot edit {unknown[0]!r}: it is not an unfinished conversation of a "
+                "tree being resumed"
+            )
         resumed = []
         for row, state, started in loaded:
             self._launch(Actor(self, state, row.last_seq, created=False, timers_started=started))
             resumed.append(row.id)
         for conversation_id in resumed:
-            self.deliver(conversation_id, RuntimeResumed())
+            self.deliver(conversation_id, edits.get(conversation_id) or RuntimeResumed())
         for conversation_id in resumed:
             self._redeliver_outcomes(self._actors[conversation_id].state)
         return resumed

@@ -158,6 +158,47 @@ class RuntimeResumed:
     """
 
 
+@attrs.frozen
+class ReplyEdit:
+    """Edit: the awaited model call's reply is this one instead (text or tool calls)."""
+
+    reply: ModelReply
+
+
+@attrs.frozen
+class ToolResultEdit:
+    """Edit: the running tool call's result is this one instead."""
+
+    result: ToolResult
+
+
+@attrs.frozen
+class TaskEdit:
+    """Edit: a sub-agent that has not had a reply yet works on this task instead."""
+
+    task: str
+
+
+@attrs.frozen
+class SystemPromptEdit:
+    """Edit: the conversation's system prompt is this one from its next model call on."""
+
+    system_prompt: str
+
+
+Edit = ReplyEdit | ToolResultEdit | TaskEdit | SystemPromptEdit
+
+
+@attrs.frozen
+class ForkEdited:
+    """The user changed a forked conversation as it goes on, and the runtime continues
+    it with that change in place of what was in flight (``RuntimeResumed`` and the
+    edit in one step). Which edit is legal in which phase is the transition table's
+    ``ForkEdited`` column; see DESIGN.md, "Time travel"."""
+
+    edit: Edit
+
+
 Event = (
     ConversationCreated
     | ConversationForked
@@ -169,6 +210,7 @@ Event = (
     | TimerFired
     | CancelRequested
     | RuntimeResumed
+    | ForkEdited
 )
 
 # The one list of event classes is the union above; the tuple is derived from it, so a

@@ -265,6 +265,45 @@ for _terminal in ("Completed", "Failed"):
         RuntimeResumed=_cell(_terminal, "absorb, no effects"),
     )
 
+# ForkEdited (issue 24): a forked conversation goes on with the user's edit in place of
+# what was in flight: what RuntimeResumed re-issues, and the edit, in one step.
+_PROMPT = "SystemPromptEdit: the new prompt, then as RuntimeResumed"
+_EDIT_ELSEWHERE = "other edits: raise"
+_FORK_EDITS = {
+    "Idle": _cell("Idle", f"{_PROMPT} (nothing in flight); {_EDIT_ELSEWHERE}", IllegalTransition),
+    "Error": _cell("Error", f"{_PROMPT} (nothing in flight); {_EDIT_ELSEWHERE}", IllegalTransition),
+    "LlmRequesting": _cell(
+        "Idle Completed ToolExecuting AwaitingSubAgents LlmRequesting CancellingSubAgents "
+        "Failed Error",
+        "ReplyEdit: as ModelReplied of the current call (its tools run live), after the "
+        "own time limit re-armed; TaskEdit (a sub-agent before its first reply): the task "
+        f"message replaced, CallModel re-issued; {_PROMPT}; {_EDIT_ELSEWHERE}",
+        IllegalTransition,
+    ),
+    "AwaitingRetry": _cell(
+        "AwaitingRetry",
+        f"TaskEdit (a sub-agent before its first reply) or {_PROMPT}; {_EDIT_ELSEWHERE}",
+        IllegalTransition,
+    ),
+    "ToolExecuting": _cell(
+        _TOOL_TARGETS,
+        "ToolResultEdit of the running call: as ToolFinished, after what RuntimeResumed "
+        f"re-issues of the round's children; wrong call id: raise; {_PROMPT} (the running "
+        f"tool gets the interrupted result); {_EDIT_ELSEWHERE}",
+        IllegalTransition,
+    ),
+    "AwaitingSubAgents": _cell(
+        "AwaitingSubAgents", f"{_PROMPT}; {_EDIT_ELSEWHERE}", IllegalTransition
+    ),
+    "CancellingSubAgents": _cell(
+        "CancellingSubAgents", f"{_PROMPT}; {_EDIT_ELSEWHERE}", IllegalTransition
+    ),
+    "Completed": _cell("", "raise: the conversation has ended", IllegalTransition),
+    "Failed": _cell("", "raise: the conversation has ended", IllegalTransition),
+}
+for _phase, _edit_cell in _FORK_EDITS.items():
+    TABLE[(_phase, "ForkEdited")] = _edit_cell
+
 START_TARGETS = frozenset({"Idle", "LlmRequesting", "Failed"})
 
 PHASE_NAMES = tuple(p.__name__ for p in ALL_PHASES)
@@ -291,8 +330,11 @@ def markdown_table() -> str:
         "`start(ConversationCreated)`: root → Idle; sub-agent → LlmRequesting (CallModel, "
         "plus StartTimer for its time limit), or → Failed `invalid_cwd` + NotifyParent "
         "when the runtime found its working directory (links followed) outside its "
-        "parent's or the project, or no directory. `start(ConversationForked)`: the source's "
-        "state under the new id (root at rest only, else raise). Either event in any "
+        "parent's or the project, or no directory. `start(ConversationForked)`: a root at "
+        "rest → the source's state under the new id; any other state (a sub-agent, work in "
+        "flight: its tree forked with it) → that state as it is, no effects, if it is "
+        "already under the fork's ids (its id the fork's, its root id matching its place), "
+        "else raise; RuntimeResumed then re-issues its work. Either event in any "
         "phase: raise."
     )
     return "\n".join(lines)

@@ -89,12 +89,17 @@ from fanfold.statemachine.events import (
     ConversationCreated,
     ConversationForked,
     Event,
+    ForkEdited,
     ModelFailed,
     ModelReplied,
+    ReplyEdit,
     RuntimeResumed,
     SubAgentFinished,
+    SystemPromptEdit,
+    TaskEdit,
     TimerFired,
     ToolFinished,
+    ToolResultEdit,
     UserMessaged,
     WorkingDirectory,
 )
@@ -233,14 +238,28 @@ def workdir_problem(cwd: str, workdir: WorkingDirectory) -> str | None:
 
 def _fork(forked: ConversationForked) -> Transition:
     source = forked.state
-    if source.is_sub_agent or not isinstance(source.phase, Idle | Error):
-        raise IllegalTransition(
-            source, forked, "only a root conversation at rest (Idle or Error) can be forked"
+    if not source.is_sub_agent and isinstance(source.phase, Idle | Error):
+        # A root at rest: a new tree of one conversation, under the fork's id.
+        state = attrs.evolve(
+            source, id=forked.conversation_id, root_id=forked.conversation_id, written_off=()
         )
-    state = attrs.evolve(
-        source, id=forked.conversation_id, root_id=forked.conversation_id, written_off=()
-    )
-    return state, ()
+        return state, ()
+    # One conversation of a tree forked at a moment of its run (a sub-agent, or a
+    # conversation with work in flight): the whole tree is copied, so the state
+    # arrives already under the fork's ids (its own, its parent's, its children's).
+    # It starts as it was and issues nothing: the runtime continues the forked tree
+    # as it recovers one after a crash (RuntimeResumed re-issues what was in flight).
+    if source.id != forked.conversation_id:
+        raise IllegalTransition(
+            source,
+            forked,
+            "a fork of a sub-agent or of a conversation with work in flight carries its "
+            f"state under the fork's ids (state of {source.id!r}, fork "
+            f"{forked.conversation_id!r})",
+        )
+    if source.is_sub_agent == (source.root_id == source.id):
+        raise IllegalTransition(source, forked, "its root id does not match its place")
+    return source, ()
 
 
 def transition(state: Conversation, event: Event) -> Transition:
@@ -268,6 +287,8 @@ def transition(state: Conversation, event: Event) -> Transition:
             return _on_cancel(state, event)
         case RuntimeResumed():
             return _on_resume(state, event)
+        case ForkEdited():
+            return _on_fork_edit(state, event)
     raise IllegalTransition(state, event, "not an event")  # pragma: no cover
 
 
@@ -1474,8 +1495,9 @@ def _on_cancel(state: Conversation, event: CancelRequested) -> Transition:
 # ------------------------------------------------------------------ restart
 
 
-def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
-    """Re-issue whatever was in flight when the runtime stopped."""
+def _resume_prelude(state: Conversation) -> list[Effect]:
+    """What a restart re-issues whatever the phase: the conversation's own time limit
+    and its round's started children."""
     effects: list[Effect] = []
     if state.deadline_timer is not None and state.timeout is not None:
         effects.append(
@@ -1494,6 +1516,12 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
                             f"deadline of {pending.spec.id}",
                         )
                     )
+    return effects
+
+
+def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
+    """Re-issue whatever was in flight when the runtime stopped."""
+    effects = _resume_prelude(state)
     match state.phase:
         case Idle() | Error():
             return state, tuple(effects)
@@ -1523,6 +1551,63 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
             effects.append(StartTimer(grace, state.limits.cancel_grace, "cancel acknowledgement"))
             return state, tuple(effects)
     raise IllegalTransition(state, event, "no rule")  # pragma: no cover - phases exhausted
+
+
+# ------------------------------------------------------------------ fork edits
+
+
+def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
+    """A forked conversation goes on with the user's edit in place of what was in
+    flight: a restart (``_on_resume``) and the edit in one step, so that what the edit
+    starts (a tool of an edited reply) runs live and is never taken for work a crash
+    interrupted. The ids and numbers are the fork's own; only the edit is new."""
+    edit, phase = event.edit, state.phase
+    match edit, phase:
+        case SystemPromptEdit(system_prompt=text), _:
+            # From the next model call on; one in flight is issued again with it.
+            return _on_resume(state.evolve(system_prompt=text), RuntimeResumed())
+        case TaskEdit(task=task), LlmRequesting() | AwaitingRetry() if (
+            state.is_sub_agent
+            and state.rounds <= 1
+            and state.history[-1:] == (UserMessage(state.task or ""),)
+        ):
+            # Its task is the last message it was given and no reply came yet.
+            if not task:
+                raise IllegalTransition(state, event, "a sub-agent needs a task")
+            history = (*state.history[:-1], UserMessage(task))
+            return _on_resume(state.evolve(task=task, history=history), RuntimeResumed())
+        case ReplyEdit(reply=reply), LlmRequesting(call=call):
+            return _edited(state, _on_model_result(state, ModelReplied(call, reply)))
+        case ToolResultEdit(result=result), ToolExecuting(current=current, call=call):
+            if result.tool_call_id != current.id:
+                raise IllegalTransition(
+                    state,
+                    event,
+                    f"the running tool call is {current.id!r}, not {result.tool_call_id!r}",
+                )
+            result = attrs.evolve(result, name=current.name)
+            return _edited(state, _on_tool_finished(state, ToolFinished(call, result)))
+    legal = {
+        "ReplyEdit": "LlmRequesting (a model call awaited)",
+        "ToolResultEdit": "ToolExecuting (a tool call running)",
+        "TaskEdit": "a sub-agent's LlmRequesting or AwaitingRetry before its first reply",
+        "SystemPromptEdit": "any phase but Completed and Failed",
+    }
+    raise IllegalTransition(
+        state,
+        event,
+        f"{type(edit).__name__} is legal in {legal[type(edit).__name__]}, not in "
+        f"{type(phase).__name__}",
+    )
+
+
+def _edited(before: Conversation, edited: Transition) -> Transition:
+    """The edit's step, after what a restart re-issues of ``before`` (its time limit,
+    its round's children), unless the edit ended it."""
+    after, effects = edited
+    if after.is_terminal:
+        return after, effects
+    return after, (*_resume_prelude(before), *effects)
 
 
 def fold(

@@ -30,6 +30,7 @@ from fanfold.statemachine import (
     Error,
     ErrorKind,
     Failed,
+    ForkEdited,
     Idle,
     ModelFailed,
     ModelReplied,
@@ -227,6 +228,10 @@ def _marks(steps: list[ReplayStep], end: float) -> Iterator[dict[str, Any]]:
                 yield {"k": "cancel", "t0": at, "t1": at, "label": f"cancel ({reason.value})"}
             case RuntimeResumed():
                 yield {"k": "resumed", "t0": at, "t1": at, "label": "runtime resumed"}
+            case ForkEdited(edit=edit):
+                # A forked conversation went on with a user's edit (issue 24).
+                label = f"fork went on, edited ({type(edit).__name__})"
+                yield {"k": "resumed", "t0": at, "t1": at, "label": label}
         for effect in step.effects:
             match effect:
                 case CallModel(call=call, attempt=attempt):

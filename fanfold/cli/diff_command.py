@@ -1,0 +1,170 @@
+"""``fanfold diff A B``: two trees side by side, agent by agent.
+
+An original and its fork, or any two runs of one task: each agent (matched by its
+place in the tree) with its outcome, rounds, tokens and cost in each tree, and the
+first message where the two conversations part. Read from the log alone; every
+recorded text is escaped (``printable``; ``--json`` with ``ensure_ascii``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from fanfold.cli.database import db_option, open_store
+from fanfold.cli.display import printable, short
+from fanfold.cli.output import console
+from fanfold.cli.replay_commands import _errors
+from fanfold.cli.show_commands import ShowNode, _show_node, _trusted_config
+from fanfold.db import Store
+from fanfold.replay.compare import AgentPair, Said, compare
+
+
+@click.command(name="diff")
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable (texts in full).")
+@db_option
+def diff_command(a: str, b: str, as_json: bool, db: Path | None) -> None:
+    """Compare the trees of A and B (an original and its fork, or two runs of a task):
+    per agent, the first message where they part, outcomes, rounds, tokens and costs.
+
+    Agents are matched by their place in the tree (root, root/1, root/1/2). Tool-call
+    ids and the trees' own ids inside texts are not differences.
+    """
+    with _errors(), open_store(db, read_only=True) as store:
+        nodes = _nodes(store, a) | _nodes(store, b)
+        pairs = compare(store, a, b)
+        roots = (store.conversation(a).root_id, store.conversation(b).root_id)
+    report = {
+        "a": roots[0],
+        "b": roots[1],
+        "agents": [_pair_json(pair, nodes) for pair in pairs],
+    }
+    if as_json:
+        click.echo(json.dumps(report, indent=2, ensure_ascii=True))
+        return
+    _show(report)
+
+
+def _nodes(store: Store, conversation_id: str) -> dict[str, ShowNode]:
+    root = store.conversation(conversation_id).root_id
+    found: dict[str, ShowNode] = {}
+    stack = [_show_node(store, root, _trusted_config(store, root))]
+    while stack:
+        node = stack.pop()
+        found[node.state.id] = node
+        stack.extend(node.children)
+    return found
+
+
+def _side(conversation_id: str | None, nodes: dict[str, ShowNode]) -> dict[str, Any] | None:
+    if conversation_id is None:
+        return None
+    node = nodes[conversation_id]
+    state = node.state
+    return {
+        "id": conversation_id,
+        "phase": type(state.phase).__name__,
+        "status": node.status,
+        "outcome": node.outcome(),
+        "rounds": state.rounds,
+        "tokens": state.usage.total,
+        "cost": node.cost,
+    }
+
+
+def _said_json(item: Said | None) -> dict[str, Any] | None:
+    return None if item is None else {"seq": item.seq, "kind": item.kind, "text": item.text}
+
+
+def _pair_json(pair: AgentPair, nodes: dict[str, ShowNode]) -> dict[str, Any]:
+    parting = pair.parting
+    return {
+        "path": pair.path,
+        "a": _side(pair.a_id, nodes),
+        "b": _side(pair.b_id, nodes),
+        "same": pair.a_id is not None and pair.b_id is not None and parting is None,
+        "parting": None
+        if parting is None
+        else {"index": parting.index, "a": _said_json(parting.a), "b": _said_json(parting.b)},
+    }
+
+
+def _both(agent: dict[str, Any], field: str, shown: Any = str) -> str:
+    values = [
+        "-" if side is None or side[field] is None else shown(side[field])
+        for side in (agent["a"], agent["b"])
+    ]
+    return values[0] if values[0] == values[1] else f"{values[0]} → {values[1]}"
+
+
+def _money(amount: float) -> str:
+    return f"${amount:.4f}"
+
+
+def _parts(agent: dict[str, Any]) -> str:
+    if agent["a"] is None:
+        return "only in B"
+    if agent["b"] is None:
+        return "only in A"
+    parting = agent["parting"]
+    if parting is None:
+        return "same"
+    where = [
+        f"{side} seq {p['seq']}" for side, p in (("A", parting["a"]), ("B", parting["b"])) if p
+    ]
+    return f"item {parting['index']} ({', '.join(where)})"
+
+
+def _show(report: dict[str, Any]) -> None:
+    console.print(
+        Text(f"A: {printable(report['a'])}   B: {printable(report['b'])}", style="bold"),
+        soft_wrap=True,
+        highlight=False,
+    )
+    table = Table("agent", "outcome", "rounds", "tokens", "cost", "parts at")
+    for agent in report["agents"]:
+        table.add_row(
+            Text(printable(agent["path"])),
+            Text(_both(agent, "phase")),
+            Text(_both(agent, "rounds")),
+            Text(_both(agent, "tokens")),
+            Text(_both(agent, "cost", _money)),
+            Text(_parts(agent)),
+        )
+    console.print(table)
+    for agent in report["agents"]:
+        parting = agent["parting"]
+        if parting is None:
+            continue
+        console.print(
+            Text(f"{printable(agent['path'])} parts at item {parting['index']}:", style="bold"),
+            soft_wrap=True,
+            highlight=False,
+        )
+        for side, style in (("a", "red"), ("b", "green")):
+            item = parting[side]
+            said = (
+                "(nothing: it ends before)"
+                if item is None
+                else f"seq {item['seq']} {item['kind']}: {short(item['text'], 200)}"
+            )
+            console.print(
+                Text(f"  {side.upper()} {printable(said)}", style=style),
+                soft_wrap=True,
+                highlight=False,
+            )
+        for side in ("a", "b"):
+            outcome = agent[side]["outcome"] if agent[side] else ""
+            if outcome:
+                console.print(
+                    Text(f"  {side.upper()} outcome: {short(outcome, 200)}", style="dim"),
+                    soft_wrap=True,
+                    highlight=False,
+                )

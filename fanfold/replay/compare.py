@@ -1,0 +1,142 @@
+"""Two trees side by side: where each agent's conversation parts from its counterpart.
+
+``compare(store, a, b)`` matches the conversations of two trees by their place in the
+tree (``root``, ``root/1``, ``root/1/2``) and, for each pair, replays both logs (the
+reducer only; nothing runs) and finds the first thing the model was sent or said that
+differs: a user message, a reply's text, a tool call (name and arguments), a tool
+result (name, content, error flag). Tool-call ids and the tree's own id inside texts
+(``<root>.1`` in a fan-in result) are left out of the comparison: two runs of one task
+get fresh ids, and a fork gets a new root id, without anything having changed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import attrs
+
+from fanfold.db import Store, UnknownConversation
+from fanfold.replay.stepping import steps
+from fanfold.replay.transcript import tree_path
+from fanfold.statemachine import AssistantMessage, Message, ToolResultMessage, UserMessage
+
+
+@attrs.frozen
+class Said:
+    """One item of a conversation as compared: ``kind`` (``user``, ``assistant``,
+    ``tool_call``, ``tool_result``), ``text`` as recorded (a tool call: its name and
+    argument JSON), and ``seq``, the step it entered the history."""
+
+    seq: int
+    kind: str
+    text: str
+    key: str = attrs.field(repr=False, eq=False)  # what is compared (ids left out)
+
+
+@attrs.frozen
+class Parting:
+    """Where two conversations part: the ``index``-th item of each (None: that one has
+    no item there, it ended or stopped earlier)."""
+
+    index: int
+    a: Said | None
+    b: Said | None
+
+
+@attrs.frozen
+class AgentPair:
+    """The conversations at ``path`` in each tree (None: none there) and where they
+    part (None: they said the same things, or one of them does not exist)."""
+
+    path: str
+    a_id: str | None
+    b_id: str | None
+    parting: Parting | None
+
+
+def said(store: Store, conversation_id: str) -> list[Said]:
+    """What ``conversation_id``'s model was sent and said, item by item, each with the
+    seq it entered the history (replayed from the log)."""
+    roots = _ancestry(store, store.conversation(conversation_id).root_id)
+    # The tree's id followed by a child's number: "<root>.1" in a fan-in result; a
+    # fork's history holds its source tree's ids, so those too.
+    names = "|".join(re.escape(root) for root in sorted(roots, key=len, reverse=True))
+    own_ids = re.compile(f"(?:{names})" + r"(?=\.\d)")
+    items: list[Said] = []
+    length = 0
+    for step in steps(store, conversation_id):
+        history = step.after_state.history
+        # The reducer only appends to a history; should a step ever shorten it, what
+        # follows is read from its start again.
+        length = length if len(history) >= length else 0
+        for message in history[length:]:
+            items.extend(_items(step.seq, message, own_ids))
+        length = len(history)
+    return items
+
+
+def _ancestry(store: Store, root: str) -> set[str]:
+    """``root`` and the roots of the trees it was forked from, and theirs."""
+    found = {root}
+    source = store.conversation(root).forked_from
+    while source is not None and source not in found:
+        found.add(source)
+        try:
+            row = store.conversation(source)
+        except UnknownConversation:
+            break  # a fork imported without its source: its id is all there is
+        found.add(row.root_id)
+        source = store.conversation(row.root_id).forked_from
+    return found
+
+
+def _items(seq: int, message: Message, own_ids: re.Pattern[str]) -> Iterator[Said]:
+    def item(kind: str, text: str, key: str) -> Said:
+        return Said(seq, kind, text, own_ids.sub("<root>", key))
+
+    match message:
+        case UserMessage(text=text):
+            yield item("user", text, text)
+        case AssistantMessage(text=text, tool_calls=calls):
+            if text or not calls:
+                yield item("assistant", text, text)
+            for call in calls:
+                shown = f"{call.name} {call.arguments_json}"
+                yield item("tool_call", shown, shown)
+        case ToolResultMessage(result=result):
+            shown = f"{result.name}{' (error)' if result.is_error else ''}: {result.content}"
+            yield item("tool_result", shown, shown)
+
+
+def first_parting(a: list[Said], b: list[Said]) -> Parting | None:
+    """The first index where ``a`` and ``b`` differ (by kind and compared text), or
+    None if they are the same."""
+    for index in range(max(len(a), len(b))):
+        left = a[index] if index < len(a) else None
+        right = b[index] if index < len(b) else None
+        if left is None or right is None or (left.kind, left.key) != (right.kind, right.key):
+            return Parting(index, left, right)
+    return None
+
+
+def _path_order(path: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in path.split("/")[1:])
+
+
+def compare(store: Store, a: str, b: str) -> list[AgentPair]:
+    """The conversations of the trees of ``a`` and ``b`` (any of their conversations),
+    matched by place, each pair with where it parts; ordered by place, root first."""
+    trees = []
+    for tree in (a, b):
+        root = store.conversation(tree).root_id
+        trees.append({tree_path(row.id, root): row.id for row in store.tree(root)})
+    left, right = trees
+    pairs = []
+    for path in sorted({*left, *right}, key=_path_order):
+        a_id, b_id = left.get(path), right.get(path)
+        parting = None
+        if a_id is not None and b_id is not None:
+            parting = first_parting(said(store, a_id), said(store, b_id))
+        pairs.append(AgentPair(path, a_id, b_id, parting))
+    return pairs

@@ -1,0 +1,414 @@
+"""Forking any step of any conversation of a tree (issue 24): the whole tree as it was
+at that moment, continued by ``resume``, the source untouched."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from db_scenarios import CHILD_PLANS, Driver, cancelled_fan_out, fan_out
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from replay_helpers import write
+
+from fanfold import replay, testing
+from fanfold.cli import cli
+from fanfold.db import Store
+from fanfold.db.provenance import UserKey
+from fanfold.replay.fork import fork_tree
+from fanfold.statemachine import UserMessage
+
+# A root delegates two tasks: root/1 runs a bash command then submits, root/2 answers.
+TWO_CHILDREN = {
+    "latency": 0.0,
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "spawn_agents",
+                            "arguments": {"tasks": [{"task": "a"}, {"task": "b"}]},
+                        }
+                    ]
+                },
+                {"text": "the answer is {{last_tool_result}}"},
+            ],
+        },
+        {
+            "match": {"path": "root/1"},
+            "replies": [
+                {
+                    # Slower than root/2: its outcome is in before this call's step.
+                    "latency": 0.5,
+                    "tool_calls": [{"name": "bash", "arguments": {"command": "echo 42"}}],
+                },
+                {"tool_calls": [{"name": "submit_result", "arguments": {"result": "42"}}]},
+            ],
+        },
+        {"match": {"path": "root/2"}, "replies": [{"text": "b done"}]},
+    ],
+}
+
+
+def run(*args: str | Path) -> Result:
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+def ran(folder: Path) -> tuple[Path, str, Path]:
+    script = folder / "script.json"
+    script.write_text(json.dumps(TWO_CHILDREN))
+    db = folder / "log.db"
+    done = run("run", "--db", db, "--script", script, "--cwd", folder, "go")
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    return db, root.id, script
+
+
+def events_of(db: Path, root: str) -> list[tuple[Any, ...]]:
+    """Every stored event of the tree ``root``, as stored."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(
+            "SELECT conversation_id, seq, type, payload FROM events "
+            "WHERE conversation_id = ? OR conversation_id LIKE ? ORDER BY conversation_id, seq",
+            (root, f"{root}.%"),
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def show(db: Path, conversation_id: str) -> dict[str, Any]:
+    shown = run("show", conversation_id, "--json", "--db", db)
+    assert shown.exit_code == 0, shown.output
+    node: dict[str, Any] = json.loads(shown.stdout)
+    return node
+
+
+def test_a_sub_agent_forked_mid_tool_forks_its_tree_and_resumes(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    before = events_of(db, root)
+    forked = run("fork", root, "--agent", "root/1", "--at", "1", "--id", "fk", "--db", db)
+    assert forked.exit_code == 0, forked.output
+    assert forked.stdout == "fk\n" and "fanfold resume --db" in forked.stderr
+    assert run("replay", "fk", "--verify", "--tree", "--db", db).exit_code == 0
+    # At that moment: the root waiting, root/1 running its bash call, root/2 finished
+    # (its outcome accepted by the root at its seq 3).
+    tree = show(db, "fk")
+    assert tree["phase"] == "AwaitingSubAgents"
+    first, second = tree["children"]
+    assert (first["id"], first["phase"]) == ("fk.1", "ToolExecuting")
+    assert (second["id"], second["phase"], second["outcome"]) == ("fk.2", "Completed", "b done")
+    assert (tree["forked_from"], tree["forked_at_seq"]) == (root, 3)
+    assert (first["forked_from"], first["forked_at_seq"]) == (f"{root}.1", 1)
+    shown = run("show", "fk", "--db", db).stdout
+    assert f"fork of {root}@3" in shown and f"fork of {root}.1@1" in shown
+    listed = {r["id"]: r for r in json.loads(run("ls", "--json", "--db", db).stdout)}
+    assert listed["fk"]["origin"] == "fork"
+    assert (listed["fk"]["forked_from"], listed["fk"]["forked_at_seq"]) == (root, 3)
+    told = run("transcript", "fk", "--agent", "1", "--db", db).stdout
+    assert f"forked from: {root}.1@1" in told
+
+    resumed = run("resume", "--db", db)
+    assert resumed.exit_code == 0, resumed.output
+    tree = show(db, "fk")
+    assert tree["phase"] == "Idle" and tree["children"][0]["outcome"] == "42"
+    assert '"agent_id":"fk.2","result":"b done"' in tree["outcome"]
+    # The finished sibling ran nothing again; the source has not one event more.
+    with Store.open(db) as store:
+        assert store.conversation("fk.2").last_seq == 0
+    assert events_of(db, root) == before
+
+
+def test_a_root_forked_as_it_delegates_spawns_its_children_again(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    before = events_of(db, root)
+    # Seq 2: the model asked for two sub-agents; none existed yet at that moment.
+    assert run("fork", root, "--at", "2", "--id", "fr", "--db", db).exit_code == 0
+    assert [c["id"] for c in show(db, "fr")["children"]] == []
+    assert run("resume", "--db", db).exit_code == 0
+    report = json.loads(run("diff", root, "fr", "--json", "--db", db).stdout)
+    assert [(a["path"], a["same"]) for a in report["agents"]] == [
+        ("root", True),
+        ("root/1", True),
+        ("root/2", True),
+    ]
+    assert events_of(db, root) == before
+
+
+def test_a_tree_from_elsewhere_is_forked_only_at_its_roots_rest(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    exported = tmp_path / "tree.jsonl"
+    assert run("export", root, "-o", exported, "--db", db).exit_code == 0
+    other = tmp_path / "other.db"
+    imported = run("import", exported, "--db", other).stdout.strip()
+    refused = run("fork", imported, "--agent", "1", "--at", "1", "--db", other)
+    assert refused.exit_code == 2
+    assert "sub-agent of a tree this runtime did not write" in refused.stderr
+    mid = run("fork", imported, "--at", "2", "--db", other)
+    assert mid.exit_code == 2 and "can be forked only at rest" in mid.stderr
+    unknown = run("fork", root, "--agent", "root/7", "--at", "0", "--db", db)
+    assert unknown.exit_code == 2 and f"no agent 'root/7' in the tree of '{root}'" in unknown.stderr
+
+
+def _moments(store: Store, root: str) -> list[tuple[str, int]]:
+    return [(s.conversation_id, s.seq) for s in replay.steps(store, root, tree=True)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    plans=st.lists(st.sampled_from(CHILD_PLANS), min_size=1, max_size=3),
+    finish=st.booleans(),
+    cancelled=st.booleans(),
+    pick=st.integers(min_value=0),
+)
+def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
+    plans: list[Any], finish: bool, cancelled: bool, pick: int
+) -> None:
+    driver = Driver(snapshot_every=2)
+    root = "c" if cancelled else "r"
+    if cancelled:
+        cancelled_fan_out(driver, root)
+    else:
+        fan_out(driver, root, plans, finish=finish)
+    with tempfile.TemporaryDirectory() as folder:
+        db = Path(folder) / "log.db"
+        write(db, driver.steps)
+        with Store.open(db) as store:
+            moments = _moments(store, root)
+            cid, seq = moments[pick % len(moments)]
+            before = events_of(db, root)
+            fork = fork_tree(store, cid, seq, new_id="f", key=UserKey.load())
+            assert replay.verify(store, fork, tree=True).ok
+            # Each conversation created by then is in the fork, in its state then.
+            then: dict[str, Any] = {}
+            for step in replay.steps(store, root, tree=True):
+                then[step.conversation_id] = step.after_state
+                if (step.conversation_id, step.seq) == (cid, seq):
+                    break
+            copied = {row.id for row in store.tree(fork)}
+            assert copied == {"f" + c[len(root) :] for c in then}
+            for source_id, state in then.items():
+                forked = store.load_state("f" + source_id[len(root) :])
+                testing.check_invariants(forked)
+                assert forked.outcome == state.outcome  # finished ones keep theirs
+                assert (forked.phase == state.phase) or state.children is not None
+                assert forked.history == state.history
+        assert events_of(db, root) == before  # nothing written to the source
+
+
+# ------------------------------------------------------------------ edits (--continue)
+
+# The fork's continuation: replies are per place and round (round 1 is the first).
+GO_ON = {
+    "latency": 0.0,
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [{"text": "unused"}, {"text": "root says {{last_tool_result}}"}],
+        },
+        {
+            "match": {"path": "root/1"},
+            "replies": [
+                {"text": "unused"},
+                {
+                    "tool_calls": [
+                        {"name": "submit_result", "arguments": {"result": "{{last_tool_result}}"}}
+                    ]
+                },
+            ],
+        },
+        {"match": {"path": "root/2"}, "replies": [{"text": "b again"}]},
+    ],
+}
+
+
+def roots(db: Path) -> list[str]:
+    with Store.open(db) as store:
+        return [row.id for row in store.list_roots()]
+
+
+def go_on_script(folder: Path) -> Path:
+    script = folder / "go_on.json"
+    script.write_text(json.dumps(GO_ON))
+    return script
+
+
+def test_an_edited_reply_runs_its_tool_live_in_the_fork(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    before = events_of(db, root)
+    reply = tmp_path / "reply.json"
+    calls = [{"name": "bash", "arguments": {"command": "echo 99"}}]
+    reply.write_text(json.dumps({"text": "edited", "tool_calls": calls}))
+    args: list[str | Path] = [
+        "fork",
+        root,
+        "--agent",
+        "1",
+        "--at",
+        "0",
+        "--id",
+        "e",
+        "--reply",
+        reply,
+    ]
+    done = run(*args, "--continue", "--script", go_on_script(tmp_path), "--db", db)
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith("e\n") and "resuming" in done.stdout
+    with Store.open(db) as store:
+        child = store.load_state("e.1")
+        assert child.outcome is not None and child.outcome.result.startswith("99")  # type: ignore[union-attr]
+        assert store.load_state("e.2").outcome.result == "b again"  # type: ignore[union-attr]
+    assert run("replay", "e", "--verify", "--tree", "--db", db).exit_code == 0
+    told = run("transcript", "e", "--agent", "1", "--db", db).stdout
+    assert "seq 1 · edit: the awaited model reply given by the user" in told
+    assert "tool call: bash edit_0" in told
+    page = tmp_path / "trace.html"
+    assert run("trace", "e", "-o", page, "--db", db).exit_code == 0
+    assert "fork went on, edited (ReplyEdit)" in page.read_text(encoding="utf-8")
+    assert events_of(db, root) == before
+
+
+def test_an_edited_tool_result_and_an_edited_task(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    result = tmp_path / "result.txt"
+    result.write_text("edited result")
+    script = go_on_script(tmp_path)
+    # Seq 1 of root/1: its bash call (call_0_0, as the scripted provider numbers it) runs.
+    args = ["--agent", "1", "--at", "1", "--tool-result", f"call_0_0={result}"]
+    done = run("fork", root, *args, "--id", "t", "--continue", "--script", script, "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        assert store.load_state("t.1").outcome.result == "edited result"  # type: ignore[union-attr]
+    args = ["--agent", "2", "--at", "0", "--task", "the other task"]
+    done = run("fork", root, *args, "--id", "k", "--continue", "--script", script, "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        second = store.load_state("k.2")
+        assert second.task == "the other task" and UserMessage("the other task") in second.history
+    for fork in ("t", "k"):
+        assert run("replay", fork, "--verify", "--tree", "--db", db).exit_code == 0
+
+
+def test_a_new_system_prompt_for_a_root_at_rest_is_recorded_at_once(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    prompt = tmp_path / "prompt.md"
+    prompt.write_text("be terse \x1b[2J")
+    done = run("fork", root, "--at", "5", "--id", "p", "--system-file", prompt, "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        assert store.load_state("p").system_prompt == "be terse \x1b[2J"
+        assert store.conversation("p").last_seq == 1
+    assert run("replay", "p", "--verify", "--db", db).exit_code == 0
+    told = run("transcript", "p", "--db", db).stdout
+    assert "edit: the system prompt replaced" in told and "be terse \\x1b[2J" in told
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--agent", "1", "--at", "1", "--task", "x", "--continue"], "TaskEdit is legal in"),
+        (["--agent", "1", "--at", "1", "--reply", "R", "--continue"], "ReplyEdit is legal in"),
+        (["--agent", "1", "--at", "0", "--reply", "R"], "add --continue (nothing was written)"),
+        (["--at", "5", "--task", "x", "--system-file", "R"], "give at most one edit"),
+        (["--at", "5", "--tool-result", "nofile"], "--tool-result takes CALL=FILE"),
+        (["--at", "5", "--script", "R"], "go with --continue"),
+    ],
+)
+def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    db, root, _ = ran(tmp_path)
+    reply = tmp_path / "reply.txt"
+    reply.write_text("hello")
+    args = [str(reply) if a == "R" else a for a in args]
+    before = roots(db)
+    refused = run("fork", root, *args, "--db", db)
+    assert refused.exit_code == 2, refused.output
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], refused.stderr
+    assert roots(db) == before
+
+
+def _slow_then(result_latency: float) -> dict[str, Any]:
+    """The continuation after root/1's edited reply: its next reply takes
+    ``result_latency`` seconds (a kill lands while it is awaited)."""
+    script: dict[str, Any] = json.loads(json.dumps(GO_ON))
+    submit = script["agents"][1]["replies"][1]
+    submit["latency"] = result_latency
+    return script
+
+
+def test_a_killed_continuation_of_an_edited_fork_resumes_like_any_tree(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    before = events_of(db, root)
+    runs = tmp_path / "runs.txt"
+    reply = tmp_path / "reply.json"
+    command = f"echo edited >> {runs}; echo 99"
+    reply.write_text(
+        json.dumps({"tool_calls": [{"name": "bash", "arguments": {"command": command}}]})
+    )
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(_slow_then(60.0)))
+    args = ["fork", root, "--agent", "1", "--at", "0", "--id", "e", "--reply", str(reply)]
+    args += ["--continue", "--script", str(slow), "--db", str(db)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # Wait until the edited tool has run and root/1 awaits its (slow) next reply.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with Store.open(db, read_only=True) as store:
+                    if store.exists("e.1") and store.conversation("e.1").last_seq >= 2:
+                        break
+            except Exception:
+                pass
+            time.sleep(0.05)
+        else:
+            pytest.fail("the fork's continuation never reached root/1's next call")
+        proc.kill()
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -9
+    with Store.open(db) as store:
+        assert not store.load_state("e").at_rest  # left unfinished by the kill
+    resumed = run("resume", "--script", go_on_script(tmp_path), "--db", db)
+    assert resumed.exit_code == 0, resumed.output
+    with Store.open(db) as store:
+        assert store.load_state("e.1").outcome.result.startswith("99")  # type: ignore[union-attr]
+        assert store.load_state("e").at_rest
+    assert run("replay", "e", "--verify", "--tree", "--db", db).exit_code == 0
+    assert runs.read_text().split() == ["edited"]  # the edited tool ran once, in the fork
+    assert events_of(db, root) == before
+
+
+def test_an_enum_value_equal_to_the_root_id_is_not_renamed(tmp_path: Path) -> None:
+    # A root named "cancelled", whose cancelled children fail with ErrorKind.CANCELLED
+    # (a StrEnum, so a str): only ids are renamed, never a value that spells one.
+    driver = Driver()
+    cancelled_fan_out(driver, "cancelled")
+    db = tmp_path / "log.db"
+    write(db, driver.steps)
+    with Store.open(db) as store:
+        last = store.conversation("cancelled.2").last_seq
+        fork = fork_tree(store, "cancelled.2", last, new_id="f", key=UserKey.load())
+        assert replay.verify(store, fork, tree=True).ok
+        outcome = store.load_state("f.2").outcome
+        assert outcome is not None and outcome == store.load_state("cancelled.2").outcome
