@@ -392,7 +392,7 @@ class ShowNode:
             line.append(f"\n  fork of {printable(source.id)}@{source.seq}", "blue")
             line.append(
                 f"; the source had spent {source.tokens} tokens "
-                f"({source.tree_tokens} with sub-agents) by then, not counted here",
+                f"({source.tree_tokens} in its tree) by then, not counted here",
                 "dim",
             )
         failure = self.failure()
