@@ -186,6 +186,26 @@ def test_relative_bases_and_paths_are_spelled_out() -> None:
     assert not path_matches("x", "x", "/p ", "/p")
 
 
+def test_a_pattern_longer_than_the_path_does_not_match() -> None:
+    # A '?' or a plain character past the end of the text matches nothing (and reads
+    # no character there: the reducer would raise IndexError).
+    for pattern, text in [("/p/a?", "/p/a"), ("a?", "a"), ("?", ""), ("ab", "a"), ("a/", "a")]:
+        for slash_special in (True, False):
+            assert not glob_match(pattern, text, slash_special=slash_special), pattern
+    assert glob_match("/p/a?", "/p/ab", slash_special=True)
+    assert not path_matches("src/a?", "src/a", "/p", "/p")
+
+
+def test_the_base_directory_itself_is_the_path_dot() -> None:
+    # The base, named absolutely or as ".", is "." relative to itself: "." and "?"
+    # (one character) match it, "??" and a name do not.
+    for path in ("/p", ".", "/p/", "src/.."):
+        assert path_matches(".", path, "/p", "/p"), path
+        assert path_matches("?", path, "/p", "/p"), path
+        assert not path_matches("??", path, "/p", "/p"), path
+        assert not path_matches("p", path, "/p", "/p"), path
+
+
 def test_allows_tool_decides_what_is_offered() -> None:
     rules = _layer(["read-only", "bash(git *)"], ("write_file",))
     assert [t for t in ("bash", "read_file", "think", "write_file", "edit_file") if
