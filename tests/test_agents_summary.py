@@ -58,7 +58,7 @@ from fanfold.statemachine import (
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
 from fanfold.statemachine.control_tools import offered_tools, spawn_agents_spec
-from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT
+from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT, own_messages
 from fanfold.statemachine.errors import UnknownCall
 from fanfold.statemachine.limits import CONTEXT_MODES, Limits
 from fanfold.statemachine.transition import is_summary_call
@@ -667,3 +667,24 @@ def test_an_unbilled_summary_failure_is_retried_even_after_a_sibling_spent_the_b
     state, effects = step(state, ModelFailed(_summary_call(state), unbilled))
     assert only(effects, ScheduleRetry).attempt == 2
     assert isinstance(state.phase, AwaitingSubAgents)
+
+
+def test_own_messages_start_at_the_last_copy_of_the_task() -> None:
+    # A sub-agent of context mode full: its parent's conversation (which may hold the
+    # task's text too), then its task, its turns and the grace prompt. Until issue 26
+    # only the tree property reached this, with examples that changed with imports.
+    task = UserMessage("do it")
+    reply = AssistantMessage("ok")
+    grace = UserMessage("time is up: submit")
+    history = (task, reply, UserMessage("go"), reply, task, reply, grace)
+    assert own_messages(history, "do it", True) == history[4:]
+    assert own_messages(history[:5], "do it", True) == (task,)  # the task last
+    assert own_messages(history[:6], "do it", True) == (task, reply)
+    assert own_messages(history[:2], "do it", True) == history[:2]  # the task first
+    assert own_messages((reply, task, grace), "do it", True) == (task, grace)
+    # No copy of the task, no history, no task, or a root: the whole history.
+    assert own_messages(history, "other", True) == history
+    assert own_messages((), "do it", True) == ()
+    assert own_messages(history, None, True) == history
+    assert own_messages(history, "do it", False) == history
+    assert own_messages(history, None, False) == history
