@@ -57,7 +57,7 @@ from fanfold.statemachine import (
     model_request,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
-from fanfold.statemachine.control_tools import offered_tools, spawn_agents_spec
+from fanfold.statemachine.control_tools import offered_tools, ordinary_tools, spawn_agents_spec
 from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT, own_messages
 from fanfold.statemachine.errors import UnknownCall
 from fanfold.statemachine.limits import CONTEXT_MODES, Limits
@@ -641,6 +641,8 @@ def test_the_spawn_tools_are_made_in_a_fresh_process_too(monkeypatch: pytest.Mon
     assert spawn_agents_spec(agents).name == "spawn_agents"
     offered = offered_tools((), depth=0, is_sub_agent=False, limits=Limits(), agents=agents)
     assert [t.name for t in offered] == ["spawn_agents"]
+    monkeypatch.setattr(control_tools, "_last_ordinary", [None])
+    assert [t.name for t in ordinary_tools(root().tools + offered)] == ["bash", "read_file"]
 
 
 def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
@@ -655,6 +657,7 @@ def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
         first = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
         again = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
         assert again is first
+        assert ordinary_tools(first) is ordinary_tools(first)
 
 
 def test_an_unbilled_summary_failure_is_retried_even_after_a_sibling_spent_the_budget() -> None:
