@@ -56,11 +56,12 @@ from fanfold.statemachine import (
     control_tools,
     model_request,
 )
+from fanfold.statemachine import limits as limits_module
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
 from fanfold.statemachine.control_tools import offered_tools, ordinary_tools, spawn_agents_spec
 from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT, own_messages
 from fanfold.statemachine.errors import UnknownCall
-from fanfold.statemachine.limits import CONTEXT_MODES, Limits
+from fanfold.statemachine.limits import CONTEXT_MODES, Limits, with_max_rounds
 from fanfold.statemachine.transition import is_summary_call
 from fanfold.testing import expected_backoff
 
@@ -643,6 +644,8 @@ def test_the_spawn_tools_are_made_in_a_fresh_process_too(monkeypatch: pytest.Mon
     assert [t.name for t in offered] == ["spawn_agents"]
     monkeypatch.setattr(control_tools, "_last_ordinary", [None])
     assert [t.name for t in ordinary_tools(root().tools + offered)] == ["bash", "read_file"]
+    monkeypatch.setattr(limits_module, "_last_with_rounds", [None])
+    assert with_max_rounds(Limits(), 3) == Limits(max_rounds=3)
 
 
 def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
