@@ -40,7 +40,7 @@ settings.load_profile(PROFILE)
 def freeze_local_constants() -> None:
     """Make generation independent of what the process imported.
 
-    Hypothesis (6.13x on) draws, with a small probability per draw, a constant
+    Hypothesis (6.170 here) draws, with a small probability per draw, a constant
     found in the source of the *local* modules in ``sys.modules`` (fanfold's, not
     tests or site-packages), and rescans whenever ``sys.modules`` grows. So a
     derandomized test generated other examples after ``fanfold.cli`` was imported
@@ -49,7 +49,7 @@ def freeze_local_constants() -> None:
     (issue 26). The mutation profile replaces that pool by an empty one (the fixed
     global constants, 0, -1, NaN, "", ... are still drawn). No public setting does
     this: if Hypothesis renames the hook, this fails loudly, and
-    ``tests/test_sm_determinism.py`` checks the result either way.
+    ``tests/test_hypothesis_determinism.py`` checks the result either way.
     """
     from hypothesis.internal.conjecture import providers
     from hypothesis.internal.constants_ast import Constants
