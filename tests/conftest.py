@@ -5,8 +5,10 @@
   well under a minute on two cores);
 - ``dev``: 20 examples, for quick iterations (``HYPOTHESIS_PROFILE=dev``);
 - ``mutation``: 100 examples, derandomized and without the example database, for the
-  mutation run (``HYPOTHESIS_PROFILE=mutation``, see DESIGN.md "Mutation testing"):
-  a mutant is killed or not by the same examples every time.
+  mutation run (``HYPOTHESIS_PROFILE=mutation``, see DESIGN.md "Mutation testing"),
+  with Hypothesis' pool of constants from the imported modules emptied (see
+  ``freeze_local_constants``): a test generates the same examples every time, under
+  mutmut as in a fresh process, whatever was imported before it.
 
 ``deadline=None`` everywhere: one example walks a conversation through dozens of
 reducer steps and checks every invariant after each, so its run time is legitimately
@@ -16,6 +18,9 @@ No health check is suppressed here.
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -28,9 +33,66 @@ settings.register_profile("dev", max_examples=20, deadline=None)
 settings.register_profile(
     "mutation", max_examples=100, deadline=None, derandomize=True, database=None
 )
-settings.load_profile(
-    "ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "default")
-)
+PROFILE = "ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "default")
+settings.load_profile(PROFILE)
+
+
+def freeze_local_constants() -> None:
+    """Make generation independent of what the process imported.
+
+    Hypothesis (6.170 here) draws, with a small probability per draw, a constant
+    found in the source of the *local* modules in ``sys.modules`` (fanfold's, not
+    tests or site-packages), and rescans whenever ``sys.modules`` grows. So a
+    derandomized test generated other examples after ``fanfold.cli`` was imported
+    (mutmut's runner collects the whole selection first), and under mutmut, whose
+    mutated copies of the modules hold other constants, than in a fresh process
+    (issue 26). The mutation profile replaces that pool by an empty one (the fixed
+    global constants, 0, -1, NaN, "", ... are still drawn). No public setting does
+    this: if Hypothesis renames the hook, this fails loudly, and
+    ``tests/test_hypothesis_determinism.py`` checks the result either way.
+    """
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import Constants
+
+    if not hasattr(providers, "_get_local_constants"):
+        raise RuntimeError("hypothesis no longer has providers._get_local_constants")
+    empty = Constants()
+    setattr(providers, "_get_local_constants", lambda: empty)  # noqa: B010
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
+if PROFILE == "mutation":
+    freeze_local_constants()
+
+
+def _record_examples(path: str) -> None:
+    """Write, at the end of the session, a digest of every example each property test
+    generated (its printed form) to ``path``: ``tests/test_hypothesis_determinism.py``
+    compares two processes' digests."""
+    from hypothesis.internal.observability import (
+        Observation,
+        add_observability_callback,
+    )
+
+    seen: dict[str, list[str]] = {}
+
+    def record(observation: Observation) -> None:
+        if observation.type == "test_case":
+            seen.setdefault(observation.property, []).append(observation.representation)
+
+    def write() -> None:
+        digests = {
+            name: [len(shown), hashlib.sha256("\n\0".join(shown).encode()).hexdigest()]
+            for name, shown in seen.items()
+        }
+        Path(path).write_text(json.dumps(digests, sort_keys=True))
+
+    add_observability_callback(record)
+    atexit.register(write)
+
+
+if os.environ.get("FANFOLD_EXAMPLES_DIGEST"):
+    _record_examples(os.environ["FANFOLD_EXAMPLES_DIGEST"])
 
 
 @pytest.fixture(autouse=True)

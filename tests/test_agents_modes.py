@@ -159,6 +159,24 @@ def test_a_race_resumes_at_its_quorum_and_cancels_the_others() -> None:
     assert after == state and effects == ()
 
 
+def test_a_race_counts_only_its_own_successes_toward_the_quorum() -> None:
+    # A failed child of the race is no success: the race waits for its quorum...
+    state = root()
+    state, _ = step(state, user("go"))
+    calls = (_spawn_with("r", ["a", "b", "c"], quorum=1), _spawn_with("p", ["d"]))
+    state, _ = step(state, replied(state, *calls))
+    failure = ChildFailed("broke", ErrorKind.SUBMITTED_ERROR)
+    state, effects = step(state, SubAgentFinished("root.1", failure))
+    assert not of_type(effects, CancelSubAgents) and state.written_off == ()
+    assert _started(state) == ["root.2", "root.3", "root.4"]
+    # ...and a success of another call of the round counts nothing toward it either.
+    state, effects = step(state, SubAgentFinished("root.4", ChildSucceeded("d done")))
+    assert not of_type(effects, CancelSubAgents) and _started(state) == ["root.2", "root.3"]
+    state, effects = step(state, SubAgentFinished("root.3", ChildSucceeded("c won")))
+    assert of_type(effects, CancelSubAgents) == [CancelSubAgents(("root.2",), CancelReason.PARENT)]
+    assert of_type(effects, CallModel)
+
+
 def test_mode_arguments_are_checked() -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"mode": "random"}, "'mode' must be one of parallel, sequential, race"),

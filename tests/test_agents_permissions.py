@@ -186,6 +186,40 @@ def test_relative_bases_and_paths_are_spelled_out() -> None:
     assert not path_matches("x", "x", "/p ", "/p")
 
 
+def test_a_pattern_longer_than_the_path_does_not_match() -> None:
+    # A '?' or a plain character past the end of the text matches nothing (and reads
+    # no character there: the reducer would raise IndexError).
+    for pattern, text in [("/p/a?", "/p/a"), ("a?", "a"), ("?", ""), ("ab", "a"), ("a/", "a")]:
+        for slash_special in (True, False):
+            assert not glob_match(pattern, text, slash_special=slash_special), pattern
+    assert glob_match("/p/a?", "/p/ab", slash_special=True)
+    assert not path_matches("src/a?", "src/a", "/p", "/p")
+
+
+def test_a_double_star_never_goes_back_before_where_it_starts() -> None:
+    # "**/" matches whole directories from where it stands, not from an earlier '/':
+    # "p/q/" is already used, so "q/r" must match what follows it.
+    assert not glob_match("p/q/**/q/r", "p/q/r", slash_special=True)
+    assert glob_match("p/q/**/q/r", "p/q/q/r", slash_special=True)
+    assert not path_matches("src/gen/**/gen/*.py", "src/gen/x.py", "/p", "/p")
+
+
+def test_a_base_directory_may_end_in_any_character() -> None:
+    # Only a trailing '/' is trimmed from the base (a name ending in 'X' stays whole).
+    assert path_matches("a", "/work/dirX/a", "/work/dirX", "/work/dirX")
+    assert path_matches("*", "a", "/work/X", "/work/X")
+
+
+def test_the_base_directory_itself_is_the_path_dot() -> None:
+    # The base, named absolutely or as ".", is "." relative to itself: "." and "?"
+    # (one character) match it, "??" and a name do not.
+    for path in ("/p", ".", "/p/", "src/.."):
+        assert path_matches(".", path, "/p", "/p"), path
+        assert path_matches("?", path, "/p", "/p"), path
+        assert not path_matches("??", path, "/p", "/p"), path
+        assert not path_matches("p", path, "/p", "/p"), path
+
+
 def test_allows_tool_decides_what_is_offered() -> None:
     rules = _layer(["read-only", "bash(git *)"], ("write_file",))
     assert [t for t in ("bash", "read_file", "think", "write_file", "edit_file") if

@@ -56,11 +56,12 @@ from fanfold.statemachine import (
     control_tools,
     model_request,
 )
+from fanfold.statemachine import limits as limits_module
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
-from fanfold.statemachine.control_tools import offered_tools, spawn_agents_spec
-from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT
+from fanfold.statemachine.control_tools import offered_tools, ordinary_tools, spawn_agents_spec
+from fanfold.statemachine.delegation import SUMMARY_HEADER, SUMMARY_PROMPT, own_messages
 from fanfold.statemachine.errors import UnknownCall
-from fanfold.statemachine.limits import CONTEXT_MODES, Limits
+from fanfold.statemachine.limits import CONTEXT_MODES, Limits, with_max_rounds
 from fanfold.statemachine.transition import is_summary_call
 from fanfold.testing import expected_backoff
 
@@ -641,6 +642,10 @@ def test_the_spawn_tools_are_made_in_a_fresh_process_too(monkeypatch: pytest.Mon
     assert spawn_agents_spec(agents).name == "spawn_agents"
     offered = offered_tools((), depth=0, is_sub_agent=False, limits=Limits(), agents=agents)
     assert [t.name for t in offered] == ["spawn_agents"]
+    monkeypatch.setattr(control_tools, "_last_ordinary", [None])
+    assert [t.name for t in ordinary_tools(root().tools + offered)] == ["bash", "read_file"]
+    monkeypatch.setattr(limits_module, "_last_with_rounds", [None])
+    assert with_max_rounds(Limits(), 3) == Limits(max_rounds=3)
 
 
 def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
@@ -655,6 +660,7 @@ def test_siblings_share_one_spawn_tool_and_one_tool_set() -> None:
         first = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
         again = offered_tools(ordinary, depth=0, is_sub_agent=True, limits=limits, agents=agents)
         assert again is first
+        assert ordinary_tools(first) is ordinary_tools(first)
 
 
 def test_an_unbilled_summary_failure_is_retried_even_after_a_sibling_spent_the_budget() -> None:
@@ -667,3 +673,24 @@ def test_an_unbilled_summary_failure_is_retried_even_after_a_sibling_spent_the_b
     state, effects = step(state, ModelFailed(_summary_call(state), unbilled))
     assert only(effects, ScheduleRetry).attempt == 2
     assert isinstance(state.phase, AwaitingSubAgents)
+
+
+def test_own_messages_start_at_the_last_copy_of_the_task() -> None:
+    # A sub-agent of context mode full: its parent's conversation (which may hold the
+    # task's text too), then its task, its turns and the grace prompt. Until issue 26
+    # only the tree property reached this, with examples that changed with imports.
+    task = UserMessage("do it")
+    reply = AssistantMessage("ok")
+    grace = UserMessage("time is up: submit")
+    history = (task, reply, UserMessage("go"), reply, task, reply, grace)
+    assert own_messages(history, "do it", True) == history[4:]
+    assert own_messages(history[:5], "do it", True) == (task,)  # the task last
+    assert own_messages(history[:6], "do it", True) == (task, reply)
+    assert own_messages(history[:2], "do it", True) == history[:2]  # the task first
+    assert own_messages((reply, task, grace), "do it", True) == (task, grace)
+    # No copy of the task, no history, no task, or a root: the whole history.
+    assert own_messages(history, "other", True) == history
+    assert own_messages((), "do it", True) == ()
+    assert own_messages(history, None, True) == history
+    assert own_messages(history, "do it", False) == history
+    assert own_messages(history, None, False) == history
