@@ -38,18 +38,12 @@ def test_a_claude_code_file_is_read_as_is() -> None:
     assert definition is not None
     assert definition.name == "code-reviewer"
     assert definition.description.startswith("Expert code review")
-    assert definition.allow == (Rule("read_file"), Rule("bash"))
+    assert definition.allow == (Rule("read_file"), Rule("grep"), Rule("glob"), Rule("bash"))
     assert definition.model is None  # inherit: the parent's
     assert definition.prompt == "You are a senior code reviewer.\n\nCheck for bugs."
     assert definition.prompt_mode is PromptMode.EXTEND
-    # Tools fanfold lacks and keys it does not use are warnings, with their lines.
-    assert problems == [
-        "a.md:6: unknown key 'color' ignored",
-        "a.md:4: tools: fanfold has no tool 'Grep'; it is ignored (tools: bash, edit_file, "
-        "read_file, think, write_file, read-only)",
-        "a.md:4: tools: fanfold has no tool 'Glob'; it is ignored (tools: bash, edit_file, "
-        "read_file, think, write_file, read-only)",
-    ]
+    # Keys fanfold does not use are warnings, with their lines.
+    assert problems == ["a.md:6: unknown key 'color' ignored"]
 
 
 def test_fanfold_keys_and_yaml_lists() -> None:

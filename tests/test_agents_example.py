@@ -51,7 +51,7 @@ def test_the_agents_example_runs_offline_and_show_displays_it(tmp_path: Path) ->
     ]
     assert (explorer["agent"], explorer["tools"], explorer["refused_calls"]) == (
         "explorer",
-        ["read_file", "think", "submit_result", "submit_error"],
+        ["read_file", "think", "grep", "glob", "submit_result", "submit_error"],
         1,
     )
     assert "[project]" in explorer["outcome"]  # its read was allowed

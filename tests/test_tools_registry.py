@@ -43,7 +43,7 @@ async def run(tools: ToolSet, name: str, arguments_json: str = "{}") -> ToolResu
 
 def test_default_tool_set() -> None:
     tools = ToolSet.default()
-    assert tools.names == ("bash", "read_file", "write_file", "edit_file", "think")
+    assert tools.names == ("bash", "read_file", "write_file", "edit_file", "think", "grep", "glob")
     assert tuple(s.name for s in tools.specs()) == tools.names
     assert "bash" in tools
     assert "spawn_agents" not in tools
@@ -82,7 +82,8 @@ async def test_unknown_tool_is_an_error_result() -> None:
     assert result == ToolResult(
         "id-1",
         "python",
-        "unknown tool 'python'. Available tools: bash, read_file, write_file, edit_file, think",
+        "unknown tool 'python'. Available tools: bash, read_file, write_file, edit_file, think, "
+        "grep, glob",
         is_error=True,
     )
 

@@ -46,7 +46,9 @@ from fanfold.statemachine.permissions import (
     parse_rule,
 )
 
-KNOWN_TOOLS = frozenset({"bash", "read_file", "write_file", "edit_file", "think"})
+KNOWN_TOOLS = frozenset(
+    {"bash", "read_file", "write_file", "edit_file", "think", "grep", "glob", "web_fetch"}
+)
 """The ordinary tools fanfold has (a rule naming another tool matches nothing)."""
 
 MAX_FILE_BYTES = 256 * 1024

@@ -41,10 +41,13 @@ class ModelChoice:
     retry: RetryPolicy = RetryPolicy()
     env_policy: EnvPolicy = EnvPolicy()
     system_prompt: str = ""
+    web_domains: tuple[str, ...] = ()
+    model_aliases: tuple[tuple[str, str], ...] = ()
 
     def tools(self) -> ToolSet:
-        """The tool set, bash commands' environments under ``env_policy``."""
-        return ToolSet.default(env_policy=self.env_policy)
+        """The tool set, bash commands' environments under ``env_policy``, web_fetch
+        from ``web_domains`` (none: no web_fetch)."""
+        return ToolSet.default(env_policy=self.env_policy, web_domains=self.web_domains)
 
     def redactor(self) -> Redactor:
         """What to redact from the log: the values of this process's secrets."""
@@ -128,6 +131,8 @@ def _model_choice(config: Config, model: str | None, demo_script: Path) -> Model
         config.retry_policy(),
         env_policy,
         config.system_prompt,
+        config.web_domains,
+        config.model_aliases,
     )
 
 

@@ -145,6 +145,10 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
         # A variable passes only if every configuration resumed here lets it pass.
         frozenset.intersection(*(c.env_policy.pass_env for c in used)) if used else frozenset(),
     )
+    # A domain is fetched from only if every configuration resumed here allows it.
+    web_domains = (
+        tuple(sorted(set.intersection(*(set(c.web_domains) for c in used)))) if used else ()
+    )
     try:
         # Open until the runtime has shut down: a second signal during the shutdown
         # waits (and is delivered after it) instead of killing the process before its
@@ -153,7 +157,7 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
             async with Runtime.open(
                 path,
                 override.provider if override is not None else per_tree,
-                ToolSet.default(env_policy=policy),
+                ToolSet.default(env_policy=policy, web_domains=web_domains),
                 redact=policy.redactor(os.environ),
                 observer=view.observe,
                 key=key,

@@ -12,6 +12,13 @@ The file (see ``examples/fanfold.toml``)::
     [tools.bash]                # optional
     pass_env = ["GITHUB_TOKEN"] # secret-looking variables bash commands may see
 
+    [tools.web_fetch]           # optional; without it there is no web_fetch tool
+    domains = ["docs.python.org", "*.readthedocs.io"]   # hosts it may fetch from
+
+    [model_aliases]             # optional: what agent files' model names mean
+    sonnet = "big"              # a profile or a model; Claude Code's sonnet, opus and
+    haiku = "small"             # haiku are refused unless they are mapped here
+
     [profiles.local]
     provider = "openai"         # "openai" | "anthropic" | "scripted"
     base_url = "http://127.0.0.1:8080/v1"
@@ -68,6 +75,7 @@ from fanfold.providers.openai import DEFAULT_BASE_URL as OPENAI_BASE_URL
 from fanfold.providers.openai import OpenAIProvider
 from fanfold.providers.wire import Secret, looks_like_key
 from fanfold.statemachine import ErrorKind, Limits, ModelError, ModelReply, ModelRequest
+from fanfold.statemachine.permissions import DOMAIN, domain_problem
 
 PROVIDERS = ("openai", "anthropic", "scripted")
 OFFLINE_PROFILE = "offline"
@@ -203,6 +211,11 @@ class Config:
     source: str = "built-in"
     pass_env: tuple[str, ...] = ()
     replaced_key_variables: tuple[str, ...] = ()
+    web_domains: tuple[str, ...] = ()
+    """``[tools.web_fetch] domains``: the hosts ``web_fetch`` may fetch from (none:
+    the tool is not offered)."""
+    model_aliases: tuple[tuple[str, str], ...] = ()
+    """``[model_aliases]``: (alias, profile or model) pairs for agent files' ``model``."""
     system_prompt: str = ""
     """The root conversations' system prompt (``system_prompt`` at the top of the
     file); ``fanfold run --system``/``--system-file`` replace it."""
@@ -319,7 +332,15 @@ OFFLINE = Config(profiles=(Profile(OFFLINE_PROFILE, "scripted"),), default=OFFLI
 
 # ------------------------------------------------------------------ parsing
 
-_TOP_KEYS = {"default", "sub_agents", "profiles", "retry", "tools", "system_prompt"}
+_TOP_KEYS = {
+    "default",
+    "sub_agents",
+    "profiles",
+    "retry",
+    "tools",
+    "system_prompt",
+    "model_aliases",
+}
 _PROFILE_KEYS = {
     "provider",
     "base_url",
@@ -720,7 +741,7 @@ def _pass_env(value: Any, path: str) -> tuple[str, ...]:
     """``[tools.bash] pass_env``: names of variables bash commands may see."""
     if not isinstance(value, dict):
         raise ConfigError("must be a table", path=path, key="tools")
-    _unknown(value, {"bash"}, path, "tools.")
+    _unknown(value, {"bash", "web_fetch"}, path, "tools.")
     bash = value.get("bash", {})
     if not isinstance(bash, dict):
         raise ConfigError("must be a table", path=path, key="tools.bash")
@@ -735,6 +756,46 @@ def _pass_env(value: Any, path: str) -> tuple[str, ...]:
     return tuple(
         _check_env_name(name, path, f"tools.bash.pass_env[{i}]") for i, name in enumerate(names)
     )
+
+
+def _web_domains(value: Any, path: str) -> tuple[str, ...]:
+    """``[tools.web_fetch] domains``: hosts (``docs.python.org``, ``*.python.org``)."""
+    if not isinstance(value, dict):
+        raise ConfigError("must be a table", path=path, key="tools")
+    table = value.get("web_fetch", {})
+    if not isinstance(table, dict):
+        raise ConfigError("must be a table", path=path, key="tools.web_fetch")
+    _unknown(table, {"domains"}, path, "tools.web_fetch.")
+    domains = table.get("domains", [])
+    if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
+        raise ConfigError(
+            'must be a list of host names, e.g. ["docs.python.org", "*.python.org"]',
+            path=path,
+            key="tools.web_fetch.domains",
+        )
+    out = []
+    for i, domain in enumerate(domains):
+        pattern = domain.strip() if domain.strip().startswith(DOMAIN) else DOMAIN + domain.strip()
+        problem = domain_problem(pattern)
+        if problem is not None:
+            raise ConfigError(problem, path=path, key=f"tools.web_fetch.domains[{i}]")
+        out.append(domain.strip())
+    return tuple(out)
+
+
+def _model_aliases(value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    """``[model_aliases]``: alias = "profile or model"."""
+    if not isinstance(value, dict):
+        raise ConfigError("must be a table of alias = \"profile or model\"", path=path,
+                          key="model_aliases")  # fmt: skip
+    out = []
+    for alias, target in value.items():
+        if not isinstance(target, str) or not target.strip():
+            raise ConfigError(
+                "must be a profile or model name", path=path, key=f"model_aliases.{alias}"
+            )
+        out.append((str(alias).strip().lower(), target.strip()))
+    return tuple(out)
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
@@ -760,11 +821,21 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     sub_agents = _string(data["sub_agents"], source, "sub_agents") if "sub_agents" in data else None
     retry = _retry(data["retry"], source) if "retry" in data else RetryPolicy()
     pass_env = _pass_env(data["tools"], source) if "tools" in data else ()
+    web_domains = _web_domains(data["tools"], source) if "tools" in data else ()
+    aliases = _model_aliases(data["model_aliases"], source) if "model_aliases" in data else ()
     system_prompt = (
         _text(data["system_prompt"], source, "system_prompt") if "system_prompt" in data else ""
     )
     return Config(
-        profiles, default, sub_agents, retry, source, pass_env, system_prompt=system_prompt
+        profiles,
+        default,
+        sub_agents,
+        retry,
+        source,
+        pass_env,
+        system_prompt=system_prompt,
+        web_domains=web_domains,
+        model_aliases=aliases,
     )
 
 

@@ -7,10 +7,10 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 import structlog
@@ -46,7 +46,9 @@ from fanfold.statemachine import (
 from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
+from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import NO_REDACTION, EnvPolicy
+from fanfold.tools.tool import Tool
 
 # Snapshots: a conversation's full state is stored whenever it comes to rest, and
 # otherwise once the events logged since its last snapshot take more bytes than that
@@ -178,6 +180,13 @@ class TreeNode:
     children: tuple[TreeNode, ...]
 
 
+def _runner(tools: ToolRunner | Iterable[Tool | Callable[..., Any]]) -> ToolRunner:
+    """``tools`` as a runner: a list of tools and functions becomes a ``ToolSet``."""
+    if hasattr(tools, "specs") and hasattr(tools, "run"):
+        return cast(ToolRunner, tools)
+    return ToolSet(tools)
+
+
 def resume_plan(store: Store, key: UserKey) -> ResumePlan:
     """Which unfinished trees of ``store`` a runtime holding ``key`` may continue, and
     which it must skip, and why.
@@ -276,7 +285,7 @@ class Runtime:
         cls,
         database: str | Path,
         provider: Provider,
-        tools: ToolRunner,
+        tools: ToolRunner | Iterable[Tool | Callable[..., Any]],
         *,
         limits: Limits | None = None,
         system_prompt: str = "",
@@ -299,6 +308,12 @@ class Runtime:
         of WAL checkpoints happen in the store's own background thread), in the loop
         for ":memory:". ``threaded_writes=False`` forces the latter, which tests on
         Trio's autojump clock need: time must not jump while a write is in flight.
+
+        ``tools`` is a tool runner (``ToolSet.default()``; ``ToolSet.default(extra=
+        [...])`` adds tools beside the built-ins), or a list of tools and functions
+        (``@fanfold.tool``; plain functions are made tools as it would) offered
+        instead of the built-ins. Their specs are recorded in each root's creation
+        event, so replay needs none of them.
 
         ``key`` is this user's provenance key (default: ``UserKey.load()``, the key
         file in the user's fanfold data directory, created on first use);
@@ -328,6 +343,7 @@ class Runtime:
         """
         if gc_policy not in GC_POLICIES:
             raise ValueError(f"gc_policy must be one of {GC_POLICIES}, not {gc_policy!r}")
+        runner = _runner(tools)
         key = key if key is not None else UserKey.load()
         memory = str(database) == ":memory:"
         store = Store.memory() if memory else Store.open(database)
@@ -343,7 +359,7 @@ class Runtime:
                 runtime = cls(
                     store,
                     provider,
-                    tools,
+                    runner,
                     nursery,
                     writer=writer,
                     limits=limits or Limits(),

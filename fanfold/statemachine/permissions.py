@@ -10,6 +10,12 @@ from coding agents:
   whose ``path`` matches the glob (``**`` any number of directories, ``*`` and ``?``
   within one name), the path taken relative to the working directory of the agent
   the rule was given to;
+- ``web_fetch(domain:docs.python.org)``: a ``web_fetch`` call whose ``url`` has that
+  host (``domain:*.python.org``: any host below ``python.org``); Claude Code's
+  ``WebFetch(domain:...)``. A URL that is not plain (not http or https, with a user
+  name, a backslash, a space, a ``%`` or a non-ASCII character in it) matches no
+  allow rule and every deny rule. The tool itself checks the same rules (its own
+  list, which the configuration gives) and the address the host resolves to;
 - ``read-only``: every reading tool (``READING_TOOLS``), as an allow rule.
 
 A ``RuleSet`` is one layer: allow rules (None: every tool) and deny rules; a call
@@ -37,7 +43,7 @@ from fanfold.statemachine.messages import ToolCall
 READ_ONLY = "read-only"
 """The allow rule that stands for every reading tool."""
 
-READING_TOOLS = frozenset({"read_file", "think"})
+READING_TOOLS = frozenset({"read_file", "think", "grep", "glob"})
 """The tools that change nothing: what ``read-only`` allows."""
 
 PATH_TOOLS = frozenset({"read_file", "write_file", "edit_file"})
@@ -46,12 +52,20 @@ PATH_TOOLS = frozenset({"read_file", "write_file", "edit_file"})
 COMMAND_TOOLS = frozenset({"bash"})
 """Tools whose rules take a pattern on their ``command`` argument."""
 
+URL_TOOLS = frozenset({"web_fetch"})
+"""Tools whose rules take ``domain:HOST`` on their ``url`` argument."""
+
+DOMAIN = "domain:"
+
 CLAUDE_TOOL_NAMES = {
     "Bash": "bash",
     "Read": "read_file",
     "Write": "write_file",
     "Edit": "edit_file",
     "MultiEdit": "edit_file",
+    "Grep": "grep",
+    "Glob": "glob",
+    "WebFetch": "web_fetch",
 }
 """Claude Code's names of the tools fanfold has, so that its agent files work as is."""
 
@@ -96,12 +110,73 @@ def parse_rule(text: object) -> Rule | str:
     if not name or not all(c.isalnum() or c in "_-." for c in name) or not name.isascii():
         return f"rule {text!r}: {name!r} is not a tool name"
     name = CLAUDE_TOOL_NAMES.get(name, name)
+    if pattern is not None and name in URL_TOOLS:
+        problem = domain_problem(pattern)
+        if problem is not None:
+            return f"rule {text!r}: {problem}"
+        return Rule(name, DOMAIN + pattern[len(DOMAIN) :].strip().lower().rstrip("."))
     if pattern is not None and name not in PATH_TOOLS | COMMAND_TOOLS:
         return (
-            f"rule {text!r}: only bash (a command) and read_file, write_file, edit_file "
-            "(a path) take a pattern"
+            f"rule {text!r}: only bash (a command), read_file, write_file, edit_file "
+            "(a path) and web_fetch (domain:HOST) take a pattern"
         )
     return Rule(name, pattern)
+
+
+def domain_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is not ``domain:HOST`` (``domain:*.HOST``); None if it is."""
+    if not pattern.startswith(DOMAIN):
+        return "web_fetch takes domain:HOST, like web_fetch(domain:docs.python.org)"
+    host = pattern[len(DOMAIN) :].strip().lower().rstrip(".")
+    name = host[2:] if host.startswith("*.") else host
+    if not name or not _plain_host(name) or "*" in name:
+        return f"{host!r} is not a host name (a wildcard only as '*.' at the start)"
+    return None
+
+
+def _plain_host(host: str) -> bool:
+    return host.isascii() and all(c.isalnum() or c in "-.:" for c in host)
+
+
+def url_host(url: str) -> str | None:
+    """The host of a plain http(s) URL, lowercased, without a trailing dot; None for
+    anything else (another scheme, a user name, a backslash, a space, a control
+    character or a non-ASCII character anywhere in it, a ``%`` escape in its host): so this
+    reading and an HTTP client's cannot disagree about which host a URL names."""
+    if not url.isascii() or any(c.isspace() or ord(c) < 32 or c == "\\" for c in url):
+        return None
+    lower = url.lower()
+    for scheme in ("https://", "http://"):
+        if lower.startswith(scheme):
+            rest = lower[len(scheme) :]
+            break
+    else:
+        return None
+    authority = rest
+    for separator in "/?#":
+        authority = authority.split(separator, 1)[0]
+    if "@" in authority or "%" in authority:
+        return None
+    if authority.startswith("["):
+        end = authority.find("]")
+        host, port = (authority[1:end], authority[end + 1 :]) if end > 0 else ("", "")
+        if port and not (port.startswith(":") and port[1:].isdigit()):
+            return None
+    else:
+        host, _, port = authority.partition(":")
+        if (port and not port.isdigit()) or ":" in port:
+            return None
+    host = host.rstrip(".")
+    return host if host and _plain_host(host) else None
+
+
+def domain_matches(pattern: str, host: str) -> bool:
+    """Whether ``domain:HOST`` (``pattern``) names ``host``: exactly, or for
+    ``domain:*.example.com`` any host below ``example.com`` (not itself)."""
+    name = pattern[len(DOMAIN) :] if pattern.startswith(DOMAIN) else pattern
+    if name.startswith("*."):
+        return host.endswith(name[1:]) and len(host) > len(name) - 1
+    return host == name
 
 
 @attrs.frozen
@@ -202,6 +277,13 @@ def _matches(rule: Rule, call: ToolCall, cwd: str, base: str, *, deny: bool) -> 
         if command is None:
             return False
         return command_matches(rule.pattern, command, any_part=deny)
+    if call.name in URL_TOOLS:
+        url = _argument(call, "url")
+        host = None if url is None else url_host(url)
+        if host is None:
+            # Not a plain URL: no allow rule vouches for it, every deny rule takes it.
+            return deny
+        return domain_matches(rule.pattern, host)
     path = _argument(call, "path")
     if path is None:
         return False

@@ -1,8 +1,8 @@
 """fanfold's ordinary tools and the ToolSet the runtime runs them through.
 
 ``ToolSet.default(policy=PathPolicy())`` offers ``bash``, ``read_file``, ``write_file``,
-``edit_file`` and ``think``. The control tools (``spawn_agents``, ``submit_result``,
-``submit_error``) are not here: the reducer handles them.
+``edit_file``, ``think``, ``grep`` and ``glob``. The control tools (``spawn_agents``,
+``submit_result``, ``submit_error``) are not here: the reducer handles them.
 """
 
 from fanfold.tools.base import ToolRunner
@@ -12,6 +12,7 @@ from fanfold.tools.output import HeadTailBuffer
 from fanfold.tools.paths import PathMode, PathPolicy
 from fanfold.tools.registry import ToolSet
 from fanfold.tools.schema import SchemaError, check_schema, validate, validate_arguments
+from fanfold.tools.search import GlobTool, GrepTool, SearchLimits
 from fanfold.tools.secrets import EnvPolicy, Redactor
 from fanfold.tools.think import ThinkTool
 from fanfold.tools.tool import Tool, ToolInputError, ToolOutput
@@ -20,12 +21,15 @@ __all__ = [
     "BashTool",
     "EditFileTool",
     "EnvPolicy",
+    "GlobTool",
+    "GrepTool",
     "HeadTailBuffer",
     "PathMode",
     "PathPolicy",
     "ReadFileTool",
     "Redactor",
     "SchemaError",
+    "SearchLimits",
     "ThinkTool",
     "Tool",
     "ToolInputError",

@@ -11,11 +11,14 @@ import trio
 from fanfold.statemachine import CONTROL_TOOLS, ToolCall, ToolResult, ToolSpec
 from fanfold.tools.bash import BashTool
 from fanfold.tools.files import EditFileTool, ReadFileTool, WriteFileTool
+from fanfold.tools.function import function_tool
 from fanfold.tools.paths import PathPolicy
 from fanfold.tools.schema import check_schema, validate_arguments
+from fanfold.tools.search import GlobTool, GrepTool
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.think import ThinkTool
-from fanfold.tools.tool import Tool, ToolInputError, ToolOutput
+from fanfold.tools.tool import Tool, ToolInputError, ToolOutput, valid_tool_name
+from fanfold.tools.web import WebFetchTool
 
 DEFAULT_POLICY = PathPolicy()
 DEFAULT_ENV = EnvPolicy()
@@ -31,19 +34,32 @@ class ToolSet:
     are cancellation or bugs in fanfold, and must not be disguised as a tool result.
     """
 
-    def __init__(self, tools: Iterable[Tool]) -> None:
-        """Build from ``tools``; raises ``ValueError`` on duplicate or control-tool names
-        and :class:`~fanfold.tools.schema.SchemaError` on an unsupported schema."""
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]]) -> None:
+        """Build from ``tools``: tool objects, or functions, which are made tools as
+        ``@fanfold.tool`` would. Raises ``ValueError`` on duplicate or control-tool
+        names, on a name a model cannot call, on a tool whose name is a built-in's
+        (``bash`` and the rest of ``BUILT_IN_NAMES``) unless it is that built-in, and
+        :class:`~fanfold.tools.schema.SchemaError` on an unsupported schema."""
         self._tools: dict[str, Tool] = {}
         self._specs: dict[str, ToolSpec] = {}
         self._schemas: dict[str, dict[str, Any]] = {}  # parsed once, read-only
         self._conforms: dict[str, Callable[[object], bool]] = {}
-        for tool in tools:
+        for given in tools:
+            tool = _as_tool(given)
             spec = tool.spec
+            if spec.name in BUILT_IN_NAMES and not isinstance(tool, _BUILT_IN_TYPES):
+                raise ValueError(
+                    f"tool {spec.name!r} clashes with fanfold's built-in tool of that name; "
+                    "give yours another (@fanfold.tool(name=...))"
+                )
             if spec.name in self._tools:
                 raise ValueError(f"duplicate tool name {spec.name!r}")
             if spec.name in CONTROL_TOOLS:
                 raise ValueError(f"{spec.name!r} is a control tool, handled by the reducer")
+            if not valid_tool_name(spec.name):
+                raise ValueError(
+                    f"tool name {spec.name!r}: a name is 1-64 letters, digits, '_' or '-'"
+                )
             schema = spec.input_schema()
             check_schema(schema, spec.name)
             self._tools[spec.name] = tool
@@ -53,10 +69,20 @@ class ToolSet:
 
     @classmethod
     def default(
-        cls, policy: PathPolicy = DEFAULT_POLICY, env_policy: EnvPolicy = DEFAULT_ENV
+        cls,
+        policy: PathPolicy = DEFAULT_POLICY,
+        env_policy: EnvPolicy = DEFAULT_ENV,
+        *,
+        extra: Iterable[Tool | Callable[..., Any]] = (),
+        web_domains: Iterable[str] = (),
     ) -> ToolSet:
-        """bash, read_file, write_file, edit_file and think, file tools under ``policy``,
-        bash commands' environments under ``env_policy``."""
+        """bash, read_file, write_file, edit_file, think, grep and glob, file and search
+        tools under ``policy``,
+        bash commands' environments under ``env_policy``; ``web_fetch`` too when
+        ``web_domains`` names hosts it may fetch from (``docs.python.org``,
+        ``*.python.org``); then the ``extra`` tools (tool objects or functions, see
+        ``fanfold.tool``) beside them."""
+        domains = tuple(web_domains)
         return cls(
             [
                 BashTool(env_policy=env_policy),
@@ -64,8 +90,22 @@ class ToolSet:
                 WriteFileTool(policy),
                 EditFileTool(policy),
                 ThinkTool(),
+                GrepTool(policy),
+                GlobTool(policy),
+                *([WebFetchTool(domains)] if domains else []),
+                *extra,
             ]
         )
+
+    def read_only(self, name: str) -> bool:
+        """Whether the tool ``name`` says it changes nothing (its ``read_only``
+        attribute; tools without one do not)."""
+        return bool(getattr(self._tools.get(name), "read_only", False))
+
+    def idempotent(self, name: str) -> bool:
+        """Whether the tool ``name`` says a second call with the same arguments is
+        harmless (its ``idempotent`` attribute; tools without one do not)."""
+        return bool(getattr(self._tools.get(name), "idempotent", False))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -114,6 +154,30 @@ class ToolSet:
 
 
 _ANNOTATIONS = frozenset({"description", "title", "default", "examples"})
+
+BUILT_IN_NAMES = frozenset(
+    {"bash", "read_file", "write_file", "edit_file", "think", "grep", "glob", "web_fetch"}
+)
+"""fanfold's own tools' names: a tool of another kind may not take one."""
+
+_BUILT_IN_TYPES = (
+    BashTool,
+    ReadFileTool,
+    WriteFileTool,
+    EditFileTool,
+    ThinkTool,
+    GrepTool,
+    GlobTool,
+    WebFetchTool,
+)
+
+
+def _as_tool(given: Tool | Callable[..., Any]) -> Tool:
+    if hasattr(given, "spec") and hasattr(given, "run"):
+        return given
+    if callable(given):
+        return function_tool(given)
+    raise TypeError(f"not a tool or a function: {given!r}")
 
 
 def _compile_check(schema: dict[str, Any]) -> Callable[[object], bool]:

@@ -1,6 +1,7 @@
 """A small validator for the JSON-schema subset fanfold's tool schemas use.
 
-Supported keywords: ``type`` (string, integer, number, boolean, object, array, null),
+Supported keywords: ``type`` (string, integer, number, boolean, object, array, null,
+or a list of them: ``["string", "null"]`` for an optional value),
 ``properties``, ``required``, ``additionalProperties`` (a boolean), ``enum``,
 ``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``, ``minLength``,
 ``items``, ``minItems``, ``maxItems``, and the annotations ``description``, ``title``,
@@ -48,7 +49,10 @@ def check_schema(schema: Mapping[str, Any], where: str = "schema") -> None:
     if unknown:
         raise SchemaError(f"{where}: unsupported keyword(s): {', '.join(sorted(unknown))}")
     kind = schema.get("type")
-    if kind is not None and kind not in TYPES:
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind is not None and (
+        not kinds or not all(isinstance(k, str) and k in TYPES for k in kinds)
+    ):
         raise SchemaError(f"{where}: unsupported type {kind!r}")
     properties = schema.get("properties", {})
     if not isinstance(properties, Mapping):
@@ -115,7 +119,13 @@ def validate(schema: Mapping[str, Any], value: object, path: str = "") -> list[s
     """
     label = f"argument '{path}'" if path else "arguments"
     kind = schema.get("type")
-    if kind is not None and not _has_type(value, kind):
+    if isinstance(kind, list):
+        # A list of types (``["string", "null"]``): the value must have one of them.
+        if not any(_has_type(value, k) for k in kind):
+            got = json_type(value)
+            wanted = " or ".join(f"{_article(k)} {k}" for k in kind)
+            return [f"{label} must be {wanted}, got {_article(got)} {got} ({_show(value)})"]
+    elif kind is not None and not _has_type(value, kind):
         got = json_type(value)
         return [
             f"{label} must be {_article(kind)} {kind}, got {_article(got)} {got} ({_show(value)})"
@@ -196,7 +206,8 @@ def describe_arguments(schema: Mapping[str, Any]) -> str:
     required = set(schema.get("required", []))
     parts = []
     for name, sub in schema.get("properties", {}).items():
-        part = f"{name}: {sub.get('type', 'any')}"
+        kind = sub.get("type", "any")
+        part = f"{name}: {' | '.join(kind) if isinstance(kind, list) else kind}"
         if name in required:
             part += " (required)"
         parts.append(part)

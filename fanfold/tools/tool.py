@@ -17,6 +17,12 @@ import attrs
 from fanfold.statemachine import ToolSpec
 
 
+def valid_tool_name(name: str) -> bool:
+    """Whether ``name`` is a name providers accept for a tool: 1-64 ASCII letters,
+    digits, ``_`` or ``-`` (Anthropic's and OpenAI's rule)."""
+    return 0 < len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
+
+
 class ToolInputError(Exception):
     """Bad input found while running a tool; ``message`` is shown to the model.
 

@@ -1,0 +1,389 @@
+"""Python functions as tools: ``@fanfold.tool``, its schema, conversion and results."""
+
+from __future__ import annotations
+
+import enum
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import attrs
+import pytest
+import trio
+from runtime_helpers import reply
+
+import fanfold
+from fanfold.db import Store
+from fanfold.providers.scripted import ScriptedProvider
+from fanfold.replay.verify import verify
+from fanfold.runtime import Runtime
+from fanfold.runtime.logging import quiet_logger
+from fanfold.statemachine import ToolCall
+from fanfold.tools import ToolSet
+from fanfold.tools.function import ToolDefinitionError, parse_docstring
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@attrs.frozen
+class Point:
+    x: int
+    y: Annotated[int, "the height"] = 0
+
+
+@dataclass
+class Box:
+    label: str
+    size: float = 1.0
+
+
+@fanfold.tool
+def lookup_issue(number: int, with_comments: bool = False, labels: list[str] | None = None) -> str:
+    """Fetch an issue from the tracker.
+
+    Args:
+        number: The issue's number.
+        with_comments (bool): Include its comments,
+            oldest first.
+        labels: Only if it has these labels.
+
+    Returns:
+        The issue as text.
+    """
+    return f"issue {number} comments={with_comments} labels={labels}"
+
+
+def schema_of(tool: fanfold.FunctionTool) -> dict[str, Any]:
+    return tool.spec.input_schema()
+
+
+def test_the_schema_comes_from_the_type_hints_and_the_google_docstring() -> None:
+    assert lookup_issue.spec.name == "lookup_issue"
+    assert lookup_issue.spec.description == "Fetch an issue from the tracker."
+    assert schema_of(lookup_issue) == {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["number"],
+        "properties": {
+            "number": {"type": "integer", "description": "The issue's number."},
+            "with_comments": {
+                "type": "boolean",
+                "description": "Include its comments, oldest first.",
+                "default": False,
+            },
+            "labels": {
+                "type": ["array", "null"],
+                "items": {"type": "string"},
+                "description": "Only if it has these labels.",
+                "default": None,
+            },
+        },
+    }
+
+
+def test_numpy_and_rest_docstrings_describe_parameters() -> None:
+    numpy = """Do it.
+
+    Parameters
+    ----------
+    a : int
+        The first
+        number.
+    b : str
+        The second.
+
+    Returns
+    -------
+    str
+    """
+    rest = """Do it.
+
+    :param a: The first number.
+    :type a: int
+    :param str b: The second.
+    :returns: something
+    """
+    assert parse_docstring(numpy) == ("Do it.", {"a": "The first number.", "b": "The second."})
+    assert parse_docstring(rest) == ("Do it.", {"a": "The first number.", "b": "The second."})
+
+
+def test_decorator_arguments_and_annotated_descriptions() -> None:
+    @fanfold.tool(name="paint", description="Paint a point.", read_only=True, idempotent=True)
+    def f(colour: Annotated[Colour, "which colour"], where: Annotated[Point, "the point"]) -> str:
+        return f"{colour} {where}"
+
+    assert (f.spec.name, f.spec.description, f.read_only, f.idempotent) == (
+        "paint",
+        "Paint a point.",
+        True,
+        True,
+    )
+    assert schema_of(f)["properties"] == {
+        "colour": {"description": "which colour", "enum": ["red", "blue"]},
+        "where": {
+            "description": "the point",
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["x"],
+            "properties": {
+                "x": {"type": "integer"},
+                "y": {"type": "integer", "description": "the height"},
+            },
+        },
+    }
+    assert f(Colour.RED, Point(1)) == "Colour.RED Point(x=1, y=0)"  # still a function
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: fanfold.tool(_untyped), "parameter 'a': no type annotation"),
+        (lambda: fanfold.tool(_undescribed), "parameter 'b': no description"),
+        (lambda: fanfold.tool(_varargs), "*args and **kwargs cannot be described"),
+        (lambda: fanfold.tool(_no_doc), "no description: give the function a docstring"),
+        (lambda: fanfold.tool(_union), "unions other than 'X | None'"),
+        (lambda: fanfold.tool(_a_set_of_bytes), "type 'bytes' cannot be described"),
+        (lambda: fanfold.tool(name="bad name!")(_ok), "a name is 1-64 letters"),
+        (lambda: fanfold.tool(name="mcp__x__y")(_ok), "kept for MCP servers"),
+    ],
+)
+def test_a_function_that_cannot_be_described_is_refused_when_made(make: Any, message: str) -> None:
+    with pytest.raises(ToolDefinitionError, match=message.replace("*", r"\*").replace("(", r"\(")):
+        make()
+
+
+def _untyped(a):  # type: ignore[no-untyped-def]
+    """Doc.
+
+    Args:
+        a: A.
+    """
+
+
+def _undescribed(a: int, b: int) -> None:
+    """Doc.
+
+    Args:
+        a: A.
+    """
+
+
+def _varargs(*a: int) -> None:
+    """Doc."""
+
+
+def _no_doc(a: Annotated[int, "a"]) -> None:
+    pass
+
+
+def _union(a: Annotated[int | str, "a"]) -> None:
+    """Doc."""
+
+
+def _a_set_of_bytes(a: Annotated[set[bytes], "a"]) -> None:
+    """Doc."""
+
+
+def _ok(a: Annotated[int, "a"]) -> None:
+    """Doc."""
+
+
+def test_a_name_clash_with_a_built_in_is_refused_with_a_clear_error() -> None:
+    @fanfold.tool(name="bash")
+    def my_bash(command: Annotated[str, "the command"]) -> str:
+        """Not the real bash."""
+        return command
+
+    with pytest.raises(ValueError, match="'bash' clashes with fanfold's built-in tool"):
+        ToolSet.default(extra=[my_bash])
+    with pytest.raises(ValueError, match="clashes with fanfold's built-in"):
+        ToolSet([my_bash])
+    with pytest.raises(ValueError, match="duplicate tool name 'lookup_issue'"):
+        ToolSet([lookup_issue, lookup_issue])
+
+
+async def call(tools: ToolSet, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+    result = await tools.run(ToolCall("c1", name, json.dumps(arguments)), "/")
+    return result.content, result.is_error
+
+
+async def test_arguments_are_validated_then_converted_to_the_annotated_types() -> None:
+    seen: list[Any] = []
+
+    @fanfold.tool
+    def record(
+        colour: Annotated[Colour, "c"],
+        where: Annotated[Point, "p"],
+        boxes: Annotated[tuple[Box, ...], "b"],
+        scale: Annotated[float, "s"],
+        mode: Annotated[Literal["a", "b"], "m"] = "a",
+        note: Annotated[str | None, "n"] = None,
+    ) -> dict[str, Any]:
+        """Record what it is given."""
+        seen.append((colour, where, boxes, scale, mode, note))
+        return {"ok": True}
+
+    tools = ToolSet([record])
+    arguments = {
+        "colour": "blue",
+        "where": {"x": 1, "y": 2},
+        "boxes": [{"label": "k"}],
+        "scale": 2,
+        "note": None,
+    }
+    assert await call(tools, "record", arguments) == ('{"ok": true}', False)
+    assert seen == [(Colour.BLUE, Point(1, 2), (Box("k", 1.0),), 2.0, "a", None)]
+    assert isinstance(seen[0][3], float)
+    content, is_error = await call(tools, "record", {**arguments, "colour": "green"})
+    assert is_error
+    assert 'argument \'colour\' must be one of "red", "blue"' in content
+    content, is_error = await call(tools, "record", {**arguments, "where": {"x": "1"}})
+    assert is_error and "argument 'where.x' must be an integer" in content
+    content, is_error = await call(tools, "record", {**arguments, "extra": 1})
+    assert is_error and "unknown argument 'extra'" in content
+    content, is_error = await call(tools, "record", {**arguments, "note": 3})
+    assert is_error and "argument 'note' must be a string or a null, got an integer" in content
+    assert "note: string | null" in content
+    assert len(seen) == 1
+
+
+async def test_a_sync_function_runs_in_a_worker_thread_and_an_async_one_in_the_loop() -> None:
+    threads: list[str] = []
+
+    @fanfold.tool
+    def sync_one() -> str:
+        """Where am I?"""
+        threads.append(threading.current_thread().name)
+        return "sync"
+
+    @fanfold.tool
+    async def async_one() -> str:
+        """Where am I?"""
+        await trio.sleep(0)
+        threads.append(threading.current_thread().name)
+        return "async"
+
+    tools = ToolSet([sync_one, async_one])
+    assert await call(tools, "sync_one", {}) == ("sync", False)
+    assert await call(tools, "async_one", {}) == ("async", False)
+    main = threading.current_thread().name
+    assert threads[0] != main
+    assert threads[1] == main
+
+
+async def test_a_cancelled_sync_call_ends_at_once_and_its_thread_is_abandoned() -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    @fanfold.tool
+    def blocks() -> str:
+        """Blocks until released."""
+        started.set()
+        release.wait(30)
+        return "late"
+
+    tools = ToolSet([blocks])
+    with trio.move_on_after(5) as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, tools, "blocks", {})
+            await trio.to_thread.run_sync(started.wait, 5)
+            nursery.cancel_scope.cancel()
+    assert not scope.cancelled_caught  # the call ended without waiting for the thread
+    release.set()
+
+
+async def test_an_exception_is_an_error_result_with_its_message() -> None:
+    @fanfold.tool
+    def fails(n: Annotated[int, "n"]) -> str:
+        """Fails."""
+        raise LookupError(f"no issue {n}\nin the tracker")
+
+    @fanfold.tool
+    async def fails_async() -> str:
+        """Fails."""
+        raise RuntimeError("down")
+
+    tools = ToolSet([fails, fails_async])
+    assert await call(tools, "fails", {"n": 7}) == (
+        "fails: LookupError: no issue 7 in the tracker",
+        True,
+    )
+    assert await call(tools, "fails_async", {}) == ("fails_async: RuntimeError: down", True)
+
+
+async def test_output_is_capped_and_results_become_text() -> None:
+    @fanfold.tool(max_output_chars=1000)
+    def big() -> str:
+        """A lot of text."""
+        return "a" * 600 + "b" * 5000
+
+    @fanfold.tool
+    def nothing() -> None:
+        """Nothing."""
+
+    @fanfold.tool
+    def point() -> Point:
+        """A point."""
+        return Point(1, 2)
+
+    tools = ToolSet([big, nothing, point])
+    content, is_error = await call(tools, "big", {})
+    assert not is_error
+    assert content.startswith("a" * 500) and content.endswith("b" * 500)
+    assert "5600 characters" in content and len(content) < 1300
+    assert await call(tools, "nothing", {}) == ("ok", False)
+    assert await call(tools, "point", {}) == ('{"x": 1, "y": 2}', False)
+
+
+async def test_a_timeout_ends_the_call_with_an_error_result(autojump_clock: Any) -> None:
+    @fanfold.tool(timeout=2)
+    async def slow() -> str:
+        """Slow."""
+        await trio.sleep(10)
+        return "done"
+
+    assert await call(ToolSet([slow]), "slow", {}) == ("slow: timed out after 2 s", True)
+
+
+async def test_runtime_open_takes_functions_and_replay_needs_none_of_them(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def double(n: Annotated[int, "the number"]) -> int:
+        """Double a number."""
+        calls.append(n)
+        return 2 * n
+
+    provider = ScriptedProvider(
+        {
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        reply("", ("double", {"n": 21})),
+                        reply("the answer is 42"),
+                    ],
+                }
+            ]
+        }
+    )
+    database = tmp_path / "log.db"
+    async with Runtime.open(
+        database, provider, [double], logger=quiet_logger(), threaded_writes=False
+    ) as runtime:
+        root = await runtime.start("double 21")
+        result = await runtime.wait(root)
+        state = runtime.state(root)
+    assert calls == [21]
+    assert result.text == "the answer is 42"
+    assert [spec.name for spec in state.tools] == ["double", "spawn_agents"]
+    assert any("42" in str(m) for m in state.history)
+    store = Store.open(database)
+    try:
+        assert verify(store, root, tree=True).ok
+    finally:
+        store.close()
