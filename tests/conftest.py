@@ -42,3 +42,12 @@ def provenance_key(
     path = tmp_path_factory.getbasetemp() / "provenance.key"
     monkeypatch.setenv("FANFOLD_KEY_FILE", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def trust_record(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test trusts project configuration files in a record of its own
+    (``$FANFOLD_TRUST_FILE``), never the user's ~/.config/fanfold/trusted.json."""
+    path = tmp_path_factory.mktemp("trust") / "trusted.json"
+    monkeypatch.setenv("FANFOLD_TRUST_FILE", str(path))
+    return path

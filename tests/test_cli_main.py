@@ -74,6 +74,7 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
         "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import", "trace",
         "agents",
         "ui",
+        "trust",
     }  # fmt: skip
     for name in cli.list_commands(context):
         command = cli.get_command(context, name)

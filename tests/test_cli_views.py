@@ -702,3 +702,29 @@ def test_run_may_leave_context_modes_out(tmp_path: Path) -> None:
     assert "--context-modes: unknown mode(s) everything" in bad.output
     assert "Traceback" not in bad.output
     assert not (tmp_path / "bad.db").exists()
+
+
+def test_show_json_never_writes_nan_or_infinity_from_a_log(tmp_path: Path) -> None:
+    """Issue 22, item 6: a log on disk (old, or edited) may hold a time SQLite reads
+    back as infinity; `show --json` wrote `Infinity`, which is not JSON. Now null, and
+    the text view still renders."""
+    import sqlite3
+
+    db = str(tmp_path / "inf.db")
+    runner = CliRunner()
+    script = _write(
+        tmp_path / "s.json",
+        {"latency": 0, "agents": [{"match": {"path": "root"}, "replies": [{"text": "done"}]}]},
+    )
+    _, root = _run_tree(runner, db, "--script", str(script), "hello")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE conversations SET updated_at = 9e999")
+    conn.close()
+    output = _invoke(runner, "show", root.id, "--json", "--db", db).output
+
+    def no_constant(name: str) -> None:
+        raise AssertionError(f"not JSON: {name}")
+
+    data = json.loads(output, parse_constant=no_constant)
+    assert data["duration"] is None
+    assert "done" in _invoke(runner, "show", root.id, "--db", db).output

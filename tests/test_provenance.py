@@ -33,6 +33,7 @@ from fanfold.db import Store
 from fanfold.db.provenance import KeyFileError, Origin, UntrustedTree, UserKey
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Idle
+from fanfold.trust import TrustStore
 
 SECOND = "echo the-second-command-of-the-round"
 ANSWER = "the answer of the recorded script"
@@ -492,6 +493,7 @@ async def test_a_recorded_configuration_rebuilds_as_it_was_and_a_changed_one_doe
     with pytest.raises(DescriptionError, match=r"config file it runs on, .*models\.toml, changed"):
         _rebuilt_choice(recorded)
     (tmp_path / "fanfold.toml").write_text(config.read_text())
+    TrustStore.default().trust(tmp_path / "fanfold.toml")  # a project file, trusted
     with pytest.raises(DescriptionError, match="ran without a config file"):
         _rebuilt_choice(demo.recorded)
 

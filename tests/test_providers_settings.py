@@ -241,3 +241,46 @@ def test_keys_in_pass_through_values_are_refused_without_echo(tmp_path: Path, ex
     with pytest.raises(ConfigError, match="looks like an API key") as caught:
         load_config(environ=environ)
     assert KEY not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "problem"),
+    [
+        ("prices = { input = nan, output = 1 }", "prices.input", "finite"),
+        ("prices = { input = 1, output = inf }", "prices.output", "finite"),
+        ("prices = { input = 1, output = 1, cached_input = nan }", "prices.cached_input", "finite"),
+        ("prices = { input = 1e308, output = 1 }", "prices.input", "<= 100000"),
+        ("retry = { max_attempts = 1000000000 }", "retry.max_attempts", "<= 100"),
+        ("retry = { max_attempts = 1e9 }", "retry.max_attempts", "integer"),
+        ("retry = { cap = 1e308 }", "retry.cap", "<= 3600"),
+        ("retry = { cap = inf }", "retry.cap", "finite"),
+        ("retry = { base = nan }", "retry.base", "finite"),
+        ("timeouts = { read = inf }", "timeouts.read", "finite"),
+        ("timeouts = { connect = nan }", "timeouts.connect", "finite"),
+        ("timeouts = { total = 1e12 }", "timeouts.total", "<= 86400"),
+        ("max_tokens = 1000000000000", "max_tokens", "<= 100000000"),
+        ("temperature = nan", "temperature", "finite"),
+        ("top_p = nan", "top_p", "finite"),
+    ],
+)
+def test_non_finite_and_absurd_numbers_are_refused(
+    tmp_path: Path, extra: str, key: str, problem: str
+) -> None:
+    """Issue 22, item 6: TOML reads nan, inf and 1e308 as numbers; each used to be
+    accepted (`show` printed "$nan", a retry policy waited for ever). Refused, naming
+    the key; the bounds are in DESIGN.md."""
+    environ = load(tmp_path, BASE + extra + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ=environ)
+    assert caught.value.key == f"profiles.a.{key}"
+    assert problem in caught.value.problem
+
+
+def test_the_file_wide_retry_table_has_the_same_bounds(tmp_path: Path) -> None:
+    environ = load(tmp_path, "[retry]\nmax_attempts = 101\n" + BASE)
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ=environ)
+    assert (caught.value.key, caught.value.problem) == (
+        "retry.max_attempts",
+        "must be <= 100, got 101",
+    )

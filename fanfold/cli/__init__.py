@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("trace_command", "trace_command"),
     "agents": ("agents_command", "agents_command"),
     "ui": ("ui_command", "ui_command"),
+    "trust": ("trust_command", "trust_command"),
 }
 
 

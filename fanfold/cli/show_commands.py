@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,11 @@ def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> No
     if as_json:
         # ensure_ascii: every control character and lone surrogate becomes a \\u
         # escape, so the output is valid JSON, ASCII only, and harmless on a terminal.
-        click.echo(json.dumps(node.to_json(), indent=2, ensure_ascii=True))
+        # allow_nan=False after finite_json: a log on disk (an old or edited one) may
+        # hold an infinite time or count, and NaN/Infinity are not JSON.
+        click.echo(
+            json.dumps(finite_json(node.to_json()), indent=2, ensure_ascii=True, allow_nan=False)
+        )
         return
     tree = Tree(node.label(), highlight=False)
     _add_nodes(tree, node.children)
@@ -434,7 +439,21 @@ def _trusted_config(store: Store, root_id: str) -> Config | None:
 
 
 def _money(amount: float) -> str:
+    if not math.isfinite(amount):
+        return "unknown"
     return f"${amount:.4f}" if amount < 1 else f"${amount:.2f}"
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` (JSON-able data) with every NaN or infinite float replaced by None
+    (``null``): ``json.dumps(..., allow_nan=False)`` can then write it."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(item) for item in value]
+    return value
 
 
 def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:

@@ -59,6 +59,7 @@ import json
 import math
 import os
 import re
+import shlex
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -74,8 +75,10 @@ from fanfold.providers.http import RequestSettings, Timeouts, new_client, valid_
 from fanfold.providers.openai import DEFAULT_BASE_URL as OPENAI_BASE_URL
 from fanfold.providers.openai import OpenAIProvider
 from fanfold.providers.wire import Secret, looks_like_key
+from fanfold.regular_files import read_regular
 from fanfold.statemachine import ErrorKind, Limits, ModelError, ModelReply, ModelRequest
 from fanfold.statemachine.permissions import DOMAIN, domain_problem
+from fanfold.trust import TrustFileError, TrustStore, file_digest
 
 PROVIDERS = ("openai", "anthropic", "scripted")
 OFFLINE_PROFILE = "offline"
@@ -164,9 +167,15 @@ class Prices:
         """The cost of a usage (``input_tokens`` includes the cached ones)."""
         cached_price = self.input if self.cached_input is None else self.cached_input
         fresh = max(0, input_tokens - cached_input_tokens)
-        return (
-            fresh * self.input + cached_input_tokens * cached_price + output_tokens * self.output
-        ) / 1_000_000
+        try:
+            return (
+                fresh * self.input
+                + cached_input_tokens * cached_price
+                + output_tokens * self.output
+            ) / 1_000_000
+        except OverflowError:
+            # Counts beyond a float (only a damaged or edited log holds them).
+            return math.inf
 
 
 @attrs.frozen
@@ -392,18 +401,43 @@ def _string(value: Any, path: str, key: str) -> str:
     return value.strip()
 
 
-def _number(value: Any, path: str, key: str, *, minimum: float, inclusive: bool) -> float:
+# Upper bounds of the numeric settings. TOML reads `nan`, `inf` and `1e308` as
+# floats; none of them is a setting anyone means, and each broke something downstream
+# (`show` printed "$nan", `--json` wrote NaN, a retry loop of 1e9 attempts or a wait
+# capped at 1e308 s never ends). The bounds are far above any real use, so they refuse
+# typing slips only. DESIGN.md ("Provider configuration") lists them.
+MAX_PRICE = 100_000.0
+"""Dollars per million tokens (the dearest models cost a few hundred)."""
+MAX_ATTEMPTS = 100
+"""Attempts of one model round (``retry.max_attempts``)."""
+MAX_RETRY_SECONDS = 3600.0
+"""``retry.base`` and ``retry.cap``: an hour between two attempts."""
+MAX_TIMEOUT_SECONDS = 86_400.0
+"""``timeouts.connect``/``read``/``total``: a day."""
+MAX_OUTPUT_TOKENS = 100_000_000
+"""``max_tokens`` of one reply."""
+
+
+def _number(
+    value: Any, path: str, key: str, *, minimum: float, inclusive: bool, maximum: float
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError("must be a number", path=path, key=key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"must be a finite number, got {value!r}", path=path, key=key)
     if value < minimum or (not inclusive and value == minimum):
         relation = ">=" if inclusive else ">"
         raise ConfigError(f"must be {relation} {minimum:g}, got {value!r}", path=path, key=key)
+    if value > maximum:
+        raise ConfigError(f"must be <= {maximum:g}, got {value!r}", path=path, key=key)
     return float(value)
 
 
-def _integer(value: Any, path: str, key: str) -> int:
+def _integer(value: Any, path: str, key: str, *, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"must be an integer >= 1, got {value!r}", path=path, key=key)
+    if value > maximum:
+        raise ConfigError(f"must be <= {maximum}, got {value!r}", path=path, key=key)
     return value
 
 
@@ -436,11 +470,17 @@ def _timeouts(value: Any, path: str, key: str) -> Timeouts:
     read = value.get("read", default.read)
     total = value.get("total")
     return Timeouts(
-        connect=_number(connect, path, f"{key}.connect", minimum=0, inclusive=False),
-        read=_number(read, path, f"{key}.read", minimum=0, inclusive=False),
+        connect=_number(
+            connect, path, f"{key}.connect", minimum=0, inclusive=False, maximum=MAX_TIMEOUT_SECONDS
+        ),
+        read=_number(
+            read, path, f"{key}.read", minimum=0, inclusive=False, maximum=MAX_TIMEOUT_SECONDS
+        ),
         total=None
         if total is None
-        else _number(total, path, f"{key}.total", minimum=0, inclusive=False),
+        else _number(
+            total, path, f"{key}.total", minimum=0, inclusive=False, maximum=MAX_TIMEOUT_SECONDS
+        ),
     )
 
 
@@ -474,7 +514,9 @@ def _profile(name: str, table: Any, path: str) -> Profile:
             raise ConfigError("must be true or false", path=path, key=f"{prefix}.stream")
         fields["stream"] = table["stream"]
     if "max_tokens" in table:
-        fields["max_tokens"] = _integer(table["max_tokens"], path, f"{prefix}.max_tokens")
+        fields["max_tokens"] = _integer(
+            table["max_tokens"], path, f"{prefix}.max_tokens", maximum=MAX_OUTPUT_TOKENS
+        )
     if "max_tokens_param" in table:
         param = table["max_tokens_param"]
         if param not in ("max_tokens", "max_completion_tokens"):
@@ -486,7 +528,12 @@ def _profile(name: str, table: Any, path: str) -> Profile:
         fields["max_tokens_param"] = param
     if "temperature" in table:
         temperature = _number(
-            table["temperature"], path, f"{prefix}.temperature", minimum=0, inclusive=True
+            table["temperature"],
+            path,
+            f"{prefix}.temperature",
+            minimum=0,
+            inclusive=True,
+            maximum=math.inf,  # the message below says the range
         )
         if temperature > 2:
             raise ConfigError("must be between 0 and 2", path=path, key=f"{prefix}.temperature")
@@ -519,7 +566,7 @@ def _prices(value: Any, path: str, key: str) -> Prices:
         if needed not in value:
             raise ConfigError(f"needs {needed} (per million tokens)", path=path, key=key)
     numbers = {
-        name: _number(item, path, f"{key}.{name}", minimum=0, inclusive=True)
+        name: _number(item, path, f"{key}.{name}", minimum=0, inclusive=True, maximum=MAX_PRICE)
         for name, item in value.items()
     }
     return Prices(numbers["input"], numbers["output"], numbers.get("cached_input"))
@@ -580,7 +627,9 @@ def _settings(table: Mapping[str, Any], provider: str, path: str, prefix: str) -
     if "stop" in table:
         fields["stop"] = _stop(table["stop"], path, f"{prefix}.stop")
     if "top_p" in table:
-        top_p = _number(table["top_p"], path, f"{prefix}.top_p", minimum=0, inclusive=False)
+        top_p = _number(
+            table["top_p"], path, f"{prefix}.top_p", minimum=0, inclusive=False, maximum=math.inf
+        )
         if top_p > 1:
             raise ConfigError("must be > 0 and <= 1", path=path, key=f"{prefix}.top_p")
         fields["top_p"] = top_p
@@ -727,13 +776,17 @@ def _retry(value: Any, path: str, key: str = "retry") -> RetryPolicy:
     return RetryPolicy(
         max_attempts=None
         if "max_attempts" not in value
-        else _integer(value["max_attempts"], path, f"{key}.max_attempts"),
+        else _integer(value["max_attempts"], path, f"{key}.max_attempts", maximum=MAX_ATTEMPTS),
         base=None
         if "base" not in value
-        else _number(value["base"], path, f"{key}.base", minimum=0, inclusive=True),
+        else _number(
+            value["base"], path, f"{key}.base", minimum=0, inclusive=True, maximum=MAX_RETRY_SECONDS
+        ),
         cap=None
         if "cap" not in value
-        else _number(value["cap"], path, f"{key}.cap", minimum=0, inclusive=True),
+        else _number(
+            value["cap"], path, f"{key}.cap", minimum=0, inclusive=True, maximum=MAX_RETRY_SECONDS
+        ),
     )
 
 
@@ -846,36 +899,160 @@ def _text(value: Any, path: str, key: str) -> str:
     return value
 
 
-def config_path(environ: Mapping[str, str], cwd: Path) -> Path | None:
-    """The config file to read: ``$FANFOLD_CONFIG``, ``./fanfold.toml`` or the user's
-    ``$XDG_CONFIG_HOME/fanfold/config.toml``; None if there is none."""
+USER_CONFIG = "user"
+"""``find_config`` kinds: the user's own file (``$XDG_CONFIG_HOME/fanfold/config.toml``),"""
+EXPLICIT_CONFIG = "explicit"
+"""a file the user named (``load_config(path)``, ``--config``, ``$FANFOLD_CONFIG``),"""
+PROJECT_CONFIG = "project"
+"""or ``./fanfold.toml``: the project's, which anyone who wrote the project chose."""
+
+
+def user_config_path(environ: Mapping[str, str]) -> Path:
+    """Where the user's own configuration is: ``$XDG_CONFIG_HOME/fanfold/config.toml``
+    (default ``~/.config/fanfold/config.toml``), whether it exists or not."""
+    xdg = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME", "~")) / ".config")
+    return Path(xdg).expanduser() / "fanfold" / "config.toml"
+
+
+def find_config(environ: Mapping[str, str], cwd: Path) -> tuple[Path, str] | None:
+    """The config file to read and its kind (``EXPLICIT_CONFIG`` for
+    ``$FANFOLD_CONFIG``, ``PROJECT_CONFIG`` for ``./fanfold.toml``, ``USER_CONFIG``);
+    None if there is none."""
     explicit = environ.get("FANFOLD_CONFIG")
     if explicit:
         path = Path(explicit).expanduser()
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"no such file: {explicit}", path="FANFOLD_CONFIG")
-        return path
+        return path, EXPLICIT_CONFIG
     local = cwd / "fanfold.toml"
-    if local.is_file():
-        return local
-    xdg = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME", "~")) / ".config")
-    user = Path(xdg).expanduser() / "fanfold" / "config.toml"
-    return user if user.is_file() else None
+    if local.exists():
+        return local, PROJECT_CONFIG
+    user = user_config_path(environ)
+    return (user, USER_CONFIG) if user.exists() else None
+
+
+def config_path(environ: Mapping[str, str], cwd: Path) -> Path | None:
+    """The config file to read: ``$FANFOLD_CONFIG``, ``./fanfold.toml`` or the user's
+    ``$XDG_CONFIG_HOME/fanfold/config.toml``; None if there is none."""
+    found = find_config(environ, cwd)
+    return None if found is None else found[0]
+
+
+_MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes; never blocks on a FIFO (``--config pipe``), refuses anything
+    but a regular file, and a file too large to be a configuration."""
+    try:
+        data = read_regular(path, limit=_MAX_CONFIG_BYTES)
+    except FileNotFoundError:
+        raise ConfigError("no such file", path=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=str(path)) from None
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise ConfigError(f"larger than {_MAX_CONFIG_BYTES} bytes", path=str(path))
+    return data
+
+
+def parse_config_bytes(data: bytes, path: str | Path) -> Config:
+    """A Config from the bytes of a TOML file (``path`` names it in errors)."""
+    try:
+        parsed = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError("not UTF-8 text", path=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", path=str(path)) from None
+    return parse_config(parsed, source=str(path))
 
 
 def read_config_file(path: str | Path) -> Config:
     """Parse one TOML config file (no environment overrides)."""
     path = Path(path)
+    return parse_config_bytes(_read_bytes(path), path)
+
+
+class UntrustedConfig(ConfigError):
+    """A project's ``./fanfold.toml`` would send a key (or the conversation) to a
+    host the user's own configuration does not name, or hand secret variables to bash
+    commands, and the user has not trusted it (``fanfold trust``)."""
+
+
+def _origin(url: str) -> str:
+    """``scheme://host:port`` of ``url``, the port made explicit, the host lowercased:
+    what a key is sent to."""
     try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError("no such file", path=str(path)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", path=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"invalid TOML: {exc}", path=str(path)) from None
-    return parse_config(data, source=str(path))
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError):
+        return url  # matches no known host (and the request would fail anyway)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    host = parsed.host.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parsed.scheme}://{host}:{port}"
+
+
+def _known_origins(environ: Mapping[str, str]) -> set[str]:
+    """The hosts a key may go to without trusting a project file: the providers' own,
+    those the user's own configuration names, and ``$FANFOLD_BASE_URL``'s."""
+    origins = {_origin(OPENAI_BASE_URL), _origin(ANTHROPIC_BASE_URL)}
+    if environ.get("FANFOLD_BASE_URL"):
+        origins.add(_origin(environ["FANFOLD_BASE_URL"]))
+    user = user_config_path(environ)
+    if user.exists():
+        try:
+            own = read_config_file(user)
+        except ConfigError:
+            own = None  # a broken file of the user's names nothing: trust is asked
+        for profile in own.profiles if own is not None else ():
+            if profile.base_url is not None:
+                origins.add(_origin(profile.base_url))
+    return origins
+
+
+def _project_problem(config: Config, environ: Mapping[str, str]) -> str | None:
+    """What in a project's configuration needs the user's trust (None: nothing)."""
+    known = _known_origins(environ)
+    for profile in config.profiles:
+        if profile.provider == "scripted":
+            continue
+        default = OPENAI_BASE_URL if profile.provider == "openai" else ANTHROPIC_BASE_URL
+        url = profile.base_url or default
+        if _origin(url) not in known:
+            what = (
+                f"the key in {profile.api_key_env}"
+                if profile.api_key_env is not None
+                else "the conversation"
+            )
+            return (
+                f"profiles.{profile.name} sends {what} to {url}, a host your own "
+                "configuration does not name"
+            )
+    if config.pass_env:
+        return f"tools.bash.pass_env hands {', '.join(config.pass_env)} to bash commands"
+    return None
+
+
+def _check_project(
+    config: Config, data: bytes, path: Path, environ: Mapping[str, str], trust: TrustStore | None
+) -> None:
+    """Refuse a project file that needs trust and is not trusted with these bytes."""
+    problem = _project_problem(config, environ)
+    if problem is None:
+        return
+    store = trust if trust is not None else TrustStore.default(environ)
+    try:
+        if store.is_trusted(path, file_digest(data)):
+            return
+        changed = store.trusted_digest(path) is not None
+    except TrustFileError as exc:
+        raise ConfigError(str(exc)) from None
+    state = "changed since you trusted it" if changed else "not trusted"
+    raise UntrustedConfig(
+        f"{problem}; this file is the project's, {state}: if you trust it, run "
+        f"`fanfold trust {shlex.quote(str(path))}`",
+        path=str(path),
+    )
 
 
 def _env_profile(environ: Mapping[str, str]) -> Profile:
@@ -905,14 +1082,28 @@ def load_config(
     *,
     environ: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
+    trust: TrustStore | None = None,
 ) -> Config:
-    """The effective configuration: the file (``path`` or found by ``config_path``),
+    """The effective configuration: the file (``path`` or found by ``find_config``),
     then the ``FANFOLD_*`` environment variables. No file and no variables: ``OFFLINE``.
+
+    A project's ``./fanfold.toml`` (found, not given) is checked against ``trust``
+    (default: the user's record, ``TrustStore.default``): ``UntrustedConfig`` if it
+    sends a key or the conversation to a host that neither the user's own
+    configuration nor ``$FANFOLD_BASE_URL`` names (the providers' own hosts are
+    always known), or passes variables to bash, unless the user trusted these bytes.
     """
     env = os.environ if environ is None else environ
-    found = Path(path) if path is not None else config_path(env, Path(cwd or Path.cwd()))
+    if path is not None:
+        found: tuple[Path, str] | None = (Path(path), EXPLICIT_CONFIG)
+    else:
+        found = find_config(env, Path(cwd or Path.cwd()))
     if found is not None:
-        config = read_config_file(found)
+        # One read: the bytes checked for trust are the bytes parsed.
+        data = _read_bytes(found[0])
+        config = parse_config_bytes(data, found[0])
+        if found[1] == PROJECT_CONFIG:
+            _check_project(config, data, found[0], env, trust)
     elif any(env.get(name) for name in ("FANFOLD_BASE_URL", "FANFOLD_MODEL", "FANFOLD_PROVIDER")):
         config = Config((_env_profile(env),), ENV_PROFILE, source="environment")
     else:

@@ -1,0 +1,83 @@
+"""``fanfold trust``: trust a project's configuration file, list or revoke trust."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from fanfold.cli.display import printable
+from fanfold.cli.errors import CliError
+from fanfold.cli.output import console, hint
+from fanfold.providers.config import ConfigError, parse_config_bytes
+from fanfold.trust import TrustFileError, TrustStore, file_digest
+
+
+@click.command(name="trust")
+@click.argument("path", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--list", "as_list", is_flag=True, help="List the trusted files.")
+@click.option("--revoke", is_flag=True, help="Stop trusting PATH.")
+def trust_command(path: Path | None, as_list: bool, revoke: bool) -> None:
+    """Trust PATH (default: ./fanfold.toml), a project's configuration, as it is now.
+
+    A project's fanfold.toml that sends an API key (or the conversation) to a host
+    your own configuration does not name, or passes variables to bash commands, is
+    refused until you trust it. Trust is kept by path and content (sha256) in
+    ~/.config/fanfold/trusted.json ($FANFOLD_TRUST_FILE): a changed file needs
+    trusting again.
+    """
+    store = TrustStore.default()
+    try:
+        if as_list:
+            if path is not None or revoke:
+                raise CliError("--list takes no PATH and no --revoke")
+            _list(store)
+            return
+        target = path if path is not None else Path("fanfold.toml")
+        if revoke:
+            if not store.revoke(target):
+                raise CliError(f"{printable(str(target))} is not trusted")
+            hint(f"no longer trusted: {printable(str(target))}")
+            return
+        _trust(store, target)
+    except TrustFileError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _trust(store: TrustStore, target: Path) -> None:
+    # Parse it first: a file fanfold cannot read as a configuration is not trusted.
+    # The bytes parsed, and shown below, are the bytes trusted.
+    data = store.read(target)
+    try:
+        config = parse_config_bytes(data, target)
+    except ConfigError as exc:
+        raise CliError(f"not trusted: {exc}") from None
+    entry = store.trust(target, data)
+    hint(f"trusted {printable(entry.path)} (sha256 {entry.sha256[:16]}...)")
+    for profile in config.profiles:
+        if profile.provider == "scripted":
+            continue
+        key = profile.api_key_env or "no key"
+        where = profile.base_url or f"the {profile.provider} API"
+        hint(f"  profiles.{printable(profile.name)}: {key} -> {printable(where)}")
+    if config.pass_env:
+        hint(f"  bash commands see: {', '.join(config.pass_env)}")
+
+
+def _list(store: TrustStore) -> None:
+    entries = store.entries()
+    if not entries:
+        hint(f"no trusted files ({store.path})")
+        return
+    for entry in entries:
+        try:
+            current: str | None = file_digest(store.read(entry.path))
+        except TrustFileError:
+            current = None
+        state = "" if current == entry.sha256 else (" (gone)" if current is None else " (changed)")
+        console.print(
+            f"{printable(entry.path)}  sha256 {entry.sha256[:16]}...  {entry.trusted_at}{state}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
