@@ -75,6 +75,7 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
         "agents",
         "ui",
         "trust",
+        "mcp",
     }  # fmt: skip
     for name in cli.list_commands(context):
         command = cli.get_command(context, name)

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agents": ("agents_command", "agents_command"),
     "ui": ("ui_command", "ui_command"),
     "trust": ("trust_command", "trust_command"),
+    "mcp": ("mcp_command", "mcp_command"),
 }
 
 

@@ -44,6 +44,7 @@ from fanfold.statemachine import (
     start,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.delegation import child_setup
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.registry import ToolSet
@@ -405,24 +406,51 @@ class Runtime:
         model: str | None = None,
         system_prompt: str | None = None,
         agents: tuple[AgentDefinition, ...] = (),
+        agent: AgentDefinition | None = None,
     ) -> str:
         """Start a root conversation with its first user message; returns its id.
 
         ``agents``: the agent definitions its ``spawn_agents`` tasks may name
         (``fanfold.agents.load_agents``), recorded in its creation event.
+        ``agent``: a definition the root itself runs as (``fanfold mcp``'s
+        ``delegate_task``): its prompt, rules, model and caps apply to the root as they
+        would to a sub-agent spawned as it (``delegation.child_setup``).
         Returns once the message is in the log; use ``wait`` for the answer.
         """
         conversation_id = uuid.uuid4().hex[:12]
+        resolved = str(Path(cwd).resolve())
+        prompt = self.system_prompt if system_prompt is None else system_prompt
+        chosen = limits or self.limits
+        tools = self.tools.specs()
+        permissions = None
+        if agent is not None:
+            setup = child_setup(
+                agent,
+                parent_permissions=None,
+                parent_agents=agents,
+                tools=tools,
+                default_prompt=prompt,
+                limits=chosen,
+                depth=0,
+                cwd=resolved,
+            )
+            tools, prompt, chosen = setup.tools, setup.system_prompt, setup.limits
+            permissions, agents = setup.permissions, setup.agents
+            if agent.max_rounds is not None and chosen.max_rounds > agent.max_rounds:
+                chosen = attrs.evolve(chosen, max_rounds=agent.max_rounds)
+            model = model if model is not None else agent.model
         created = ConversationCreated(
             conversation_id=conversation_id,
-            cwd=str(Path(cwd).resolve()),
+            cwd=resolved,
             task=text,
-            system_prompt=self.system_prompt if system_prompt is None else system_prompt,
+            system_prompt=prompt,
             model=model,
-            limits=limits or self.limits,
-            tools=self.tools.specs(),
+            limits=chosen,
+            tools=tools,
             sub_agent_prompt=self.sub_agent_prompt,
             agents=agents,
+            agent=agent.name if agent is not None else None,
+            permissions=permissions,
         )
         tree = TreeRecord(
             conversation_id,
