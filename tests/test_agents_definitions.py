@@ -110,8 +110,8 @@ def test_fanfold_keys_and_yaml_lists() -> None:
         (
             "---\nname: x\ndescription: y\ntools: think(deep)\n---\n",
             [
-                "a.md:4: tools: rule 'think(deep)': only bash (a command) and read_file, "
-                "write_file, edit_file (a path) take a pattern"
+                "a.md:4: tools: rule 'think(deep)': only bash (a command), read_file, "
+                "write_file, edit_file (a path) and web_fetch (domain:HOST) take a pattern"
             ],
         ),
         (

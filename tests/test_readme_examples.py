@@ -52,6 +52,20 @@ def test_property_testing_example_catches_the_wrong_check_as_the_readme_says() -
     assert claim.group(1) in str(caught.value)
 
 
+async def test_the_python_tool_example_runs_and_makes_the_tool_it_describes() -> None:
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    exec(_compiled(_block("@fanfold.tool"), "<README.md: adding tools>"), namespace)
+    from fanfold.statemachine import ToolCall
+
+    tools = namespace["tools"]
+    assert tools.names[-1] == "lookup_issue" and "bash" in tools
+    assert namespace["only_mine"].names == ("lookup_issue",)
+    result = await tools.run(ToolCall("c", "lookup_issue", '{"number": 23}'), "/")
+    assert (result.content, result.is_error) == ("issue 23: any state", False)
+    bad = await tools.run(ToolCall("c", "lookup_issue", '{"number": 1, "state": "x"}'), "/")
+    assert bad.is_error and "argument 'state' must be one of" in bad.content
+
+
 def test_runtime_example_runs(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "readme"}

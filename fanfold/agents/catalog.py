@@ -61,9 +61,12 @@ def load_agents(
     environ: Mapping[str, str] | None = None,
     *,
     folders: list[Path] | None = None,
+    model_aliases: Mapping[str, str] | None = None,
 ) -> AgentCatalog:
     """The built-ins and every definition in ``folders`` (default: ``agent_folders``
-    of ``project``), later ones overriding earlier ones of the same name."""
+    of ``project``), later ones overriding earlier ones of the same name.
+    ``model_aliases``: the configuration's ``[model_aliases]`` (see
+    ``parse_definition``)."""
     problems: list[AgentProblem] = []
     effective: dict[str, AgentDefinition] = {}
     overridden: list[AgentDefinition] = []
@@ -81,7 +84,7 @@ def load_agents(
             continue
         seen.add(key)
         in_folder: dict[str, str] = {}
-        for definition, path in _read_folder(folder, problems):
+        for definition, path in _read_folder(folder, problems, model_aliases):
             first = in_folder.get(definition.name)
             if first is not None:
                 problems.append(
@@ -113,7 +116,9 @@ def _identity(folder: Path) -> str:
         return str(folder)
 
 
-def _read_folder(folder: Path, problems: list[AgentProblem]) -> list[tuple[AgentDefinition, str]]:
+def _read_folder(
+    folder: Path, problems: list[AgentProblem], model_aliases: Mapping[str, str] | None = None
+) -> list[tuple[AgentDefinition, str]]:
     try:
         if not folder.is_dir():
             return []
@@ -134,7 +139,7 @@ def _read_folder(folder: Path, problems: list[AgentProblem]) -> list[tuple[Agent
         text = _read(path, problems)
         if text is None:
             continue
-        definition, file_problems = parse_definition(text, str(path))
+        definition, file_problems = parse_definition(text, str(path), model_aliases=model_aliases)
         problems += file_problems
         if definition is not None:
             found.append((definition, str(path)))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NewType
 
 import attrs
@@ -50,6 +50,14 @@ KNOWN_TOOLS = frozenset(
     {"bash", "read_file", "write_file", "edit_file", "think", "grep", "glob", "web_fetch"}
 )
 """The ordinary tools fanfold has (a rule naming another tool matches nothing)."""
+
+DELEGATION_TOOLS = frozenset({"Task", "Agent", "spawn_agents"})
+"""Names of delegation in a ``tools`` list (Claude Code's ``Task``, later ``Agent``):
+read as ``may_delegate`` (true in ``tools``, false in ``disallowed_tools``)."""
+
+CLAUDE_MODEL_ALIASES = frozenset({"sonnet", "opus", "haiku"})
+"""Claude Code's model aliases: an agent file naming one is refused unless the
+configuration's ``[model_aliases]`` table maps it (no server knows them as they are)."""
 
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
@@ -208,10 +216,11 @@ def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[
 
 
 def parse_definition(
-    text: str, path: str
+    text: str, path: str, *, model_aliases: Mapping[str, str] | None = None
 ) -> tuple[AgentDefinition | None, tuple[AgentProblem, ...]]:
     """Read one definition file's ``text``: the definition (None if it is invalid)
-    and its problems and warnings."""
+    and its problems and warnings. ``model_aliases`` (the configuration's
+    ``[model_aliases]``, keys in lower case) says what a ``model`` name stands for."""
     split = _split_front_matter(text)
     if isinstance(split, str):
         return None, (AgentProblem(path, 1, split),)
@@ -277,7 +286,7 @@ def parse_definition(
             raw = next((k for k in data if _ALIASES.get(str(k), str(k)) == name), name)
             problems.append(AgentProblem(path, lines.get(str(raw), first), f"{raw}: {message}"))
         return None, tuple(sorted(problems, key=lambda p: p.line))
-    definition, more = _definition(matter, body, path, lines, first)
+    definition, more = _definition(matter, body, path, lines, first, model_aliases or {})
     problems += more
     return definition, tuple(problems)
 
@@ -316,7 +325,12 @@ def _leaves(exc: BaseException) -> list[tuple[str, str]]:
 
 
 def _definition(
-    matter: FrontMatter, body: str, path: str, lines: dict[str, int], first: int
+    matter: FrontMatter,
+    body: str,
+    path: str,
+    lines: dict[str, int],
+    first: int,
+    model_aliases: Mapping[str, str],
 ) -> tuple[AgentDefinition | None, list[AgentProblem]]:
     problems: list[AgentProblem] = []
 
@@ -325,6 +339,20 @@ def _definition(
             if _ALIASES.get(raw, raw) == key:
                 return line
         return first
+
+    matter = _delegation(matter, path, at, {_ALIASES.get(k, k) for k in lines}, problems)
+    model = matter.model.strip() if matter.model else None
+    if model is not None and model.lower() in model_aliases:
+        model = model_aliases[model.lower()]
+    elif model is not None and model.lower() in CLAUDE_MODEL_ALIASES:
+        problems.append(
+            AgentProblem(
+                path,
+                at("model"),
+                f"model {model!r} is a Claude Code alias: map it to a profile or model in "
+                f'the configuration\'s [model_aliases] table ({model.lower()} = "...")',
+            )
+        )
 
     name = matter.name.strip()
     if not name or not all(c.isalnum() or c in "-_." for c in name) or not name.isascii():
@@ -372,7 +400,7 @@ def _definition(
             prompt_mode=matter.prompt_mode,
             allow=allow,
             deny=deny,
-            model=matter.model.strip() if matter.model else None,
+            model=model,
             max_rounds=matter.max_rounds,
             max_tokens=matter.max_tokens,
             timeout=matter.timeout,
@@ -382,6 +410,46 @@ def _definition(
         ),
         problems,
     )
+
+
+def _delegation(
+    matter: FrontMatter,
+    path: str,
+    at: Callable[[str], int],
+    given: set[str],
+    problems: list[AgentProblem],
+) -> FrontMatter:
+    """``Task`` (``Agent``, ``spawn_agents``) taken out of the tool lists and read as
+    ``may_delegate``: true in ``tools``, false in ``disallowed_tools``."""
+    allowed = matter.tools is not None and any(t.strip() in DELEGATION_TOOLS for t in matter.tools)
+    denied = any(t.strip() in DELEGATION_TOOLS for t in matter.disallowed_tools)
+    if not allowed and not denied:
+        return matter
+    tools = (
+        None
+        if matter.tools is None
+        else Names(tuple(t for t in matter.tools if t.strip() not in DELEGATION_TOOLS))
+    )
+    disallowed = Names(
+        tuple(t for t in matter.disallowed_tools if t.strip() not in DELEGATION_TOOLS)
+    )
+    may_delegate = matter.may_delegate
+    if allowed and denied:
+        problems.append(
+            AgentProblem(path, at("disallowed_tools"), "Task is in both tools and disallowed_tools")
+        )
+    elif "may_delegate" in given and matter.may_delegate != allowed:
+        where = "tools" if allowed else "disallowed_tools"
+        problems.append(
+            AgentProblem(
+                path,
+                at("may_delegate"),
+                f"may_delegate: {str(matter.may_delegate).lower()} contradicts Task in {where}",
+            )
+        )
+    else:
+        may_delegate = allowed
+    return attrs.evolve(matter, tools=tools, disallowed_tools=disallowed, may_delegate=may_delegate)
 
 
 def _rules(
@@ -399,7 +467,7 @@ def _rules(
                     path,
                     line,
                     f"{key}: fanfold has no tool {text!r}; it is ignored "
-                    f"(tools: {', '.join(sorted(KNOWN_TOOLS))}, read-only)",
+                    f"(tools: {', '.join(sorted(KNOWN_TOOLS))}, read-only, Task)",
                     warning=True,
                 )
             )

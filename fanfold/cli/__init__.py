@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ui": ("ui_command", "ui_command"),
     "trust": ("trust_command", "trust_command"),
     "mcp": ("mcp_command", "mcp_command"),
+    "tools": ("tools_command", "tools_command"),
 }
 
 

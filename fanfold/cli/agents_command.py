@@ -14,6 +14,7 @@ from fanfold.agents import AgentCatalog, AgentDefinition, agent_folders, load_ag
 from fanfold.cli.display import printable, short
 from fanfold.cli.errors import CliError
 from fanfold.cli.output import console, hint
+from fanfold.providers.config import ConfigError, load_config
 from fanfold.statemachine.agent_defs import ContextMode
 
 
@@ -34,13 +35,22 @@ def agents_command(cwd: Path, as_json: bool) -> None:
     """
     if not cwd.is_dir():
         raise CliError(f"--cwd {cwd} is not a directory")
-    catalog = load_agents(cwd)
+    catalog = load_agents(cwd, model_aliases=_model_aliases())
     if as_json:
         click.echo(json.dumps(_as_json(catalog, cwd), indent=2, ensure_ascii=False))
     else:
         _print(catalog, cwd)
     if catalog.errors:
         raise click.exceptions.Exit(1)
+
+
+def _model_aliases() -> dict[str, str]:
+    """The configuration's ``[model_aliases]`` (as ``fanfold run`` reads them), or
+    none when there is no configuration or it does not load (``run`` says why)."""
+    try:
+        return dict(load_config(None).model_aliases)
+    except ConfigError:
+        return {}
 
 
 def _tools(agent: AgentDefinition) -> str:

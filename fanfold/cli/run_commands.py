@@ -145,17 +145,22 @@ def run(
         hint(f"model: {choice.description}; log: {path}", style="dim")
         if system is None:
             system = choice.system_prompt
-        agents = _agents(cwd)
+        agents = _agents(cwd, dict(choice.model_aliases))
         result = run_trio(_run_main, path, choice, text, cwd, limits, system, not no_live, agents)
     print_result(*result, db=path)
 
 
-def _agents(cwd: Path) -> tuple[AgentDefinition, ...]:
-    """The agent definitions in effect for a run in ``cwd``; an invalid file is left
-    out with a one-line warning (``fanfold agents`` says what is wrong)."""
-    catalog = load_agents(cwd)
-    for problem in catalog.errors:
-        hint(f"agent definition left out: {printable(str(problem))}", style="yellow")
+def _agents(cwd: Path, model_aliases: dict[str, str] | None = None) -> tuple[AgentDefinition, ...]:
+    """The agent definitions in effect for a run in ``cwd``, ``model`` names through
+    the configuration's ``[model_aliases]``. On stderr, one line each: an invalid
+    file, left out (``fanfold agents`` says more), and every key or tool of a file
+    that is ignored (a warning: the rest of the file is used)."""
+    catalog = load_agents(cwd, model_aliases=model_aliases)
+    for problem in catalog.problems:
+        if problem.warning:
+            hint(f"agent definition: {printable(str(problem))}", style="yellow")
+        else:
+            hint(f"agent definition left out: {printable(str(problem))}", style="yellow")
     return catalog.agents
 
 

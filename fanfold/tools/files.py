@@ -149,6 +149,8 @@ class ReadFileTool:
     max_lines: int = 2000
     max_line_chars: int = 2000
     max_output_chars: int = 50_000
+    read_only = True  # changes nothing (ToolSet.read_only)
+    idempotent = True
 
     @property
     def spec(self) -> ToolSpec:

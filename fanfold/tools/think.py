@@ -19,6 +19,9 @@ class ThinkTool:
     as this call's arguments. Running the tool changes nothing else.
     """
 
+    read_only = True  # changes nothing (ToolSet.read_only)
+    idempotent = True
+
     @property
     def spec(self) -> ToolSpec:
         """The tool's name, description and schema."""

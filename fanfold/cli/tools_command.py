@@ -1,0 +1,107 @@
+"""``fanfold tools``: the tools a run in a folder is offered, where each comes from, and
+which agents' permissions allow it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Column, Table
+from rich.text import Text
+
+from fanfold.agents import load_agents
+from fanfold.cli.display import printable, short
+from fanfold.cli.errors import CliError, user_errors
+from fanfold.cli.output import console, hint
+from fanfold.providers.config import Config, load_config
+from fanfold.statemachine.permissions import Permissions, allows_tool
+from fanfold.tools.registry import ToolSet
+from fanfold.tools.secrets import EnvPolicy
+
+
+@click.command("tools")
+@click.option(
+    "--cwd",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="The folder a run would work in (its agent definitions are read).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Configuration (TOML; default: $FANFOLD_CONFIG, ./fanfold.toml, "
+    "~/.config/fanfold/config.toml).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def tools_command(cwd: Path, config_path: Path | None, as_json: bool) -> None:
+    """List the tools `fanfold run` offers: each with where it comes from, whether it
+    only reads, and which agents' permission rules allow it (the root has no rules:
+    it may call every tool)."""
+    if not cwd.is_dir():
+        raise CliError(f"--cwd {cwd} is not a directory")
+    with user_errors():
+        config = load_config(config_path)
+    listing = _listing(config, cwd.resolve())
+    if as_json:
+        click.echo(json.dumps(listing, indent=2, ensure_ascii=False))
+        return
+    table = Table(
+        Column("tool", overflow="fold"),
+        Column("source", overflow="fold"),
+        "reads only",
+        Column("agents allowed", overflow="fold"),
+        "description",
+    )
+    for tool in listing["tools"]:
+        table.add_row(
+            Text(tool["name"]),
+            Text(printable(tool["source"])),
+            "yes" if tool["read_only"] else "no",
+            Text(printable(", ".join(tool["agents"]) or "none")),
+            Text(short(tool["description"], 60)),
+        )
+    console.print(table)
+    for agent, problems in listing["agents_left_out"].items():
+        hint(f"agent definition left out: {printable(agent)}: {printable(problems)}", style="red")
+    if "web_fetch" not in [t["name"] for t in listing["tools"]]:
+        hint("web_fetch: not offered (no [tools.web_fetch] domains configured)", style="dim")
+
+
+def _listing(config: Config, cwd: Path) -> dict[str, Any]:
+    env_policy = EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env))
+    tools = ToolSet.default(env_policy=env_policy, web_domains=config.web_domains)
+    catalog = load_agents(cwd, model_aliases=dict(config.model_aliases))
+    entries = []
+    for spec in tools.specs():
+        source = "built-in"
+        if spec.name == "web_fetch":
+            source = f"built-in; domains from [tools.web_fetch] of {config.source}"
+        agents = [
+            agent.name
+            for agent in catalog.agents
+            if allows_tool(Permissions((agent.rules(str(cwd)),)), spec.name)
+        ]
+        entries.append(
+            {
+                "name": spec.name,
+                "source": source,
+                "read_only": tools.read_only(spec.name),
+                "description": spec.description,
+                "agents": agents,
+            }
+        )
+    left_out: dict[str, str] = {}
+    for problem in catalog.errors:
+        left_out[problem.path] = "; ".join(
+            filter(None, (left_out.get(problem.path), f"{problem.line}: {problem.message}"))
+        )
+    return {
+        "config": config.source,
+        "tools": entries,
+        "web_domains": list(config.web_domains),
+        "agents_left_out": left_out,
+    }
