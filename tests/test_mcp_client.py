@@ -1,0 +1,258 @@
+"""MCP servers as tools: a real MCP server (tests/mcp_test_server.py, the SDK's server
+side or hand-written JSON-RPC) run as a subprocess over stdio under the supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+pytest.importorskip("mcp")
+
+from fanfold.mcp.client import McpHub, McpTool
+from fanfold.mcp.config import ServerDeclaration, declared_servers
+from fanfold.tools.registry import ToolSet
+from fanfold.tools.secrets import EnvPolicy
+from fanfold.trust import TrustStore
+
+pytestmark = pytest.mark.slow
+
+SERVER = Path(__file__).with_name("mcp_test_server.py")
+
+
+def _declaration(mode: str, where: Path, **kw: Any) -> ServerDeclaration:
+    return ServerDeclaration(
+        mode, "test", command=sys.executable, args=(str(SERVER), mode, str(where)), **kw
+    )
+
+
+async def _tools(hub: McpHub) -> dict[str, McpTool]:
+    tools, problems = await hub.discover()
+    assert problems == []
+    return {t.tool: t for t in tools}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def _until(condition: Any) -> None:
+    """Wait (bounded, not timed) until ``condition()`` holds."""
+    with trio.fail_after(30):
+        while not condition():
+            await trio.sleep(0.05)
+
+
+async def test_tools_are_named_checked_and_their_results_converted(tmp_path: Path) -> None:
+    async with McpHub.open([_declaration("ok", tmp_path)], cwd=tmp_path) as hub:
+        tools = await _tools(hub)
+        assert tools["echo"].spec.name == "mcp__ok__echo"
+        # A server's tool named like a built-in is namespaced: no clash, both offered.
+        assert tools["bash"].spec.name == "mcp__ok__bash"
+        names = ToolSet.default(extra=list(tools.values())).names
+        assert "bash" in names and "mcp__ok__bash" in names
+        assert tools["echo"].read_only and not tools["add"].read_only
+        echo = await tools["echo"].run({"text": "hi"}, ".")
+        assert (echo.content, echo.is_error) == ("echo: hi", False)
+        added = await tools["add"].run({"a": 1, "b": 2}, ".")
+        assert json.loads(added.content) == {"sum": 3}
+        failed = await tools["fail"].run({}, ".")
+        assert failed.is_error and "it failed on purpose" in failed.content
+        picture = await tools["image"].run({}, ".")
+        assert picture.content.startswith("[image: image/png, about ")
+        assert not picture.is_error
+
+
+async def test_a_call_past_its_timeout_is_cancelled_on_the_server(tmp_path: Path) -> None:
+    async with McpHub.open([_declaration("ok", tmp_path, timeout=1)], cwd=tmp_path) as hub:
+        tools = await _tools(hub)
+        out = await tools["slow"].run({"seconds": 600}, ".")
+        assert out.is_error and "timed out after 1 s" in out.content
+        await _until(lambda: (tmp_path / "cancelled").exists())
+        # The server lives on: the next call is answered.
+        assert (await tools["echo"].run({"text": "still"}, ".")).content == "echo: still"
+
+
+async def test_cancelling_a_call_reaches_the_server(tmp_path: Path) -> None:
+    async with McpHub.open([_declaration("ok", tmp_path)], cwd=tmp_path) as hub:
+        tools = await _tools(hub)
+        with trio.move_on_after(1):
+            await tools["slow"].run({"seconds": 600}, ".")
+        await _until(lambda: (tmp_path / "cancelled").exists())
+
+
+async def test_a_server_dying_mid_call_is_restarted_once_then_named_with_its_stderr(
+    tmp_path: Path,
+) -> None:
+    async with McpHub.open([_declaration("ok", tmp_path)], cwd=tmp_path) as hub:
+        tools = await _tools(hub)
+        died = await tools["die"].run({}, ".")
+        assert died.is_error
+        assert "MCP server 'ok' died" in died.content and "dying now" in died.content
+        again = await tools["echo"].run({"text": "back"}, ".")
+        assert again.content == "echo: back"  # restarted
+        assert (await tools["die"].run({}, ".")).is_error
+        final = await tools["echo"].run({"text": "x"}, ".")
+        assert final.is_error
+        assert "restarted once already" in final.content and "dying now" in final.content
+
+
+async def test_a_50_mb_answer_is_an_error_result_and_the_server_restarts(tmp_path: Path) -> None:
+    async with McpHub.open([_declaration("ok", tmp_path)], cwd=tmp_path) as hub:
+        tools = await _tools(hub)
+        out = await tools["big"].run({}, ".")
+        assert out.is_error and "sent a message larger than 8 MiB" in out.content
+        assert (await tools["echo"].run({"text": "ok"}, ".")).content == "echo: ok"
+
+
+@pytest.mark.parametrize(
+    ("mode", "problem"),
+    [
+        ("noinit", "did not answer initialize within 2 s"),
+        ("garbage", "wrote a line that is not JSON-RPC: 'this is not json-rpc'"),
+        ("many", "offers more than 128 tools: refused"),
+        # The SDK refuses the whole list (pydantic: inputSchema.type must be 'object').
+        ("stringschema", "tools/list failed: 1 validation error for ListToolsResult"),
+    ],
+)
+async def test_broken_servers_are_one_clear_problem(
+    tmp_path: Path, mode: str, problem: str
+) -> None:
+    declaration = _declaration(mode, tmp_path, startup_timeout=2 if mode == "noinit" else 60)
+    async with McpHub.open([declaration, _declaration("ok", tmp_path)], cwd=tmp_path) as hub:
+        tools, problems = await hub.discover()
+    assert len(problems) == 1
+    assert problems[0].startswith(f"MCP server {mode!r}") and problem in problems[0]
+    assert {t.server.name for t in tools} == {"ok"}  # the others are unharmed
+
+
+async def test_a_tool_whose_schema_fanfold_cannot_check_is_left_out(tmp_path: Path) -> None:
+    async with McpHub.open([_declaration("badschema", tmp_path)], cwd=tmp_path) as hub:
+        tools, problems = await hub.discover()
+        assert [t.tool for t in tools] == ["fine"]
+        assert len(problems) == 1 and "tool 'refy' left out" in problems[0]
+        assert (await tools[0].run({}, ".")).content == "fine indeed"
+
+
+async def test_a_server_that_hangs_on_shutdown_is_killed(tmp_path: Path) -> None:
+    async with McpHub.open([_declaration("hang", tmp_path)], cwd=tmp_path) as hub:
+        await _tools(hub)
+    # The hub has closed: the server ignored end-of-file and SIGTERM, and is gone.
+    pid = int((tmp_path / "hanging").read_text())
+    assert not _alive(pid)
+
+
+DRIVER = """
+import sys, trio
+from fanfold.mcp.client import McpHub
+from fanfold.mcp.config import ServerDeclaration
+async def main():
+    d = ServerDeclaration("ok", "t", command=sys.executable, args=(sys.argv[1], "ok", sys.argv[2]))
+    async with McpHub.open([d], cwd=sys.argv[2]) as hub:
+        tools, _ = await hub.discover()
+        spawn = next(t for t in tools if t.tool == "spawn")
+        await spawn.run({}, ".")
+        print("ready", flush=True)
+        await trio.sleep_forever()
+trio.run(main)
+"""
+
+
+async def test_nothing_the_server_started_outlives_a_killed_fanfold(tmp_path: Path) -> None:
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(SERVER), str(tmp_path)], stdout=subprocess.PIPE
+    )
+    assert driver.stdout is not None
+    line = await trio.to_thread.run_sync(driver.stdout.readline)
+    assert line.strip() == b"ready"
+    server_pid, grandchild_pid = map(int, (tmp_path / "pids").read_text().split())
+    assert _alive(server_pid) and _alive(grandchild_pid)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    await _until(lambda: not _alive(server_pid) and not _alive(grandchild_pid))
+
+
+async def test_project_servers_wait_for_trust(tmp_path: Path, trust_record: Path) -> None:
+    (tmp_path / ".mcp.json").write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "ok": {"command": sys.executable, "args": [str(SERVER), "ok", str(tmp_path)]}
+                }
+            }
+        )
+    )
+    declared = declared_servers(tmp_path, environ={**os.environ, "HOME": str(tmp_path)})
+    assert [(d.name, d.project, d.needs_trust) for d in declared.servers] == [("ok", True, True)]
+    async with McpHub.open(declared.servers, cwd=tmp_path) as hub:
+        tools, problems = await hub.discover()
+    assert tools == [] and len(problems) == 1
+    assert "waits for trust" in problems[0] and "fanfold trust" in problems[0]
+    assert not (tmp_path / "started-ok").exists()  # never started
+    TrustStore.default().trust(tmp_path / ".mcp.json")
+    declared = declared_servers(tmp_path, environ={**os.environ, "HOME": str(tmp_path)})
+    assert not declared.servers[0].needs_trust
+    async with McpHub.open(declared.servers, cwd=tmp_path) as hub:
+        tools, problems = await hub.discover()
+    assert problems == [] and tools
+    # A changed file waits for trust again.
+    (tmp_path / ".mcp.json").write_text((tmp_path / ".mcp.json").read_text() + "\n")
+    declared = declared_servers(tmp_path, environ={**os.environ, "HOME": str(tmp_path)})
+    assert declared.servers[0].needs_trust
+
+
+async def test_user_config_servers_start_as_they_are(tmp_path: Path) -> None:
+    config = tmp_path / "mine.toml"
+    config.write_text(
+        "[mcp_servers.ok]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f"args = [{json.dumps(str(SERVER))}, 'ok', {json.dumps(str(tmp_path))}]\n"
+        "env = { PASSED = '${MY_SECRET}' }\n"
+        "idempotent_tools = ['count']\n"
+    )
+    declared = declared_servers(tmp_path, config)
+    assert declared.problems == ()
+    (server,) = declared.servers
+    assert not server.needs_trust and server.idempotent_tools == ("count",)
+    environ = {**os.environ, "MY_SECRET": "s3cret-value", "OTHER_TOKEN": "leak"}
+    async with McpHub.open(
+        declared.servers, cwd=tmp_path, env_policy=EnvPolicy(), environ=environ
+    ) as hub:
+        tools = await _tools(hub)
+        assert tools["count"].idempotent and not tools["echo"].idempotent
+        # The declared variable comes from the environment by name; a secret-looking
+        # variable it did not name is not passed (as for bash).
+        out = await tools["secret"].run({}, ".")
+    assert out.content == "s3cret-value absent"
+
+
+def test_declarations_are_checked(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(
+        "[mcp_servers.a__b]\ncommand = 'x'\n"
+        "[mcp_servers.both]\ncommand = 'x'\nurl = 'http://127.0.0.1:1/mcp'\n"
+        "[mcp_servers.typo]\ncommand = 'x'\nargz = []\n"
+        "[mcp_servers.good]\nurl = 'http://127.0.0.1:1/mcp'\nheaders = { A = '$TOKEN' }\n"
+    )
+    declared = declared_servers(tmp_path, config)
+    assert [d.name for d in declared.servers] == ["good"]
+    assert len(declared.problems) == 3
+    joined = "\n".join(declared.problems)
+    assert "mcp_servers.a__b: a server name is" in joined
+    assert "mcp_servers.both: give command" in joined
+    assert "mcp_servers.typo: unknown key(s) argz" in joined
