@@ -256,3 +256,72 @@ def test_declarations_are_checked(tmp_path: Path) -> None:
     assert "mcp_servers.a__b: a server name is" in joined
     assert "mcp_servers.both: give command" in joined
     assert "mcp_servers.typo: unknown key(s) argz" in joined
+
+
+def _mcp_json(folder: Path, where: Path, **extra: Any) -> Path:
+    path = folder / ".mcp.json"
+    server = {"command": sys.executable, "args": [str(SERVER), "ok", str(where)], **extra}
+    path.write_text(json.dumps({"mcpServers": {"ok": server}}))
+    return path
+
+
+ECHO_SCRIPT = {
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {
+                    "text": "asking the server",
+                    "tool_calls": [{"name": "mcp__ok__echo", "arguments": {"text": "hi"}}],
+                },
+                {"text": "it said hi"},
+            ],
+        }
+    ]
+}
+
+
+def test_a_run_uses_a_trusted_servers_tool_and_replays_without_it(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+    from fanfold.db import Store
+    from fanfold.statemachine import ToolFinished
+
+    project = tmp_path / "project"
+    project.mkdir()
+    TrustStore.default().trust(_mcp_json(project, tmp_path))
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(ECHO_SCRIPT))
+    db = tmp_path / "run.db"
+    command = [sys.executable, "-c", "from fanfold.cli import main; main()", "run", "go"]
+    command += ["--script", str(script), "--db", str(db), "--cwd", str(project), "--no-live"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with Store.open(db, read_only=True) as store:
+        (root,) = store.list_roots()
+        results = [
+            e.event.result for e in store.events(root.id) if isinstance(e.event, ToolFinished)
+        ]
+    assert [(r.name, r.content, r.is_error) for r in results] == [
+        ("mcp__ok__echo", "echo: hi", False)
+    ]
+    # The server is gone: replay verifies from the log alone.
+    (project / ".mcp.json").unlink()
+    verify = CliRunner().invoke(cli, ["replay", root.id, "--db", str(db), "--verify", "--tree"])
+    assert verify.exit_code == 0, verify.output
+    assert "identical" in verify.output
+
+
+def test_a_run_says_a_project_server_waits_for_trust(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    _mcp_json(project, tmp_path)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"agents": [{"replies": [{"text": "no tools needed"}]}]}))
+    command = [sys.executable, "-c", "from fanfold.cli import main; main()", "run", "go"]
+    command += ["--script", str(script), "--db", str(tmp_path / "w.db"), "--cwd", str(project)]
+    done = subprocess.run([*command, "--no-live"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "MCP server 'ok' waits for trust" in done.stderr
+    assert not (tmp_path / "started-ok").exists()

@@ -12,6 +12,7 @@ from fanfold.cli.database import db_option, db_path, default_db
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
+from fanfold.cli.mcp_tools import declarations_for, mcp_tools
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
@@ -146,7 +147,10 @@ def run(
         if system is None:
             system = choice.system_prompt
         agents = _agents(cwd, dict(choice.model_aliases))
-        result = run_trio(_run_main, path, choice, text, cwd, limits, system, not no_live, agents)
+        servers = declarations_for(cwd, config_path)
+        result = run_trio(
+            _run_main, path, choice, text, cwd, limits, system, not no_live, agents, servers
+        )
     print_result(*result, db=path)
 
 
@@ -187,6 +191,7 @@ async def _run_main(
     system: str,
     live: bool,
     agents: tuple[AgentDefinition, ...] = (),
+    servers: tuple[Any, ...] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
@@ -194,16 +199,19 @@ async def _run_main(
         # meanwhile waits (it is delivered after) instead of killing the process before
         # the shutdown has stopped its bash commands.
         with stop_signal_receiver(stop) as signals:
-            async with Runtime.open(
-                path,
-                choice.provider,
-                choice.tools(),
-                redact=choice.redactor(),
-                limits=limits,
-                observer=view.observe,
-                on_progress=view.progress,
-                provider_description=choice.recorded,
-            ) as runtime:
+            async with (
+                mcp_tools(servers, cwd, choice.env_policy) as extra,
+                Runtime.open(
+                    path,
+                    choice.provider,
+                    choice.tools(extra),
+                    redact=choice.redactor(),
+                    limits=limits,
+                    observer=view.observe,
+                    on_progress=view.progress,
+                    provider_description=choice.recorded,
+                ) as runtime,
+            ):
                 conversation_id = await runtime.start(
                     text, cwd=cwd, limits=limits, system_prompt=system, agents=agents
                 )

@@ -1,0 +1,53 @@
+"""The MCP servers' tools of a ``fanfold run``: declared for its folder, started when
+its tree starts, stopped when it ends (``fanfold.mcp``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fanfold.cli.display import printable
+from fanfold.cli.output import hint
+from fanfold.tools.secrets import EnvPolicy
+
+
+def declarations_for(cwd: Path, config_path: Path | None) -> tuple[Any, ...]:
+    """The servers declared for ``cwd`` (each problem a yellow line); () when none, or
+    when the ``mcp`` extra is missing (said once)."""
+    from fanfold.mcp.config import declared_servers
+
+    declared = declared_servers(cwd, config_path)
+    for problem in declared.problems:
+        hint(f"MCP: {printable(problem)}", style="yellow")
+    if not declared.servers:
+        return ()
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        hint(
+            "MCP servers are declared but the MCP SDK is missing: pip install 'fanfold[mcp]'",
+            style="yellow",
+        )
+        return ()
+    return declared.servers
+
+
+@asynccontextmanager
+async def mcp_tools(
+    declarations: Sequence[Any], cwd: Path, env_policy: EnvPolicy
+) -> AsyncIterator[list[Any]]:
+    """The tools of ``declarations``' servers (started now, stopped on exit); every
+    server that waits for trust or failed is one yellow line."""
+    if not declarations:
+        yield []
+        return
+    from fanfold.mcp.client import McpHub
+
+    async with McpHub.open(declarations, cwd=cwd, env_policy=env_policy, environ=os.environ) as hub:
+        tools, problems = await hub.discover()
+        for problem in problems:
+            hint(f"MCP: {printable(problem)}", style="yellow")
+        yield tools
