@@ -470,6 +470,13 @@ class Runtime:
         await actor.submit(UserMessaged(text))
         return conversation_id
 
+    def _idempotent_tools(self) -> tuple[str, ...]:
+        """The tools the tool runner says may be called twice (``ToolSet.idempotent``)."""
+        idempotent = getattr(self.tools, "idempotent", None)
+        if idempotent is None:
+            return ()
+        return tuple(sorted(s.name for s in self.tools.specs() if idempotent(s.name)))
+
     def _reading_mcp_tools(self) -> tuple[str, ...]:
         """The MCP tools (``mcp__...``) the tool runner says are read-only."""
         read_only = getattr(self.tools, "read_only", None)
@@ -650,8 +657,9 @@ class Runtime:
         for row, state, started in loaded:
             self._launch(Actor(self, state, row.last_seq, created=False, timers_started=started))
             resumed.append(row.id)
+        again = self._idempotent_tools()
         for conversation_id in resumed:
-            self.deliver(conversation_id, RuntimeResumed())
+            self.deliver(conversation_id, RuntimeResumed(again))
         for conversation_id in resumed:
             self._redeliver_outcomes(self._actors[conversation_id].state)
         return resumed
