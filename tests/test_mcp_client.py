@@ -325,3 +325,65 @@ def test_a_run_says_a_project_server_waits_for_trust(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "MCP server 'ok' waits for trust" in done.stderr
     assert not (tmp_path / "started-ok").exists()
+
+
+COUNT_SCRIPT = {
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {
+                    "text": "counting",
+                    "tool_calls": [{"name": "mcp__ok__count", "arguments": {"tag": "x"}}],
+                },
+                {"text": "counted, done"},
+            ],
+        }
+    ]
+}
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_kill_9_with_an_mcp_call_in_flight_then_resume(
+    tmp_path: Path, idempotent: bool
+) -> None:
+    from fanfold.db import Store
+    from fanfold.statemachine import ToolResultMessage
+
+    project = tmp_path / "project"
+    project.mkdir()
+    extra = {"idempotent_tools": ["count"]} if idempotent else {}
+    TrustStore.default().trust(_mcp_json(project, tmp_path, **extra))
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(COUNT_SCRIPT))
+    db = tmp_path / "k.db"
+    fanfold = [sys.executable, "-c", "from fanfold.cli import main; main()"]
+    options = ["--script", str(script), "--db", str(db), "--no-live", "--cwd", str(project)]
+    run = subprocess.Popen(
+        [*fanfold, "run", "go", *options],
+        env={**os.environ, "COUNT_SLEEP": "600"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    await _until(lambda: (tmp_path / "count").exists())
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    resumed = subprocess.run(
+        [*fanfold, "resume", "--db", str(db)],
+        env={**os.environ, "COUNT_SLEEP": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    with Store.open(db, read_only=True) as store:
+        (root,) = store.list_roots()
+        state = store.load_state(root.id)
+    (result,) = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    lines = (tmp_path / "count").read_text().split()
+    if idempotent:
+        assert lines == ["x", "x"]
+        assert (result.content, result.is_error) == ("counted", False)
+    else:
+        assert lines == ["x"]
+        assert result.is_error and result.content.startswith("interrupted:")

@@ -51,3 +51,41 @@ async def mcp_tools(
         for problem in problems:
             hint(f"MCP: {printable(problem)}", style="yellow")
         yield tools
+
+
+@asynccontextmanager
+async def recorded_mcp_tools(
+    trees: Sequence[tuple[str, Sequence[Any]]],
+    config_path: Path | None,
+    env_policy: EnvPolicy,
+) -> AsyncIterator[list[Any]]:
+    """For ``resume``: the MCP tools the trees recorded (``(cwd, tool specs)`` each),
+    bound to the servers their folders declare now; a server starts only when a
+    resumed call needs it (a project's only if trusted)."""
+    from fanfold.mcp.client import PREFIX
+
+    wanted = [(cwd, [s for s in specs if s.name.startswith(PREFIX)]) for cwd, specs in trees]
+    wanted = [(cwd, specs) for cwd, specs in wanted if specs]
+    if not wanted:
+        yield []
+        return
+    declared: dict[str, Any] = {}
+    for cwd, _ in wanted:
+        for declaration in declarations_for(Path(cwd), config_path):
+            declared.setdefault(declaration.name, declaration)
+    if not declared:
+        yield []
+        return
+    from fanfold.mcp.client import McpHub
+
+    async with McpHub.open(
+        declared.values(), cwd=wanted[0][0], env_policy=env_policy, environ=os.environ
+    ) as hub:
+        names: set[str] = set()
+        tools = []
+        for _, specs in wanted:
+            for tool in hub.tools_for(specs):
+                if tool.spec.name not in names:
+                    names.add(tool.spec.name)
+                    tools.append(tool)
+        yield tools

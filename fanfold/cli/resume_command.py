@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 import trio
@@ -13,6 +14,7 @@ from fanfold.cli.database import db_option, db_path
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
+from fanfold.cli.mcp_tools import recorded_mcp_tools
 from fanfold.cli.models import (
     ModelChoice,
     ProviderPerTree,
@@ -63,7 +65,7 @@ def resume(
         override = None
         if script or config_path or profile or model:
             override = choose_model(script, config_path, profile, model)
-        code = run_trio(_resume_main, path, override)
+        code = run_trio(_resume_main, path, override, config_path)
     if code:
         raise SystemExit(code)
 
@@ -97,7 +99,19 @@ def _say_skipped(skipped: SkippedTree) -> None:
     )
 
 
-async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice | None) -> int:
+def _recorded_tools(store: Store, root_id: str) -> tuple[str, tuple[Any, ...]]:
+    """The root's folder and its recorded tool specs (none if its log cannot be read:
+    the resume itself reports that tree)."""
+    try:
+        state = store.load_state(root_id)
+    except Exception:  # a damaged tree: Runtime.resume names it
+        return ".", ()
+    return state.cwd, state.tools
+
+
+async def _resume_main(
+    stop: tuple[int, ...], path: Path, override: ModelChoice | None, config_path: Path | None
+) -> int:
     """Resume and wait for every unfinished tree.
 
     A stop signal (Ctrl-C, SIGTERM, SIGHUP) stops this process, not the work: the
@@ -118,9 +132,11 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
     with Store.open(path) as store:
         plan = resume_plan(store, key)
         recorded_for = {}
+        recorded_tools = []
         for root_id in plan.roots:
             record = store.tree_record(root_id)
             recorded_for[root_id] = record.provider if record is not None else None
+            recorded_tools.append(_recorded_tools(store, root_id))
     for skipped in plan.skipped:
         _say_skipped(skipped)
     chosen = list(plan.roots)
@@ -154,15 +170,18 @@ async def _resume_main(stop: tuple[int, ...], path: Path, override: ModelChoice 
         # waits (and is delivered after it) instead of killing the process before its
         # bash commands are stopped.
         with stop_signal_receiver(stop) as signals:
-            async with Runtime.open(
-                path,
-                override.provider if override is not None else per_tree,
-                ToolSet.default(env_policy=policy, web_domains=web_domains),
-                redact=policy.redactor(os.environ),
-                observer=view.observe,
-                key=key,
-                provider_description=override.recorded if override is not None else None,
-            ) as runtime:
+            async with (
+                recorded_mcp_tools(recorded_tools, config_path, policy) as extra,
+                Runtime.open(
+                    path,
+                    override.provider if override is not None else per_tree,
+                    ToolSet.default(env_policy=policy, web_domains=web_domains, extra=extra),
+                    redact=policy.redactor(os.environ),
+                    observer=view.observe,
+                    key=key,
+                    provider_description=override.recorded if override is not None else None,
+                ) as runtime,
+            ):
                 ids = await runtime.resume(chosen) if chosen else []
                 for damaged in runtime.resume_damaged:
                     _say_skipped(damaged)

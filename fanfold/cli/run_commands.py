@@ -12,7 +12,7 @@ from fanfold.cli.database import db_option, db_path, default_db
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import declarations_for, mcp_tools
+from fanfold.cli.mcp_tools import declarations_for, mcp_tools, recorded_mcp_tools
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
@@ -244,7 +244,12 @@ def send(
         _refuse_sub_agent(path, conversation_id)
         choice = choose_model(script, config_path, profile, model)
         hint(f"model: {choice.description}; log: {path}", style="dim")
-        result = run_trio(_send_main, path, choice, conversation_id, text, not no_live)
+        with Store.open(path) as store:
+            state = store.load_state(conversation_id)
+        recorded = ((state.cwd, state.tools),)
+        result = run_trio(
+            _send_main, path, choice, conversation_id, text, not no_live, recorded, config_path
+        )
     print_result(*result, db=path)
 
 
@@ -270,19 +275,25 @@ async def _send_main(
     conversation_id: str,
     text: str,
     live: bool,
+    recorded: tuple[tuple[str, Any], ...] = (),
+    config_path: Path | None = None,
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
         with stop_signal_receiver(stop) as signals:  # open until the runtime shut down
-            async with Runtime.open(
-                path,
-                choice.provider,
-                choice.tools(),
-                redact=choice.redactor(),
-                observer=view.observe,
-                on_progress=view.progress,
-                provider_description=choice.recorded,
-            ) as runtime:
+            async with (
+                # The tree's recorded MCP tools, on the servers its folder declares now.
+                recorded_mcp_tools(recorded, config_path, choice.env_policy) as extra,
+                Runtime.open(
+                    path,
+                    choice.provider,
+                    choice.tools(extra),
+                    redact=choice.redactor(),
+                    observer=view.observe,
+                    on_progress=view.progress,
+                    provider_description=choice.recorded,
+                ) as runtime,
+            ):
                 await runtime.send(conversation_id, text)
                 interruption = await watch(runtime, conversation_id, view, live, signals)
                 return conversation_id, runtime.state(conversation_id), interruption
