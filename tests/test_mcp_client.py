@@ -387,3 +387,50 @@ async def test_kill_9_with_an_mcp_call_in_flight_then_resume(
     else:
         assert lines == ["x"]
         assert result.is_error and result.content.startswith("interrupted:")
+
+
+def test_fanfold_tools_lists_each_servers_tools_and_state(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+
+    project = tmp_path / "project"
+    project.mkdir()
+    _mcp_json(project, tmp_path)  # the project's: not trusted
+    agents = project / ".claude" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "looker.md").write_text(
+        "---\nname: looker\ndescription: looks\ntools: read-only\n---\nLook.\n"
+    )
+    server = f"command = {json.dumps(sys.executable)}\n"
+    config = tmp_path / "mine.toml"
+    config.write_text(
+        "[profiles.offline]\nprovider = 'scripted'\n"
+        + "[mcp_servers.mine]\n"
+        + server
+        + f"args = [{json.dumps(str(SERVER))}, 'ok', {json.dumps(str(tmp_path))}]\n"
+        + "env = { PASSED = '${MY_SECRET}' }\n"
+        + "[mcp_servers.mute]\n"
+        + server
+        + f"args = [{json.dumps(str(SERVER))}, 'noinit', {json.dumps(str(tmp_path))}]\n"
+        + "startup_timeout = 2\n"
+    )
+    result = CliRunner().invoke(
+        cli,
+        ["tools", "--json", "--cwd", str(project), "--config", str(config)],
+        env={"MY_SECRET": "s3cret-value"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "s3cret-value" not in result.output
+    listing = json.loads(result.stdout)
+    tools = {t["name"]: t for t in listing["tools"]}
+    assert tools["mcp__mine__echo"]["source"] == f"MCP server mine ({config})"
+    assert "looker" in tools["mcp__mine__echo"]["agents"]  # readOnlyHint: read-only takes it
+    assert "looker" not in tools["mcp__mine__add"]["agents"]
+    assert "read_file" in tools and "bash" in tools
+    servers = {s["name"]: s for s in listing["mcp_servers"]}
+    assert servers["mine"]["status"] == "started" and servers["mine"]["env"] == ["PASSED"]
+    assert servers["mute"]["status"] == "failed"
+    assert "did not answer initialize within 2 s" in servers["mute"]["problem"]
+    assert servers["ok"]["status"] == "waits for trust"
+    assert servers["ok"]["declared_by"] == "project"

@@ -118,6 +118,10 @@ class McpServer:
         self.failure: str | None = None
         """Why the last connection ended (it died, exit status, a broken message)."""
         self.stderr = HeadTailBuffer(STDERR_TAIL)
+        self.problem: str | None = None
+        """Why ``discover`` offers none of its tools (waits for trust, failed)."""
+        self.left_out: list[str] = []
+        """Its tools ``discover`` left out, each with why."""
         self._lock = trio.Lock()
         self._wake: trio.Event | None = None
 
@@ -432,20 +436,24 @@ class McpHub:
         problems: list[str] = []
         for server in self.servers.values():
             if server.declaration.needs_trust:
-                problems.append(str(_trust_problem(server)))
+                server.problem = _trust_problem(server)
+                problems.append(server.problem)
                 continue
             try:
                 listed = await server.list_tools()
             except (ServerUnavailable, trio.TooSlowError) as exc:
-                problems.append(str(exc) or f"MCP server {server.name!r}: tools/list timed out")
+                server.problem = str(exc) or f"MCP server {server.name!r}: tools/list timed out"
+                problems.append(server.problem)
                 await server.stop()
                 continue
             except Exception as exc:  # an SDK error answering tools/list
-                problems.append(f"MCP server {server.name!r}: tools/list failed: {_one_line(exc)}")
+                server.problem = f"MCP server {server.name!r}: tools/list failed: {_one_line(exc)}"
+                problems.append(server.problem)
                 continue
             for tool in listed:
                 made = _tool(server, tool)
                 if isinstance(made, str):
+                    server.left_out.append(made)
                     problems.append(made)
                 else:
                     tools.append(made)
