@@ -287,6 +287,7 @@ def test_a_run_uses_a_trusted_servers_tool_and_replays_without_it(tmp_path: Path
     from fanfold.cli import cli
     from fanfold.db import Store
     from fanfold.statemachine import ToolFinished
+    from fanfold.trace.build import build_trace
 
     project = tmp_path / "project"
     project.mkdir()
@@ -306,6 +307,16 @@ def test_a_run_uses_a_trusted_servers_tool_and_replays_without_it(tmp_path: Path
     assert [(r.name, r.content, r.is_error) for r in results] == [
         ("mcp__ok__echo", "echo: hi", False)
     ]
+    # show and the trace page name the call's server.
+    shown = CliRunner().invoke(cli, ["show", root.id, "--db", str(db)])
+    assert "MCP: ok (1)" in shown.output
+    as_json = json.loads(
+        CliRunner().invoke(cli, ["show", root.id, "--db", str(db), "--json"]).stdout
+    )
+    assert as_json["mcp_calls"] == [{"server": "ok", "tool": "echo", "error": False}]
+    with Store.open(db, read_only=True) as store:
+        trace = json.dumps(build_trace(store, root.id))
+    assert "tool mcp__ok__echo (MCP server ok)" in trace
     # The server is gone: replay verifies from the log alone.
     (project / ".mcp.json").unlink()
     verify = CliRunner().invoke(cli, ["replay", root.id, "--db", str(db), "--verify", "--tree"])

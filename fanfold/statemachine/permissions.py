@@ -61,6 +61,15 @@ MCP_PREFIX = "mcp__"
 """MCP servers' tools are ``mcp__SERVER__TOOL``; rules may name a whole server
 (``mcp__github``, ``mcp__github__*``)."""
 
+
+def mcp_server_of(tool: str) -> str | None:
+    """The server of an MCP tool's name (``mcp__SERVER__TOOL``); None for any other."""
+    if not tool.startswith(MCP_PREFIX):
+        return None
+    server, sep, rest = tool[len(MCP_PREFIX) :].partition("__")
+    return server if sep and server and rest else None
+
+
 CLAUDE_TOOL_NAMES = {
     "Bash": "bash",
     "Read": "read_file",
