@@ -445,3 +445,38 @@ def test_fanfold_tools_lists_each_servers_tools_and_state(tmp_path: Path) -> Non
     assert "did not answer initialize within 2 s" in servers["mute"]["problem"]
     assert servers["ok"]["status"] == "waits for trust"
     assert servers["ok"]["declared_by"] == "project"
+
+
+def test_a_servers_secret_reaches_neither_the_log_nor_bash(tmp_path: Path) -> None:
+    """The variable a declaration names (``${GH}``, a name that does not look secret)
+    goes to the server only: redacted from the log when the server echoes it, and kept
+    from bash commands."""
+    from fanfold.db import Store
+
+    project = tmp_path / "project"
+    project.mkdir()
+    TrustStore.default().trust(_mcp_json(project, tmp_path, env={"PASSED": "${GH}"}))
+    script = tmp_path / "script.json"
+    calls = [
+        {"name": "mcp__ok__secret", "arguments": {}},
+        {"name": "bash", "arguments": {"command": "echo gh=${GH:-unset}"}},
+    ]
+    script.write_text(
+        json.dumps({"agents": [{"replies": [{"tool_calls": calls}, {"text": "done"}]}]})
+    )
+    db = tmp_path / "s.db"
+    command = [sys.executable, "-c", "from fanfold.cli import main; main()", "run", "go"]
+    command += ["--script", str(script), "--db", str(db), "--cwd", str(project), "--no-live"]
+    secret = "gh-value-0123456789abcdef"
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "GH": secret}
+    )
+    assert done.returncode == 0, done.stderr
+    with Store.open(db, read_only=True) as store:
+        (root,) = store.list_roots()
+        state = store.load_state(root.id)
+    contents = [m.result.content for m in state.history if hasattr(m, "result")]
+    assert len(contents) == 2
+    assert secret not in contents[0] and "absent" in contents[0]  # the server had it
+    assert contents[1].strip().startswith("gh=unset")
+    assert secret.encode() not in db.read_bytes()

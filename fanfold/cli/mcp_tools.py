@@ -9,7 +9,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from fanfold.cli.display import printable
+from fanfold.cli.models import ModelChoice
 from fanfold.cli.output import hint
 from fanfold.tools.secrets import EnvPolicy
 
@@ -89,3 +92,19 @@ async def recorded_mcp_tools(
                     names.add(tool.spec.name)
                     tools.append(tool)
         yield tools
+
+
+def with_server_secrets(choice: ModelChoice, declarations: Sequence[Any]) -> ModelChoice:
+    """``choice`` whose environment policy also treats the variables the servers'
+    ``env``/``headers`` name as keys: bash commands never see them, and their values
+    are redacted from the log (a server echoing its token writes no token there)."""
+    from fanfold.mcp.config import secret_variables
+
+    names = secret_variables(declarations)
+    if not names:
+        return choice
+    policy = choice.env_policy
+    return attrs.evolve(
+        choice,
+        env_policy=EnvPolicy(policy.key_variables | names, policy.pass_env - names),
+    )

@@ -12,7 +12,12 @@ from fanfold.cli.database import db_option, db_path, default_db
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import declarations_for, mcp_tools, recorded_mcp_tools
+from fanfold.cli.mcp_tools import (
+    declarations_for,
+    mcp_tools,
+    recorded_mcp_tools,
+    with_server_secrets,
+)
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
@@ -148,6 +153,7 @@ def run(
             system = choice.system_prompt
         agents = _agents(cwd, dict(choice.model_aliases))
         servers = declarations_for(cwd, config_path)
+        choice = with_server_secrets(choice, servers)
         result = run_trio(
             _run_main, path, choice, text, cwd, limits, system, not no_live, agents, servers
         )

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ __all__ = [
     "ServerDeclaration",
     "declared_servers",
     "expand",
+    "secret_variables",
 ]
 
 MCP_JSON = ".mcp.json"
@@ -91,6 +92,18 @@ class Declarations:
 
     servers: tuple[ServerDeclaration, ...] = ()
     problems: tuple[str, ...] = ()
+
+
+def secret_variables(declarations: Iterable[ServerDeclaration]) -> frozenset[str]:
+    """The environment variables the declarations' ``env`` and ``headers`` name
+    (``${VAR}``): kept from bash commands and redacted from the log like key variables."""
+    names = set()
+    for declaration in declarations:
+        for _, value in (*declaration.env, *declaration.headers):
+            match = _VARIABLE.match(value.strip())
+            if match is not None:
+                names.add(match.group(1))
+    return frozenset(names)
 
 
 def expand(value: str, environ: Mapping[str, str], where: str) -> str:
