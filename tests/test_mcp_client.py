@@ -480,3 +480,47 @@ def test_a_servers_secret_reaches_neither_the_log_nor_bash(tmp_path: Path) -> No
     assert secret not in contents[0] and "absent" in contents[0]  # the server had it
     assert contents[1].strip().startswith("gh=unset")
     assert secret.encode() not in db.read_bytes()
+
+
+async def test_a_streamable_http_server_with_a_token_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    """The client over Streamable HTTP, against `fanfold mcp --http` on a loopback port:
+    the bearer token comes from the environment by name (``Bearer ${MCP_TOK}``)."""
+    token = "k" * 32
+    script = tmp_path / "fast.json"
+    script.write_text(
+        json.dumps({"agents": [{"match": {"path": "root"}, "replies": [{"text": "42"}]}]})
+    )
+    command = [sys.executable, "-c", "from fanfold.cli import main; main()", "mcp", "--http"]
+    command += ["--script", str(script), "--db", str(tmp_path / "h.db"), "--cwd", str(tmp_path)]
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(
+            lambda task_status: trio.run_process(
+                command,
+                env={**os.environ, "FANFOLD_MCP_TOKEN": token},
+                stderr=subprocess.PIPE,
+                task_status=task_status,
+            )
+        )
+        url, buffer = "", b""
+        with trio.fail_after(60):
+            while not url:
+                buffer += await process.stderr.receive_some()
+                for line in buffer.decode(errors="replace").splitlines():
+                    if line.startswith("fanfold mcp: ") and line.endswith("/mcp"):
+                        url = line.removeprefix("fanfold mcp: ")
+        declaration = ServerDeclaration(
+            "fanfold", "test", url=url, headers=(("Authorization", "Bearer ${MCP_TOK}"),)
+        )
+        environ = {**os.environ, "MCP_TOK": token}
+        async with McpHub.open([declaration], cwd=tmp_path, environ=environ) as hub:
+            tools = await _tools(hub)
+            assert set(tools) == {"delegate_task", "list_sub_agents", "get_delegation_result"}
+            out = await tools["delegate_task"].run({"task": "compute"}, ".")
+        assert json.loads(out.content)["result"] == "42"
+        wrong = ServerDeclaration("fanfold", "test", url=url, startup_timeout=20)
+        async with McpHub.open([wrong], cwd=tmp_path) as hub:
+            _, problems = await hub.discover()
+        assert len(problems) == 1 and "MCP server 'fanfold'" in problems[0]
+        process.terminate()

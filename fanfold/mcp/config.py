@@ -14,9 +14,10 @@ only once the user has trusted that file's bytes (``fanfold trust PATH``, the re
 of ``fanfold.trust``). Servers of the user's own configuration, ``$FANFOLD_CONFIG`` or
 an explicit ``--config`` start as they are.
 
-Values in ``env`` and ``headers`` may name environment variables (``${GITHUB_TOKEN}``
-or ``$GITHUB_TOKEN``, the whole value): they are read from fanfold's environment when
-the server starts, never stored, logged or shown (``fanfold tools`` shows the names).
+Values in ``env`` and ``headers`` may name environment variables (``${GITHUB_TOKEN}``,
+also inside a value as in ``Bearer ${GITHUB_TOKEN}``, or a whole ``$GITHUB_TOKEN``):
+they are read from fanfold's environment when the server starts, never stored, logged
+or shown (``fanfold tools`` shows the names).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ DEFAULT_TIMEOUT = 120.0
 DEFAULT_STARTUP_TIMEOUT = 30.0
 """Seconds a server has to start and answer ``initialize`` and ``tools/list``."""
 _NAME = re.compile(r"^[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*$")
-_VARIABLE = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
+_VARIABLE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
+_BRACED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MAX_FILE = 1024 * 1024
 
 
@@ -100,23 +102,26 @@ def secret_variables(declarations: Iterable[ServerDeclaration]) -> frozenset[str
     names = set()
     for declaration in declarations:
         for _, value in (*declaration.env, *declaration.headers):
-            match = _VARIABLE.match(value.strip())
-            if match is not None:
-                names.add(match.group(1))
+            names.update(_referenced(value))
     return frozenset(names)
 
 
+def _referenced(value: str) -> list[str]:
+    whole = _VARIABLE.match(value.strip())
+    return [whole.group(1)] if whole else _BRACED.findall(value)
+
+
 def expand(value: str, environ: Mapping[str, str], where: str) -> str:
-    """``value`` with an environment reference (``${VAR}``, ``$VAR``) replaced by the
-    variable's value; raises ``ConfigError`` naming the variable (never a value) if
-    it is not set."""
-    match = _VARIABLE.match(value.strip())
-    if match is None:
-        return value
-    name = match.group(1)
-    if name not in environ:
-        raise ConfigError(f"needs ${name}, which is not set", path=where)
-    return environ[name]
+    """``value`` with its environment references (``${VAR}`` anywhere, as in
+    ``Bearer ${TOKEN}``, or a whole ``$VAR``) replaced by the variables' values; raises
+    ``ConfigError`` naming the variable (never a value) if one is not set."""
+    for name in _referenced(value):
+        if name not in environ:
+            raise ConfigError(f"needs ${name}, which is not set", path=where)
+    whole = _VARIABLE.match(value.strip())
+    if whole is not None:
+        return environ[whole.group(1)]
+    return _BRACED.sub(lambda m: environ[m.group(1)], value)
 
 
 def declared_servers(
