@@ -12,6 +12,7 @@ import trio
 from fanfold.cli.database import db_option, default_db
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
+from fanfold.cli.mcp_tools import declarations_for, mcp_tools, with_server_secrets
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.run_commands import _agents
@@ -76,12 +77,15 @@ def mcp_command(
         choice = choose_model(script, config_path, profile, model)
         limits = choice.retry.apply(Limits(max_tokens=max_tokens) if max_tokens else Limits())
         agents = _agents(cwd)
+        # The folder's MCP servers' tools are offered to delegated trees too.
+        servers = declarations_for(cwd, config_path)
+        choice = with_server_secrets(choice, servers)
         token = None
         if http:
             token = os.environ.get(TOKEN_VARIABLE) or None
             if token is not None and len(token) < 16:
                 raise CliError(f"${TOKEN_VARIABLE} is too short: give at least 16 characters")
-        run_trio(_serve, path, choice, cwd.resolve(), limits, agents, http, port, token)
+        run_trio(_serve, path, choice, cwd.resolve(), limits, agents, http, port, token, servers)
 
 
 def _new_token() -> str:
@@ -100,19 +104,23 @@ async def _serve(
     http: bool,
     port: int,
     token: str | None,
+    servers: tuple[Any, ...] = (),
 ) -> None:
     from fanfold.mcp.server import DelegationLedger, DelegationService, mcp_server
 
     try:
         with stop_signal_receiver(stop) as signals:
-            async with Runtime.open(
-                path,
-                choice.provider,
-                choice.tools(),
-                redact=choice.redactor(),
-                limits=limits,
-                provider_description=choice.recorded,
-            ) as runtime:
+            async with (
+                mcp_tools(servers, cwd, choice.env_policy) as extra,
+                Runtime.open(
+                    path,
+                    choice.provider,
+                    choice.tools(extra),
+                    redact=choice.redactor(),
+                    limits=limits,
+                    provider_description=choice.recorded,
+                ) as runtime,
+            ):
                 service = DelegationService(
                     runtime,
                     cwd=cwd,
