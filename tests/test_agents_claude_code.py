@@ -170,3 +170,17 @@ def test_fanfold_tools_lists_each_tool_its_source_and_the_agents_allowed(tmp_pat
     failed = CliRunner().invoke(cli, ["tools", "--config", str(bad)], env=env)
     assert failed.exit_code == 2
     assert "tools.web_fetch.x" in failed.output
+
+
+def test_rules_may_name_the_runtimes_python_tools() -> None:
+    text = "---\nname: a\ndescription: d\ntools: Read, lookup_issue\n---\n"
+    definition, problems = parse_definition(text, "a.md")
+    assert definition is not None and definition.allow == (Rule("read_file"),)
+    assert [p.message for p in problems] == [
+        "tools: fanfold has no tool 'lookup_issue'; it is ignored (tools: bash, edit_file, "
+        "glob, grep, read_file, think, web_fetch, write_file, read-only, Task)"
+    ]
+    definition, problems = parse_definition(text, "a.md", tools=["lookup_issue"])
+    assert problems == ()
+    assert definition is not None
+    assert definition.allow == (Rule("read_file"), Rule("lookup_issue"))

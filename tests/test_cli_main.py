@@ -73,6 +73,7 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
     assert set(cli.list_commands(context)) == {
         "run", "send", "resume", "ls", "show", "replay", "fork", "export", "import", "trace",
         "agents",
+        "tools",
         "ui",
         "trust",
         "mcp",

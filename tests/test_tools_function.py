@@ -20,7 +20,7 @@ from fanfold.providers.scripted import ScriptedProvider
 from fanfold.replay.verify import verify
 from fanfold.runtime import Runtime
 from fanfold.runtime.logging import quiet_logger
-from fanfold.statemachine import ToolCall
+from fanfold.statemachine import ToolCall, ToolResultMessage
 from fanfold.tools import ToolSet
 from fanfold.tools.function import ToolDefinitionError, parse_docstring
 
@@ -387,3 +387,123 @@ async def test_runtime_open_takes_functions_and_replay_needs_none_of_them(tmp_pa
         assert verify(store, root, tree=True).ok
     finally:
         store.close()
+
+
+async def test_a_call_in_flight_when_the_runtime_stops_is_interrupted_never_run_again(
+    tmp_path: Path,
+) -> None:
+    """A sync function running when the runtime closes (as at a crash) is not called
+    again on resume: its call gets an 'interrupted' error result, and the tree goes on."""
+    started = threading.Event()
+    release = threading.Event()
+    calls: list[int] = []
+
+    def deploy(n: Annotated[int, "which"]) -> str:
+        """Deploy something (not idempotent)."""
+        calls.append(n)
+        started.set()
+        release.wait(30)
+        return "deployed"
+
+    provider = ScriptedProvider(
+        {
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [reply("", ("deploy", {"n": 1})), reply("went on")],
+                }
+            ]
+        }
+    )
+    database = tmp_path / "log.db"
+    options: dict[str, Any] = {"logger": quiet_logger(), "threaded_writes": False}
+    async with Runtime.open(database, provider, [deploy], **options) as runtime:
+        root = await runtime.start("deploy")
+        await trio.to_thread.run_sync(started.wait, 30)
+    release.set()
+    async with Runtime.open(database, provider, [deploy], **options) as runtime:
+        assert await runtime.resume() == [root]
+        result = await runtime.wait(root)
+        state = runtime.state(root)
+    assert calls == [1]
+    assert result.text == "went on"
+    (outcome,) = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    assert outcome.is_error and "interrupted" in outcome.content
+
+
+def _values(schema: dict[str, Any]) -> Any:
+    """A Hypothesis strategy of JSON values that conform to ``schema`` (the subset)."""
+    from hypothesis import strategies as st
+
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return st.one_of(*(_values({**schema, "type": k}) for k in kind))
+    if kind == "string":
+        return st.text(max_size=5)
+    if kind == "integer":  # the validator takes 3.0 for an integer too
+        return st.one_of(st.integers(-(2**40), 2**40), st.integers(-1000, 1000).map(float))
+    if kind == "number":
+        return st.one_of(st.integers(-100, 100), st.floats(allow_nan=False, allow_infinity=False))
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "null":
+        return st.none()
+    if kind == "array":
+        return st.lists(_values(schema.get("items", {"type": "integer"})), max_size=3)
+    if kind == "object" and "properties" in schema:
+        required = schema.get("required", [])
+        optional = [n for n in schema["properties"] if n not in required]
+        return st.fixed_dictionaries(
+            {n: _values(schema["properties"][n]) for n in required},
+            optional={n: _values(schema["properties"][n]) for n in optional},
+        )
+    if kind == "object":
+        return st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+    return st.integers()
+
+
+@attrs.frozen
+class Inner:
+    flag: bool
+    tags: tuple[str, ...] = ()
+
+
+def _everything(
+    a: Annotated[int, "a"],
+    b: Annotated[float, "b"],
+    c: Annotated[list[int] | None, "c"],
+    d: Annotated[Colour, "d"],
+    e: Annotated[Literal["x", "y", 3], "e"],
+    f: Annotated[Inner, "f"],
+    g: Annotated[dict[str, int], "g"],
+    h: Annotated[set[str], "h"],
+    i: Annotated[Box | None, "i"] = None,
+    j: Annotated[str | None, "j"] = "j",
+) -> str:
+    """Takes every kind of parameter."""
+    assert type(a) is int and type(b) is float and isinstance(d, Colour)
+    assert c is None or all(type(x) is int for x in c)
+    assert e in ("x", "y", 3) and isinstance(f, Inner) and isinstance(f.tags, tuple)
+    assert isinstance(g, dict) and isinstance(h, set)
+    assert i is None or (isinstance(i, Box) and type(i.size) is float)
+    assert j is None or isinstance(j, str)
+    return "ok"
+
+
+def test_every_value_the_schema_accepts_converts_to_the_annotated_types() -> None:
+    """The schema is never looser than the types: whatever conforms converts."""
+    from hypothesis import given, settings
+
+    everything = fanfold.tool(_everything)
+    tools = ToolSet([everything])
+    schema = everything.spec.input_schema()
+
+    @settings(max_examples=200, deadline=None)
+    @given(_values(schema))
+    def check(arguments: dict[str, Any]) -> None:
+        result = trio.run(tools.run, ToolCall("c", "_everything", json.dumps(arguments)), "/")
+        assert (result.content, result.is_error) == ("ok", False), arguments
+
+    check()

@@ -155,3 +155,23 @@ async def test_successful_result_carries_call_id_and_name(tmp_path: Path) -> Non
     tools = ToolSet.default()
     result = await tools.run(ToolCall.of("abc", "think", {"thought": "hmm"}), str(tmp_path))
     assert result == ToolResult("abc", "think", "ok", is_error=False)
+
+
+@attrs.frozen
+class Flood:
+    """A tool of a program's own that does not cap its output."""
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec.from_schema("flood", "floods", {"type": "object", "properties": {}})
+
+    async def run(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
+        return ToolOutput.ok("a" * 60_000 + "b" * 600_000)
+
+
+async def test_every_tools_output_is_capped_by_the_tool_set() -> None:
+    result = await run(ToolSet([Flood()]), "flood")
+    assert len(result.content) < 100_300
+    assert result.content.startswith("a" * 50_000)
+    assert result.content.endswith("b" * 50_000)
+    assert "560000 characters omitted" in result.content

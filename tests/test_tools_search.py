@@ -88,9 +88,10 @@ async def test_grep_never_leaves_the_working_directory(project: Path) -> None:
 
 
 async def test_a_bad_pattern_is_an_error_result(project: Path) -> None:
-    content, is_error = await run(GrepTool(), project, pattern="(unclosed")
-    assert is_error
-    assert content.startswith("grep: the pattern is not a valid regular expression: ")
+    for pattern in ("(unclosed", "a{99999999999}"):
+        content, is_error = await run(GrepTool(), project, pattern=pattern)
+        assert is_error, pattern
+        assert content.startswith("grep: the pattern is not a valid regular expression: ")
 
 
 async def test_output_is_bounded(project: Path) -> None:
@@ -146,7 +147,7 @@ async def test_a_catastrophic_pattern_ends_at_the_time_limit_and_its_process_wit
         nursery.cancel_scope.cancel()
     assert is_error
     assert content.startswith("grep: timed out after 1 s")
-    assert ticks > 5
+    assert ticks > 3
     assert _workers() == []
 
 
@@ -202,3 +203,60 @@ async def test_the_default_tool_set_offers_grep_and_glob_as_reading_tools() -> N
     tools = ToolSet.default()
     assert ("grep" in tools, "glob" in tools) == (True, True)
     assert tools.read_only("grep") and tools.read_only("glob") and not tools.read_only("bash")
+
+
+GITIGNORE = """\
+# comment
+*.log
+!important.log
+/root_only.txt
+build/
+docs/**/draft*
+**/cache
+a/**/z.txt
+*.tmp
+!keep/*.tmp
+[Tt]humbs.db
+name\\ with\\ space
+\\#hash.txt
+nested/deeper/
+"""
+
+PATHS = [
+    "x.log", "important.log", "sub/y.log", "sub/important.log", "root_only.txt",
+    "sub/root_only.txt", "build/out.o", "sub/build/out.o", "build.txt", "docs/a/draft1.md",
+    "docs/draft2.md", "docs/a/final.md", "cache/c", "sub/cache/c", "a/z.txt", "a/b/c/z.txt",
+    "a/b/y.txt", "f.tmp", "keep/g.tmp", "keep/sub/h.tmp", "Thumbs.db", "thumbs.db",
+    "name with space", "#hash.txt", "nested/deeper/k", "nested/l", "other/nested/deeper/m",
+    "plain.txt", "sub/.gitignore-test",
+]  # fmt: skip
+
+
+async def test_gitignore_is_read_as_git_reads_it(tmp_path: Path) -> None:
+    """The worker's .gitignore reading agrees with git's own (`git check-ignore`) on
+    negation, anchoring, directory-only patterns, `**`, classes and escapes."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", str(root)], check=True, timeout=60)
+    (root / ".gitignore").write_text(GITIGNORE)
+    (root / "sub").mkdir()
+    (root / "sub" / ".gitignore").write_text("*.secret\n/local.txt\n")
+    paths = [*PATHS, "sub/k.secret", "sub/local.txt", "local.txt", "sub/deep/local.txt"]
+    for relative in paths:
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text("needle\n")
+    done = subprocess.run(
+        ["git", "-C", str(root), "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(paths) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"},
+    )
+    ignored_by_git = set(done.stdout.splitlines())
+    assert "x.log" in ignored_by_git and "plain.txt" not in ignored_by_git  # git ran
+    content, is_error = await run(GlobTool(), root, pattern="*")
+    assert not is_error
+    listed = set(content.splitlines()) - {".gitignore", "sub/.gitignore"}
+    assert listed == set(paths) - ignored_by_git

@@ -48,6 +48,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/slow":
             time.sleep(3)
             routes["/slow"] = (200, {}, b"late")
+        if self.path == "/slower":
+            time.sleep(6)
+            routes["/slower"] = (200, {"Content-Type": "text/plain"}, b"worth the wait")
         status, headers, body = routes.get(self.path, (404, {}, b""))
         self.send_response(status)
         for key, value in headers.items():
@@ -169,6 +172,13 @@ async def test_caps_errors_and_what_is_not_text(server: str) -> None:
     for url in ("ftp://127.0.0.1/x", "http://user@127.0.0.1/", "http://127.0.0.1\\@x/"):
         content, is_error = await fetch(tool, url)
         assert is_error and content.startswith("web_fetch: not a plain http(s) URL"), url
+
+
+@pytest.mark.slow
+async def test_only_the_tools_own_time_limit_ends_a_slow_page(server: str) -> None:
+    # httpx's default timeouts (5 s a phase) once cut this page short of the 30 s.
+    content, is_error = await fetch(WebFetchTool(["127.0.0.1"]), server + "/slower")
+    assert (is_error, content.endswith("worth the wait")) == (False, True)
 
 
 def test_html_text_drops_scripts_and_keeps_blocks() -> None:

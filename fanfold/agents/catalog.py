@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import attrs
@@ -62,11 +62,14 @@ def load_agents(
     *,
     folders: list[Path] | None = None,
     model_aliases: Mapping[str, str] | None = None,
+    tools: Iterable[str] = (),
 ) -> AgentCatalog:
     """The built-ins and every definition in ``folders`` (default: ``agent_folders``
     of ``project``), later ones overriding earlier ones of the same name.
     ``model_aliases``: the configuration's ``[model_aliases]`` (see
-    ``parse_definition``)."""
+    ``parse_definition``); ``tools``: the names of the runtime's tools beside
+    fanfold's (``ToolSet.names``), which rules may name."""
+    tools = tuple(tools)
     problems: list[AgentProblem] = []
     effective: dict[str, AgentDefinition] = {}
     overridden: list[AgentDefinition] = []
@@ -84,7 +87,7 @@ def load_agents(
             continue
         seen.add(key)
         in_folder: dict[str, str] = {}
-        for definition, path in _read_folder(folder, problems, model_aliases):
+        for definition, path in _read_folder(folder, problems, model_aliases, tools):
             first = in_folder.get(definition.name)
             if first is not None:
                 problems.append(
@@ -117,7 +120,10 @@ def _identity(folder: Path) -> str:
 
 
 def _read_folder(
-    folder: Path, problems: list[AgentProblem], model_aliases: Mapping[str, str] | None = None
+    folder: Path,
+    problems: list[AgentProblem],
+    model_aliases: Mapping[str, str] | None = None,
+    tools: Iterable[str] = (),
 ) -> list[tuple[AgentDefinition, str]]:
     try:
         if not folder.is_dir():
@@ -139,7 +145,9 @@ def _read_folder(
         text = _read(path, problems)
         if text is None:
             continue
-        definition, file_problems = parse_definition(text, str(path), model_aliases=model_aliases)
+        definition, file_problems = parse_definition(
+            text, str(path), model_aliases=model_aliases, tools=tools
+        )
         problems += file_problems
         if definition is not None:
             found.append((definition, str(path)))

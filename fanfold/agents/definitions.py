@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import reprlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NewType
 
 import attrs
@@ -216,11 +216,17 @@ def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[
 
 
 def parse_definition(
-    text: str, path: str, *, model_aliases: Mapping[str, str] | None = None
+    text: str,
+    path: str,
+    *,
+    model_aliases: Mapping[str, str] | None = None,
+    tools: Iterable[str] = (),
 ) -> tuple[AgentDefinition | None, tuple[AgentProblem, ...]]:
     """Read one definition file's ``text``: the definition (None if it is invalid)
     and its problems and warnings. ``model_aliases`` (the configuration's
-    ``[model_aliases]``, keys in lower case) says what a ``model`` name stands for."""
+    ``[model_aliases]``, keys in lower case) says what a ``model`` name stands for;
+    ``tools`` names the tools the runtime has beside fanfold's (Python function
+    tools), which rules may name too."""
     split = _split_front_matter(text)
     if isinstance(split, str):
         return None, (AgentProblem(path, 1, split),)
@@ -286,7 +292,8 @@ def parse_definition(
             raw = next((k for k in data if _ALIASES.get(str(k), str(k)) == name), name)
             problems.append(AgentProblem(path, lines.get(str(raw), first), f"{raw}: {message}"))
         return None, tuple(sorted(problems, key=lambda p: p.line))
-    definition, more = _definition(matter, body, path, lines, first, model_aliases or {})
+    known = KNOWN_TOOLS | frozenset(tools)
+    definition, more = _definition(matter, body, path, lines, first, model_aliases or {}, known)
     problems += more
     return definition, tuple(problems)
 
@@ -331,6 +338,7 @@ def _definition(
     lines: dict[str, int],
     first: int,
     model_aliases: Mapping[str, str],
+    known: frozenset[str] = KNOWN_TOOLS,
 ) -> tuple[AgentDefinition | None, list[AgentProblem]]:
     problems: list[AgentProblem] = []
 
@@ -371,9 +379,9 @@ def _definition(
         )
     allow = None
     if matter.tools is not None:
-        allow = _rules(matter.tools, "tools", at("tools"), path, problems)
+        allow = _rules(matter.tools, "tools", at("tools"), path, problems, known)
     deny = _rules(
-        matter.disallowed_tools, "disallowed_tools", at("disallowed_tools"), path, problems
+        matter.disallowed_tools, "disallowed_tools", at("disallowed_tools"), path, problems, known
     )
     if any(rule.tool == READ_ONLY for rule in deny):
         problems.append(
@@ -453,7 +461,12 @@ def _delegation(
 
 
 def _rules(
-    texts: tuple[str, ...], key: str, line: int, path: str, problems: list[AgentProblem]
+    texts: tuple[str, ...],
+    key: str,
+    line: int,
+    path: str,
+    problems: list[AgentProblem],
+    known: frozenset[str] = KNOWN_TOOLS,
 ) -> tuple[Rule, ...]:
     rules: list[Rule] = []
     for text in texts:
@@ -461,13 +474,13 @@ def _rules(
         if isinstance(rule, str):
             problems.append(AgentProblem(path, line, f"{key}: {rule}"))
             continue
-        if rule.tool != READ_ONLY and rule.tool not in KNOWN_TOOLS:
+        if rule.tool != READ_ONLY and rule.tool not in known:
             problems.append(
                 AgentProblem(
                     path,
                     line,
                     f"{key}: fanfold has no tool {text!r}; it is ignored "
-                    f"(tools: {', '.join(sorted(KNOWN_TOOLS))}, read-only, Task)",
+                    f"(tools: {', '.join(sorted(known))}, read-only, Task)",
                     warning=True,
                 )
             )

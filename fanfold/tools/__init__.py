@@ -1,8 +1,10 @@
 """fanfold's ordinary tools and the ToolSet the runtime runs them through.
 
 ``ToolSet.default(policy=PathPolicy())`` offers ``bash``, ``read_file``, ``write_file``,
-``edit_file``, ``think``, ``grep`` and ``glob``. The control tools (``spawn_agents``,
-``submit_result``, ``submit_error``) are not here: the reducer handles them.
+``edit_file``, ``think``, ``grep`` and ``glob`` (and ``web_fetch`` given
+``web_domains``); ``fanfold.tool`` makes more of Python functions. The control tools
+(``spawn_agents``, ``submit_result``, ``submit_error``) are not here: the reducer
+handles them.
 """
 
 from fanfold.tools.base import ToolRunner
@@ -16,6 +18,7 @@ from fanfold.tools.search import GlobTool, GrepTool, SearchLimits
 from fanfold.tools.secrets import EnvPolicy, Redactor
 from fanfold.tools.think import ThinkTool
 from fanfold.tools.tool import Tool, ToolInputError, ToolOutput
+from fanfold.tools.web import WebFetchTool
 
 __all__ = [
     "BashTool",
@@ -36,6 +39,7 @@ __all__ = [
     "ToolOutput",
     "ToolRunner",
     "ToolSet",
+    "WebFetchTool",
     "WriteFileTool",
     "check_schema",
     "validate",

@@ -12,6 +12,7 @@ from fanfold.statemachine import CONTROL_TOOLS, ToolCall, ToolResult, ToolSpec
 from fanfold.tools.bash import BashTool
 from fanfold.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from fanfold.tools.function import function_tool
+from fanfold.tools.output import HeadTailBuffer
 from fanfold.tools.paths import PathPolicy
 from fanfold.tools.schema import check_schema, validate_arguments
 from fanfold.tools.search import GlobTool, GrepTool
@@ -21,6 +22,10 @@ from fanfold.tools.tool import Tool, ToolInputError, ToolOutput, valid_tool_name
 from fanfold.tools.web import WebFetchTool
 
 DEFAULT_POLICY = PathPolicy()
+MAX_OUTPUT_CHARS = 100_000
+"""The most a tool's output may hold when it reaches the log and the model: a backstop
+for tools that do not cap their own (a program's own ``Tool``, later an MCP server's);
+bash, read_file, grep, glob, web_fetch and function tools cap theirs lower."""
 DEFAULT_ENV = EnvPolicy()
 
 
@@ -124,9 +129,16 @@ class ToolSet:
         return tuple(self._specs.values())
 
     async def run(self, call: ToolCall, cwd: str) -> ToolResult:
-        """Validate and run ``call`` in ``cwd``; bad input becomes an error result."""
+        """Validate and run ``call`` in ``cwd``; bad input becomes an error result.
+        Output longer than ``MAX_OUTPUT_CHARS`` is cut to its head and tail, whatever
+        the tool (each built-in caps its own output lower)."""
         output = await self._run(call, cwd)
-        return ToolResult(call.id, call.name, output.content, output.is_error)
+        content = output.content
+        if len(content) > MAX_OUTPUT_CHARS:
+            buffer = HeadTailBuffer(MAX_OUTPUT_CHARS)
+            buffer.feed(content.encode("utf-8", "surrogatepass"))
+            content = buffer.text()
+        return ToolResult(call.id, call.name, content, output.is_error)
 
     async def _run(self, call: ToolCall, cwd: str) -> ToolOutput:
         tool = self._tools.get(call.name)

@@ -168,7 +168,7 @@ class Walk:
         parts = target_relative.split("/") if target_relative else []
         directory = self.root
         self._load_rules(directory, "")
-        for i, part in enumerate(parts[:-1] if not os.path.isdir(target) else parts):
+        for i, part in enumerate(parts[:-1]):  # the target's own: read by _walk
             directory = os.path.join(directory, part)
             self._load_rules(directory, "/".join(parts[: i + 1]))
         if not os.path.isdir(target):
@@ -261,7 +261,7 @@ def grep(request: dict[str, Any]) -> tuple[int, str]:
     flags = re.IGNORECASE if request.get("ignore_case") else 0
     try:
         regex = re.compile(request["pattern"], flags | re.MULTILINE)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError, ValueError) as exc:
         return 2, f"the pattern is not a valid regular expression: {exc}"
     walk = Walk(request)
     keep = name_filter(request.get("glob"))

@@ -54,7 +54,13 @@ class ToolOutput:
 
 
 class Tool(Protocol):
-    """One ordinary tool. ``args`` already conform to ``spec``'s input schema."""
+    """One ordinary tool. ``args`` already conform to ``spec``'s input schema.
+
+    A tool may also have boolean ``read_only`` (it changes nothing) and ``idempotent``
+    (a second call with the same arguments is harmless) attributes: its own claims,
+    which ``ToolSet.read_only``/``ToolSet.idempotent`` read (absent: false). Python
+    functions become tools with ``fanfold.tool``.
+    """
 
     @property
     def spec(self) -> ToolSpec:

@@ -145,6 +145,9 @@ def _client(private_hosts: frozenset[str], resolver: Resolver) -> httpx.AsyncCli
         transport=transport,
         trust_env=False,
         follow_redirects=False,
+        # The tool's own cancel scope bounds the whole fetch; httpx's default 5 s
+        # per-phase timeouts would cut a slow page short of it.
+        timeout=None,
         headers={"User-Agent": "fanfold-web-fetch", "Accept": "text/html, text/*;q=0.9"},
     )
 
