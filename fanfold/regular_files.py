@@ -21,7 +21,7 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import IO
+from typing import TextIO
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -69,6 +69,21 @@ def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> b
         os.close(fd)
 
 
+def open_regular_text(path: str | os.PathLike[str], *, newline: str | None = None) -> TextIO:
+    """The regular file ``path`` opened for reading UTF-8 text (``newline`` as
+    ``open``'s), never blocking on a FIFO; ``NotARegularFile`` for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotARegularFile(path, info.st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return open(fd, encoding="utf-8", newline=newline)
+
+
 def is_special(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` exists (following links) and is no regular file."""
     try:
@@ -77,7 +92,7 @@ def is_special(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def open_output(path: str | os.PathLike[str]) -> IO[str]:
+def open_output(path: str | os.PathLike[str]) -> TextIO:
     """``path`` opened for writing UTF-8 text, as it is: truncated if a regular file,
     written through if a character device or a FIFO with a reader. ``NotARegularFile``
     for a directory, socket, block device, or a FIFO that nobody reads (instead of

@@ -77,7 +77,6 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
         "ui",
         "trust",
         "mcp",
-        "tools",
     }  # fmt: skip
     for name in cli.list_commands(context):
         command = cli.get_command(context, name)

@@ -225,3 +225,22 @@ def test_an_untrusted_project_error_is_a_config_error(project: Path) -> None:
     assert isinstance(caught.value, UntrustedConfig)
     assert "http://attacker.example/v1" in str(caught.value)
     assert "fanfold trust" in str(caught.value)
+
+
+def test_concurrent_trusts_lose_nothing(tmp_path: Path, trust_record: Path) -> None:
+    """Each change of the record reads and replaces it under an exclusive lock: eight
+    threads trusting eight files at once leave eight entries and a valid file."""
+    import threading
+
+    files = []
+    for index in range(8):
+        path = tmp_path / f"f{index}.toml"
+        path.write_text(f"x = {index}\n")
+        files.append(path)
+    store = TrustStore.default()
+    threads = [threading.Thread(target=store.trust, args=(path,)) for path in files]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(e.path for e in store.entries()) == sorted(str(p.resolve()) for p in files)

@@ -50,8 +50,9 @@ def env(tmp_path: Path, **values: str) -> dict[str, str]:
 def test_example_config_loads() -> None:
     config = read_config_file(EXAMPLE)
     assert config.names() == ("openai", "fast", "claude", "local", "offline")
-    assert config.default_profile().model == "gpt-4o"
-    assert config.sub_agent_profile().model == "gpt-4o-mini"
+    # A user with a local server only runs it as it is (issue 22, item 13).
+    assert config.default_profile().name == "local"
+    assert config.sub_agent_profile().name == "local"
     assert config.retry == RetryPolicy(4, 1.0, 60.0)
     openai = config.profile("openai")
     assert openai == Profile(

@@ -33,6 +33,8 @@ OVERFLOWS = [
     ("llamacpp-context-500.json", 500),
     ("vllm-context-400.json", 400),
     ("vllm-context-400-newer.json", 400),
+    ("vllm-decoder-prompt-400.json", 400),
+    ("vllm-prompt-length-400.json", 400),
     ("ollama-openai-context-400.json", 400),
     ("ollama-openai-context-500.json", 500),
 ]
@@ -110,6 +112,36 @@ async def test_other_server_errors_stay_retryable(server: FakeServer, payload: o
     caught = await failure(provider(server, stream=True))
     assert caught.error.kind is ErrorKind.SERVER_ERROR
     assert caught.error.kind.retryable
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # vLLM's V1 engine (issue 22: was INVALID_REQUEST, a fatal error with no advice)
+        "The decoder prompt (length 5000) is longer than the maximum model length of 4096. "
+        "Make sure that `max_model_len` is no smaller than the number of text tokens.",
+        "The encoder prompt (length 5000) is longer than the maximum model length of 4096.",
+        # vLLM's older scheduler
+        "Prompt length of 5000 is longer than the maximum model length of 4096.",
+    ],
+)
+@pytest.mark.parametrize("status", [400, 500])
+def test_vllm_max_model_length_is_context_exhausted(message: str, status: int) -> None:
+    payload = {"error": {"message": message, "type": "BadRequestError", "code": status}}
+    error = classify_http_error("openai", status, json.dumps(payload), {}, NOW)
+    assert error.kind is ErrorKind.CONTEXT_EXHAUSTED
+    assert classify_stream_error("openai", payload).kind is ErrorKind.CONTEXT_EXHAUSTED
+
+
+def test_llamacpp_exceed_context_size_type_alone_is_context_exhausted() -> None:
+    """llama-server's current 400 names the overflow by its type; a build whose message
+    says nothing about the context is still CONTEXT_EXHAUSTED, by the type."""
+    payload = {
+        "error": {"code": 400, "message": "bad request", "type": "exceed_context_size_error"}
+    }
+    error = classify_http_error("openai", 400, json.dumps(payload), {}, NOW)
+    assert error.kind is ErrorKind.CONTEXT_EXHAUSTED
+    assert classify_stream_error("openai", payload).kind is ErrorKind.CONTEXT_EXHAUSTED
 
 
 def test_llamacpp_overflow_says_by_how_much() -> None:

@@ -681,3 +681,75 @@ async def test_a_stream_that_fails_after_its_usage_reports_the_billed_tokens(
     server.enqueue(Sse(usage, then="drop"))
     caught = await failure(make(api, server.url, stream=True))
     assert caught.error.usage == Usage(1200, 83), caught.error
+
+
+def _cut_in_a_tool_call(api: Api) -> Json:
+    """A whole (non-streaming) reply stopped at max_tokens inside a tool call's
+    arguments, as llama-server sends it, with the usage the server reported."""
+    if api == "openai":
+        return Json(
+            {
+                "id": "chatcmpl-cut",
+                "object": "chat.completion",
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "length",
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "call_1",
+                                    "type": "function",
+                                    "function": {
+                                        "name": "get_weather",
+                                        "arguments": '{"city": "Pa',
+                                    },
+                                }
+                            ],
+                        },
+                    }
+                ],
+                "usage": {"prompt_tokens": 1435, "completion_tokens": 200, "total_tokens": 1635},
+            }
+        )
+    return Json(
+        {
+            "id": "msg_cut",
+            "type": "message",
+            "role": "assistant",
+            "model": "m",
+            # A server that could not parse the cut arguments hands them on as text.
+            "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": '{"ci'}],
+            "stop_reason": "max_tokens",
+            "usage": {"input_tokens": 1435, "output_tokens": 200},
+        }
+    )
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_whole_reply_that_cannot_be_used_keeps_its_billed_tokens(
+    server: FakeServer, api: Api
+) -> None:
+    """Issue 22, item 11: a non-streaming reply cut inside a tool call lost its usage
+    (``0 tokens, $0.0000`` where the server reported 1,435 + 200): the parser raised
+    before it read ``usage``."""
+    server.enqueue(_cut_in_a_tool_call(api))
+    caught = await failure(make(api, server.url, stream=False))
+    assert caught.error.kind in (ErrorKind.OUTPUT_TRUNCATED, ErrorKind.MALFORMED_RESPONSE)
+    assert caught.error.usage == Usage(1435, 200)
+    # The same body from a server that ignores stream=true and answers with JSON.
+    server.enqueue(_cut_in_a_tool_call(api))
+    caught = await failure(make(api, server.url, stream=True))
+    assert caught.error.usage == Usage(1435, 200)
+
+
+async def test_a_stream_cut_in_a_tool_call_keeps_its_billed_tokens(server: FakeServer) -> None:
+    """The streaming path of the same cut (its usage chunk comes after finish_reason)."""
+    cut = ToolCall("call_1", "get_weather", '{"city": "Pa')
+    server.enqueue(openai_stream("", (cut,), finish_reason="length", usage=(1435, 200)))
+    caught = await failure(make("openai", server.url, stream=True))
+    assert caught.error.kind is ErrorKind.OUTPUT_TRUNCATED
+    assert caught.error.usage == Usage(1435, 200)

@@ -195,6 +195,30 @@ async def test_below_debug_the_runtime_makes_no_per_step_logging_call(
             assert {"conversation_started", "model_call", "tool_call", "turn_ended"} <= events
 
 
+async def test_a_failed_attempt_s_line_has_the_tokens_it_was_billed(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    """Issue 22, item 11: ``show`` counted a failed attempt's billed tokens, its
+    ``model_call`` line had no token fields at all."""
+    billed = {"input_tokens": 1435, "output_tokens": 200}
+    provider = script(
+        1.0,
+        root=[
+            reply(
+                "done",
+                usage={"input_tokens": 10, "output_tokens": 2},
+                fail_first=[{"kind": "server_error", "message": "cut", "usage": billed}],
+            )
+        ],
+    )
+    _, lines, _ = await _run_logged(tmp_path, provider)
+    calls = [line for line in lines if line["event"] == "model_call"]
+    assert [(c["outcome"], c["input_tokens"], c["output_tokens"]) for c in calls] == [
+        ("failed", 1435, 200),
+        ("replied", 10, 2),
+    ]
+
+
 def test_a_model_call_line_names_the_routed_profile_and_an_endpoint_without_credentials() -> None:
     class Router:
         def resolve(self, model: str | None, depth: int) -> tuple[Profile, str | None]:

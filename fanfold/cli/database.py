@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO, TypeVar
 
 import click
 
 from fanfold.cli.errors import CliError
 from fanfold.db import Store
+from fanfold.db.provenance import default_key_path
+from fanfold.regular_files import is_special, open_output, same_file
+from fanfold.trust import default_trust_path
+
+T = TypeVar("T")
 
 
 def default_db() -> Path:
@@ -53,25 +62,77 @@ LOG_COMPANIONS = ("", "-wal", "-shm", "-journal", "-runtimes", ".mcp-delegations
 """Suffixes of the database's own files (SQLite's and the runtimes' lock file)."""
 
 
-def refuse_writing_over_the_log(output: Path, db: Path | None) -> None:
-    """A CliError if ``output`` is the database file or one of its companions: a
-    slip of ``-o`` (``fanfold trace ID -o fanfold.db``) would replace the log."""
+def protected_files(db: Path | None) -> list[tuple[Path, str, str]]:
+    """The files no output option may write over, each with what it is and what
+    writing over it destroys: the event log and its companions, the provenance key
+    file (overwritten, every tree becomes foreign and no unfinished one can be
+    resumed) and the trust record."""
     path = db or default_db()
-    try:
-        target = output.resolve()
-        base = path.resolve()
-    except (OSError, RuntimeError):  # a symbolic link loop: it is no database either
-        return
+    found = []
     for suffix in LOG_COMPANIONS:
-        own = base.with_name(base.name + suffix)
-        same = target == own
-        if not same and output.exists() and own.exists():
-            try:
-                same = os.path.samefile(output, own)  # a hard link
-            except OSError:
-                same = False
-        if same:
-            what = f"the event log {path}" + (f"'s {suffix[1:]} file" if suffix else "")
+        what = f"the event log {path}" + (f"'s {suffix[1:]} file" if suffix else "")
+        found.append((path.with_name(path.name + suffix), what, "the log"))
+    key = default_key_path()
+    found.append((key, f"the provenance key file {key} (it proves which trees are yours)", "it"))
+    trusted = default_trust_path()
+    found.append((trusted, f"the trust record {trusted}", "it"))
+    return found
+
+
+def refuse_writing_over_the_log(output: Path, db: Path | None, option: str = "-o") -> None:
+    """A CliError if ``output`` is one of ``protected_files``: a slip of ``-o``
+    (``fanfold trace ID -o fanfold.db``, ``-o ~/.local/share/fanfold/provenance.key``)
+    would destroy it. The same path, or the same file by another name (a link)."""
+    for own, what, lost in protected_files(db):
+        if same_file(output, own):
             raise CliError(
-                f"-o {output} is {what}; writing there would destroy the log: choose another file"
+                f"{option} {output} is {what}; writing there would destroy {lost}: "
+                "choose another file"
             )
+
+
+def write_output(output: Path, write: Callable[[TextIO], T]) -> T:
+    """Run ``write`` on ``output`` opened for text: a new or regular file through a
+    temporary file next to it and a rename, so it is never left half-written;
+    a character device (``/dev/stdout``) or a FIFO that a process reads is written
+    as it is, never replaced. A FIFO nobody reads, a directory or a socket: CliError
+    at once, never a wait. Call ``refuse_writing_over_the_log`` first."""
+    if is_special(output) or output.is_symlink():
+        try:
+            with open_output(output) as out:
+                return write(out)
+        except OSError as exc:
+            raise _cannot_write(output, exc) from None
+    directory = output.parent if str(output.parent) else Path(".")
+    try:
+        fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=directory)
+    except OSError as exc:
+        raise _cannot_write(output, exc) from None
+    try:
+        # mkstemp makes the file private (0600); give it the mode a plain open would:
+        # the old file's if there is one, else 0666 less the umask.
+        os.chmod(temp, _mode_for(output))
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            result = write(out)
+        os.replace(temp, output)
+    except BaseException as exc:
+        Path(temp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _cannot_write(output, exc) from None
+        raise
+    return result
+
+
+def _mode_for(output: Path) -> int:
+    try:
+        return stat.S_IMODE(output.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _cannot_write(output: Path, exc: OSError) -> CliError:
+    # The OSError names the temporary file, which the user never asked for and which
+    # is gone by now: name the file they did ask for.
+    return CliError(" ".join(f"cannot write {output}: {exc.strerror or exc}".split()))

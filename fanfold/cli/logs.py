@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from pathlib import Path
 
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
@@ -16,12 +18,25 @@ def set_file_level(name: str) -> None:
 
 
 def open_logs(path: Path, json_log: Path | None) -> None:
-    """Create the database's folder and send the JSON log next to it (or to json_log)."""
+    """Create the database's folder and send the JSON log next to it (or to json_log).
+    ``--json-log`` may not name the database, its companions or the key file, nor a
+    FIFO, socket or directory (appending to a FIFO would wait for a reader); a
+    character device (``/dev/null``, ``/dev/stderr``) is fine."""
     # Imported here: the group imports this module for LOG_LEVELS, and a command that
     # writes no log (--version, ls, show) must not import the runtime for it.
+    from fanfold.cli.database import refuse_writing_over_the_log
     from fanfold.cli.errors import CliError
+    from fanfold.regular_files import kind
     from fanfold.runtime.logging import configure
 
+    if json_log is not None:
+        refuse_writing_over_the_log(json_log, path, "--json-log")
+        try:
+            mode = os.stat(json_log).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+            raise CliError(f"--json-log {json_log} is {kind(mode)}, not a regular file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         configure(

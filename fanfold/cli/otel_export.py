@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from fanfold.cli.display import printable
 from fanfold.cli.errors import CliError
+from fanfold.cli.models import recorded_config
 from fanfold.cli.output import hint
 from fanfold.db import Store
+from fanfold.db.provenance import UserKey, refusal
+from fanfold.providers.description import SCRIPT, DescriptionError, ProviderDescription
+
+if TYPE_CHECKING:
+    from fanfold.otel import ServedBy
 
 DEFAULT_ENDPOINT = "http://localhost:4318"
 
@@ -49,7 +56,12 @@ def export_otlp(
     if not target.startswith(("http://", "https://")):
         where = "--endpoint" if endpoint else "$OTEL_EXPORTER_OTLP_ENDPOINT"
         raise CliError(f"{where} must be an http:// or https:// URL, not {target!r}")
-    spans = tree_spans(store, conversation_id, capture_content=capture_content)
+    spans = tree_spans(
+        store,
+        conversation_id,
+        capture_content=capture_content,
+        served_by=recorded_served_by(store, conversation_id),
+    )
     try:
         send_otlp(spans, target)
     except ExportFailed as exc:
@@ -59,3 +71,30 @@ def export_otlp(
         f"{printable(traces_url(target))}"
         + ("" if capture_content else " (no prompt or output text: --capture-content adds it)")
     )
+
+
+def recorded_served_by(store: Store, conversation_id: str) -> ServedBy | None:
+    """The provider and model of the tree's calls, from the configuration it recorded:
+    ``scripted`` for a scripted tree, a profile's provider and model otherwise (as
+    ``show`` prices them). Only for the user's own trees (the provenance mark verifies
+    with the user's key): a log from elsewhere names files of its choosing, which are
+    never read. None (spans name no provider) when unknown."""
+    from fanfold.otel import config_served_by
+
+    row = store.conversation(conversation_id)
+    if row is None:
+        return None
+    record = store.tree_record(row.root_id)
+    key = UserKey.existing()
+    if record is None or record.provider is None or key is None:
+        return None
+    if refusal(record, key, store.instance_id, row.root_id) is not None:
+        return None
+    try:
+        description = ProviderDescription.from_json(record.provider)
+    except DescriptionError:
+        return None
+    if description.kind == SCRIPT:
+        return lambda model, depth: ("scripted", model)
+    config = recorded_config(record.provider)
+    return config_served_by(config) if config is not None else None

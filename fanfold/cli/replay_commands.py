@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import stat
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,13 +21,19 @@ from rich.highlighter import JSONHighlighter
 from rich.text import Text
 
 from fanfold import replay
-from fanfold.cli.database import db_option, open_store, refuse_writing_over_the_log
+from fanfold.cli.database import (
+    db_option,
+    open_store,
+    refuse_writing_over_the_log,
+    write_output,
+)
 from fanfold.cli.display import SHOWN_CHARS, clip, json_printable, printable, write_text
 from fanfold.cli.errors import CliError, sqlite_message
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
 from fanfold.cli.output import console, err_console, hint
 from fanfold.db import DatabaseError, Store
 from fanfold.db.provenance import UserKey, refusal
+from fanfold.regular_files import open_regular_text
 from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
 
@@ -308,48 +312,9 @@ def export_command(
 
 
 def _export_to_file(store: Store, conversation_id: str, output: Path) -> replay.ExportSummary:
-    """Write a new or regular file through a temporary file next to it and a rename,
-    so it is never left half-written; anything else (a symlink's target, a FIFO, a
-    device such as /dev/stdout) is opened and written as it is, never replaced."""
-    if (output.exists() and not output.is_file()) or output.is_symlink():
-        try:
-            with output.open("w", encoding="utf-8") as out:
-                return replay.export_jsonl(store, conversation_id, out)
-        except OSError as exc:
-            raise _cannot_write(output, exc) from None
-    directory = output.parent if str(output.parent) else Path(".")
-    try:
-        fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", dir=directory)
-    except OSError as exc:
-        raise _cannot_write(output, exc) from None
-    try:
-        # mkstemp makes the file private (0600); give it the mode a plain open would:
-        # the old file's if there is one, else 0666 less the umask.
-        os.chmod(temp, _mode_for(output))
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            summary = replay.export_jsonl(store, conversation_id, out)
-        os.replace(temp, output)
-    except BaseException as exc:
-        Path(temp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise _cannot_write(output, exc) from None
-        raise
-    return summary
-
-
-def _mode_for(output: Path) -> int:
-    try:
-        return stat.S_IMODE(output.stat().st_mode)
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-def _cannot_write(output: Path, exc: OSError) -> OneLineError:
-    # The OSError names the temporary file, which the user never asked for and which
-    # is gone by now: name the file they did ask for.
-    return OneLineError(_one_line(f"cannot write {output}: {exc.strerror or exc}"))
+    """Write the export through ``write_output`` (atomic for a regular file; a FIFO
+    only with a reader, a device as it is)."""
+    return write_output(output, lambda out: replay.export_jsonl(store, conversation_id, out))
 
 
 @contextmanager
@@ -359,8 +324,9 @@ def _lines(file: Path) -> Iterator[TextIO]:
         yield sys.stdin
         return
     # newline="": lines as they are in the file, so the sha256 recorded for the import
-    # (of the text read) is the file's own.
-    with file.open(encoding="utf-8", newline="") as lines:
+    # (of the text read) is the file's own. open_regular_text: a FIFO is refused,
+    # never waited on.
+    with open_regular_text(file, newline="") as lines:
         yield lines
 
 

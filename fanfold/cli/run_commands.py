@@ -23,6 +23,7 @@ from fanfold.cli.output import hint
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_result, watch
 from fanfold.db import Store
+from fanfold.regular_files import read_regular
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Limits
 from fanfold.statemachine.limits import CONTEXT_MODES
@@ -180,7 +181,9 @@ def _read_task(task_file: Path) -> str:
 
 def _read_text(path: Path, option: str) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        # read_regular: a FIFO is refused, never waited on. Newlines as read_text.
+        data = read_regular(path).decode("utf-8")
+        return data.replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError:
         raise CliError(f"{option} {path} is not UTF-8 text") from None
     except OSError as exc:

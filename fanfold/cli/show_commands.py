@@ -182,6 +182,9 @@ class ShowNode:
     not_run: tuple[NotRun, ...] = ()
     # Children it accepted that have not started (the tree runs, or was stopped).
     queued: tuple[Queued, ...] = ()
+    # The model and profile its calls went to, when known (see _show_node).
+    model: str | None = None
+    profile: str | None = None
 
     @property
     def context(self) -> str | None:
@@ -251,6 +254,8 @@ class ShowNode:
             "output_tokens": state.usage_output,
             "cost": self.cost,
             "tree_cost": self.tree_cost(),
+            "model": self.model,
+            "profile": self.profile,
             "tree_tokens": state.tokens_spent,
             "max_tokens": state.limits.max_tokens,
             "outcome": self.outcome(),
@@ -292,7 +297,9 @@ class ShowNode:
             (symbol or "…", style),
             f' {kind} {printable(state.id)}: "{short(self.task)}" ',
             (
-                f"({type(state.phase).__name__}, {self.duration}s, rounds {state.rounds}/"
+                f"({type(state.phase).__name__}, {self.duration}s, "
+                + (f"model {short(self.model)}, " if self.model else "")
+                + f"rounds {state.rounds}/"
                 f"{state.limits.max_rounds}, {_count(tool_call_count(state), 'tool call')}, "
                 f"{_tokens(state)}"
                 + (f", {_money(self.cost)}" if self.cost is not None else "")
@@ -345,9 +352,15 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
     assert row is not None
     state = store.load_state(conversation_id)
     cost = None
+    # The model its calls asked for: the configured one (the profile's, as the router
+    # resolved it), never a name a server put in its replies (llama-server answers
+    # with whatever it loaded); without the configuration, the one its state names.
+    model, profile_name = state.model, None
     if config is not None:
         # The profile its calls went to, chosen as the router chose it.
-        prices = config.resolve(state.model, state.depth)[0].prices
+        profile, model = config.resolve(state.model, state.depth)
+        profile_name = profile.name
+        prices = profile.prices
         if prices is not None:
             cost = prices.cost(state.usage_input, state.usage_cached, state.usage_output)
     modes = delegation_modes(state)
@@ -364,6 +377,8 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
             for c in sorted(stored, key=lambda c: spawn_order(c.id))
         ),
         cost=cost,
+        model=model,
+        profile=profile_name,
         not_run=tuple(n for n in never_run(state) if n.id not in started),
         queued=tuple(queued_children(state)),
     )

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from fanfold.cli.database import db_option, open_store, refuse_writing_over_the_log
+from fanfold.cli.database import db_option, open_store, refuse_writing_over_the_log, write_output
 from fanfold.cli.display import printable
-from fanfold.cli.errors import CliError, user_errors
+from fanfold.cli.errors import user_errors
 from fanfold.cli.output import console
 from fanfold.trace import build_trace, render_html
 
@@ -52,10 +52,9 @@ def trace_command(conversation_id: str, output: Path | None, db: Path | None) ->
         click.echo(page, nl=False)
         return
     target = output or default_output(conversation_id)
-    try:
-        target.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
+    if output is None:
+        refuse_writing_over_the_log(target, db)
+    write_output(target, lambda out: out.write(page))
     agents = len(data["agents"])
     note = ""
     if data["divergence"] is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import errno
 import hashlib
 import hmac
 import json
@@ -144,7 +145,8 @@ class UserKey:
     def _read(cls, target: Path) -> UserKey:
         try:
             # A symlink is followed: what is checked below is the file it leads to.
-            fd = os.open(target, os.O_RDONLY)
+            # O_NONBLOCK: a FIFO put in its place is refused below, never waited on.
+            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -245,9 +247,19 @@ def refusal(record: TreeRecord | None, key: UserKey, instance_id: str, root_id: 
 
 
 def sha256_of_file(path: str | os.PathLike[str]) -> str:
-    """The hex sha256 of a file's bytes (OSError if it cannot be read)."""
+    """The hex sha256 of a regular file's bytes (OSError if it cannot be read, or is
+    a FIFO, device or directory: opened without blocking, never waited on)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 16), b""):
             digest.update(chunk)
     return digest.hexdigest()

@@ -8,8 +8,10 @@ give the same spans:
 - ``invoke_agent``: a sub-agent's life (its creation to Completed/Failed), or one turn
   of a root conversation (the user's message to the answer or the error); a sub-agent's
   span is a child of its parent's, so a tree is one trace;
-- ``chat``: one model call (one attempt), child of its agent's span: model, tokens,
-  stop reason (``gen_ai.response.finish_reasons``), ``error.type`` if it failed;
+- ``chat``: one model call (one attempt), child of its agent's span: provider and
+  model (``gen_ai.provider.name``, ``gen_ai.request.model``, and on a reply
+  ``gen_ai.response.model``, the configured model: see ``ServedBy``), tokens, stop
+  reason (``gen_ai.response.finish_reasons``), ``error.type`` if it failed;
 - ``execute_tool``: one tool run: tool name and call id, ``error.type`` if it failed.
 
 Privacy by default: no prompt, message, tool argument or result text is put in a span
@@ -21,8 +23,8 @@ unless ``capture_content`` is set (then ``gen_ai.system_instructions``,
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
@@ -49,8 +51,29 @@ from fanfold.statemachine import (
 )
 from fanfold.statemachine.transition import is_summary_call
 
+if TYPE_CHECKING:
+    from fanfold.providers.config import Config
+
 SYSTEM = "fanfold"
 """``gen_ai.provider.name`` is the model provider's; fanfold's agents are named by it."""
+
+ServedBy = Callable[[str | None, int], tuple[str | None, str | None]]
+"""Who serves a conversation's model calls: given its ``model`` field (None, a profile
+or a model name) and its depth, the provider's name (a profile's ``provider``:
+``"openai"``, ``"anthropic"`` or ``"scripted"``; None: unknown) and the model (None:
+unknown), as the router resolves them. The model is the configured one, never the name
+a server puts in its replies (local servers answer with any name), so a backend prices
+what the profile says it pays for."""
+
+
+def config_served_by(config: Config) -> ServedBy:
+    """The ``ServedBy`` of a configuration's router (``Config.resolve``)."""
+
+    def served_by(model: str | None, depth: int) -> tuple[str | None, str | None]:
+        profile, resolved = config.resolve(model, depth)
+        return profile.provider, resolved
+
+    return served_by
 
 
 def _ns(at: float) -> int:
@@ -63,13 +86,24 @@ class SpanObserver:
     ``tracer``: where spans go (``TracerProvider.get_tracer("fanfold")``).
     ``capture_content``: put prompts, messages and tool arguments and results in spans
     (off by default: they may hold anything a user or a model wrote).
+    ``served_by``: the provider and model of each conversation's calls (see
+    ``ServedBy``; ``config_served_by(config)`` for a configuration). Without it, spans
+    name only a model the conversation itself names, and no provider.
     """
 
-    def __init__(self, tracer: Tracer, *, capture_content: bool = False) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        *,
+        capture_content: bool = False,
+        served_by: ServedBy | None = None,
+    ) -> None:
         self.tracer = tracer
         self.capture_content = capture_content
+        self.served_by = served_by
         self._agents: dict[str, Span] = {}
         self._calls: dict[tuple[str, int], Span] = {}
+        self._models: dict[tuple[str, int], str] = {}
         self._last_at = 0.0
 
     # ------------------------------------------------------------------ the hook
@@ -94,7 +128,10 @@ class SpanObserver:
                 self._start_agent(state, at, text)
             case ModelReplied(call=call, reply=reply):
                 span = self._calls.pop((conversation_id, call), None)
+                model = self._models.pop((conversation_id, call), None)
                 if span is not None:
+                    if model is not None:
+                        span.set_attribute("gen_ai.response.model", model)
                     usage = reply.usage
                     span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
                     span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
@@ -108,6 +145,7 @@ class SpanObserver:
                     span.end(_ns(at))
             case ModelFailed(call=call, error=error):
                 span = self._calls.pop((conversation_id, call), None)
+                self._models.pop((conversation_id, call), None)
                 if span is not None:
                     span.set_attribute("error.type", error.kind.value)
                     span.set_status(Status(StatusCode.ERROR, error.kind.value))
@@ -133,6 +171,7 @@ class SpanObserver:
                         )
                 case AbortCall(call=call):
                     span = self._calls.pop((conversation_id, call), None)
+                    self._models.pop((conversation_id, call), None)
                     if span is not None:
                         span.set_attribute("error.type", "aborted")
                         span.set_status(Status(StatusCode.ERROR, "aborted"))
@@ -151,14 +190,40 @@ class SpanObserver:
             span.set_attribute("fanfold.unfinished", True)
             span.end(when)
         self._calls.clear()
+        self._models.clear()
         self._agents.clear()
 
     # ------------------------------------------------------------------ spans
 
+    def _served(self, state: Conversation) -> tuple[str | None, str | None]:
+        """The provider and model of ``state``'s calls (see ``ServedBy``)."""
+        if self.served_by is None:
+            return None, state.model
+        try:
+            provider, model = self.served_by(state.model, state.depth)
+        except Exception:
+            # A span loses a name rather than the runtime a step: the observer runs
+            # inside the engine, after the step was committed.
+            return None, state.model
+        return (
+            provider if isinstance(provider, str) and provider else None,
+            model if isinstance(model, str) and model else None,
+        )
+
+    def _model_attributes(self, state: Conversation) -> dict[str, Any]:
+        provider, model = self._served(state)
+        attributes: dict[str, Any] = {}
+        if provider is not None:
+            attributes["gen_ai.provider.name"] = provider
+        if model is not None:
+            attributes["gen_ai.request.model"] = model
+        return attributes
+
     def _start_agent(self, state: Conversation, at: float, message: str | None = None) -> None:
         parent = self._agents.get(state.parent_id) if state.parent_id is not None else None
         context = trace.set_span_in_context(parent) if parent is not None else None
-        name = "sub-agent" if state.is_sub_agent else "agent"
+        # A sub-agent spawned as a defined agent is named by its definition.
+        name = state.agent or ("sub-agent" if state.is_sub_agent else "agent")
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.id": state.id,
@@ -169,8 +234,7 @@ class SpanObserver:
         }
         if state.parent_id is not None:
             attributes["fanfold.parent_id"] = state.parent_id
-        if state.model is not None:
-            attributes["gen_ai.request.model"] = state.model
+        attributes.update(self._model_attributes(state))
         if self.capture_content:
             attributes["gen_ai.system_instructions"] = json.dumps(
                 [{"type": "text", "content": state.system_prompt}]
@@ -226,14 +290,16 @@ class SpanObserver:
             "fanfold.call": call,
             "fanfold.attempt": attempt,
             "gen_ai.conversation.id": state.id,
+            **self._model_attributes(state),
         }
-        if state.model is not None:
-            attributes["gen_ai.request.model"] = state.model
+        model = attributes.get("gen_ai.request.model")
+        if model is not None:
+            self._models[(state.id, call)] = model
         if is_summary_call(state, call):
             # The summary its sub-agents of context mode summary start with.
             attributes["fanfold.call.purpose"] = "summary"
         self._calls[(state.id, call)] = self.tracer.start_span(
-            f"chat {state.model}" if state.model else "chat",
+            f"chat {model}" if model else "chat",
             context=self._child_context(state),
             kind=SpanKind.CLIENT,
             attributes=attributes,

@@ -43,6 +43,7 @@ from fanfold.providers.wire import (
     Secret,
     SSEEvent,
     as_int,
+    billed,
     classify_stream_error,
     cut_off_tool_call,
     decode_sse,
@@ -307,7 +308,19 @@ def _tool_use(block: Mapping[str, Any], what: str) -> ToolCall:
 
 
 def parse_anthropic_response(data: Any) -> ModelReply:
-    """A non-streaming Messages API response as a ModelReply (raises ProviderError)."""
+    """A non-streaming Messages API response as a ModelReply (raises ProviderError).
+
+    A reply that cannot be used (cut off inside a tool call, malformed) still says
+    what it cost: the error carries the ``usage`` the server reported."""
+    try:
+        return _parse_anthropic_response(data)
+    except ProviderError as exc:
+        usage = data.get("usage") if isinstance(data, dict) else None
+        spent = _usage_of(usage) if isinstance(usage, dict) else Usage()
+        raise ProviderError(billed(exc.error, spent)) from None
+
+
+def _parse_anthropic_response(data: Any) -> ModelReply:
     what = f"{API} reply"
     if not isinstance(data, dict):
         raise malformed(f"{what}: not a JSON object")

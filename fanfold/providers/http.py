@@ -33,13 +33,14 @@ from fanfold.providers.wire import (
     Secret,
     SSEDecoder,
     SSEEvent,
+    billed,
     classify_http_error,
     fail,
     malformed,
     redact_error,
     snippet,
 )
-from fanfold.statemachine import ErrorKind, ModelError, ModelReply, ModelRequest, Usage
+from fanfold.statemachine import ErrorKind, ModelReply, ModelRequest, Usage
 
 USER_AGENT = "fanfold/0.1"
 
@@ -150,13 +151,6 @@ class StreamAssembler(Protocol):
 
     def finish(self) -> ModelReply:
         """The reply; MALFORMED_RESPONSE if the stream ended before its terminal event."""
-
-
-def _billed(error: ModelError, usage: Usage) -> ModelError:
-    """``error`` carrying the usage the server reported before it failed."""
-    if usage.total and not error.usage.total:
-        return attrs.evolve(error, usage=usage)
-    return error
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -351,11 +345,11 @@ class HttpProvider(abc.ABC):
         try:
             return await self._assemble(response, assembler, context)
         except ProviderError as exc:
-            raise ProviderError(_billed(exc.error, assembler.usage)) from None
+            raise ProviderError(billed(exc.error, assembler.usage)) from None
         except httpx.HTTPError as exc:
             # A stream that breaks after its usage chunk was billed all the same.
             error = _transport_error(self.api, exc, self.timeouts, self._where()).error
-            raise ProviderError(_billed(error, assembler.usage)) from None
+            raise ProviderError(billed(error, assembler.usage)) from None
 
     async def _assemble(
         self, response: httpx.Response, assembler: StreamAssembler, context: CallContext

@@ -46,6 +46,7 @@ from fanfold.providers.wire import (
     Secret,
     SSEEvent,
     as_int,
+    billed,
     classify_stream_error,
     decode_sse,
     load_event_json,
@@ -265,7 +266,18 @@ def _usage(raw: Any) -> Usage:
 
 
 def parse_openai_response(data: Any) -> ModelReply:
-    """A non-streaming Chat Completions response as a ModelReply (raises ProviderError)."""
+    """A non-streaming Chat Completions response as a ModelReply (raises ProviderError).
+
+    A reply that cannot be used (cut off inside a tool call, malformed, an error) still
+    says what it cost: the error carries the ``usage`` the server reported."""
+    try:
+        return _parse_openai_response(data)
+    except ProviderError as exc:
+        usage = _usage(data.get("usage")) if isinstance(data, dict) else Usage()
+        raise ProviderError(billed(exc.error, usage)) from None
+
+
+def _parse_openai_response(data: Any) -> ModelReply:
     what = f"{API} reply"
     if not isinstance(data, dict):
         raise malformed(f"{what}: not a JSON object")

@@ -64,6 +64,7 @@ import trio
 
 from fanfold.providers.base import CallContext, ProviderError
 from fanfold.providers.script_schema import Agent, Reply, Script, ScriptError, load_script
+from fanfold.regular_files import read_regular
 from fanfold.statemachine import (
     AssistantMessage,
     Message,
@@ -112,7 +113,8 @@ class ScriptedProvider:
     def from_file(cls, path: str | Path) -> ScriptedProvider:
         """Load a script file; raises ScriptError naming the file on any problem."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            # read_regular: a FIFO given as --script is refused, never waited on.
+            data = json.loads(read_regular(path).decode("utf-8"))
         except OSError as exc:
             raise ScriptError(f"cannot read script {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from fanfold.providers.base import ProviderError
-from fanfold.statemachine import ErrorKind, ModelError, canonical_json
+from fanfold.statemachine import ErrorKind, ModelError, Usage, canonical_json
 from fanfold.statemachine.messages import non_finite_path
 
 # ------------------------------------------------------------------ secrets
@@ -282,6 +282,15 @@ def finite_json(value: Any) -> Any:
     return value
 
 
+def billed(error: ModelError, usage: Usage) -> ModelError:
+    """``error`` carrying the usage the server reported before it failed (a stream
+    broken after its usage chunk, a whole reply that could not be used): the tokens
+    were billed, so they count. An error that states its own usage keeps it."""
+    if usage.total and not error.usage.total:
+        return attrs.evolve(error, usage=usage)
+    return error
+
+
 def as_int(value: Any) -> int:
     """A token count from a response; anything not a non-negative int counts as 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
@@ -383,6 +392,9 @@ _OVERFLOW_PATTERNS = (
     "context_length_exceeded",  # OpenAI code
     "maximum context length",  # OpenAI, vLLM ("This model's maximum context length is")
     "context length is only",  # vLLM
+    # vLLM: "The decoder prompt (length N) is longer than the maximum model length of
+    # M" (V1 engine), "Prompt length of N is longer than the maximum model length"
+    "longer than the maximum model length",
     "context length exceeded",
     "exceeds the context length",  # Ollama ("the input length exceeds the context length")
     "exceeded max context length",  # Ollama ("prompt too long; exceeded max context ...")

@@ -565,7 +565,8 @@ class Actor:
         error: ModelError | None = None,
     ) -> None:
         """One info line per model call: who served it, how long it took, its tokens
-        and stop reason, or its error's kind, message and retry hint. Never the
+        (a failed attempt's too: what the server billed for it) and stop reason, or its
+        error's kind, message and retry hint. Never the
         request's or the reply's text, never a key (the endpoint loses its user
         part and query)."""
         profile, model, endpoint = _served_by(
@@ -593,6 +594,10 @@ class Actor:
             self.log.info(
                 "model_call",
                 outcome="failed",
+                # What the failed attempt was billed (zero when the server said
+                # nothing): `show` counts it, so the line says it too.
+                input_tokens=error.usage.input_tokens,
+                output_tokens=error.usage.output_tokens,
                 error_kind=error.kind.value,
                 error=_clip(error.message),
                 retry_after=error.retry_after,
