@@ -12,7 +12,8 @@
 - ``noinit``: reads requests and never answers.
 - ``garbage``: answers every line with a line that is not JSON.
 - ``badschema``: hand-written JSON-RPC: one tool whose schema uses ``$ref`` (outside
-  the subset fanfold checks), one fine; ``stringschema``: a schema that is not an object.
+  the subset fanfold checks), one fine, one (``weird``) answering a malformed result;
+  ``stringschema``: a schema that is not an object.
 """
 
 import json
@@ -60,8 +61,11 @@ def raw() -> None:
                         },
                     },
                     {"name": "fine", "inputSchema": {"type": "object", "properties": {}}},
+                    {"name": "weird", "inputSchema": {"type": "object", "properties": {}}},
                 ]
             }
+        elif method == "tools/call" and message["params"]["name"] == "weird":
+            result = {"content": "not a list of blocks"}
         elif method == "tools/call":
             result = {"content": [{"type": "text", "text": "fine indeed"}]}
         else:

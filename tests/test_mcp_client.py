@@ -144,8 +144,12 @@ async def test_broken_servers_are_one_clear_problem(
 async def test_a_tool_whose_schema_fanfold_cannot_check_is_left_out(tmp_path: Path) -> None:
     async with McpHub.open([_declaration("badschema", tmp_path)], cwd=tmp_path) as hub:
         tools, problems = await hub.discover()
-        assert [t.tool for t in tools] == ["fine"]
+        assert [t.tool for t in tools] == ["fine", "weird"]
         assert len(problems) == 1 and "tool 'refy' left out" in problems[0]
+        assert (await tools[0].run({}, ".")).content == "fine indeed"
+        # A result the SDK cannot read is an error result, and the server lives on.
+        weird = await tools[1].run({}, ".")
+        assert weird.is_error and weird.content.startswith("MCP server 'badschema'")
         assert (await tools[0].run({}, ".")).content == "fine indeed"
 
 

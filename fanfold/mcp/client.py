@@ -173,6 +173,7 @@ class McpServer:
 
         wake = self._wake = trio.Event()
         self.failure = None
+        started = False
         try:
             async with (
                 self._transport(wake) as (read, write),
@@ -180,9 +181,17 @@ class McpServer:
             ):
                 await session.initialize()
                 self.session = session
+                started = True
                 task_status.started()
                 await wake.wait()
                 self.session = None
+        except Exception as exc:
+            # Before the start, the caller reports it; after, a connection that ends
+            # badly (the SDK raising on a broken stream) must not take the runtime
+            # down with it: the reason is kept for the next call's error result.
+            if not started:
+                raise
+            self.failure = self.failure or f"ended: {_one_line(exc)}"
         finally:
             self.session = None
 
@@ -353,6 +362,11 @@ class McpServer:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 why = self.failure or _one_line(exc)
                 return ToolOutput.error(str(self._unavailable(f"{why} during the call")))
+            except Exception as exc:  # an answer the SDK cannot read (pydantic, ...)
+                return ToolOutput.error(
+                    f"MCP server {self.name!r}: {tool} answered with something that is not "
+                    f"a tool result: {_one_line(exc)}"
+                )
         if scope.cancelled_caught:
             return ToolOutput.error(
                 f"MCP server {self.name!r}: {tool} timed out after {timeout:g} s "
