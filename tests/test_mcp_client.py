@@ -528,3 +528,24 @@ async def test_a_streamable_http_server_with_a_token_from_the_environment(
             _, problems = await hub.discover()
         assert len(problems) == 1 and "MCP server 'fanfold'" in problems[0]
         process.terminate()
+
+
+def test_fanfold_trust_takes_a_projects_mcp_json_and_shows_its_commands(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+
+    path = _mcp_json(tmp_path, tmp_path)
+    assert declared_servers(tmp_path).servers[0].needs_trust
+    trusted = CliRunner().invoke(cli, ["trust", str(path)])
+    assert trusted.exit_code == 0, trusted.output
+    assert f"MCP server ok runs: {sys.executable}" in trusted.output
+    assert not declared_servers(tmp_path).servers[0].needs_trust
+    (tmp_path / "bad").mkdir()
+    broken = tmp_path / "bad" / ".mcp.json"
+    broken.write_text('{"mcpServers": {"x": {"command": 3}}}')
+    refused = CliRunner().invoke(cli, ["trust", str(broken)])
+    assert refused.exit_code == 2
+    assert (
+        "not trusted" in refused.output and "command must be a non-empty string" in refused.output
+    )

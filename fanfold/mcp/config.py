@@ -49,6 +49,7 @@ __all__ = [
     "declared_servers",
     "expand",
     "secret_variables",
+    "servers_in",
 ]
 
 MCP_JSON = ".mcp.json"
@@ -176,6 +177,14 @@ def declared_servers(
             except ConfigError as exc:
                 problems.append(str(exc))
     return Declarations(tuple(found.values()), tuple(problems))
+
+
+def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
+    """The servers a file's bytes declare (``.mcp.json`` by its name, else TOML), for
+    ``fanfold trust`` to show what it is trusting; ``ConfigError`` if one is invalid."""
+    kind = "json" if path.name == MCP_JSON else "toml"
+    table = _servers_table(data, path, kind)
+    return [_declaration(n, b, str(path), kind, True, False) for n, b in table.items()]
 
 
 def _servers_table(data: bytes, path: Path, kind: str) -> dict[str, Any]:
