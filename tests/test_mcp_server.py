@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -252,3 +253,38 @@ async def test_streamable_http_needs_the_token_and_our_host(tmp_path: Path) -> N
             answer = _structured(await session.call_tool("delegate_task", {"task": "compute"}))
         assert answer["result"] == "the answer is 42"
         process.terminate()
+
+
+def test_a_host_going_away_mid_delegation_cancels_the_tree(tmp_path: Path) -> None:
+    """The host closes the server's stdin while a foreground delegation runs: the
+    server records the tree's cancel before it exits."""
+    script = _script(tmp_path, "slow.json", SLOW_ROOT)
+    db = tmp_path / "e.db"
+    command = [sys.executable, "-c", "from fanfold.cli import main; main()", "mcp"]
+    command += ["--script", str(script), "--db", str(db), "--cwd", str(tmp_path)]
+    server = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        assert server.stdin is not None
+        server.stdin.write((json.dumps(message) + "\n").encode())
+        server.stdin.flush()
+
+    params = {"protocolVersion": "2025-06-18", "capabilities": {}}
+    params["clientInfo"] = {"name": "raw", "version": "1"}
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+    assert b'"id":1' in server.stdout.readline()
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    call = {"name": "delegate_task", "arguments": {"task": "x"}}
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+    ledger = tmp_path / "e.db.mcp-delegations"
+    deadline = time.monotonic() + 60
+    while not ledger.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.stdin.close()
+    assert server.wait(timeout=60) == 0
+    (root_id,) = ledger.read_text().split()
+    with Store.open(db, read_only=True) as store:
+        assert store.last_turn(root_id).outcome == "cancelled"  # type: ignore[union-attr]
