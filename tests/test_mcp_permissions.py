@@ -78,3 +78,22 @@ async def test_read_only_takes_an_mcp_tool_only_where_its_server_says_so(
         "whole": {"mcp__srv__look", "mcp__srv__change"},
         "none": set(),
     }
+
+
+def test_an_agent_files_rules_naming_mcp_tools_are_kept() -> None:
+    """MCP tools are known only at run time: an agent file's allow and deny rules that
+    name them are kept (a dropped deny rule would make the tool callable)."""
+    from fanfold.agents.definitions import parse_definition
+
+    text = (
+        "---\nname: triager\ndescription: triages\n"
+        "tools: Read, mcp__github__*\n"
+        "disallowedTools: mcp__github__delete_repo\n---\nTriage.\n"
+    )
+    definition, problems = parse_definition(text, "triager.md")
+    assert problems == ()
+    assert definition is not None
+    permissions = Permissions((definition.rules("."),))
+    assert allows_tool(permissions, "mcp__github__get_issue")
+    assert not allows_tool(permissions, "mcp__github__delete_repo")
+    assert not allows_tool(permissions, "mcp__slack__post")

@@ -40,6 +40,7 @@ from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode, Prompt
 from fanfold.statemachine.control_tools import one_of
 from fanfold.statemachine.limits import CONTEXT_MODES
 from fanfold.statemachine.permissions import (
+    MCP_PREFIX,
     PATH_TOOLS,
     READ_ONLY,
     Rule,
@@ -474,7 +475,14 @@ def _rules(
         if isinstance(rule, str):
             problems.append(AgentProblem(path, line, f"{key}: {rule}"))
             continue
-        if rule.tool != READ_ONLY and rule.tool not in known:
+        # MCP tools are known only once their servers run: a rule naming one (or a
+        # whole server) is kept. Dropping it would narrow an allow list, but widen
+        # a deny list: a disallowed MCP tool would become callable.
+        if (
+            rule.tool != READ_ONLY
+            and not rule.tool.startswith(MCP_PREFIX)
+            and rule.tool not in known
+        ):
             problems.append(
                 AgentProblem(
                     path,
