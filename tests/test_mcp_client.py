@@ -549,3 +549,31 @@ def test_fanfold_trust_takes_a_projects_mcp_json_and_shows_its_commands(tmp_path
     assert (
         "not trusted" in refused.output and "command must be a non-empty string" in refused.output
     )
+
+
+async def test_an_agent_file_in_the_project_declares_a_server_that_waits_for_trust(
+    tmp_path: Path,
+) -> None:
+    from fanfold.agents.definitions import parse_definition
+
+    project = tmp_path / "project"
+    agents = project / ".claude" / "agents"
+    agents.mkdir(parents=True)
+    agent = agents / "weather.md"
+    agent.write_text(
+        "---\nname: weather\ndescription: asks\ntools: mcp__ok__echo\nmcpServers:\n"
+        f"  ok:\n    command: {json.dumps(sys.executable)}\n"
+        f"    args: [{json.dumps(str(SERVER))}, ok, {json.dumps(str(tmp_path))}]\n"
+        "---\nAsk.\n"
+    )
+    _, problems = parse_definition(agent.read_text(), str(agent))
+    assert problems == ()  # mcpServers is not an unknown key
+    environ = {**os.environ, "HOME": str(tmp_path / "home")}
+    (declared,) = declared_servers(project, environ=environ).servers
+    assert (declared.name, declared.source, declared.needs_trust) == ("ok", str(agent), True)
+    TrustStore.default().trust(agent)
+    (declared,) = declared_servers(project, environ=environ).servers
+    assert not declared.needs_trust
+    async with McpHub.open([declared], cwd=project) as hub:
+        tools = await _tools(hub)
+    assert "echo" in tools

@@ -60,6 +60,10 @@ CLAUDE_MODEL_ALIASES = frozenset({"sonnet", "opus", "haiku"})
 """Claude Code's model aliases: an agent file naming one is refused unless the
 configuration's ``[model_aliases]`` table maps it (no server knows them as they are)."""
 
+MCP_SERVER_KEYS = frozenset({"mcpServers", "mcp_servers"})
+"""Front-matter keys declaring MCP servers: not part of the definition (the runtime's
+servers are ``fanfold.mcp.config``'s, which reads them from the same files)."""
+
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
 
@@ -269,6 +273,8 @@ def parse_definition(
     for raw_key, value in data.items():
         key = _ALIASES.get(str(raw_key), str(raw_key))
         line = lines.get(str(raw_key), first)
+        if raw_key in MCP_SERVER_KEYS:
+            continue  # servers the file declares: read by fanfold.mcp.config
         if key not in _KEYS:
             problems.append(
                 AgentProblem(path, line, f"unknown key {raw_key!r} ignored", warning=True)

@@ -1,16 +1,19 @@
 """Which MCP servers a folder declares, and whether each may start.
 
-Two places declare servers:
+Three places declare servers:
 
 - the configuration file (``[mcp_servers.NAME]``: ``command``, ``args``, ``env``,
   ``cwd``, or ``url`` and ``headers``; and fanfold's own keys ``idempotent_tools``,
   ``timeout``, ``startup_timeout``);
 - a project's ``.mcp.json`` (``{"mcpServers": {NAME: {...}}}``, Claude Code's format,
-  the same keys in camel case where it has them).
+  the same keys in camel case where it has them);
+- agent files' front matter (``mcpServers:``, the same keys), in the folders
+  ``fanfold.agents`` reads: the project's are the project's, the user's the user's.
 
-A server declared by the project (``./fanfold.toml`` found in the folder, or its
-``.mcp.json``) is code the repository chose to run on the user's machine: it starts
-only once the user has trusted that file's bytes (``fanfold trust PATH``, the record
+A server declared by the project (``./fanfold.toml`` found in the folder, its
+``.mcp.json``, or an agent file in its ``.claude/agents`` or ``.fanfold/agents``) is
+code the repository chose to run on the user's machine: it starts only once the user
+has trusted that file's bytes (``fanfold trust PATH``, the record
 of ``fanfold.trust``). Servers of the user's own configuration, ``$FANFOLD_CONFIG`` or
 an explicit ``--config`` start as they are.
 
@@ -31,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import yaml
 
+from fanfold.agents.catalog import agent_folders
 from fanfold.providers.config import (
     EXPLICIT_CONFIG,
     PROJECT_CONFIG,
@@ -150,6 +155,13 @@ def declared_servers(
         sources.append((located[0], "toml", located[1] == PROJECT_CONFIG))
     if (cwd / MCP_JSON).exists():
         sources.append((cwd / MCP_JSON, "json", True))
+    # Agent files may declare servers too (``mcpServers`` in the front matter): the
+    # project's folders' files are the project's (trust needed), the user's are not.
+    project_folders = agent_folders(cwd, env)[2:]
+    for folder in agent_folders(cwd, env):
+        if folder.is_dir():
+            for file in sorted(folder.glob("*.md")):
+                sources.append((file, "agent", folder in project_folders))
     for path, kind, project in sources:
         try:
             data = read_regular(path, limit=_MAX_FILE)
@@ -188,6 +200,8 @@ def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
 
 
 def _servers_table(data: bytes, path: Path, kind: str) -> dict[str, Any]:
+    if kind == "agent":
+        return _agent_servers(data, path)
     try:
         if kind == "toml":
             document: Any = tomllib.loads(data.decode("utf-8"))
@@ -202,6 +216,33 @@ def _servers_table(data: bytes, path: Path, kind: str) -> dict[str, Any]:
     table = document.get(key, {})
     if not isinstance(table, dict):
         raise ConfigError("must be a table of servers by name", path=str(path), key=key)
+    return table
+
+
+def _agent_servers(data: bytes, path: Path) -> dict[str, Any]:
+    """An agent file's ``mcpServers``: a table of servers (a list of names refers to
+    servers declared elsewhere and declares none)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {}  # fanfold agents reports the file
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+    if end is None:
+        return {}
+    try:
+        front = yaml.safe_load("\n".join(lines[1:end]))
+    except yaml.YAMLError:
+        return {}  # fanfold agents reports the file
+    if not isinstance(front, dict):
+        return {}
+    table = front.get("mcpServers", front.get("mcp_servers"))
+    if table is None or isinstance(table, list):
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError("must be a table of servers by name", path=str(path), key="mcpServers")
     return table
 
 
@@ -224,6 +265,8 @@ def _declaration(
     name: str, body: Any, source: str, kind: str, project: bool, needs_trust: bool
 ) -> ServerDeclaration:
     where = f"mcp_servers.{name}" if kind == "toml" else f"mcpServers.{name}"
+    if not isinstance(name, str):
+        raise ConfigError("a server name must be a string", path=source, key=str(name))
 
     def fail(message: str) -> ConfigError:
         return ConfigError(message, path=source, key=where)
