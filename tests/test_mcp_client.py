@@ -571,7 +571,13 @@ async def test_an_agent_file_in_the_project_declares_a_server_that_waits_for_tru
     environ = {**os.environ, "HOME": str(tmp_path / "home")}
     (declared,) = declared_servers(project, environ=environ).servers
     assert (declared.name, declared.source, declared.needs_trust) == ("ok", str(agent), True)
-    TrustStore.default().trust(agent)
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+
+    trusted = CliRunner().invoke(cli, ["trust", str(agent)])
+    assert trusted.exit_code == 0, trusted.output
+    assert "MCP server ok runs:" in trusted.output
     (declared,) = declared_servers(project, environ=environ).servers
     assert not declared.needs_trust
     async with McpHub.open([declared], cwd=project) as hub:

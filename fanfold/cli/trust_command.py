@@ -22,8 +22,9 @@ from fanfold.trust import TrustFileError, TrustStore, file_digest
 def trust_command(path: Path | None, as_list: bool, revoke: bool) -> None:
     """Trust PATH (default: ./fanfold.toml), a project's configuration, as it is now.
 
-    PATH may also be a project's .mcp.json: its MCP servers start only once trusted
-    (as do the [mcp_servers] of a project's fanfold.toml); the commands are shown.
+    PATH may also be a project's .mcp.json or an agent file (.md) declaring
+    mcpServers: its MCP servers start only once trusted (as do the [mcp_servers] of a
+    project's fanfold.toml); the commands are shown.
 
     A project's fanfold.toml that sends an API key (or the conversation) to a host
     your own configuration does not name, or passes variables to bash commands, is
@@ -56,7 +57,7 @@ def _trust(store: TrustStore, target: Path) -> None:
     config = None
     try:
         # A project's .mcp.json declares MCP servers only (fanfold.mcp.config).
-        if target.name != MCP_JSON:
+        if target.name != MCP_JSON and target.suffix != ".md":
             config = parse_config_bytes(data, target)
         servers = servers_in(data, target)
     except ConfigError as exc:

@@ -192,9 +192,10 @@ def declared_servers(
 
 
 def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
-    """The servers a file's bytes declare (``.mcp.json`` by its name, else TOML), for
+    """The servers a file's bytes declare (``.mcp.json`` by its name, an agent file by
+    its ``.md``, else TOML), for
     ``fanfold trust`` to show what it is trusting; ``ConfigError`` if one is invalid."""
-    kind = "json" if path.name == MCP_JSON else "toml"
+    kind = "json" if path.name == MCP_JSON else "agent" if path.suffix == ".md" else "toml"
     table = _servers_table(data, path, kind)
     return [_declaration(n, b, str(path), kind, True, False) for n, b in table.items()]
 
