@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -155,3 +156,38 @@ def one_child_log(folder: Path) -> tuple[Path, str, Path]:
         (root,) = store.list_roots()
     assert not Path(f"{db}-wal").exists() or Path(f"{db}-wal").stat().st_size == 0
     return db, root.id, script
+
+
+class FifoReader:
+    """A reader attached to the FIFO ``path`` before anything writes to it (so a
+    writer's non-blocking open finds it), collecting what is written until the writer
+    closes it, in a thread. ``join()`` returns the text."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+
+        # O_NONBLOCK: attached at once, without waiting for a writer.
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self._chunks: list[bytes] = []
+        self._thread = threading.Thread(target=self._read)
+        self._thread.start()
+
+    def _read(self) -> None:
+        import select
+
+        try:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            # Until the writer's first bytes, or its close (a hang guard: 60 s, then
+            # the test fails on what was received).
+            if not poller.poll(60_000):
+                return
+            os.set_blocking(self._fd, True)
+            while chunk := os.read(self._fd, 1 << 16):
+                self._chunks.append(chunk)
+        finally:
+            os.close(self._fd)
+
+    def join(self) -> str:
+        self._thread.join()
+        return b"".join(self._chunks).decode("utf-8")

@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from replay_helpers import FifoReader
 
 from fanfold.cli import cli
 from fanfold.db import Store
@@ -150,15 +150,8 @@ def test_trace_writes_through_a_fifo_that_is_read(tree: tuple[Path, str], tmp_pa
     db, root = tree
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    received: list[str] = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
-    reader.start()
-    try:
-        done = fanfold("trace", root, "-o", str(fifo), "--db", str(db))
-    finally:
-        if reader.is_alive():
-            # Unblock the reader if fanfold never opened the FIFO.
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        reader.join()
+    reader = FifoReader(fifo)
+    done = fanfold("trace", root, "-o", str(fifo), "--db", str(db))
+    page = reader.join()
     assert done.returncode == 0, done.stderr
-    assert received and received[0].startswith("<!doctype html>")
+    assert page.startswith("<!doctype html>")

@@ -284,3 +284,13 @@ def test_the_file_wide_retry_table_has_the_same_bounds(tmp_path: Path) -> None:
         "retry.max_attempts",
         "must be <= 100, got 101",
     )
+
+
+def test_a_cost_beyond_a_float_is_infinite_not_an_error() -> None:
+    """A damaged or edited log may hold a token count beyond any float: the cost is
+    infinite (`show` prints "unknown", `--json` null), never an OverflowError."""
+    import math
+
+    from fanfold.providers.config import Prices
+
+    assert Prices(3.0, 15.0).cost(10**400, 0, 0) == math.inf

@@ -8,14 +8,13 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import Driver, fan_out
-from replay_helpers import edit, write
+from replay_helpers import FifoReader, edit, write
 
 from fanfold.cli import cli
 from fanfold.db import SCHEMA_VERSION, Store
@@ -258,12 +257,11 @@ def test_export_writes_through_links_fifos_and_devices_and_never_replaces_them(
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o640  # an existing file keeps its mode
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    received: list[str] = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
-    reader.start()
+    # Written only with a reader already on the other end (issue 22, item 7: a FIFO
+    # nobody reads is refused at once, never waited on).
+    reader = FifoReader(fifo)
     assert run("export", "r", "-o", fifo, "--db", db).exit_code == 0
-    reader.join(timeout=30)
-    assert received == [expected] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert reader.join() == expected and stat.S_ISFIFO(fifo.stat().st_mode)
     assert run("export", "r", "-o", "-", "--db", db).stdout == expected
     assert not (Path.cwd() / "-").exists()
 
