@@ -583,3 +583,27 @@ async def test_an_agent_file_in_the_project_declares_a_server_that_waits_for_tru
     async with McpHub.open([declared], cwd=project) as hub:
         tools = await _tools(hub)
     assert "echo" in tools
+
+
+async def test_fanfold_mcp_as_a_server_of_fanfold_starts_no_servers_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """A project whose .mcp.json names `fanfold mcp` itself: the fanfold started as a
+    server does not start it again (no chain of copies)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"agents": [{"replies": [{"text": "42"}]}]}))
+    options = ["--script", str(script), "--db", str(tmp_path / "inner.db"), "--cwd", str(project)]
+    server = {
+        "command": sys.executable,
+        "args": ["-c", "from fanfold.cli import main; main()", "mcp", *options],
+    }
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"fanfold": server}}))
+    TrustStore.default().trust(project / ".mcp.json")
+    declared = declared_servers(project).servers
+    async with McpHub.open(declared, cwd=project) as hub:
+        tools = await _tools(hub)
+        assert "delegate_task" in tools
+        tail = hub.servers["fanfold"].stderr_tail()
+    assert "not starting MCP servers of its own" in tail

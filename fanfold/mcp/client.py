@@ -62,6 +62,8 @@ STDERR_TAIL = 2_000
 SHUTDOWN_GRACE = 2.0
 """Seconds a server has to exit after its stdin closes, before it is killed."""
 PREFIX = "mcp__"
+UNDER_FANFOLD = "FANFOLD_MCP_PARENT"
+"""Set in a stdio server's environment: a ``fanfold mcp`` seeing it starts no servers."""
 
 
 def mcp_tool_name(server: str, tool: str) -> str:
@@ -231,6 +233,9 @@ class McpServer:
         declaration = self.declaration
         env = self.hub.env_policy.command_env(self.hub.environ)
         env.update(self._expanded(declaration.env, "env"))
+        # A `fanfold mcp` started as a server of this one starts no servers of its own:
+        # a project whose .mcp.json names fanfold itself would otherwise chain them.
+        env[UNDER_FANFOLD] = "1"
         cwd = Path(self.hub.cwd, declaration.cwd) if declaration.cwd else Path(self.hub.cwd)
         lifeline_r, lifeline_w = os.pipe()
         status_r, status_w = os.pipe()
