@@ -56,37 +56,44 @@ async def mcp_tools(
         yield tools
 
 
+def recorded_declarations(
+    trees: Sequence[tuple[str, Sequence[Any]]], config_path: Path | None
+) -> tuple[Any, ...]:
+    """For ``resume`` and ``send``: the servers declared now in the folders of the trees
+    (``(cwd, recorded tool specs)`` each) that recorded MCP tools; a name declared in
+    two folders is the first folder's."""
+    from fanfold.statemachine.permissions import MCP_PREFIX
+
+    declared: dict[str, Any] = {}
+    for cwd in dict.fromkeys(
+        cwd for cwd, specs in trees if any(s.name.startswith(MCP_PREFIX) for s in specs)
+    ):
+        for declaration in declarations_for(Path(cwd), config_path):
+            declared.setdefault(declaration.name, declaration)
+    return tuple(declared.values())
+
+
 @asynccontextmanager
 async def recorded_mcp_tools(
     trees: Sequence[tuple[str, Sequence[Any]]],
-    config_path: Path | None,
+    declarations: Sequence[Any],
     env_policy: EnvPolicy,
 ) -> AsyncIterator[list[Any]]:
-    """For ``resume``: the MCP tools the trees recorded (``(cwd, tool specs)`` each),
-    bound to the servers their folders declare now; a server starts only when a
-    resumed call needs it (a project's only if trusted)."""
-    from fanfold.mcp.client import PREFIX
-
-    wanted = [(cwd, [s for s in specs if s.name.startswith(PREFIX)]) for cwd, specs in trees]
-    wanted = [(cwd, specs) for cwd, specs in wanted if specs]
-    if not wanted:
-        yield []
-        return
-    declared: dict[str, Any] = {}
-    for cwd, _ in wanted:
-        for declaration in declarations_for(Path(cwd), config_path):
-            declared.setdefault(declaration.name, declaration)
-    if not declared:
+    """For ``resume`` and ``send``: the MCP tools the trees recorded, bound to
+    ``declarations`` (``recorded_declarations``); a server starts only when a resumed
+    call needs it (a project's only if trusted)."""
+    if not declarations:
         yield []
         return
     from fanfold.mcp.client import McpHub
 
+    first = next((cwd for cwd, _ in trees), ".")
     async with McpHub.open(
-        declared.values(), cwd=wanted[0][0], env_policy=env_policy, environ=os.environ
+        declarations, cwd=first, env_policy=env_policy, environ=os.environ
     ) as hub:
         names: set[str] = set()
         tools = []
-        for _, specs in wanted:
+        for _, specs in trees:
             for tool in hub.tools_for(specs):
                 if tool.spec.name not in names:
                     names.add(tool.spec.name)

@@ -14,7 +14,7 @@ from fanfold.cli.database import db_option, db_path
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import recorded_mcp_tools
+from fanfold.cli.mcp_tools import recorded_declarations, recorded_mcp_tools
 from fanfold.cli.models import (
     ModelChoice,
     ProviderPerTree,
@@ -26,6 +26,7 @@ from fanfold.cli.output import console, err_console, hint, quietly, say
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.db import Store
 from fanfold.db.provenance import UserKey
+from fanfold.mcp.config import secret_variables
 from fanfold.providers.config import ConfigError
 from fanfold.providers.description import DescriptionError, ProviderDescription
 from fanfold.providers.scripted import ScriptError
@@ -156,10 +157,15 @@ async def _resume_main(
             per_tree.by_root[root_id] = choice.provider
             chosen.append(root_id)
     used = [override] if override is not None else list(choices.values())
+    # The MCP servers the trees' recorded tools name: the variables their env and
+    # headers take are kept from bash and redacted, like key variables.
+    servers = recorded_declarations(recorded_tools, config_path)
+    server_secrets = secret_variables(servers)
     policy = EnvPolicy(
-        frozenset().union(*(c.env_policy.key_variables for c in used)),
+        frozenset().union(*(c.env_policy.key_variables for c in used)) | server_secrets,
         # A variable passes only if every configuration resumed here lets it pass.
-        frozenset.intersection(*(c.env_policy.pass_env for c in used)) if used else frozenset(),
+        (frozenset.intersection(*(c.env_policy.pass_env for c in used)) if used else frozenset())
+        - server_secrets,
     )
     # A domain is fetched from only if every configuration resumed here allows it.
     web_domains = (
@@ -171,7 +177,7 @@ async def _resume_main(
         # bash commands are stopped.
         with stop_signal_receiver(stop) as signals:
             async with (
-                recorded_mcp_tools(recorded_tools, config_path, policy) as extra,
+                recorded_mcp_tools(recorded_tools, servers, policy) as extra,
                 Runtime.open(
                     path,
                     override.provider if override is not None else per_tree,

@@ -15,6 +15,7 @@ from fanfold.cli.logs import open_logs
 from fanfold.cli.mcp_tools import (
     declarations_for,
     mcp_tools,
+    recorded_declarations,
     recorded_mcp_tools,
     with_server_secrets,
 )
@@ -256,8 +257,10 @@ def send(
         with Store.open(path) as store:
             state = store.load_state(conversation_id)
         recorded = ((state.cwd, state.tools),)
+        servers = recorded_declarations(recorded, config_path)
+        choice = with_server_secrets(choice, servers)
         result = run_trio(
-            _send_main, path, choice, conversation_id, text, not no_live, recorded, config_path
+            _send_main, path, choice, conversation_id, text, not no_live, recorded, servers
         )
     print_result(*result, db=path)
 
@@ -285,14 +288,14 @@ async def _send_main(
     text: str,
     live: bool,
     recorded: tuple[tuple[str, Any], ...] = (),
-    config_path: Path | None = None,
+    servers: tuple[Any, ...] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
         with stop_signal_receiver(stop) as signals:  # open until the runtime shut down
             async with (
                 # The tree's recorded MCP tools, on the servers its folder declares now.
-                recorded_mcp_tools(recorded, config_path, choice.env_policy) as extra,
+                recorded_mcp_tools(recorded, servers, choice.env_policy) as extra,
                 Runtime.open(
                     path,
                     choice.provider,
