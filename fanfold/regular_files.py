@@ -21,7 +21,7 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -69,9 +69,7 @@ def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> b
         os.close(fd)
 
 
-def open_regular_text(path: str | os.PathLike[str], *, newline: str | None = None) -> TextIO:
-    """The regular file ``path`` opened for reading UTF-8 text (``newline`` as
-    ``open``'s), never blocking on a FIFO; ``NotARegularFile`` for anything else."""
+def _open_regular_fd(path: str | os.PathLike[str]) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -81,7 +79,19 @@ def open_regular_text(path: str | os.PathLike[str], *, newline: str | None = Non
     except BaseException:
         os.close(fd)
         raise
-    return open(fd, encoding="utf-8", newline=newline)
+    return fd
+
+
+def open_regular_text(path: str | os.PathLike[str], *, newline: str | None = None) -> TextIO:
+    """The regular file ``path`` opened for reading UTF-8 text (``newline`` as
+    ``open``'s), never blocking on a FIFO; ``NotARegularFile`` for anything else."""
+    return open(_open_regular_fd(path), encoding="utf-8", newline=newline)
+
+
+def open_regular_bytes(path: str | os.PathLike[str]) -> BinaryIO:
+    """The regular file ``path`` opened for reading bytes, never blocking on a FIFO;
+    ``NotARegularFile`` for anything else."""
+    return open(_open_regular_fd(path), "rb")
 
 
 def is_special(path: str | os.PathLike[str]) -> bool:

@@ -354,3 +354,48 @@ def test_replacing_the_prompt_with_nothing_is_a_warning() -> None:
     ]
     kept, none = _parse("---\nname: x\ndescription: y\nprompt_mode: replace\n---\nBe brief.\n")
     assert kept is not None and none == []
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "-rf", "_x", "a" * 65])
+def test_a_name_that_is_no_identifier_is_refused(name: str) -> None:
+    """Issue 22, item 17: `..` was a valid agent name. A name starts with an ASCII
+    letter or digit and has at most 64 characters."""
+    definition, problems = _parse(f"---\nname: '{name}'\ndescription: y\n---\n")
+    assert definition is None
+    assert problems == [
+        f"a.md:2: name {name!r}: start with a letter or digit; at most 64 characters"
+    ]
+
+
+@pytest.mark.parametrize("name", ["a", "reviewer", "x.y-z_2", "2fast", "a" * 64])
+def test_identifier_names_are_accepted(name: str) -> None:
+    definition, problems = _parse(f"---\nname: '{name}'\ndescription: y\n---\n")
+    assert definition is not None and definition.name == name, problems
+
+
+def test_a_link_to_a_file_outside_the_folder_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    """Issue 22, item 17: an agent file that is a symbolic link to a file outside its
+    folder (a cloned repository's link to the user's files) was read and became an
+    agent's prompt. It is skipped, with a warning naming where it leads; a link to a
+    file inside the folder, and a folder that is itself a link, still work."""
+    secret = tmp_path / "secret.md"
+    secret.write_text(_agent("stolen", "the user's private file"))
+    real = tmp_path / "real-agents"
+    _write(real, "inside.md", _agent("inside", "fine"))
+    (real / "alias.md").symlink_to(real / "inside.md")
+    (real / "outside.md").symlink_to(secret)
+    (real / "relative.md").symlink_to(Path("..") / "secret.md")
+    project = tmp_path / "project"
+    (project / ".fanfold").mkdir(parents=True)
+    (project / ".fanfold" / "agents").symlink_to(real)  # the folder itself is a link
+    catalog = load_agents(project, {"HOME": str(tmp_path / "nohome")})
+    names = {a.name for a in catalog.agents}
+    assert "inside" in names and "stolen" not in names
+    found = {Path(p.path).name: p for p in catalog.problems}
+    for link in ("outside.md", "relative.md"):
+        assert found[link].warning is True
+        assert found[link].message == f"a symbolic link to {secret}, outside this folder; ignored"
+    # The link inside the folder is read (a second file of the name: its usual warning).
+    assert "also defined in" in found["inside.md"].message or "also defined in" in (
+        found["alias.md"].message
+    )

@@ -38,7 +38,10 @@ from fanfold.statemachine.delegation import SUMMARY_HEADER
 
 # What must never reach a terminal raw: C0 controls but tab and newline, DEL, C1
 # controls, bidirectional controls, lone surrogates.
-RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+RAW = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+    "\u2066-\u2069\ud800-\udfff]"
+)
 HALF_EMOJI = "\ud83d"
 
 
@@ -144,6 +147,7 @@ def _views(tmp: Path, text: str) -> dict[str, str]:
 @example(text="{")  # braces in the text must not confuse finding the state document
 @example(text="\x9b[31m\u202eevil\x1b]0;title\x07\r")
 @example(text="\x1b[31m[red]not markup[/red] \udfff\ud800")
+@example(text="one\u2028two\u2029three\u061c\x85")  # separators, a bidi mark, NEL
 def test_every_view_renders_any_text_printable(tmp_path_factory: Any, text: str) -> None:
     tmp = tmp_path_factory.mktemp("views")
     outputs = _views(tmp, text)
@@ -255,6 +259,8 @@ def test_show_gives_a_failed_childs_typed_kind_apart_from_its_text(tmp_path: Pat
     assert claimed["failure"] == {"kind": "submitted_error", "reason": None}
     assert slow["failure"] == {"kind": "timed_out", "reason": "timeout"}
     assert tree["failure"] is None
+    # Only a refusal has a refusal's fields (item 15 of issue 22).
+    assert claimed["refusal"] is None and slow["refusal"] is None and tree["refusal"] is None
     shown = _invoke(runner, "show", root.id, "--db", db).output
     assert "submitted_error → timed out" in shown
     assert "timed_out (cancelled by timeout) → " in shown
@@ -491,12 +497,12 @@ def test_the_live_view_counts_down_to_a_retry_and_names_the_error() -> None:
 
     shown = rendered()
     assert "AwaitingRetry" not in shown
-    assert "rate_limit error, retrying in 45s (attempt 2)" in shown
+    assert "rate limited, retrying in 45s (attempt 2)" in shown
     now[0] += 30.5
     assert "retrying in 15s" in rendered()
     now[0] += 60
     assert "retrying in 0s" in rendered()  # overdue: never a negative count
-    assert display.describe(after) == "rate_limit error, waiting to retry (attempt 2)"
+    assert display.describe(after) == "rate limited, waiting to retry (attempt 2)"
 
 
 def test_the_live_view_says_when_a_parent_summarises_and_why_it_waits() -> None:
@@ -519,7 +525,7 @@ def test_the_live_view_says_when_a_parent_summarises_and_why_it_waits() -> None:
     console.print(view.render())
     assert isinstance(console.file, io.StringIO)
     shown = console.file.getvalue()
-    assert "summary for sub-agents: server_error error, retrying in 20s (attempt 2)" in shown
+    assert "summary for sub-agents: server error, retrying in 20s (attempt 2)" in shown
 
 
 def test_show_gives_cached_tokens_and_costs_at_the_profiles_prices(tmp_path: Path) -> None:
@@ -728,3 +734,126 @@ def test_show_json_never_writes_nan_or_infinity_from_a_log(tmp_path: Path) -> No
     data = json.loads(output, parse_constant=no_constant)
     assert data["duration"] is None
     assert "done" in _invoke(runner, "show", root.id, "--db", db).output
+
+
+# Anthropic's stop_details of a refusal: an object the log keeps as canonical JSON.
+CYBER = json.dumps({"category": "cyber", "explanation": "I can't help with that exploit."})
+
+
+def test_a_refusal_shows_its_category_and_explanation_not_json(tmp_path: Path) -> None:
+    """Issue 22, item 15: a refusal whose stop_details is Anthropic's object is shown
+    as `refused (cyber): <explanation>` by run (root and live view) and show; show
+    --json gives the category and explanation as fields, the outcome as recorded."""
+    spawn = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "declines"}]}}
+    refused = {"text": "", "stop_reason": "refusal", "stop_details": CYBER}
+    script = _write(
+        tmp_path / "refuse.json",
+        {
+            "latency": 0,
+            "agents": [
+                {"match": {"path": "root"}, "replies": [{"tool_calls": [spawn]}, refused]},
+                {"match": {"path": "root/1"}, "replies": [refused]},
+            ],
+        },
+    )
+    db = str(tmp_path / "refuse.db")
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", "--no-live", "--db", db, "--script", str(script), "go"])
+    assert ran.exit_code == 1, ran.output
+    # The root's error and, in the tree drawn once at the end, the sub-agent's.
+    assert "refused (cyber): I can't help with that exploit." in ran.output
+    assert "failed: refused (cyber)" in ran.output
+    assert '"category"' not in ran.output and "{" not in ran.output
+    with Store.open(Path(db)) as store:
+        (root,) = store.list_roots()
+    shown = _invoke(runner, "show", root.id, "--db", db).output
+    assert "refused (cyber) → I can't help with that exploit." in shown
+    assert '"category"' not in shown
+    tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
+    (child,) = tree["children"]
+    for node in (tree, child):
+        assert node["failure"] == {"kind": "refused", "reason": None}
+        assert node["refusal"] == {
+            "category": "cyber",
+            "explanation": "I can't help with that exploit.",
+        }
+        assert node["outcome"] == f"the model refused the request: {CYBER}"
+
+
+def test_a_refusal_in_plain_words_is_its_own_explanation(tmp_path: Path) -> None:
+    """A provider that explains in words (OpenAI's `refusal`, a scripted one): no
+    category, the words as the explanation."""
+    script = _write(
+        tmp_path / "words.json",
+        {
+            "latency": 0,
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [{"stop_reason": "refusal", "stop_details": "not allowed"}],
+                }
+            ],
+        },
+    )
+    db = str(tmp_path / "words.db")
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", "--no-live", "--db", db, "--script", str(script), "go"])
+    assert "refused: not allowed" in ran.output
+    with Store.open(Path(db)) as store:
+        (root,) = store.list_roots()
+    tree = json.loads(_invoke(runner, "show", root.id, "--json", "--db", db).output)
+    assert tree["refusal"] == {"category": None, "explanation": "not allowed"}
+
+
+@pytest.mark.parametrize("kind", list(ErrorKind))
+def test_a_retry_countdown_names_its_error_in_words(kind: ErrorKind) -> None:
+    """Issue 22, item 15: `server error, retrying in 1s`, never `server_error error`."""
+    words = display.retried(kind)
+    assert "_" not in words and "error error" not in words
+
+
+def test_ls_marks_forks_and_imported_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22, item 18: `ls` listed a fork and an imported tree like any other. An
+    origin column says `fork of ID@SEQ` or `imported`; `ls --json` gives origin,
+    forked_from, forked_at_seq and imported_from."""
+    script = _write(
+        tmp_path / "s.json",
+        {"latency": 0, "agents": [{"match": {"path": "root"}, "replies": [{"text": "hi"}]}]},
+    )
+    db = str(tmp_path / "ls.db")
+    runner = CliRunner()
+    _, root = _run_tree(runner, db, "--script", str(script), "go")
+    fork = _invoke(runner, "fork", root.id, "--at", "2", "--id", "f1", "--db", db)
+    assert fork.stdout.strip() == "f1"
+    exported = tmp_path / "tree.jsonl"
+    other = str(tmp_path / "other.db")
+    _invoke(runner, "export", root.id, "-o", str(exported), "--db", db)
+    _invoke(runner, "import", str(exported), "--db", other)
+    _invoke(runner, "fork", root.id, "--at", "2", "--id", "f2", "--db", other)
+    # The console's width is fixed when it is made (rich reads COLUMNS then), so set it.
+    from fanfold.cli import output
+
+    monkeypatch.setattr(output.console, "width", 200)
+    listed = runner.invoke(cli, ["ls", "--db", other]).output
+    lines = {line.split("│")[1].strip(): line for line in listed.splitlines() if "│" in line}
+    assert "imported" in lines[root.id] and "fork of" not in lines[root.id]
+    assert f"fork of {root.id}@2" in lines["f2"]
+    here = runner.invoke(cli, ["ls", "--db", db]).output
+    mine = next(line for line in here.splitlines() if line.startswith(f"│ {root.id}"))
+    assert "imported" not in mine and "fork of" not in mine
+    as_json = json.loads(_invoke(runner, "ls", "--json", "--db", other).output)
+    by_id = {item["id"]: item for item in as_json}
+    assert by_id[root.id]["origin"] == "imported"
+    assert by_id[root.id]["imported_from"] == str(exported.resolve())
+    assert (by_id["f2"]["origin"], by_id["f2"]["forked_from"], by_id["f2"]["forked_at_seq"]) == (
+        "fork",
+        root.id,
+        2,
+    )
+    assert by_id["f2"]["imported_from"] is None
+    assert {item["sub_agents"] for item in as_json} == {0}
+    plain = json.loads(_invoke(runner, "ls", "--json", "--db", db).output)
+    assert {(i["id"], i["origin"]) for i in plain} == {(root.id, "run"), ("f1", "fork")}
+    (tmp_path / "empty.db").touch()  # a run stopped before its first write
+    empty = _invoke(runner, "ls", "--json", "--db", str(tmp_path / "empty.db")).output
+    assert json.loads(empty) == []

@@ -113,9 +113,10 @@ def test_a_file_the_user_names_is_the_users(project: Path, monkeypatch: pytest.M
     assert load_config().profile("p").base_url == "http://127.0.0.1:8080/v1"
 
 
-def test_a_keyless_profile_or_pass_env_needs_trust_too(project: Path) -> None:
-    """A project's server drives the tools (bash) whether or not a key goes to it, and
-    pass_env hands secrets to bash commands: both need trust."""
+def test_a_keyless_profile_pass_env_or_web_domains_need_trust_too(project: Path) -> None:
+    """A project's server drives the tools (bash) whether or not a key goes to it,
+    pass_env hands secrets to bash commands, web_fetch domains are a way out for what
+    the model read: all need trust."""
     (project / "fanfold.toml").write_text(
         '[profiles.p]\nprovider = "openai"\nbase_url = "http://127.0.0.1:8080/v1"\nmodel = "m"\n'
     )
@@ -128,6 +129,11 @@ def test_a_keyless_profile_or_pass_env_needs_trust_too(project: Path) -> None:
         load_config()
     TrustStore.default().trust(project / "fanfold.toml")
     assert load_config().pass_env == ("AWS_SECRET_ACCESS_KEY",)
+    (project / "fanfold.toml").write_text(
+        '[tools.web_fetch]\ndomains = ["attacker.example"]\n[profiles.p]\nprovider = "scripted"\n'
+    )
+    with pytest.raises(UntrustedConfig, match=r"web_fetch reach attacker\.example"):
+        load_config()
 
 
 # ------------------------------------------------------------------ the record

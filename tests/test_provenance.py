@@ -228,6 +228,25 @@ def test_a_tree_resumes_with_its_recorded_script_and_refuses_a_changed_one(
         assert state.history[-1].text == ANSWER  # type: ignore[union-attr]
 
 
+def test_resume_prints_the_answer_of_each_tree_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22, item 18: `resume` drew the tree and stopped; the answer it waited for
+    was only in `fanfold show`. It prints each finished tree's answer as `run` does."""
+    db = tmp_path / "log.db"
+    pids = tmp_path / "pids"
+    with _crashed_mid_bash(tmp_path, db, _script(tmp_path, pids), pids) as root:
+        pass
+    from fanfold.cli import output
+
+    monkeypatch.setattr(output.console, "width", 200)  # fixed when the console was made
+    resumed = CliRunner().invoke(cli, ["resume", "--db", str(db)])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"answer of {root}" in resumed.stdout
+    assert resumed.stdout.index(f"answer of {root}") < resumed.stdout.index(ANSWER)
+    assert f"inspect it with: fanfold show {root} --db {db}" in resumed.stdout
+
+
 def test_an_explicit_script_overrides_the_recorded_one_and_is_recorded(tmp_path: Path) -> None:
     db = tmp_path / "log.db"
     pids = tmp_path / "pids"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -18,7 +19,7 @@ from replay_helpers import FifoReader, edit, write
 
 from fanfold.cli import cli
 from fanfold.db import SCHEMA_VERSION, Store
-from fanfold.statemachine import AbortCall, Conversation, ToolFinished
+from fanfold.statemachine import AbortCall, Conversation, StartTimer, TimerFired, ToolFinished
 
 REDUCER = importlib.import_module("fanfold.statemachine.transition")
 
@@ -294,3 +295,102 @@ def test_export_and_trace_never_write_over_the_log(db: Path, tmp_path: Path) -> 
     assert db.read_bytes() == before
     assert not (tmp_path / "log.db-wal").exists()
     assert run("trace", "r", "-o", tmp_path / "r.html", "--db", db).exit_code == 0
+
+
+def test_a_binary_file_is_refused_with_its_line_and_byte(db: Path, tmp_path: Path) -> None:
+    """Issue 22, item 17: importing a binary file said only "'utf-8' codec can't
+    decode byte 0xf0 in position 40" (a position in some buffer, no line)."""
+    exported = run("export", "r", "--db", db).stdout.encode()
+    first, rest = exported.split(b"\n", 1)
+    third = rest.index(b"\n") + len(first) + 2  # where line 3 starts
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(exported[:third] + b'{"record": "st\xffep"}\n' + exported[third:])
+    other = tmp_path / "other.db"
+    line = one_error_line(run("import", broken, "--db", other))
+    assert line == (
+        "error: line 3: byte 15 (0xff) is not UTF-8 text: not an export of a fanfold log; "
+        "nothing was imported"
+    )
+    binary = tmp_path / "python.jsonl"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(128, 256)))
+    line = one_error_line(run("import", binary, "--db", other))
+    assert line.startswith("error: line 1: byte 9 (0x80) is not UTF-8 text")
+    with Store.open(other) as store:
+        assert store.list_roots() == []
+
+
+def test_an_export_with_a_byte_order_mark_imports(db: Path, tmp_path: Path) -> None:
+    """Issue 22, item 17: an export saved by an editor that writes a UTF-8 byte-order
+    mark was refused ("line 1: not valid JSON"). The mark is ignored; the sha256
+    recorded is the file's own, mark included. From stdin too."""
+    exported = run("export", "r", "--db", db).stdout.encode()
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + exported)
+    other = tmp_path / "other.db"
+    imported = run("import", marked, "--db", other)
+    assert imported.exit_code == 0, imported.output
+    assert imported.stdout.strip() == "r"
+    with Store.open(other) as store:
+        record = store.tree_record("r")
+        assert record is not None
+        assert record.source_sha256 == hashlib.sha256(marked.read_bytes()).hexdigest()
+    assert run("replay", "r", "--verify", "--tree", "--db", other).exit_code == 0
+    piped = CliRunner().invoke(
+        cli, ["import", "-", "--db", str(tmp_path / "piped.db")], input=marked.read_bytes()
+    )
+    assert piped.exit_code == 0, piped.output
+
+
+def test_step_names_the_timer_an_abort_stops_and_a_timer_that_fires(tmp_path: Path) -> None:
+    """Issue 22, item 18: the end of a child's deadline backstop (its parent's timer,
+    stopped when the child reports) was shown as `AbortCall(call=1)`, which reads like
+    a model call being aborted. The reducer numbers calls and timers from one counter
+    and AbortCall stops either: the step view names what the number was, with --at
+    too, and a TimerFired says which timer ran out."""
+    spawn = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "a", "timeout": 60}]}}
+    script = tmp_path / "s.json"
+    script.write_text(
+        json.dumps(
+            {
+                "latency": 0,
+                "agents": [
+                    {
+                        "match": {"path": "root"},
+                        "replies": [{"tool_calls": [spawn]}, {"text": "done"}],
+                    },
+                    {
+                        "match": {"path": "root/1"},
+                        "replies": [
+                            {
+                                "tool_calls": [
+                                    {"name": "submit_result", "arguments": {"result": "x"}}
+                                ]
+                            }
+                        ],
+                    },
+                ],
+            }
+        )
+    )
+    db = tmp_path / "timers.db"
+    assert run("run", "--no-live", "--script", script, "--db", db, "go").exit_code == 0
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+    stepped = run("replay", root.id, "--step", "--tree", "--db", db).stdout
+    parent = f"AbortCall(call=1) stops timer 'deadline of {root.id}.1' (90 s)"
+    assert parent in stepped
+    assert "AbortCall(call=0) stops timer 'time limit' (60 s)" in stepped  # the child's
+    # --at replays the steps before it (unseen) to know the number.
+    at = run("replay", root.id, "--at", "3", "--db", db).stdout
+    assert parent in at and "seq 2" not in at
+    # A timer that fires, and a number the steps shown never issued.
+    from fanfold.replay import render
+
+    numbers = render.Numbers()
+    numbers.learn("c", (StartTimer(0, 60.0, "time limit"),))
+    assert numbers.describe("c", TimerFired(0)) == (
+        "TimerFired(timer=0): timer 'time limit' (60 s) ran out"
+    )
+    assert numbers.describe("c", AbortCall(7)) == (
+        "AbortCall(call=7) stops a number issued before these steps"
+    )

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -315,3 +318,66 @@ def test_a_line_is_compact_json_with_an_iso_utc_timestamp_and_odd_values_as_text
 
         at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
         assert before - 1e-6 <= at <= after + 1e-6
+
+
+_PLAIN_SCRIPT = """
+import sys
+import trio
+from fanfold.providers.scripted import ScriptedProvider
+from fanfold.runtime import Runtime
+from fanfold.runtime.logging import configure
+from fanfold.tools.registry import ToolSet
+
+if sys.argv[1:]:  # what the CLI does: configure() first
+    configure(json_file=sys.argv[1], console=None, file_level=10)
+
+async def main() -> None:
+    script = {"latency": 0, "agents": [{"match": {"path": "root"}, "replies": [{"text": "hi"}]}]}
+    async with Runtime.open(":memory:", ScriptedProvider(script), ToolSet.default()) as rt:
+        root = await rt.start("hello")
+        await rt.wait(root)
+    if not sys.argv[1:]:
+        from fanfold.runtime.logging import library_logger
+
+        library_logger().info("not_shown_info")
+        library_logger().warning("shown_warning", n=1)
+
+trio.run(main)
+"""
+
+
+def _plain_python(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "plain.py"
+    path.write_text(_PLAIN_SCRIPT)
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
+    env.pop("FANFOLD_KEY_FILE", None)
+    done = subprocess.run(
+        [sys.executable, str(path), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_runtime_in_a_plain_python_script_prints_nothing_to_stdout(tmp_path: Path) -> None:
+    """Issue 22, item 16: without configure(), structlog's default printed every debug
+    `transition` line to the program's stdout. The library default is quiet: nothing
+    on stdout, warnings and above on stderr (the stdlib's lastResort), nothing below."""
+    done = _plain_python(tmp_path)
+    assert done.stdout == ""
+    assert "shown_warning" in done.stderr and "n=1" in done.stderr
+    assert "not_shown_info" not in done.stderr and "transition" not in done.stderr
+
+
+def test_configure_still_routes_the_runtime_lines(tmp_path: Path) -> None:
+    """The CLI's configure() keeps working: at debug the JSON file gets the lifecycle
+    and transition lines; stdout stays empty."""
+    log_file = tmp_path / "log.jsonl"
+    done = _plain_python(tmp_path, str(log_file))
+    assert done.stdout == ""
+    events = {json.loads(line)["event"] for line in log_file.read_text().splitlines()}
+    assert {"conversation_started", "transition", "model_call"} <= events

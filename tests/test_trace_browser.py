@@ -310,3 +310,31 @@ def test_ui_without_the_token_shows_a_refusal(browser: Any, tmp_path: Path) -> N
             page.goto("about:blank")
     finally:
         context.close()
+
+
+def test_a_refusal_shows_its_category_and_explanation(page: Any, tmp_path: Path) -> None:
+    """Issue 22, item 15: the detail of a refused agent, and its parent's list of the
+    outcomes it received, say `refused: cyber` and the explanation, not the JSON."""
+    details = '{"category": "cyber", "explanation": "Not with exploits."}'
+    spawn = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "declines"}]}}
+    script = {
+        "latency": 0,
+        "agents": [
+            {"match": {"path": "root"}, "replies": [{"tool_calls": [spawn]}, {"text": "ok"}]},
+            {
+                "match": {"path": "root/1"},
+                "replies": [{"stop_reason": "refusal", "stop_details": details}],
+            },
+        ],
+    }
+    db, root = run_script(tmp_path, script)
+    open_trace(page, write_trace(tmp_path, db, root))
+    detail = page.locator("#detail")
+    received = detail.inner_text()
+    assert "failed (refused: cyber)" in received and "Not with exploits." in received
+    assert '"category"' not in received
+    page.locator("#rows .row.failed").click()
+    shown = detail.inner_text()
+    assert "failed (refused: cyber)" in shown and "Not with exploits." in shown
+    assert '"category"' not in shown
+    screenshot(page, "refusal")

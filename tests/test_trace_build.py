@@ -218,3 +218,42 @@ def test_default_output_name_stays_here() -> None:
     assert default_output("abc.1") == Path("trace-abc.1.html")
     assert default_output("../../etc/passwd") == Path("trace-_.._etc_passwd.html")
     assert default_output("..").parent == Path(".")
+
+
+def test_a_refusal_gives_its_category_and_explanation_apart(tmp_path: Path) -> None:
+    """Issue 22, item 15: the page's outcome of a refused agent (and the outcome its
+    parent received) carries the refusal's category and explanation as fields, not
+    only the error text with Anthropic's stop_details JSON in it."""
+    details = json.dumps({"category": "cyber", "explanation": "Not with exploits."})
+    refused = {"text": "", "stop_reason": "refusal", "stop_details": details}
+    spawn = {"name": "spawn_agents", "arguments": {"tasks": [{"task": "declines"}]}}
+    script = {
+        "latency": 0,
+        "agents": [
+            {"match": {"path": "root"}, "replies": [{"tool_calls": [spawn]}, {"text": "ok"}]},
+            {"match": {"path": "root/1"}, "replies": [refused]},
+        ],
+    }
+    db, root = run_script(tmp_path, script)
+    with Store.open(db, read_only=True) as store:
+        data = build_trace(store, root)
+    child = agent(data, ".1")
+    assert child["outcome"]["kind"] == "refused"
+    assert (child["outcome"]["category"], child["outcome"]["explanation"]) == (
+        "cyber",
+        "Not with exploits.",
+    )
+    (received,) = agent(data, "")["child_outcomes"]
+    assert (received["category"], received["explanation"]) == ("cyber", "Not with exploits.")
+    assert "category" not in agent(data, "")["outcome"]  # an answer is no refusal
+
+
+def test_steps_name_what_an_abort_stops(trace: dict[str, Any]) -> None:
+    """Issue 22, item 18: an AbortCall in the page's steps names the timer or call its
+    number was (`stops timer 'deadline of ...'`), as `replay --step` does."""
+    aborts = [e for row in trace["steps"] for e in row[5] if e.startswith("AbortCall(")]
+    assert aborts
+    assert all(
+        " stops timer '" in e or " stops model call" in e or " stops tool" in e for e in aborts
+    )
+    assert not any("issued before these steps" in e for e in aborts)

@@ -532,6 +532,26 @@ def test_a_closed_port_fails_at_the_first_connection_attempt(
     assert attempts == [("127.0.0.1", port)]
 
 
+def test_an_endpoint_s_credentials_are_not_echoed(marks_log: tuple[Path, str]) -> None:
+    """An endpoint given as http://user:password@host was echoed whole in the failure
+    (and success) messages; the credentials are shown as ***."""
+    from fanfold.otel import ExportFailed, send_otlp, shown_url
+
+    db, root = marks_log
+    port = closed_port()
+    with pytest.raises(ExportFailed) as refused:
+        send_otlp(spans_of(db, root), f"http://otel:s3cret@127.0.0.1:{port}")
+    assert "s3cret" not in str(refused.value) and "otel:" not in str(refused.value)
+    assert f"http://***@127.0.0.1:{port}/v1/traces" in str(refused.value)
+    done = CliRunner().invoke(
+        cli,
+        ["export", root, "--db", str(db), "--format", "otlp", "--endpoint",
+         f"http://otel:s3cret@127.0.0.1:{port}"],
+    )  # fmt: skip
+    assert done.exit_code == 2 and "s3cret" not in done.output
+    assert shown_url("https://a.example/v1/traces") == "https://a.example/v1/traces"
+
+
 @pytest.mark.parametrize("status", [200, 500])
 def test_a_huge_response_is_not_read_whole(marks_log: tuple[Path, str], status: int) -> None:
     """Issue 22, item 8: a 200 MB response body was read whole (450 MB RSS). The

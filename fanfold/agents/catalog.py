@@ -142,6 +142,17 @@ def _read_folder(
                 )
             )
             continue
+        target = _linked_outside(folder, path)
+        if target is not None:
+            problems.append(
+                AgentProblem(
+                    str(path),
+                    0,
+                    f"a symbolic link to {target}, outside this folder; ignored",
+                    warning=True,
+                )
+            )
+            continue
         text = _read(path, problems)
         if text is None:
             continue
@@ -152,6 +163,27 @@ def _read_folder(
         if definition is not None:
             found.append((definition, str(path)))
     return found
+
+
+def _linked_outside(folder: Path, path: Path) -> str | None:
+    """Where ``path`` leads, if it is a symbolic link to something outside ``folder``
+    (both resolved: the folder may itself be a link, as dotfiles often make
+    ``~/.claude/agents``); None for a plain file or a link that stays inside.
+
+    A cloned repository's ``.claude/agents/x.md -> ~/.ssh/id_ed25519`` would otherwise
+    be read as an agent's prompt and sent to the model: a definition is the folder's
+    own text, never a file elsewhere on the machine.
+    """
+    try:
+        if not path.is_symlink():
+            return None
+        base = os.path.realpath(folder)
+        target = os.path.realpath(path)
+    except (OSError, ValueError):
+        return str(path)
+    if os.path.commonpath([base, target]) == base:
+        return None
+    return target
 
 
 def _read(path: Path, problems: list[AgentProblem]) -> str | None:

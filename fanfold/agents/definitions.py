@@ -67,6 +67,9 @@ servers are ``fanfold.mcp.config``'s, which reads them from the same files)."""
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
 
+MAX_NAME_CHARS = 64
+"""The longest agent name: ASCII letters, digits, '-', '_', '.', a letter or digit first."""
+
 _ALIASES = {
     "disallowedTools": "disallowed_tools",
     "disallowed-tools": "disallowed_tools",
@@ -373,6 +376,16 @@ def _definition(
     if not name or not all(c.isalnum() or c in "-_." for c in name) or not name.isascii():
         problems.append(
             AgentProblem(path, at("name"), f"name {name!r}: use letters, digits, '-', '_', '.'")
+        )
+    elif not name[0].isalnum() or len(name) > MAX_NAME_CHARS:
+        # `..`, `.x`, `-rf`: a name is shown, logged and offered in a schema like an
+        # identifier, and must never read as a path or an option.
+        problems.append(
+            AgentProblem(
+                path,
+                at("name"),
+                f"name {name!r}: start with a letter or digit; at most {MAX_NAME_CHARS} characters",
+            )
         )
     if not matter.description.strip():
         problems.append(AgentProblem(path, at("description"), "description is empty"))

@@ -36,10 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("replay_commands", "import_command"),
     "trace": ("trace_command", "trace_command"),
     "agents": ("agents_command", "agents_command"),
+    "tools": ("tools_command", "tools_command"),
     "ui": ("ui_command", "ui_command"),
     "trust": ("trust_command", "trust_command"),
     "mcp": ("mcp_command", "mcp_command"),
-    "tools": ("tools_command", "tools_command"),
 }
 
 

@@ -14,6 +14,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from fanfold.providers.base import StreamProgress
+from fanfold.replay.render import model_refusal
 from fanfold.statemachine import (
     AssistantMessage,
     AwaitingRetry,
@@ -52,12 +53,16 @@ class Row:
 # C0 controls but tab and newline, DEL and the C1 controls: ESC starts the escape
 # sequences that clear the screen, move the cursor or retitle the window, and C1's CSI
 # (0x9b) and OSC (0x9d) do the same on some terminals.
-# Also the bidirectional-text controls (U+200E/F, U+202A-E, U+2066-9), which make a
-# terminal show text in another order than it is written.
+# Also the bidirectional-text controls (U+061C, U+200E/F, U+202A-E, U+2066-9), which
+# make a terminal show text in another order than it is written, and the line and
+# paragraph separators (U+2028/9, Unicode's only Zl and Zp characters; NEL, U+0085,
+# is a C1 control): some terminals and most editors break the line there, so a model
+# could make one line of a view look like two, or a field look like the next.
 # And lone surrogates (half of a UTF-16 pair, e.g. "\ud83d" in a model's JSON): a str
 # can hold them, but no output encoding can write them (writing one raises).
 _CONTROLS = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+    "\u2066-\u2069\ud800-\udfff]"
 )
 
 
@@ -157,13 +162,33 @@ def status_of(state: Conversation) -> tuple[str, str]:
 
 
 def outcome_text(state: Conversation) -> str:
-    """A sub-agent's result or error, once it has one."""
+    """A sub-agent's result or error (a refusal's explanation), once it has one."""
     match state.phase:
         case Completed(result=result):
             return result
-        case Failed(error=error):
-            return error
+        case Failed(error=error, kind=kind):
+            said = model_refusal(kind, error)
+            return error if said is None else said.explanation
     return ""
+
+
+# What went wrong, in words, for the kinds a model call is retried after.
+_RETRIED = {
+    "rate_limit": "rate limited",
+    "server_error": "server error",
+    "network": "network error",
+    "timeout": "timed out",
+    "malformed_response": "malformed response",
+}
+
+
+def retried(kind: str) -> str:
+    """A model error kind as words (``server_error`` -> ``server error``, ``rate_limit``
+    -> ``rate limited``): what a retry countdown says went wrong."""
+    if kind in _RETRIED:
+        return _RETRIED[kind]
+    words = str(kind).replace("_", " ")
+    return words if words.endswith("error") else f"{words} error"
 
 
 def describe(state: Conversation, retry_in: float | None = None) -> str:
@@ -176,14 +201,15 @@ def describe(state: Conversation, retry_in: float | None = None) -> str:
                 wait = "waiting to retry"
             else:
                 wait = f"retrying in {math.ceil(max(0.0, retry_in))}s"
-            return f"{error.kind} error, {wait} (attempt {attempt})"
+            return f"{retried(error.kind)}, {wait} (attempt {attempt})"
         case AwaitingSubAgents(children=Children(summary=Summary(call=int(), attempt=n))):
             return "summarising for sub-agents" + (f", attempt {n}" if n > 1 else "")
         case AwaitingSubAgents(
             children=Children(summary=Summary(timer=int(), attempt=n, kind=kind))
         ):
             wait = "" if retry_in is None else f" in {math.ceil(max(0.0, retry_in))}s"
-            return f"summary for sub-agents: {kind} error, retrying{wait} (attempt {n})"
+            what = "failed" if kind is None else retried(kind)
+            return f"summary for sub-agents: {what}, retrying{wait} (attempt {n})"
         case LlmRequesting(attempt=attempt) if attempt > 1:
             return f"model call, attempt {attempt}"
         case LlmRequesting():
@@ -194,10 +220,12 @@ def describe(state: Conversation, retry_in: float | None = None) -> str:
             return "completed without submit_result"
         case Completed():
             return "completed"
-        case Failed(kind=kind):
-            return f"failed: {kind}"
-        case Error(kind=kind):
-            return f"error: {kind}"
+        case Failed(kind=kind, error=error):
+            said = model_refusal(kind, error)
+            return f"failed: {kind if said is None else said.headline}"
+        case Error(kind=kind, error=error):
+            said = model_refusal(kind, error)
+            return f"error: {kind if said is None else said.headline}"
     return type(state.phase).__name__
 
 

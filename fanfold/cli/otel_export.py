@@ -48,14 +48,14 @@ def export_otlp(
 ) -> None:
     """Send the tree's spans; one-line errors for a missing extra or a failed send."""
     try:
-        from fanfold.otel import ExportFailed, send_otlp, traces_url, tree_spans
+        from fanfold.otel import ExportFailed, send_otlp, shown_url, traces_url, tree_spans
     except ImportError:
         raise CliError("--format otlp needs the otel extra: pip install 'fanfold[otel]'") from None
     from_env = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     target = endpoint or from_env or DEFAULT_ENDPOINT
     if not target.startswith(("http://", "https://")):
         where = "--endpoint" if endpoint else "$OTEL_EXPORTER_OTLP_ENDPOINT"
-        raise CliError(f"{where} must be an http:// or https:// URL, not {target!r}")
+        raise CliError(f"{where} must be an http:// or https:// URL, not {shown_url(target)!r}")
     spans = tree_spans(
         store,
         conversation_id,
@@ -68,7 +68,7 @@ def export_otlp(
         raise CliError(str(exc)) from None
     hint(
         f"sent {len(spans)} span(s) of tree {printable(conversation_id)} to "
-        f"{printable(traces_url(target))}"
+        f"{printable(shown_url(traces_url(target)))}"
         + ("" if capture_content else " (no prompt or output text: --capture-content adds it)")
     )
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
 import click
 from rich.highlighter import JSONHighlighter
@@ -33,7 +33,7 @@ from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp
 from fanfold.cli.output import console, err_console, hint
 from fanfold.db import DatabaseError, Store
 from fanfold.db.provenance import UserKey, refusal
-from fanfold.regular_files import open_regular_text
+from fanfold.regular_files import open_regular_bytes
 from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
 
@@ -184,7 +184,14 @@ def _show_steps(
     first_at = store.conversation(conversation_id).created_at
     diverged = False
     shown: ReplayStep | None = None
-    for step in replay.steps(store, conversation_id, at=at, until=until, tree=tree):
+    # What each call and timer number stands for, learnt from the steps before: with
+    # --at those are replayed too (not shown), so the step's AbortCall names its timer.
+    numbers = render.Numbers()
+    stepped = replay.steps(store, conversation_id, until=until if at is None else at, tree=tree)
+    for step in stepped:
+        if at is not None and (step.conversation_id != conversation_id or step.seq != at):
+            numbers.learn(step.conversation_id, step.effects)
+            continue
         label = f"{step.conversation_id} " if tree and at is None else ""
         before = type(step.before_state.phase).__name__ if step.before_state else "(new)"
         after = type(step.after_state.phase).__name__
@@ -193,13 +200,16 @@ def _show_steps(
             Text.assemble(
                 (printable(f"{label}seq {step.seq}"), "bold"),
                 f"  t+{step.at - first_at:.3f}s  ",
-                (printable(render.describe(step.event)), "cyan"),
+                (printable(numbers.describe(step.conversation_id, step.event)), "cyan"),
             ),
             soft_wrap=True,
             highlight=False,
         )
         _line(f"    {before} → {after}")
-        effects = [render.describe(e, width=30) for e in step.effects] or ["(none)"]
+        numbers.learn(step.conversation_id, step.effects)
+        effects = [numbers.describe(step.conversation_id, e, width=30) for e in step.effects] or [
+            "(none)"
+        ]
         lines = [f"    effects: {effects[0]}"] if len(effects) == 1 else ["    effects:"]
         lines += [f"      - {e}" for e in effects] if len(effects) > 1 else []
         for line in lines:
@@ -318,15 +328,16 @@ def _export_to_file(store: Store, conversation_id: str, output: Path) -> replay.
 
 
 @contextmanager
-def _lines(file: Path) -> Iterator[TextIO]:
-    """The lines of ``file`` (stdin for ``-``), opened before any database is."""
+def _lines(file: Path) -> Iterator[BinaryIO]:
+    """The lines of ``file`` (stdin for ``-``), opened before any database is.
+
+    Binary: the import decodes each line itself (a line that is not UTF-8 is refused
+    with its line number) and records the sha256 of the bytes, the file's own."""
     if str(file) == "-":
-        yield sys.stdin
+        yield sys.stdin.buffer
         return
-    # newline="": lines as they are in the file, so the sha256 recorded for the import
-    # (of the text read) is the file's own. open_regular_text: a FIFO is refused,
-    # never waited on.
-    with open_regular_text(file, newline="") as lines:
+    # open_regular_bytes: a FIFO is refused, never waited on.
+    with open_regular_bytes(file) as lines:
         yield lines
 
 

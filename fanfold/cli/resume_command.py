@@ -24,6 +24,7 @@ from fanfold.cli.models import (
 )
 from fanfold.cli.output import console, err_console, hint, quietly, say
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
+from fanfold.cli.turns import print_outcome
 from fanfold.db import Store
 from fanfold.db.provenance import UserKey
 from fanfold.mcp.config import secret_variables
@@ -31,6 +32,7 @@ from fanfold.providers.config import ConfigError
 from fanfold.providers.description import DescriptionError, ProviderDescription
 from fanfold.providers.scripted import ScriptError
 from fanfold.runtime import Runtime, SkippedTree, resume_plan
+from fanfold.statemachine import Conversation, Error
 from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import EnvPolicy
 
@@ -108,6 +110,20 @@ def _recorded_tools(store: Store, root_id: str) -> tuple[str, tuple[Any, ...]]:
     except Exception:  # a damaged tree: Runtime.resume names it
         return ".", ()
     return state.cwd, state.tools
+
+
+def _print_answers(finished: dict[str, Conversation], path: Path) -> None:
+    """Each resumed tree's outcome as ``run`` prints it: its answer, or its error."""
+
+    def show() -> None:
+        for root, state in finished.items():
+            if len(finished) > 1 or isinstance(state.phase, Error):
+                console.print(Text(f"tree {printable(root)}:", style="bold"), highlight=False)
+            print_outcome(root, state, title=f"answer of {printable(root)}")
+            shown = printable(root)
+            hint(f"inspect it with: fanfold show {shown} --db {path}", to=console, style="dim")
+
+    quietly(show)
 
 
 async def _resume_main(
@@ -210,8 +226,10 @@ async def _resume_main(
                     for root in roots:
                         await runtime.wait(root)
                     nursery.cancel_scope.cancel()
+                finished = {root: runtime.state(root) for root in roots}
             if stopped is None:
                 say(view.render(), to=console)
+                _print_answers(finished, path)
     finally:
         for choice in used:
             await choice.aclose()

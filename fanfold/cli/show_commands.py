@@ -29,9 +29,10 @@ from fanfold.cli.errors import user_errors
 from fanfold.cli.models import recorded_config
 from fanfold.cli.output import console, hint
 from fanfold.cli.turns import last_answer
-from fanfold.db import EmptyLog, Store
-from fanfold.db.provenance import UserKey, refusal
+from fanfold.db import ConversationRow, EmptyLog, Store
+from fanfold.db.provenance import Origin, UserKey, refusal
 from fanfold.providers.config import Config
+from fanfold.replay.render import Refusal, model_refusal
 from fanfold.statemachine import (
     AssistantMessage,
     Completed,
@@ -50,33 +51,79 @@ from fanfold.statemachine.permissions import mcp_server_of
 
 
 @click.command(name="ls")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @db_option
-def list_conversations(db: Path | None) -> None:
-    """List root conversations (sub-agents are shown by `fanfold show`)."""
+def list_conversations(as_json: bool, db: Path | None) -> None:
+    """List root conversations (sub-agents are shown by `fanfold show`).
+
+    The origin column marks forks (`fork of ID@SEQ`) and imported trees (inert
+    records, never resumed); it is empty for a tree started here.
+    """
+    columns = ("id", "status", "created", "sub-agents", "origin", "task")
     with user_errors():
         try:
             store = open_store(db, read_only=True)
         except EmptyLog as empty:
             # Nothing recorded yet (a run stopped before its first write): no
             # conversations, said as such, not an error.
+            if as_json:
+                click.echo("[]")
+                return
             hint(str(empty), style="dim")
-            console.print(Table("id", "status", "created", "sub-agents", "task"))
+            console.print(Table(*columns))
             return
         try:
-            table = Table("id", "status", "created", "sub-agents", "task")
-            for row in store.list_roots():
-                # Cells are plain Text: a str cell would be read as rich markup, and
-                # an id comes from the log (an imported one is anyone's text).
-                table.add_row(
-                    Text(printable(row.id)),
-                    row.status,
-                    _when(row.created_at),
-                    str(len(store.tree(row.id)) - 1),
-                    Text(short(row.task or "", 50)),
-                )
-            console.print(table)
+            listed = [_listed(store, row) for row in store.list_roots()]
         finally:
             store.close()
+    if as_json:
+        # ensure_ascii: ids and tasks are anyone's text (see show --json).
+        click.echo(json.dumps(listed, indent=2, ensure_ascii=True))
+        return
+    table = Table(*columns)
+    for item in listed:
+        # Cells are plain Text: a str cell would be read as rich markup, and an id
+        # comes from the log (an imported one is anyone's text).
+        table.add_row(
+            Text(printable(item["id"])),
+            item["status"],
+            _when(item["created_at"]),
+            str(item["sub_agents"]),
+            Text(_origin_cell(item)),
+            Text(short(item["task"] or "", 50)),
+        )
+    console.print(table)
+
+
+def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
+    """A root as ``ls --json`` gives it. ``origin``: ``run`` (started here), ``fork``
+    (``forked_from``/``forked_at_seq`` name its source) or ``imported`` (from the file
+    ``imported_from``; an imported fork keeps its source's id when the file had it)."""
+    record = store.tree_record(row.id)
+    imported = record is not None and record.origin == Origin.IMPORTED
+    origin = "imported" if imported else "fork" if row.forked_from is not None else "run"
+    return {
+        "id": row.id,
+        "status": str(row.status),
+        "created_at": row.created_at,
+        "sub_agents": len(store.tree(row.id)) - 1,
+        "origin": origin,
+        "forked_from": row.forked_from,
+        "forked_at_seq": row.forked_at_seq,
+        "imported_from": record.source if imported and record is not None else None,
+        "task": row.task,
+    }
+
+
+def _origin_cell(item: dict[str, Any]) -> str:
+    fork = (
+        f"fork of {printable(item['forked_from'])}@{item['forked_at_seq']}"
+        if item["forked_from"] is not None
+        else ""
+    )
+    if item["origin"] == "imported":
+        return "imported" + (f", {fork}" if fork else "")
+    return fork
 
 
 def _when(ts: float) -> str:
@@ -237,6 +284,13 @@ class ShowNode:
                 return kind.value, None
         return None
 
+    def refusal(self) -> Refusal | None:
+        """The category and explanation of a model's refusal, if it ended this one."""
+        match self.state.phase:
+            case Failed(error=error, kind=kind) | Error(error=error, kind=kind):
+                return model_refusal(kind, error)
+        return None
+
     def to_json(self) -> dict[str, Any]:
         state = self.state
         return {
@@ -267,6 +321,11 @@ class ShowNode:
                 None
                 if (failure := self.failure()) is None
                 else {"kind": failure[0], "reason": failure[1]}
+            ),
+            # A refusal read: the category the provider gave (or null) and the
+            # explanation; `outcome` keeps the error text as recorded.
+            "refusal": (
+                None if (said := self.refusal()) is None else attrs.asdict(said, recurse=False)
             ),
             # Agent definitions and permissions (issue 12): the agent it was spawned
             # as, the tools it was offered, the calls its permissions refused.
@@ -316,6 +375,8 @@ class ShowNode:
             # The typed kind apart from the text, which is the model's own words: a
             # sub-agent that submitted "timed out" did not time out.
             kind_text, reason = failure
+            said = self.refusal()
+            kind_text = kind_text if said is None else said.headline
             line.append(f"\n  {kind_text}" + (f" (cancelled by {reason})" if reason else ""), "red")
         if state.refused_calls:
             plural = "s" if state.refused_calls != 1 else ""
@@ -329,8 +390,9 @@ class ShowNode:
         if state.truncated:
             line.append("\n  " + CUT_OFF_NOTE, "yellow")
         if self.outcome() and not isinstance(state.phase, Idle):  # answers: below
+            said = self.refusal()
             line.append(" → " if failure is not None else "\n  → ")
-            line.append(short(self.outcome(), 200))
+            line.append(short(self.outcome() if said is None else said.explanation, 200))
         return line
 
 

@@ -14,6 +14,7 @@ from rich.text import Text
 from fanfold.cli.display import CUT_OFF_NOTE, TreeView, clip, printable, write_text
 from fanfold.cli.output import console, hint, quietly, say
 from fanfold.cli.signals import Interruption
+from fanfold.replay.render import model_refusal
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Error
 
@@ -72,23 +73,15 @@ def print_result(
                     f"[red]stopped by {interruption.name} before the cancel finished[/red]"
                 )
                 hint(f"finish the cancel with: fanfold resume --db {db}", to=console)
-            case Error(error=error, kind=kind):
-                # Model and tool text: printed as plain text, never as markup or escapes.
-                console.print(
-                    Text.assemble((f"error ({kind}): ", "red"), printable(error)), highlight=False
-                )
+            case Error():
+                print_outcome(conversation_id, state)
             case _ if interruption is not None:
                 console.print(
                     f"[yellow]cancelled by {interruption.name}: the turn and every "
                     "sub-agent still running were stopped and recorded[/yellow]"
                 )
             case _:
-                answer = last_answer(state)
-                console.rule("answer")
-                more = f"`fanfold show {conversation_id} --full` shows all of it"
-                write_text(console, clip(answer, hint=more) or "(no text)")
-                if state.truncated:
-                    hint(f"the answer was {CUT_OFF_NOTE}", to=console, style="yellow")
+                print_outcome(conversation_id, state)
         hint(f"conversation: {conversation_id}  database: {db}", to=console)
         hint(f"inspect it with: fanfold show {conversation_id} --db {db}", to=console, style="dim")
     except (OSError, SystemExit):  # the output went away (see quietly)
@@ -101,6 +94,28 @@ def print_result(
         raise SystemExit(interruption.exit_code)
     if isinstance(state.phase, Error):
         raise SystemExit(1)
+
+
+def print_outcome(conversation_id: str, state: Conversation, *, title: str = "answer") -> None:
+    """A root's latest turn as it ended: its error (typed; a refusal as its category
+    and explanation), else its answer under a ``title`` rule, cut unless short."""
+    match state.phase:
+        case Error(error=error, kind=kind):
+            # Model and tool text: printed as plain text, never as markup or escapes.
+            said = model_refusal(kind, error)
+            head, text = (
+                (f"error ({kind}): ", error)
+                if said is None
+                else (f"{said.headline}: ", said.explanation)
+            )
+            console.print(Text.assemble((head, "red"), printable(text)), highlight=False)
+        case _:
+            answer = last_answer(state)
+            console.rule(Text(title))
+            more = f"`fanfold show {printable(conversation_id)} --full` shows all of it"
+            write_text(console, clip(answer, hint=more) or "(no text)")
+            if state.truncated:
+                hint(f"the answer was {CUT_OFF_NOTE}", to=console, style="yellow")
 
 
 def last_answer(state: Conversation) -> str:

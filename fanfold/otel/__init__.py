@@ -10,7 +10,14 @@
 No prompt or output text is put in a span unless ``capture_content`` is set.
 """
 
-from fanfold.otel.export import ExportFailed, record_tree, send_otlp, traces_url, tree_spans
+from fanfold.otel.export import (
+    ExportFailed,
+    record_tree,
+    send_otlp,
+    shown_url,
+    traces_url,
+    tree_spans,
+)
 from fanfold.otel.spans import ServedBy, SpanObserver, config_served_by
 
 __all__ = [
@@ -20,6 +27,7 @@ __all__ = [
     "config_served_by",
     "record_tree",
     "send_otlp",
+    "shown_url",
     "traces_url",
     "tree_spans",
 ]

@@ -9,6 +9,7 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from opentelemetry.sdk.resources import Resource
@@ -84,6 +85,15 @@ def traces_url(endpoint: str) -> str:
     return endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
 
 
+def shown_url(url: str) -> str:
+    """``url`` as a message may show it: a ``user:password@`` in it (some collectors
+    take basic credentials so) is replaced by ``***@``."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 def send_otlp(
     spans: Sequence[ReadableSpan],
     endpoint: str,
@@ -131,7 +141,7 @@ def send_otlp(
             why = _post(client, url, gzip.compress(body) if gzipped else body, headers)
             if why is not None:
                 raise ExportFailed(
-                    f"the OTLP endpoint {url} did not take the spans "
+                    f"the OTLP endpoint {shown_url(url)} did not take the spans "
                     f"({start} of {len(spans)} sent): {why}"
                 )
 

@@ -1031,6 +1031,9 @@ def _project_problem(config: Config, environ: Mapping[str, str]) -> str | None:
             )
     if config.pass_env:
         return f"tools.bash.pass_env hands {', '.join(config.pass_env)} to bash commands"
+    if config.web_domains:
+        # A URL the model builds can carry what it read to the host that serves it.
+        return f"tools.web_fetch.domains lets web_fetch reach {', '.join(config.web_domains)}"
     return None
 
 

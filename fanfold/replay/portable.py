@@ -320,6 +320,9 @@ class _Importer:
 
     def read(self, lines: Iterable[str]) -> None:
         for number, text in enumerate(lines, 1):
+            if number == 1:
+                # A byte-order mark: not part of the JSON, written by some editors.
+                text = text.removeprefix("\ufeff")
             if not text.strip():
                 continue
             try:
@@ -511,21 +514,40 @@ class _Importer:
         return str(root)
 
 
-def _hashing(lines: Iterable[str], digest: Any) -> Iterator[str]:
-    for line in lines:
-        digest.update(line.encode("utf-8", "surrogatepass"))
-        yield line
+def _hashing(lines: Iterable[str | bytes], digest: Any) -> Iterator[str]:
+    """The lines as text, each hashed as read: the bytes of a file opened in binary
+    (the file's own sha256, a byte-order mark included), else the text's UTF-8.
+
+    A line of bytes that is not UTF-8 is refused naming its line and byte: a binary
+    file given by mistake used to fail with only the codec's "position 40" in some
+    buffer of the file."""
+    for number, line in enumerate(lines, 1):
+        if isinstance(line, bytes):
+            digest.update(line)
+            try:
+                yield line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ImportRefused(
+                    f"byte {exc.start + 1} (0x{line[exc.start]:02x}) is not UTF-8 text: not "
+                    "an export of a fanfold log; nothing was imported",
+                    line=number,
+                ) from None
+        else:
+            digest.update(line.encode("utf-8", "surrogatepass"))
+            yield line
 
 
 def import_jsonl(
     store: Store,
-    lines: Iterable[str],
+    lines: Iterable[str] | Iterable[bytes],
     *,
     source: str | None = None,
     source_sha256: str | None = None,
     now: float | None = None,
 ) -> str:
-    """Load an export (any iterable of its lines, e.g. an open file) into ``store``.
+    """Load an export (any iterable of its lines, e.g. an open file, text or binary)
+    into ``store``. A leading UTF-8 byte-order mark (some Windows editors write one)
+    is ignored; bytes that are not UTF-8 are refused with their line and position.
 
     All or nothing: every line is checked (layout, event schema versions, that every
     document decodes, seqs without gaps, a consistent tree) before anything is

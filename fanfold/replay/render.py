@@ -15,14 +15,21 @@ import attrs
 
 from fanfold.db.codec import encode
 from fanfold.statemachine import (
+    AbortCall,
     AwaitingSubAgents,
+    CallModel,
     CancellingSubAgents,
     ChildFailed,
     ChildSucceeded,
     Conversation,
+    ErrorKind,
     ModelError,
     ModelReply,
     ModelRequest,
+    RunTool,
+    ScheduleRetry,
+    StartTimer,
+    TimerFired,
     ToolCall,
     ToolExecuting,
     ToolResult,
@@ -39,6 +46,68 @@ _FINGERPRINT_FIELDS = {
     "#": "state digest (the whole state, message text included)",
     "####": "content digest (the step's event and effects)",
 }
+
+
+@attrs.frozen
+class Refusal:
+    """A model's refusal, as a person reads it: its ``category`` (``cyber``...), if the
+    provider gave one, and its ``explanation``."""
+
+    category: str | None
+    explanation: str
+
+    @property
+    def headline(self) -> str:
+        """``refused (cyber)``, or ``refused`` without a category."""
+        return f"refused ({self.category})" if self.category else "refused"
+
+    def __str__(self) -> str:
+        return f"{self.headline}: {self.explanation}"
+
+
+# How the reducer words a refusal's error (transition.py, `_refusal` and the summary's
+# refusal): the words, then the provider's stop_details as it recorded them.
+_REFUSAL_PREFIXES = ("the model refused the request: ", "the model refused to summarise: ")
+_NO_EXPLANATION = "(no explanation given)"
+
+
+def model_refusal(kind: ErrorKind | str, error: str) -> Refusal | None:
+    """The category and explanation of a failure of kind ``refused`` (None for any
+    other kind), read from its error text.
+
+    Anthropic's ``stop_details`` is an object (``{"category": "cyber", "explanation":
+    "..."}``) that the log keeps as canonical JSON inside the error text; shown raw it
+    is JSON soup. Other providers give plain words, which are the explanation. The
+    error text itself is left as recorded (replay checks it byte for byte): this is a
+    reading of it, for the views.
+    """
+    if kind != ErrorKind.REFUSED:
+        return None
+    rest = error
+    for prefix in _REFUSAL_PREFIXES:
+        if error.startswith(prefix):
+            rest = error[len(prefix) :]
+            break
+    details = _json_object(rest)
+    if details is None:
+        return Refusal(None, rest.strip() or _NO_EXPLANATION)
+    category = details.get("category")
+    category = category.strip() or None if isinstance(category, str) else None
+    explanation = details.get("explanation")
+    if isinstance(explanation, str) and explanation.strip():
+        return Refusal(category, explanation.strip())
+    # An object with no explanation: its category alone, or (neither) the text as is.
+    return Refusal(category, _NO_EXPLANATION if category else rest)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to read
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def as_json(value: Any) -> Any:
@@ -168,6 +237,52 @@ def describe(value: Any, *, width: int = 40) -> str:
         shown = _scalar(item, width)
         parts.append(f"{field.name}={shown if shown is not None else _nested(item, width)}")
     return f"{type(value).__name__}({', '.join(parts)})"
+
+
+class Numbers:
+    """What each number a conversation issued stands for, learnt from the effects of
+    its steps as they are stepped through (``replay --step``).
+
+    The reducer numbers model calls, tool runs and timers from one counter per
+    conversation, and one effect, ``AbortCall(call=N)``, stops whichever of them N is:
+    most often a timer that is no longer needed (a child's deadline backstop once the
+    child reported, a conversation's time limit once it ended). On its own the line
+    said ``AbortCall(call=1)``, which reads like a model call being aborted; with the
+    numbers known it names the timer, and ``TimerFired(timer=N)`` which timer fired.
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[tuple[str, int], str] = {}
+
+    def learn(self, conversation_id: str, effects: tuple[Any, ...]) -> None:
+        """Note what the numbers issued by these effects of ``conversation_id`` are."""
+        for effect in effects:
+            match effect:
+                case CallModel(call=call):
+                    self._names[conversation_id, call] = "model call"
+                case RunTool(call=call, tool_call=ToolCall(name=name)):
+                    self._names[conversation_id, call] = f"tool call {_short(name, 30)!r}"
+                case ScheduleRetry(timer=timer, delay=delay, attempt=attempt):
+                    self._names[conversation_id, timer] = (
+                        f"retry back-off timer ({delay:g} s, before attempt {attempt})"
+                    )
+                case StartTimer(timer=timer, delay=delay, purpose=purpose):
+                    self._names[conversation_id, timer] = (
+                        f"timer {_short(purpose, 40)!r} ({delay:g} s)"
+                    )
+
+    def describe(self, conversation_id: str, value: Any, *, width: int = 40) -> str:
+        """``describe(value)``, with what an ``AbortCall`` stops or a ``TimerFired``
+        was (``AbortCall(call=1) stops timer 'deadline of r.1' (90 s)``)."""
+        line = describe(value, width=width)
+        match value:
+            case AbortCall(call=number):
+                name = self._names.get((conversation_id, number))
+                return f"{line} stops {name or 'a number issued before these steps'}"
+            case TimerFired(timer=number):
+                name = self._names.get((conversation_id, number))
+                return f"{line}: {name or 'a timer issued before these steps'} ran out"
+        return line
 
 
 def describe_effects(effects: tuple[Any, ...]) -> str:

@@ -66,7 +66,7 @@ from fanfold.statemachine import (
     model_request,
     transition,
 )
-from fanfold.statemachine.permissions import PATH_TOOLS, refusal
+from fanfold.statemachine.permissions import PATH_TOOLS, confines_commands, refusal
 from fanfold.statemachine.phases import Completed, Error, Failed
 
 if TYPE_CHECKING:
@@ -615,7 +615,12 @@ class Actor:
         started = time.perf_counter()
         outcome = "ok"
         try:
-            result = await self.runtime.tools.run(call, effect.cwd)
+            if confines_commands(self.state.permissions):
+                # The agent runs bash through allow patterns only: its git must not
+                # start what the repository's configuration names (git_guard.py).
+                result = await self.runtime.tools.run(call, effect.cwd, confined=True)
+            else:
+                result = await self.runtime.tools.run(call, effect.cwd)
         except Exception as exc:
             # A tool must return error results for bad input; this one crashed. The
             # model still gets a result so the conversation can go on.

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import attrs
-import structlog
 import trio
 
 from fanfold.db import ConversationRow, DatabaseError, Step, Store, UnknownConversation
@@ -24,6 +23,7 @@ from fanfold.providers.base import Provider, StreamProgress
 from fanfold.providers.description import ProviderDescription
 from fanfold.runtime.actor import Actor
 from fanfold.runtime.engine import Engine
+from fanfold.runtime.logging import library_logger
 from fanfold.runtime.presence import DatabaseInUse, Presence
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
@@ -367,7 +367,7 @@ class Runtime:
                     limits=limits or Limits(),
                     system_prompt=system_prompt,
                     sub_agent_prompt=sub_agent_prompt,
-                    logger=logger if logger is not None else structlog.get_logger("fanfold"),
+                    logger=logger if logger is not None else library_logger(),
                     observer=observer,
                     on_progress=on_progress,
                     clock=clock,

@@ -5,7 +5,9 @@ from coding agents:
 
 - ``bash``, ``write_file``: every call of that tool;
 - ``bash(git diff*)``: a ``bash`` call whose command matches the pattern (``*``
-  matches anything; Claude Code's ``bash(git diff:*)`` is read as ``git diff*``);
+  matches any text, but in an allow rule a ``*`` right after a letter, digit or ``_``
+  ends the word: ``git diff*`` matches ``git diff`` and ``git diff HEAD``, not ``git
+  difftool``; Claude Code's ``bash(git diff:*)`` is read as ``git diff*``);
 - ``write_file(src/**)``: a file tool (``read_file``, ``write_file``, ``edit_file``)
   whose ``path`` matches the glob (``**`` any number of directories, ``*`` and ``?``
   within one name), the path taken relative to the working directory of the agent
@@ -29,15 +31,18 @@ depth: its layers include all of its parent's.
 A bash *allow* pattern matches a simple command only: a command holding a shell
 control character (``;``, ``&``, ``|``, a backtick, ``$(``, ``<``, ``>``, a newline)
 matches no pattern, so ``bash(git diff*)`` does not allow ``git diff; rm -rf x``. A
-deny pattern is checked against every part of the command between such characters
-as well as the whole; this is best effort (a shell has many ways to hide a command),
-which is why allow lists, not deny lists, are what confines an agent.
+command an allow pattern matches must also pass ``confined.command_problem``: no
+expansion, no environment prefix, and for git no option, subcommand or alias that
+starts another program. A deny pattern is checked against every part of the command
+between such characters as well as the whole; this is best effort (a shell has many
+ways to hide a command), which is why allow lists, not deny lists, confine an agent.
 """
 
 from __future__ import annotations
 
 import attrs
 
+from fanfold.statemachine.confined import command_problem
 from fanfold.statemachine.messages import ToolCall
 
 READ_ONLY = "read-only"
@@ -261,8 +266,42 @@ def refusal(permissions: Permissions | None, call: ToolCall, cwd: str) -> str | 
         if layer.allow is not None and not any(
             _matches(rule, call, cwd, layer.base, deny=False) for rule in layer.allow
         ):
+            problem = _confined_problem(layer.allow, call)
+            if problem is not None:
+                return f"refused: {problem} (a command allowed by a pattern{whose})"
             allowed = ", ".join(str(r) for r in layer.allow) or "nothing"
             return f"refused: no allow rule{whose} matches this call (allowed: {allowed})"
+    return None
+
+
+def confines_commands(permissions: Permissions | None) -> bool:
+    """Whether this conversation's bash commands run only through allow patterns: some
+    layer allows ``bash`` by patterns alone. The bash tool then switches off what git's
+    own configuration could run (``fanfold/tools/git_guard.py``), since a pattern cannot
+    see it."""
+    if permissions is None:
+        return False
+    return any(
+        layer.allow is not None
+        and not any(rule.pattern is None and _names(rule, "bash") for rule in layer.allow)
+        for layer in permissions.layers
+    )
+
+
+def _confined_problem(allow: tuple[Rule, ...], call: ToolCall) -> str | None:
+    """Why a bash call that an allow pattern matches as text is still refused."""
+    if call.name not in COMMAND_TOOLS:
+        return None
+    command = _argument(call, "command")
+    if command is None:
+        return None
+    for rule in allow:
+        if (
+            _names(rule, call.name)
+            and rule.pattern is not None
+            and command_matches(rule.pattern, command, any_part=False)
+        ):
+            return command_problem(command)
     return None
 
 
@@ -300,7 +339,13 @@ def _matches(rule: Rule, call: ToolCall, cwd: str, base: str, *, deny: bool) -> 
         command = _argument(call, "command")
         if command is None:
             return False
-        return command_matches(rule.pattern, command, any_part=deny)
+        if deny:
+            return command_matches(rule.pattern, command, any_part=True)
+        # An allow pattern sees the text; what the words would start is checked too.
+        return (
+            command_matches(rule.pattern, command, any_part=False)
+            and command_problem(command) is None
+        )
     if call.name in URL_TOOLS:
         url = _argument(call, "url")
         host = None if url is None else url_host(url)
@@ -323,7 +368,7 @@ def command_matches(pattern: str, command: str, *, any_part: bool) -> bool:
     command = command.strip()
     simple = not any(c in command for c in _SHELL_CONTROL)
     if not any_part:
-        return simple and glob_match(pattern, command, slash_special=False)
+        return simple and glob_match(pattern, command, slash_special=False, word_boundary=True)
     if glob_match(pattern, command, slash_special=False):
         return True
     parts = [command]
@@ -383,13 +428,23 @@ def path_matches(pattern: str, path: str, cwd: str, base: str) -> bool:
     return glob_match(normalise(pattern), relative, slash_special=True)
 
 
-def glob_match(pattern: str, text: str, *, slash_special: bool) -> bool:
+def glob_match(
+    pattern: str, text: str, *, slash_special: bool, word_boundary: bool = False
+) -> bool:
     """Glob matching without ``re`` (the pure core's import rule).
 
     ``slash_special`` (paths): ``*`` and ``?`` stay within one name, ``**`` spans
     directories and ``**/`` may match nothing. Otherwise ``*`` matches any text.
+
+    ``word_boundary`` (bash allow patterns): a ``*`` right after a letter, digit or
+    ``_`` matches nothing or text that starts with a space or a tab, so ``git diff*``
+    matches ``git diff`` and ``git diff HEAD`` but not ``git difftool``, ``git diffx``
+    or ``git diff-tree``; a pattern ending in such a word, a space and ``*`` (``git
+    diff *``) is read the same way, so it matches the bare ``git diff`` too.
     """
-    tokens = _tokens(pattern, slash_special=slash_special)
+    if word_boundary and pattern.endswith(" *") and _is_word(pattern.rstrip(" *")[-1:]):
+        pattern = pattern.rstrip(" *") + "*"
+    tokens = _tokens(pattern, slash_special=slash_special, word_boundary=word_boundary)
     # positions[i] is True when tokens[:k] can match text[:i] (k the tokens so far).
     states = {0}
     for token in tokens:
@@ -402,13 +457,21 @@ def glob_match(pattern: str, text: str, *, slash_special: bool) -> bool:
     return len(text) in states
 
 
-def _tokens(pattern: str, *, slash_special: bool) -> list[str]:
+def _is_word(char: str) -> bool:
+    return len(char) == 1 and (char.isalnum() or char == "_")
+
+
+def _tokens(pattern: str, *, slash_special: bool, word_boundary: bool = False) -> list[str]:
     tokens: list[str] = []
     i = 0
     while i < len(pattern):
         if pattern.startswith("**/", i) and slash_special:
             tokens.append("**/")
             i += 3
+        elif word_boundary and pattern[i] == "*" and i > 0 and _is_word(pattern[i - 1]):
+            # "*b": the end of a word; "git diff*" may not reach into "git difftool".
+            tokens.append("*b")
+            i += 2 if pattern.startswith("**", i) else 1
         elif pattern.startswith("**", i):
             tokens.append("**" if slash_special else "*")
             i += 2
@@ -434,6 +497,10 @@ def _advance(token: str, text: str, start: int) -> set[int]:
         return {start + 1} if start < n and text[start] != "/" else set()
     if token == "**":
         return set(range(start, n + 1))
+    if token == "*b":
+        if start < n and text[start] in " \t":
+            return set(range(start, n + 1))
+        return {start}
     if token == "*":
         end = start
         out = {start}

@@ -17,11 +17,12 @@ from fanfold.tools.schema import SchemaError, check_schema, validate, validate_a
 from fanfold.tools.search import GlobTool, GrepTool, SearchLimits
 from fanfold.tools.secrets import EnvPolicy, Redactor
 from fanfold.tools.think import ThinkTool
-from fanfold.tools.tool import Tool, ToolInputError, ToolOutput
+from fanfold.tools.tool import Confinable, Tool, ToolInputError, ToolOutput
 from fanfold.tools.web import WebFetchTool
 
 __all__ = [
     "BashTool",
+    "Confinable",
     "EditFileTool",
     "EnvPolicy",
     "GlobTool",

@@ -17,4 +17,9 @@ class ToolRunner(Protocol):
 
     def specs(self) -> tuple[ToolSpec, ...]: ...
 
-    async def run(self, call: ToolCall, cwd: str) -> ToolResult: ...
+    async def run(self, call: ToolCall, cwd: str, *, confined: bool = False) -> ToolResult:
+        """Run ``call`` in ``cwd``. ``confined``: the calling agent runs bash only
+        through allow patterns (the runtime passes it only when True, so a runner
+        without the keyword still serves every other agent, and fails a confined
+        agent's call rather than run it unguarded)."""
+        ...

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +20,7 @@ import attrs
 import trio
 
 from fanfold.statemachine import ToolSpec
+from fanfold.tools.git_guard import guard_script, guarded_env
 from fanfold.tools.output import HeadTailBuffer
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.tool import ToolInputError, ToolOutput
@@ -85,6 +90,11 @@ class BashTool:
     ``trio.Cancelled`` propagates after the kill.
 
     A non-zero exit status is reported as an error result with the output and the code.
+
+    ``guard_git`` (``confined()``: for an agent whose bash runs only through allow
+    patterns): the command runs with git's settings that switch off every program the
+    repository's configuration could start, and a guarding ``git`` first on its
+    ``PATH`` (:mod:`fanfold.tools.git_guard`).
     """
 
     default_timeout: float = DEFAULT_TIMEOUT
@@ -92,6 +102,11 @@ class BashTool:
     max_output_chars: int = MAX_OUTPUT_CHARS
     shell: str = "bash"
     env_policy: EnvPolicy = EnvPolicy()
+    guard_git: bool = False
+
+    def confined(self) -> BashTool:
+        """This tool for a confined agent: git runs guarded."""
+        return attrs.evolve(self, guard_git=True)
 
     @property
     def spec(self) -> ToolSpec:
@@ -105,13 +120,77 @@ class BashTool:
         timeout = min(timeout, self.max_timeout)
         if not os.path.isdir(cwd):
             raise ToolInputError(f"the working directory '{cwd}' does not exist")
+        env = self.env_policy.command_env(os.environ)
+        if self.guard_git:
+            env = with_git_guard(env)
         return await run_command(
             [self.shell, "-c", command],
             cwd,
             timeout=timeout,
             max_chars=self.max_output_chars,
-            env=self.env_policy.command_env(os.environ),
+            env=env,
         )
+
+
+MIN_GUARDED_GIT = (2, 31)
+_guard_dirs: dict[str, str] = {}
+
+
+def with_git_guard(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a confined agent's command (:mod:`fanfold.tools.git_guard`): git's
+    settings that switch its programs off, and a directory first on ``PATH`` whose
+    ``git`` adds those the configuration's drivers name and runs the git ``PATH``
+    would have found (``env`` with the settings alone when there is none)."""
+    env = guarded_env(env)
+    path = env.get("PATH", os.defpath)
+    real = shutil.which("git", path=path)
+    if real is None:
+        return env
+    real = os.path.realpath(real)
+    return {**env, "PATH": _guard_directory(real) + os.pathsep + path}
+
+
+def _git_version(git: str) -> tuple[int, int] | None:
+    """``git version``'s major and minor number (None: it did not say). Once per
+    process and git, when its guard is made; a few milliseconds."""
+    try:
+        done = subprocess.run(
+            [git, "version"], capture_output=True, stdin=subprocess.DEVNULL, timeout=10
+        )
+        words = done.stdout.decode("ascii", "replace").split()
+        major, minor = words[2].split(".")[:2]
+        return int(major), int(minor)
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+
+
+def _guard_directory(real_git: str) -> str:
+    """A private directory holding the ``git`` that guards ``real_git``; made once per
+    process and real git, again if something removed it (a missing guard would let
+    the real git be found instead), removed at exit."""
+    directory = _guard_dirs.get(real_git)
+    if directory is not None and os.path.isfile(os.path.join(directory, "git")):
+        return directory
+    directory = tempfile.mkdtemp(prefix="fanfold-git-")  # 0700
+    atexit.register(shutil.rmtree, directory, True)
+    version = _git_version(real_git)
+    if version is None or version < MIN_GUARDED_GIT:
+        # GIT_CONFIG_COUNT, which the guard's settings travel in, came with git 2.31:
+        # an older git would ignore them and run what the repository names. Refuse.
+        shown = ".".join(map(str, version)) if version else "of an unknown version"
+        message = (
+            f"fanfold: git {shown} at {real_git} cannot run with the repository's "
+            "programs switched off (needs git 2.31 or later); refused for this agent"
+        )
+        script = f"#!/bin/sh\necho {shlex.quote(message)} >&2\nexit 126\n"
+    else:
+        script = guard_script(real_git)
+    path = os.path.join(directory, "git")
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(script)
+    os.chmod(path, 0o700)
+    _guard_dirs[real_git] = directory
+    return directory
 
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")

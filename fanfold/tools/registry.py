@@ -18,7 +18,7 @@ from fanfold.tools.schema import check_schema, validate_arguments
 from fanfold.tools.search import GlobTool, GrepTool
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.think import ThinkTool
-from fanfold.tools.tool import Tool, ToolInputError, ToolOutput, valid_tool_name
+from fanfold.tools.tool import Confinable, Tool, ToolInputError, ToolOutput, valid_tool_name
 from fanfold.tools.web import WebFetchTool
 
 DEFAULT_POLICY = PathPolicy()
@@ -128,11 +128,15 @@ class ToolSet:
         """The specs offered to conversations, in order."""
         return tuple(self._specs.values())
 
-    async def run(self, call: ToolCall, cwd: str) -> ToolResult:
+    async def run(self, call: ToolCall, cwd: str, *, confined: bool = False) -> ToolResult:
         """Validate and run ``call`` in ``cwd``; bad input becomes an error result.
         Output longer than ``MAX_OUTPUT_CHARS`` is cut to its head and tail, whatever
-        the tool (each built-in caps its own output lower)."""
-        output = await self._run(call, cwd)
+        the tool (each built-in caps its own output lower).
+
+        ``confined``: the calling agent's bash runs only through allow patterns; a
+        tool that can be confined (:class:`~fanfold.tools.tool.Confinable`, the bash
+        tool) runs in its confined form."""
+        output = await self._run(call, cwd, confined)
         content = output.content
         if len(content) > MAX_OUTPUT_CHARS:
             buffer = HeadTailBuffer(MAX_OUTPUT_CHARS)
@@ -140,11 +144,13 @@ class ToolSet:
             content = buffer.text()
         return ToolResult(call.id, call.name, content, output.is_error)
 
-    async def _run(self, call: ToolCall, cwd: str) -> ToolOutput:
+    async def _run(self, call: ToolCall, cwd: str, confined: bool = False) -> ToolOutput:
         tool = self._tools.get(call.name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
             return ToolOutput.error(f"unknown tool {call.name!r}. Available tools: {available}")
+        if confined and isinstance(tool, Confinable):
+            tool = tool.confined()
         arguments = _parse(call)
         if isinstance(arguments, ToolOutput):
             return arguments

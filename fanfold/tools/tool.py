@@ -10,7 +10,7 @@ running (a missing file, a path outside the working directory) by raising
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -69,4 +69,14 @@ class Tool(Protocol):
 
     async def run(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
         """Run with validated ``args`` in the conversation's working directory ``cwd``."""
+        ...
+
+
+@runtime_checkable
+class Confinable(Protocol):
+    """A tool with a form for agents confined to allow patterns (the bash tool: git
+    runs with what the repository's configuration could start switched off)."""
+
+    def confined(self) -> Tool:
+        """This tool as a confined agent runs it."""
         ...

@@ -28,6 +28,7 @@ from fanfold.statemachine import (
     Completed,
     Conversation,
     Error,
+    ErrorKind,
     Failed,
     Idle,
     ModelFailed,
@@ -93,7 +94,8 @@ def build_trace(store: Store, conversation_id: str) -> dict[str, Any]:
         ),
         key=lambda item: item[:4],
     )
-    step_rows = [_step_row(step, rank) for _, _, rank, _, step in all_steps]
+    numbers = render.Numbers()  # what an AbortCall stops, a TimerFired was
+    step_rows = [_step_row(step, rank, numbers) for _, _, rank, _, step in all_steps]
     first = min(divergences, key=lambda d: (d[0].at, d[1], d[0].seq), default=None)
     diverged: dict[str, Any] | None = None
     if first is not None:
@@ -311,10 +313,11 @@ def _outcome(state: Conversation | None) -> dict[str, Any]:
                 "kind": kind.value,
                 "reason": reason.value if reason is not None else None,
                 "text": error,
+                **_refusal(kind, error),
             }
         case Error(error=error, kind=kind):
             status = "cancelled" if kind.value == "cancelled" else "error"
-            return {"status": status, "kind": kind.value, "text": error}
+            return {"status": status, "kind": kind.value, "text": error, **_refusal(kind, error)}
         case Idle():
             assert state is not None
             answer = next(
@@ -325,6 +328,13 @@ def _outcome(state: Conversation | None) -> dict[str, Any]:
         case None:
             return {"status": "unknown", "text": ""}
     return {"status": "running", "text": ""}
+
+
+def _refusal(kind: ErrorKind, error: str) -> dict[str, Any]:
+    """A refusal's ``category`` (or None) and ``explanation``, for the page to show
+    apart from the recorded error text; nothing for other failures."""
+    said = render.model_refusal(kind, error)
+    return {} if said is None else {"category": said.category, "explanation": said.explanation}
 
 
 def _child_outcome(child_id: str, outcome: ChildOutcome, at: float) -> dict[str, Any]:
@@ -347,6 +357,7 @@ def _child_outcome(child_id: str, outcome: ChildOutcome, at: float) -> dict[str,
                 "reason": reason.value if reason is not None else None,
                 "text": error,
                 "tokens": tokens,
+                **_refusal(kind, error),
             }
     raise AssertionError(outcome)  # pragma: no cover - ChildOutcome is a closed union
 
@@ -446,15 +457,20 @@ def _last_turn(steps: list[ReplayStep]) -> TurnFinished | None:
     return None
 
 
-def _step_row(step: ReplayStep, rank: int) -> list[Any]:
-    """``[agent, seq, at, phase after, event, effects, state summary, matches]``."""
+def _step_row(step: ReplayStep, rank: int, numbers: render.Numbers) -> list[Any]:
+    """``[agent, seq, at, phase after, event, effects, state summary, matches]``;
+    ``numbers`` has learnt the numbers issued by the steps before (a conversation's
+    own steps come in their order)."""
+    cid = step.conversation_id
+    event = numbers.describe(cid, step.event, width=60)
+    numbers.learn(cid, step.effects)
     return [
         rank,
         step.seq,
         step.at,
         type(step.after_state.phase).__name__,
-        render.describe(step.event, width=60),
-        [render.describe(e, width=40) for e in step.effects],
+        event,
+        [numbers.describe(cid, e, width=40) for e in step.effects],
         render.summary(step.after_state),
         step.matches,
     ]

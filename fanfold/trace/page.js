@@ -306,9 +306,16 @@
 
   function outcomeNode(o) {
     const bad = ["failed", "error"].includes(o.status);
-    const what = o.status + (o.kind ? " (" + o.kind + (o.reason ? ", " + o.reason : "") + ")" : "");
+    const what = o.status + " (" + refusedOr(o) + ")";
+    const text = o.explanation !== undefined ? o.explanation : o.text;
     return el("div", { class: "outcome " + (bad ? "bad" : o.status === "cancelled" ? "cancel" : "") },
-      el("strong", { text: what }), o.text ? folded(o.text) : null);
+      el("strong", { text: o.kind ? what : o.status }), text ? folded(text) : null);
+  }
+
+  // A failure's kind; a refusal as "refused (its category)", its explanation apart.
+  function refusedOr(o) {
+    if (o.explanation !== undefined) return "refused" + (o.category ? ": " + o.category : "");
+    return o.kind + (o.reason ? ", " + o.reason : "");
   }
 
   function showDetail(index) {
@@ -336,10 +343,10 @@
       const outcome = (c) => {
         const link = byId[c.id] !== undefined ? agentLink(byId[c.id]) : el("span", { text: c.id });
         const what = c.ok ? "completed" + (c.truncated ? " (truncated)" : "")
-          : "failed (" + c.kind + (c.reason ? ", " + c.reason : "") + ")";
+          : "failed (" + refusedOr(c) + ")";
         return el("div", { class: "msg " + (c.ok ? "assistant" : "tool error") },
           link, el("span", { text: " +" + secs(c.at) + " " + what + " · " + c.tokens + " tokens" }),
-          folded(c.text));
+          folded(c.explanation !== undefined ? c.explanation : c.text));
       };
       // A large fan-out delivers hundreds: the first ones, then more on demand.
       const more = (from) => {
