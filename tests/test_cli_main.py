@@ -78,6 +78,7 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
         "tools",
         "ui",
         "trust",
+        "mcp",
     }  # fmt: skip
     for name in cli.list_commands(context):
         command = cli.get_command(context, name)

@@ -40,6 +40,7 @@ from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode, Prompt
 from fanfold.statemachine.control_tools import one_of
 from fanfold.statemachine.limits import CONTEXT_MODES
 from fanfold.statemachine.permissions import (
+    MCP_PREFIX,
     PATH_TOOLS,
     READ_ONLY,
     Rule,
@@ -58,6 +59,10 @@ read as ``may_delegate`` (true in ``tools``, false in ``disallowed_tools``)."""
 CLAUDE_MODEL_ALIASES = frozenset({"sonnet", "opus", "haiku"})
 """Claude Code's model aliases: an agent file naming one is refused unless the
 configuration's ``[model_aliases]`` table maps it (no server knows them as they are)."""
+
+MCP_SERVER_KEYS = frozenset({"mcpServers", "mcp_servers"})
+"""Front-matter keys declaring MCP servers: not part of the definition (the runtime's
+servers are ``fanfold.mcp.config``'s, which reads them from the same files)."""
 
 MAX_FILE_BYTES = 256 * 1024
 """A definition file larger than this is refused unread (it is a prompt, not a book)."""
@@ -296,6 +301,8 @@ def parse_definition(
     for raw_key, value in data.items():
         key = _ALIASES.get(str(raw_key), str(raw_key))
         line = lines.get(str(raw_key), first)
+        if raw_key in MCP_SERVER_KEYS:
+            continue  # servers the file declares: read by fanfold.mcp.config
         if key not in _KEYS:
             problems.append(
                 AgentProblem(path, line, f"unknown key {raw_key!r} ignored", warning=True)
@@ -512,7 +519,14 @@ def _rules(
         if isinstance(rule, str):
             problems.append(AgentProblem(path, line, f"{key}: {rule}"))
             continue
-        if rule.tool != READ_ONLY and rule.tool not in known:
+        # MCP tools are known only once their servers run: a rule naming one (or a
+        # whole server) is kept. Dropping it would narrow an allow list, but widen
+        # a deny list: a disallowed MCP tool would become callable.
+        if (
+            rule.tool != READ_ONLY
+            and not rule.tool.startswith(MCP_PREFIX)
+            and rule.tool not in known
+        ):
             problems.append(
                 AgentProblem(
                     path,

@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tools": ("tools_command", "tools_command"),
     "ui": ("ui_command", "ui_command"),
     "trust": ("trust_command", "trust_command"),
+    "mcp": ("mcp_command", "mcp_command"),
 }
 
 

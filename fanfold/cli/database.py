@@ -58,7 +58,7 @@ def open_store(db: Path | None, *, must_exist: bool = True, read_only: bool = Fa
     return Store.open(path)
 
 
-LOG_COMPANIONS = ("", "-wal", "-shm", "-journal", "-runtimes")
+LOG_COMPANIONS = ("", "-wal", "-shm", "-journal", "-runtimes", ".mcp-delegations")
 """Suffixes of the database's own files (SQLite's and the runtimes' lock file)."""
 
 

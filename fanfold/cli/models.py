@@ -4,7 +4,7 @@ or the provider configuration recorded for a tree."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,13 @@ class ModelChoice:
     web_domains: tuple[str, ...] = ()
     model_aliases: tuple[tuple[str, str], ...] = ()
 
-    def tools(self) -> ToolSet:
+    def tools(self, extra: Iterable[Any] = ()) -> ToolSet:
         """The tool set, bash commands' environments under ``env_policy``, web_fetch
-        from ``web_domains`` (none: no web_fetch)."""
-        return ToolSet.default(env_policy=self.env_policy, web_domains=self.web_domains)
+        from ``web_domains`` (none: no web_fetch); ``extra`` (MCP servers' tools)
+        beside them."""
+        return ToolSet.default(
+            env_policy=self.env_policy, web_domains=self.web_domains, extra=extra
+        )
 
     def redactor(self) -> Redactor:
         """What to redact from the log: the values of this process's secrets."""

@@ -355,7 +355,7 @@ def fork_command(
             if script or config_path or profile or model:
                 override = choose_model(script, config_path, profile, model)
             edits = {edited_id: ForkEdited(edit)} if edit is not None else {}
-            code = run_trio(_resume_main, log_path, override, forked, edits)
+            code = run_trio(_resume_main, log_path, override, config_path, forked, edits)
         if code:
             raise SystemExit(code)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import click
@@ -15,6 +16,7 @@ from fanfold.cli.database import db_option, db_path
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
+from fanfold.cli.mcp_tools import recorded_declarations, recorded_mcp_tools
 from fanfold.cli.models import (
     ModelChoice,
     ProviderPerTree,
@@ -27,6 +29,7 @@ from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_outcome
 from fanfold.db import Store
 from fanfold.db.provenance import UserKey
+from fanfold.mcp.config import secret_variables
 from fanfold.providers.config import ConfigError
 from fanfold.providers.description import DescriptionError, ProviderDescription
 from fanfold.providers.scripted import ScriptError
@@ -67,7 +70,7 @@ def resume(
         override = None
         if script or config_path or profile or model:
             override = choose_model(script, config_path, profile, model)
-        code = run_trio(_resume_main, path, override)
+        code = run_trio(_resume_main, path, override, config_path)
     if code:
         raise SystemExit(code)
 
@@ -101,6 +104,16 @@ def _say_skipped(skipped: SkippedTree) -> None:
     )
 
 
+def _recorded_tools(store: Store, root_id: str) -> tuple[str, tuple[Any, ...]]:
+    """The root's folder and its recorded tool specs (none if its log cannot be read:
+    the resume itself reports that tree)."""
+    try:
+        state = store.load_state(root_id)
+    except Exception:  # a damaged tree: Runtime.resume names it
+        return ".", ()
+    return state.cwd, state.tools
+
+
 def _print_answers(finished: dict[str, Conversation], path: Path) -> None:
     """Each resumed tree's outcome as ``run`` prints it: its answer, or its error."""
 
@@ -119,6 +132,7 @@ async def _resume_main(
     stop: tuple[int, ...],
     path: Path,
     override: ModelChoice | None,
+    config_path: Path | None,
     only: str | None = None,
     edits: Mapping[str, ForkEdited] | None = None,
 ) -> int:
@@ -149,9 +163,11 @@ async def _resume_main(
                 skipped=tuple(s for s in plan.skipped if s.root_id == only),
             )
         recorded_for = {}
+        recorded_tools = []
         for root_id in plan.roots:
             record = store.tree_record(root_id)
             recorded_for[root_id] = record.provider if record is not None else None
+            recorded_tools.append(_recorded_tools(store, root_id))
     for skipped in plan.skipped:
         _say_skipped(skipped)
     chosen = list(plan.roots)
@@ -171,10 +187,15 @@ async def _resume_main(
             per_tree.by_root[root_id] = choice.provider
             chosen.append(root_id)
     used = [override] if override is not None else list(choices.values())
+    # The MCP servers the trees' recorded tools name: the variables their env and
+    # headers take are kept from bash and redacted, like key variables.
+    servers = recorded_declarations(recorded_tools, config_path)
+    server_secrets = secret_variables(servers)
     policy = EnvPolicy(
-        frozenset().union(*(c.env_policy.key_variables for c in used)),
+        frozenset().union(*(c.env_policy.key_variables for c in used)) | server_secrets,
         # A variable passes only if every configuration resumed here lets it pass.
-        frozenset.intersection(*(c.env_policy.pass_env for c in used)) if used else frozenset(),
+        (frozenset.intersection(*(c.env_policy.pass_env for c in used)) if used else frozenset())
+        - server_secrets,
     )
     # A domain is fetched from only if every configuration resumed here allows it.
     web_domains = (
@@ -185,15 +206,18 @@ async def _resume_main(
         # waits (and is delivered after it) instead of killing the process before its
         # bash commands are stopped.
         with stop_signal_receiver(stop) as signals:
-            async with Runtime.open(
-                path,
-                override.provider if override is not None else per_tree,
-                ToolSet.default(env_policy=policy, web_domains=web_domains),
-                redact=policy.redactor(os.environ),
-                observer=view.observe,
-                key=key,
-                provider_description=override.recorded if override is not None else None,
-            ) as runtime:
+            async with (
+                recorded_mcp_tools(recorded_tools, servers, policy) as extra,
+                Runtime.open(
+                    path,
+                    override.provider if override is not None else per_tree,
+                    ToolSet.default(env_policy=policy, web_domains=web_domains, extra=extra),
+                    redact=policy.redactor(os.environ),
+                    observer=view.observe,
+                    key=key,
+                    provider_description=override.recorded if override is not None else None,
+                ) as runtime,
+            ):
                 ids = await runtime.resume(chosen, edits=edits) if chosen else []
                 for damaged in runtime.resume_damaged:
                     _say_skipped(damaged)

@@ -12,6 +12,13 @@ from fanfold.cli.database import db_option, db_path, default_db
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
+from fanfold.cli.mcp_tools import (
+    declarations_for,
+    mcp_tools,
+    recorded_declarations,
+    recorded_mcp_tools,
+    with_server_secrets,
+)
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
@@ -147,7 +154,11 @@ def run(
         if system is None:
             system = choice.system_prompt
         agents = _agents(cwd, dict(choice.model_aliases))
-        result = run_trio(_run_main, path, choice, text, cwd, limits, system, not no_live, agents)
+        servers = declarations_for(cwd, config_path)
+        choice = with_server_secrets(choice, servers)
+        result = run_trio(
+            _run_main, path, choice, text, cwd, limits, system, not no_live, agents, servers
+        )
     print_result(*result, db=path)
 
 
@@ -190,6 +201,7 @@ async def _run_main(
     system: str,
     live: bool,
     agents: tuple[AgentDefinition, ...] = (),
+    servers: tuple[Any, ...] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
@@ -197,16 +209,19 @@ async def _run_main(
         # meanwhile waits (it is delivered after) instead of killing the process before
         # the shutdown has stopped its bash commands.
         with stop_signal_receiver(stop) as signals:
-            async with Runtime.open(
-                path,
-                choice.provider,
-                choice.tools(),
-                redact=choice.redactor(),
-                limits=limits,
-                observer=view.observe,
-                on_progress=view.progress,
-                provider_description=choice.recorded,
-            ) as runtime:
+            async with (
+                mcp_tools(servers, cwd, choice.env_policy) as extra,
+                Runtime.open(
+                    path,
+                    choice.provider,
+                    choice.tools(extra),
+                    redact=choice.redactor(),
+                    limits=limits,
+                    observer=view.observe,
+                    on_progress=view.progress,
+                    provider_description=choice.recorded,
+                ) as runtime,
+            ):
                 conversation_id = await runtime.start(
                     text, cwd=cwd, limits=limits, system_prompt=system, agents=agents
                 )
@@ -239,7 +254,14 @@ def send(
         _refuse_sub_agent(path, conversation_id)
         choice = choose_model(script, config_path, profile, model)
         hint(f"model: {choice.description}; log: {path}", style="dim")
-        result = run_trio(_send_main, path, choice, conversation_id, text, not no_live)
+        with Store.open(path) as store:
+            state = store.load_state(conversation_id)
+        recorded = ((state.cwd, state.tools),)
+        servers = recorded_declarations(recorded, config_path)
+        choice = with_server_secrets(choice, servers)
+        result = run_trio(
+            _send_main, path, choice, conversation_id, text, not no_live, recorded, servers
+        )
     print_result(*result, db=path)
 
 
@@ -265,19 +287,25 @@ async def _send_main(
     conversation_id: str,
     text: str,
     live: bool,
+    recorded: tuple[tuple[str, Any], ...] = (),
+    servers: tuple[Any, ...] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
         with stop_signal_receiver(stop) as signals:  # open until the runtime shut down
-            async with Runtime.open(
-                path,
-                choice.provider,
-                choice.tools(),
-                redact=choice.redactor(),
-                observer=view.observe,
-                on_progress=view.progress,
-                provider_description=choice.recorded,
-            ) as runtime:
+            async with (
+                # The tree's recorded MCP tools, on the servers its folder declares now.
+                recorded_mcp_tools(recorded, servers, choice.env_policy) as extra,
+                Runtime.open(
+                    path,
+                    choice.provider,
+                    choice.tools(extra),
+                    redact=choice.redactor(),
+                    observer=view.observe,
+                    on_progress=view.progress,
+                    provider_description=choice.recorded,
+                ) as runtime,
+            ):
                 await runtime.send(conversation_id, text)
                 interruption = await watch(runtime, conversation_id, view, live, signals)
                 return conversation_id, runtime.state(conversation_id), interruption

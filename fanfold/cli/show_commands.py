@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from fanfold.statemachine import (
 )
 from fanfold.statemachine.delegation import SUMMARY_HEADER
 from fanfold.statemachine.modes import may_start
+from fanfold.statemachine.permissions import mcp_server_of
 
 
 @click.command(name="ls")
@@ -355,6 +357,8 @@ class ShowNode:
             "context": self.context,
             "tools": [t.name for t in state.tools],
             "refused_calls": state.refused_calls,
+            # MCP servers' tools it called (issue 23): server, tool, error or not.
+            "mcp_calls": mcp_calls(state),
             "children": [c.to_json() for c in self.children],
             "not_run": [attrs.asdict(n) for n in self.not_run],
             # The conversation and seq it was forked from, as `ls --json` names them.
@@ -395,6 +399,10 @@ class ShowNode:
                 f"({source.tree_tokens} in its tree) by then, not counted here",
                 "dim",
             )
+        servers = Counter(call["server"] for call in mcp_calls(state))
+        if servers:
+            shown = ", ".join(f"{printable(name)} ({n})" for name, n in sorted(servers.items()))
+            line.append(f" MCP: {shown}", "cyan")
         failure = self.failure()
         if failure is not None:
             # The typed kind apart from the text, which is the model's own words: a
@@ -633,3 +641,22 @@ def _add_not_run(tree: Tree, node: ShowNode) -> None:
 def _count(number: int, noun: str) -> str:
     """``1 tool call``, ``2 tool calls``."""
     return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def mcp_calls(state: Conversation) -> list[dict[str, Any]]:
+    """The MCP tool calls of a conversation, in order: server, tool, and whether its
+    result was an error (None while it has none)."""
+    errors = {
+        m.result.tool_call_id: m.result.is_error
+        for m in state.history
+        if isinstance(m, ToolResultMessage)
+    }
+    out = []
+    for message in state.history:
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls:
+                server = mcp_server_of(call.name)
+                if server is not None:
+                    tool = call.name[len(f"mcp__{server}__") :]
+                    out.append({"server": server, "tool": tool, "error": errors.get(call.id)})
+    return out

@@ -16,6 +16,7 @@ from fanfold.cli.display import printable, short
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console, hint
 from fanfold.providers.config import Config, load_config
+from fanfold.statemachine.agent_defs import with_reading_tools
 from fanfold.statemachine.permissions import Permissions, allows_tool
 from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import EnvPolicy
@@ -46,6 +47,7 @@ def tools_command(cwd: Path, config_path: Path | None, as_json: bool) -> None:
     with user_errors():
         config = load_config(config_path)
     listing = _listing(config, cwd.resolve())
+    _add_mcp(listing, config, cwd.resolve(), config_path)
     if as_json:
         click.echo(json.dumps(listing, indent=2, ensure_ascii=False))
         return
@@ -67,6 +69,11 @@ def tools_command(cwd: Path, config_path: Path | None, as_json: bool) -> None:
     console.print(table)
     for agent, problems in listing["agents_left_out"].items():
         hint(f"agent definition left out: {printable(agent)}: {printable(problems)}", style="red")
+    for server in listing["mcp_servers"]:
+        if server["status"] != "started":
+            hint(printable(server["problem"]), style="yellow")
+        for left in server["left_out"]:
+            hint(printable(left), style="yellow")
     if "web_fetch" not in [t["name"] for t in listing["tools"]]:
         hint("web_fetch: not offered (no [tools.web_fetch] domains configured)", style="dim")
 
@@ -105,3 +112,67 @@ def _listing(config: Config, cwd: Path) -> dict[str, Any]:
         "web_domains": list(config.web_domains),
         "agents_left_out": left_out,
     }
+
+
+def _add_mcp(listing: dict[str, Any], config: Config, cwd: Path, config_path: Path | None) -> None:
+    """Start the folder's MCP servers that may start, list their tools into
+    ``listing["tools"]`` and each server's state into ``listing["mcp_servers"]``."""
+    from fanfold.cli.mcp_tools import declarations_for
+
+    listing["mcp_servers"] = []
+    declarations = declarations_for(cwd, config_path)
+    if not declarations:
+        return
+    import trio
+
+    from fanfold.mcp.client import McpHub
+
+    env_policy = EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env))
+    catalog = load_agents(cwd, model_aliases=dict(config.model_aliases))
+
+    async def discover() -> tuple[list[Any], list[Any]]:
+        async with McpHub.open(declarations, cwd=cwd, env_policy=env_policy) as hub:
+            tools, _ = await hub.discover()
+            return tools, list(hub.servers.values())
+
+    tools, servers = trio.run(discover)
+    reading = tuple(t.spec.name for t in tools if t.read_only)
+    agents = with_reading_tools(catalog.agents, reading)
+    for tool in tools:
+        declaration = tool.server.declaration
+        listing["tools"].append(
+            {
+                "name": tool.spec.name,
+                "source": f"MCP server {declaration.name} ({declaration.source})",
+                "read_only": tool.read_only,
+                "description": tool.spec.description,
+                "agents": [
+                    a.name
+                    for a in agents
+                    if allows_tool(Permissions((a.rules(str(cwd)),)), tool.spec.name)
+                ],
+                "server": declaration.name,
+                "idempotent": tool.idempotent,
+            }
+        )
+    for server in servers:
+        declaration = server.declaration
+        status = "started"
+        if declaration.needs_trust:
+            status = "waits for trust"
+        elif server.problem is not None:
+            status = "failed"
+        listing["mcp_servers"].append(
+            {
+                "name": declaration.name,
+                "source": declaration.source,
+                "transport": declaration.transport,
+                "declared_by": "project" if declaration.project else "user",
+                # Names of the variables it is given, never their values.
+                "env": [name for name, _ in declaration.env],
+                "headers": [name for name, _ in declaration.headers],
+                "status": status,
+                "problem": server.problem,
+                "left_out": list(server.left_out),
+            }
+        )

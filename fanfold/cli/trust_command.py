@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -9,6 +10,7 @@ import click
 from fanfold.cli.display import printable
 from fanfold.cli.errors import CliError
 from fanfold.cli.output import console, hint
+from fanfold.mcp.config import MCP_JSON, servers_in
 from fanfold.providers.config import ConfigError, parse_config_bytes
 from fanfold.trust import TrustFileError, TrustStore, file_digest
 
@@ -19,6 +21,10 @@ from fanfold.trust import TrustFileError, TrustStore, file_digest
 @click.option("--revoke", is_flag=True, help="Stop trusting PATH.")
 def trust_command(path: Path | None, as_list: bool, revoke: bool) -> None:
     """Trust PATH (default: ./fanfold.toml), a project's configuration, as it is now.
+
+    PATH may also be a project's .mcp.json or an agent file (.md) declaring
+    mcpServers: its MCP servers start only once trusted (as do the [mcp_servers] of a
+    project's fanfold.toml); the commands are shown.
 
     A project's fanfold.toml that sends an API key (or the conversation) to a host
     your own configuration does not name, or passes variables to bash commands, is
@@ -48,12 +54,21 @@ def _trust(store: TrustStore, target: Path) -> None:
     # Parse it first: a file fanfold cannot read as a configuration is not trusted.
     # The bytes parsed, and shown below, are the bytes trusted.
     data = store.read(target)
+    config = None
     try:
-        config = parse_config_bytes(data, target)
+        # A project's .mcp.json declares MCP servers only (fanfold.mcp.config).
+        if target.name != MCP_JSON and target.suffix != ".md":
+            config = parse_config_bytes(data, target)
+        servers = servers_in(data, target)
     except ConfigError as exc:
         raise CliError(f"not trusted: {exc}") from None
     entry = store.trust(target, data)
     hint(f"trusted {printable(entry.path)} (sha256 {entry.sha256[:16]}...)")
+    for server in servers:
+        what = shlex.join([server.command, *server.args]) if server.command else server.url
+        hint(f"  MCP server {printable(server.name)} runs: {printable(what or '')}")
+    if config is None:
+        return
     for profile in config.profiles:
         if profile.provider == "scripted":
             continue

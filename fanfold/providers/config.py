@@ -349,6 +349,7 @@ _TOP_KEYS = {
     "tools",
     "system_prompt",
     "model_aliases",
+    "mcp_servers",  # read by fanfold.mcp.config
 }
 _PROFILE_KEYS = {
     "provider",

@@ -44,7 +44,9 @@ from fanfold.statemachine import (
     spawn_order,
     start,
 )
-from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.agent_defs import AgentDefinition, with_reading_tools
+from fanfold.statemachine.delegation import child_setup
+from fanfold.statemachine.permissions import MCP_PREFIX
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.registry import ToolSet
@@ -406,24 +408,57 @@ class Runtime:
         model: str | None = None,
         system_prompt: str | None = None,
         agents: tuple[AgentDefinition, ...] = (),
+        agent: AgentDefinition | None = None,
     ) -> str:
         """Start a root conversation with its first user message; returns its id.
 
         ``agents``: the agent definitions its ``spawn_agents`` tasks may name
         (``fanfold.agents.load_agents``), recorded in its creation event.
+        ``agent``: a definition the root itself runs as (``fanfold mcp``'s
+        ``delegate_task``): its prompt, rules, model and caps apply to the root as they
+        would to a sub-agent spawned as it (``delegation.child_setup``).
         Returns once the message is in the log; use ``wait`` for the answer.
         """
         conversation_id = uuid.uuid4().hex[:12]
+        resolved = str(Path(cwd).resolve())
+        # ``read-only`` takes an MCP tool only where its server marks it read-only: the
+        # definitions are widened with those names here, as recorded data.
+        reading = self._reading_mcp_tools()
+        agents = with_reading_tools(agents, reading)
+        if agent is not None:
+            (agent,) = with_reading_tools((agent,), reading)
+        prompt = self.system_prompt if system_prompt is None else system_prompt
+        chosen = limits or self.limits
+        tools = self.tools.specs()
+        permissions = None
+        if agent is not None:
+            setup = child_setup(
+                agent,
+                parent_permissions=None,
+                parent_agents=agents,
+                tools=tools,
+                default_prompt=prompt,
+                limits=chosen,
+                depth=0,
+                cwd=resolved,
+            )
+            tools, prompt, chosen = setup.tools, setup.system_prompt, setup.limits
+            permissions, agents = setup.permissions, setup.agents
+            if agent.max_rounds is not None and chosen.max_rounds > agent.max_rounds:
+                chosen = attrs.evolve(chosen, max_rounds=agent.max_rounds)
+            model = model if model is not None else agent.model
         created = ConversationCreated(
             conversation_id=conversation_id,
-            cwd=str(Path(cwd).resolve()),
+            cwd=resolved,
             task=text,
-            system_prompt=self.system_prompt if system_prompt is None else system_prompt,
+            system_prompt=prompt,
             model=model,
-            limits=limits or self.limits,
-            tools=self.tools.specs(),
+            limits=chosen,
+            tools=tools,
             sub_agent_prompt=self.sub_agent_prompt,
             agents=agents,
+            agent=agent.name if agent is not None else None,
+            permissions=permissions,
         )
         tree = TreeRecord(
             conversation_id,
@@ -435,6 +470,24 @@ class Runtime:
         actor = self._create(created, user_initiated=True, tree=tree)
         await actor.submit(UserMessaged(text))
         return conversation_id
+
+    def _idempotent_tools(self) -> tuple[str, ...]:
+        """The tools the tool runner says may be called twice (``ToolSet.idempotent``)."""
+        idempotent = getattr(self.tools, "idempotent", None)
+        if idempotent is None:
+            return ()
+        return tuple(sorted(s.name for s in self.tools.specs() if idempotent(s.name)))
+
+    def _reading_mcp_tools(self) -> tuple[str, ...]:
+        """The MCP tools (``mcp__...``) the tool runner says are read-only."""
+        read_only = getattr(self.tools, "read_only", None)
+        if read_only is None:
+            return ()
+        return tuple(
+            spec.name
+            for spec in self.tools.specs()
+            if spec.name.startswith(MCP_PREFIX) and read_only(spec.name)
+        )
 
     async def send(self, conversation_id: str, text: str) -> None:
         """Send a further user message to an idle (or errored) root conversation.
@@ -623,8 +676,9 @@ class Runtime:
         for row, state, started in loaded:
             self._launch(Actor(self, state, row.last_seq, created=False, timers_started=started))
             resumed.append(row.id)
+        again = self._idempotent_tools()
         for conversation_id in resumed:
-            self.deliver(conversation_id, edits.get(conversation_id) or RuntimeResumed())
+            self.deliver(conversation_id, edits.get(conversation_id) or RuntimeResumed(again))
         for conversation_id in resumed:
             self._redeliver_outcomes(self._actors[conversation_id].state)
         return resumed

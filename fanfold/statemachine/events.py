@@ -154,8 +154,18 @@ class RuntimeResumed:
 
     The reducer answers with the effects to re-issue: nothing that ran before the crash
     has a result, so in-flight model calls are repeated, an interrupted tool gets an
-    error result (it is never run twice), timers and children are started again.
+    error result (it is never run twice) unless it is one of ``idempotent_tools``,
+    timers and children are started again.
+
+    ``idempotent_tools``: the tools of the resuming runtime that declare a second call
+    with the same arguments harmless (an MCP server's ``idempotent_tools`` in the
+    user's configuration, a function tool's ``idempotent=True``): a call of one of them
+    in flight at the crash is run again instead.
     """
+
+    idempotent_tools: tuple[str, ...] = attrs.field(
+        default=(), metadata={"since": 7, "omitted_at_default": True}
+    )
 
 
 @attrs.frozen

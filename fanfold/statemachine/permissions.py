@@ -62,6 +62,19 @@ URL_TOOLS = frozenset({"web_fetch"})
 
 DOMAIN = "domain:"
 
+MCP_PREFIX = "mcp__"
+"""MCP servers' tools are ``mcp__SERVER__TOOL``; rules may name a whole server
+(``mcp__github``, ``mcp__github__*``)."""
+
+
+def mcp_server_of(tool: str) -> str | None:
+    """The server of an MCP tool's name (``mcp__SERVER__TOOL``); None for any other."""
+    if not tool.startswith(MCP_PREFIX):
+        return None
+    server, sep, rest = tool[len(MCP_PREFIX) :].partition("__")
+    return server if sep and server and rest else None
+
+
 CLAUDE_TOOL_NAMES = {
     "Bash": "bash",
     "Read": "read_file",
@@ -112,8 +125,12 @@ def parse_rule(text: object) -> Rule | str:
             return f"rule {text!r}: empty pattern (leave out the parentheses to mean every call)"
         if pattern.endswith(":*"):
             pattern = pattern[:-2] + "*"
-    if not name or not all(c.isalnum() or c in "_-." for c in name) or not name.isascii():
+    wildcard = name.endswith("*") and name.startswith(MCP_PREFIX)
+    bare = name[:-1] if wildcard else name
+    if not bare or not all(c.isalnum() or c in "_-." for c in bare) or not name.isascii():
         return f"rule {text!r}: {name!r} is not a tool name"
+    if wildcard and pattern is not None:
+        return f"rule {text!r}: a wildcard rule takes no pattern"
     name = CLAUDE_TOOL_NAMES.get(name, name)
     if pattern is not None and name in URL_TOOLS:
         problem = domain_problem(pattern)
@@ -294,6 +311,13 @@ def _confined_problem(allow: tuple[Rule, ...], call: ToolCall) -> str | None:
 def _names(rule: Rule, tool: str) -> bool:
     if rule.tool == READ_ONLY:
         return tool in READING_TOOLS
+    if rule.tool.startswith(MCP_PREFIX):
+        # Claude Code's forms: mcp__SERVER (every tool of the server), mcp__SERVER__*
+        # (the same), mcp__SERVER__TOOL; and any mcp__ prefix ending in '*'.
+        if rule.tool.endswith("*"):
+            return tool.startswith(rule.tool[:-1])
+        if "__" not in rule.tool[len(MCP_PREFIX) :]:
+            return tool.startswith(rule.tool + "__")
     return rule.tool == tool
 
 

@@ -164,7 +164,8 @@ _row(
     ),
     RuntimeResumed=_cell(
         _TOOL_TARGETS,
-        "the tool gets an 'interrupted' error result (never run twice); continue as "
+        "the tool gets an 'interrupted' error result (never run twice) unless it is one "
+        "of the event's idempotent_tools (RunTool again, same call); continue as "
         "ToolFinished; re-issue SpawnSubAgent/deadlines of running children",
     ),
 )

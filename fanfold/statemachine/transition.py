@@ -1531,6 +1531,10 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
         case AwaitingRetry(timer=timer, next_attempt=attempt, last_error=error):
             effects.append(ScheduleRetry(timer, _backoff(state, attempt, error, timer), attempt))
             return state, tuple(effects)
+        case ToolExecuting(current=current, call=call) if current.name in event.idempotent_tools:
+            # The tool says a second call is harmless: run it again, same call number.
+            effects.append(RunTool(call, current, state.cwd))
+            return state, tuple(effects)
         case ToolExecuting(
             current=current, remaining=remaining, results=results, children=children
         ):

@@ -22,6 +22,11 @@ fanfold), so it starts in a few milliseconds.
   ``method`` (subreaper or process group) and, for ``end=error``, ``error``. (Not JSON:
   importing ``json`` would double the supervisor's start-up time.)
 
+Serve mode (``--serve LIFELINE_FD STATUS_FD COMMAND...``, for MCP stdio servers): the
+command is started directly (no shell), keeps the supervisor's stdin and stdout (the
+pipes fanfold speaks the protocol over; the supervisor then points its own at
+/dev/null), and has no time limit; the lifeline is the pipe ``LIFELINE_FD``.
+
 On systems without /proc and the subreaper (macOS, the BSDs) only the process group is
 killed: a process that leaves the group (``setsid``, a daemon) survives there.
 """
@@ -87,10 +92,17 @@ def descendants(root: int) -> list[int]:
 class Supervisor:
     """Runs one command and kills everything it started when it ends."""
 
-    def __init__(self, status_fd: int, timeout: float, argv: list[str]) -> None:
+    def __init__(
+        self, status_fd: int, timeout: float, argv: list[str], lifeline: int | None = None
+    ) -> None:
         self.status_fd = status_fd
         self.timeout = timeout
         self.argv = argv
+        # Serve mode (``lifeline`` given): the command is a long-lived server speaking
+        # over the supervisor's own stdin and stdout (an MCP stdio server); the
+        # lifeline is then a separate pipe.
+        self.lifeline = 0 if lifeline is None else lifeline
+        self.serve = lifeline is not None
         self.subreaper = _subreaper()
         self.has_proc = os.path.isdir("/proc/self")
         self.shell_status: int | None = None
@@ -121,18 +133,24 @@ class Supervisor:
         stdin_r, stdin_w = os.pipe()
         os.close(stdin_w)
         os.set_inheritable(self.status_fd, False)
+        os.set_inheritable(self.lifeline, False)
+        # Serve mode: the server gets our stdin and stdout (fanfold's pipes to it).
+        actions = [] if self.serve else [(os.POSIX_SPAWN_DUP2, stdin_r, 0)]
         try:
             self.shell = os.posix_spawnp(
-                self.argv[0],
-                self.argv,
-                os.environ,
-                file_actions=[(os.POSIX_SPAWN_DUP2, stdin_r, 0)],
-                setsid=True,
+                self.argv[0], self.argv, os.environ, file_actions=actions, setsid=True
             )
         except OSError as e:
             return {"end": "error", "error": f"cannot start {self.argv[0]}: {e.strerror or e}"}
         finally:
             os.close(stdin_r)
+        if self.serve:
+            # Our copies would keep the server's stdin open after fanfold closes it
+            # (no end-of-file for the server) and its stdout open after it exits.
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.close(null)
         deadline = time.monotonic() + self.timeout
         end = "exit"
         while True:
@@ -146,8 +164,8 @@ class Supervisor:
             if remaining <= 0:
                 end = "timeout"
                 break
-            ready, _, _ = select.select([0, wake_r], [], [], remaining)
-            if 0 in ready and not os.read(0, 512):
+            ready, _, _ = select.select([self.lifeline, wake_r], [], [], min(remaining, 3600.0))
+            if self.lifeline in ready and not os.read(self.lifeline, 512):
                 end = "stopped"  # fanfold closed the lifeline, or died
                 break
             if wake_r in ready:
@@ -201,9 +219,13 @@ class Supervisor:
 
 
 def main() -> None:
-    status_fd = int(sys.argv[1])
-    timeout = float(sys.argv[2])
-    supervisor = Supervisor(status_fd, timeout, sys.argv[3:])
+    if sys.argv[1] == "--serve":  # --serve LIFELINE_FD STATUS_FD COMMAND...
+        lifeline = int(sys.argv[2])
+        status_fd = int(sys.argv[3])
+        supervisor = Supervisor(status_fd, float("inf"), sys.argv[4:], lifeline)
+    else:
+        status_fd = int(sys.argv[1])
+        supervisor = Supervisor(status_fd, float(sys.argv[2]), sys.argv[3:])
     report = supervisor.run()
     with os.fdopen(status_fd, "w") as status:
         fields = (f"{key}={str(value).replace(chr(9), ' ')}" for key, value in report.items())

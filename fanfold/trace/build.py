@@ -47,6 +47,7 @@ from fanfold.statemachine import (
     UserMessage,
     spawn_order,
 )
+from fanfold.statemachine.permissions import mcp_server_of
 from fanfold.statemachine.transition import is_summary_call
 
 FORMAT = "fanfold-trace"
@@ -246,11 +247,14 @@ def _marks(steps: list[ReplayStep], end: float) -> Iterator[dict[str, Any]]:
                         "attempt": attempt,
                     }
                 case RunTool(call=call, tool_call=tool_call):
+                    server = mcp_server_of(tool_call.name)
                     calls[call] = {
                         "k": "tool",
                         "t0": at,
-                        "label": f"tool {tool_call.name}",
+                        "label": f"tool {tool_call.name}"
+                        + (f" (MCP server {server})" if server else ""),
                         "tool": tool_call.name,
+                        "server": server,
                     }
                 case ScheduleRetry(timer=timer, delay=delay, attempt=attempt):
                     failed = step.event if isinstance(step.event, ModelFailed) else None
@@ -376,7 +380,12 @@ def _messages(state: Conversation | None) -> list[dict[str, Any]]:
                         "text": text,
                         "truncated": truncated,
                         "calls": [
-                            {"id": c.id, "name": c.name, "arguments": c.arguments_json}
+                            {
+                                "id": c.id,
+                                "name": c.name,
+                                "arguments": c.arguments_json,
+                                "server": mcp_server_of(c.name),
+                            }
                             for c in calls
                         ],
                     }

@@ -1,0 +1,167 @@
+"""``fanfold mcp``: serve fanfold's delegation to MCP hosts (the ``mcp`` extra)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from fanfold.cli.database import db_option, default_db
+from fanfold.cli.errors import CliError, user_errors
+from fanfold.cli.logs import open_logs
+from fanfold.cli.mcp_tools import declarations_for, mcp_tools, with_server_secrets
+from fanfold.cli.models import ModelChoice, choose_model, model_options
+from fanfold.cli.output import hint
+from fanfold.cli.run_commands import _agents
+from fanfold.cli.signals import run_trio, stop_signal_receiver
+from fanfold.runtime import Runtime
+from fanfold.runtime.presence import DatabaseInUse
+from fanfold.statemachine import Limits
+
+TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
+
+
+@click.command("mcp")
+@model_options
+@click.option(
+    "--cwd",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Working directory of the delegated trees (and where agent files are found).",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Token budget of each delegated tree (a task's budget may lower it).",
+)
+@click.option("--http", is_flag=True, help="Serve Streamable HTTP on a loopback port, not stdio.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=0, help="--http port on 127.0.0.1 (0: any)."
+)
+@db_option
+def mcp_command(
+    script: Path | None,
+    config_path: Path | None,
+    profile: str | None,
+    model: str | None,
+    cwd: Path,
+    max_tokens: int | None,
+    http: bool,
+    port: int,
+    db: Path | None,
+) -> None:
+    """Serve delegation over MCP: delegate_task, list_sub_agents, get_delegation_result.
+
+    Over stdio by default (an MCP host starts `fanfold mcp` as a subprocess); with
+    --http, Streamable HTTP on 127.0.0.1, every request needing the bearer token
+    printed at start (or taken from $FANFOLD_MCP_TOKEN). Delegations are trees in the
+    database like `fanfold run`'s; the unfinished ones this server started are
+    resumed when it starts again.
+    """
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise CliError("fanfold mcp needs the MCP SDK: pip install 'fanfold[mcp]'") from None
+    if not cwd.is_dir():
+        raise CliError(f"--cwd {cwd} is not a directory")
+    path = db or default_db()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Logs go to the file beside the database: stdout is the protocol's.
+    open_logs(path, None)
+    with user_errors(path):
+        choice = choose_model(script, config_path, profile, model)
+        limits = choice.retry.apply(Limits(max_tokens=max_tokens) if max_tokens else Limits())
+        agents = _agents(cwd)
+        # The folder's MCP servers' tools are offered to delegated trees too.
+        servers = declarations_for(cwd, config_path)
+        if servers and os.environ.get("FANFOLD_MCP_PARENT"):
+            hint(
+                "started as an MCP server of another fanfold: not starting MCP servers "
+                "of its own (a fanfold that names itself would start copies without end)",
+                style="yellow",
+            )
+            servers = ()
+        choice = with_server_secrets(choice, servers)
+        token = None
+        if http:
+            token = os.environ.get(TOKEN_VARIABLE) or None
+            if token is not None and len(token) < 16:
+                raise CliError(f"${TOKEN_VARIABLE} is too short: give at least 16 characters")
+        run_trio(_serve, path, choice, cwd.resolve(), limits, agents, http, port, token, servers)
+
+
+def _new_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+async def _serve(
+    stop: tuple[int, ...],
+    path: Path,
+    choice: ModelChoice,
+    cwd: Path,
+    limits: Limits,
+    agents: Any,
+    http: bool,
+    port: int,
+    token: str | None,
+    servers: tuple[Any, ...] = (),
+) -> None:
+    from fanfold.mcp.server import DelegationLedger, DelegationService, mcp_server
+
+    try:
+        with stop_signal_receiver(stop) as signals:
+            async with (
+                mcp_tools(servers, cwd, choice.env_policy) as extra,
+                Runtime.open(
+                    path,
+                    choice.provider,
+                    choice.tools(extra),
+                    redact=choice.redactor(),
+                    limits=limits,
+                    provider_description=choice.recorded,
+                ) as runtime,
+            ):
+                service = DelegationService(
+                    runtime,
+                    cwd=cwd,
+                    agents=agents,
+                    limits=limits,
+                    system_prompt=choice.system_prompt,
+                    ledger=DelegationLedger(path),
+                )
+                try:
+                    resumed = await service.resume_own()
+                except DatabaseInUse as exc:
+                    hint(f"not resuming earlier delegations: {exc}", style="yellow")
+                    resumed = []
+                if resumed:
+                    hint(f"resumed {len(resumed)} conversation(s) of earlier delegations")
+                server = mcp_server(service)
+                async with trio.open_nursery() as nursery:
+
+                    async def on_signal() -> None:
+                        async for _ in signals:
+                            # A signal stops the server, not the work: the trees stay
+                            # unfinished in the log and are resumed at the next start.
+                            service.stopping = True
+                            nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(on_signal)
+                    if http:
+                        from fanfold.mcp.http import serve_http
+
+                        await serve_http(
+                            server, port, token or _new_token(), show_token=token is None
+                        )
+                    else:
+                        await server.run_stdio_async()
+                    nursery.cancel_scope.cancel()
+    finally:
+        await choice.aclose()

@@ -1,0 +1,117 @@
+"""The MCP servers' tools of a ``fanfold run``: declared for its folder, started when
+its tree starts, stopped when it ends (``fanfold.mcp``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from fanfold.cli.display import printable
+from fanfold.cli.models import ModelChoice
+from fanfold.cli.output import hint
+from fanfold.tools.secrets import EnvPolicy
+
+
+def declarations_for(cwd: Path, config_path: Path | None) -> tuple[Any, ...]:
+    """The servers declared for ``cwd`` (each problem a yellow line); () when none, or
+    when the ``mcp`` extra is missing (said once)."""
+    from fanfold.mcp.config import declared_servers
+
+    declared = declared_servers(cwd, config_path)
+    for problem in declared.problems:
+        hint(f"MCP: {printable(problem)}", style="yellow")
+    if not declared.servers:
+        return ()
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        hint(
+            "MCP servers are declared but the MCP SDK is missing: pip install 'fanfold[mcp]'",
+            style="yellow",
+        )
+        return ()
+    return declared.servers
+
+
+@asynccontextmanager
+async def mcp_tools(
+    declarations: Sequence[Any], cwd: Path, env_policy: EnvPolicy
+) -> AsyncIterator[list[Any]]:
+    """The tools of ``declarations``' servers (started now, stopped on exit); every
+    server that waits for trust or failed is one yellow line."""
+    if not declarations:
+        yield []
+        return
+    from fanfold.mcp.client import McpHub
+
+    async with McpHub.open(declarations, cwd=cwd, env_policy=env_policy, environ=os.environ) as hub:
+        tools, problems = await hub.discover()
+        for problem in problems:
+            hint(f"MCP: {printable(problem)}", style="yellow")
+        yield tools
+
+
+def recorded_declarations(
+    trees: Sequence[tuple[str, Sequence[Any]]], config_path: Path | None
+) -> tuple[Any, ...]:
+    """For ``resume`` and ``send``: the servers declared now in the folders of the trees
+    (``(cwd, recorded tool specs)`` each) that recorded MCP tools; a name declared in
+    two folders is the first folder's."""
+    from fanfold.statemachine.permissions import MCP_PREFIX
+
+    declared: dict[str, Any] = {}
+    for cwd in dict.fromkeys(
+        cwd for cwd, specs in trees if any(s.name.startswith(MCP_PREFIX) for s in specs)
+    ):
+        for declaration in declarations_for(Path(cwd), config_path):
+            declared.setdefault(declaration.name, declaration)
+    return tuple(declared.values())
+
+
+@asynccontextmanager
+async def recorded_mcp_tools(
+    trees: Sequence[tuple[str, Sequence[Any]]],
+    declarations: Sequence[Any],
+    env_policy: EnvPolicy,
+) -> AsyncIterator[list[Any]]:
+    """For ``resume`` and ``send``: the MCP tools the trees recorded, bound to
+    ``declarations`` (``recorded_declarations``); a server starts only when a resumed
+    call needs it (a project's only if trusted)."""
+    if not declarations:
+        yield []
+        return
+    from fanfold.mcp.client import McpHub
+
+    first = next((cwd for cwd, _ in trees), ".")
+    async with McpHub.open(
+        declarations, cwd=first, env_policy=env_policy, environ=os.environ
+    ) as hub:
+        names: set[str] = set()
+        tools = []
+        for _, specs in trees:
+            for tool in hub.tools_for(specs):
+                if tool.spec.name not in names:
+                    names.add(tool.spec.name)
+                    tools.append(tool)
+        yield tools
+
+
+def with_server_secrets(choice: ModelChoice, declarations: Sequence[Any]) -> ModelChoice:
+    """``choice`` whose environment policy also treats the variables the servers'
+    ``env``/``headers`` name as keys: bash commands never see them, and their values
+    are redacted from the log (a server echoing its token writes no token there)."""
+    from fanfold.mcp.config import secret_variables
+
+    names = secret_variables(declarations)
+    if not names:
+        return choice
+    policy = choice.env_policy
+    return attrs.evolve(
+        choice,
+        env_policy=EnvPolicy(policy.key_variables | names, policy.pass_env - names),
+    )

@@ -1,0 +1,632 @@
+"""MCP servers' tools as fanfold tools (``mcp__SERVER__TOOL``).
+
+``McpHub`` owns the declared servers of a run (``fanfold.mcp.config``). A server is
+started when a tree first needs it: ``discover()`` (before a tree starts, to list its
+tools for the tree's recorded tool set) or the first call of one of its tools (a
+resumed tree). It is then shared by every conversation of the runtime, restarted once
+after it dies (a later death leaves its tools answering error results that name the
+server and end with its stderr), and stopped when the hub closes.
+
+A stdio server runs under the ``bash`` tool's supervisor in serve mode
+(``fanfold/tools/supervisor.py --serve``): its own session, every process it starts
+killed when it exits or when fanfold goes away (the lifeline pipe reaches end-of-file
+however fanfold dies, SIGKILL included). Its environment is fanfold's with secret-looking
+variables removed (as for bash), plus its declared ``env``.
+
+The transport is fanfold's own line reader (not the SDK's ``stdio_client``) for two
+reasons: the process must be the supervisor's, and a line is capped (``MAX_MESSAGE``):
+a server that writes 50 MB in one message, or a line that is not JSON-RPC, is a broken
+server (its calls end with an error result saying so), not a hung or swollen fanfold.
+The session on top is the SDK's ``ClientSession``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import anyio
+import trio
+
+from fanfold.mcp.config import ServerDeclaration, expand
+from fanfold.providers.config import ConfigError
+from fanfold.statemachine import ToolSpec
+from fanfold.tools.output import HeadTailBuffer
+from fanfold.tools.schema import SchemaError, check_schema
+from fanfold.tools.secrets import EnvPolicy
+from fanfold.tools.tool import ToolOutput, valid_tool_name
+
+__all__ = [
+    "MAX_MESSAGE",
+    "MAX_TOOLS",
+    "McpHub",
+    "McpServer",
+    "McpTool",
+    "mcp_tool_name",
+    "split_tool_name",
+]
+
+SUPERVISOR = Path(__file__).resolve().parent.parent / "tools" / "supervisor.py"
+MAX_MESSAGE = 8 * 1024 * 1024
+"""Bytes one JSON-RPC message (one line) from a server may take."""
+MAX_TOOLS = 128
+"""Tools one server may offer; a server offering more is refused whole."""
+MAX_OUTPUT_CHARS = 30_000
+STDERR_TAIL = 2_000
+SHUTDOWN_GRACE = 2.0
+"""Seconds a server has to exit after its stdin closes, before it is killed."""
+PREFIX = "mcp__"
+UNDER_FANFOLD = "FANFOLD_MCP_PARENT"
+"""Set in a stdio server's environment: a ``fanfold mcp`` seeing it starts no servers."""
+
+
+def mcp_tool_name(server: str, tool: str) -> str:
+    """The fanfold name of ``tool`` of ``server``: ``mcp__SERVER__TOOL`` (Claude Code's)."""
+    return f"{PREFIX}{server}__{tool}"
+
+
+def split_tool_name(name: str) -> tuple[str, str] | None:
+    """(server, tool) of an ``mcp__SERVER__TOOL`` name; None for any other name.
+    Server names never hold ``__`` (``fanfold.mcp.config``), so the split is unique."""
+    if not name.startswith(PREFIX):
+        return None
+    server, sep, tool = name[len(PREFIX) :].partition("__")
+    return (server, tool) if sep and server and tool else None
+
+
+class ServerUnavailable(Exception):
+    """The server cannot be used; the message names it and says why."""
+
+
+class McpTool:
+    """One tool of an MCP server, as a fanfold ``Tool``."""
+
+    def __init__(
+        self,
+        server: McpServer,
+        tool: str,
+        spec: ToolSpec,
+        *,
+        read_only: bool = False,
+    ) -> None:
+        self.server = server
+        self.tool = tool
+        self.spec = spec
+        self.read_only = read_only
+        """The server's ``readOnlyHint``: its own claim (``read-only`` rules take it)."""
+        self.idempotent = tool in server.declaration.idempotent_tools
+        """Declared in the user's configuration (``idempotent_tools``), never taken
+        from the server: a call in flight at a crash is re-sent only then."""
+
+    async def run(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
+        return await self.server.call(self.tool, dict(args))
+
+
+class McpServer:
+    """One declared server: started on first use, shared, restarted once."""
+
+    def __init__(self, declaration: ServerDeclaration, hub: McpHub) -> None:
+        self.declaration = declaration
+        self.name = declaration.name
+        self.hub = hub
+        self.session: Any = None
+        self.starts = 0
+        self.failure: str | None = None
+        """Why the last connection ended (it died, exit status, a broken message)."""
+        self.stderr = HeadTailBuffer(STDERR_TAIL)
+        self.problem: str | None = None
+        """Why ``discover`` offers none of its tools (waits for trust, failed)."""
+        self.left_out: list[str] = []
+        """Its tools ``discover`` left out, each with why."""
+        self._lock = trio.Lock()
+        self._wake: trio.Event | None = None
+
+    # -- lifecycle
+
+    def _unavailable(self, what: str) -> ServerUnavailable:
+        tail = self.stderr_tail()
+        more = f"; its stderr ends: {tail}" if tail else ""
+        return ServerUnavailable(f"MCP server {self.name!r} {what}{more}")
+
+    def stderr_tail(self) -> str:
+        text = self.stderr.text().strip()
+        return " | ".join(line for line in text.splitlines()[-8:] if line.strip())[-600:]
+
+    async def ensure(self) -> Any:
+        """The live session, starting (or restarting, once) the server; raises
+        ``ServerUnavailable``."""
+        async with self._lock:
+            if self.session is not None:
+                return self.session
+            if self.declaration.needs_trust:
+                raise ServerUnavailable(
+                    f"MCP server {self.name!r} is declared by the project "
+                    f"({self.declaration.source}) and not trusted: run "
+                    f"`fanfold trust {self.declaration.source}` if you trust it"
+                )
+            if self.hub.closed:
+                raise ServerUnavailable(f"MCP server {self.name!r}: fanfold is shutting down")
+            if self.starts >= 2:
+                why = self.failure or "stopped"
+                raise self._unavailable(f"{why}, and was restarted once already")
+            self.starts += 1
+            timeout = self.declaration.startup_timeout
+            try:
+                with trio.fail_after(timeout):
+                    await self.hub.nursery.start(self._serve)
+            except trio.TooSlowError:
+                self.failure = f"did not answer initialize within {timeout:g} s"
+                raise self._unavailable(self.failure) from None
+            except ServerUnavailable:
+                raise
+            except Exception as exc:  # the SDK's MCPError, a closed stream, OSError
+                self.failure = self.failure or f"failed to start: {_one_line(exc)}"
+                raise self._unavailable(self.failure) from None
+            return self.session
+
+    async def _serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from mcp.client.session import ClientSession
+
+        wake = self._wake = trio.Event()
+        self.failure = None
+        started = False
+        try:
+            async with (
+                self._transport(wake) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                self.session = session
+                started = True
+                task_status.started()
+                await wake.wait()
+                self.session = None
+        except Exception as exc:
+            # Before the start, the caller reports it; after, a connection that ends
+            # badly (the SDK raising on a broken stream) must not take the runtime
+            # down with it: the reason is kept for the next call's error result.
+            if not started:
+                raise
+            self.failure = self.failure or f"ended: {_one_line(exc)}"
+        finally:
+            self.session = None
+
+    def _transport(self, wake: trio.Event) -> Any:
+        if self.declaration.command is not None:
+            return self._stdio(wake)
+        return self._http(wake)
+
+    @asynccontextmanager
+    async def _http(self, wake: trio.Event) -> AsyncIterator[tuple[Any, Any]]:
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
+        headers = self._expanded(self.declaration.headers, "headers")
+        client = create_mcp_http_client(headers=headers)
+        async with (
+            client,
+            streamable_http_client(self.declaration.url or "", http_client=client) as (
+                read,
+                write,
+            ),
+        ):
+            yield read, write
+
+    def _expanded(self, pairs: Iterable[tuple[str, str]], key: str) -> dict[str, str]:
+        where = f"{self.declaration.source}: mcp server {self.name}: {key}"
+        try:
+            return {k: expand(v, self.hub.environ, f"{where}.{k}") for k, v in pairs}
+        except ConfigError as exc:
+            self.failure = str(exc)
+            raise ServerUnavailable(f"MCP server {self.name!r}: {exc}") from None
+
+    @asynccontextmanager
+    async def _stdio(self, wake: trio.Event) -> AsyncIterator[tuple[Any, Any]]:
+        from mcp.shared.message import SessionMessage
+
+        declaration = self.declaration
+        env = self.hub.env_policy.command_env(self.hub.environ)
+        env.update(self._expanded(declaration.env, "env"))
+        # A `fanfold mcp` started as a server of this one starts no servers of its own:
+        # a project whose .mcp.json names fanfold itself would otherwise chain them.
+        env[UNDER_FANFOLD] = "1"
+        cwd = Path(self.hub.cwd, declaration.cwd) if declaration.cwd else Path(self.hub.cwd)
+        lifeline_r, lifeline_w = os.pipe()
+        status_r, status_w = os.pipe()
+        argv = [sys.executable, "-I", "-S", str(SUPERVISOR), "--serve", str(lifeline_r)]
+        argv += [str(status_w), declaration.command or "", *declaration.args]
+        try:
+            process = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(lifeline_r, status_w),
+                env=env,
+                cwd=str(cwd),
+            )
+        except OSError as exc:
+            for fd in (lifeline_r, lifeline_w, status_r, status_w):
+                os.close(fd)
+            self.failure = f"cannot be started: {exc.strerror or exc}"
+            raise ServerUnavailable(f"MCP server {self.name!r} {self.failure}") from None
+        os.close(lifeline_r)
+        os.close(status_w)
+        assert process.stdin and process.stdout and process.stderr
+        read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+        stdout, stdin, stderr = process.stdout, process.stdin, process.stderr
+
+        async def reader() -> None:
+            import mcp_types
+
+            buffer = bytearray()
+            try:
+                async with read_send:
+                    while True:
+                        chunk = await stdout.receive_some(65536)
+                        if not chunk:
+                            break
+                        buffer += chunk
+                        while (end := buffer.find(b"\n")) >= 0:
+                            line = bytes(buffer[:end]).strip()
+                            del buffer[: end + 1]
+                            if not line:
+                                continue
+                            if len(line) > MAX_MESSAGE:
+                                self.failure = _too_large(len(line))
+                                return
+                            try:
+                                message = mcp_types.jsonrpc_message_adapter.validate_json(
+                                    line, by_name=False
+                                )
+                            except ValueError:
+                                shown = line[:80].decode("utf-8", "backslashreplace")
+                                self.failure = f"wrote a line that is not JSON-RPC: {shown!r}"
+                                return
+                            await read_send.send(SessionMessage(message))
+                        if len(buffer) > MAX_MESSAGE:
+                            self.failure = _too_large(len(buffer))
+                            return
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, trio.ClosedResourceError):
+                pass
+            finally:
+                if self.failure is None:
+                    self.failure = "died"
+                wake.set()
+
+        async def writer() -> None:
+            try:
+                async with write_recv:
+                    async for message in write_recv:
+                        data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                        await stdin.send_all(data.encode() + b"\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self.failure = self.failure or "died"
+                wake.set()
+
+        async def errors() -> None:
+            try:
+                while chunk := await stderr.receive_some(65536):
+                    self.stderr.feed(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader)
+                nursery.start_soon(writer)
+                nursery.start_soon(errors)
+                try:
+                    yield read_recv, write_send
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await _stop(process, lifeline_w)
+                    nursery.cancel_scope.cancel()
+        finally:
+            report = _report(status_r)
+            os.close(status_r)
+            if self.failure == "died" and ("code" in report or "signal" in report):
+                how = (
+                    f"signal {report['signal']}"
+                    if "signal" in report
+                    else f"status {report['code']}"
+                )
+                self.failure = f"exited ({how})"
+
+    async def stop(self) -> None:
+        """Ask the server to stop (its task closes the session and the process)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- calls
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
+        """Call ``tool``; every failure is an error result naming the server."""
+        from mcp.shared.exceptions import MCPError
+
+        try:
+            session = await self.ensure()
+        except ServerUnavailable as exc:
+            return ToolOutput.error(str(exc))
+        timeout = self.declaration.timeout
+        with trio.move_on_after(timeout) as scope:
+            try:
+                result = await session.call_tool(tool, arguments)
+            except MCPError as exc:
+                if self.session is None or self.failure is not None:
+                    why = self.failure or "closed the connection"
+                    return ToolOutput.error(str(self._unavailable(f"{why} during the call")))
+                return ToolOutput.error(f"MCP server {self.name!r}: {_one_line(exc)}")
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                why = self.failure or _one_line(exc)
+                return ToolOutput.error(str(self._unavailable(f"{why} during the call")))
+            except Exception as exc:  # an answer the SDK cannot read (pydantic, ...)
+                return ToolOutput.error(
+                    f"MCP server {self.name!r}: {tool} answered with something that is not "
+                    f"a tool result: {_one_line(exc)}"
+                )
+        if scope.cancelled_caught:
+            return ToolOutput.error(
+                f"MCP server {self.name!r}: {tool} timed out after {timeout:g} s "
+                "(the server was told to cancel it)"
+            )
+        return _output(result)
+
+    async def list_tools(self) -> list[Any]:
+        """The server's tools (every page); raises ``ServerUnavailable``."""
+        import mcp_types
+
+        session = await self.ensure()
+        tools: list[Any] = []
+        cursor: str | None = None
+        with trio.fail_after(self.declaration.startup_timeout):
+            while True:
+                params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                page = await session.list_tools(params=params)
+                tools += page.tools
+                if len(tools) > MAX_TOOLS:
+                    raise ServerUnavailable(
+                        f"MCP server {self.name!r} offers more than {MAX_TOOLS} tools: refused "
+                        "(a tool list that long would fill the model's context)"
+                    )
+                cursor = page.next_cursor
+                if not cursor:
+                    return tools
+
+
+class McpHub:
+    """The MCP servers of one runtime (open it with ``McpHub.open``)."""
+
+    def __init__(
+        self,
+        declarations: Iterable[ServerDeclaration],
+        nursery: trio.Nursery,
+        *,
+        cwd: str | Path,
+        env_policy: EnvPolicy,
+        environ: Mapping[str, str],
+    ) -> None:
+        self.nursery = nursery
+        self.cwd = str(cwd)
+        self.env_policy = env_policy
+        self.environ = environ
+        self.closed = False
+        self.servers = {d.name: McpServer(d, self) for d in declarations}
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        declarations: Iterable[ServerDeclaration],
+        *,
+        cwd: str | Path = ".",
+        env_policy: EnvPolicy | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[McpHub]:
+        """A hub over ``declarations``; nothing starts until a tool is needed. On exit
+        every server is stopped (stdin closed, then killed with all it started)."""
+        async with trio.open_nursery() as nursery:
+            hub = cls(
+                declarations,
+                nursery,
+                cwd=cwd,
+                env_policy=env_policy or EnvPolicy(),
+                environ=os.environ if environ is None else environ,
+            )
+            try:
+                yield hub
+            finally:
+                hub.closed = True
+                for server in hub.servers.values():
+                    await server.stop()
+
+    async def discover(self) -> tuple[list[McpTool], list[str]]:
+        """Start every server that may start and list its tools. Returns the tools and
+        the problems (a server waiting for trust, failing to start, a tool left out),
+        one line each."""
+        tools: list[McpTool] = []
+        problems: list[str] = []
+        for server in self.servers.values():
+            if server.declaration.needs_trust:
+                server.problem = _trust_problem(server)
+                problems.append(server.problem)
+                continue
+            try:
+                listed = await server.list_tools()
+            except (ServerUnavailable, trio.TooSlowError) as exc:
+                server.problem = str(exc) or f"MCP server {server.name!r}: tools/list timed out"
+                problems.append(server.problem)
+                await server.stop()
+                continue
+            except Exception as exc:  # an SDK error answering tools/list
+                server.problem = f"MCP server {server.name!r}: tools/list failed: {_one_line(exc)}"
+                problems.append(server.problem)
+                continue
+            for tool in listed:
+                made = _tool(server, tool)
+                if isinstance(made, str):
+                    server.left_out.append(made)
+                    problems.append(made)
+                else:
+                    tools.append(made)
+        return tools, problems
+
+    def tools_for(self, specs: Iterable[ToolSpec]) -> list[McpTool]:
+        """Tools for recorded specs (a resumed tree): their servers start on the
+        first call. Specs of servers not declared here are left out."""
+        made = []
+        for spec in specs:
+            split = split_tool_name(spec.name)
+            if split is None or split[0] not in self.servers:
+                continue
+            made.append(McpTool(self.servers[split[0]], split[1], spec))
+        return made
+
+
+def _trust_problem(server: McpServer) -> str:
+    source = server.declaration.source
+    return (
+        f"MCP server {server.name!r} waits for trust: declared by the project in {source}; "
+        f"run `fanfold trust {source}` if you trust it"
+    )
+
+
+def _tool(server: McpServer, tool: Any) -> McpTool | str:
+    name = mcp_tool_name(server.name, str(tool.name))
+    if not valid_tool_name(name):
+        return (
+            f"MCP server {server.name!r}: tool {str(tool.name)[:80]!r} left out: {name[:100]!r} "
+            "is not a name a model can call (1-64 letters, digits, '_' or '-')"
+        )
+    schema = _simplified(tool.input_schema)
+    try:
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise SchemaError("its input schema is not an object schema")
+        check_schema(schema, name)
+    except SchemaError as exc:
+        return f"MCP server {server.name!r}: tool {tool.name!r} left out: {exc}"
+    description = (tool.description or "").strip() or f"{tool.name} (MCP server {server.name})"
+    spec = ToolSpec.from_schema(name, description[:4000], schema)
+    annotations = getattr(tool, "annotations", None)
+    read_only = bool(annotations is not None and annotations.read_only_hint)
+    return McpTool(server, str(tool.name), spec, read_only=read_only)
+
+
+_ANNOTATION_KEYS = frozenset({"title", "description", "default", "examples"})
+
+
+def _simplified(schema: Any) -> Any:
+    """``schema`` with each ``anyOf`` of plain typed branches (pydantic's spelling of an
+    optional argument: ``{"anyOf": [{"type": "string"}, {"type": "null"}]}``) written
+    as a type list (``{"type": ["string", "null"]}``), which the checked subset has;
+    anything else as it is (``check_schema`` decides)."""
+    if isinstance(schema, list):
+        return [_simplified(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _simplified(value) for key, value in schema.items()}
+    branches = out.get("anyOf")
+    if (
+        isinstance(branches, list)
+        and branches
+        and "type" not in out
+        and all(
+            isinstance(b, dict)
+            and isinstance(b.get("type"), str)
+            and set(b) <= {"type"} | _ANNOTATION_KEYS
+            for b in branches
+        )
+    ):
+        del out["anyOf"]
+        kinds = list(dict.fromkeys(b["type"] for b in branches))
+        out["type"] = kinds[0] if len(kinds) == 1 else kinds
+    return out
+
+
+def _output(result: Any) -> ToolOutput:
+    """A ``CallToolResult`` as a tool result: text, structured content as JSON,
+    other blocks as short placeholders, capped like every tool's output."""
+    parts: list[str] = []
+    for block in result.content:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        elif kind in ("image", "audio"):
+            size = len(block.data) * 3 // 4
+            parts.append(f"[{kind}: {block.mime_type}, about {size} bytes, not shown]")
+        elif kind == "resource":
+            text = getattr(block.resource, "text", None)
+            parts.append(text if text is not None else f"[resource {block.resource.uri}: binary]")
+        elif kind == "resource_link":
+            parts.append(f"[resource link: {block.uri}]")
+        else:
+            parts.append(f"[{kind or 'unknown'} content, not shown]")
+    structured = result.structured_content
+    if structured is not None and not _carried(parts, structured):
+        parts.append(json.dumps(structured, ensure_ascii=False, sort_keys=True))
+    text = "\n".join(parts)
+    if len(text) > MAX_OUTPUT_CHARS:
+        buffer = HeadTailBuffer(MAX_OUTPUT_CHARS)
+        buffer.feed(text.encode())
+        text = buffer.text()
+    return ToolOutput(text, bool(result.is_error))
+
+
+def _carried(parts: list[str], structured: Any) -> bool:
+    """Whether the text blocks already say what ``structured`` does: the same JSON, or
+    the SDK's wrapping of a plain return value (``{"result": <the text>}``)."""
+    text = "\n".join(parts)
+    candidates = [structured]
+    if isinstance(structured, dict) and set(structured) == {"result"}:
+        candidates.append(structured["result"])
+    try:
+        parsed: Any = json.loads(text)
+    except ValueError:
+        parsed = _NOTHING
+    return any(c in (text, parsed) for c in candidates)
+
+
+_NOTHING = object()
+
+
+async def _stop(process: trio.Process, lifeline_w: int) -> None:
+    """Close the server's stdin and give it ``SHUTDOWN_GRACE``; then close the
+    lifeline: the supervisor kills it and everything it started."""
+    assert process.stdin is not None
+    with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await process.stdin.aclose()
+    with trio.move_on_after(SHUTDOWN_GRACE):
+        await process.wait()
+    os.close(lifeline_w)
+    with trio.move_on_after(SHUTDOWN_GRACE * 2):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+def _too_large(size: int) -> str:
+    return f"sent a message larger than {MAX_MESSAGE // (1024 * 1024)} MiB ({size} bytes or more)"
+
+
+def _report(status_r: int) -> dict[str, str]:
+    """The supervisor's ``key=value`` report, if it wrote one (it has exited)."""
+    os.set_blocking(status_r, False)
+    try:
+        line = os.read(status_r, 4096).decode("utf-8", "replace")
+    except OSError:
+        return {}
+    fields = (field.partition("=") for field in line.strip().split("\t"))
+    return {key: value for key, _, value in fields if key}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]

@@ -1,0 +1,338 @@
+"""Which MCP servers a folder declares, and whether each may start.
+
+Three places declare servers:
+
+- the configuration file (``[mcp_servers.NAME]``: ``command``, ``args``, ``env``,
+  ``cwd``, or ``url`` and ``headers``; and fanfold's own keys ``idempotent_tools``,
+  ``timeout``, ``startup_timeout``);
+- a project's ``.mcp.json`` (``{"mcpServers": {NAME: {...}}}``, Claude Code's format,
+  the same keys in camel case where it has them);
+- agent files' front matter (``mcpServers:``, the same keys), in the folders
+  ``fanfold.agents`` reads: the project's are the project's, the user's the user's.
+
+A server declared by the project (``./fanfold.toml`` found in the folder, its
+``.mcp.json``, or an agent file in its ``.claude/agents`` or ``.fanfold/agents``) is
+code the repository chose to run on the user's machine: it starts only once the user
+has trusted that file's bytes (``fanfold trust PATH``, the record
+of ``fanfold.trust``). Servers of the user's own configuration, ``$FANFOLD_CONFIG`` or
+an explicit ``--config`` start as they are.
+
+Values in ``env`` and ``headers`` may name environment variables (``${GITHUB_TOKEN}``,
+also inside a value as in ``Bearer ${GITHUB_TOKEN}``, or a whole ``$GITHUB_TOKEN``):
+they are read from fanfold's environment when the server starts, never stored, logged
+or shown (``fanfold tools`` shows the names).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from fanfold.agents.catalog import agent_folders
+from fanfold.providers.config import (
+    EXPLICIT_CONFIG,
+    PROJECT_CONFIG,
+    ConfigError,
+    find_config,
+)
+from fanfold.regular_files import read_regular
+from fanfold.trust import TrustFileError, TrustStore, file_digest
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "MCP_JSON",
+    "Declarations",
+    "ServerDeclaration",
+    "declared_servers",
+    "expand",
+    "secret_variables",
+    "servers_in",
+]
+
+MCP_JSON = ".mcp.json"
+DEFAULT_TIMEOUT = 120.0
+"""Seconds one tool call may take (``timeout`` per server)."""
+DEFAULT_STARTUP_TIMEOUT = 30.0
+"""Seconds a server has to start and answer ``initialize`` and ``tools/list``."""
+_NAME = re.compile(r"^[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*$")
+_VARIABLE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
+_BRACED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_MAX_FILE = 1024 * 1024
+
+
+@attrs.frozen
+class ServerDeclaration:
+    """One declared server. ``env`` and ``headers`` hold the values as written (an
+    ``${VAR}`` is expanded only when the server starts). ``needs_trust``: declared by
+    the project, and its file's bytes are not trusted."""
+
+    name: str
+    source: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+    url: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    idempotent_tools: tuple[str, ...] = ()
+    timeout: float = DEFAULT_TIMEOUT
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    project: bool = False
+    needs_trust: bool = False
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command is not None else "http"
+
+
+@attrs.frozen
+class Declarations:
+    """The servers in effect (by name: a later file's replaces an earlier one's) and
+    the problems found (each one line, naming the file and the key)."""
+
+    servers: tuple[ServerDeclaration, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def secret_variables(declarations: Iterable[ServerDeclaration]) -> frozenset[str]:
+    """The environment variables the declarations' ``env`` and ``headers`` name
+    (``${VAR}``): kept from bash commands and redacted from the log like key variables."""
+    names = set()
+    for declaration in declarations:
+        for _, value in (*declaration.env, *declaration.headers):
+            names.update(_referenced(value))
+    return frozenset(names)
+
+
+def _referenced(value: str) -> list[str]:
+    whole = _VARIABLE.match(value.strip())
+    return [whole.group(1)] if whole else _BRACED.findall(value)
+
+
+def expand(value: str, environ: Mapping[str, str], where: str) -> str:
+    """``value`` with its environment references (``${VAR}`` anywhere, as in
+    ``Bearer ${TOKEN}``, or a whole ``$VAR``) replaced by the variables' values; raises
+    ``ConfigError`` naming the variable (never a value) if one is not set."""
+    for name in _referenced(value):
+        if name not in environ:
+            raise ConfigError(f"needs ${name}, which is not set", path=where)
+    whole = _VARIABLE.match(value.strip())
+    if whole is not None:
+        return environ[whole.group(1)]
+    return _BRACED.sub(lambda m: environ[m.group(1)], value)
+
+
+def declared_servers(
+    cwd: Path,
+    config_path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    trust: TrustStore | None = None,
+) -> Declarations:
+    """The MCP servers declared for ``cwd``: the configuration file's (``config_path``,
+    else the one ``fanfold run`` would read), then the folder's ``.mcp.json``."""
+    env = os.environ if environ is None else environ
+    store = trust if trust is not None else TrustStore.default(env)
+    found: dict[str, ServerDeclaration] = {}
+    problems: list[str] = []
+    try:
+        located = (
+            (config_path, EXPLICIT_CONFIG) if config_path is not None else find_config(env, cwd)
+        )
+    except ConfigError as exc:
+        problems.append(str(exc))
+        located = None
+    sources: list[tuple[Path, str, bool]] = []
+    if located is not None:
+        sources.append((located[0], "toml", located[1] == PROJECT_CONFIG))
+    if (cwd / MCP_JSON).exists():
+        sources.append((cwd / MCP_JSON, "json", True))
+    # Agent files may declare servers too (``mcpServers`` in the front matter): the
+    # project's folders' files are the project's (trust needed), the user's are not.
+    project_folders = agent_folders(cwd, env)[2:]
+    for folder in agent_folders(cwd, env):
+        if folder.is_dir():
+            for file in sorted(folder.glob("*.md")):
+                sources.append((file, "agent", folder in project_folders))
+    for path, kind, project in sources:
+        try:
+            data = read_regular(path, limit=_MAX_FILE)
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path}: cannot read it: {exc}")
+            continue
+        if len(data) > _MAX_FILE:
+            problems.append(f"{path}: larger than {_MAX_FILE} bytes: not read")
+            continue
+        needs_trust = False
+        if project:
+            try:
+                needs_trust = not store.is_trusted(path, file_digest(data))
+            except TrustFileError as exc:
+                problems.append(f"{path}: {exc}")
+                needs_trust = True
+        try:
+            table = _servers_table(data, path, kind)
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        for name, body in table.items():
+            try:
+                found[name] = _declaration(name, body, str(path), kind, project, needs_trust)
+            except ConfigError as exc:
+                problems.append(str(exc))
+    return Declarations(tuple(found.values()), tuple(problems))
+
+
+def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
+    """The servers a file's bytes declare (``.mcp.json`` by its name, an agent file by
+    its ``.md``, else TOML), for
+    ``fanfold trust`` to show what it is trusting; ``ConfigError`` if one is invalid."""
+    kind = "json" if path.name == MCP_JSON else "agent" if path.suffix == ".md" else "toml"
+    table = _servers_table(data, path, kind)
+    return [_declaration(n, b, str(path), kind, True, False) for n, b in table.items()]
+
+
+def _servers_table(data: bytes, path: Path, kind: str) -> dict[str, Any]:
+    if kind == "agent":
+        return _agent_servers(data, path)
+    try:
+        if kind == "toml":
+            document: Any = tomllib.loads(data.decode("utf-8"))
+            key = "mcp_servers"
+        else:
+            document = json.loads(data.decode("utf-8"))
+            key = "mcpServers"
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as exc:
+        raise ConfigError(f"not valid {kind.upper()}: {exc}", path=str(path)) from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"not a {kind.upper()} object", path=str(path))
+    table = document.get(key, {})
+    if not isinstance(table, dict):
+        raise ConfigError("must be a table of servers by name", path=str(path), key=key)
+    return table
+
+
+def _agent_servers(data: bytes, path: Path) -> dict[str, Any]:
+    """An agent file's ``mcpServers``: a table of servers (a list of names refers to
+    servers declared elsewhere and declares none)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {}  # fanfold agents reports the file
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+    if end is None:
+        return {}
+    try:
+        front = yaml.safe_load("\n".join(lines[1:end]))
+    except yaml.YAMLError:
+        return {}  # fanfold agents reports the file
+    if not isinstance(front, dict):
+        return {}
+    table = front.get("mcpServers", front.get("mcp_servers"))
+    if table is None or isinstance(table, list):
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError("must be a table of servers by name", path=str(path), key="mcpServers")
+    return table
+
+
+_TOML_KEYS = {
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "url",
+    "headers",
+    "idempotent_tools",
+    "timeout",
+    "startup_timeout",
+    "type",
+}
+_JSON_ALIASES = {"idempotentTools": "idempotent_tools", "startupTimeout": "startup_timeout"}
+
+
+def _declaration(
+    name: str, body: Any, source: str, kind: str, project: bool, needs_trust: bool
+) -> ServerDeclaration:
+    where = f"mcp_servers.{name}" if kind == "toml" else f"mcpServers.{name}"
+    if not isinstance(name, str):
+        raise ConfigError("a server name must be a string", path=source, key=str(name))
+
+    def fail(message: str) -> ConfigError:
+        return ConfigError(message, path=source, key=where)
+
+    if not _NAME.match(name) or len(name) > 32:
+        raise fail(
+            "a server name is 1-32 letters, digits, '-' or single '_' (tools are named "
+            "mcp__SERVER__TOOL)"
+        )
+    if not isinstance(body, dict):
+        raise fail("must be a table")
+    body = {_JSON_ALIASES.get(k, k): v for k, v in body.items()}
+    unknown = sorted(set(body) - _TOML_KEYS)
+    if unknown and kind == "toml":
+        raise fail(f"unknown key(s) {', '.join(unknown)}")
+    command = body.get("command")
+    url = body.get("url")
+    if (command is None) == (url is None):
+        raise fail("give command (a stdio server) or url (Streamable HTTP), one of them")
+    if command is not None and (not isinstance(command, str) or not command.strip()):
+        raise fail("command must be a non-empty string")
+    if url is not None and (
+        not isinstance(url, str) or not url.startswith(("http://", "https://"))
+    ):
+        raise fail("url must be an http:// or https:// URL")
+    args = body.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise fail("args must be a list of strings")
+    env = _string_table(body.get("env", {}), fail, "env")
+    headers = _string_table(body.get("headers", {}), fail, "headers")
+    cwd = body.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise fail("cwd must be a string")
+    idempotent = body.get("idempotent_tools", [])
+    if not isinstance(idempotent, list) or not all(isinstance(t, str) for t in idempotent):
+        raise fail("idempotent_tools must be a list of tool names")
+    timeouts = {}
+    for key, default in (
+        ("timeout", DEFAULT_TIMEOUT),
+        ("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
+    ):
+        value = body.get(key, default)
+        if type(value) not in (int, float) or not 0 < value <= 86_400:
+            raise fail(f"{key} must be a number of seconds between 0 and 86400")
+        timeouts[key] = float(value)
+    return ServerDeclaration(
+        name,
+        source,
+        command=command,
+        args=tuple(args),
+        env=env,
+        cwd=cwd,
+        url=url,
+        headers=headers,
+        idempotent_tools=tuple(idempotent),
+        timeout=timeouts["timeout"],
+        startup_timeout=timeouts["startup_timeout"],
+        project=project,
+        needs_trust=needs_trust,
+    )
+
+
+def _string_table(value: Any, fail: Any, key: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise fail(f"{key} must be a table of strings")
+    return tuple(sorted(value.items()))

@@ -1,0 +1,286 @@
+"""fanfold's delegation served over MCP (``fanfold mcp``).
+
+Three tools, over one ``Runtime`` and the same database as the CLI:
+
+- ``delegate_task(agent, task, context, budget, background)``: start a tree whose root
+  runs as the agent definition ``agent`` (its prompt, rules, model and caps; a plain
+  root, as ``fanfold run`` starts, when left out) on ``task`` (``context`` put before it),
+  ``budget`` the tree's token budget. It answers with the result when the tree comes
+  to rest, or at once with the tree's id when ``background`` is true.
+- ``list_sub_agents()``: the agent definitions in effect for the server's folder.
+- ``get_delegation_result(delegation_id, wait)``: a delegation's status and result.
+
+A delegation is an ordinary tree: written ahead like every other (``fanfold ls``,
+``show`` and the trace page show it), resumed when the server starts again after a
+crash. The ids of the trees the server started are kept in a ledger file beside the
+database (``DelegationLedger``): on start, the unfinished ones among them are resumed,
+and only they (an unfinished ``fanfold run`` is its user's to resume).
+
+A foreground delegation belongs to its request: when the host cancels the request
+(``notifications/cancelled``) or goes away without waiting for the answer, the tree is
+cancelled (a recorded cancel that reaches every sub-agent) before the handler ends.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from fanfold.agents import AgentDefinition
+from fanfold.db import UnknownConversation
+from fanfold.db.records import Status
+from fanfold.runtime import Runtime
+from fanfold.statemachine import CancelReason, Limits
+from fanfold.statemachine.phases import Error
+
+__all__ = ["CANCEL_GRACE", "DelegationError", "DelegationLedger", "DelegationService"]
+
+CANCEL_GRACE = 30.0
+"""Seconds a cancelled request's handler waits for its tree to record the cancel."""
+
+
+class DelegationError(ValueError):
+    """A delegation request the server refuses; the message says why (one line)."""
+
+
+class DelegationLedger:
+    """The ids of the trees ``fanfold mcp`` started, one a line, in a file beside the
+    database (``<db>.mcp-delegations``); none for ``:memory:``.
+
+    An id is appended (and synced) once the tree's creation is in the log, so a crash
+    between the two leaves a tree that ``fanfold resume`` continues, never an id
+    without a tree. The file is read as untrusted text: a line that is not an id is
+    skipped.
+    """
+
+    def __init__(self, database: Path | str) -> None:
+        self.path = None if str(database) == ":memory:" else Path(f"{database}.mcp-delegations")
+        self._ids: list[str] = []
+        if self.path is not None and self.path.is_file():
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+            for line in text.splitlines():
+                line = line.strip()
+                if line.isalnum() and len(line) <= 64 and line not in self._ids:
+                    self._ids.append(line)
+
+    def add(self, root_id: str) -> None:
+        """Record ``root_id`` as started by this server (synced before it returns)."""
+        self._ids.append(root_id)
+        if self.path is None:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(root_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def __contains__(self, root_id: object) -> bool:
+        return root_id in self._ids
+
+    def roots(self) -> tuple[str, ...]:
+        """Every id recorded, oldest first."""
+        return tuple(self._ids)
+
+
+class DelegationService:
+    """What the three MCP tools do, over an open ``Runtime``."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        cwd: Path,
+        agents: tuple[AgentDefinition, ...],
+        limits: Limits,
+        system_prompt: str,
+        ledger: DelegationLedger,
+    ) -> None:
+        self.runtime = runtime
+        self.cwd = cwd
+        self.agents = agents
+        self.limits = limits
+        self.system_prompt = system_prompt
+        self.ledger = ledger
+        self.stopping = False
+        """Set when the server is stopped by a signal: the requests then cancelled
+        leave their trees unfinished, to be resumed at the next start."""
+
+    def sub_agents(self) -> list[dict[str, Any]]:
+        """The agent definitions ``delegate_task`` may name."""
+        return [
+            {
+                "name": a.name,
+                "description": a.description,
+                "model": a.model,
+                "source": a.source,
+                "may_delegate": a.may_delegate,
+            }
+            for a in self.agents
+        ]
+
+    def _definition(self, name: str | None) -> AgentDefinition | None:
+        if name is None:
+            return None  # a plain root, as `fanfold run` starts
+        for definition in self.agents:
+            if definition.name == name:
+                return definition
+        known = ", ".join(a.name for a in self.agents) or "none"
+        raise DelegationError(f"no agent named {name!r} (agents: {known})")
+
+    async def start(
+        self, agent: str | None, task: str, context: str | None, budget: int | None
+    ) -> str:
+        """Start a delegation; returns its id once its creation is in the log."""
+        if not task.strip():
+            raise DelegationError("the task is empty")
+        if budget is not None and budget < 1:
+            raise DelegationError("budget must be a positive number of tokens")
+        definition = self._definition(agent)
+        limits = self.limits
+        if budget is not None:
+            cap = budget if limits.max_tokens is None else min(budget, limits.max_tokens)
+            limits = Limits(**{**_limits_fields(limits), "max_tokens": cap})
+        text = task if not context or not context.strip() else f"{context.strip()}\n\n{task}"
+        root_id = await self.runtime.start(
+            text,
+            cwd=self.cwd,
+            limits=limits,
+            system_prompt=self.system_prompt,
+            agents=self.agents,
+            agent=definition,
+        )
+        self.ledger.add(root_id)
+        return root_id
+
+    async def delegate(
+        self,
+        agent: str | None,
+        task: str,
+        context: str | None,
+        budget: int | None,
+        background: bool,
+    ) -> dict[str, Any]:
+        """``delegate_task``: the result, or the id at once when ``background``."""
+        root_id = await self.start(agent, task, context, budget)
+        if background:
+            return {"delegation_id": root_id, "status": "running"}
+        try:
+            await self.runtime.wait(root_id)
+        except trio.Cancelled:
+            if self.stopping:
+                raise
+            # The request was cancelled (or its host went away): the tree is
+            # cancelled with it, recorded, every sub-agent reached, before the
+            # handler ends. Shielded, bounded: a stuck tree cannot hold the server.
+            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_GRACE):
+                await self.runtime.cancel(root_id, CancelReason.USER)
+                await self.runtime.wait(root_id)
+            raise
+        return self.outcome(root_id)
+
+    async def result(self, delegation_id: str, wait: bool) -> dict[str, Any]:
+        """``get_delegation_result``: the status, and the result once at rest."""
+        if delegation_id not in self.ledger:
+            raise DelegationError(f"{delegation_id!r} is not a delegation of this server")
+        if wait:
+            await self.runtime.wait(delegation_id)
+        return self.outcome(delegation_id)
+
+    def outcome(self, root_id: str) -> dict[str, Any]:
+        """A delegation's status (``running``, ``completed``, ``cancelled``,
+        ``failed``) and, at rest, its answer or error."""
+        try:
+            row = self.runtime.store.conversation(root_id)
+        except UnknownConversation:
+            raise DelegationError(f"{root_id!r} is not in the database") from None
+        answer: dict[str, Any] = {"delegation_id": root_id}
+        if row.status is Status.RUNNING:
+            return {**answer, "status": "running"}
+        state = self.runtime.state(root_id)
+        turn = self.runtime.store.last_turn(root_id)
+        outcome = turn.outcome if turn is not None else ""
+        if isinstance(state.phase, Error):
+            status = "cancelled" if outcome == "cancelled" else "failed"
+            return {**answer, "status": status, "error": state.phase.error}
+        if outcome == "cancelled":
+            return {**answer, "status": "cancelled"}
+        return {**answer, "status": "completed", "result": turn.text if turn else ""}
+
+    async def resume_own(self) -> list[str]:
+        """Resume the unfinished trees this server started (ids of the conversations
+        resumed); the others are left to ``fanfold resume``."""
+        unfinished = {row.root_id for row in self.runtime.store.unfinished()}
+        mine = [r for r in self.ledger.roots() if r in unfinished]
+        plan = self.runtime.resume_plan()
+        mine = [r for r in mine if r in plan.roots]
+        if not mine:
+            return []
+        return await self.runtime.resume(mine)
+
+
+def _limits_fields(limits: Limits) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(limits, recurse=False)
+
+
+def mcp_server(service: DelegationService) -> Any:
+    """The MCP server (the SDK's ``MCPServer``) offering the three tools over
+    ``service``. Refusals are tool errors (``isError``), one line each."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import ToolAnnotations
+
+    server: Any = MCPServer(
+        "fanfold",
+        instructions=(
+            "Delegate work to fanfold's durable trees of sub-agents: list_sub_agents, "
+            "then delegate_task (background: true returns an id at once; "
+            "get_delegation_result reads it)."
+        ),
+        log_level="WARNING",
+    )
+
+    async def delegate_task(
+        task: str,
+        agent: str | None = None,
+        context: str | None = None,
+        budget: int | None = None,
+        background: bool = False,
+    ) -> dict[str, Any]:
+        """Hand a task to a fanfold agent (a durable tree of sub-agents).
+
+        Args:
+            task: What the agent is to do.
+            agent: The agent definition to run as (see list_sub_agents); default: none.
+            context: Background the agent needs, put before the task.
+            budget: Token budget of the whole tree (the agent and its sub-agents).
+            background: Return the delegation's id at once instead of waiting.
+        """
+        try:
+            return await service.delegate(agent, task, context, budget, background)
+        except DelegationError as exc:
+            raise ToolError(str(exc)) from None
+
+    async def list_sub_agents() -> list[dict[str, Any]]:
+        """The agents delegate_task can hand work to, with what each is for."""
+        return service.sub_agents()
+
+    async def get_delegation_result(delegation_id: str, wait: bool = False) -> dict[str, Any]:
+        """The status of a delegation and, once it has ended, its result.
+
+        Args:
+            delegation_id: The id delegate_task returned.
+            wait: Wait until the delegation has ended.
+        """
+        try:
+            return await service.result(delegation_id, wait)
+        except DelegationError as exc:
+            raise ToolError(str(exc)) from None
+
+    server.add_tool(delegate_task)
+    server.add_tool(list_sub_agents, annotations=ToolAnnotations(read_only_hint=True))
+    server.add_tool(get_delegation_result, annotations=ToolAnnotations(read_only_hint=True))
+    return server

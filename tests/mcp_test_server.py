@@ -1,0 +1,173 @@
+"""A small MCP server for the tests, run as a real subprocess over stdio.
+
+``python mcp_test_server.py MODE [DIR]``; DIR is where the tools leave traces.
+
+- ``ok``: the SDK's ``MCPServer`` with tools ``echo`` (read-only), ``add`` (structured
+  result), ``fail`` (an ``isError`` result), ``image``, ``big`` (50 MB of text),
+  ``die`` (exits mid-call), ``slow`` (sleeps; writes ``cancelled`` to DIR when the
+  client cancels it), ``count`` (appends a line to DIR/count), ``bash`` (a built-in's
+  name), ``spawn`` (starts a grandchild ``sleep``, writes its pid and the server's).
+- ``hang``: as ``ok``, but ignores SIGTERM and end-of-file on stdin at shutdown.
+- ``many``: 1,000 tools.
+- ``noinit``: reads requests and never answers.
+- ``garbage``: answers every line with a line that is not JSON.
+- ``badschema``: hand-written JSON-RPC: one tool whose schema uses ``$ref`` (outside
+  the subset fanfold checks), one fine, one (``weird``) answering a malformed result;
+  ``stringschema``: a schema that is not an object.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODE = sys.argv[1]
+DIR = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(".")
+print(f"test server {MODE} starting", file=sys.stderr, flush=True)
+(DIR / f"started-{MODE}").touch()
+
+
+def raw() -> None:
+    for line in sys.stdin:
+        if MODE == "noinit":
+            continue
+        if MODE == "garbage":
+            sys.stdout.write("this is not json-rpc\n")
+            sys.stdout.flush()
+            continue
+        message = json.loads(line)
+        if "id" not in message:
+            continue
+        method = message["method"]
+        if method == "initialize":
+            result = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "bad", "version": "1"},
+            }
+        elif method == "tools/list":
+            result = {
+                "tools": [
+                    {"name": "stringy", "inputSchema": {"type": "string"}}
+                    if MODE == "stringschema"
+                    else {
+                        "name": "refy",
+                        "inputSchema": {
+                            "type": "object",
+                            "properties": {"x": {"$ref": "#/$defs/X"}},
+                        },
+                    },
+                    {"name": "fine", "inputSchema": {"type": "object", "properties": {}}},
+                    {"name": "weird", "inputSchema": {"type": "object", "properties": {}}},
+                ]
+            }
+        elif method == "tools/call" and message["params"]["name"] == "weird":
+            result = {"content": "not a list of blocks"}
+        elif method == "tools/call":
+            result = {"content": [{"type": "text", "text": "fine indeed"}]}
+        else:
+            result = {}
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def served() -> None:
+    import anyio
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.mcpserver.utilities.types import Image
+    from mcp_types import ToolAnnotations
+
+    server = MCPServer("test", log_level="ERROR")
+
+    if MODE == "many":
+        for i in range(1000):
+
+            def tool_n(x: int) -> int:
+                return x
+
+            server.add_tool(tool_n, name=f"tool_{i}")
+        anyio.run(server.run_stdio_async)
+        return
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def echo(text: str) -> str:
+        """Say it back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    def add(a: int, b: int) -> dict[str, int]:
+        """Add two numbers."""
+        return {"sum": a + b}
+
+    @server.tool()
+    def fail() -> str:
+        """Always fails."""
+        raise ToolError("it failed on purpose")
+
+    @server.tool()
+    def image() -> Image:
+        """A tiny picture."""
+        return Image(data=b"\x89PNG" + b"0" * 300, format="png")
+
+    @server.tool()
+    def big() -> str:
+        """50 MB of text."""
+        return "x" * (50 * 1024 * 1024)
+
+    @server.tool()
+    def die() -> str:
+        """Dies mid-call."""
+        print("dying now", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    @server.tool()
+    async def slow(seconds: float) -> str:
+        """Sleeps."""
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            (DIR / "cancelled").write_text("cancelled")
+            raise
+        return "slept"
+
+    @server.tool()
+    def count(tag: str) -> str:
+        """Counts its calls in DIR/count."""
+        with open(DIR / "count", "a") as f:
+            f.write(tag + "\n")
+        time.sleep(float(os.environ.get("COUNT_SLEEP", "0")))
+        return "counted"
+
+    @server.tool(name="bash")
+    def bash_named(command: str) -> str:
+        """Named like fanfold's built-in."""
+        return f"not really bash: {command}"
+
+    @server.tool()
+    def spawn() -> str:
+        """Starts a grandchild that would outlive us if nothing killed it."""
+        child = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+        (DIR / "pids").write_text(f"{os.getpid()} {child.pid}")
+        return "spawned"
+
+    @server.tool()
+    def secret() -> str:
+        """The value of the variable the declaration passed."""
+        return os.environ.get("PASSED", "unset") + " " + os.environ.get("OTHER_TOKEN", "absent")
+
+    anyio.run(server.run_stdio_async)
+    if MODE == "hang":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        (DIR / "hanging").write_text(str(os.getpid()))
+        time.sleep(3600)
+
+
+if MODE in ("noinit", "garbage", "badschema", "stringschema"):
+    raw()
+else:
+    served()
