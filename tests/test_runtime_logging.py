@@ -402,8 +402,14 @@ _STAMP = re.compile(r'"timestamp":"[^"]*"')
 
 @settings(max_examples=60, deadline=None)
 @given(
-    context=st.dictionaries(st.sampled_from(["conversation_id", "depth", "x", "level"]), _VALUES),
-    fields=st.dictionaries(st.text(min_size=1, max_size=8), _VALUES, max_size=6),
+    context=st.dictionaries(
+        st.sampled_from(["conversation_id", "depth", "x", "level", "timestamp"]), _VALUES
+    ),
+    fields=st.dictionaries(
+        st.text(min_size=1, max_size=8).filter(lambda key: key not in ("event", "exc_info")),
+        _VALUES,
+        max_size=6,
+    ),
     event=st.text(max_size=12),
 )
 def test_a_line_rendered_without_the_chain_is_the_line_the_chain_renders(

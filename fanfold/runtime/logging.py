@@ -78,13 +78,17 @@ class _Timestamp:
     def __call__(
         self, logger: Any, method: str, event: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
+        event["timestamp"] = self.text()
+        return event
+
+    def text(self) -> str:
+        """The timestamp of now."""
         now = time.time()
         second = int(now)
         if second != self._second:
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._second = second
-        event["timestamp"] = f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
-        return event
+        return f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
 
 
 def _fallback(value: Any) -> Any:
@@ -215,6 +219,23 @@ def _contextvars_bound() -> bool:
     return not isinstance(known, dict) or bool(known)
 
 
+_UNSET: Any = object()
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_RESERVED = frozenset({"event", "level", "timestamp", "exc_info"})
+_ascii = json.encoder.encode_basestring_ascii
+
+
+def _line_head(context: dict[str, Any], render: _JsonLine) -> tuple[str, frozenset[str]] | None:
+    """A bound context rendered as the start of a line (``{"a":1,``) and the keys a
+    line's keywords must not use to start with it (the context's own, and those the
+    chain sets or reads); None if the context holds a value whose text could change
+    between lines (only plain values are rendered once) or one of those keys."""
+    if any(type(value) not in _PLAIN for value in context.values()) or context.keys() & _RESERVED:
+        return None
+    text = render(None, "", context)
+    return (text[:-1] + "," if len(text) > 2 else "{"), frozenset(context) | _RESERVED
+
+
 def _file_bound_logger(min_level: int) -> type[Any]:
     """structlog's filtering bound logger for ``min_level``, with info and debug lines
     for the file alone rendered without the processor chain (see the module's text)."""
@@ -231,6 +252,19 @@ def _file_bound_logger(min_level: int) -> type[Any]:
             or _contextvars_bound()
         ):
             return False
+        head = self.__dict__.get("_line_head", _UNSET)
+        if head is _UNSET:
+            head = self._line_head = _line_head(self._context, cut.render)
+        if head is not None and type(event) is str and not (kw.keys() & head[1]):
+            # The bound context rendered once per logger (the chain renders it again
+            # for every line): the same text, as no keyword overrides it.
+            rest = cut.render(None, name, kw)
+            rest = rest[1:-1] + "," if len(rest) > 2 else ""
+            self._logger.sink.add(
+                f'{head[0]}{rest}"event":{_ascii(event)},"level":"{name}",'
+                f'"timestamp":"{cut.stamp.text()}"}}'
+            )
+            return True
         line = self._context.copy()
         line.update(kw)
         if "exc_info" in line:
