@@ -39,6 +39,7 @@ sub-agent's in a fan-out (issue 21):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import json.encoder
 import logging
@@ -253,9 +254,11 @@ def _file_bound_logger(min_level: int) -> type[Any]:
             or _contextvars_bound()
         ):
             return False
-        head = self.__dict__.get("_line_head", _UNSET)
+        head = getattr(self, "_line_head", _UNSET)
         if head is _UNSET:
-            head = self._line_head = _line_head(self._context, cut.render)
+            head = _line_head(self._context, cut.render)
+            with contextlib.suppress(AttributeError):  # a structlog with __slots__
+                self._line_head = head
         if head is not None and type(event) is str and not (kw.keys() & head[1]):
             # The bound context rendered once per logger (the chain renders it again
             # for every line): the same text, as no keyword overrides it.
