@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from runtime_helpers import open_runtime, reply, script, spawn, submit, think
 
 from fanfold.db import Store
@@ -381,3 +387,102 @@ def test_configure_still_routes_the_runtime_lines(tmp_path: Path) -> None:
     assert done.stdout == ""
     events = {json.loads(line)["event"] for line in log_file.read_text().splitlines()}
     assert {"conversation_started", "transition", "model_call"} <= events
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=10),
+    st.lists(st.integers(), max_size=3),
+)
+_STAMP = re.compile(r'"timestamp":"[^"]*"')
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    context=st.dictionaries(
+        st.sampled_from(["conversation_id", "depth", "x", "level", "timestamp"]), _VALUES
+    ),
+    fields=st.dictionaries(
+        st.text(min_size=1, max_size=8).filter(lambda key: key not in ("event", "exc_info")),
+        _VALUES,
+        max_size=6,
+    ),
+    event=st.text(max_size=12),
+)
+def test_a_line_rendered_without_the_chain_is_the_line_the_chain_renders(
+    tmp_path_factory: pytest.TempPathFactory,
+    context: dict[str, Any],
+    fields: dict[str, Any],
+    event: str,
+) -> None:
+    """An info or debug line for the file alone is rendered without structlog's
+    processor chain (issue 21): the same text as the chain writes, whatever the
+    bound context and the keywords (keys that override the context or the level
+    included), but for the timestamp."""
+    log_file = tmp_path_factory.mktemp("same") / "log.jsonl"
+    configure(json_file=log_file, console=None, file_level=logging.DEBUG)
+    try:
+        log = structlog.get_logger("fanfold").bind(**context)
+        chain = type(log).__mro__[1]  # structlog's own filtering bound logger
+        for method in ("info", "debug"):
+            getattr(log, method)(event, **fields)
+            getattr(chain, method)(log, event, **fields)
+    finally:
+        configure(json_file=None, console=None)
+        structlog.reset_defaults()
+    lines = [_STAMP.sub("T", line) for line in log_file.read_text().splitlines()]
+    assert len(lines) == 4
+    assert lines[0] == lines[1] and lines[2] == lines[3]
+
+
+def test_lines_are_written_together_once_per_flush_and_a_warning_at_once(
+    tmp_path: Path,
+) -> None:
+    """Lines at info wait in a buffer for ``flush()`` (the engine calls it once per
+    round) instead of a write and a flush each; a warning is written at once, with
+    the lines before it; ``configure()`` writes what is left."""
+    from fanfold.runtime.logging import flush
+
+    log_file = tmp_path / "log.jsonl"
+    configure(json_file=log_file, console=None)
+    try:
+        log = structlog.get_logger("fanfold").bind(conversation_id="c1")
+        log.info("one")
+        log.info("two")
+        assert log_file.read_text() == ""
+        flush()
+        assert [json.loads(line)["event"] for line in log_file.read_text().splitlines()] == [
+            "one",
+            "two",
+        ]
+        log.info("three")
+        log.warning("four")
+        assert len(log_file.read_text().splitlines()) == 4
+        log.info("five")
+    finally:
+        configure(json_file=None, console=None)
+        structlog.reset_defaults()
+    assert json.loads(log_file.read_text().splitlines()[-1])["event"] == "five"
+
+
+async def test_the_lines_of_a_run_are_in_the_file_while_the_runtime_is_open(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    """The engine writes the buffered lines after each committed round and before it
+    waits: a caller reading the log once its turn ended finds every line of it."""
+    log_file = tmp_path / "log.jsonl"
+    configure(json_file=log_file, console=None)
+    try:
+        async with open_runtime(tmp_path, _fan_out(), logger=structlog.get_logger("fanfold")) as rt:
+            root = await rt.start(SECRET_TASK)
+            await rt.wait(root)
+            await trio.testing.wait_all_tasks_blocked()
+            events = [json.loads(line)["event"] for line in log_file.read_text().splitlines()]
+    finally:
+        configure(json_file=None, console=None)
+        structlog.reset_defaults()
+    assert events.count("conversation_started") == 3
+    assert events[-1] == "turn_ended"

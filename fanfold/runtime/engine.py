@@ -20,6 +20,7 @@ heap (``timers.py``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -45,11 +46,13 @@ class Engine:
     """Folds ready conversations in batches and commits their steps through ``writer``.
 
     ``run`` is the engine's task (in the runtime's nursery); ``ready`` is called, from
-    any task, when a conversation's inbox got something.
+    any task, when a conversation's inbox got something. ``after_round`` is called after
+    each round that committed a batch, and before the engine waits for work.
     """
 
-    def __init__(self, writer: LogWriter) -> None:
+    def __init__(self, writer: LogWriter, after_round: Callable[[], None] = lambda: None) -> None:
         self.writer = writer
+        self._after_round = after_round
         writer.wake = self._wake
         self._ready: deque[Actor] = deque()
         self._waiter: trio.lowlevel.Task | None = None
@@ -81,12 +84,13 @@ class Engine:
     async def run(self) -> None:
         """Fold, commit and execute forever; cancel to stop (a commit in progress
         always finishes, but once the runtime is cancelled no effect starts)."""
-        ready, writer = self._ready, self.writer
+        ready, writer, after_round = self._ready, self.writer, self._after_round
         while True:
             if ready or writer.pending:
                 # Busy: still let the calls, timers and API callers run between rounds.
                 await trio.lowlevel.checkpoint()
             else:
+                after_round()  # nothing left to do: write the buffered log lines
                 self._waiter = trio.lowlevel.current_task()
                 await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
             self._fold_ready()
@@ -94,6 +98,10 @@ class Engine:
                 # In a function of its own so that nothing of the batch stays alive in
                 # this frame between rounds (see LogWriter.write_batch).
                 await writer.write_batch()
+                # The log lines of the steps just committed and of the effects they
+                # started (and of the calls that ended meanwhile): one write and one
+                # flush per round, not per line (see fanfold.runtime.logging).
+                after_round()
 
     def _fold_ready(self) -> None:
         """Fold every conversation that is ready now; those made ready meanwhile (an

@@ -6,27 +6,53 @@ call; at debug it adds a ``transition`` line per step, bound with ``conversation
 ``parent_id`` and ``depth``.
 
 The chain is structlog's own, with no stdlib ``logging`` in between: a line is
-rendered by ``_JsonLine`` and written by a ``WriteLogger`` to the file (flushed per
-line, so a crash loses none). Through stdlib logging (a ``LogRecord``, handler
-dispatch, ``ProcessorFormatter``) a line cost about 40 µs, a quarter of a step's CPU;
-structlog's ``TimeStamper`` and ``JSONRenderer`` then took 17 of the 20 µs left
-(``datetime`` formatting per line; ``json.dumps`` with a ``default`` builds an encoder
-per call). ``_Timestamp`` formats the date and time once a second and ``_JsonLine``
-keeps one C encoder: about 7 µs a line. ``bench/bench_logging.py`` measures them.
+rendered by ``_JsonLine`` and written to the file by a ``_SinkLogger``. Through stdlib
+logging (a ``LogRecord``, handler dispatch, ``ProcessorFormatter``) a line cost about
+40 µs, a quarter of a step's CPU; structlog's ``TimeStamper`` and ``JSONRenderer`` then
+took 17 of the 20 µs left (``datetime`` formatting per line; ``json.dumps`` with a
+``default`` builds an encoder per call). ``_Timestamp`` formats the date and time once
+a second and ``_JsonLine`` keeps one C encoder: about 7 µs a line.
+``bench/bench_logging.py`` measures them.
+
+Two more things made a line cost 107,000 instructions (callgrind), 15 % of a
+sub-agent's in a fan-out (issue 21):
+
+- structlog's dispatch: a bound method, ``_proxy_to_logger``, ``_process_event``, six
+  processors called one by one, ``getattr`` of the writing method. The wrapper class
+  that ``configure()`` installs (``_FileBoundLogger``) takes a shortcut for info and
+  debug lines bound for the file alone: it builds the same event dictionary the chain
+  would (context, keywords, ``event``, ``level``, ``timestamp``) and renders it with
+  the same encoder. Anything else (a warning or an error, a line the console shows,
+  ``exc_info``, positional arguments, a context variable bound with
+  ``structlog.contextvars``, or a processor chain someone else configured since) goes
+  through the chain, unchanged. A logger renders its bound context once, as the start
+  of its lines, when its values are plain and no keyword overrides them. The lines are
+  identical either way (``tests/test_runtime_logging.py``): 67,000 instructions now.
+- a write and a flush per line: lines are buffered and written with one flush per
+  engine round (``flush()``: once the round's batch is committed and its effects
+  started, and before the engine waits), at once for a warning or an error, when the
+  buffer holds ``_MAX_BUFFERED`` lines, when the runtime closes, at ``configure()``
+  and at exit. A process killed with SIGKILL loses the lines of the round it was in;
+  the SQLite log, not this file, is the record of what happened.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import json.encoder
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+import attrs
 import structlog
+import structlog.contextvars
 
 _LEVELS = {
     "critical": logging.CRITICAL,
@@ -39,6 +65,7 @@ _LEVELS = {
 }
 
 _file: IO[str] | None = None  # the JSON file of the last configure(), closed by the next
+_MAX_BUFFERED = 256  # lines held before they are written without waiting for flush()
 
 
 class _Timestamp:
@@ -53,13 +80,17 @@ class _Timestamp:
     def __call__(
         self, logger: Any, method: str, event: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
+        event["timestamp"] = self.text()
+        return event
+
+    def text(self) -> str:
+        """The timestamp of now."""
         now = time.time()
         second = int(now)
         if second != self._second:
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._second = second
-        event["timestamp"] = f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
-        return event
+        return f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
 
 
 def _fallback(value: Any) -> Any:
@@ -120,6 +151,163 @@ class _Route:
         return event
 
 
+class _Sink:
+    """The JSON file's lines not written yet: buffered, then written and flushed
+    together (``flush``). Safe to use from several threads."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+        self.lines: list[str] = []
+        self.lock = threading.Lock()
+
+    def add(self, line: str) -> None:
+        with self.lock:
+            lines = self.lines
+            lines.append(line)
+            if len(lines) < _MAX_BUFFERED:
+                return
+        self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            lines = self.lines
+            if not lines:
+                return
+            self.lines = []
+            lines.append("")
+            self.file.write("\n".join(lines))
+            self.file.flush()
+
+
+class _SinkLogger:
+    """The logger structlog's chain writes to: a line at info or below is buffered in
+    the sink, a warning or an error is written at once with everything before it."""
+
+    def __init__(self, sink: _Sink) -> None:
+        self.sink = sink
+
+    def msg(self, message: str) -> None:
+        self.sink.add(message)
+
+    def urgent(self, message: str) -> None:
+        self.sink.add(message)
+        self.sink.flush()
+
+    log = debug = info = msg
+    warn = warning = err = error = critical = exception = fatal = urgent
+
+
+@attrs.frozen
+class _Shortcut:
+    """What ``_FileBoundLogger`` needs to render a line itself: the processor chain
+    ``configure()`` installed (the shortcut applies only to loggers bound with it),
+    its timestamp and renderer, and the levels (as ``_LEVELS`` numbers) the shortcut
+    takes: ``low`` up to below ``high`` (at ``high`` the console shows it)."""
+
+    processors: list[Any]
+    stamp: _Timestamp
+    render: _JsonLine
+    low: int
+    high: int
+
+
+_shortcut: _Shortcut | None = None  # set by configure() when the JSON file is written
+
+
+def _contextvars_bound() -> bool:
+    """Whether anything was ever bound with ``structlog.contextvars`` (then the chain's
+    ``merge_contextvars`` must see every line); True if that cannot be told."""
+    known = getattr(structlog.contextvars, "_CONTEXT_VARS", None)
+    return not isinstance(known, dict) or bool(known)
+
+
+_UNSET: Any = object()
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_RESERVED = frozenset({"event", "level", "timestamp", "exc_info"})
+_ascii = json.encoder.encode_basestring_ascii
+
+
+def _line_head(context: dict[str, Any], render: _JsonLine) -> tuple[str, frozenset[str]] | None:
+    """A bound context rendered as the start of a line (``{"a":1,``) and the keys a
+    line's keywords must not use to start with it (the context's own, and those the
+    chain sets or reads); None if the context holds a value whose text could change
+    between lines (only plain values are rendered once) or one of those keys."""
+    if any(type(value) not in _PLAIN for value in context.values()) or context.keys() & _RESERVED:
+        return None
+    text = render(None, "", context)
+    return (text[:-1] + "," if len(text) > 2 else "{"), frozenset(context) | _RESERVED
+
+
+def _file_bound_logger(min_level: int) -> type[Any]:
+    """structlog's filtering bound logger for ``min_level``, with info and debug lines
+    for the file alone rendered without the processor chain (see the module's text)."""
+    base: Any = structlog.make_filtering_bound_logger(min_level)
+
+    def shortcut(self: Any, level: int, name: str, event: Any, args: Any, kw: Any) -> bool:
+        cut = _shortcut
+        if (
+            cut is None
+            or args
+            or self._processors is not cut.processors
+            or not cut.low <= level < cut.high
+            or type(self._logger) is not _SinkLogger
+            or _contextvars_bound()
+        ):
+            return False
+        head = getattr(self, "_line_head", _UNSET)
+        if head is _UNSET:
+            head = _line_head(self._context, cut.render)
+            with contextlib.suppress(AttributeError):  # a structlog with __slots__
+                self._line_head = head
+        if head is not None and type(event) is str and not (kw.keys() & head[1]):
+            # The bound context rendered once per logger (the chain renders it again
+            # for every line): the same text, as no keyword overrides it.
+            rest = cut.render(None, name, kw)
+            rest = rest[1:-1] + "," if len(rest) > 2 else ""
+            self._logger.sink.add(
+                f'{head[0]}{rest}"event":{_ascii(event)},"level":"{name}",'
+                f'"timestamp":"{cut.stamp.text()}"}}'
+            )
+            return True
+        line = self._context.copy()
+        line.update(kw)
+        if "exc_info" in line:
+            return False
+        # What the chain does: merge_contextvars (nothing bound), add_log_level,
+        # _Timestamp, format_exc_info (no exc_info), _Route (file only), _JsonLine.
+        line["event"] = event
+        line["level"] = name
+        cut.stamp(None, name, line)
+        self._logger.sink.add(cut.render(None, name, line))
+        return True
+
+    class _FileBoundLogger(base):  # type: ignore[misc]
+        def info(self, event: Any = None, *args: Any, **kw: Any) -> Any:
+            if not shortcut(self, logging.INFO, "info", event, args, kw):
+                return base.info(self, event, *args, **kw)
+            return None
+
+        if min_level <= logging.DEBUG:
+
+            def debug(self, event: Any = None, *args: Any, **kw: Any) -> Any:
+                if not shortcut(self, logging.DEBUG, "debug", event, args, kw):
+                    return base.debug(self, event, *args, **kw)
+                return None
+
+    _FileBoundLogger.__name__ = _FileBoundLogger.__qualname__ = "FileBoundLogger"
+    return _FileBoundLogger
+
+
+def flush() -> None:
+    """Write the JSON file's buffered lines (the engine calls it once per round)."""
+    sink = _sink
+    if sink is not None and sink.lines:
+        sink.flush()
+
+
+_sink: _Sink | None = None  # the buffered lines of ``_file``
+
+
 def configure(
     *,
     json_file: str | Path | None = None,
@@ -131,31 +319,55 @@ def configure(
 
     Events below both levels cost almost nothing (a filtering bound logger).
     """
-    global _file
+    global _file, _sink, _shortcut
+    _shortcut = None
     if _file is not None:
+        flush()
         _file.close()
         _file = None
+        _sink = None
     if json_file is not None:
         Path(json_file).parent.mkdir(parents=True, exist_ok=True)
         _file = open(json_file, "a", encoding="utf-8")  # noqa: SIM115  (kept open: the log)
+        _sink = _Sink(_file)
     levels = [level for level, on in ((file_level, _file), (console_level, console)) if on]
+    stamp, render = _Timestamp(), _JsonLine()
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        stamp,
+        structlog.processors.format_exc_info,
+        _Route(console, console_level, file_level if _file is not None else None),
+        render,
+    ]
+    min_level = min(levels or [logging.CRITICAL])
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            _Timestamp(),
-            structlog.processors.format_exc_info,
-            _Route(console, console_level, file_level if _file is not None else None),
-            _JsonLine(),
-        ],
+        processors=processors,
         logger_factory=(
-            structlog.WriteLoggerFactory(file=_file)
-            if _file is not None
-            else structlog.ReturnLoggerFactory()
+            _SinkFactory(_sink) if _sink is not None else structlog.ReturnLoggerFactory()
         ),
-        wrapper_class=structlog.make_filtering_bound_logger(min(levels or [logging.CRITICAL])),
+        wrapper_class=_file_bound_logger(min_level),
         cache_logger_on_first_use=False,
     )
+    if _sink is not None:
+        # The shortcut takes the lines that go to the file and not to the console.
+        high = console_level if console is not None else logging.CRITICAL + 1
+        _shortcut = _Shortcut(processors, stamp, render, file_level, high)
+
+
+class _SinkFactory:
+    """structlog's logger factory for the JSON file: one ``_SinkLogger`` for all."""
+
+    def __init__(self, sink: _Sink) -> None:
+        self.logger = _SinkLogger(sink)
+
+    def __call__(self, *args: Any) -> _SinkLogger:
+        return self.logger
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    flush()
 
 
 class _Stderr:

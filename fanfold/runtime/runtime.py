@@ -23,6 +23,7 @@ from fanfold.providers.base import Provider, StreamProgress
 from fanfold.providers.description import ProviderDescription
 from fanfold.runtime.actor import Actor
 from fanfold.runtime.engine import Engine
+from fanfold.runtime.logging import flush as flush_log_lines
 from fanfold.runtime.logging import library_logger
 from fanfold.runtime.presence import DatabaseInUse, Presence
 from fanfold.runtime.timers import Timers
@@ -251,7 +252,7 @@ class Runtime:
         self.provider = provider
         self.tools = tools
         self.writer = writer
-        self.engine = Engine(writer)
+        self.engine = Engine(writer, flush_log_lines)
         """Folds, commits and starts the effects of every ready conversation."""
         self.limits = limits
         self.system_prompt = system_prompt
@@ -385,6 +386,7 @@ class Runtime:
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
+            flush_log_lines()
             if tuned:
                 _untune_collector()
             if presence is not None:

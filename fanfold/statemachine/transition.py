@@ -118,6 +118,7 @@ from fanfold.statemachine.messages import (
     ToolSpec,
     Usage,
     UserMessage,
+    may_hold_non_finite,
     non_finite_path,
 )
 from fanfold.statemachine.modes import may_start, parse_mode, settle, task_with_earlier
@@ -761,6 +762,8 @@ def _refused_numbers(call: ToolCall) -> str | None:
     runs on one: a NaN time limit would reach a timer, a log, a request body.
     Arguments that are not JSON at all are left to the tool to report.
     """
+    if not may_hold_non_finite(call.arguments_json):
+        return None  # the common case, told without parsing the arguments
     try:
         arguments = call.arguments()
     except ValueError:
