@@ -246,6 +246,23 @@ def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[
     return lines, again
 
 
+def front_matter_mapping(text: str) -> dict[str, Any] | None:
+    """The front matter of a definition file's ``text`` as a mapping, read with the
+    same checks as ``parse_definition`` (no alias, nesting at most ``MAX_DEPTH``);
+    None if the file has none or it is invalid (``fanfold agents`` reports why)."""
+    split = _split_front_matter(text)
+    if isinstance(split, str):
+        return None
+    front, _body, first = split
+    try:
+        if _event_problem(front, first) is not None:
+            return None
+        data = yaml.safe_load(front)
+    except (RecursionError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def parse_definition(
     text: str,
     path: str,

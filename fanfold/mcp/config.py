@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from fanfold.agents.catalog import agent_folders
+from fanfold.agents.definitions import front_matter_mapping
 from fanfold.providers.config import (
     EXPLICIT_CONFIG,
     PROJECT_CONFIG,
@@ -227,18 +227,11 @@ def _agent_servers(data: bytes, path: Path) -> dict[str, Any]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return {}  # fanfold agents reports the file
-    lines = text.splitlines()
-    if not lines or lines[0].strip() != "---":
-        return {}
-    end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
-    if end is None:
-        return {}
-    try:
-        front = yaml.safe_load("\n".join(lines[1:end]))
-    except yaml.YAMLError:
+    # Read as the agents' own parser reads it: a file nested 20,000 deep must not
+    # end a run in a RecursionError here after the catalogue left it out.
+    front = front_matter_mapping(text)
+    if front is None:
         return {}  # fanfold agents reports the file
-    if not isinstance(front, dict):
-        return {}
     table = front.get("mcpServers", front.get("mcp_servers"))
     if table is None or isinstance(table, list):
         return {}
