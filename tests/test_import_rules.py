@@ -55,6 +55,7 @@ ALLOWED = {
     "hashlib",
     "json",
     "math",
+    "re",  # regular expressions: pure (messages.may_hold_non_finite scans with one)
     "typing",
     "sys",
     "collections",

@@ -24,7 +24,7 @@ from fanfold.db import Store
 from fanfold.providers.config import Profile
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime.actor import _endpoint, _served_by
-from fanfold.runtime.logging import configure
+from fanfold.runtime.logging import configure, flush
 
 
 async def test_at_debug_every_step_has_one_transition_line_bound_to_its_conversation(
@@ -486,3 +486,25 @@ async def test_the_lines_of_a_run_are_in_the_file_while_the_runtime_is_open(
         structlog.reset_defaults()
     assert events.count("conversation_started") == 3
     assert events[-1] == "turn_ended"
+
+
+def test_capture_logs_sees_the_lines_the_shortcut_would_write(tmp_path: Path) -> None:
+    """structlog.testing.capture_logs changes the configured processor list in place;
+    a logger bound before it must then go through the capturing chain, not the JSON
+    file's shortcut (a runtime test saw no line once configure() had run earlier in
+    the same process)."""
+    configure(json_file=tmp_path / "log.jsonl", console=None)
+    try:
+        logger = structlog.get_logger("fanfold").bind(conversation="c1")
+        logger.info("before")
+        with structlog.testing.capture_logs() as captured:
+            logger.info("during", to="c2")
+        assert [(e["event"], e["to"], e["conversation"]) for e in captured] == [
+            ("during", "c2", "c1")
+        ]
+        logger.info("after")
+        flush()
+        lines = (tmp_path / "log.jsonl").read_text(encoding="utf-8").splitlines()
+        assert [json.loads(line)["event"] for line in lines] == ["before", "after"]
+    finally:
+        configure(json_file=None, console=None)

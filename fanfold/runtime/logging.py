@@ -209,6 +209,7 @@ class _Shortcut:
     render: _JsonLine
     low: int
     high: int
+    length: int
 
 
 _shortcut: _Shortcut | None = None  # set by configure() when the JSON file is written
@@ -249,6 +250,10 @@ def _file_bound_logger(min_level: int) -> type[Any]:
             cut is None
             or args
             or self._processors is not cut.processors
+            # The same list may have been changed in place: structlog.testing's
+            # capture_logs swaps its content for a capturing processor.
+            or len(self._processors) != cut.length
+            or self._processors[-1] is not cut.render
             or not cut.low <= level < cut.high
             or type(self._logger) is not _SinkLogger
             or _contextvars_bound()
@@ -352,7 +357,7 @@ def configure(
     if _sink is not None:
         # The shortcut takes the lines that go to the file and not to the console.
         high = console_level if console is not None else logging.CRITICAL + 1
-        _shortcut = _Shortcut(processors, stamp, render, file_level, high)
+        _shortcut = _Shortcut(processors, stamp, render, file_level, high, len(processors))
 
 
 class _SinkFactory:
