@@ -246,6 +246,24 @@ def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[
     return lines, again
 
 
+def front_matter(text: str) -> dict[str, Any] | None:
+    """The mapping of an agent file's front matter, read with ``parse_definition``'s
+    guards (no YAML aliases, no collection nested deeper than ``MAX_DEPTH``); None if
+    the file has no front matter or a bad one (``parse_definition`` says why). For
+    readers of one key (``mcpServers``) that must not crash on a file it refuses."""
+    split = _split_front_matter(text)
+    if isinstance(split, str):
+        return None
+    front, _, first = split
+    try:
+        if _event_problem(front, first) is not None:
+            return None
+        data = yaml.safe_load(front)
+    except (RecursionError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def parse_definition(
     text: str,
     path: str,
