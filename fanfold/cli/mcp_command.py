@@ -17,6 +17,7 @@ from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.run_commands import _agents
 from fanfold.cli.signals import run_trio, stop_signal_receiver
+from fanfold.loopback import new_token
 from fanfold.runtime import Runtime
 from fanfold.runtime.presence import DatabaseInUse
 from fanfold.statemachine import Limits
@@ -95,12 +96,6 @@ def mcp_command(
         run_trio(_serve, path, choice, cwd.resolve(), limits, agents, http, port, token, servers)
 
 
-def _new_token() -> str:
-    import secrets
-
-    return secrets.token_urlsafe(32)
-
-
 async def _serve(
     stop: tuple[int, ...],
     path: Path,
@@ -158,7 +153,7 @@ async def _serve(
                         from fanfold.mcp.http import serve_http
 
                         await serve_http(
-                            server, port, token or _new_token(), show_token=token is None
+                            server, port, token or new_token(), show_token=token is None
                         )
                     else:
                         await server.run_stdio_async()
