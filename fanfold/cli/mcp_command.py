@@ -80,7 +80,9 @@ def mcp_command(
         agents = _agents(cwd)
         # The folder's MCP servers' tools are offered to delegated trees too.
         servers = declarations_for(cwd, config_path)
-        if servers and os.environ.get("FANFOLD_MCP_PARENT"):
+        from fanfold.mcp.client import UNDER_FANFOLD  # the mcp extra: imported late
+
+        if servers and os.environ.get(UNDER_FANFOLD):
             hint(
                 "started as an MCP server of another fanfold: not starting MCP servers "
                 "of its own (a fanfold that names itself would start copies without end)",
