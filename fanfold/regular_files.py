@@ -57,16 +57,8 @@ def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> b
     """The bytes of the regular file ``path`` (at most ``limit`` + 1 of them when a
     limit is given, so a caller can tell "too large"). Never blocks on a FIFO;
     ``NotARegularFile`` for anything but a regular file, ``OSError`` as ``open``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise NotARegularFile(path, info.st_mode)
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read() if limit is None else handle.read(limit + 1)
-    finally:
-        os.close(fd)
+    with open_regular_bytes(path) as handle:
+        return handle.read() if limit is None else handle.read(limit + 1)
 
 
 def _open_regular_fd(path: str | os.PathLike[str]) -> int:

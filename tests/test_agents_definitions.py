@@ -399,3 +399,26 @@ def test_a_link_to_a_file_outside_the_folder_is_skipped_with_a_warning(tmp_path:
     assert "also defined in" in found["inside.md"].message or "also defined in" in (
         found["alias.md"].message
     )
+
+
+@pytest.mark.parametrize("command", ["agents", "tools"])
+def test_json_listings_escape_what_a_project_agent_file_could_do_to_a_terminal(
+    tmp_path: Path, command: str
+) -> None:
+    """json.dumps leaves C1 controls (U+009B is CSI) and bidirectional ones raw:
+    `agents --json` and `tools --json` wrote them to the terminal as they were (a
+    description, a folder's name in a left-out file's path)."""
+    hostile = "a \u009b2J b \u202e c"
+    project = tmp_path / hostile
+    _write(project / ".fanfold" / "agents", "e.md", _agent("evil", json.dumps(hostile)))
+    _write(project / ".fanfold" / "agents", "bad.md", "---\nname: bad\ntools: bash(\n---\n")
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    result = CliRunner().invoke(cli, [command, "--cwd", str(project), "--json"], env=env)
+    assert result.exit_code in (0, 1), result.output
+    assert not any(c in result.stdout for c in "\u009b\u202e"), result.stdout
+    listing = json.loads(result.stdout)  # still the same JSON
+    if command == "agents":
+        (evil,) = [a for a in listing["agents"] if a["name"] == "evil"]
+        assert evil["description"] == hostile
+    else:
+        assert [hostile in path for path in listing["agents_left_out"]] == [True]

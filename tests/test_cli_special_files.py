@@ -155,3 +155,30 @@ def test_trace_writes_through_a_fifo_that_is_read(tree: tuple[Path, str], tmp_pa
     page = reader.join()
     assert done.returncode == 0, done.stderr
     assert page.startswith("<!doctype html>")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run", "--no-live", "--script", "s.json", "hi"),
+        ("resume",),
+        ("ls",),
+        ("transcript", "{root}"),
+        ("diff", "{root}", "{root}"),
+    ],
+)
+def test_a_database_that_is_a_fifo_is_named_as_one(
+    tree: tuple[Path, str], tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """``--db pipe``: `run` and `resume` said "disk I/O error (...everything up to the
+    last committed step is kept)", the readers "no database file"; one line naming
+    the FIFO for all."""
+    _, root = tree
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    done = fanfold(*(a.format(root=root) for a in args), "--db", str(fifo))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    # One error line (`run` says which model and log it starts with first).
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert error == f"error: {fifo} is a FIFO (named pipe), not a database file"

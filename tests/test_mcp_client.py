@@ -607,3 +607,31 @@ async def test_fanfold_mcp_as_a_server_of_fanfold_starts_no_servers_of_its_own(
         assert "delegate_task" in tools
         tail = hub.servers["fanfold"].stderr_tail()
     assert "not starting MCP servers of its own" in tail
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        # A cloned project's .mcp.json ended `fanfold run`, `tools`, `mcp` and `trust`
+        # in a RecursionError traceback.
+        (".mcp.json", '{"mcpServers": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ("fanfold.toml", "x = " + "[" * 100_000 + "]" * 100_000, "nested more than 32 deep"),
+        (
+            ".fanfold/agents/deep.md",
+            "---\nname: deep\ndescription: d\nmcpServers: " + "[" * 5_000 + "]" * 5_000 + "\n---\n",
+            None,  # `fanfold agents` reports the file; it declares no server
+        ),
+    ],
+)
+def test_a_project_file_nested_too_deeply_is_a_problem_not_a_crash(
+    tmp_path: Path, name: str, text: str, problem: str | None
+) -> None:
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(text)
+    declared = declared_servers(tmp_path, environ={**os.environ, "HOME": str(tmp_path)})
+    assert declared.servers == ()
+    if problem is None:
+        assert declared.problems == ()
+    else:
+        (line,) = declared.problems
+        assert problem in line and name in line

@@ -288,3 +288,37 @@ def test_a_host_going_away_mid_delegation_cancels_the_tree(tmp_path: Path) -> No
     (root_id,) = ledger.read_text().split()
     with Store.open(db, read_only=True) as store:
         assert store.last_turn(root_id).outcome == "cancelled"  # type: ignore[union-attr]
+
+
+def test_a_fanfold_mcp_started_by_a_fanfold_starts_no_servers(tmp_path: Path) -> None:
+    """A project whose .mcp.json names `fanfold mcp` would start copies without end:
+    one started as another fanfold's server (``UNDER_FANFOLD`` set) starts none."""
+    from fanfold.mcp.client import UNDER_FANFOLD
+    from fanfold.trust import TrustStore
+
+    script = _script(tmp_path, "fast.json", FAST)
+    started = tmp_path / "started"
+    server = f"open({str(started)!r}, 'w')"
+    (tmp_path / ".mcp.json").write_text(
+        json.dumps({"mcpServers": {"s": {"command": sys.executable, "args": ["-c", server]}}})
+    )
+    # Trusted, so that only UNDER_FANFOLD keeps it from starting.
+    TrustStore(tmp_path / "trusted.json").trust(tmp_path / ".mcp.json")
+    command = [sys.executable, "-c", "from fanfold.cli import main; main()", "mcp"]
+    command += ["--script", str(script), "--db", str(tmp_path / "u.db"), "--cwd", str(tmp_path)]
+    done = subprocess.run(
+        command,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            UNDER_FANFOLD: "1",
+            "HOME": str(tmp_path),
+            "FANFOLD_TRUST_FILE": str(tmp_path / "trusted.json"),
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    assert "not starting MCP servers of its own" in done.stderr
+    assert not started.exists()

@@ -150,6 +150,8 @@ def test_decorator_arguments_and_annotated_descriptions() -> None:
         (lambda: fanfold.tool(_a_set_of_bytes), "type 'bytes' cannot be described"),
         (lambda: fanfold.tool(name="bad name!")(_ok), "a name is 1-64 letters"),
         (lambda: fanfold.tool(name="mcp__x__y")(_ok), "kept for MCP servers"),
+        # Described until a RecursionError.
+        (lambda: fanfold.tool(_recursive), "tree'.children: 'Branch' contains itself"),
     ],
 )
 def test_a_function_that_cannot_be_described_is_refused_when_made(make: Any, message: str) -> None:
@@ -507,3 +509,34 @@ def test_every_value_the_schema_accepts_converts_to_the_annotated_types() -> Non
         assert (result.content, result.is_error) == ("ok", False), arguments
 
     check()
+
+
+@dataclass
+class Branch:
+    name: str
+    children: list[Branch]
+
+
+def _recursive(tree: Branch) -> str:
+    """Walk a tree.
+
+    Args:
+        tree: The tree.
+    """
+    return tree.name
+
+
+def test_a_record_used_twice_side_by_side_is_not_recursive() -> None:
+    @fanfold.tool
+    def segment(start: Point, end: Point) -> str:
+        """A segment.
+
+        Args:
+            start: One end.
+            end: The other.
+        """
+        return f"{start} {end}"
+
+    start, end = (schema_of(segment)["properties"][k] for k in ("start", "end"))
+    assert start.pop("description") == "One end." and end.pop("description") == "The other."
+    assert start == end and start["required"] == ["x"]

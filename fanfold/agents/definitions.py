@@ -246,14 +246,15 @@ def _key_lines(front: str, first_line: int) -> tuple[dict[str, int], list[tuple[
     return lines, again
 
 
-def front_matter_mapping(text: str) -> dict[str, Any] | None:
-    """The front matter of a definition file's ``text`` as a mapping, read with the
-    same checks as ``parse_definition`` (no alias, nesting at most ``MAX_DEPTH``);
-    None if the file has none or it is invalid (``fanfold agents`` reports why)."""
+def front_matter(text: str) -> dict[str, Any] | None:
+    """The mapping of an agent file's front matter, read with ``parse_definition``'s
+    guards (no YAML aliases, no collection nested deeper than ``MAX_DEPTH``); None if
+    the file has no front matter or a bad one (``parse_definition`` says why). For
+    readers of one key (``mcpServers``) that must not crash on a file it refuses."""
     split = _split_front_matter(text)
     if isinstance(split, str):
         return None
-    front, _body, first = split
+    front, _, first = split
     try:
         if _event_problem(front, first) is not None:
             return None

@@ -11,7 +11,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from fanfold.agents import AgentCatalog, AgentDefinition, agent_folders, load_agents
-from fanfold.cli.display import printable, short
+from fanfold.cli.display import json_printable, printable, short
 from fanfold.cli.errors import CliError
 from fanfold.cli.output import console, hint
 from fanfold.providers.config import ConfigError, load_config
@@ -37,7 +37,9 @@ def agents_command(cwd: Path, as_json: bool) -> None:
         raise CliError(f"--cwd {cwd} is not a directory")
     catalog = load_agents(cwd, model_aliases=_model_aliases())
     if as_json:
-        click.echo(json.dumps(_as_json(catalog, cwd), indent=2, ensure_ascii=False))
+        # A project's agent file is untrusted text: C1 and bidirectional controls,
+        # which json.dumps leaves raw, are written as JSON escapes (`show --json`'s way).
+        click.echo(json_printable(json.dumps(_as_json(catalog, cwd), indent=2, ensure_ascii=False)))
     else:
         _print(catalog, cwd)
     if catalog.errors:

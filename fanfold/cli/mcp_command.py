@@ -17,6 +17,7 @@ from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.run_commands import _agents
 from fanfold.cli.signals import run_trio, stop_signal_receiver
+from fanfold.loopback import new_token
 from fanfold.runtime import Runtime
 from fanfold.runtime.presence import DatabaseInUse
 from fanfold.statemachine import Limits
@@ -79,7 +80,9 @@ def mcp_command(
         agents = _agents(cwd)
         # The folder's MCP servers' tools are offered to delegated trees too.
         servers = declarations_for(cwd, config_path)
-        if servers and os.environ.get("FANFOLD_MCP_PARENT"):
+        from fanfold.mcp.client import UNDER_FANFOLD  # the mcp extra: imported late
+
+        if servers and os.environ.get(UNDER_FANFOLD):
             hint(
                 "started as an MCP server of another fanfold: not starting MCP servers "
                 "of its own (a fanfold that names itself would start copies without end)",
@@ -93,12 +96,6 @@ def mcp_command(
             if token is not None and len(token) < 16:
                 raise CliError(f"${TOKEN_VARIABLE} is too short: give at least 16 characters")
         run_trio(_serve, path, choice, cwd.resolve(), limits, agents, http, port, token, servers)
-
-
-def _new_token() -> str:
-    import secrets
-
-    return secrets.token_urlsafe(32)
 
 
 async def _serve(
@@ -158,7 +155,7 @@ async def _serve(
                         from fanfold.mcp.http import serve_http
 
                         await serve_http(
-                            server, port, token or _new_token(), show_token=token is None
+                            server, port, token or new_token(), show_token=token is None
                         )
                     else:
                         await server.run_stdio_async()

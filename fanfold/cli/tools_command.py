@@ -12,7 +12,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from fanfold.agents import load_agents
-from fanfold.cli.display import printable, short
+from fanfold.cli.display import json_printable, printable, short
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console, hint
 from fanfold.providers.config import Config, load_config
@@ -49,7 +49,8 @@ def tools_command(cwd: Path, config_path: Path | None, as_json: bool) -> None:
     listing = _listing(config, cwd.resolve())
     _add_mcp(listing, config, cwd.resolve(), config_path)
     if as_json:
-        click.echo(json.dumps(listing, indent=2, ensure_ascii=False))
+        # Tool descriptions come from agent files and MCP servers: escaped as `agents`.
+        click.echo(json_printable(json.dumps(listing, indent=2, ensure_ascii=False)))
         return
     table = Table(
         Column("tool", overflow="fold"),

@@ -14,13 +14,13 @@ from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console
 from fanfold.cli.show_commands import _show_node, _trusted_config
 from fanfold.db import DatabaseError, Store
+from fanfold.loopback import new_token
 from fanfold.trace.server import (
     BadToken,
     TraceServer,
     check_token,
     default_summaries,
     finite,
-    new_token,
 )
 
 # Addresses that listen on every interface: the machine's other addresses and names

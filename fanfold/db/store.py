@@ -26,6 +26,7 @@ import os
 import pathlib
 import shutil
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
@@ -78,6 +79,7 @@ from fanfold.db.records import (
     status_of,
 )
 from fanfold.db.schema import check_current, migrate
+from fanfold.regular_files import kind as file_kind
 from fanfold.statemachine import (
     Conversation,
     ConversationCreated,
@@ -246,6 +248,18 @@ def _check_shape(step: Step) -> None:
         raise InvalidStep(f"conversation {cid!r}: a sub-agent cannot be user-initiated")
 
 
+def _refuse_special(name: str) -> None:
+    """CannotOpen if ``name`` exists and is no regular file: SQLite opened a FIFO as
+    ``--db`` and failed later with "disk I/O error ... everything up to the last
+    committed step is kept", which named neither the file nor the problem."""
+    try:
+        mode = os.stat(name).st_mode
+    except OSError:
+        return  # missing (created, or refused below) or unreadable: SQLite says
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # SQLite names a directory
+        raise CannotOpen(f"{name} is {file_kind(mode)}, not a database file")
+
+
 class Store:
     """The event log and conversation index of fanfold, in one SQLite database.
 
@@ -287,6 +301,7 @@ class Store:
         be current; writes raise ReadOnlyStore.
         """
         name = os.fspath(path)
+        _refuse_special(name)
         if read_only:
             return cls._open_read_only(name)
         try:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,12 +35,13 @@ from typing import Any
 import attrs
 
 from fanfold.agents.catalog import agent_folders
-from fanfold.agents.definitions import front_matter_mapping
+from fanfold.agents.definitions import front_matter
 from fanfold.providers.config import (
     EXPLICIT_CONFIG,
     PROJECT_CONFIG,
     ConfigError,
     find_config,
+    load_toml,
 )
 from fanfold.regular_files import read_regular
 from fanfold.trust import TrustFileError, TrustStore, file_digest
@@ -203,15 +203,18 @@ def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
 def _servers_table(data: bytes, path: Path, kind: str) -> dict[str, Any]:
     if kind == "agent":
         return _agent_servers(data, path)
-    try:
-        if kind == "toml":
-            document: Any = tomllib.loads(data.decode("utf-8"))
-            key = "mcp_servers"
-        else:
+    if kind == "toml":
+        # The configuration's own reader: it refuses a file nested too deeply first.
+        document: Any = load_toml(data, path)
+        key = "mcp_servers"
+    else:
+        try:
             document = json.loads(data.decode("utf-8"))
-            key = "mcpServers"
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as exc:
-        raise ConfigError(f"not valid {kind.upper()}: {exc}", path=str(path)) from None
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ConfigError(f"not valid JSON: {exc}", path=str(path)) from None
+        except RecursionError:  # a project's .mcp.json of 100,000 nested [
+            raise ConfigError("not valid JSON: nested too deeply", path=str(path)) from None
+        key = "mcpServers"
     if not isinstance(document, dict):
         raise ConfigError(f"not a {kind.upper()} object", path=str(path))
     table = document.get(key, {})
@@ -227,9 +230,9 @@ def _agent_servers(data: bytes, path: Path) -> dict[str, Any]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return {}  # fanfold agents reports the file
-    # Read as the agents' own parser reads it: a file nested 20,000 deep must not
-    # end a run in a RecursionError here after the catalogue left it out.
-    front = front_matter_mapping(text)
+    # Read as `fanfold agents` reads it: a front matter nested 5,000 deep or full of
+    # aliases is refused there (and declares nothing here), never a RecursionError.
+    front = front_matter(text)
     if front is None:
         return {}  # fanfold agents reports the file
     table = front.get("mcpServers", front.get("mcp_servers"))

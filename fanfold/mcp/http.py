@@ -2,8 +2,8 @@
 
 The SDK's Starlette application, served by Hypercorn's Trio worker (as ``fanfold ui``
 is), behind ``Guard``: before anything else, every request must name this server in
-its ``Host`` (a loopback name with the port it arrived on: a page whose name was
-rebound to 127.0.0.1 is refused, as ``fanfold ui`` refuses it) and carry the bearer
+its one ``Host`` (a loopback name with the port it arrived on, ``fanfold.loopback``'s
+rules, ``fanfold ui``'s: a page whose name was rebound to 127.0.0.1 is refused) and carry the bearer
 token (``Authorization: Bearer ...``, compared in constant time). A refusal is a 403
 (foreign host) or a 401 (no or a wrong token) with one plain line. The server listens
 on 127.0.0.1 only: delegation runs tools on this machine.
@@ -18,12 +18,13 @@ from typing import Any
 
 import trio
 
+from fanfold.loopback import single_host_names_this_server
+
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 PATH = "/mcp"
 
 
@@ -39,10 +40,10 @@ class Guard:
             await self.app(scope, receive, send)  # lifespan
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", ())}
-        host = headers.get("host", b"").decode("latin-1")
-        server = scope.get("server") or ("", None)
-        allowed = {f"{name}:{server[1]}" for name in LOOPBACK_NAMES}
-        if host not in allowed:
+        # fanfold ui's rules, from one place: exactly one Host header, naming this
+        # server (two Host headers are refused, whichever one a framework would read).
+        hosts = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k.lower() == b"host"]
+        if not single_host_names_this_server(hosts, scope.get("server")):
             await _refuse(send, 403, "refused: the Host header does not name this server")
             return
         given = headers.get("authorization", b"")

@@ -24,6 +24,7 @@ cancelled (a recorded cancel that reaches every sub-agent) before the handler en
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import trio
 from fanfold.agents import AgentDefinition
 from fanfold.db import UnknownConversation
 from fanfold.db.records import Status
+from fanfold.regular_files import kind, read_regular
 from fanfold.runtime import Runtime
 from fanfold.statemachine import CancelReason, Limits
 from fanfold.statemachine.phases import Error
@@ -58,20 +60,50 @@ class DelegationLedger:
 
     def __init__(self, database: Path | str) -> None:
         self.path = None if str(database) == ":memory:" else Path(f"{database}.mcp-delegations")
-        self._ids: list[str] = []
-        if self.path is not None and self.path.is_file():
-            text = self.path.read_text(encoding="utf-8", errors="replace")
-            for line in text.splitlines():
-                line = line.strip()
-                if line.isalnum() and len(line) <= 64 and line not in self._ids:
-                    self._ids.append(line)
-
-    def add(self, root_id: str) -> None:
-        """Record ``root_id`` as started by this server (synced before it returns)."""
-        self._ids.append(root_id)
+        # An ordered set: a list's `in` made reading a ledger of 200,000 lines
+        # quadratic (over a minute before the server answered).
+        self._ids: dict[str, None] = {}
         if self.path is None:
             return
-        with open(self.path, "a", encoding="utf-8") as f:
+        try:
+            # Never blocks: a FIFO (or a device) there is refused, not waited on.
+            data = read_regular(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise DelegationError(
+                f"cannot read the delegation ledger {self.path}: {exc.strerror or exc}"
+            ) from None
+        for line in data.decode("utf-8", errors="replace").splitlines():
+            line = line.strip()
+            if line.isalnum() and len(line) <= 64:
+                self._ids.setdefault(line)
+
+    def add(self, root_id: str) -> None:
+        """Record ``root_id`` as started by this server (synced before it returns).
+        DelegationError if the ledger is not a regular file that can be written."""
+        self._ids.setdefault(root_id)
+        if self.path is None:
+            return
+        try:
+            # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of hanging
+            # the server on its first delegation; one somebody reads is refused below.
+            fd = os.open(
+                self.path,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC,
+                0o666,
+            )
+        except OSError as exc:
+            raise DelegationError(
+                f"cannot write the delegation ledger {self.path}: {exc.strerror or exc}"
+            ) from None
+        with open(fd, "a", encoding="utf-8") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise DelegationError(
+                    f"cannot write the delegation ledger {self.path}: it is {kind(mode)}"
+                )
+            os.set_blocking(fd, True)
             f.write(root_id + "\n")
             f.flush()
             os.fsync(f.fileno())

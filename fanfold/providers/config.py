@@ -956,20 +956,26 @@ def _read_bytes(path: Path) -> bytes:
     return data
 
 
-def parse_config_bytes(data: bytes, path: str | Path) -> Config:
-    """A Config from the bytes of a TOML file (``path`` names it in errors)."""
+def load_toml(data: bytes, path: str | Path) -> dict[str, Any]:
+    """The table of the TOML file's bytes ``data`` (``path`` names it in errors):
+    every reader of a configuration file goes through here, so that each refuses a
+    file nested too deeply for tomllib (``ConfigError``) instead of crashing on it."""
     problem = _nesting_problem(data)
     if problem is not None:
         raise ConfigError(f"invalid TOML: {problem}", path=str(path))
     try:
-        parsed = tomllib.loads(data.decode("utf-8"))
+        return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError("not UTF-8 text", path=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}", path=str(path)) from None
     except RecursionError:  # a backstop: _nesting_problem refuses such files first
         raise ConfigError("invalid TOML: nested too deeply", path=str(path)) from None
-    return parse_config(parsed, source=str(path))
+
+
+def parse_config_bytes(data: bytes, path: str | Path) -> Config:
+    """A Config from the bytes of a TOML file (``path`` names it in errors)."""
+    return parse_config(load_toml(data, path), source=str(path))
 
 
 # What a TOML file holds outside its strings and comments, for _nesting_problem: each

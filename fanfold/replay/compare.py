@@ -18,8 +18,8 @@ import attrs
 
 from fanfold.db import Store, UnknownConversation
 from fanfold.replay.stepping import steps
-from fanfold.replay.transcript import tree_path
 from fanfold.statemachine import AssistantMessage, Message, ToolResultMessage, UserMessage
+from fanfold.statemachine.state import tree_path
 
 
 @attrs.frozen

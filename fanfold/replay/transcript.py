@@ -46,12 +46,7 @@ from fanfold.statemachine import (
     ToolResultMessage,
     UserMessage,
 )
-
-
-def tree_path(conversation_id: str, root_id: str) -> str:
-    """'root', 'root/1', 'root/1/2': a conversation's place in its tree (as the
-    runtime's CallContext.path and the scripted provider's ``match`` name it)."""
-    return "root" + conversation_id[len(root_id) :].replace(".", "/")
+from fanfold.statemachine.state import tree_path
 
 
 def agent_id(store: Store, tree: str, path: str | None) -> str:

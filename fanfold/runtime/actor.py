@@ -68,6 +68,7 @@ from fanfold.statemachine import (
 )
 from fanfold.statemachine.permissions import PATH_TOOLS, confines_commands, refusal
 from fanfold.statemachine.phases import Completed, Error, Failed
+from fanfold.statemachine.state import tree_path as place_in_tree
 
 if TYPE_CHECKING:
     from fanfold.runtime.runtime import Runtime
@@ -104,7 +105,7 @@ _Done = tuple[Conversation, Event, Conversation, tuple[Effect, ...], _Submission
 
 def tree_path(state: Conversation) -> str:
     """'root', 'root/1', 'root/1/2': the conversation's place in its tree."""
-    return "root" + state.id[len(state.root_id) :].replace(".", "/")
+    return place_in_tree(state.id, state.root_id)
 
 
 # Shared empty mappings, never written to: most conversations never need their own.

@@ -46,7 +46,7 @@ from fanfold.statemachine import (
     start,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, with_reading_tools
-from fanfold.statemachine.delegation import child_setup
+from fanfold.statemachine.delegation import capped_limits, child_setup
 from fanfold.statemachine.permissions import MCP_PREFIX
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
@@ -446,8 +446,11 @@ class Runtime:
             )
             tools, prompt, chosen = setup.tools, setup.system_prompt, setup.limits
             permissions, agents = setup.permissions, setup.agents
-            if agent.max_rounds is not None and chosen.max_rounds > agent.max_rounds:
-                chosen = attrs.evolve(chosen, max_rounds=agent.max_rounds)
+            # The definition caps the rounds as it caps a spawned child's (one rule, the
+            # reducer's). A root has no time limit of its own: the definition's
+            # ``timeout`` is not applied here (see DESIGN.md, "fanfold mcp").
+            _, rounds = capped_limits(agent, None, chosen.max_rounds)
+            chosen = attrs.evolve(chosen, max_rounds=rounds)
             model = model if model is not None else agent.model
         created = ConversationCreated(
             conversation_id=conversation_id,

@@ -168,6 +168,13 @@ class Conversation:
         raise NotImplementedError  # replaced by _compile_evolve()
 
 
+def tree_path(conversation_id: str, root_id: str) -> str:
+    """'root', 'root/1', 'root/1/2': conversation ``conversation_id``'s place in the
+    tree of ``root_id`` (as the runtime's CallContext.path and the scripted provider's
+    ``match`` name it, and as ``transcript --agent`` takes it)."""
+    return "root" + conversation_id[len(root_id) :].replace(".", "/")
+
+
 def _compile_evolve() -> None:
     """Give Conversation an ``evolve`` that copies each slot through its descriptor,
     then writes the changed ones:

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 import attrs
 import trio
 
+from fanfold.regular_files import kind
 from fanfold.statemachine import ToolSpec
 from fanfold.tools.paths import PathPolicy
 from fanfold.tools.tool import ToolInputError, ToolOutput
@@ -65,27 +66,11 @@ async def _in_thread(work: Callable[[], str]) -> str:
     return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
 
 
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a directory"),
-)
-
-
-def _kind(mode: int) -> str:
-    for test, name in _KINDS:
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _refuse(shown: str, mode: int) -> NoReturn:
     if stat.S_ISDIR(mode):
         raise ToolInputError(f"'{shown}' is a directory, not a file")
     raise ToolInputError(
-        f"'{shown}' is {_kind(mode)}, not a regular file; the file tools only read and "
+        f"'{shown}' is {kind(mode)}, not a regular file; the file tools only read and "
         "write regular files"
     )
 

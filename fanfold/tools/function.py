@@ -325,8 +325,9 @@ _SCALARS: dict[Any, str] = {
 }
 
 
-def _schema(hint: Any, where: str) -> dict[str, Any]:
-    """The JSON schema (inside ``check_schema``'s subset) of a type hint."""
+def _schema(hint: Any, where: str, outer: frozenset[type] = frozenset()) -> dict[str, Any]:
+    """The JSON schema (inside ``check_schema``'s subset) of a type hint; ``outer``:
+    the records (attrs classes, dataclasses) being described around it."""
     hint, _ = _unannotated(hint)
     if hint in _SCALARS:
         return {"type": _SCALARS[hint]}
@@ -347,7 +348,7 @@ def _schema(hint: Any, where: str) -> dict[str, Any]:
     if origin in (typing.Union, types.UnionType):
         others = [a for a in arguments if a is not type(None)]
         if len(others) == 1 and len(arguments) == 2:
-            inner = _schema(others[0], where)
+            inner = _schema(others[0], where, outer)
             kind = inner.get("type")
             if isinstance(kind, str):
                 return {**inner, "type": [kind, "null"]}
@@ -360,7 +361,7 @@ def _schema(hint: Any, where: str) -> dict[str, Any]:
         origin is tuple and len(arguments) == 2 and arguments[1] is Ellipsis
     ):
         item = arguments[0] if arguments else Any
-        return {"type": "array", "items": _schema(item, where)}
+        return {"type": "array", "items": _schema(item, where, outer)}
     if origin is tuple:
         raise ToolDefinitionError(f"{where}: use tuple[X, ...] (fixed-length tuples are not)")
     if origin in (dict, Mapping) or hint in (dict, list):
@@ -370,7 +371,14 @@ def _schema(hint: Any, where: str) -> dict[str, Any]:
             raise ToolDefinitionError(f"{where}: a dict's keys must be str (JSON's are)")
         return {"type": "object"}
     if isinstance(hint, type) and (attrs.has(hint) or dataclasses.is_dataclass(hint)):
-        return _record_schema(hint, where)
+        if hint in outer:
+            # A record that holds itself (a tree's node): its schema would never end
+            # (this recursed until a RecursionError).
+            raise ToolDefinitionError(
+                f"{where}: {hint.__name__!r} contains itself; a recursive type cannot be "
+                "described in JSON (take a dict, or a str of JSON)"
+            )
+        return _record_schema(hint, where, outer | {hint})
     raise ToolDefinitionError(
         f"{where}: type {getattr(hint, '__name__', hint)!r} cannot be described in JSON "
         "(use str, int, float, bool, list, dict, Literal, an Enum, X | None, or an attrs "
@@ -378,7 +386,7 @@ def _schema(hint: Any, where: str) -> dict[str, Any]:
     )
 
 
-def _record_schema(cls: type, where: str) -> dict[str, Any]:
+def _record_schema(cls: type, where: str, outer: frozenset[type]) -> dict[str, Any]:
     hints = typing.get_type_hints(cls, include_extras=True)
     properties: dict[str, Any] = {}
     required: list[str] = []
@@ -395,7 +403,7 @@ def _record_schema(cls: type, where: str) -> dict[str, Any]:
     for field_name, is_required in fields:
         hint = hints[field_name]
         base, note = _unannotated(hint)
-        schema = _schema(base, f"{where}.{field_name}")
+        schema = _schema(base, f"{where}.{field_name}", outer)
         if note:
             schema = {"description": note, **schema}
         properties[field_name] = schema

@@ -29,11 +29,9 @@ cookie that a query token sets. A refusal is a 403 with one plain line.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import math
 import re
-import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,11 @@ from urllib.parse import parse_qsl, quote
 import trio
 
 from fanfold.db import DatabaseError, Store, UnknownConversation
+from fanfold.loopback import (
+    address,
+    names_this_server,
+    single_host_names_this_server,
+)
 from fanfold.trace.build import build_trace
 from fanfold.trace.html import render_html, render_page
 
@@ -82,7 +85,6 @@ def default_summaries(store: Store) -> list[dict[str, Any]]:
 # What a token may hold: it goes in a URL and a cookie as it is (token_urlsafe's
 # alphabet, and "." and "~"), and is long enough not to be guessed.
 _TOKEN_RE = re.compile(r"[A-Za-z0-9._~-]{16,256}")
-_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class BadToken(ValueError):
@@ -90,34 +92,11 @@ class BadToken(ValueError):
     used: too short, too long, or holding what a URL or a cookie cannot carry as is."""
 
 
-def new_token() -> str:
-    """A fresh per-launch token: 32 random bytes, URL-safe base64 (43 characters)."""
-    return secrets.token_urlsafe(32)
-
-
 def check_token(token: str) -> str:
     """``token`` if it can serve as ``fanfold ui``'s token, else :class:`BadToken`."""
     if not _TOKEN_RE.fullmatch(token):
         raise BadToken("a fanfold ui token needs 16 to 256 characters among A-Z a-z 0-9 . _ ~ -")
     return token
-
-
-def _host_name_and_port(host: str) -> tuple[str, int | None] | None:
-    """``host`` (a Host header or an Origin's authority) as its lower-case name (IPv6
-    without brackets) and port, or None if it is not one."""
-    match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::([0-9]{1,5}))?", host)
-    if match is None:
-        return None
-    name = match.group(1).lower().removeprefix("[").removesuffix("]")
-    return name, int(match.group(2)) if match.group(2) is not None else None
-
-
-def _address(name: str) -> str:
-    """An IP literal in its canonical text (``::0001`` is ``::1``); other names as given."""
-    try:
-        return str(ipaddress.ip_address(name))
-    except ValueError:
-        return name
 
 
 def _json_bytes(data: Any) -> bytes:
@@ -144,7 +123,7 @@ class TraceServer:
     ) -> None:
         self.db = db
         self.token = check_token(token)
-        self.hosts = frozenset(_address(h.lower().strip("[]")) for h in hosts)
+        self.hosts = frozenset(address(h.lower().strip("[]")) for h in hosts)
         self.summaries = summaries
         self.poll = poll
 
@@ -215,8 +194,7 @@ class TraceServer:
         headers = _headers(scope)
         server = scope.get("server")
         port = server[1] if server else None
-        hosts = headers.get("host", [])
-        if len(hosts) != 1 or not self._our_host(hosts[0], scope):
+        if not single_host_names_this_server(headers.get("host", []), server, self.hosts):
             return "refused: the Host header does not name this server"
         # A browser says where a request comes from: "same-origin" for the pages' own
         # fetches and event streams, "none" for an address typed or opened from the
@@ -235,17 +213,7 @@ class TraceServer:
         return None
 
     def _our_host(self, host: str, scope: Scope) -> bool:
-        parsed = _host_name_and_port(host)
-        if parsed is None:
-            return False
-        name, port = parsed
-        server = scope.get("server")
-        if server is None or (80 if port is None else port) != server[1]:
-            return False
-        # The loopback names, the address the connection arrived at (an IP literal
-        # cannot be rebound), and the --host given: never a name an outside page chose.
-        name = _address(name)
-        return name in _LOOPBACK_NAMES or name == _address(server[0]) or name in self.hosts
+        return names_this_server(host, scope.get("server"), self.hosts)
 
     def _query_token(self, scope: Scope) -> str | None:
         raw: bytes = scope.get("query_string", b"")
