@@ -508,3 +508,4 @@ def test_capture_logs_sees_the_lines_the_shortcut_would_write(tmp_path: Path) ->
         assert [json.loads(line)["event"] for line in lines] == ["before", "after"]
     finally:
         configure(json_file=None, console=None)
+        structlog.reset_defaults()  # as the other tests leave it: the next ones log
