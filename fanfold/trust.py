@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from fanfold.regular_files import read_regular
+from fanfold.regular_files import open_regular_bytes, read_regular
 
 TRUST_FILE_ENV = "FANFOLD_TRUST_FILE"
 """The environment variable that points at another trust record (tests, CI)."""
@@ -158,7 +158,11 @@ class TrustStore:
 
     def _read(self) -> tuple[TrustedFile, ...]:
         try:
-            data = read_regular(self.path, limit=_MAX_RECORD_BYTES)
+            with open_regular_bytes(self.path) as handle:
+                # The owner and mode of the file read, not of whatever the path names
+                # a moment later: checked on the open descriptor.
+                self._check_owner(os.fstat(handle.fileno()))
+                data = handle.read(_MAX_RECORD_BYTES + 1)
         except FileNotFoundError:
             return ()
         except OSError as exc:
@@ -167,7 +171,6 @@ class TrustStore:
             ) from None
         if len(data) > _MAX_RECORD_BYTES:
             raise self._malformed(f"larger than {_MAX_RECORD_BYTES} bytes")
-        self._check_owner()
         try:
             document = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -198,15 +201,9 @@ class TrustStore:
             entries.append(TrustedFile(item["path"], item["sha256"], item["trusted_at"]))
         return tuple(entries)
 
-    def _check_owner(self) -> None:
+    def _check_owner(self, info: os.stat_result) -> None:
         # Whoever can write the record can trust any file: it must be this user's own,
         # writable by nobody else (as the provenance key file).
-        try:
-            info = os.stat(self.path)
-        except OSError as exc:
-            raise TrustFileError(
-                f"cannot read the trust record {self.path}: {exc.strerror or exc}"
-            ) from None
         if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
             raise TrustFileError(
                 f"the trust record {self.path} belongs to another user (uid {info.st_uid}); "

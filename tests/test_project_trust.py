@@ -250,3 +250,32 @@ def test_concurrent_trusts_lose_nothing(tmp_path: Path, trust_record: Path) -> N
     for thread in threads:
         thread.join()
     assert sorted(e.path for e in store.entries()) == sorted(str(p.resolve()) for p in files)
+
+
+def test_the_owner_check_is_of_the_record_read_not_of_the_path_later(
+    tmp_path: Path, trust_record: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A record others can write, swapped for a safe one just after it is opened: the
+    # check must judge the file whose bytes were read (the open descriptor), so the
+    # swap cannot launder a record someone else wrote.
+    import fanfold.regular_files as regular_files
+
+    store = TrustStore.default()
+    target = tmp_path / "a.toml"
+    target.write_text("x = 1\n")
+    store.trust(target)
+    trust_record.chmod(0o666)
+    safe = tmp_path / "safe.json"
+    safe.write_bytes(trust_record.read_bytes())
+    safe.chmod(0o600)
+    opened = regular_files._open_regular_fd
+
+    def open_then_swap(path: str | os.PathLike[str]) -> int:
+        fd = opened(path)
+        if Path(path) == trust_record:
+            os.replace(safe, trust_record)
+        return fd
+
+    monkeypatch.setattr(regular_files, "_open_regular_fd", open_then_swap)
+    with pytest.raises(TrustFileError, match="writable by other users"):
+        store.is_trusted(target, file_digest(b"x = 1\n"))
