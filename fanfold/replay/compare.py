@@ -11,6 +11,7 @@ get fresh ids, and a fork gets a new root id, without anything having changed.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterator
 
@@ -53,6 +54,10 @@ class AgentPair:
     a_id: str | None
     b_id: str | None
     parting: Parting | None
+    # What each conversation was sent and said (``said``), kept for a view that shows
+    # the two side by side (the trace page); empty for a conversation not there.
+    a_items: tuple[Said, ...] = attrs.field(default=(), repr=False, eq=False)
+    b_items: tuple[Said, ...] = attrs.field(default=(), repr=False, eq=False)
 
 
 def said(store: Store, conversation_id: str) -> list[Said]:
@@ -124,9 +129,11 @@ def _path_order(path: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else -1 for p in path.split("/")[1:])
 
 
-def compare(store: Store, a: str, b: str) -> list[AgentPair]:
+def compare(store: Store, a: str, b: str, *, with_items: bool = False) -> list[AgentPair]:
     """The conversations of the trees of ``a`` and ``b`` (any of their conversations),
-    matched by place, each pair with where it parts; ordered by place, root first."""
+    matched by place, each pair with where it parts; ordered by place, root first.
+    ``with_items``: each pair keeps what each side said (``a_items``, ``b_items``),
+    a conversation in one tree only included."""
     trees = []
     for tree in (a, b):
         root = store.conversation(tree).root_id
@@ -135,8 +142,42 @@ def compare(store: Store, a: str, b: str) -> list[AgentPair]:
     pairs = []
     for path in sorted({*left, *right}, key=_path_order):
         a_id, b_id = left.get(path), right.get(path)
-        parting = None
-        if a_id is not None and b_id is not None:
-            parting = first_parting(said(store, a_id), said(store, b_id))
-        pairs.append(AgentPair(path, a_id, b_id, parting))
+        both = a_id is not None and b_id is not None
+        a_items = said(store, a_id) if a_id is not None and (both or with_items) else []
+        b_items = said(store, b_id) if b_id is not None and (both or with_items) else []
+        parting = first_parting(a_items, b_items) if both else None
+        kept = (tuple(a_items), tuple(b_items)) if with_items else ((), ())
+        pairs.append(AgentPair(path, a_id, b_id, parting, *kept))
     return pairs
+
+
+LINE_DIFF_LIMIT = 5000
+"""Items with more lines than this are not compared line by line (a line diff is
+quadratic at worst): every line of both counts as differing."""
+
+
+def differing_lines(a: Said, b: Said) -> tuple[list[int], list[int]]:
+    """The lines (0-based, of ``text.split("\\n")``) of ``a`` and of ``b`` that the
+    other does not have where they are aligned: what a side-by-side view marks.
+
+    Lines are compared as items are (``key``: the trees' own ids left out), so a line
+    that differs only by the tree's id is not marked.
+    """
+    a_lines, b_lines = _lines(a), _lines(b)
+    if max(len(a_lines), len(b_lines)) > LINE_DIFF_LIMIT:
+        return list(range(len(a_lines))), list(range(len(b_lines)))
+    matcher = difflib.SequenceMatcher(None, a_lines, b_lines, autojunk=False)
+    a_marked: list[int] = []
+    b_marked: list[int] = []
+    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+        if tag != "equal":
+            a_marked.extend(range(a0, a1))
+            b_marked.extend(range(b0, b1))
+    return a_marked, b_marked
+
+
+def _lines(item: Said) -> list[str]:
+    # The key's lines, unless replacing ids changed how many there are (an id holding
+    # a line break): then the text's, so that line numbers are the shown text's.
+    shown, compared = item.text.split("\n"), item.key.split("\n")
+    return compared if len(compared) == len(shown) else shown
