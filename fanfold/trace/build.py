@@ -7,7 +7,7 @@ recomputes. Nothing is run; texts are kept as they are (the page escapes them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from fanfold.db import CodecError, RawLog, Store, UnknownConversation
@@ -84,11 +84,14 @@ def build_trace(store: Store, conversation_id: str, *, vs: str | None = None) ->
     replayed: list[list[ReplayStep]] = []
     findings: list[Finding] = []
     divergences: list[tuple[Divergence, int]] = []
+    whole: dict[str, list[ReplayStep]] = {}  # undamaged, for a comparison to reuse
     for rank, log in enumerate(ordered):
         steps, finding, divergence = _replay(log)
         replayed.append(steps)
         if finding is not None:
             findings.append(finding)
+        else:
+            whole[log.row.id] = steps
         if divergence is not None:
             divergences.append((divergence, rank))
     times = [s.at for steps in replayed for s in steps]
@@ -130,9 +133,9 @@ def build_trace(store: Store, conversation_id: str, *, vs: str | None = None) ->
     comparison = None
     if vs is not None:
         store.conversation(vs)  # an unknown id is the caller's mistake: raised
-        comparison = _compared(store, conversation_id, vs, this="a")
+        comparison = _compared(store, conversation_id, vs, "a", whole)
     elif fork is not None and fork["source_tree"] is not None:
-        comparison = _compared(store, fork["source_tree"], conversation_id, this="b")
+        comparison = _compared(store, fork["source_tree"], conversation_id, "b", whole)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -169,28 +172,38 @@ def _fork(store: Store, conversation_id: str) -> dict[str, Any] | None:
     }
 
 
-def _compared(store: Store, a: str, b: str, *, this: str) -> dict[str, Any]:
+def _compared(
+    store: Store, a: str, b: str, this: str, replayed: dict[str, list[ReplayStep]]
+) -> dict[str, Any]:
     """``build_comparison``, or what stopped it (a damaged log on either side): the
     page still shows this tree, and says why the two are not side by side."""
     try:
-        return build_comparison(store, a, b, this=this)
+        return build_comparison(store, a, b, this=this, replayed=replayed)
     except (ReplayFailure, CodecError) as exc:
         return {"a": a, "b": b, "this": this, "agents": [], "error": str(exc)}
 
 
-def build_comparison(store: Store, a: str, b: str, *, this: str) -> dict[str, Any]:
+def build_comparison(
+    store: Store,
+    a: str,
+    b: str,
+    *,
+    this: str,
+    replayed: Mapping[str, Sequence[ReplayStep]] | None = None,
+) -> dict[str, Any]:
     """The trees of ``a`` and ``b`` side by side, per agent (matched by place, as
     ``fanfold diff``): where the two conversations part (``replay.compare``), and the
     items from a few before that point on, aligned by index, each pair flagged when
     it differs and each differing item with the lines the other side does not have.
-    ``this``: which side ("a" or "b") is the tree the page shows.
+    ``this``: which side ("a" or "b") is the tree the page shows; ``replayed``: its
+    conversations' steps, already replayed (``compare``'s).
 
     Items are ``[seq, kind, text, marked lines or None]``; rows ``[a item, b item,
     differs]`` from index ``from``; a pair that never parts carries no rows (its
     counts say how many items both have).
     """
     agents = []
-    for pair in compare(store, a, b, with_items=True):
+    for pair in compare(store, a, b, with_items=True, replayed=replayed):
         a_items, b_items = pair.a_items, pair.b_items
         parting = pair.parting.index if pair.parting is not None else None
         if pair.a_id is not None and pair.b_id is not None and parting is None:
