@@ -54,6 +54,8 @@
   let hits = [];          // the last search's hits
   let hitAt = -1;         // the hit last jumped to
   let parted = new Map(); // agent index -> its pair in data.compare, when it parts
+  let searching = 0;      // the typed search's pending timer
+  let searchedFor = "";   // the text the hits are for
 
   function load(newData) {
     data = newData;
@@ -578,6 +580,7 @@
     const box = $("hits");
     hits = [];
     hitAt = -1;
+    searchedFor = query;
     if (!query) { box.hidden = true; box.replaceChildren(); return; }
     const started = performance.now();
     if (hay === null) buildHay();
@@ -654,7 +657,8 @@
 
   function onSearchKey(ev) {
     if (ev.key === "Enter") {
-      if (!hits.length) runSearch();
+      clearTimeout(searching);  // Enter searches now: not again after the pause
+      if ($("search").value.trim().toLowerCase() !== searchedFor) runSearch();
       jump(ev.shiftKey ? hitAt - 1 : hitAt + 1);
       ev.preventDefault();
     } else if (ev.key === "Escape") {
@@ -820,7 +824,6 @@
     $("zoom-in").addEventListener("click", () => zoomAt(2, keyFraction()));
     $("zoom-out").addEventListener("click", () => zoomAt(0.5, keyFraction()));
     $("zoom-fit").addEventListener("click", () => setWindow(0, full()));
-    let searching = 0;
     $("search").addEventListener("input", () => {
       clearTimeout(searching);
       searching = setTimeout(runSearch, 120);
