@@ -469,3 +469,33 @@ def test_search_hits_of_untrusted_text_stay_text(page: Any, tmp_path: Path) -> N
     assert page.locator("#detail .msg.found mark").count() >= 1
     assert page.locator("#detail b, #detail img").count() == 0
     assert page.evaluate("window.__pwned") is None
+
+
+def test_enter_searches_what_is_typed_now(page: Any, example: tuple[Path, str]) -> None:
+    """Enter right after typing (before the box's pause) jumps to a hit of the new
+    text, not of the one searched before (it once jumped among those)."""
+    path, root = example
+    open_trace(page, path)
+    search = page.locator("#search")
+    search.fill("Planning.")  # said by root.2 only
+    page.locator("#hits .hit", has_text=f"{root}.2").wait_for()
+    search.fill("Reading the coverage")  # said by root.3 only
+    search.press("Enter")
+    assert page.locator("#detail h2").inner_text() == f"{root}.3"
+    assert page.locator("#hits .hit").count() == 1
+
+
+def test_ui_links_a_fork_to_its_original(page: Any, tmp_path: Path) -> None:
+    db, root, fork = forked_with_edit(tmp_path)
+    with ui_server(db) as base:
+        page.goto(f"{base}/trace/{fork}?token={UI_TOKEN}")
+        page.wait_for_selector("body[data-ready]")
+        assert page.locator("#original").get_attribute("href") == f"/trace/{root}"
+        page.keyboard.press("c")
+        assert page.locator("#compare #cmp-table tr.parting .ln.dl").count() >= 1
+        page.keyboard.press("Escape")
+        page.locator("#original").click()
+        page.wait_for_selector("body[data-ready]")
+        assert page.locator("#summary h1").inner_text() == f"fanfold trace {root}"
+        assert page.locator("#fork").count() == 0 and page.locator("#open-compare").count() == 0
+        page.goto("about:blank")  # close the event stream before the server stops
