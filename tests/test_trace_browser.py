@@ -229,6 +229,16 @@ def test_a_thousand_agents_load_virtualised(
     page.locator("#filter").fill("task 999")
     assert "1 of 1001" in page.locator("#shown").inner_text()
     page.locator("#filter").fill("")
+    # Search: the last sub-agent's task, far below the rows drawn; the filter cleared
+    # of an agent it would hide, the timeline scrolled to it.
+    page.locator("#filter").fill("task 5")
+    page.locator("#search").fill("TASK 999")
+    hit = page.locator("#hits .hit", has_text=f"{root}.1000 · user")
+    hit.click()
+    assert page.locator("#detail h2").inner_text() == f"{root}.1000"
+    assert page.locator("#row-1000").is_visible()
+    assert "1001 of 1001" in page.locator("#shown").inner_text()
+    page.locator("#search").fill("")
     # At the first step no sub-agent exists yet: every sub-agent's row in view is dim.
     page.locator("#step").focus()
     page.keyboard.press("Home")
