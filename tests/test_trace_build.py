@@ -310,13 +310,20 @@ def test_a_fork_names_its_original_and_is_compared_with_it(
     assert pair(data, "root")["parting"] == 2
 
 
-def test_trace_vs_puts_any_two_trees_side_by_side(forked: tuple[Path, str, str]) -> None:
+def test_trace_vs_puts_any_two_trees_side_by_side(
+    forked: tuple[Path, str, str], tmp_path: Path
+) -> None:
     db, root, fork = forked
     with Store.open(db, read_only=True) as store:
         data = build_trace(store, root, vs=fork)
     compared = data["compare"]
     assert (compared["a"], compared["b"], compared["this"]) == (root, fork, "a")
     assert pair(data, "root/2")["parting"] == 1
+    page = tmp_path / "vs.html"
+    written = run("trace", root, "--vs", fork, "--db", db, "-o", page)
+    assert written.exit_code == 0, written.output
+    assert f"; beside {fork}: 2 agent(s) part (press c on the page)" in written.stdout
+    assert '"this":"a"' in page.read_text(encoding="utf-8")
     unknown = run("trace", root, "--vs", "nope", "--db", db, "-o", "-")
     assert unknown.exit_code != 0
     assert unknown.output.strip() == "error: no conversation 'nope' in the database"
@@ -336,6 +343,8 @@ def test_a_damaged_original_leaves_the_fork_page_standing(tmp_path: Path) -> Non
     assert len(data["agents"]) == 3 and data["findings"] == []
     result = run("trace", fork, "--db", db, "-o", tmp_path / "f.html")
     assert result.exit_code == 0, result.output
+    said = result.stdout
+    assert f"; not beside {root}: " in said and f"conversation {root}.2, seq 1" in said
 
 
 def test_the_side_by_side_data_holds_no_markup(forked: tuple[Path, str, str]) -> None:

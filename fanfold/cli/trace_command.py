@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -71,9 +72,25 @@ def trace_command(
         note = " (the log fails verify: the page shows the first divergence)"
     elif data["findings"]:
         note = " (the log is damaged: the page shows the steps before the damage)"
+    note += _beside(data["compare"])
     console.print(
         f"wrote {printable(str(target))}: {agents} agent(s), {len(data['steps'])} step(s){note}",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
+
+
+def _beside(compared: dict[str, Any] | None) -> str:
+    """What the page says of the tree beside this one, in a few words (ids escaped)."""
+    if compared is None:
+        return ""
+    other = printable(compared["a"] if compared["this"] == "b" else compared["b"])
+    if compared["error"]:
+        return f"; not beside {other}: {printable(compared['error'])}"
+    parting = [
+        pair
+        for pair in compared["agents"]
+        if pair["parting"] is not None or pair["a"] is None or pair["b"] is None
+    ]
+    return f"; beside {other}: {len(parting)} agent(s) part (press c on the page)"
