@@ -306,8 +306,27 @@ def test_a_fork_names_its_original_and_is_compared_with_it(
     assert reply[2] is True
     assert reply[0][1:] == ["assistant", "line one\nline two\nline three", [1]]
     assert reply[1][1:] == ["assistant", EDITED_REPLY, [1]]
-    # The root parts at the fan-in result that carries the edited text.
-    assert pair(data, "root")["parting"] == 2
+    # The root parts at the fan-in result that carries the edited text: its JSON one
+    # value a line, only root/2's result marked (the children's ids are no difference).
+    root_pair = pair(data, "root")
+    assert root_pair["parting"] == 2
+    fan_in = root_pair["rows"][2]
+    assert fan_in[2] is True and fan_in[0][1] == "tool_result"
+    (marked,) = fan_in[1][3]
+    assert fan_in[1][2].split("\n")[marked].strip().startswith('"result": "line one\\nline 2')
+    assert f'"agent_id": "{fork}.2"' in fan_in[1][2]
+
+
+def test_json_that_cannot_be_spread_is_shown_as_it_is() -> None:
+    from fanfold.replay.compare import Said
+    from fanfold.trace.build import _spread
+
+    deep = "x: " + "[" * 100_000 + "]" * 100_000
+    for text in (deep, "x: {not json", "x: plain"):
+        item = Said(1, "tool_result", text, text)
+        assert _spread(item) == item
+    spread = _spread(Said(1, "tool_call", 'f {"a":[1,2]}', 'f {"a":[1,2]}'))
+    assert spread is not None and spread.text == 'f\n{\n "a": [\n  1,\n  2\n ]\n}'
 
 
 def test_trace_vs_puts_any_two_trees_side_by_side(

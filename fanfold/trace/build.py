@@ -7,8 +7,11 @@ recomputes. Nothing is run; texts are kept as they are (the page escapes them).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import attrs
 
 from fanfold.db import CodecError, RawLog, Store, UnknownConversation
 from fanfold.replay import render
@@ -217,6 +220,8 @@ def build_comparison(
             differs = (
                 left is None or right is None or (left.kind, left.key) != (right.kind, right.key)
             )
+            if differs:
+                left, right = _spread(left), _spread(right)
             marks: tuple[list[int] | None, list[int] | None] = (None, None)
             if differs and left is not None and right is not None:
                 marks = differing_lines(left, right)
@@ -240,6 +245,31 @@ def build_comparison(
         "agents": agents,
         "error": None,
     }
+
+
+def _spread(item: Said | None) -> Said | None:
+    """A tool call's arguments or a tool result that is JSON, one value per line (a
+    fan-in result is one line of JSON holding every child's outcome: marked whole,
+    it would not say which child differs); other items as they are."""
+    if item is None or item.kind not in ("tool_call", "tool_result"):
+        return item
+    spread = [_json_lines(item.text), _json_lines(item.key)]
+    if spread[0] is None or spread[1] is None:
+        return item
+    return attrs.evolve(item, text=spread[0], key=spread[1])
+
+
+def _json_lines(text: str) -> str | None:
+    """``name {json}`` or ``name: {json}`` with the JSON indented, or None."""
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    if start < 0:
+        return None
+    try:
+        value = json.loads(text[start:])
+        spread = json.dumps(value, indent=1, ensure_ascii=False)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to spread
+        return None
+    return text[:start].rstrip() + "\n" + spread
 
 
 def _said(item: Said | None, marked: list[int] | None) -> list[Any] | None:
