@@ -448,7 +448,8 @@ def test_search_finds_a_message_in_a_sub_agent_and_shows_it(
     page.keyboard.press("s")
     page.keyboard.type("READING the Coverage")  # case does not matter
     hits = page.locator("#hits .hit")
-    hits.first.wait_for()
+    # Typed slowly, a part of the text may be searched first: wait for the whole.
+    page.locator("#hits .hit mark", has_text="Reading the coverage").wait_for()
     # One message of one sub-agent says it (not its parent nor its siblings).
     assert hits.count() == 1
     assert hits.first.locator(".who").inner_text().startswith(f"{root}.3 · assistant")
