@@ -122,3 +122,19 @@ def test_an_unknown_tree_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == ["error: no conversation 'nope' in the database"], result.stderr
+
+
+def test_differing_lines_are_those_the_other_side_lacks() -> None:
+    """What the trace page's side-by-side view marks (issue 24): lines compared as the
+    items are, so a tree's own id in a line is not a difference."""
+    from fanfold.replay.compare import Said, differing_lines
+
+    def item(text: str, key: str | None = None) -> Said:
+        return Said(1, "assistant", text, key if key is not None else text)
+
+    a = item("one\ntwo\nthree")
+    assert differing_lines(a, item("one\n2\nthree")) == ([1], [1])
+    assert differing_lines(a, item("one\ntwo\nthree\nfour")) == ([], [3])
+    assert differing_lines(item("r.1 said\nx"), item("s.1 said\ny", "r.1 said\ny")) == ([1], [1])
+    # A key whose line count the id changed: the text's lines are compared.
+    assert differing_lines(item("a\nb"), item("a\nc", "a")) == ([1], [1])

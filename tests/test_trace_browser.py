@@ -26,6 +26,7 @@ from trace_helpers import (
     UI_TOKEN,
     diverge,
     fan_out_log,
+    forked_with_edit,
     offline_example,
     run_script,
 )
@@ -84,9 +85,9 @@ def page(browser: Any) -> Iterator[Any]:
     assert errors == [], errors
 
 
-def write_trace(folder: Path, db: Path, root: str) -> Path:
+def write_trace(folder: Path, db: Path, root: str, vs: str | None = None) -> Path:
     with Store.open(db, read_only=True) as store:
-        html = render_html(build_trace(store, root))
+        html = render_html(build_trace(store, root, vs=vs))
     out = folder / "trace.html"
     out.write_text(html, encoding="utf-8")
     return out
@@ -228,6 +229,16 @@ def test_a_thousand_agents_load_virtualised(
     page.locator("#filter").fill("task 999")
     assert "1 of 1001" in page.locator("#shown").inner_text()
     page.locator("#filter").fill("")
+    # Search: the last sub-agent's task, far below the rows drawn; the filter cleared
+    # of an agent it would hide, the timeline scrolled to it.
+    page.locator("#filter").fill("task 5")
+    page.locator("#search").fill("TASK 999")
+    hit = page.locator("#hits .hit", has_text=f"{root}.1000 · user")
+    hit.click()
+    assert page.locator("#detail h2").inner_text() == f"{root}.1000"
+    assert page.locator("#row-1000").is_visible()
+    assert "1001 of 1001" in page.locator("#shown").inner_text()
+    page.locator("#search").fill("")
     # At the first step no sub-agent exists yet: every sub-agent's row in view is dim.
     page.locator("#step").focus()
     page.keyboard.press("Home")
@@ -338,3 +349,164 @@ def test_a_refusal_shows_its_category_and_explanation(page: Any, tmp_path: Path)
     assert "failed (refused: cyber)" in shown and "Not with exploits." in shown
     assert '"category"' not in shown
     screenshot(page, "refusal")
+
+
+# ------------------------------------------------------------------ issue 24: the page
+
+
+def test_a_fork_beside_its_original_marks_the_differing_line(page: Any, tmp_path: Path) -> None:
+    db, root, fork = forked_with_edit(tmp_path)
+    open_trace(page, write_trace(tmp_path, db, fork))
+    # The header names the original and links its page (the file `fanfold trace` writes).
+    assert f"fork of {root}@" in page.locator("#fork").inner_text()
+    assert page.locator("#original").get_attribute("href") == f"trace-{root}.html"
+    # The agents that part are marked in the timeline; root/1 said the same.
+    assert page.locator("#row-2 .parts").count() == 1
+    assert page.locator("#row-1 .parts").count() == 0
+    page.locator("#row-2").click()
+    page.keyboard.press("c")
+    panel = page.locator("#compare")
+    assert panel.is_visible()
+    assert "parts at item 1" in page.locator("#cmp-state").inner_text()
+    parting = panel.locator("#cmp-table tr.parting")
+    assert parting.count() == 1
+    original, edited = parting.locator("td.cmp-item").all()
+    # Only the second line differs: marked on both sides, the others not.
+    assert [ln.inner_text() for ln in original.locator(".ln.dl").all()] == ["line two"]
+    assert edited.locator(".ln.dl").inner_text().startswith("line 2 edited </script>")
+    unmarked = [ln.inner_text() for ln in edited.locator(".ln:not(.dl)").all()]
+    assert unmarked == ["line one", "line three"]
+    # The task both were given is shown aligned, not marked.
+    assert panel.locator("#cmp-table tr.same").count() == 1
+    # Untrusted text is text: nothing of it ran or became markup.
+    assert page.evaluate("window.__pwned") is None
+    assert panel.locator("b, img, script").count() == 0
+    screenshot(page, "fork-beside-original")
+    # Another agent from the list: root/1 said the same things in both.
+    page.locator("#cmp-agent").select_option(label="root/1 — the same")
+    assert "the same 2 item(s) in both" in page.locator("#cmp-state").inner_text()
+    page.keyboard.press("Escape")
+    assert not panel.is_visible()
+
+
+def test_zoom_widens_the_marks_and_keeps_the_point_under_the_cursor(
+    page: Any, tmp_path: Path
+) -> None:
+    db, root = run_script(tmp_path, MARKS_SCRIPT)
+    open_trace(page, write_trace(tmp_path, db, root))
+    bars = page.locator("#row-1 .bars").bounding_box()
+    assert bars is not None
+
+    def narrow_and_central(box: dict[str, float] | None) -> bool:
+        # Zoomed in 3x around its middle, such a mark stays whole in the window.
+        if box is None or box["width"] <= 3:
+            return False
+        middle: float = box["x"] + box["width"] / 2
+        left: float = bars["x"]
+        right: float = left + bars["width"]
+        return left < middle - 2 * box["width"] < middle + 2 * box["width"] < right
+
+    marks = page.locator("#rows .m-model, #rows .m-tool, #rows .m-retry").all()
+    chosen = next(m for m in marks if narrow_and_central(m.bounding_box()))
+    # The same mark through redraws: by its agent and its place in the agent's marks.
+    at = (chosen.get_attribute("data-a"), chosen.get_attribute("data-m"))
+    mark = page.locator(f'#rows [data-a="{at[0]}"][data-m="{at[1]}"]')
+    before = mark.bounding_box()
+    assert before is not None
+    x, y = before["x"] + before["width"] / 2, before["y"] + before["height"] / 2
+    page.mouse.move(x, y)
+    page.keyboard.down("Control")
+    page.mouse.wheel(0, -500)  # Ctrl+wheel up: zoom in where the pointer is
+    page.keyboard.up("Control")
+    after = mark.bounding_box()
+    assert after is not None
+    assert after["width"] > 2 * before["width"]
+    # The time under the pointer stayed under it: the mark still holds its x.
+    assert after["x"] <= x <= after["x"] + after["width"]
+    assert page.locator("#zoom-label").inner_text().startswith("zoom ")
+    screenshot(page, "zoomed")
+    # The buttons and keys: "0" (or fit) shows the whole trace again, + zooms in.
+    page.locator("#rows").focus()
+    page.keyboard.press("0")
+    whole = mark.bounding_box()
+    assert whole is not None and abs(whole["width"] - before["width"]) < 1
+    page.locator("#zoom-in").click()
+    assert page.locator("#zoom-label").inner_text().startswith("zoom 2.00x")
+    page.keyboard.press("+")
+    assert page.locator("#zoom-label").inner_text().startswith("zoom 4.00x")
+    page.keyboard.press("-")
+    assert page.locator("#zoom-label").inner_text().startswith("zoom 2.00x")
+    page.locator("#zoom-fit").click()
+    assert page.locator("#zoom-label").inner_text() == "whole trace"
+
+
+def test_search_finds_a_message_in_a_sub_agent_and_shows_it(
+    page: Any, example: tuple[Path, str]
+) -> None:
+    path, root = example
+    open_trace(page, path)
+    page.keyboard.press("s")
+    page.keyboard.type("READING the Coverage")  # case does not matter
+    hits = page.locator("#hits .hit")
+    # Typed slowly, a part of the text may be searched first: wait for the whole.
+    page.locator("#hits .hit mark", has_text="Reading the coverage").wait_for()
+    # One message of one sub-agent says it (not its parent nor its siblings).
+    assert hits.count() == 1
+    assert hits.first.locator(".who").inner_text().startswith(f"{root}.3 · assistant")
+    assert hits.first.locator("mark").inner_text() == "Reading the coverage"
+    assert "1 hit(s) in 1 agent(s)" in page.locator("#hits-head").inner_text()
+    assert "null" not in page.locator("#summary").inner_text()  # no fork, no compare
+    page.keyboard.press("Enter")  # jumps to the first hit
+    detail = page.locator("#detail")
+    assert detail.locator("h2").inner_text() == f"{root}.3"
+    assert page.locator("#row-3").get_attribute("aria-selected") == "true"
+    found = detail.locator(".msg.found")
+    assert found.count() == 1 and found.is_visible()
+    assert found.locator("mark").inner_text() == "Reading the coverage"
+    # A tool call's arguments are searched too: every agent's read of coverage.xml.
+    page.locator("#search").fill('"PATH":"coverage.xml')
+    page.locator("#hits .hit", has_text="tool call read_file").wait_for()
+    assert page.locator("#hits .hit").count() == 1
+    screenshot(page, "search")
+
+
+def test_search_hits_of_untrusted_text_stay_text(page: Any, tmp_path: Path) -> None:
+    db, root = run_script(tmp_path, MARKS_SCRIPT)
+    open_trace(page, write_trace(tmp_path, db, root))
+    page.locator("#search").fill("not bold")
+    page.locator("#hits .hit").first.wait_for()
+    assert page.locator("#hits b, #hits img, #hits script").count() == 0
+    page.locator("#hits .hit").last.click()
+    assert page.locator("#detail .msg.found mark").count() >= 1
+    assert page.locator("#detail b, #detail img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_enter_searches_what_is_typed_now(page: Any, example: tuple[Path, str]) -> None:
+    """Enter right after typing (before the box's pause) jumps to a hit of the new
+    text, not of the one searched before (it once jumped among those)."""
+    path, root = example
+    open_trace(page, path)
+    search = page.locator("#search")
+    search.fill("Planning.")  # said by root.2 only
+    page.locator("#hits .hit", has_text=f"{root}.2").wait_for()
+    search.fill("Reading the coverage")  # said by root.3 only
+    search.press("Enter")
+    assert page.locator("#detail h2").inner_text() == f"{root}.3"
+    assert page.locator("#hits .hit").count() == 1
+
+
+def test_ui_links_a_fork_to_its_original(page: Any, tmp_path: Path) -> None:
+    db, root, fork = forked_with_edit(tmp_path)
+    with ui_server(db) as base:
+        page.goto(f"{base}/trace/{fork}?token={UI_TOKEN}")
+        page.wait_for_selector("body[data-ready]")
+        assert page.locator("#original").get_attribute("href") == f"/trace/{root}"
+        page.keyboard.press("c")
+        assert page.locator("#compare #cmp-table tr.parting .ln.dl").count() >= 1
+        page.keyboard.press("Escape")
+        page.locator("#original").click()
+        page.wait_for_selector("body[data-ready]")
+        assert page.locator("#summary h1").inner_text() == f"fanfold trace {root}"
+        assert page.locator("#fork").count() == 0 and page.locator("#open-compare").count() == 0
+        page.goto("about:blank")  # close the event stream before the server stops

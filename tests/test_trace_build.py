@@ -11,7 +11,14 @@ import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import Driver, cancelled_fan_out
 from replay_helpers import edit, write
-from trace_helpers import HOSTILE, MARKS_SCRIPT, diverge, run_script
+from trace_helpers import (
+    EDITED_REPLY,
+    HOSTILE,
+    MARKS_SCRIPT,
+    diverge,
+    forked_with_edit,
+    run_script,
+)
 
 from fanfold.cli import cli
 from fanfold.db import Store
@@ -257,3 +264,113 @@ def test_steps_name_what_an_abort_stops(trace: dict[str, Any]) -> None:
         " stops timer '" in e or " stops model call" in e or " stops tool" in e for e in aborts
     )
     assert not any("issued before these steps" in e for e in aborts)
+
+
+# ------------------------------------------------------------------ issue 24: side by side
+
+
+@pytest.fixture(scope="module")
+def forked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    return forked_with_edit(tmp_path_factory.mktemp("forked"))
+
+
+def pair(data: dict[str, Any], path: str) -> dict[str, Any]:
+    (found,) = [p for p in data["compare"]["agents"] if p["path"] == path]
+    return dict(found)
+
+
+def test_a_fork_names_its_original_and_is_compared_with_it(
+    forked: tuple[Path, str, str],
+) -> None:
+    db, root, fork = forked
+    with Store.open(db, read_only=True) as store:
+        data = build_trace(store, fork)
+        original = build_trace(store, root)
+    assert data["fork"] == {
+        "source": root,
+        "seq": data["fork"]["seq"],
+        "source_tree": root,
+        "file": f"trace-{root}.html",
+    }
+    assert original["fork"] is None and original["compare"] is None
+    compared = data["compare"]
+    assert (compared["a"], compared["b"], compared["this"]) == (root, fork, "b")
+    # root/1 said the same in both: counted, not repeated.
+    same = pair(data, "root/1")
+    assert same["parting"] is None and same["rows"] == [] and same["a_count"] == 2
+    # root/2 parts at its reply: the task aligned before it, the second line marked.
+    edited = pair(data, "root/2")
+    assert (edited["parting"], edited["from"]) == (1, 0)
+    task, reply = edited["rows"]
+    assert task[2] is False and task[0][2] == task[1][2] == "b"
+    assert reply[2] is True
+    assert reply[0][1:] == ["assistant", "line one\nline two\nline three", [1]]
+    assert reply[1][1:] == ["assistant", EDITED_REPLY, [1]]
+    # The root parts at the fan-in result that carries the edited text: its JSON one
+    # value a line, only root/2's result marked (the children's ids are no difference).
+    root_pair = pair(data, "root")
+    assert root_pair["parting"] == 2
+    fan_in = root_pair["rows"][2]
+    assert fan_in[2] is True and fan_in[0][1] == "tool_result"
+    (marked,) = fan_in[1][3]
+    assert fan_in[1][2].split("\n")[marked].strip().startswith('"result": "line one\\nline 2')
+    assert f'"agent_id": "{fork}.2"' in fan_in[1][2]
+
+
+def test_json_that_cannot_be_spread_is_shown_as_it_is() -> None:
+    from fanfold.replay.compare import Said
+    from fanfold.trace.build import _spread
+
+    deep = "x: " + "[" * 100_000 + "]" * 100_000
+    for text in (deep, "x: {not json", "x: plain"):
+        item = Said(1, "tool_result", text, text)
+        assert _spread(item) == item
+    spread = _spread(Said(1, "tool_call", 'f {"a":[1,2]}', 'f {"a":[1,2]}'))
+    assert spread is not None and spread.text == 'f\n{\n "a": [\n  1,\n  2\n ]\n}'
+
+
+def test_trace_vs_puts_any_two_trees_side_by_side(
+    forked: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    db, root, fork = forked
+    with Store.open(db, read_only=True) as store:
+        data = build_trace(store, root, vs=fork)
+    compared = data["compare"]
+    assert (compared["a"], compared["b"], compared["this"]) == (root, fork, "a")
+    assert pair(data, "root/2")["parting"] == 1
+    page = tmp_path / "vs.html"
+    written = run("trace", root, "--vs", fork, "--db", db, "-o", page)
+    assert written.exit_code == 0, written.output
+    assert f"; beside {fork}: 2 agent(s) part (press c on the page)" in written.stdout
+    assert '"this":"a"' in page.read_text(encoding="utf-8")
+    unknown = run("trace", root, "--vs", "nope", "--db", db, "-o", "-")
+    assert unknown.exit_code != 0
+    assert unknown.output.strip() == "error: no conversation 'nope' in the database"
+
+
+def test_a_damaged_original_leaves_the_fork_page_standing(tmp_path: Path) -> None:
+    db, root, fork = forked_with_edit(tmp_path)
+    edit(
+        db,
+        f"UPDATE events SET payload = 'garbage' WHERE conversation_id = '{root}.2' AND seq = 1",
+        sealed=False,
+    )
+    with Store.open(db, read_only=True) as store:
+        data = build_trace(store, fork)
+    assert data["compare"]["agents"] == []
+    assert f"conversation {root}.2, seq 1" in data["compare"]["error"]
+    assert len(data["agents"]) == 3 and data["findings"] == []
+    result = run("trace", fork, "--db", db, "-o", tmp_path / "f.html")
+    assert result.exit_code == 0, result.output
+    said = result.stdout
+    assert f"; not beside {root}: " in said and f"conversation {root}.2, seq 1" in said
+
+
+def test_the_side_by_side_data_holds_no_markup(forked: tuple[Path, str, str]) -> None:
+    db, _, fork = forked
+    with Store.open(db, read_only=True) as store:
+        page = render_html(build_trace(store, fork))
+    assert HOSTILE in EDITED_REPLY
+    assert page.count("</script>") == 2
+    assert "<img" not in page and "<b>not bold" not in page
+    assert "window.__pwned" in page  # there, as escaped data

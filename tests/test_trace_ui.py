@@ -12,7 +12,14 @@ import httpx
 import pytest
 import trio
 from db_scenarios import Driver, fan_out
-from trace_helpers import HOSTILE, MARKS_SCRIPT, UI_TOKEN, run_script, ui_cookie
+from trace_helpers import (
+    HOSTILE,
+    MARKS_SCRIPT,
+    UI_TOKEN,
+    forked_with_edit,
+    run_script,
+    ui_cookie,
+)
 
 from fanfold.db import Store
 from fanfold.trace.server import TraceServer, serve
@@ -498,3 +505,32 @@ def test_a_token_that_cannot_serve_is_one_line(marks_log: tuple[Path, str]) -> N
         assert len(result.output.splitlines()) == 1
     result = CliRunner().invoke(cli, ["ui", "--db", str(db)], env={"FANFOLD_UI_TOKEN": "bad"})
     assert result.exit_code == 2 and "FANFOLD_UI_TOKEN" in result.output
+
+
+@pytest.fixture
+def forked_log(tmp_path: Path) -> tuple[Path, str, str]:
+    return forked_with_edit(tmp_path)  # a sync fixture, as marks_log
+
+
+async def test_a_fork_and_a_tree_beside_another(forked_log: tuple[Path, str, str]) -> None:
+    """Issue 24: a fork's page and data carry the comparison with its original; any
+    tree's beside another with ``?vs=``, which the token's redirect keeps."""
+    db, root, fork = forked_log
+    async with trio.open_nursery() as nursery:
+        (base,) = await nursery.start(serve, TraceServer(db, token=UI_TOKEN), "127.0.0.1", 0)
+        async with httpx.AsyncClient(base_url=base, cookies=ui_cookie(base)) as client:
+            data = (await client.get(f"/api/trace/{fork}")).json()
+            assert data["fork"]["source_tree"] == root
+            assert data["compare"]["b"] == fork
+            beside = (await client.get(f"/api/trace/{root}", params={"vs": fork})).json()
+            assert (beside["compare"]["a"], beside["compare"]["b"]) == (root, fork)
+            page = await client.get(f"/trace/{root}", params={"vs": fork})
+            # The live page fetches the same comparison when the tree changes.
+            assert f'"data":"/api/trace/{root}?vs={fork}"' in page.text
+            unknown = await client.get(f"/trace/{root}", params={"vs": "nope"})
+            assert unknown.status_code == 404
+        async with httpx.AsyncClient(base_url=base) as browser:
+            first = await browser.get(f"/trace/{root}", params={"token": UI_TOKEN, "vs": fork})
+            assert first.status_code == 303
+            assert first.headers["location"] == f"/trace/{root}?vs={fork}"
+        nursery.cancel_scope.cancel()

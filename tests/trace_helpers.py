@@ -145,3 +145,41 @@ def ui_cookie(base: str) -> dict[str, str]:
     """The cookie that carries UI_TOKEN to the server at ``base`` (http://HOST:PORT),
     as a browser holds it after opening the printed URL."""
     return {f"fanfold-ui-{base.rsplit(':', 1)[1]}": UI_TOKEN}
+
+
+# A root delegates two tasks; root/2 answers in three lines (the fork edits the second).
+FORKED_SCRIPT: dict[str, Any] = {
+    "latency": 0.0,
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "spawn_agents",
+                            "arguments": {"tasks": [{"task": "a"}, {"task": "b"}]},
+                        }
+                    ]
+                },
+                {"text": "the answer is {{last_tool_result}}"},
+            ],
+        },
+        {"match": {"path": "root/1"}, "replies": [{"text": "a done"}]},
+        {"match": {"path": "root/2"}, "replies": [{"text": "line one\nline two\nline three"}]},
+    ],
+}
+
+EDITED_REPLY = "line one\nline 2 edited " + HOSTILE + "\nline three"
+
+
+def forked_with_edit(folder: Path) -> tuple[Path, str, str]:
+    """A run of FORKED_SCRIPT, and a fork of it at root/2's first step whose reply is
+    EDITED_REPLY, continued: (database, original's root, fork's root)."""
+    db, root = run_script(folder, FORKED_SCRIPT)
+    reply = folder / "reply.txt"
+    reply.write_text(EDITED_REPLY, encoding="utf-8")
+    script = folder / "script.json"
+    args = ["fork", root, "--agent", "2", "--at", "0", "--id", "fk", "--reply", str(reply)]
+    _run(folder, [*args, "--continue", "--script", str(script), "--db", str(db)])
+    return db, root, "fk"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,13 +12,12 @@ from fanfold.cli.display import printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.output import console
 from fanfold.trace import build_trace, render_html
+from fanfold.trace.html import file_name
 
 
 def default_output(conversation_id: str) -> Path:
-    """``trace-<id>.html`` in the current directory, the id kept to safe characters
-    (an imported log's id is anyone's text: it never names another directory)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", conversation_id).lstrip(".") or "tree"
-    return Path(f"trace-{safe[:80]}.html")
+    """``trace-<id>.html`` in the current directory (``fanfold.trace.html.file_name``)."""
+    return Path(file_name(conversation_id))
 
 
 @click.command(name="trace")
@@ -30,21 +29,33 @@ def default_output(conversation_id: str) -> Path:
     default=None,
     help="The HTML file to write (default: trace-ID.html here; - for standard output).",
 )
+@click.option(
+    "--vs",
+    "vs",
+    default=None,
+    metavar="ID",
+    help="Show this tree beside the tree of ID, agent by agent (as `fanfold diff ID0 ID`). "
+    "A fork's page shows its original without it.",
+)
 @db_option
-def trace_command(conversation_id: str, output: Path | None, db: Path | None) -> None:
+def trace_command(
+    conversation_id: str, output: Path | None, vs: str | None, db: Path | None
+) -> None:
     """Write a conversation tree's trace as one HTML page (no network needed).
 
     A timeline of every agent (model calls, tools, retries, waits, cancels,
-    deadlines), each agent's prompt, messages and outcome, a slider over the steps
-    of the replay, and the first divergence of a log that fails `replay --verify`.
-    Open it in any browser; it loads nothing from anywhere.
+    deadlines; zoom with Ctrl+wheel, + and -), each agent's prompt, messages and
+    outcome, a search through every message, a slider over the steps of the replay,
+    and the first divergence of a log that fails `replay --verify`. A fork's page
+    links its original and shows the two side by side. Open it in any browser; it
+    loads nothing from anywhere.
     """
     if output is not None and str(output) != "-":
         refuse_writing_over_the_log(output, db)
     with user_errors(db):
         store = open_store(db, read_only=True)
         try:
-            data = build_trace(store, conversation_id)
+            data = build_trace(store, conversation_id, vs=vs)
         finally:
             store.close()
     page = render_html(data)
@@ -61,9 +72,25 @@ def trace_command(conversation_id: str, output: Path | None, db: Path | None) ->
         note = " (the log fails verify: the page shows the first divergence)"
     elif data["findings"]:
         note = " (the log is damaged: the page shows the steps before the damage)"
+    note += _beside(data["compare"])
     console.print(
         f"wrote {printable(str(target))}: {agents} agent(s), {len(data['steps'])} step(s){note}",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
+
+
+def _beside(compared: dict[str, Any] | None) -> str:
+    """What the page says of the tree beside this one, in a few words (ids escaped)."""
+    if compared is None:
+        return ""
+    other = printable(compared["a"] if compared["this"] == "b" else compared["b"])
+    if compared["error"]:
+        return f"; not beside {other}: {printable(compared['error'])}"
+    parting = [
+        pair
+        for pair in compared["agents"]
+        if pair["parting"] is not None or pair["a"] is None or pair["b"] is None
+    ]
+    return f"; beside {other}: {len(parting)} agent(s) part (press c on the page)"

@@ -7,12 +7,17 @@ recomputes. Nothing is run; texts are kept as they are (the page escapes them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from fanfold.db import RawLog, Store
+import attrs
+
+from fanfold.db import CodecError, RawLog, Store, UnknownConversation
 from fanfold.replay import render
+from fanfold.replay.compare import Said, compare, differing_lines
 from fanfold.replay.core import replay_log, subtree_logs
+from fanfold.replay.errors import ReplayFailure
 from fanfold.replay.report import Divergence, Finding, ReplayStep
 from fanfold.statemachine import (
     AbortCall,
@@ -49,6 +54,7 @@ from fanfold.statemachine import (
 )
 from fanfold.statemachine.permissions import mcp_server_of
 from fanfold.statemachine.transition import is_summary_call
+from fanfold.trace.html import file_name
 
 FORMAT = "fanfold-trace"
 VERSION = 1
@@ -57,14 +63,23 @@ STATE_TEXT_LIMIT = 4000
 """Strings longer than this are cut in the pretty states of a divergence (the full
 texts are in the agents' messages)."""
 
+COMPARE_CONTEXT = 3
+"""How many of the items two conversations share are shown before the first one
+where they part (the ones before are counted, not repeated)."""
 
-def build_trace(store: Store, conversation_id: str) -> dict[str, Any]:
+
+def build_trace(store: Store, conversation_id: str, *, vs: str | None = None) -> dict[str, Any]:
     """The trace of ``conversation_id`` and every sub-agent below it, as JSON data.
 
     The log is replayed through today's reducer (nothing is executed): the first step
     it does not reproduce is the trace's ``divergence`` (recorded vs recomputed), and a
     damaged log's problems are ``findings`` (the steps before them are still shown).
-    Raises UnknownConversation for an unknown id.
+
+    ``fork``: where a forked conversation came from (else None). ``compare``: this
+    tree beside another, agent by agent (``replay.compare``): ``vs``'s tree if given
+    (this tree is then A), else, for a fork whose original is in the store, the
+    original (A) beside this fork (B), as ``fanfold diff ORIGINAL FORK``.
+    Raises UnknownConversation for an unknown id (``vs`` included).
     """
     logs = subtree_logs(store, conversation_id)
     ordered = _tree_order(logs)
@@ -72,11 +87,14 @@ def build_trace(store: Store, conversation_id: str) -> dict[str, Any]:
     replayed: list[list[ReplayStep]] = []
     findings: list[Finding] = []
     divergences: list[tuple[Divergence, int]] = []
+    whole: dict[str, list[ReplayStep]] = {}  # undamaged, for a comparison to reuse
     for rank, log in enumerate(ordered):
         steps, finding, divergence = _replay(log)
         replayed.append(steps)
         if finding is not None:
             findings.append(finding)
+        else:
+            whole[log.row.id] = steps
         if divergence is not None:
             divergences.append((divergence, rank))
     times = [s.at for steps in replayed for s in steps]
@@ -114,6 +132,13 @@ def build_trace(store: Store, conversation_id: str) -> dict[str, Any]:
         row[2] = _at(row[2], t0)
     if diverged is not None:
         diverged["at"] = _at(diverged["at"], t0)
+    fork = _fork(store, conversation_id)
+    comparison = None
+    if vs is not None:
+        store.conversation(vs)  # an unknown id is the caller's mistake: raised
+        comparison = _compared(store, conversation_id, vs, "a", whole)
+    elif fork is not None and fork["source_tree"] is not None:
+        comparison = _compared(store, fork["source_tree"], conversation_id, "b", whole)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -125,7 +150,130 @@ def build_trace(store: Store, conversation_id: str) -> dict[str, Any]:
         "steps": step_rows,
         "divergence": diverged,
         "findings": [str(f) for f in findings],
+        "fork": fork,
+        "compare": comparison,
     }
+
+
+def _fork(store: Store, conversation_id: str) -> dict[str, Any] | None:
+    """Where ``conversation_id`` was forked from: the source conversation and seq, and
+    the source's tree (None when that tree is not in this store: an imported fork)."""
+    row = store.conversation(conversation_id)
+    if row.forked_from is None:
+        return None
+    try:
+        source_tree: str | None = store.conversation(row.forked_from).root_id
+    except UnknownConversation:
+        source_tree = None
+    return {
+        "source": row.forked_from,
+        "seq": row.forked_at_seq,
+        "source_tree": source_tree,
+        # The original's page as `fanfold trace` names it, for a file's link (a file
+        # name of safe characters only; `fanfold ui` links its own route instead).
+        "file": file_name(source_tree) if source_tree is not None else None,
+    }
+
+
+def _compared(
+    store: Store, a: str, b: str, this: str, replayed: dict[str, list[ReplayStep]]
+) -> dict[str, Any]:
+    """``build_comparison``, or what stopped it (a damaged log on either side): the
+    page still shows this tree, and says why the two are not side by side."""
+    try:
+        return build_comparison(store, a, b, this=this, replayed=replayed)
+    except (ReplayFailure, CodecError) as exc:
+        return {"a": a, "b": b, "this": this, "agents": [], "error": str(exc)}
+
+
+def build_comparison(
+    store: Store,
+    a: str,
+    b: str,
+    *,
+    this: str,
+    replayed: Mapping[str, Sequence[ReplayStep]] | None = None,
+) -> dict[str, Any]:
+    """The trees of ``a`` and ``b`` side by side, per agent (matched by place, as
+    ``fanfold diff``): where the two conversations part (``replay.compare``), and the
+    items from a few before that point on, aligned by index, each pair flagged when
+    it differs and each differing item with the lines the other side does not have.
+    ``this``: which side ("a" or "b") is the tree the page shows; ``replayed``: its
+    conversations' steps, already replayed (``compare``'s).
+
+    Items are ``[seq, kind, text, marked lines or None]``; rows ``[a item, b item,
+    differs]`` from index ``from``; a pair that never parts carries no rows (its
+    counts say how many items both have).
+    """
+    agents = []
+    for pair in compare(store, a, b, with_items=True, replayed=replayed):
+        a_items, b_items = pair.a_items, pair.b_items
+        parting = pair.parting.index if pair.parting is not None else None
+        if pair.a_id is not None and pair.b_id is not None and parting is None:
+            start = max(len(a_items), len(b_items))  # the same throughout: nothing shown
+        else:
+            start = max(0, (parting or 0) - COMPARE_CONTEXT)
+        rows = []
+        for index in range(start, max(len(a_items), len(b_items))):
+            left = a_items[index] if index < len(a_items) else None
+            right = b_items[index] if index < len(b_items) else None
+            differs = (
+                left is None or right is None or (left.kind, left.key) != (right.kind, right.key)
+            )
+            if differs:
+                left, right = _spread(left), _spread(right)
+            marks: tuple[list[int] | None, list[int] | None] = (None, None)
+            if differs and left is not None and right is not None:
+                marks = differing_lines(left, right)
+            rows.append([_said(left, marks[0]), _said(right, marks[1]), differs])
+        agents.append(
+            {
+                "path": pair.path,
+                "a": pair.a_id,
+                "b": pair.b_id,
+                "parting": parting,
+                "from": start,
+                "a_count": len(a_items),
+                "b_count": len(b_items),
+                "rows": rows,
+            }
+        )
+    return {
+        "a": store.conversation(a).root_id,
+        "b": store.conversation(b).root_id,
+        "this": this,
+        "agents": agents,
+        "error": None,
+    }
+
+
+def _spread(item: Said | None) -> Said | None:
+    """A tool call's arguments or a tool result that is JSON, one value per line (a
+    fan-in result is one line of JSON holding every child's outcome: marked whole,
+    it would not say which child differs); other items as they are."""
+    if item is None or item.kind not in ("tool_call", "tool_result"):
+        return item
+    spread = [_json_lines(item.text), _json_lines(item.key)]
+    if spread[0] is None or spread[1] is None:
+        return item
+    return attrs.evolve(item, text=spread[0], key=spread[1])
+
+
+def _json_lines(text: str) -> str | None:
+    """``name {json}`` or ``name: {json}`` with the JSON indented, or None."""
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    if start < 0:
+        return None
+    try:
+        value = json.loads(text[start:])
+        spread = json.dumps(value, indent=1, ensure_ascii=False)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to spread
+        return None
+    return text[:start].rstrip() + "\n" + spread
+
+
+def _said(item: Said | None, marked: list[int] | None) -> list[Any] | None:
+    return None if item is None else [item.seq, item.kind, item.text, marked]
 
 
 def _at(when: float, t0: float) -> float:

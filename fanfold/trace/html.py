@@ -14,8 +14,17 @@ import base64
 import hashlib
 import html
 import json
+import re
 from importlib import resources
 from typing import Any
+
+
+def file_name(tree_id: str) -> str:
+    """``trace-<id>.html``, the file ``fanfold trace ID`` writes by default, the id
+    kept to safe characters (an imported log's id is anyone's text: it never names
+    another directory, and a page's link to it is never anything but a file name)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", tree_id).lstrip(".") or "tree"
+    return f"trace-{safe[:80]}.html"
 
 
 def _asset(name: str) -> str:
@@ -69,13 +78,22 @@ _TRACE_BODY = """<header id="summary"></header>
 <label>Filter <input id="filter" type="text" placeholder="id, task or status (/)" size="24"></label>
 <label><input id="bad-only" type="checkbox"> failed and cancelled only</label>
 <span id="shown"></span>
+<label>Search <input id="search" type="search" placeholder="in messages, tool calls, results (s)"
+ size="28" aria-controls="hits"></label>
+<span id="zoom" role="group" aria-label="zoom">
+<button id="zoom-out" class="btn" title="zoom out (-)">&minus;</button>
+<button id="zoom-in" class="btn"
+ title="zoom in (+; Ctrl+wheel on the timeline, wheel on the axis)">+</button>
+<button id="zoom-fit" class="btn" title="whole trace (0)">fit</button>
+<span id="zoom-label">whole trace</span></span>
 <span id="legend"><span><i class="m-model"></i>model call</span>
 <span><i class="m-tool"></i>tool</span>
 <span><i class="m-retry"></i>retry back-off</span><span><i class="m-wait"></i>waiting</span>
 <span><i class="m-cancel"></i>cancel</span><span><i class="m-deadline"></i>deadline</span>
 <span><i class="err"></i>error</span><span><i class="aborted"></i>aborted</span></span>
 </div>
-<div id="axis" aria-hidden="true"></div>
+<div id="hits" role="region" aria-label="search hits" aria-live="polite" hidden></div>
+<div id="axis" aria-hidden="true" title="wheel: zoom; drag or Shift+wheel: pan"></div>
 <div id="rows" tabindex="0" role="listbox"
  aria-label="agents in tree order (arrows move, left/right: parent/child)">
 <div id="rows-inner"></div></div>
@@ -92,7 +110,8 @@ _TRACE_BODY = """<header id="summary"></header>
 <aside id="detail" tabindex="-1" aria-label="agent detail"></aside>
 </main>
 <div id="tooltip" role="tooltip" hidden></div>
-<section id="divergence" role="dialog" aria-label="first divergence" hidden></section>"""
+<section id="divergence" role="dialog" aria-label="first divergence" hidden></section>
+<section id="compare" role="dialog" aria-label="side by side" hidden></section>"""
 
 
 def render_html(data: dict[str, Any], *, live: dict[str, str] | None = None) -> str:

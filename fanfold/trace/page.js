@@ -46,14 +46,28 @@
   let step = 0;           // slider position
   let phaseAt = [];       // phase of each agent after `step` (null: not created yet)
   let liveAtEnd = true;
+  let live = null;        // fanfold ui's URLs, or null for a file
+  let zoomed = false;     // false: the timeline shows the whole trace
+  let zoomFrom = 0;       // the window shown: [zoomFrom, zoomFrom + zoomSpan] seconds
+  let zoomSpan = 1;
+  let hay = null;         // the searchable texts, built at the first search
+  let hits = [];          // the last search's hits
+  let hitAt = -1;         // the hit last jumped to
+  let parted = new Map(); // agent index -> its pair in data.compare, when it parts
+  let searching = 0;      // the typed search's pending timer
+  let searchedFor = "";   // the text the hits are for
 
   function load(newData) {
     data = newData;
     const steps = data.steps;
     if (liveAtEnd || step >= steps.length) step = Math.max(0, steps.length - 1);
     if (selected >= data.agents.length) selected = 0;
+    hay = null;
+    if (!zoomed) { zoomFrom = 0; zoomSpan = full(); }
+    indexParted();
     renderHeader();
     applyFilter();
+    if ($("search").value.trim()) runSearch();
     const slider = $("step");
     slider.max = String(Math.max(0, steps.length - 1));
     slider.value = String(step);
@@ -80,6 +94,7 @@
       el("span", { class: "stat", text: data.agents.length + " agent(s): " +
         Object.entries(counts).map(([k, v]) => v + " " + k).join(", ") }),
       el("span", { class: "stat", text: "tokens " + totals.input + " in / " + totals.output + " out" }),
+      ...[forkNode(), compareButton()].filter((n) => n !== null),
     );
     const banner = $("banner");
     banner.replaceChildren();
@@ -96,6 +111,120 @@
     } else {
       banner.hidden = true;
     }
+  }
+
+  // Where a fork came from, and a link to the original's page: fanfold ui's route,
+  // or, in a file, the file `fanfold trace ORIGINAL` writes beside this one (its
+  // name is made of safe characters by the builder).
+  function forkNode() {
+    const f = data.fork;
+    if (!f) return null;
+    const node = el("span", { id: "fork", class: "stat" }, "fork of " + f.source + "@" + f.seq + " ");
+    if (f.source_tree === null) {
+      node.append(el("span", { text: "(the original is not in this database)" }));
+    } else {
+      const href = live ? "/trace/" + encodeURIComponent(f.source_tree) : f.file;
+      node.append(el("a", { id: "original", href: href,
+        title: live ? null : "the page `fanfold trace " + f.source_tree + "` writes next to this one",
+        text: "original " + f.source_tree }));
+    }
+    return node;
+  }
+
+  function compareButton() {
+    const c = data.compare;
+    if (!c) return null;
+    if (c.error) return el("span", { class: "stat bad", text: "cannot show it beside " +
+      (c.this === "b" ? c.a : c.b) + ": " + c.error });
+    const other = c.this === "b" ? c.a : c.b;
+    return el("button", { id: "open-compare", class: "btn", onclick: () => openCompare(null),
+      text: (c.this === "b" ? "Beside the original" : "Beside " + other) + " (" +
+        parted.size + " agent(s) part) (c)" });
+  }
+
+  function indexParted() {
+    parted = new Map();
+    const c = data.compare;
+    if (!c || c.error) return;
+    const byId = new Map(data.agents.map((a) => [a.id, a.index]));
+    for (const pair of c.agents) {
+      const mine = c.this === "b" ? pair.b : pair.a;
+      const differs = pair.parting !== null || pair.a === null || pair.b === null;
+      if (mine !== null && differs && byId.has(mine)) parted.set(byId.get(mine), pair);
+    }
+  }
+
+  // ------------------------------------------------------------------ zoom
+  // The timeline shows a window of the trace, [zoomFrom, zoomFrom + zoomSpan] seconds;
+  // marks are placed in percent of the window and clipped to it.
+  function full() { return data.duration > 0 ? data.duration : 1; }
+
+  function setWindow(from, span) {
+    const all = full();
+    span = Math.max(Math.min(span, all), all / 1e6, 1e-6);
+    from = Math.max(0, Math.min(from, all - span));
+    zoomFrom = from;
+    zoomSpan = span;
+    zoomed = span < all;
+    $("zoom-label").textContent = zoomed ? "zoom " + (all / span).toPrecision(3) + "x from +" +
+      secs(from) : "whole trace";
+    renderAxis();
+    renderRows();
+  }
+
+  // Zoom by `factor` keeping the time at `frac` (0..1 across the window) in place.
+  function zoomAt(factor, frac) {
+    const at = zoomFrom + frac * zoomSpan;
+    const span = zoomSpan / factor;
+    setWindow(at - frac * span, span);
+  }
+
+  function panBy(frac) { setWindow(zoomFrom + frac * zoomSpan, zoomSpan); }
+
+  // Where clientX falls across the bars, 0..1 (null: outside them).
+  function barsFraction(clientX) {
+    const bars = document.querySelector("#rows .bars") || $("axis");
+    const r = bars.getBoundingClientRect();
+    if (r.width <= 0 || clientX < r.left || clientX > r.right) return null;
+    return (clientX - r.left) / r.width;
+  }
+
+  // The keyboard's zoom keeps the step cursor in place when it is in view.
+  function keyFraction() {
+    if (data.steps.length) {
+      const f = (data.steps[step][2] - zoomFrom) / zoomSpan;
+      if (f >= 0 && f <= 1) return f;
+    }
+    return 0.5;
+  }
+
+  function onWheel(ev, always) {
+    const horizontal = Math.abs(ev.deltaX) > Math.abs(ev.deltaY);
+    if (ev.ctrlKey || ev.metaKey || (always && !ev.shiftKey && !horizontal)) {
+      const frac = barsFraction(ev.clientX);
+      const steps = Math.max(-5, Math.min(5, -ev.deltaY / 100));
+      zoomAt(Math.pow(1.25, steps), frac === null ? 0.5 : frac);
+      ev.preventDefault();
+    } else if (ev.shiftKey || horizontal) {
+      const delta = horizontal ? ev.deltaX : ev.deltaY;
+      panBy(Math.max(-0.5, Math.min(0.5, delta / 1000)));
+      ev.preventDefault();
+    }
+  }
+
+  function onAxisDrag(ev) {
+    if (ev.button !== 0) return;
+    const axis = $("axis");
+    const width = axis.getBoundingClientRect().width || 1;
+    let lastX = ev.clientX;
+    const move = (e) => { panBy(-(e.clientX - lastX) / width); lastX = e.clientX; };
+    const up = () => {
+      window.removeEventListener("mousemove", move);
+      window.removeEventListener("mouseup", up);
+    };
+    window.addEventListener("mousemove", move);
+    window.addEventListener("mouseup", up);
+    ev.preventDefault();
   }
 
   // ------------------------------------------------------------------ timeline
@@ -115,20 +244,27 @@
     renderRows();
   }
 
-  function pct(t) {
-    const span = data.duration > 0 ? data.duration : 1;
-    return Math.max(0, Math.min(100, (t / span) * 100));
+  // A time's place across the window, in percent (outside 0..100 when out of it).
+  function pct(t) { return ((t - zoomFrom) / zoomSpan) * 100; }
+
+  // The style placing [t0, t1] in the window, clipped to it; null when out of view.
+  function place(t0, t1, minWidth) {
+    const end = zoomFrom + zoomSpan;
+    if (t1 < zoomFrom || t0 > end) return null;
+    const left = Math.max(0, pct(t0));
+    const right = Math.min(100, pct(t1));
+    return "left:" + left + "%;width:" + Math.max(minWidth, right - left) + "%";
   }
 
   function renderAxis() {
     const axis = $("axis");
     axis.replaceChildren();
-    const span = data.duration > 0 ? data.duration : 1;
-    const raw = span / 8;
+    const raw = zoomSpan / 8;
     const mag = Math.pow(10, Math.floor(Math.log10(raw)));
     const tick = [1, 2, 5, 10].map((m) => m * mag).find((v) => v >= raw) || raw;
-    for (let t = 0; t <= span + 1e-9; t += tick) {
-      axis.append(el("span", { text: "+" + secs(t), style: "left:" + pct(t) + "%" }));
+    const first = Math.ceil(zoomFrom / tick - 1e-9);
+    for (let k = first; k * tick <= zoomFrom + zoomSpan + 1e-9; k++) {
+      axis.append(el("span", { text: "+" + secs(k * tick), style: "left:" + pct(k * tick) + "%" }));
     }
   }
 
@@ -155,19 +291,21 @@
       if (phase === null || phase === undefined) cls += " absent";
       if (div && div.agent === a.index) cls += " diverged";
       const bars = el("div", { class: "bars" });
-      bars.append(el("div", { class: "life", "data-a": a.index, "data-m": -1,
-        style: "left:" + pct(a.start) + "%;width:" + Math.max(0.1, pct(a.end) - pct(a.start)) + "%" }));
+      const life = place(a.start, a.end, 0.1);
+      if (life) bars.append(el("div", { class: "life", "data-a": a.index, "data-m": -1, style: life }));
       a.marks.forEach((m, j) => {
-        bars.append(el("div", { class: markClass(m), "data-a": a.index, "data-m": j,
-          style: "left:" + pct(m.t0) + "%;width:" + (pct(m.t1) - pct(m.t0)) + "%" }));
+        const where = place(m.t0, m.t1, 0);
+        if (where) bars.append(el("div", { class: markClass(m), "data-a": a.index, "data-m": j, style: where }));
       });
-      if (div && div.agent === a.index) {
+      if (div && div.agent === a.index && place(div.at, div.at, 0)) {
         bars.append(el("div", { class: "m m-div", "data-a": a.index, "data-m": -2,
           style: "left:" + pct(div.at) + "%" }));
       }
       const label = el("div", { class: "label" },
         el("span", { style: "display:inline-block;width:" + Math.min(a.depth, 12) * 12 + "px" }),
         el("span", { class: "glyph", text: GLYPH[a.status] || "?" }),
+        parted.has(a.index) ? el("span", { class: "parts", text: "≠",
+          title: "parts from " + (data.compare.this === "b" ? "the original" : data.compare.b) }) : null,
         el("span", { class: "aid", text: a.index === 0 ? a.id : a.id.slice(a.id.lastIndexOf(".")) }),
         " ",
         el("span", { class: "task", text: short(a.task, 60) }),
@@ -181,6 +319,7 @@
       const at = data.steps[step][2];
       cursor.style.left = "calc(var(--label) + (100% - var(--label)) * " + pct(at) / 100 + ")";
       cursor.style.height = Math.max(view.length * ROW, box.clientHeight) + "px";
+      cursor.hidden = !place(at, at, 0);
     }
     inner.replaceChildren(...nodes, cursor);
     box.setAttribute("aria-activedescendant", "row-" + selected);
@@ -233,6 +372,11 @@
 
   function onRowsKey(ev) {
     if (!view.length) return;
+    if (ev.shiftKey && (ev.key === "ArrowLeft" || ev.key === "ArrowRight")) {
+      panBy(ev.key === "ArrowLeft" ? -0.2 : 0.2);
+      ev.preventDefault();
+      return;
+    }
     let pos = Math.max(0, view.indexOf(selected));
     const page = Math.max(1, Math.floor($("rows").clientHeight / ROW) - 1);
     switch (ev.key) {
@@ -333,6 +477,7 @@
         (a.agent ? " · agent " + a.agent : "") +
         (a.refused_calls ? " · " + a.refused_calls + " tool call(s) refused by its permissions" : "") }),
       a.parent !== null ? el("div", {}, "parent: ", agentLink(a.parent)) : null,
+      partsNode(a),
       el("h3", { text: "Outcome" }), outcomeNode(a.outcome),
       el("h3", { text: "Task" }), folded(a.task),
       el("h3", { text: "System prompt" }), folded(data.prompts[a.system_prompt] || "(none)"),
@@ -364,10 +509,10 @@
       parts.push(box);
     }
     parts.push(el("h3", { text: "Messages (" + a.messages.length + ")" }));
-    for (const m of a.messages) {
+    for (const [i, m] of a.messages.entries()) {
       const who = m.role === "tool" ? "tool result " + m.name + (m.error ? " (error)" : "")
         : m.role + (m.truncated ? " (cut off at the token limit)" : "");
-      const box = el("div", { class: "msg " + m.role + (m.error ? " error" : "") },
+      const box = el("div", { class: "msg " + m.role + (m.error ? " error" : ""), "data-msg": i },
         el("div", { class: "who", text: who }));
       if (m.text) box.append(folded(m.text));
       for (const call of m.calls || []) {
@@ -387,6 +532,230 @@
     }
     parts.push(table);
     d.replaceChildren(...parts.filter((p) => p !== null));
+  }
+
+  function partsNode(a) {
+    const pair = parted.get(a.index);
+    if (!pair) return null;
+    const c = data.compare;
+    const what = pair.a === null || pair.b === null ? "only in this tree"
+      : "parts from " + (c.this === "b" ? "the original" : c.b) + " at item " + pair.parting;
+    return el("div", { class: "parts-note" }, what + " ",
+      el("button", { class: "linkish", text: "side by side", onclick: () => openCompare(pair) }));
+  }
+
+  // ------------------------------------------------------------------ search
+  // Every message's text, tool call (name and arguments) and tool result, lower-cased
+  // once, at the first search (and again after a live update).
+  function buildHay() {
+    hay = [];
+    for (const a of data.agents) {
+      a.messages.forEach((m, i) => {
+        const field = m.role === "tool" ? "tool result " + m.name : m.role;
+        if (m.text) hay.push({ a: a.index, m: i, field: field, text: m.text, low: m.text.toLowerCase() });
+        for (const c of m.calls || []) {
+          const text = c.name + " " + c.arguments;
+          hay.push({ a: a.index, m: i, field: "tool call " + c.name, text: text, low: text.toLowerCase() });
+        }
+      });
+    }
+  }
+
+  function snippet(h, query) {
+    // Lower-casing keeps the length of nearly every text; where it does not, the
+    // snippet is the text's start rather than a wrong slice.
+    let at = h.low.indexOf(query);
+    if (h.low.length !== h.text.length) at = -1;
+    const node = el("span", { class: "snip" });
+    if (at < 0) { node.append(short(h.text, 120)); return node; }
+    const from = Math.max(0, at - 50);
+    node.append((from > 0 ? "…" : "") + h.text.slice(from, at).replace(/\s+/g, " "),
+      el("mark", { text: h.text.slice(at, at + query.length) }),
+      short(h.text.slice(at + query.length), 80));
+    return node;
+  }
+
+  function runSearch() {
+    const query = $("search").value.trim().toLowerCase();
+    const box = $("hits");
+    hits = [];
+    hitAt = -1;
+    searchedFor = query;
+    if (!query) { box.hidden = true; box.replaceChildren(); return; }
+    const started = performance.now();
+    if (hay === null) buildHay();
+    const agents = new Set();
+    for (const h of hay) {
+      if (h.low.includes(query)) { hits.push(h); agents.add(h.a); }
+    }
+    const ms = performance.now() - started;
+    const head = el("div", { id: "hits-head", text: hits.length + " hit(s) in " + agents.size +
+      " agent(s) (" + ms.toFixed(1) + " ms) · Enter: next, Shift+Enter: previous" });
+    const list = el("div", { id: "hits-list" });
+    const more = (from) => {
+      const upto = Math.min(hits.length, from + SHOWN);
+      for (let k = from; k < upto; k++) {
+        const h = hits[k];
+        list.append(el("button", { class: "hit", "data-k": k, onclick: () => jump(k) },
+          el("span", { class: "who", text: data.agents[h.a].id + " · " + h.field + " " }),
+          snippet(h, query)));
+      }
+      if (upto < hits.length) {
+        const button = el("button", { class: "btn", text: "show " +
+          Math.min(SHOWN, hits.length - upto) + " more of " + (hits.length - upto),
+          onclick: () => { button.remove(); more(upto); } });
+        list.append(button);
+      }
+    };
+    more(0);
+    box.replaceChildren(head, list);
+    box.setAttribute("data-ms", ms.toFixed(2));
+    box.hidden = false;
+  }
+
+  // Show hit k: its agent selected (the filter cleared if it hides it), the message
+  // in view in the detail, every match in it marked.
+  function jump(k) {
+    if (!hits.length) return;
+    hitAt = ((k % hits.length) + hits.length) % hits.length;
+    const h = hits[hitAt];
+    if (!view.includes(h.a)) {
+      $("filter").value = "";
+      $("bad-only").checked = false;
+      applyFilter();
+    }
+    select(h.a, true);
+    for (const b of document.querySelectorAll("#hits-list .hit.current")) b.classList.remove("current");
+    const button = document.querySelector('#hits-list .hit[data-k="' + hitAt + '"]');
+    if (button) button.classList.add("current");
+    const box = document.querySelector('#detail .msg[data-msg="' + h.m + '"]');
+    if (!box) return;
+    box.classList.add("found");
+    for (const d of box.querySelectorAll("details")) d.open = true;
+    highlight(box, $("search").value.trim().toLowerCase());
+    box.scrollIntoView({ block: "center" });
+  }
+
+  // Mark every occurrence of `query` in the texts of `node`: the text split into text
+  // nodes and <mark> elements (textContent only, as everywhere).
+  function highlight(node, query) {
+    for (const t of node.querySelectorAll(".text")) {
+      const text = t.textContent;
+      const low = text.toLowerCase();
+      if (!query || low.length !== text.length || !low.includes(query)) continue;
+      const pieces = [];
+      let from = 0;
+      for (let at = low.indexOf(query); at >= 0; at = low.indexOf(query, at + query.length)) {
+        pieces.push(document.createTextNode(text.slice(from, at)),
+          el("mark", { text: text.slice(at, at + query.length) }));
+        from = at + query.length;
+      }
+      pieces.push(document.createTextNode(text.slice(from)));
+      t.replaceChildren(...pieces);
+    }
+  }
+
+  function onSearchKey(ev) {
+    if (ev.key === "Enter") {
+      clearTimeout(searching);  // Enter searches now: not again after the pause
+      if ($("search").value.trim().toLowerCase() !== searchedFor) runSearch();
+      jump(ev.shiftKey ? hitAt - 1 : hitAt + 1);
+      ev.preventDefault();
+    } else if (ev.key === "Escape") {
+      $("search").value = "";
+      runSearch();
+      $("rows").focus();
+      ev.preventDefault();
+    }
+  }
+
+  // ------------------------------------------------------------------ side by side
+  // The tree beside another (a fork beside its original), per agent: the items from
+  // a few before the first where they part, aligned; the parting row and the lines
+  // that differ marked. The pairs and lines are computed by the builder
+  // (fanfold.replay.compare), not here.
+  function openCompare(pair) {
+    const c = data.compare;
+    if (!c || c.error) return;
+    const mine = (p) => (c.this === "b" ? p.b : p.a);
+    if (!pair) {
+      const chosen = data.agents[selected];
+      pair = c.agents.find((p) => chosen && mine(p) === chosen.id && parted.has(chosen.index))
+        || c.agents.find((p) => p.parting !== null || p.a === null || p.b === null) || c.agents[0];
+    }
+    const panel = $("compare");
+    const label = (side) => (c.this === side ? " (this tree)" : c.this === "b" ? " (original)" : "");
+    const picker = el("select", { id: "cmp-agent", "aria-label": "agent" });
+    c.agents.forEach((p, k) => {
+      const state = p.a === null ? "only in B" : p.b === null ? "only in A"
+        : p.parting === null ? "the same" : "parts at item " + p.parting;
+      const option = el("option", { value: k, text: p.path + " — " + state });
+      if (p === pair) option.selected = true;
+      picker.append(option);
+    });
+    picker.addEventListener("change", () => showPair(c.agents[Number(picker.value)]));
+    panel.replaceChildren(
+      el("button", { id: "close-compare", class: "btn", text: "Close (Esc)", onclick: closeCompare }),
+      el("h2", { text: "Side by side" }),
+      el("p", { class: "kv", text: "A: " + c.a + label("a") + " · B: " + c.b + label("b") +
+        " · agents matched by their place in the tree; tool-call ids and the trees' own ids " +
+        "are not differences" }),
+      el("label", {}, "Agent ", picker),
+      el("div", { id: "cmp-body" }));
+    showPair(pair);
+    panel.hidden = false;
+    $("close-compare").focus();
+  }
+
+  function itemCell(item, differs) {
+    const td = el("td", { class: "cmp-item" });
+    if (item === null) { td.append(el("div", { class: "none", text: "(nothing: it ends before)" })); return td; }
+    const [seq, kind, text, marked] = item;
+    td.append(el("div", { class: "who", text: "seq " + seq + " · " + kind }));
+    const lines = String(text).split("\n");
+    const shown = new Set(marked || []);
+    const whole = differs && marked === null;
+    const box = el("div", { class: "text" });
+    lines.forEach((line, n) => {
+      box.append(el("div", { class: "ln" + (whole || shown.has(n) ? " dl" : ""), text: line || " " }));
+    });
+    td.append(box);
+    return td;
+  }
+
+  function showPair(pair) {
+    const body = $("cmp-body");
+    const parts = [el("p", { id: "cmp-state", text: pair.a === null ? pair.path + " is only in B (" + pair.b + ")"
+      : pair.b === null ? pair.path + " is only in A (" + pair.a + ")"
+      : pair.parting === null ? pair.path + ": the same " + pair.a_count + " item(s) in both"
+      : pair.path + " (" + pair.a + " / " + pair.b + ") parts at item " + pair.parting +
+        " (" + pair.a_count + " / " + pair.b_count + " items)" })];
+    if (pair.rows.length) {
+      const table = el("table", { id: "cmp-table" },
+        el("tr", {}, el("th", { text: "#" }), el("th", { text: "A " + (pair.a || "") }),
+          el("th", { text: "B " + (pair.b || "") })));
+      if (pair.from > 0) {
+        table.append(el("tr", { class: "skipped" }, el("td", { colspan: 3,
+          text: "items 0–" + (pair.from - 1) + ": the same in both (see the agents' messages)" })));
+      }
+      pair.rows.forEach(([a, b, differs], k) => {
+        const index = pair.from + k;
+        let cls = differs ? "differs" : "same";
+        if (index === pair.parting) cls += " parting";
+        table.append(el("tr", { class: cls, "data-item": index },
+          el("td", { class: "idx", text: index + (index === pair.parting ? " ≠ first" : "") }),
+          itemCell(a, differs), itemCell(b, differs)));
+      });
+      parts.push(table);
+    }
+    body.replaceChildren(...parts);
+    const first = body.querySelector("tr.parting");
+    if (first) first.scrollIntoView({ block: "nearest" });
+  }
+
+  function closeCompare() {
+    $("compare").hidden = true;
+    $("rows").focus();
   }
 
   // ------------------------------------------------------------------ divergence
@@ -429,10 +798,12 @@
   // ------------------------------------------------------------------ wiring
   function typing(ev) {
     const t = ev.target;
-    return t && (t.tagName === "INPUT" && t.type === "text");
+    return t && (t.tagName === "INPUT" && (t.type === "text" || t.type === "search"));
   }
 
   function init() {
+    const liveBlock = $("trace-live");
+    if (liveBlock) live = JSON.parse(liveBlock.textContent);
     const source = $("trace-data");
     load(JSON.parse(source.textContent));
     const rows = $("rows");
@@ -447,6 +818,17 @@
       if (row) select(Number(row.getAttribute("data-index")), false);
     });
     rows.addEventListener("keydown", onRowsKey);
+    rows.addEventListener("wheel", (ev) => onWheel(ev, false), { passive: false });
+    $("axis").addEventListener("wheel", (ev) => onWheel(ev, true), { passive: false });
+    $("axis").addEventListener("mousedown", onAxisDrag);
+    $("zoom-in").addEventListener("click", () => zoomAt(2, keyFraction()));
+    $("zoom-out").addEventListener("click", () => zoomAt(0.5, keyFraction()));
+    $("zoom-fit").addEventListener("click", () => setWindow(0, full()));
+    $("search").addEventListener("input", () => {
+      clearTimeout(searching);
+      searching = setTimeout(runSearch, 120);
+    });
+    $("search").addEventListener("keydown", onSearchKey);
     rows.addEventListener("mousemove", onHover);
     rows.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
     $("step").addEventListener("input", (ev) => setStep(Number(ev.target.value)));
@@ -457,15 +839,21 @@
     window.addEventListener("resize", renderRows);
     document.addEventListener("keydown", (ev) => {
       if (ev.key === "Escape" && !$("divergence").hidden) { closeDivergence(); return; }
+      if (ev.key === "Escape" && !$("compare").hidden) { closeCompare(); return; }
       if (typing(ev) || ev.ctrlKey || ev.metaKey || ev.altKey) return;
+      if (ev.target && ev.target.tagName === "SELECT") return;
       if (ev.key === "[" || ev.key === ",") { setStep(step - 1); ev.preventDefault(); }
       else if (ev.key === "]" || ev.key === ".") { setStep(step + 1); ev.preventDefault(); }
       else if (ev.key === "d" && data.divergence) { openDivergence(); ev.preventDefault(); }
+      else if (ev.key === "c" && data.compare && !data.compare.error) { openCompare(null); ev.preventDefault(); }
       else if (ev.key === "/") { $("filter").focus(); ev.preventDefault(); }
+      else if (ev.key === "s") { $("search").focus(); $("search").select(); ev.preventDefault(); }
+      else if (ev.key === "+" || ev.key === "=") { zoomAt(2, keyFraction()); ev.preventDefault(); }
+      else if (ev.key === "-") { zoomAt(0.5, keyFraction()); ev.preventDefault(); }
+      else if (ev.key === "0") { setWindow(0, full()); ev.preventDefault(); }
     });
-    const live = $("trace-live");
     if (live && window.EventSource) {
-      const cfg = JSON.parse(live.textContent);
+      const cfg = live;
       const events = new EventSource(cfg.events);
       const refresh = () => {
         fetch(cfg.data).then((r) => r.json()).then(load).catch(() => {});

@@ -10,7 +10,8 @@ Routes (GET only):
 - ``/``: the list of trees (status, duration, agents, tokens, cost); ``/api/trees``
   the same as JSON;
 - ``/trace/ID``: the trace page of a tree, following it live; ``/api/trace/ID`` its
-  data as JSON;
+  data as JSON; ``?vs=OTHER`` shows the tree beside OTHER's (a fork's page shows its
+  original without it);
 - ``/events`` and ``/events/ID``: server-sent events, one ``changed`` event whenever
   the database (or that tree) changes, polled every ``poll`` seconds.
 
@@ -35,7 +36,7 @@ import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, urlencode
 
 import trio
 
@@ -175,12 +176,16 @@ class TraceServer:
             # JSON and the event stream answer at once (a script need not follow).
             cookie = self._cookie_header(scope)
             if not (path.startswith("/api/") or path == "/events" or path.startswith("/events/")):
-                # One leading slash: "//host" would send the browser elsewhere.
-                await self._redirect(send, "/" + quote(path.lstrip("/")), cookie)
+                # One leading slash: "//host" would send the browser elsewhere. The
+                # query's other parameters (``vs``) go on; the token does not.
+                kept = urlencode([(k, v) for k, v in _query(scope) if k != "token"])
+                where = "/" + quote(path.lstrip("/")) + ("?" + kept if kept else "")
+                await self._redirect(send, where, cookie)
                 return
             send = _with_header(send, cookie)
+        vs = next((v for k, v in reversed(_query(scope)) if k == "vs"), None)
         try:
-            await self._route(path, receive, send)
+            await self._route(path, vs, receive, send)
         except UnknownConversation as exc:
             await self._plain(send, 404, str(exc))
         except DatabaseError as exc:
@@ -216,8 +221,7 @@ class TraceServer:
         return names_this_server(host, scope.get("server"), self.hosts)
 
     def _query_token(self, scope: Scope) -> str | None:
-        raw: bytes = scope.get("query_string", b"")
-        values = [v for k, v in parse_qsl(raw.decode("latin-1")) if k == "token"]
+        values = [v for k, v in _query(scope) if k == "token"]
         return values[-1] if values else None
 
     def _cookie_name(self, port: int | None) -> str:
@@ -260,7 +264,7 @@ class TraceServer:
 
     # ------------------------------------------------------------------ routes
 
-    async def _route(self, path: str, receive: Receive, send: Send) -> None:
+    async def _route(self, path: str, vs: str | None, receive: Receive, send: Send) -> None:
         if path == "/":
             rows = await self.read(self.summaries)
             page = render_page(
@@ -276,14 +280,15 @@ class TraceServer:
             await self._answer(send, 200, "application/json", _json_bytes(rows))
         elif path.startswith("/trace/"):
             tree = path.removeprefix("/trace/")
-            data = await self.read(lambda store: build_trace(store, tree))
+            data = await self.read(lambda store: build_trace(store, tree, vs=vs))
             safe = quote(tree, safe="")
-            live = {"events": f"/events/{safe}", "data": f"/api/trace/{safe}"}
+            also = "?" + urlencode({"vs": vs}) if vs is not None else ""
+            live = {"events": f"/events/{safe}", "data": f"/api/trace/{safe}{also}"}
             page = render_html(data, live=live)
             await self._answer(send, 200, "text/html; charset=utf-8", page.encode())
         elif path.startswith("/api/trace/"):
             tree = path.removeprefix("/api/trace/")
-            data = await self.read(lambda store: build_trace(store, tree))
+            data = await self.read(lambda store: build_trace(store, tree, vs=vs))
             await self._answer(send, 200, "application/json", _json_bytes(data))
         elif path == "/events" or path.startswith("/events/"):
             watched = path.removeprefix("/events/") if path != "/events" else None
@@ -371,6 +376,12 @@ async def serve(
     config.graceful_timeout = 1.0
     asgi: Any = app  # Hypercorn's ASGI types are protocols of its own; the app fits them
     await hypercorn_serve(asgi, config, task_status=task_status)
+
+
+def _query(scope: Scope) -> list[tuple[str, str]]:
+    """The request's query parameters, in order."""
+    raw: bytes = scope.get("query_string", b"")
+    return parse_qsl(raw.decode("latin-1"))
 
 
 def _headers(scope: Scope) -> dict[str, list[str]]:
