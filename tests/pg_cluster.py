@@ -155,9 +155,13 @@ class Cluster:
     @property
     def conninfo(self) -> str:
         """libpq connection string over the Unix socket (psycopg)."""
+        return self.conninfo_for(DATABASE)
+
+    def conninfo_for(self, database: str) -> str:
+        """The same connection string for another database of this cluster."""
         return (
             f"host={self.socket_dir} port={self.port} user={USER} "
-            f"password={self.password} dbname={DATABASE}"
+            f"password={self.password} dbname={database}"
         )
 
     # -- server control ---------------------------------------------------------------
