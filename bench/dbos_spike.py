@@ -702,6 +702,78 @@ def part_recovery(
     return out
 
 
+def _outcome(client: DBOSClient, wid: str) -> str:
+    """A finished workflow's result in a few words, or the error it ended with."""
+    try:
+        result: dict[str, Any] = client.retrieve_workflow(wid).get_result(polling_interval_sec=POLL)
+    except Exception as error:
+        leaves: list[BaseException] = [error]
+        while isinstance(leaves[0], BaseExceptionGroup):
+            leaves = list(leaves[0].exceptions)
+        return f"{type(error).__name__} of {type(leaves[0]).__name__}: {str(leaves[0])[:200]}"
+    return f"ok on {result.get('executor')}"
+
+
+def part_frozen(
+    cluster: Cluster, root: Path, env: dict[str, str], trees: int, children: int,
+    latency: float,
+) -> dict[str, Any]:  # fmt: skip
+    """A worker frozen (SIGSTOP) while it runs trees; its workflows re-enqueued (as a
+    lease that expired would have them) and taken by the other; then it wakes."""
+    out: dict[str, Any] = {}
+    with run_folder(root, "frozen", cluster) as (folder, url):
+        workers = Workers(cluster, url, folder, env)
+        w1 = workers.start("w1", concurrency=4)
+        client = _client(url)
+        try:
+            workers.start("w2", concurrency=4)
+            names = [f"z{i}" for i in range(trees)]
+            for name in names:
+                _enqueue(client, "fanfold.tree", TREES, name, str(folder), name, children, latency)
+            while True:
+                mine = [w for w, s in _statuses(client, "z").items()
+                        if s[0] == "PENDING" and s[1] == "w1"]  # fmt: skip
+                if len(mine) >= 2:
+                    break
+                time.sleep(0.02)
+            time.sleep(latency * 1.5)
+            mine = sorted(w for w, s in _statuses(client, "z").items()
+                          if s[0] == "PENDING" and s[1] == "w1")  # fmt: skip
+            w1.send_signal(signal.SIGSTOP)
+            for wid in mine:
+                client.resume_workflow(wid)
+            deadline = time.perf_counter() + 60
+            while time.perf_counter() < deadline:
+                statuses = _statuses(client, "z")
+                if all(statuses[w][0] not in ("ENQUEUED", "PENDING") for w in mine):
+                    break
+                time.sleep(0.05)
+            out["while w1 is frozen"] = {
+                "frozen_with_pending": len(mine),
+                "statuses": {w: list(_statuses(client, "z")[w]) for w in mine},
+                "outcomes": {w: _outcome(client, w) for w in mine},
+            }
+            w1.send_signal(signal.SIGCONT)
+            _wait_done(client, [n for n in names if n not in mine], timeout=60)
+            time.sleep(max(3.0, 8 * latency))  # let the woken worker finish what it had
+            out["after w1 wakes"] = {
+                "statuses": {w: list(_statuses(client, "z")[w]) for w in mine},
+                "outcomes": {w: _outcome(client, w) for w in mine},
+            }
+        finally:
+            client.destroy()
+            workers.stop_all()
+        executions: dict[str, list[str]] = {}
+        for line in (folder / "executions.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            executions.setdefault(record["name"], []).append(
+                f"{record['executor']}{' (resumed)' if record['resumed'] else ''}"
+            )
+        out["executions of the frozen worker's trees"] = {w: executions[w] for w in mine}
+        out["logs"] = _verify_trees(folder, names, children)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.dbos_spike")
     sub = parser.add_subparsers(dest="command")
@@ -719,7 +791,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     worker.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    parser.add_argument("--parts", default="overhead,throughput,units,recovery")
+    parser.add_argument("--parts", default="overhead,throughput,units,recovery,frozen")
     parser.add_argument("--no-fsync", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "worker":
@@ -756,6 +828,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 observe=5.0 if not quick else 1.0,
             )  # fmt: skip
             _print("recovery: SIGKILL of a worker", results["recovery"])
+        if "frozen" in parts:
+            results["frozen"] = part_frozen(
+                cluster, scratch, env, trees=8, children=3, latency=0.5 if not quick else 0.3
+            )
+            _print("frozen: SIGSTOP of a worker, its workflows re-enqueued", results["frozen"])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
     import shutil
