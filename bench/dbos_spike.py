@@ -178,6 +178,25 @@ def parent_workflow(folder: str, name: str, children: int, latency: float) -> di
     return {"children": len(results), "child_executors": executors, "executor": DBOS.executor_id}
 
 
+CHUNK = 5  # children per chunk workflow (fanfold.chunked)
+
+
+@DBOS.workflow(name="fanfold.chunked")
+def chunked_workflow(folder: str, name: str, children: int, latency: float) -> dict[str, Any]:
+    """The middle way: the fan-out's children in chunks of CHUNK, each chunk a subtree
+    workflow on the children's queue (here a fan-out tree of CHUNK children of its
+    own: the parent conversation's side is not prototyped)."""
+    queue = DBOS.retrieve_queue(CHILDREN)
+    assert queue is not None
+    handles = [
+        queue.enqueue(tree_workflow, folder, f"{name}.{i}", min(CHUNK, children - i), latency)
+        for i in range(0, children, CHUNK)
+    ]
+    results = [handle.get_result(polling_interval_sec=POLL) for handle in handles]
+    executors = sorted({r["executor"] for r in results})
+    return {"children": children, "child_executors": executors, "executor": DBOS.executor_id}
+
+
 # The other arrangement: one Trio loop and one Runtime per worker process, hosted by a
 # thread of its own; a workflow's thread hands its tree to that loop and blocks until
 # the tree is at rest. (Throughput only: a re-run would start a second tree, since the
@@ -533,8 +552,10 @@ def part_units(
     out: dict[str, Any] = {}
     for count in (1, 2):
         for unit, workflow in (("tree per workflow", "fanfold.tree"),
-                               ("conversation per workflow", "fanfold.parent")):  # fmt: skip
-            name = f"units{count}{'t' if workflow == 'fanfold.tree' else 'c'}"
+                               ("conversation per workflow", "fanfold.parent"),
+                               (f"chunk of {CHUNK} children per workflow", "fanfold.chunked"),
+                               ):  # fmt: skip
+            name = f"units{count}{workflow.rsplit('.', 1)[1]}"
             with run_folder(root, name, cluster) as (folder, url):
                 workers = Workers(cluster, url, folder, env)
                 try:
