@@ -782,6 +782,7 @@ def part_frozen(
                 "outcomes": {w: _outcome(client, w) for w in mine},
             }
         finally:
+            w1.send_signal(signal.SIGCONT)  # never leave a stopped process behind
             client.destroy()
             workers.stop_all()
         executions: dict[str, list[str]] = {}
@@ -819,9 +820,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         worker_main(args)
         return
 
+    import shutil
     import tempfile
 
     scratch = Path(tempfile.mkdtemp(prefix="fanfold-spike-"))
+    try:
+        _run_parts(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_parts(args: argparse.Namespace, scratch: Path) -> None:
     env = {**os.environ, "FANFOLD_KEY_FILE": str(scratch / "provenance.key")}
     UserKey.load(scratch / "provenance.key")  # made once, before workers race to make it
     quick = args.quick
@@ -856,9 +865,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             _print("frozen: SIGSTOP of a worker, its workflows re-enqueued", results["frozen"])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
-    import shutil
-
-    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _print(title: str, part: dict[str, Any]) -> None:
