@@ -72,19 +72,20 @@ class Binaries:
     pg_ctl: Path
 
 
-def find_binaries() -> Binaries | None:
-    """``initdb`` and ``pg_ctl`` on ``PATH``, else the newest Debian-style
-    ``/usr/lib/postgresql/<version>/bin``; None if PostgreSQL is not installed."""
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+def find_binaries(
+    path: str | None = None, debian_root: Path = Path("/usr/lib/postgresql")
+) -> Binaries | None:
+    """``initdb`` and ``pg_ctl`` on ``PATH`` (or ``path``), else the newest Debian-style
+    ``<debian_root>/<version>/bin`` holding both; None if PostgreSQL is not installed."""
+    initdb, pg_ctl = shutil.which("initdb", path=path), shutil.which("pg_ctl", path=path)
     if initdb and pg_ctl:
         return Binaries(Path(initdb), Path(pg_ctl))
 
     def version(folder: Path) -> tuple[int, ...]:
         return tuple(int(part) for part in folder.parent.name.split(".") if part.isdigit())
 
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version, reverse=True)
-    for folder in candidates:
-        if (folder / "initdb").is_file() and (folder / "pg_ctl").is_file():
+    for folder in sorted(debian_root.glob("*/bin"), key=version, reverse=True):
+        if os.access(folder / "initdb", os.X_OK) and os.access(folder / "pg_ctl", os.X_OK):
             return Binaries(folder / "initdb", folder / "pg_ctl")
     return None
 

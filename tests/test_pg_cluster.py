@@ -11,18 +11,24 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pg_cluster import Cluster, find_binaries, wait_gone
+from pg_cluster import NOT_INSTALLED, Binaries, Cluster, find_binaries, wait_gone
 
-psycopg = pytest.importorskip(
-    "psycopg", reason="the PostgreSQL tests need the postgres extra: pip install '.[postgres]'"
-)
-
-pytestmark = pytest.mark.slow
+# Clusters of their own (the fixture's tests skip through the fixture).
+needs_postgres = pytest.mark.skipif(find_binaries() is None, reason=NOT_INSTALLED)
 
 
+def _psycopg() -> Any:
+    return pytest.importorskip(
+        "psycopg", reason="the PostgreSQL tests need the postgres extra: pip install '.[postgres]'"
+    )
+
+
+@pytest.mark.slow
 def test_data_committed_before_a_restart_is_there_after_it(pg_cluster: Cluster) -> None:
+    psycopg = _psycopg()
     with psycopg.connect(pg_cluster.conninfo, autocommit=True) as connection:
         connection.execute("DROP TABLE IF EXISTS survivors")
         connection.execute("CREATE TABLE survivors (id integer PRIMARY KEY, name text)")
@@ -39,7 +45,9 @@ def test_data_committed_before_a_restart_is_there_after_it(pg_cluster: Cluster) 
     assert rows == [(1, "one"), (2, "two")]
 
 
+@pytest.mark.slow
 def test_the_server_listens_on_loopback_tcp_with_a_password(pg_cluster: Cluster) -> None:
+    psycopg = _psycopg()
     tcp = f"host=127.0.0.1 port={pg_cluster.port} user=fanfold dbname=postgres"
     with psycopg.connect(tcp + f" password={pg_cluster.password}") as connection:
         assert connection.execute("SELECT inet_server_addr()::text").fetchone() == ("127.0.0.1/32",)
@@ -47,10 +55,10 @@ def test_the_server_listens_on_loopback_tcp_with_a_password(pg_cluster: Cluster)
         psycopg.connect(tcp + " password=wrong").close()
 
 
+@pytest.mark.slow
+@needs_postgres
 def test_close_stops_the_server_and_removes_the_folder() -> None:
-    binaries = find_binaries()
-    assert binaries is not None  # the session fixture skipped the module otherwise
-    cluster = Cluster.create(binaries)
+    cluster = Cluster.create()
     pid = cluster.postmaster_pid()
     assert pid is not None and cluster.folder.is_dir()
 
@@ -60,6 +68,8 @@ def test_close_stops_the_server_and_removes_the_folder() -> None:
     assert not cluster.folder.exists()
 
 
+@pytest.mark.slow
+@needs_postgres
 def test_a_killed_owner_leaves_no_server_and_no_folder(tmp_path: Path) -> None:
     """The watchdog stops the server and removes the folder when the process that
     made the cluster dies by SIGKILL, without running any cleanup of its own."""
@@ -103,3 +113,30 @@ def test_a_killed_owner_leaves_no_server_and_no_folder(tmp_path: Path) -> None:
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+
+
+def _programs(folder: Path, *names: str) -> Path:
+    folder.mkdir(parents=True)
+    for name in names:
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def test_the_binaries_are_found_on_path_first_then_in_the_newest_debian_folder(
+    tmp_path: Path,
+) -> None:
+    debian = tmp_path / "lib"
+    _programs(debian / "9.6" / "bin", "initdb", "pg_ctl")
+    _programs(debian / "15" / "bin", "initdb", "pg_ctl")
+    _programs(debian / "16" / "bin", "initdb")  # no pg_ctl: not usable
+    empty = _programs(tmp_path / "empty")
+    assert find_binaries(path=str(empty), debian_root=debian) == Binaries(
+        debian / "15" / "bin" / "initdb", debian / "15" / "bin" / "pg_ctl"
+    )
+    on_path = _programs(tmp_path / "usr-bin", "initdb", "pg_ctl")
+    assert find_binaries(path=f"{empty}:{on_path}", debian_root=debian) == Binaries(
+        on_path / "initdb", on_path / "pg_ctl"
+    )
+    # Neither: PostgreSQL is not installed, and the fixture skips with NOT_INSTALLED.
+    assert find_binaries(path=str(empty), debian_root=tmp_path / "nothing") is None
