@@ -796,6 +796,55 @@ def part_frozen(
     return out
 
 
+def part_pgrestart(
+    cluster: Cluster, root: Path, env: dict[str, str], trees: int, children: int,
+    latency: float,
+) -> dict[str, Any]:  # fmt: skip
+    """PostgreSQL restarted (``pg_ctl restart -m fast``: every connection is ended) while
+    two workers run trees: what DBOS's connection handling makes of it."""
+    out: dict[str, Any] = {}
+    with run_folder(root, "pgrestart", cluster) as (folder, url):
+        workers = Workers(cluster, url, folder, env)
+        workers.start("w1", concurrency=4)
+        client = _client(url)
+        try:
+            workers.start("w2", concurrency=4)
+            names = [f"p{i}" for i in range(trees)]
+            start = time.perf_counter()
+            for name in names:
+                _enqueue(client, "fanfold.tree", TREES, name, str(folder), name, children, latency)
+            while sum(s[0] == "PENDING" for s in _statuses(client, "p").values()) < 4:
+                time.sleep(0.02)
+            time.sleep(latency * 1.5)
+            pending = sum(s[0] == "PENDING" for s in _statuses(client, "p").values())
+            restarted_at = time.perf_counter()
+            cluster.restart()
+            restart_s = time.perf_counter() - restarted_at
+            done = _wait_done(client, names, timeout=180)
+            statuses = _statuses(client, "p")
+            out["restart while trees run"] = {
+                "trees": trees,
+                "pending_at_restart": pending,
+                "restart_s": restart_s,
+                "all_succeeded_after_restart_s": None if done is None else done + restart_s,
+                "total_s": time.perf_counter() - start,
+                "not_succeeded": {
+                    w: [*s, _outcome(client, w)] for w, s in statuses.items() if s[0] != "SUCCESS"
+                },
+                "workers_alive": sorted(e for e, p in workers.procs.items() if p.poll() is None),
+            }
+        finally:
+            client.destroy()
+            workers.stop_all()
+        runs: dict[str, int] = {}
+        for line in (folder / "executions.jsonl").read_text().splitlines():
+            name = json.loads(line)["name"]
+            runs[name] = runs.get(name, 0) + 1
+        out["executions"] = {"run_more_than_once": {n: c for n, c in runs.items() if c > 1}}
+        out["logs"] = _verify_trees(folder, names, children)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.dbos_spike")
     sub = parser.add_subparsers(dest="command")
@@ -813,7 +862,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     worker.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    parser.add_argument("--parts", default="overhead,throughput,units,recovery,frozen")
+    parser.add_argument("--parts", default="overhead,throughput,units,recovery,frozen,pgrestart")
     parser.add_argument("--no-fsync", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "worker":
@@ -858,6 +907,11 @@ def _run_parts(args: argparse.Namespace, scratch: Path) -> None:
                 observe=5.0 if not quick else 1.0,
             )  # fmt: skip
             _print("recovery: SIGKILL of a worker", results["recovery"])
+        if "pgrestart" in parts:
+            results["pgrestart"] = part_pgrestart(
+                cluster, scratch, env, trees=8, children=3, latency=0.5 if not quick else 0.3
+            )
+            _print("pgrestart: PostgreSQL restarted under two workers", results["pgrestart"])
         if "frozen" in parts:
             results["frozen"] = part_frozen(
                 cluster, scratch, env, trees=8, children=3, latency=0.5 if not quick else 0.3
