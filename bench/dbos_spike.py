@@ -92,9 +92,12 @@ def _conversation_script(latency: float) -> ScriptedProvider:
     )
 
 
-async def _run_tree(database: Path, children: int, latency: float) -> dict[str, Any]:
+async def _run_tree(
+    database: Path, children: int, latency: float, note: tuple[str, str] | None = None
+) -> dict[str, Any]:
     """Start the tree in ``database``, or resume it if an earlier execution of the same
-    workflow started it there (fanfold's log, not DBOS, knows how far it got)."""
+    workflow started it there (fanfold's log, not DBOS, knows how far it got).
+    ``note``: (folder, name) to record this execution under, once it knows which."""
     if children:
         provider, limits = fanout_script(children, child_latency=latency), fanout_limits(children)
     else:
@@ -103,6 +106,8 @@ async def _run_tree(database: Path, children: int, latency: float) -> dict[str, 
         database, provider, ToolSet.default(), limits=limits, logger=quiet_logger()
     ) as runtime:
         roots = runtime.store.list_roots()
+        if note is not None:
+            _note_execution(*note, resumed=bool(roots))
         if roots:
             root = roots[0].id
             await runtime.resume([root])
@@ -123,8 +128,9 @@ async def _run_tree_again(database: Path) -> None:
         await runtime.wait(await runtime.start("think"))
 
 
-def _note_execution(folder: str, name: str, resumed: bool) -> None:
-    """One line per execution of a tree (append-only): which process ran it when."""
+def _note_execution(folder: str, name: str, *, resumed: bool) -> None:
+    """One line per execution of a tree (append-only): which process ran it when, and
+    whether the log already held the tree (``resumed``)."""
     line = json.dumps(
         {
             "name": name,
@@ -142,8 +148,7 @@ def _note_execution(folder: str, name: str, resumed: bool) -> None:
 def run_tree_step(folder: str, name: str, children: int, latency: float) -> dict[str, Any]:
     """The whole tree as one DBOS step: its own Trio loop in DBOS's worker thread."""
     database = Path(folder) / f"{name}.db"
-    _note_execution(folder, name, database.exists())
-    return trio.run(_run_tree, database, children, latency)
+    return trio.run(_run_tree, database, children, latency, (folder, name))
 
 
 @DBOS.workflow(name="fanfold.tree")
@@ -228,7 +233,7 @@ def _host_shared_runtime(database: Path, children: int, latency: float) -> None:
 def run_shared_step(folder: str, name: str) -> dict[str, Any]:
     """The tree in the process's one runtime: this thread waits for it."""
     runtime: Runtime = _SHARED["runtime"]
-    _note_execution(folder, name, False)
+    _note_execution(folder, name, resumed=False)
 
     async def start_and_wait() -> dict[str, Any]:
         root = await runtime.start("fan out", limits=_SHARED["limits"])
