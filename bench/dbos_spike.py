@@ -613,6 +613,24 @@ def _wait_done(client: DBOSClient, ids: Sequence[str], timeout: float) -> float 
     return None
 
 
+def _wait_begun(folder: Path, executor: str, prefix: str, count: int) -> None:
+    """Wait until ``executor`` has begun ``count`` trees whose names start with
+    ``prefix`` (their executions are noted once their runtime has opened the log)."""
+    record = folder / "executions.jsonl"
+    deadline = time.perf_counter() + 120
+    while time.perf_counter() < deadline:
+        lines = record.read_text().splitlines() if record.exists() else []
+        begun = {
+            r["name"]
+            for r in map(json.loads, lines)
+            if r["executor"] == executor and r["name"].startswith(prefix)
+        }
+        if len(begun) >= count:
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"{executor} began fewer than {count} {prefix}* trees in 120 s")
+
+
 def _verify_trees(folder: Path, names: Sequence[str], children: int) -> dict[str, Any]:
     """Each tree's log: finished once, every child's outcome accepted once, and
     ``replay.verify`` reproduces every recorded step."""
@@ -648,13 +666,8 @@ def part_recovery(
             names = [f"r{i}" for i in range(trees)]
             for name in names:
                 _enqueue(client, "fanfold.tree", TREES, name, str(folder), name, children, latency)
-            # Kill w1 once it runs trees and has had time to log some of their steps.
-            while True:
-                mine = [w for w, s in _statuses(client, "r").items()
-                        if s[0] == "PENDING" and s[1] == "w1"]  # fmt: skip
-                if len(mine) >= 2:
-                    break
-                time.sleep(0.02)
+            # Kill w1 once it has begun trees and had time to log some of their steps.
+            _wait_begun(folder, "w1", "r", 2)
             time.sleep(latency * 1.5)
             mine = sorted(w for w, s in _statuses(client, "r").items()
                           if s[0] == "PENDING" and s[1] == "w1")  # fmt: skip
@@ -690,12 +703,7 @@ def part_recovery(
             names2 = [f"s{i}" for i in range(trees)]
             for name in names2:
                 _enqueue(client, "fanfold.tree", TREES, name, str(folder), name, children, latency)
-            while True:
-                mine2 = [w for w, s in _statuses(client, "s").items()
-                         if s[0] == "PENDING" and s[1] == "w2"]  # fmt: skip
-                if len(mine2) >= 2:
-                    break
-                time.sleep(0.02)
+            _wait_begun(folder, "w2", "s", 2)
             time.sleep(latency * 1.5)
             mine2 = sorted(w for w, s in _statuses(client, "s").items()
                            if s[0] == "PENDING" and s[1] == "w2")  # fmt: skip
@@ -756,12 +764,7 @@ def part_frozen(
             names = [f"z{i}" for i in range(trees)]
             for name in names:
                 _enqueue(client, "fanfold.tree", TREES, name, str(folder), name, children, latency)
-            while True:
-                mine = [w for w, s in _statuses(client, "z").items()
-                        if s[0] == "PENDING" and s[1] == "w1"]  # fmt: skip
-                if len(mine) >= 2:
-                    break
-                time.sleep(0.02)
+            _wait_begun(folder, "w1", "z", 2)
             time.sleep(latency * 1.5)
             mine = sorted(w for w, s in _statuses(client, "z").items()
                           if s[0] == "PENDING" and s[1] == "w1")  # fmt: skip
