@@ -22,10 +22,12 @@ import atexit
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from pg_cluster import NOT_INSTALLED, Cluster, find_binaries
 
 settings.register_profile("default", max_examples=100, deadline=None)
 settings.register_profile("ci", max_examples=300, deadline=None, print_blob=True)
@@ -113,3 +115,17 @@ def trust_record(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     path = tmp_path_factory.mktemp("trust") / "trusted.json"
     monkeypatch.setenv("FANFOLD_TRUST_FILE", str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """A throwaway PostgreSQL cluster for the whole session (``tests/pg_cluster.py``):
+    initdb in a temporary folder, a server on a free loopback port, stopped and removed
+    at the end, also when a test fails (or, by its watchdog, when pytest itself is
+    killed). Skipped only where PostgreSQL is not installed; a cluster that is installed
+    but cannot start is an error."""
+    binaries = find_binaries()
+    if binaries is None:
+        pytest.skip(NOT_INSTALLED)
+    with Cluster.create(binaries) as cluster:
+        yield cluster
