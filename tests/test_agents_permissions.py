@@ -7,13 +7,16 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sm_support import World, begin, created_root, user, world_moves
+from sm_support import World, begin, created_root, root, step, user, world_moves
 
 from fanfold.statemachine import (
     Effect,
+    ModelReplied,
     ModelReply,
     RunTool,
     ToolCall,
+    ToolFinished,
+    ToolResult,
     ToolResultMessage,
     ToolSpec,
 )
@@ -30,6 +33,7 @@ from fanfold.statemachine.permissions import (
     normalise,
     parse_rule,
     path_matches,
+    reading_tools,
     refusal,
     restrict,
 )
@@ -227,9 +231,77 @@ def test_allows_tool_decides_what_is_offered() -> None:
     assert allows_tool(None, "anything")
 
 
+# A program's tools: ``peek`` says it is read-only (a function tool's read_only=True,
+# an MCP server's readOnlyHint, recorded in its spec), ``poke`` says nothing.
+PEEK = ToolSpec.from_schema("peek", "read a value", {"type": "object"}, read_only=True)
+POKE = ToolSpec.from_schema("poke", "change a value", {"type": "object"})
+
+
+@pytest.mark.parametrize(
+    ("allow", "deny", "tool", "allowed"),
+    [
+        (["read-only"], (), "peek", True),
+        (["read-only"], (), "poke", False),
+        (["read-only"], (), "read_file", True),
+        (["read-only"], (), "bash", False),
+        (["read-only"], ("peek",), "peek", False),  # deny still wins
+        (["poke"], (), "peek", False),  # read-only is not implied by other rules
+        (["poke"], (), "poke", True),
+        (None, (), "poke", True),
+    ],
+)
+def test_read_only_takes_the_tools_whose_specs_say_so(
+    allow: list[str] | None, deny: tuple[str, ...], tool: str, allowed: bool
+) -> None:
+    """``read-only`` allows fanfold's reading tools and every tool whose recorded spec
+    is marked read-only, and no other: what is offered and what is refused agree."""
+    rules = _layer(allow, deny)
+    reading = reading_tools((PEEK, POKE))
+    assert allows_tool(rules, tool, reading) is allowed
+    call = ToolCall.of("t", tool, {"path": "x"} if tool == "read_file" else {"command": "ls"})
+    assert (refusal(rules, call, "/p", reading) is None) is allowed
+    # Without the specs' marks (a log written before them), read-only is the built-ins.
+    assert allows_tool(rules, "peek") is (allow is None and "peek" not in deny)
+
+
+def test_reading_tools_are_the_built_ins_and_the_marked_specs() -> None:
+    assert reading_tools(()) == frozenset({"read_file", "think", "grep", "glob"})
+    assert reading_tools((PEEK, POKE)) == frozenset({"read_file", "think", "grep", "glob", "peek"})
+
+
+def test_a_read_only_child_is_offered_and_may_call_a_read_only_tool_only() -> None:
+    """Through the reducer: a conversation whose rules are ``read-only`` runs a call of
+    a tool whose spec is marked read-only, and refuses one of a tool that is not."""
+    state = root(
+        tools=(PEEK,),  # what the runtime records: the tools the rules let it offer
+        permissions=Permissions((RuleSet((Rule("read-only"),), (), "agent 'reader'", "/work"),)),
+    )
+    state, _ = step(state, user("go"))
+    calls = (ToolCall.of("c1", "peek", {}), ToolCall.of("c2", "poke", {}))
+    state, effects = step(state, ModelReplied(0, ModelReply("", calls)))
+    (run,) = [e for e in effects if isinstance(e, RunTool)]
+    assert run.tool_call.name == "peek"
+    state, effects = step(state, ToolFinished(run.call, ToolResult("c1", "peek", "1")))
+    results = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    assert [(r.name, r.is_error) for r in results] == [("peek", False), ("poke", True)]
+    assert results[1].content.startswith("poke refused: no allow rule of agent 'reader'")
+    # A child given these tools under read-only is offered peek, not poke.
+    setup = child_setup(
+        AgentDefinition("reader", "reads", allow=(Rule("read-only"),)),
+        parent_permissions=None,
+        parent_agents=(),
+        tools=(PEEK, POKE),
+        default_prompt="role",
+        limits=Limits(max_depth=3),
+        depth=1,
+        cwd="/work",
+    )
+    assert [t.name for t in setup.tools] == ["peek"]
+
+
 # --------------------------------------------------------------- the subset property
 
-TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "think")
+TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "think", "peek", "poke")
 RULE_TEXTS = (
     "bash",
     "bash(git *)",
@@ -244,6 +316,8 @@ RULE_TEXTS = (
     "edit_file(docs/*)",
     "think",
     "read-only",
+    "peek",
+    "poke",
 )
 CALLS = (
     [_bash(c) for c in ("git diff", "git log -p", "rm -rf x", "ls; rm x", "ls", "git diff | sh")]
@@ -253,6 +327,7 @@ CALLS = (
         for p in ("src/a.py", "docs/x", "README.md", "/etc/passwd", "sub/src/y.md", "../out")
     ]
     + [ToolCall.of("t", "think", {"thought": "x"})]
+    + [ToolCall.of("t", "peek", {}), ToolCall.of("t", "poke", {})]
 )
 
 
@@ -273,7 +348,9 @@ def definitions(draw: st.DrawFn) -> AgentDefinition:
     )
 
 
-SPECS = tuple(ToolSpec.from_schema(n, n, {"type": "object"}) for n in TOOL_NAMES)
+SPECS = tuple(
+    ToolSpec.from_schema(n, n, {"type": "object"}, read_only=n == "peek") for n in TOOL_NAMES
+)
 
 
 @given(
@@ -302,12 +379,19 @@ def test_a_child_never_holds_what_its_parent_lacks(
             cwd=child_cwd,
         )
         assert {t.name for t in setup.tools} <= {t.name for t in tools}
+        reading = reading_tools(SPECS)
         for call in CALLS:
             for where in (cwd, child_cwd):
-                if refusal(setup.permissions, call, where) is None:
-                    assert refusal(permissions, call, where) is None, (call, where)
+                if refusal(setup.permissions, call, where, reading) is None:
+                    assert refusal(permissions, call, where, reading) is None, (call, where)
         for name in TOOL_NAMES:
-            assert not allows_tool(setup.permissions, name) or allows_tool(permissions, name)
+            assert not allows_tool(setup.permissions, name, reading) or allows_tool(
+                permissions, name, reading
+            )
+            # What the child is offered is what its rules allow (read-only included).
+            offered = name in {t.name for t in setup.tools}
+            had = name in {t.name for t in tools}
+            assert offered == (had and allows_tool(setup.permissions, name, reading)), name
         permissions, tools, cwd = setup.permissions, setup.tools, child_cwd
 
 
@@ -340,7 +424,9 @@ class _GuardedWorld(World):
         for effect in effects:
             if isinstance(effect, RunTool) and state is not None:
                 assert state.offers(effect.tool_call.name), effect
-                why = refusal(state.permissions, effect.tool_call, effect.cwd)
+                why = refusal(
+                    state.permissions, effect.tool_call, effect.cwd, reading_tools(state.tools)
+                )
                 assert why is None, f"{cid} ran a refused call: {why}"
                 self.ran += 1
         super().run(cid, effects)

@@ -45,9 +45,8 @@ from fanfold.statemachine import (
     spawn_order,
     start,
 )
-from fanfold.statemachine.agent_defs import AgentDefinition, with_reading_tools
+from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.delegation import capped_limits, child_setup
-from fanfold.statemachine.permissions import MCP_PREFIX
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.registry import ToolSet
@@ -423,12 +422,10 @@ class Runtime:
         """
         conversation_id = uuid.uuid4().hex[:12]
         resolved = str(Path(cwd).resolve())
-        # ``read-only`` takes an MCP tool only where its server marks it read-only: the
-        # definitions are widened with those names here, as recorded data.
-        reading = self._reading_mcp_tools()
-        agents = with_reading_tools(agents, reading)
-        if agent is not None:
-            (agent,) = with_reading_tools((agent,), reading)
+        # ``read-only`` takes a tool whose recorded spec says it is read-only (a function
+        # tool's read_only=True, an MCP server's readOnlyHint): the reducer reads the
+        # specs of the creation event. (Logs before ToolSpec.read_only recorded the
+        # definitions widened with those MCP tools' names instead, which still holds.)
         prompt = self.system_prompt if system_prompt is None else system_prompt
         chosen = limits or self.limits
         tools = self.tools.specs()
@@ -482,17 +479,6 @@ class Runtime:
         if idempotent is None:
             return ()
         return tuple(sorted(s.name for s in self.tools.specs() if idempotent(s.name)))
-
-    def _reading_mcp_tools(self) -> tuple[str, ...]:
-        """The MCP tools (``mcp__...``) the tool runner says are read-only."""
-        read_only = getattr(self.tools, "read_only", None)
-        if read_only is None:
-            return ()
-        return tuple(
-            spec.name
-            for spec in self.tools.specs()
-            if spec.name.startswith(MCP_PREFIX) and read_only(spec.name)
-        )
 
     async def send(self, conversation_id: str, text: str) -> None:
         """Send a further user message to an idle (or errored) root conversation.

@@ -14,7 +14,7 @@ import enum
 import attrs
 
 from fanfold.statemachine.limits import integer, optional_seconds
-from fanfold.statemachine.permissions import READ_ONLY, Rule, RuleSet
+from fanfold.statemachine.permissions import Rule, RuleSet
 
 
 class ContextMode(enum.StrEnum):
@@ -89,22 +89,3 @@ def find_agent(agents: tuple[AgentDefinition, ...], name: str) -> AgentDefinitio
         if agent.name == name:
             return agent
     return None
-
-
-def with_reading_tools(
-    definitions: tuple[AgentDefinition, ...], names: tuple[str, ...]
-) -> tuple[AgentDefinition, ...]:
-    """``definitions`` with each ``read-only`` allow rule joined by a rule for every
-    tool of ``names`` (the MCP tools whose servers mark them read-only). The runtime
-    writes the result into the root's creation event, so what ``read-only`` allows is
-    recorded data, and replay decides the same without the servers."""
-    if not names:
-        return definitions
-    widened = []
-    for definition in definitions:
-        allow = definition.allow
-        if allow is not None and any(rule.tool == READ_ONLY for rule in allow):
-            extra = tuple(Rule(name) for name in names if Rule(name) not in allow)
-            definition = attrs.evolve(definition, allow=(*allow, *extra))
-        widened.append(definition)
-    return tuple(widened)

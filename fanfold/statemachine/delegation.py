@@ -28,7 +28,7 @@ from fanfold.statemachine.messages import (
     ToolSpec,
     UserMessage,
 )
-from fanfold.statemachine.permissions import Permissions, allows_tool, restrict
+from fanfold.statemachine.permissions import Permissions, allows_tool, reading_tools, restrict
 
 
 def parent_context(history: tuple[Message, ...]) -> tuple[Message, ...]:
@@ -100,7 +100,8 @@ def permitted_tools(
     none is removed, so siblings keep sharing it)."""
     if permissions is None:
         return tools
-    kept = tuple(t for t in tools if allows_tool(permissions, t.name))
+    reading = reading_tools(tools)
+    kept = tuple(t for t in tools if allows_tool(permissions, t.name, reading))
     return tools if len(kept) == len(tools) else kept
 
 
