@@ -55,6 +55,7 @@ __all__ = [
     "expand",
     "secret_variables",
     "servers_in",
+    "servers_of",
 ]
 
 MCP_JSON = ".mcp.json"
@@ -198,6 +199,24 @@ def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
     kind = "json" if path.name == MCP_JSON else "agent" if path.suffix == ".md" else "toml"
     table = _servers_table(data, path, kind)
     return [_declaration(n, b, str(path), kind, True, False) for n, b in table.items()]
+
+
+def servers_of(path: str | os.PathLike[str]) -> tuple[ServerDeclaration, ...]:
+    """The servers one file declares, for a program (``Runtime.open(mcp_servers=PATH)``):
+    a fanfold configuration's ``[mcp_servers]``, a ``.mcp.json``'s ``mcpServers``
+    (told apart by the ``.json`` suffix). The program names the file, as ``--config``
+    does on the command line, so its servers start as they are (no trust record).
+    ``ConfigError`` (one line, naming the file and the key) for anything wrong."""
+    target = Path(path)
+    try:
+        data = read_regular(target, limit=_MAX_FILE)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read it: {exc}", path=str(target)) from None
+    if len(data) > _MAX_FILE:
+        raise ConfigError(f"larger than {_MAX_FILE} bytes: not read", path=str(target))
+    kind = "json" if target.suffix == ".json" else "toml"
+    table = _servers_table(data, target, kind)
+    return tuple(_declaration(n, b, str(target), kind, False, False) for n, b in table.items())
 
 
 def _servers_table(data: bytes, path: Path, kind: str) -> dict[str, Any]:

@@ -303,6 +303,7 @@ class Runtime:
         redact: Callable[[str], str] | None = None,
         gc_policy: str = "tuned",
         step_observers: Sequence[StepObserver] = (),
+        mcp_servers: Iterable[Any] | str | os.PathLike[str] | None = None,
     ) -> AsyncIterator[Runtime]:
         """Open a runtime over the SQLite file ``database`` (":memory:" for a throwaway).
 
@@ -337,6 +338,18 @@ class Runtime:
         OpenTelemetry spans of them. ``observer`` is the older, simpler hook: the state
         before and after, the event and its effects.
 
+        ``mcp_servers`` (the ``mcp`` extra): MCP servers whose tools are offered
+        beside ``tools``, as ``mcp__SERVER__TOOL``: a path to a configuration file
+        (its ``[mcp_servers]``, as fanfold.toml declares them) or a ``.mcp.json``, or
+        the ``ServerDeclaration`` values ``fanfold.mcp.config.declared_servers(cwd)``
+        returns (the CLI's, trust included: a project's server waiting for trust is
+        not started). Nothing starts here: the servers start at the first ``start``
+        (a root's tool set lists their tools) or, for a tree that ``resume``, ``send``
+        or ``attach`` continues, at the first call of one of its recorded MCP tools;
+        all are stopped when the runtime closes. A server that cannot start is logged
+        (``mcp_problem``) and its tools are not offered. The variables the servers'
+        ``env`` and ``headers`` name are redacted from the log by default.
+
         ``gc_policy`` is the collector policy while the runtime is open (DESIGN.md,
         "Memory and the collector"): "tuned" (the default) freezes the objects alive
         at the first open (modules, configuration: never collected again, no longer
@@ -347,6 +360,64 @@ class Runtime:
         if gc_policy not in GC_POLICIES:
             raise ValueError(f"gc_policy must be one of {GC_POLICIES}, not {gc_policy!r}")
         runner = _runner(tools)
+        if mcp_servers is None:
+            async with cls._opened(
+                database, provider, runner, limits=limits, system_prompt=system_prompt,
+                sub_agent_prompt=sub_agent_prompt, logger=logger, observer=observer,
+                on_progress=on_progress, clock=clock, threaded_writes=threaded_writes,
+                key=key, provider_description=provider_description, redact=redact,
+                gc_policy=gc_policy, step_observers=step_observers,
+            ) as runtime:  # fmt: skip
+                yield runtime
+            return
+        from fanfold.runtime.served import declarations_of, served_tools
+
+        declarations = declarations_of(mcp_servers)
+        from fanfold.mcp.config import secret_variables
+
+        # The variables the servers' env and headers name are secrets: their values are
+        # redacted from the log (a server echoing its token writes no token there), and
+        # kept from the servers' own environments but where declared, as for the CLI.
+        policy = EnvPolicy(key_variables=secret_variables(declarations))
+        if redact is None:
+            redact = policy.redactor(os.environ)
+        # The hub closes after the runtime: its conversations' calls are cancelled first,
+        # then each server is stopped with everything it started.
+        async with (
+            served_tools(runner, declarations, policy) as served,
+            cls._opened(
+                database, provider, served, limits=limits, system_prompt=system_prompt,
+                sub_agent_prompt=sub_agent_prompt, logger=logger, observer=observer,
+                on_progress=on_progress, clock=clock, threaded_writes=threaded_writes,
+                key=key, provider_description=provider_description, redact=redact,
+                gc_policy=gc_policy, step_observers=step_observers,
+            ) as runtime,
+        ):  # fmt: skip
+            yield runtime
+
+    @classmethod
+    @asynccontextmanager
+    async def _opened(
+        cls,
+        database: str | Path,
+        provider: Provider,
+        runner: ToolRunner,
+        *,
+        limits: Limits | None,
+        system_prompt: str,
+        sub_agent_prompt: str | None,
+        logger: Any,
+        observer: Observer | None,
+        on_progress: Callable[[StreamProgress], None] | None,
+        clock: Callable[[], float],
+        threaded_writes: bool | None,
+        key: UserKey | None,
+        provider_description: ProviderDescription | None,
+        redact: Callable[[str], str] | None,
+        gc_policy: str,
+        step_observers: Sequence[StepObserver],
+    ) -> AsyncIterator[Runtime]:
+        """``open`` with its tool runner made."""
         key = key if key is not None else UserKey.load()
         memory = str(database) == ":memory:"
         store = Store.memory() if memory else Store.open(database)
@@ -422,6 +493,10 @@ class Runtime:
         """
         conversation_id = uuid.uuid4().hex[:12]
         resolved = str(Path(cwd).resolve())
+        discover = getattr(self.tools, "discover", None)
+        if discover is not None:  # MCP servers (``mcp_servers``): started for a first tree
+            for problem in await discover():
+                self.logger.warning("mcp_problem", problem=problem)
         # ``read-only`` takes a tool whose recorded spec says it is read-only (a function
         # tool's read_only=True, an MCP server's readOnlyHint): the reducer reads the
         # specs of the creation event. (Logs before ToolSpec.read_only recorded the
@@ -849,6 +924,9 @@ class Runtime:
     def _launch(self, actor: Actor) -> None:
         """Load a conversation from the log; one given nothing to do (an ``attach``
         that no event follows) is unloaded again in the engine's next round."""
+        bind = getattr(self.tools, "bind", None)
+        if bind is not None:  # its recorded MCP tools, on the servers of those names
+            bind(actor.state.tools)
         self._actors[actor.state.id] = actor
         self.engine.ready(actor)
 
