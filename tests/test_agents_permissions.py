@@ -3,6 +3,8 @@ child never holds a tool or a right its parent lacks, at any depth)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -20,7 +22,7 @@ from fanfold.statemachine import (
     ToolResultMessage,
     ToolSpec,
 )
-from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
 from fanfold.statemachine.delegation import child_setup, own_messages
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.permissions import (
@@ -299,6 +301,59 @@ def test_a_read_only_child_is_offered_and_may_call_a_read_only_tool_only() -> No
     assert [t.name for t in setup.tools] == ["peek"]
 
 
+@pytest.mark.parametrize(
+    ("parent", "child", "offered"),
+    [
+        (None, None, False),  # a root's plain sub-agent
+        (None, "owner", True),  # the agent whose file declares the server
+        (None, "namer", True),  # an agent naming it in mcpServers
+        (None, "other", False),  # any other agent
+        ("owner", None, False),  # the owner's plain sub-agent
+        ("owner", "other", False),  # the owner's sub-agent of another definition
+        ("owner", "namer", True),
+        ("owner", "owner", True),
+        ("denier", "owner", False),  # every layer of rules above still applies
+    ],
+)
+def test_an_agent_scoped_servers_tools_go_to_the_agents_naming_it(
+    parent: str | None, child: str | None, offered: bool
+) -> None:
+    """``AgentDefinition.own_tools`` (the tools of a server an agent file declares) are
+    offered to agents of that definition and of definitions naming the server, and to
+    no other agent: not the root, not a sibling, not the owner's other sub-agents."""
+    # As the runtime records them: each definition naming s is given s's tools.
+    catalogue = with_own_tools(
+        (
+            AgentDefinition("owner", "declares s", mcp_servers=("s",)),
+            AgentDefinition("namer", "names s", mcp_servers=("s",)),
+            AgentDefinition("other", "no servers"),
+            AgentDefinition("denier", "denies s", deny=(Rule("mcp__s"),)),
+        ),
+        (SCOPED,),
+    )
+    root_tools = without_scoped((*SPECS, SCOPED), catalogue)
+    assert "mcp__s__t" not in [t.name for t in root_tools]  # what Runtime.start records
+
+    def setup(definition: str | None, tools: Any, permissions: Any) -> Any:
+        return child_setup(
+            None if definition is None else next(a for a in catalogue if a.name == definition),
+            parent_permissions=permissions,
+            parent_agents=catalogue,
+            tools=tools,
+            default_prompt="role",
+            limits=Limits(max_depth=3),
+            depth=1,
+            cwd="/p",
+        )
+
+    if parent is None:
+        tools = setup(child, root_tools, None).tools
+    else:
+        above = setup(parent, root_tools, None)
+        tools = setup(child, above.tools, above.permissions).tools
+    assert ("mcp__s__t" in [t.name for t in tools]) is offered
+
+
 # --------------------------------------------------------------- the subset property
 
 TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "think", "peek", "poke")
@@ -405,8 +460,11 @@ def test_restrict_adds_a_layer_and_keeps_the_parents() -> None:
 
 # --------------------------------------------------------------- through the reducer
 
+SCOPED = ToolSpec.from_schema("mcp__s__t", "an agent file's server's tool", {"type": "object"})
 CATALOGUE = (
     AgentDefinition("reader", "reads", allow=(Rule("read-only"),)),
+    # Declares the MCP server s in its file: its agents alone get s's tool.
+    AgentDefinition("owner", "owns s", mcp_servers=("s",), own_tools=(SCOPED,)),
     AgentDefinition("gitter", "git only", allow=(Rule("bash", "git *"), Rule("read_file"))),
     AgentDefinition("no-ls", "anything but ls", deny=(Rule("bash", "ls*"),)),
     AgentDefinition("open", "no rules"),

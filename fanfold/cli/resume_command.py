@@ -16,7 +16,7 @@ from fanfold.cli.database import db_option, db_path
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import recorded_declarations, recorded_mcp_tools
+from fanfold.cli.mcp_tools import recorded_declarations, recorded_mcp_tools, recorded_specs
 from fanfold.cli.models import (
     ModelChoice,
     ProviderPerTree,
@@ -117,7 +117,7 @@ def _recorded_tools(store: Store, root_id: str) -> tuple[str, tuple[Any, ...]]:
         state = store.load_state(root_id)
     except Exception:  # a damaged tree: Runtime.resume names it
         return ".", ()
-    return state.cwd, state.tools
+    return state.cwd, recorded_specs(state)
 
 
 def _print_answers(finished: dict[str, Conversation], path: Path) -> None:

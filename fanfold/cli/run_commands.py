@@ -18,6 +18,8 @@ from fanfold.cli.mcp_tools import (
     mcp_tools,
     recorded_declarations,
     recorded_mcp_tools,
+    recorded_specs,
+    scoped_to_agents,
     with_server_secrets,
 )
 from fanfold.cli.models import ModelChoice, choose_model, model_options
@@ -228,9 +230,9 @@ async def _run_main(
         # meanwhile waits (it is delivered after) instead of killing the process before
         # the shutdown has stopped its bash commands.
         with stop_signal_receiver(stop) as signals:
-            async with (
-                mcp_tools(servers, cwd, choice.env_policy) as extra,
-                Runtime.open(
+            async with mcp_tools(servers, cwd, choice.env_policy) as served:
+                scoped_agents, extra = scoped_to_agents(agents, served)
+                async with Runtime.open(
                     path,
                     choice.provider,
                     choice.tools([*python_tools, *extra]),
@@ -239,13 +241,16 @@ async def _run_main(
                     observer=view.observe,
                     on_progress=view.progress,
                     provider_description=choice.recorded,
-                ) as runtime,
-            ):
-                conversation_id = await runtime.start(
-                    text, cwd=cwd, limits=limits, system_prompt=system, agents=agents
-                )
-                interruption = await watch(runtime, conversation_id, view, live, signals)
-                return conversation_id, runtime.state(conversation_id), interruption
+                ) as runtime:
+                    conversation_id = await runtime.start(
+                        text,
+                        cwd=cwd,
+                        limits=limits,
+                        system_prompt=system,
+                        agents=scoped_agents,
+                    )
+                    interruption = await watch(runtime, conversation_id, view, live, signals)
+                    return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
 
@@ -283,7 +288,7 @@ def send(
             raise CliError(missing_message(f"conversation {conversation_id}", missing))
         choice = choose_model(script, config_path, profile, model)
         hint(f"model: {choice.description}; log: {path}", style="dim")
-        recorded = ((state.cwd, state.tools),)
+        recorded = ((state.cwd, recorded_specs(state)),)
         servers = recorded_declarations(recorded, config_path)
         choice = with_server_secrets(choice, servers)
         result = run_trio(

@@ -88,6 +88,9 @@ class ServerDeclaration:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     project: bool = False
     needs_trust: bool = False
+    private: bool = False
+    """Declared in an agent file's ``mcpServers``: it serves the agents whose
+    definitions name it, not the whole run (``AgentDefinition.own_tools``)."""
 
     @property
     def transport(self) -> str:
@@ -185,10 +188,22 @@ def declared_servers(
             problems.append(str(exc))
             continue
         for name, body in table.items():
+            earlier = found.get(name) if isinstance(name, str) else None
+            if kind == "agent" and earlier is not None and not earlier.private:
+                # A run-wide server keeps its name: an agent file may not replace the
+                # user's (or the project's) server of that name with its own command.
+                problems.append(
+                    f"{path}: mcpServers.{name}: {earlier.source} declares MCP server "
+                    f"{name!r} already: this agent file's declaration is ignored (the "
+                    "agent names that server)"
+                )
+                continue
             try:
-                found[name] = _declaration(name, body, str(path), kind, project, needs_trust)
+                declared = _declaration(name, body, str(path), kind, project, needs_trust)
             except ConfigError as exc:
                 problems.append(str(exc))
+                continue
+            found[name] = attrs.evolve(declared, private=True) if kind == "agent" else declared
     return Declarations(tuple(found.values()), tuple(problems))
 
 

@@ -45,7 +45,7 @@ from fanfold.statemachine import (
     spawn_order,
     start,
 )
-from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
 from fanfold.statemachine.delegation import capped_limits, child_setup
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
@@ -504,6 +504,18 @@ class Runtime:
         prompt = self.system_prompt if system_prompt is None else system_prompt
         chosen = limits or self.limits
         tools = self.tools.specs()
+        scoped_specs = getattr(self.tools, "scoped_specs", None)
+        if scoped_specs is not None:
+            # Servers declared in agent files serve the agents whose definitions name
+            # them: their tools go into those definitions (recorded with the
+            # catalogue), and a server no definition names serves nobody.
+            scoped = scoped_specs()
+            agents = with_own_tools(agents, scoped)
+            if agent is not None:
+                (agent,) = with_own_tools((agent,), scoped)
+            owned = {t.name for a in (*agents, *([agent] if agent else [])) for t in a.own_tools}
+            unowned = {t.name for t in scoped} - owned
+            tools = tuple(t for t in tools if t.name not in unowned)
         permissions = None
         if agent is not None:
             setup = child_setup(
@@ -524,6 +536,10 @@ class Runtime:
             _, rounds = capped_limits(agent, None, chosen.max_rounds)
             chosen = attrs.evolve(chosen, max_rounds=rounds)
             model = model if model is not None else agent.model
+        else:
+            # A root is offered no agent-scoped server's tools (delegation.child_setup
+            # gives them to the agents whose definitions name the server).
+            tools = without_scoped(tools, agents)
         created = ConversationCreated(
             conversation_id=conversation_id,
             cwd=resolved,
@@ -926,7 +942,8 @@ class Runtime:
         that no event follows) is unloaded again in the engine's next round."""
         bind = getattr(self.tools, "bind", None)
         if bind is not None:  # its recorded MCP tools, on the servers of those names
-            bind(actor.state.tools)
+            state = actor.state
+            bind((*state.tools, *(t for a in state.agents for t in a.own_tools)))
         self._actors[actor.state.id] = actor
         self.engine.ready(actor)
 

@@ -92,6 +92,11 @@ class ServedTools:
             return await self.base.run(call, cwd, confined=True)
         return await self.base.run(call, cwd)
 
+    def scoped_specs(self) -> tuple[ToolSpec, ...]:
+        """The specs of the tools of servers declared in agent files (``private``):
+        the runtime gives them to the definitions that name their servers."""
+        return tuple(t.spec for t in self._served.values() if t.server.declaration.private)
+
     def read_only(self, name: str) -> bool:
         """As ``ToolSet.read_only``: the tool says it changes nothing."""
         if name in self._set:
