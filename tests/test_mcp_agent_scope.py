@@ -135,3 +135,70 @@ def test_an_agent_file_cannot_take_over_a_run_wide_servers_name(tmp_path: Path) 
     # Declared only in agent files, a server is theirs (agent-scoped).
     (scoped,) = declared_servers(project, environ=environ).servers
     assert (scoped.command, scoped.private) == ("evil", True)
+
+
+async def test_runtime_open_scopes_an_agent_files_server_and_a_later_send_binds_it(
+    tmp_path: Path,
+) -> None:
+    """From Python: ``Runtime.open(mcp_servers=declared_servers(...).servers)`` gives an
+    agent file's server to that agent alone; a second runtime continuing the tree
+    (``send``) binds the tools recorded in the definition to the server."""
+    from runtime_helpers import reply
+
+    from fanfold.agents import load_agents
+    from fanfold.mcp.config import declared_servers
+    from fanfold.providers.scripted import ScriptedProvider
+    from fanfold.runtime import Runtime
+    from fanfold.runtime.logging import quiet_logger
+    from fanfold.tools.registry import ToolSet
+
+    project = tmp_path / "project"
+    agents = project / ".fanfold" / "agents"
+    agents.mkdir(parents=True)
+    server = (
+        "mcpServers:\n  ok:\n"
+        f"    command: {json.dumps(sys.executable)}\n"
+        f"    args: [{json.dumps(str(SERVER))}, ok, {json.dumps(str(tmp_path))}]\n"
+    )
+    TrustStore.default().trust(_agent(agents, "owner", server))
+    environ = {**os.environ, "HOME": str(tmp_path / "home")}
+    declared = declared_servers(project, environ=environ).servers
+    catalogue = load_agents(project, environ).agents
+    owner_task = {"tasks": [{"task": "t", "agent": "owner"}]}
+    child = [
+        reply("", ("mcp__ok__echo", {"text": "hi"})),
+        reply("", ("submit_result", {"result": "r"})),
+    ]
+    provider = ScriptedProvider(
+        {
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        reply("", ("mcp__ok__echo", {"text": "root"})),
+                        reply("", ("spawn_agents", owner_task)),
+                        reply("first"),
+                        reply("", ("spawn_agents", owner_task)),
+                        reply("second"),
+                    ],
+                },
+                {"match": {"depth": 1}, "replies": child},
+            ]
+        }
+    )
+    database = tmp_path / "log.db"
+    options: dict[str, Any] = {"logger": quiet_logger(), "mcp_servers": declared}
+    async with Runtime.open(database, provider, ToolSet.default(), **options) as runtime:
+        root = await runtime.start("go", cwd=project, agents=catalogue)
+        assert (await runtime.wait(root)).text == "first"
+        root_state = runtime.state(root)
+    async with Runtime.open(database, provider, ToolSet.default(), **options) as runtime:
+        await runtime.send(root, "again")
+        assert (await runtime.wait(root)).text == "second"
+    assert "mcp__ok__echo" not in [t.name for t in root_state.tools]
+    assert _results(root_state)[0][2]  # the root's call: not offered to it
+    with Store.open(database) as store:
+        for n in (1, 2):
+            owner = store.load_state(f"{root}.{n}")
+            assert _results(owner)[0] == ("mcp__ok__echo", "echo: hi", False), n
+        assert verify(store, root, tree=True).ok
