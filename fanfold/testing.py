@@ -2734,12 +2734,16 @@ def _check_child_permissions(
     parent: Conversation, spawn: SpawnSubAgent, problems: list[str]
 ) -> None:
     """A child never holds what its parent lacks: its permission layers extend its
-    parent's, and its tools are among its parent's."""
+    parent's, and its tools are among its parent's, but for its definition's own tools
+    (an agent-scoped MCP server's, ``AgentDefinition.own_tools``)."""
     parent_layers = () if parent.permissions is None else parent.permissions.layers
     layers = () if spawn.permissions is None else spawn.permissions.layers
     if layers[: len(parent_layers)] != parent_layers:
         problems.append(f"permissions {spawn.permissions} do not extend {parent.permissions}")
     offered = {t.name for t in parent.tools}
+    definition = next((a for a in parent.agents if a.name == spawn.agent), None)
+    if definition is not None:
+        offered |= {t.name for t in definition.own_tools}
     extra = sorted(t.name for t in spawn.tools if t.name not in offered)
     if extra:
         problems.append(f"tools {extra} its parent lacks")

@@ -3,21 +3,26 @@ child never holds a tool or a right its parent lacks, at any depth)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sm_support import World, begin, created_root, user, world_moves
+from sm_support import World, begin, created_root, root, step, user, world_moves
 
 from fanfold.statemachine import (
     Effect,
+    ModelReplied,
     ModelReply,
     RunTool,
     ToolCall,
+    ToolFinished,
+    ToolResult,
     ToolResultMessage,
     ToolSpec,
 )
-from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
 from fanfold.statemachine.delegation import child_setup, own_messages
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.permissions import (
@@ -30,6 +35,7 @@ from fanfold.statemachine.permissions import (
     normalise,
     parse_rule,
     path_matches,
+    reading_tools,
     refusal,
     restrict,
 )
@@ -227,9 +233,130 @@ def test_allows_tool_decides_what_is_offered() -> None:
     assert allows_tool(None, "anything")
 
 
+# A program's tools: ``peek`` says it is read-only (a function tool's read_only=True,
+# an MCP server's readOnlyHint, recorded in its spec), ``poke`` says nothing.
+PEEK = ToolSpec.from_schema("peek", "read a value", {"type": "object"}, read_only=True)
+POKE = ToolSpec.from_schema("poke", "change a value", {"type": "object"})
+
+
+@pytest.mark.parametrize(
+    ("allow", "deny", "tool", "allowed"),
+    [
+        (["read-only"], (), "peek", True),
+        (["read-only"], (), "poke", False),
+        (["read-only"], (), "read_file", True),
+        (["read-only"], (), "bash", False),
+        (["read-only"], ("peek",), "peek", False),  # deny still wins
+        (["poke"], (), "peek", False),  # read-only is not implied by other rules
+        (["poke"], (), "poke", True),
+        (None, (), "poke", True),
+    ],
+)
+def test_read_only_takes_the_tools_whose_specs_say_so(
+    allow: list[str] | None, deny: tuple[str, ...], tool: str, allowed: bool
+) -> None:
+    """``read-only`` allows fanfold's reading tools and every tool whose recorded spec
+    is marked read-only, and no other: what is offered and what is refused agree."""
+    rules = _layer(allow, deny)
+    reading = reading_tools((PEEK, POKE))
+    assert allows_tool(rules, tool, reading) is allowed
+    call = ToolCall.of("t", tool, {"path": "x"} if tool == "read_file" else {"command": "ls"})
+    assert (refusal(rules, call, "/p", reading) is None) is allowed
+    # Without the specs' marks (a log written before them), read-only is the built-ins.
+    assert allows_tool(rules, "peek") is (allow is None and "peek" not in deny)
+
+
+def test_reading_tools_are_the_built_ins_and_the_marked_specs() -> None:
+    assert reading_tools(()) == frozenset({"read_file", "think", "grep", "glob"})
+    assert reading_tools((PEEK, POKE)) == frozenset({"read_file", "think", "grep", "glob", "peek"})
+
+
+def test_a_read_only_child_is_offered_and_may_call_a_read_only_tool_only() -> None:
+    """Through the reducer: a conversation whose rules are ``read-only`` runs a call of
+    a tool whose spec is marked read-only, and refuses one of a tool that is not."""
+    state = root(
+        tools=(PEEK,),  # what the runtime records: the tools the rules let it offer
+        permissions=Permissions((RuleSet((Rule("read-only"),), (), "agent 'reader'", "/work"),)),
+    )
+    state, _ = step(state, user("go"))
+    calls = (ToolCall.of("c1", "peek", {}), ToolCall.of("c2", "poke", {}))
+    state, effects = step(state, ModelReplied(0, ModelReply("", calls)))
+    (run,) = [e for e in effects if isinstance(e, RunTool)]
+    assert run.tool_call.name == "peek"
+    state, effects = step(state, ToolFinished(run.call, ToolResult("c1", "peek", "1")))
+    results = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    assert [(r.name, r.is_error) for r in results] == [("peek", False), ("poke", True)]
+    assert results[1].content.startswith("poke refused: no allow rule of agent 'reader'")
+    # A child given these tools under read-only is offered peek, not poke.
+    setup = child_setup(
+        AgentDefinition("reader", "reads", allow=(Rule("read-only"),)),
+        parent_permissions=None,
+        parent_agents=(),
+        tools=(PEEK, POKE),
+        default_prompt="role",
+        limits=Limits(max_depth=3),
+        depth=1,
+        cwd="/work",
+    )
+    assert [t.name for t in setup.tools] == ["peek"]
+
+
+@pytest.mark.parametrize(
+    ("parent", "child", "offered"),
+    [
+        (None, None, False),  # a root's plain sub-agent
+        (None, "owner", True),  # the agent whose file declares the server
+        (None, "namer", True),  # an agent naming it in mcpServers
+        (None, "other", False),  # any other agent
+        ("owner", None, False),  # the owner's plain sub-agent
+        ("owner", "other", False),  # the owner's sub-agent of another definition
+        ("owner", "namer", True),
+        ("owner", "owner", True),
+        ("denier", "owner", False),  # every layer of rules above still applies
+    ],
+)
+def test_an_agent_scoped_servers_tools_go_to_the_agents_naming_it(
+    parent: str | None, child: str | None, offered: bool
+) -> None:
+    """``AgentDefinition.own_tools`` (the tools of a server an agent file declares) are
+    offered to agents of that definition and of definitions naming the server, and to
+    no other agent: not the root, not a sibling, not the owner's other sub-agents."""
+    # As the runtime records them: each definition naming s is given s's tools.
+    catalogue = with_own_tools(
+        (
+            AgentDefinition("owner", "declares s", mcp_servers=("s",)),
+            AgentDefinition("namer", "names s", mcp_servers=("s",)),
+            AgentDefinition("other", "no servers"),
+            AgentDefinition("denier", "denies s", deny=(Rule("mcp__s"),)),
+        ),
+        (SCOPED,),
+    )
+    root_tools = without_scoped((*SPECS, SCOPED), catalogue)
+    assert "mcp__s__t" not in [t.name for t in root_tools]  # what Runtime.start records
+
+    def setup(definition: str | None, tools: Any, permissions: Any) -> Any:
+        return child_setup(
+            None if definition is None else next(a for a in catalogue if a.name == definition),
+            parent_permissions=permissions,
+            parent_agents=catalogue,
+            tools=tools,
+            default_prompt="role",
+            limits=Limits(max_depth=3),
+            depth=1,
+            cwd="/p",
+        )
+
+    if parent is None:
+        tools = setup(child, root_tools, None).tools
+    else:
+        above = setup(parent, root_tools, None)
+        tools = setup(child, above.tools, above.permissions).tools
+    assert ("mcp__s__t" in [t.name for t in tools]) is offered
+
+
 # --------------------------------------------------------------- the subset property
 
-TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "think")
+TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "think", "peek", "poke")
 RULE_TEXTS = (
     "bash",
     "bash(git *)",
@@ -244,6 +371,8 @@ RULE_TEXTS = (
     "edit_file(docs/*)",
     "think",
     "read-only",
+    "peek",
+    "poke",
 )
 CALLS = (
     [_bash(c) for c in ("git diff", "git log -p", "rm -rf x", "ls; rm x", "ls", "git diff | sh")]
@@ -253,6 +382,7 @@ CALLS = (
         for p in ("src/a.py", "docs/x", "README.md", "/etc/passwd", "sub/src/y.md", "../out")
     ]
     + [ToolCall.of("t", "think", {"thought": "x"})]
+    + [ToolCall.of("t", "peek", {}), ToolCall.of("t", "poke", {})]
 )
 
 
@@ -273,7 +403,9 @@ def definitions(draw: st.DrawFn) -> AgentDefinition:
     )
 
 
-SPECS = tuple(ToolSpec.from_schema(n, n, {"type": "object"}) for n in TOOL_NAMES)
+SPECS = tuple(
+    ToolSpec.from_schema(n, n, {"type": "object"}, read_only=n == "peek") for n in TOOL_NAMES
+)
 
 
 @given(
@@ -302,12 +434,19 @@ def test_a_child_never_holds_what_its_parent_lacks(
             cwd=child_cwd,
         )
         assert {t.name for t in setup.tools} <= {t.name for t in tools}
+        reading = reading_tools(SPECS)
         for call in CALLS:
             for where in (cwd, child_cwd):
-                if refusal(setup.permissions, call, where) is None:
-                    assert refusal(permissions, call, where) is None, (call, where)
+                if refusal(setup.permissions, call, where, reading) is None:
+                    assert refusal(permissions, call, where, reading) is None, (call, where)
         for name in TOOL_NAMES:
-            assert not allows_tool(setup.permissions, name) or allows_tool(permissions, name)
+            assert not allows_tool(setup.permissions, name, reading) or allows_tool(
+                permissions, name, reading
+            )
+            # What the child is offered is what its rules allow (read-only included).
+            offered = name in {t.name for t in setup.tools}
+            had = name in {t.name for t in tools}
+            assert offered == (had and allows_tool(setup.permissions, name, reading)), name
         permissions, tools, cwd = setup.permissions, setup.tools, child_cwd
 
 
@@ -321,8 +460,11 @@ def test_restrict_adds_a_layer_and_keeps_the_parents() -> None:
 
 # --------------------------------------------------------------- through the reducer
 
+SCOPED = ToolSpec.from_schema("mcp__s__t", "an agent file's server's tool", {"type": "object"})
 CATALOGUE = (
     AgentDefinition("reader", "reads", allow=(Rule("read-only"),)),
+    # Declares the MCP server s in its file: its agents alone get s's tool.
+    AgentDefinition("owner", "owns s", mcp_servers=("s",), own_tools=(SCOPED,)),
     AgentDefinition("gitter", "git only", allow=(Rule("bash", "git *"), Rule("read_file"))),
     AgentDefinition("no-ls", "anything but ls", deny=(Rule("bash", "ls*"),)),
     AgentDefinition("open", "no rules"),
@@ -340,7 +482,9 @@ class _GuardedWorld(World):
         for effect in effects:
             if isinstance(effect, RunTool) and state is not None:
                 assert state.offers(effect.tool_call.name), effect
-                why = refusal(state.permissions, effect.tool_call, effect.cwd)
+                why = refusal(
+                    state.permissions, effect.tool_call, effect.cwd, reading_tools(state.tools)
+                )
                 assert why is None, f"{cid} ran a refused call: {why}"
                 self.ran += 1
         super().run(cid, effects)

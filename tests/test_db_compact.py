@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from replay_helpers import trace_steps
@@ -30,7 +31,15 @@ from fanfold.db.codec import (
     inline_event,
     inline_state,
 )
-from fanfold.statemachine import ModelReplied, ModelReply, ToolCall, Usage
+from fanfold.statemachine import (
+    ConversationCreated,
+    ModelReplied,
+    ModelReply,
+    RuntimeResumed,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 
 
 @given(trace=testing.event_sequences(max_steps=25))
@@ -88,7 +97,7 @@ def test_the_compact_form_leaves_out_the_field_names() -> None:
         (f'[{SCHEMA_VERSION},"Nope"]', "expected an event, got type 'Nope'"),
         ('["UserMessaged","hi"]', "does not start with a version"),
         ("[]", "does not start with a version"),
-        (f'[{SCHEMA_VERSION},"ModelReplied",1,[1,2]]', "ModelReply needs 5 field"),
+        (f'[{SCHEMA_VERSION},"ModelReplied",1,[1,2]]', "ModelReply needs 4 to 5 field"),
         (f'[{SCHEMA_VERSION},"ModelReplied",1,{{"blob":"00"}}]', "expected a ModelReply object"),
     ],
 )
@@ -100,3 +109,29 @@ def test_a_bad_compact_document_is_a_codec_error(text: str, problem: str) -> Non
 def test_a_newer_compact_document_is_refused_with_both_versions() -> None:
     with pytest.raises(UnsupportedVersion):
         decode_event(f'[{SCHEMA_VERSION + 1},"UserMessaged","hi"]')
+
+
+def test_trailing_fields_omitted_at_default_may_be_missing_from_a_compact_document() -> None:
+    """Schema 7 logs hold ``RuntimeResumed`` both as ``[7,"RuntimeResumed"]`` (written
+    before ``idempotent_tools`` existed) and with the field: both read, as the same
+    value (the first was refused: "needs 1 field(s)")."""
+    assert decode_event('[7,"RuntimeResumed"]') == RuntimeResumed()
+    assert decode_event('[7,"RuntimeResumed",[]]') == RuntimeResumed()
+    assert decode_event('[7,"RuntimeResumed",["grep"]]') == RuntimeResumed(("grep",))
+    with pytest.raises(CodecError, match=r"needs 0 to 1 field\(s\)"):
+        decode_event('[7,"RuntimeResumed",[],[]]')
+
+
+def test_a_tool_spec_is_written_as_before_unless_it_is_read_only() -> None:
+    """``ToolSpec.read_only`` (schema 7, omitted at default): a spec that is not
+    read-only is stored byte for byte as before the field, so older logs' tool sets
+    (and their blobs' digests) are unchanged; a read-only one says so and reads back."""
+    plain = ToolSpec("peek", "read", '{"type":"object"}')
+    marked = attrs.evolve(plain, read_only=True)
+    before = '{"type":"ToolSpec","name":"peek","description":"read","input_schema_json":'
+    for spec, tail in ((plain, "}"), (marked, ',"read_only":true}')):
+        created = ConversationCreated("r", tools=(spec,))
+        blobs: dict[str, str] = {}
+        text = encode_event_compact(created, blobs)
+        assert before + '"{\\"type\\":\\"object\\"}"' + tail in text
+        assert decode_event(text, blobs) == created

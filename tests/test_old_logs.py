@@ -26,6 +26,7 @@ from fanfold.db.checksum import effect_checksum
 from fanfold.db.codec import SCHEMA_VERSION
 from fanfold.replay import verify
 from fanfold.replay.report import Divergence
+from fanfold.statemachine import ToolResultMessage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 FINISHED = ["s1", "s2", "s5"]
@@ -226,3 +227,24 @@ def test_a_schema_6_log_of_compact_documents_exports_imports_and_verifies(tmp_pa
             import_jsonl(store, source)
         report = verify(store, root, tree=True)
         assert report.ok, report
+
+
+def test_a_schema_7_log_from_before_read_only_tool_specs_verifies_identical(
+    tmp_path: Path,
+) -> None:
+    """``s7-tools.db`` was written before ``ToolSpec.read_only``: function tools (one
+    declared ``read_only=True``), a ``read-only`` agent whose calls of both were
+    refused (read-only meant the built-ins then), and a tree closed with a call in
+    flight and resumed (its ``RuntimeResumed`` written with ``idempotent_tools``). It
+    reads and verifies identical today: its specs decode as not read-only, so the
+    reducer refuses those calls again as recorded."""
+    path = _copy("s7-tools", tmp_path)
+    root = _root(path)
+    with Store.open(path) as store:
+        report = verify(store, root, tree=True)
+        assert report.ok, report
+        child = store.load_state(root + ".1")
+        assert not any(t.read_only for t in store.load_state(root).tools)
+    results = [m.result for m in child.history if isinstance(m, ToolResultMessage)]
+    assert [(r.name, r.is_error) for r in results[:2]] == [("peek", True), ("poke", True)]
+    assert results[0].content.startswith("peek refused: no allow rule of agent 'reader'")

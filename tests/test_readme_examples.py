@@ -70,10 +70,41 @@ def test_runtime_example_runs(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "readme"}
     try:
-        exec(_compiled(_block("Runtime.open"), "<README.md: runtime API>"), namespace)
+        exec(_compiled(_block('Runtime.open("demo.db"'), "<README.md: runtime API>"), namespace)
     finally:
         # The example configures logging globally; leave no handler behind.
         logging.getLogger("fanfold").handlers.clear()
         structlog.reset_defaults()
     assert (tmp_path / "demo.db").exists()
     assert '"conversation_started"' in (tmp_path / "fanfold.log.jsonl").read_text()
+
+
+async def test_the_mcp_servers_example_runs(tmp_path: Path, monkeypatch: Any) -> None:
+    """README, "An MCP server": ``Runtime.open(..., mcp_servers="fanfold.toml")`` with
+    the SDK's server of the tests declared there; the tree calls its tool."""
+    import json
+    import sys
+
+    import pytest
+
+    pytest.importorskip("mcp")
+    from fanfold.db import Store
+    from fanfold.providers.scripted import ScriptedProvider
+    from fanfold.statemachine import ToolResultMessage
+
+    server = Path(__file__).with_name("mcp_test_server.py")
+    (tmp_path / "fanfold.toml").write_text(
+        f"[mcp_servers.ok]\ncommand = {json.dumps(sys.executable)}\n"
+        f"args = {json.dumps([str(server), 'ok', str(tmp_path)])}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    exec(_compiled(_block("mcp_servers="), "<README.md: MCP servers>"), namespace)
+    call = {"name": "mcp__ok__echo", "arguments": {"text": "open"}}
+    replies = [{"text": "", "tool_calls": [call]}, {"text": "none"}]
+    await namespace["main"](ScriptedProvider({"agents": [{"match": {}, "replies": replies}]}))
+    with Store.open(tmp_path / "log.db") as store:
+        (row,) = store.list_roots()
+        state = store.load_state(row.id)
+    (result,) = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    assert (result.content, result.is_error) == ("echo: open", False)

@@ -273,6 +273,10 @@ async def test_one_log_line_per_transition_with_bound_ids(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     provider = script(1.0, root=[reply("", spawn("x")), reply("done")], c1=[reply("", submit("r"))])
+    # A CLI command run in this process before (CliRunner: test_agents_example.py)
+    # leaves structlog configured with its file's level, whose filtering wrapper drops
+    # debug lines before capture_logs sees them.
+    structlog.reset_defaults()
     with structlog.testing.capture_logs() as logs:
         async with open_runtime(tmp_path, provider, logger=structlog.get_logger()) as runtime:
             root = await runtime.start("hi", cwd=tmp_path)

@@ -433,6 +433,62 @@ async def test_a_call_in_flight_when_the_runtime_stops_is_interrupted_never_run_
     assert outcome.is_error and "interrupted" in outcome.content
 
 
+async def test_a_read_only_agent_may_call_a_read_only_function_tool_only(tmp_path: Path) -> None:
+    """``read-only`` takes a function tool marked ``read_only=True`` (its recorded spec
+    says so) and refuses one without; replay decides the same from the log alone."""
+    from fanfold.statemachine.agent_defs import AgentDefinition
+    from fanfold.statemachine.permissions import Rule
+
+    @fanfold.tool(read_only=True)
+    def peek(name: Annotated[str, "the value's name"]) -> str:
+        """Read a value."""
+        return f"{name} = 1"
+
+    @fanfold.tool
+    def poke(name: Annotated[str, "the value's name"]) -> str:
+        """Change a value."""
+        return f"{name} changed"
+
+    provider = ScriptedProvider(
+        {
+            "agents": [
+                {
+                    "match": {"path": "root"},
+                    "replies": [
+                        reply("", ("spawn_agents", {"tasks": [{"task": "t", "agent": "reader"}]})),
+                        reply("done"),
+                    ],
+                },
+                {
+                    "match": {"depth": 1},
+                    "replies": [
+                        reply("", ("peek", {"name": "a"}), ("poke", {"name": "a"})),
+                        reply("", ("submit_result", {"result": "looked"})),
+                    ],
+                },
+            ]
+        }
+    )
+    reader = AgentDefinition("reader", "reads", allow=(Rule("read-only"),))
+    database = tmp_path / "log.db"
+    async with Runtime.open(
+        database, provider, ToolSet.default(extra=[peek, poke]), logger=quiet_logger()
+    ) as runtime:
+        root = await runtime.start("go", cwd=tmp_path, agents=(reader,))
+        assert (await runtime.wait(root)).text == "done"
+    with Store.open(database) as store:
+        child = store.load_state(root + ".1")
+        results = [m.result for m in child.history if isinstance(m, ToolResultMessage)]
+        assert [(r.name, r.content, r.is_error) for r in results[:2]] == [
+            ("peek", "a = 1", False),
+            ("poke", "poke refused: no allow rule of agent 'reader' matches this call "
+             "(allowed: read-only)", True),
+        ]  # fmt: skip
+        assert "peek" in [t.name for t in child.tools]
+        assert "poke" not in [t.name for t in child.tools]
+        assert verify(store, root, tree=True).ok
+
+
 def _values(schema: dict[str, Any]) -> Any:
     """A Hypothesis strategy of JSON values that conform to ``schema`` (the subset)."""
     from hypothesis import strategies as st

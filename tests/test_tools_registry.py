@@ -175,3 +175,18 @@ async def test_every_tools_output_is_capped_by_the_tool_set() -> None:
     assert result.content.startswith("a" * 50_000)
     assert result.content.endswith("b" * 50_000)
     assert "560000 characters omitted" in result.content
+
+
+def test_a_tool_that_says_it_is_read_only_has_a_read_only_spec() -> None:
+    """A tool object's ``read_only`` attribute goes into the spec the log records (what
+    the reducer's ``read-only`` rule reads); fanfold's own reading tools keep their
+    specs unmarked (``READING_TOOLS`` names them), as older logs hold them."""
+
+    @attrs.frozen
+    class Peek(Raising):
+        read_only: bool = True
+
+    tools = ToolSet.default(extra=[Peek(ValueError(), name="peek"), Raising(ValueError())])
+    marked = {spec.name for spec in tools.specs() if spec.read_only}
+    assert marked == {"peek"}
+    assert tools.read_only("grep") and tools.read_only("peek")

@@ -22,7 +22,6 @@ from pathlib import Path
 import trio
 
 import fanfold
-from fanfold.mcp.client import McpHub
 from fanfold.mcp.config import ServerDeclaration
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import Runtime
@@ -51,14 +50,14 @@ def to_fahrenheit(celsius: float) -> str:
 
 async def main(database: str) -> str:
     provider = ScriptedProvider.from_file(HERE / "script.json")
-    async with McpHub.open([WEATHER], cwd=HERE) as hub:
-        mcp_tools, problems = await hub.discover()  # starts the server, lists its tools
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        tools = ToolSet.default(extra=[*mcp_tools, to_fahrenheit])
-        async with Runtime.open(database, provider, tools, logger=quiet_logger()) as runtime:
-            root = await runtime.start("Weather in Lyon tomorrow, in °F?", cwd=HERE)
-            result = await runtime.wait(root)
+    tools = ToolSet.default(extra=[to_fahrenheit])
+    # The server starts when the tree starts (its tools join the tree's tool set) and
+    # stops when the runtime closes. mcp_servers="path/to/fanfold.toml" works too.
+    async with Runtime.open(
+        database, provider, tools, logger=quiet_logger(), mcp_servers=[WEATHER]
+    ) as runtime:
+        root = await runtime.start("Weather in Lyon tomorrow, in °F?", cwd=HERE)
+        result = await runtime.wait(root)
     print(root)
     print(result.text)
     return root

@@ -316,11 +316,15 @@ def parse_definition(
         )
     problems: list[AgentProblem] = []
     values: dict[str, Any] = {}
+    servers: tuple[str, ...] = ()
     for raw_key, value in data.items():
         key = _ALIASES.get(str(raw_key), str(raw_key))
         line = lines.get(str(raw_key), first)
         if raw_key in MCP_SERVER_KEYS:
-            continue  # servers the file declares: read by fanfold.mcp.config
+            # The servers the file declares (read by fanfold.mcp.config) or names: the
+            # definition records their names, so its agents get those servers' tools.
+            servers = _server_names(value)
+            continue
         if key not in _KEYS:
             problems.append(
                 AgentProblem(path, line, f"unknown key {raw_key!r} ignored", warning=True)
@@ -348,7 +352,22 @@ def parse_definition(
     known = KNOWN_TOOLS | frozenset(tools)
     definition, more = _definition(matter, body, path, lines, first, model_aliases or {}, known)
     problems += more
+    if definition is not None and servers:
+        definition = attrs.evolve(definition, mcp_servers=servers)
     return definition, tuple(problems)
+
+
+def _server_names(value: Any) -> tuple[str, ...]:
+    """The server names of ``mcpServers``: a table's keys, or a list's strings (names of
+    servers declared elsewhere). Anything else names none (``fanfold.mcp.config``
+    reports a malformed table)."""
+    if isinstance(value, dict):
+        names = [k for k in value if isinstance(k, str)]
+    elif isinstance(value, list):
+        names = [v for v in value if isinstance(v, str)]
+    else:
+        names = []
+    return tuple(dict.fromkeys(n for n in names if n and len(n) <= 64))
 
 
 def _split_tools(value: str) -> list[str]:

@@ -12,7 +12,11 @@ import trio
 from fanfold.cli.database import db_option, default_db
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import declarations_for, mcp_tools, with_server_secrets
+from fanfold.cli.mcp_tools import (
+    declarations_for,
+    scoped_mcp_tools,
+    with_server_secrets,
+)
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.run_commands import _agents
@@ -115,7 +119,7 @@ async def _serve(
     try:
         with stop_signal_receiver(stop) as signals:
             async with (
-                mcp_tools(servers, cwd, choice.env_policy) as extra,
+                scoped_mcp_tools(servers, cwd, choice.env_policy, agents) as (agents, extra),
                 Runtime.open(
                     path,
                     choice.provider,

@@ -56,6 +56,44 @@ async def mcp_tools(
         yield tools
 
 
+def scoped_to_agents(
+    agents: tuple[Any, ...], tools: Sequence[Any]
+) -> tuple[tuple[Any, ...], list[Any]]:
+    """``agents`` given the tools of the servers their files declare (``own_tools``)
+    and ``tools`` without those of an agent file's server that no definition names
+    (one yellow line each: it serves nobody). The root is offered none of them
+    (``Runtime.start``); ``delegation.child_setup`` gives them to those agents."""
+    from fanfold.statemachine.agent_defs import with_own_tools
+
+    scoped = tuple(t.spec for t in tools if t.server.declaration.private)
+    if not scoped:
+        return agents, list(tools)
+    agents = with_own_tools(agents, scoped)
+    owned = {t.name for a in agents for t in a.own_tools}
+    private = [t for t in tools if t.server.declaration.private]
+    idle = {t.server.name for t in private} - {
+        t.server.name for t in private if t.spec.name in owned
+    }
+    for name in sorted(idle):
+        hint(f"MCP: server {name!r} of an agent file serves no agent in effect", style="yellow")
+    return agents, [t for t in tools if not t.server.declaration.private or t.spec.name in owned]
+
+
+@asynccontextmanager
+async def scoped_mcp_tools(
+    declarations: Sequence[Any], cwd: Path, env_policy: EnvPolicy, agents: tuple[Any, ...]
+) -> AsyncIterator[tuple[tuple[Any, ...], list[Any]]]:
+    """``mcp_tools``, then ``scoped_to_agents``: the agents and the tools to offer."""
+    async with mcp_tools(declarations, cwd, env_policy) as served:
+        yield scoped_to_agents(agents, served)
+
+
+def recorded_specs(state: Any) -> tuple[Any, ...]:
+    """A tree's recorded tool specs for ``resume`` and ``send``: its root's, and the
+    tools of the agent-scoped servers its catalogue's definitions own."""
+    return (*state.tools, *(t for a in state.agents for t in a.own_tools))
+
+
 def recorded_declarations(
     trees: Sequence[tuple[str, Sequence[Any]]], config_path: Path | None
 ) -> tuple[Any, ...]:

@@ -33,6 +33,7 @@ from fanfold.cli.errors import CliError, sqlite_message, user_errors
 from fanfold.cli.models import model_options
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
 from fanfold.cli.output import console, err_console, hint
+from fanfold.cli.python_tools import load_tools, tools_option
 from fanfold.db import DatabaseError, Step, Store
 from fanfold.db.provenance import UserKey, refusal
 from fanfold.regular_files import open_regular_bytes
@@ -289,6 +290,7 @@ def _show_steps(
     help="Go on with the forked tree at once (live, like resume), with the edit if any.",
 )
 @model_options
+@tools_option
 @db_option
 def fork_command(
     conversation_id: str,
@@ -304,6 +306,7 @@ def fork_command(
     config_path: Path | None,
     profile: str | None,
     model: str | None,
+    tool_refs: tuple[str, ...],
     db: Path | None,
 ) -> None:
     """Fork CONVERSATION_ID's tree after step --at SEQ of one of its conversations.
@@ -355,7 +358,10 @@ def fork_command(
             if script or config_path or profile or model:
                 override = choose_model(script, config_path, profile, model)
             edits = {edited_id: ForkEdited(edit)} if edit is not None else {}
-            code = run_trio(_resume_main, log_path, override, config_path, forked, edits)
+            python_tools = tuple(load_tools(tool_refs))
+            code = run_trio(
+                _resume_main, log_path, override, config_path, forked, edits, python_tools
+            )
         if code:
             raise SystemExit(code)
         return

@@ -16,7 +16,7 @@ from fanfold.cli.database import db_option, db_path
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import recorded_declarations, recorded_mcp_tools
+from fanfold.cli.mcp_tools import recorded_declarations, recorded_mcp_tools, recorded_specs
 from fanfold.cli.models import (
     ModelChoice,
     ProviderPerTree,
@@ -25,6 +25,7 @@ from fanfold.cli.models import (
     rebuilt_choice,
 )
 from fanfold.cli.output import console, err_console, hint, quietly, say
+from fanfold.cli.python_tools import load_tools, missing_message, tools_option, unsupplied
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_outcome
 from fanfold.db import Store
@@ -41,12 +42,14 @@ from fanfold.tools.secrets import EnvPolicy
 
 @click.command()
 @model_options
+@tools_option
 @db_option
 def resume(
     script: Path | None,
     config_path: Path | None,
     profile: str | None,
     model: str | None,
+    tool_refs: tuple[str, ...],
     db: Path | None,
 ) -> None:
     """Resume every unfinished conversation tree after a crash or kill.
@@ -55,7 +58,9 @@ def resume(
     config file, checked against its recorded sha256); --script, --config, --profile
     or --model choose one explicitly for every tree instead (and are recorded).
     Trees this runtime did not write (imported, copied, edited) are never resumed:
-    they are listed with the reason.
+    they are listed with the reason. A tree that ran with Python tools (--tools of
+    run, or a program's own) goes on only when --tools supplies them again; one that
+    lacks them is listed with the names and left for a later resume.
 
     Exit status: 0 if every tree that may be resumed was (inert trees listed aside);
     1 if a tree was left because its recorded provider configuration cannot be
@@ -70,7 +75,8 @@ def resume(
         override = None
         if script or config_path or profile or model:
             override = choose_model(script, config_path, profile, model)
-        code = run_trio(_resume_main, path, override, config_path)
+        python_tools = load_tools(tool_refs)
+        code = run_trio(_resume_main, path, override, config_path, None, None, tuple(python_tools))
     if code:
         raise SystemExit(code)
 
@@ -111,7 +117,7 @@ def _recorded_tools(store: Store, root_id: str) -> tuple[str, tuple[Any, ...]]:
         state = store.load_state(root_id)
     except Exception:  # a damaged tree: Runtime.resume names it
         return ".", ()
-    return state.cwd, state.tools
+    return state.cwd, recorded_specs(state)
 
 
 def _print_answers(finished: dict[str, Conversation], path: Path) -> None:
@@ -135,6 +141,7 @@ async def _resume_main(
     config_path: Path | None,
     only: str | None = None,
     edits: Mapping[str, ForkEdited] | None = None,
+    python_tools: tuple[Any, ...] = (),
 ) -> int:
     """Resume and wait for every unfinished tree (``only``: that tree alone, with
     ``edits`` delivered in place of RuntimeResumed: ``fork --continue``).
@@ -164,16 +171,27 @@ async def _resume_main(
             )
         recorded_for = {}
         recorded_tools = []
+        lacking: dict[str, list[str]] = {}
+        supplied = [t.spec.name for t in python_tools]
         for root_id in plan.roots:
             record = store.tree_record(root_id)
             recorded_for[root_id] = record.provider if record is not None else None
             recorded_tools.append(_recorded_tools(store, root_id))
+            missing = unsupplied(recorded_tools[-1][1], supplied)
+            if missing:
+                lacking[root_id] = missing
     for skipped in plan.skipped:
         _say_skipped(skipped)
-    chosen = list(plan.roots)
+    # A tree that recorded Python tools not supplied here is left unfinished, named with
+    # them: resumed, its next call of one would get "unknown tool" as its result.
+    for root_id, missing in lacking.items():
+        _say_skipped(SkippedTree(root_id, missing_message("it", missing)))
+        unbuildable += 1
+    ready = [r for r in plan.roots if r not in lacking]
+    chosen = list(ready)
     if override is None:
         chosen = []
-        for root_id in plan.roots:
+        for root_id in ready:
             recorded = recorded_for[root_id]
             choice = choices.get(recorded) if recorded is not None else None
             if choice is None:
@@ -211,7 +229,11 @@ async def _resume_main(
                 Runtime.open(
                     path,
                     override.provider if override is not None else per_tree,
-                    ToolSet.default(env_policy=policy, web_domains=web_domains, extra=extra),
+                    ToolSet.default(
+                        env_policy=policy,
+                        web_domains=web_domains,
+                        extra=[*python_tools, *extra],
+                    ),
                     redact=policy.redactor(os.environ),
                     observer=view.observe,
                     key=key,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,13 @@ from fanfold.cli.mcp_tools import (
     mcp_tools,
     recorded_declarations,
     recorded_mcp_tools,
+    recorded_specs,
+    scoped_to_agents,
     with_server_secrets,
 )
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
+from fanfold.cli.python_tools import load_tools, missing_message, tools_option, unsupplied
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_result, watch
 from fanfold.db import Store
@@ -96,6 +100,7 @@ from fanfold.statemachine.limits import CONTEXT_MODES
     "any of full, summary (default: all three; both cost tokens).",
 )
 @click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
+@tools_option
 @db_option
 def run(
     task: str | None,
@@ -114,6 +119,7 @@ def run(
     system_file: Path | None,
     context_modes: str | None,
     no_live: bool,
+    tool_refs: tuple[str, ...],
     db: Path | None,
 ) -> None:
     """Start a conversation on TASK and show its sub-agent tree live.
@@ -136,6 +142,7 @@ def run(
     path = db or default_db()
     open_logs(path, json_log)
     with user_errors(path):
+        python_tools = load_tools(tool_refs)
         choice = choose_model(script, config_path, profile, model)
         overrides: dict[str, Any] = {
             k: v
@@ -153,21 +160,34 @@ def run(
         hint(f"model: {choice.description}; log: {path}", style="dim")
         if system is None:
             system = choice.system_prompt
-        agents = _agents(cwd, dict(choice.model_aliases))
+        agents = _agents(cwd, dict(choice.model_aliases), [t.spec.name for t in python_tools])
         servers = declarations_for(cwd, config_path)
         choice = with_server_secrets(choice, servers)
         result = run_trio(
-            _run_main, path, choice, text, cwd, limits, system, not no_live, agents, servers
+            _run_main,
+            path,
+            choice,
+            text,
+            cwd,
+            limits,
+            system,
+            not no_live,
+            agents,
+            servers,
+            python_tools,
         )
     print_result(*result, db=path)
 
 
-def _agents(cwd: Path, model_aliases: dict[str, str] | None = None) -> tuple[AgentDefinition, ...]:
+def _agents(
+    cwd: Path, model_aliases: dict[str, str] | None = None, tools: Sequence[str] = ()
+) -> tuple[AgentDefinition, ...]:
     """The agent definitions in effect for a run in ``cwd``, ``model`` names through
-    the configuration's ``[model_aliases]``. On stderr, one line each: an invalid
+    the configuration's ``[model_aliases]``, ``tools`` the names of ``--tools`` (which
+    rules may name). On stderr, one line each: an invalid
     file, left out (``fanfold agents`` says more), and every key or tool of a file
     that is ignored (a warning: the rest of the file is used)."""
-    catalog = load_agents(cwd, model_aliases=model_aliases)
+    catalog = load_agents(cwd, model_aliases=model_aliases, tools=tools)
     for problem in catalog.problems:
         if problem.warning:
             hint(f"agent definition: {printable(str(problem))}", style="yellow")
@@ -202,6 +222,7 @@ async def _run_main(
     live: bool,
     agents: tuple[AgentDefinition, ...] = (),
     servers: tuple[Any, ...] = (),
+    python_tools: Sequence[Any] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
@@ -209,24 +230,27 @@ async def _run_main(
         # meanwhile waits (it is delivered after) instead of killing the process before
         # the shutdown has stopped its bash commands.
         with stop_signal_receiver(stop) as signals:
-            async with (
-                mcp_tools(servers, cwd, choice.env_policy) as extra,
-                Runtime.open(
+            async with mcp_tools(servers, cwd, choice.env_policy) as served:
+                scoped_agents, extra = scoped_to_agents(agents, served)
+                async with Runtime.open(
                     path,
                     choice.provider,
-                    choice.tools(extra),
+                    choice.tools([*python_tools, *extra]),
                     redact=choice.redactor(),
                     limits=limits,
                     observer=view.observe,
                     on_progress=view.progress,
                     provider_description=choice.recorded,
-                ) as runtime,
-            ):
-                conversation_id = await runtime.start(
-                    text, cwd=cwd, limits=limits, system_prompt=system, agents=agents
-                )
-                interruption = await watch(runtime, conversation_id, view, live, signals)
-                return conversation_id, runtime.state(conversation_id), interruption
+                ) as runtime:
+                    conversation_id = await runtime.start(
+                        text,
+                        cwd=cwd,
+                        limits=limits,
+                        system_prompt=system,
+                        agents=scoped_agents,
+                    )
+                    interruption = await watch(runtime, conversation_id, view, live, signals)
+                    return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
 
@@ -236,6 +260,7 @@ async def _run_main(
 @click.argument("text")
 @model_options
 @click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
+@tools_option
 @db_option
 def send(
     conversation_id: str,
@@ -245,6 +270,7 @@ def send(
     profile: str | None,
     model: str | None,
     no_live: bool,
+    tool_refs: tuple[str, ...],
     db: Path | None,
 ) -> None:
     """Send TEXT as the next user message of a stored root conversation (or a fork)."""
@@ -252,15 +278,29 @@ def send(
     open_logs(path, None)
     with user_errors(path):
         _refuse_sub_agent(path, conversation_id)
-        choice = choose_model(script, config_path, profile, model)
-        hint(f"model: {choice.description}; log: {path}", style="dim")
         with Store.open(path) as store:
             state = store.load_state(conversation_id)
-        recorded = ((state.cwd, state.tools),)
+        python_tools = load_tools(tool_refs)
+        # The tree goes on with the tools it recorded: a Python tool it names that is not
+        # supplied would answer every call "unknown tool"; say so now, and how.
+        missing = unsupplied(state.tools, [t.spec.name for t in python_tools])
+        if missing:
+            raise CliError(missing_message(f"conversation {conversation_id}", missing))
+        choice = choose_model(script, config_path, profile, model)
+        hint(f"model: {choice.description}; log: {path}", style="dim")
+        recorded = ((state.cwd, recorded_specs(state)),)
         servers = recorded_declarations(recorded, config_path)
         choice = with_server_secrets(choice, servers)
         result = run_trio(
-            _send_main, path, choice, conversation_id, text, not no_live, recorded, servers
+            _send_main,
+            path,
+            choice,
+            conversation_id,
+            text,
+            not no_live,
+            recorded,
+            servers,
+            python_tools,
         )
     print_result(*result, db=path)
 
@@ -289,6 +329,7 @@ async def _send_main(
     live: bool,
     recorded: tuple[tuple[str, Any], ...] = (),
     servers: tuple[Any, ...] = (),
+    python_tools: Sequence[Any] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
@@ -299,7 +340,7 @@ async def _send_main(
                 Runtime.open(
                     path,
                     choice.provider,
-                    choice.tools(extra),
+                    choice.tools([*python_tools, *extra]),
                     redact=choice.redactor(),
                     observer=view.observe,
                     on_progress=view.progress,

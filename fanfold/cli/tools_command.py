@@ -16,8 +16,8 @@ from fanfold.cli.display import json_printable, printable, short
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console, hint
 from fanfold.providers.config import Config, load_config
-from fanfold.statemachine.agent_defs import with_reading_tools
-from fanfold.statemachine.permissions import Permissions, allows_tool
+from fanfold.statemachine.agent_defs import with_own_tools
+from fanfold.statemachine.permissions import Permissions, allows_tool, reading_tools
 from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import EnvPolicy
 
@@ -137,8 +137,9 @@ def _add_mcp(listing: dict[str, Any], config: Config, cwd: Path, config_path: Pa
             return tools, list(hub.servers.values())
 
     tools, servers = trio.run(discover)
-    reading = tuple(t.spec.name for t in tools if t.read_only)
-    agents = with_reading_tools(catalog.agents, reading)
+    reading = reading_tools(tuple(t.spec for t in tools))
+    scoped = tuple(t.spec for t in tools if t.server.declaration.private)
+    agents = with_own_tools(catalog.agents, scoped)
     for tool in tools:
         declaration = tool.server.declaration
         listing["tools"].append(
@@ -147,11 +148,14 @@ def _add_mcp(listing: dict[str, Any], config: Config, cwd: Path, config_path: Pa
                 "source": f"MCP server {declaration.name} ({declaration.source})",
                 "read_only": tool.read_only,
                 "description": tool.spec.description,
+                # An agent file's server serves the agents that name it, no other.
                 "agents": [
                     a.name
                     for a in agents
-                    if allows_tool(Permissions((a.rules(str(cwd)),)), tool.spec.name)
+                    if allows_tool(Permissions((a.rules(str(cwd)),)), tool.spec.name, reading)
+                    and (not declaration.private or tool.spec in a.own_tools)
                 ],
+                "scope": "agents naming it" if declaration.private else "run",
                 "server": declaration.name,
                 "idempotent": tool.idempotent,
             }

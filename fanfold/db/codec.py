@@ -53,10 +53,14 @@ document holds its version, type name, then every field in declaration order; a
 nested value its fields, after its type name only where the field's annotation
 allows more than one class (a phase, a message). Fields added in a later schema are
 at their place in that order, and a compact document of an older version, which
-lacks them, decodes them as their defaults; fields "omitted at default" are always
-written. The value is the same as the object form's: ``encode_event_compact``
-writes it, ``decode_event`` reads either form, ``inline_event`` turns a stored event
-back into its object document (exports carry object documents only). Effects are
+lacks them, decodes them as their defaults. Fields "omitted at default" are written
+(every field has its place), but those that end a class's field list may be missing
+at any version, and then decode as their defaults, as in the object form:
+``[7,"RuntimeResumed"]`` and ``[7,"RuntimeResumed",[]]`` are the same value (schema 7
+logs hold both: the field came after the first were written). The
+value is the same as the object form's: ``encode_event_compact`` writes it,
+``decode_event`` reads either form, ``inline_event`` turns a stored event back into
+its object document (exports carry object documents only). Effects are
 stored compact too, but for ``OBJECT_EFFECTS`` (``encode_effect_stored``), and so
 are snapshots (``encode_state_stored``). Compact documents exist since schema 6
 (``COMPACT_SINCE``); the fingerprint digests the object form, so it does not depend
@@ -407,6 +411,16 @@ def _compile_compact_emitter(
     exec(compile(source, f"<fanfold.db.codec {kind} emitter for {name}>", "exec"), namespace)
     emit: _Emitter = namespace["emit"]
     return emit
+
+
+def _trailing_omitted(names: tuple[str, ...], omitted: dict[str, Any]) -> tuple[str, ...]:
+    """The last fields of ``names`` that are all omitted at their default."""
+    count = 0
+    for field in reversed(names):
+        if field not in omitted:
+            break
+        count += 1
+    return names[len(names) - count :]
 
 
 def _emit_object(value: Any) -> str:
@@ -840,7 +854,11 @@ class _ClassCodec:
         value = _compile_compact_emitter(self.name, self.names, compact, document=False)
         self.compact = _compact_memo.wrap(value) if self.cls in MEMOISED_TYPES else value
         untagged = _compile_compact_emitter(
-            self.name, self.names, compact, document=False, tagged=False
+            self.name,
+            self.names,
+            compact,
+            document=False,
+            tagged=False,
         )
         self.untagged = _untagged_memo.wrap(untagged) if self.cls in MEMOISED_TYPES else untagged
         # A blob's text is the value's ordinary (object) text: one text per value,
@@ -884,18 +902,27 @@ class _ClassCodec:
         ``start``), compiled: one call of the class with each field decoded in place.
         Any failure is left to ``_decode_compact_slowly``, which says what is wrong."""
         fields = self._fields_at(version)
+        optional = len(_trailing_omitted(tuple(f[0] for f in fields), self.omitted))
         namespace: dict[str, Any] = {"_cls": self.cls, "_Invalid": _Invalid}
         arguments = []
-        for index, (_name, alias, decode) in enumerate(fields):
+        for index, (name, alias, decode) in enumerate(fields):
             namespace[f"_d{index}"] = decode
-            arguments.append(f"{alias}=_d{index}(items[{start + index}])")
+            if index >= len(fields) - optional:
+                # A trailing field omitted at its default may be left out (see "Compact form").
+                namespace[f"_default_{alias}"] = self.omitted[name]
+                arguments.append(
+                    f"{alias}=_d{index}(items[{start + index}]) "
+                    f"if len(items) > {start + index} else _default_{alias}"
+                )
+            else:
+                arguments.append(f"{alias}=_d{index}(items[{start + index}])")
         for name, alias, _ in self.decoders:
             if self.since.get(name, (0,))[0] > version:
                 namespace[f"_default_{alias}"] = self.since[name][1]
                 arguments.append(f"{alias}=_default_{alias}")
         source = (
             "def build(items):\n"
-            f"    if len(items) != {start + len(fields)}:\n"
+            f"    if not {start + len(fields) - optional} <= len(items) <= {start + len(fields)}:\n"
             "        raise _Invalid('length')\n"
             f"    return _cls({', '.join(arguments)})\n"
         )
@@ -908,19 +935,24 @@ class _ClassCodec:
         """``decode_compact`` field by field, naming the field that is wrong."""
         version = _decoding.version
         decoders = self._fields_at(version)
-        if len(items) - start != len(decoders):
+        optional = len(_trailing_omitted(tuple(d[0] for d in decoders), self.omitted))
+        if not len(decoders) - optional <= len(items) - start <= len(decoders):
+            needs = str(len(decoders))
+            if optional:
+                needs = f"{len(decoders) - optional} to {needs}"
             raise _Invalid(
-                f"{self.name} needs {len(decoders)} field(s) in its compact form, "
-                f"got {len(items) - start}"
+                f"{self.name} needs {needs} field(s) in its compact form, got {len(items) - start}"
             )
         kwargs = {
             alias: self.since[name][1]
             for name, alias, _ in self.decoders
             if self.since.get(name, (0,))[0] > version
         }
+        for name, alias, _ in decoders[len(items) - start :]:
+            kwargs[alias] = self.omitted[name]  # a trailing field left out at its default
         name = ""
         try:
-            for index, field in enumerate(decoders, start):
+            for index, field in enumerate(decoders[: len(items) - start], start):
                 name = field[0]
                 kwargs[field[1]] = field[2](items[index])
         except _Invalid as failure:

@@ -92,14 +92,13 @@ class McpTool:
         server: McpServer,
         tool: str,
         spec: ToolSpec,
-        *,
-        read_only: bool = False,
     ) -> None:
         self.server = server
         self.tool = tool
         self.spec = spec
-        self.read_only = read_only
-        """The server's ``readOnlyHint``: its own claim (``read-only`` rules take it)."""
+        self.read_only = spec.read_only
+        """The server's ``readOnlyHint`` (in the spec, as recorded): its own claim
+        (``read-only`` rules take it)."""
         self.idempotent = tool in server.declaration.idempotent_tools
         """Declared in the user's configuration (``idempotent_tools``), never taken
         from the server: a call in flight at a crash is re-sent only then."""
@@ -513,10 +512,10 @@ def _tool(server: McpServer, tool: Any) -> McpTool | str:
     except SchemaError as exc:
         return f"MCP server {server.name!r}: tool {tool.name!r} left out: {exc}"
     description = (tool.description or "").strip() or f"{tool.name} (MCP server {server.name})"
-    spec = ToolSpec.from_schema(name, description[:4000], schema)
     annotations = getattr(tool, "annotations", None)
     read_only = bool(annotations is not None and annotations.read_only_hint)
-    return McpTool(server, str(tool.name), spec, read_only=read_only)
+    spec = ToolSpec.from_schema(name, description[:4000], schema, read_only=read_only)
+    return McpTool(server, str(tool.name), spec)
 
 
 _ANNOTATION_KEYS = frozenset({"title", "description", "default", "examples"})

@@ -55,6 +55,7 @@ __all__ = [
     "expand",
     "secret_variables",
     "servers_in",
+    "servers_of",
 ]
 
 MCP_JSON = ".mcp.json"
@@ -87,6 +88,9 @@ class ServerDeclaration:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     project: bool = False
     needs_trust: bool = False
+    private: bool = False
+    """Declared in an agent file's ``mcpServers``: it serves the agents whose
+    definitions name it, not the whole run (``AgentDefinition.own_tools``)."""
 
     @property
     def transport(self) -> str:
@@ -184,10 +188,22 @@ def declared_servers(
             problems.append(str(exc))
             continue
         for name, body in table.items():
+            earlier = found.get(name) if isinstance(name, str) else None
+            if kind == "agent" and earlier is not None and not earlier.private:
+                # A run-wide server keeps its name: an agent file may not replace the
+                # user's (or the project's) server of that name with its own command.
+                problems.append(
+                    f"{path}: mcpServers.{name}: {earlier.source} declares MCP server "
+                    f"{name!r} already: this agent file's declaration is ignored (the "
+                    "agent names that server)"
+                )
+                continue
             try:
-                found[name] = _declaration(name, body, str(path), kind, project, needs_trust)
+                declared = _declaration(name, body, str(path), kind, project, needs_trust)
             except ConfigError as exc:
                 problems.append(str(exc))
+                continue
+            found[name] = attrs.evolve(declared, private=True) if kind == "agent" else declared
     return Declarations(tuple(found.values()), tuple(problems))
 
 
@@ -198,6 +214,24 @@ def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
     kind = "json" if path.name == MCP_JSON else "agent" if path.suffix == ".md" else "toml"
     table = _servers_table(data, path, kind)
     return [_declaration(n, b, str(path), kind, True, False) for n, b in table.items()]
+
+
+def servers_of(path: str | os.PathLike[str]) -> tuple[ServerDeclaration, ...]:
+    """The servers one file declares, for a program (``Runtime.open(mcp_servers=PATH)``):
+    a fanfold configuration's ``[mcp_servers]``, a ``.mcp.json``'s ``mcpServers``
+    (told apart by the ``.json`` suffix). The program names the file, as ``--config``
+    does on the command line, so its servers start as they are (no trust record).
+    ``ConfigError`` (one line, naming the file and the key) for anything wrong."""
+    target = Path(path)
+    try:
+        data = read_regular(target, limit=_MAX_FILE)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read it: {exc}", path=str(target)) from None
+    if len(data) > _MAX_FILE:
+        raise ConfigError(f"larger than {_MAX_FILE} bytes: not read", path=str(target))
+    kind = "json" if target.suffix == ".json" else "toml"
+    table = _servers_table(data, target, kind)
+    return tuple(_declaration(n, b, str(target), kind, False, False) for n, b in table.items())
 
 
 def _servers_table(data: bytes, path: Path, kind: str) -> dict[str, Any]:

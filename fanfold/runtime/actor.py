@@ -66,7 +66,12 @@ from fanfold.statemachine import (
     model_request,
     transition,
 )
-from fanfold.statemachine.permissions import PATH_TOOLS, confines_commands, refusal
+from fanfold.statemachine.permissions import (
+    PATH_TOOLS,
+    confines_commands,
+    reading_tools,
+    refusal,
+)
 from fanfold.statemachine.phases import Completed, Error, Failed
 from fanfold.statemachine.state import tree_path as place_in_tree
 
@@ -759,7 +764,7 @@ def _refused_through_a_link(state: Conversation, call: ToolCall, cwd: str) -> st
     # The real path, spelled from the working directory as the reducer spells it.
     through = os.path.relpath(real, real_cwd)
     resolved = attrs.evolve(call, arguments_json=canonical_json({**arguments, "path": through}))
-    why = refusal(state.permissions, resolved, state.cwd)
+    why = refusal(state.permissions, resolved, state.cwd, reading_tools(state.tools))
     if why is None:
         return None
     return f"{call.name} {why}: {path!r} leads to {through!r} through a symbolic link"

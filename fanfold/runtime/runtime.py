@@ -45,9 +45,8 @@ from fanfold.statemachine import (
     spawn_order,
     start,
 )
-from fanfold.statemachine.agent_defs import AgentDefinition, with_reading_tools
+from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
 from fanfold.statemachine.delegation import capped_limits, child_setup
-from fanfold.statemachine.permissions import MCP_PREFIX
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.registry import ToolSet
@@ -304,6 +303,7 @@ class Runtime:
         redact: Callable[[str], str] | None = None,
         gc_policy: str = "tuned",
         step_observers: Sequence[StepObserver] = (),
+        mcp_servers: Iterable[Any] | str | os.PathLike[str] | None = None,
     ) -> AsyncIterator[Runtime]:
         """Open a runtime over the SQLite file ``database`` (":memory:" for a throwaway).
 
@@ -338,6 +338,18 @@ class Runtime:
         OpenTelemetry spans of them. ``observer`` is the older, simpler hook: the state
         before and after, the event and its effects.
 
+        ``mcp_servers`` (the ``mcp`` extra): MCP servers whose tools are offered
+        beside ``tools``, as ``mcp__SERVER__TOOL``: a path to a configuration file
+        (its ``[mcp_servers]``, as fanfold.toml declares them) or a ``.mcp.json``, or
+        the ``ServerDeclaration`` values ``fanfold.mcp.config.declared_servers(cwd)``
+        returns (the CLI's, trust included: a project's server waiting for trust is
+        not started). Nothing starts here: the servers start at the first ``start``
+        (a root's tool set lists their tools) or, for a tree that ``resume``, ``send``
+        or ``attach`` continues, at the first call of one of its recorded MCP tools;
+        all are stopped when the runtime closes. A server that cannot start is logged
+        (``mcp_problem``) and its tools are not offered. The variables the servers'
+        ``env`` and ``headers`` name are redacted from the log by default.
+
         ``gc_policy`` is the collector policy while the runtime is open (DESIGN.md,
         "Memory and the collector"): "tuned" (the default) freezes the objects alive
         at the first open (modules, configuration: never collected again, no longer
@@ -348,6 +360,64 @@ class Runtime:
         if gc_policy not in GC_POLICIES:
             raise ValueError(f"gc_policy must be one of {GC_POLICIES}, not {gc_policy!r}")
         runner = _runner(tools)
+        if mcp_servers is None:
+            async with cls._opened(
+                database, provider, runner, limits=limits, system_prompt=system_prompt,
+                sub_agent_prompt=sub_agent_prompt, logger=logger, observer=observer,
+                on_progress=on_progress, clock=clock, threaded_writes=threaded_writes,
+                key=key, provider_description=provider_description, redact=redact,
+                gc_policy=gc_policy, step_observers=step_observers,
+            ) as runtime:  # fmt: skip
+                yield runtime
+            return
+        from fanfold.runtime.served import declarations_of, served_tools
+
+        declarations = declarations_of(mcp_servers)
+        from fanfold.mcp.config import secret_variables
+
+        # The variables the servers' env and headers name are secrets: their values are
+        # redacted from the log (a server echoing its token writes no token there), and
+        # kept from the servers' own environments but where declared, as for the CLI.
+        policy = EnvPolicy(key_variables=secret_variables(declarations))
+        if redact is None:
+            redact = policy.redactor(os.environ)
+        # The hub closes after the runtime: its conversations' calls are cancelled first,
+        # then each server is stopped with everything it started.
+        async with (
+            served_tools(runner, declarations, policy) as served,
+            cls._opened(
+                database, provider, served, limits=limits, system_prompt=system_prompt,
+                sub_agent_prompt=sub_agent_prompt, logger=logger, observer=observer,
+                on_progress=on_progress, clock=clock, threaded_writes=threaded_writes,
+                key=key, provider_description=provider_description, redact=redact,
+                gc_policy=gc_policy, step_observers=step_observers,
+            ) as runtime,
+        ):  # fmt: skip
+            yield runtime
+
+    @classmethod
+    @asynccontextmanager
+    async def _opened(
+        cls,
+        database: str | Path,
+        provider: Provider,
+        runner: ToolRunner,
+        *,
+        limits: Limits | None,
+        system_prompt: str,
+        sub_agent_prompt: str | None,
+        logger: Any,
+        observer: Observer | None,
+        on_progress: Callable[[StreamProgress], None] | None,
+        clock: Callable[[], float],
+        threaded_writes: bool | None,
+        key: UserKey | None,
+        provider_description: ProviderDescription | None,
+        redact: Callable[[str], str] | None,
+        gc_policy: str,
+        step_observers: Sequence[StepObserver],
+    ) -> AsyncIterator[Runtime]:
+        """``open`` with its tool runner made."""
         key = key if key is not None else UserKey.load()
         memory = str(database) == ":memory:"
         store = Store.memory() if memory else Store.open(database)
@@ -423,15 +493,29 @@ class Runtime:
         """
         conversation_id = uuid.uuid4().hex[:12]
         resolved = str(Path(cwd).resolve())
-        # ``read-only`` takes an MCP tool only where its server marks it read-only: the
-        # definitions are widened with those names here, as recorded data.
-        reading = self._reading_mcp_tools()
-        agents = with_reading_tools(agents, reading)
-        if agent is not None:
-            (agent,) = with_reading_tools((agent,), reading)
+        discover = getattr(self.tools, "discover", None)
+        if discover is not None:  # MCP servers (``mcp_servers``): started for a first tree
+            for problem in await discover():
+                self.logger.warning("mcp_problem", problem=problem)
+        # ``read-only`` takes a tool whose recorded spec says it is read-only (a function
+        # tool's read_only=True, an MCP server's readOnlyHint): the reducer reads the
+        # specs of the creation event. (Logs before ToolSpec.read_only recorded the
+        # definitions widened with those MCP tools' names instead, which still holds.)
         prompt = self.system_prompt if system_prompt is None else system_prompt
         chosen = limits or self.limits
         tools = self.tools.specs()
+        scoped_specs = getattr(self.tools, "scoped_specs", None)
+        if scoped_specs is not None:
+            # Servers declared in agent files serve the agents whose definitions name
+            # them: their tools go into those definitions (recorded with the
+            # catalogue), and a server no definition names serves nobody.
+            scoped = scoped_specs()
+            agents = with_own_tools(agents, scoped)
+            if agent is not None:
+                (agent,) = with_own_tools((agent,), scoped)
+            owned = {t.name for a in (*agents, *([agent] if agent else [])) for t in a.own_tools}
+            unowned = {t.name for t in scoped} - owned
+            tools = tuple(t for t in tools if t.name not in unowned)
         permissions = None
         if agent is not None:
             setup = child_setup(
@@ -452,6 +536,10 @@ class Runtime:
             _, rounds = capped_limits(agent, None, chosen.max_rounds)
             chosen = attrs.evolve(chosen, max_rounds=rounds)
             model = model if model is not None else agent.model
+        else:
+            # A root is offered no agent-scoped server's tools (delegation.child_setup
+            # gives them to the agents whose definitions name the server).
+            tools = without_scoped(tools, agents)
         created = ConversationCreated(
             conversation_id=conversation_id,
             cwd=resolved,
@@ -482,17 +570,6 @@ class Runtime:
         if idempotent is None:
             return ()
         return tuple(sorted(s.name for s in self.tools.specs() if idempotent(s.name)))
-
-    def _reading_mcp_tools(self) -> tuple[str, ...]:
-        """The MCP tools (``mcp__...``) the tool runner says are read-only."""
-        read_only = getattr(self.tools, "read_only", None)
-        if read_only is None:
-            return ()
-        return tuple(
-            spec.name
-            for spec in self.tools.specs()
-            if spec.name.startswith(MCP_PREFIX) and read_only(spec.name)
-        )
 
     async def send(self, conversation_id: str, text: str) -> None:
         """Send a further user message to an idle (or errored) root conversation.
@@ -863,6 +940,10 @@ class Runtime:
     def _launch(self, actor: Actor) -> None:
         """Load a conversation from the log; one given nothing to do (an ``attach``
         that no event follows) is unloaded again in the engine's next round."""
+        bind = getattr(self.tools, "bind", None)
+        if bind is not None:  # its recorded MCP tools, on the servers of those names
+            state = actor.state
+            bind((*state.tools, *(t for a in state.agents for t in a.own_tools)))
         self._actors[actor.state.id] = actor
         self.engine.ready(actor)
 

@@ -14,7 +14,12 @@ import enum
 import attrs
 
 from fanfold.statemachine.limits import integer, optional_seconds
-from fanfold.statemachine.permissions import READ_ONLY, Rule, RuleSet
+from fanfold.statemachine.messages import ToolSpec
+from fanfold.statemachine.permissions import Rule, RuleSet, mcp_server_of
+
+# Added with agent-scoped MCP servers (schema 7): written only when not empty, so every
+# definition before them encodes (and fingerprints) as it did.
+_SCOPED = {"since": 7, "omitted_at_default": True}
 
 
 class ContextMode(enum.StrEnum):
@@ -50,6 +55,13 @@ class AgentDefinition:
     - ``may_delegate``: False: it is not offered ``spawn_agents``.
     - ``context``: what it is given besides its task (a task may say otherwise).
     - ``source``: where it was found (a path, or ``built-in``), for people.
+    - ``mcp_servers``: the MCP servers its file names in ``mcpServers`` (declared
+      there, or named in a list): agents of this definition get those servers'
+      tools where the servers are agent-scoped (see ``own_tools``).
+    - ``own_tools``: the tools of the agent-scoped servers it names (declared in an
+      agent file), as the servers listed them when the tree started: offered to an
+      agent of this definition (its rules still apply) and to no other agent, unless
+      that one's definition names the server too (``delegation.child_setup``).
     """
 
     name: str
@@ -67,6 +79,8 @@ class AgentDefinition:
     may_delegate: bool = True
     source: str = "built-in"
     context: ContextMode = ContextMode.TASK_ONLY
+    mcp_servers: tuple[str, ...] = attrs.field(default=(), metadata=_SCOPED)
+    own_tools: tuple[ToolSpec, ...] = attrs.field(default=(), metadata=_SCOPED)
 
     def rules(self, base: str) -> RuleSet:
         """Its rules as a layer, path patterns relative to ``base``."""
@@ -91,20 +105,43 @@ def find_agent(agents: tuple[AgentDefinition, ...], name: str) -> AgentDefinitio
     return None
 
 
-def with_reading_tools(
-    definitions: tuple[AgentDefinition, ...], names: tuple[str, ...]
+def with_own_tools(
+    definitions: tuple[AgentDefinition, ...], scoped: tuple[ToolSpec, ...]
 ) -> tuple[AgentDefinition, ...]:
-    """``definitions`` with each ``read-only`` allow rule joined by a rule for every
-    tool of ``names`` (the MCP tools whose servers mark them read-only). The runtime
-    writes the result into the root's creation event, so what ``read-only`` allows is
-    recorded data, and replay decides the same without the servers."""
-    if not names:
+    """``definitions``, each given the tools of ``scoped`` (the tools of MCP servers
+    declared in agent files) whose server it names in ``mcp_servers``. The runtime
+    records the result in the root's creation event: which agents get an agent-scoped
+    server's tools is then recorded data, decided again by replay without the server."""
+    if not scoped:
         return definitions
-    widened = []
+    given = []
     for definition in definitions:
-        allow = definition.allow
-        if allow is not None and any(rule.tool == READ_ONLY for rule in allow):
-            extra = tuple(Rule(name) for name in names if Rule(name) not in allow)
-            definition = attrs.evolve(definition, allow=(*allow, *extra))
-        widened.append(definition)
-    return tuple(widened)
+        own = tuple(t for t in scoped if mcp_server_of(t.name) in definition.mcp_servers)
+        if own != definition.own_tools:
+            definition = attrs.evolve(definition, own_tools=own)
+        given.append(definition)
+    return tuple(given)
+
+
+def scoped_servers(definitions: tuple[AgentDefinition, ...]) -> frozenset[str]:
+    """The agent-scoped MCP servers of a catalogue: those some definition's
+    ``own_tools`` come from. Their tools go to the agents whose definitions name them,
+    never to a root or to a sub-agent of another definition or of none."""
+    return frozenset(
+        server
+        for definition in definitions
+        for tool in definition.own_tools
+        if (server := mcp_server_of(tool.name)) is not None
+    )
+
+
+def without_scoped(
+    tools: tuple[ToolSpec, ...], definitions: tuple[AgentDefinition, ...]
+) -> tuple[ToolSpec, ...]:
+    """``tools`` without the agent-scoped servers' tools (what a root is offered; the
+    same tuple when none is removed)."""
+    scoped = scoped_servers(definitions)
+    if not scoped:
+        return tools
+    kept = tuple(t for t in tools if mcp_server_of(t.name) not in scoped)
+    return tools if len(kept) == len(tools) else kept

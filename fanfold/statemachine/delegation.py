@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import attrs
 
-from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
+from fanfold.statemachine.agent_defs import AgentDefinition, find_agent, scoped_servers
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import (
     AssistantMessage,
@@ -28,7 +28,13 @@ from fanfold.statemachine.messages import (
     ToolSpec,
     UserMessage,
 )
-from fanfold.statemachine.permissions import Permissions, allows_tool, restrict
+from fanfold.statemachine.permissions import (
+    Permissions,
+    allows_tool,
+    mcp_server_of,
+    reading_tools,
+    restrict,
+)
 
 
 def parent_context(history: tuple[Message, ...]) -> tuple[Message, ...]:
@@ -100,7 +106,8 @@ def permitted_tools(
     none is removed, so siblings keep sharing it)."""
     if permissions is None:
         return tools
-    kept = tuple(t for t in tools if allows_tool(permissions, t.name))
+    reading = reading_tools(tools)
+    kept = tuple(t for t in tools if allows_tool(permissions, t.name, reading))
     return tools if len(kept) == len(tools) else kept
 
 
@@ -134,6 +141,7 @@ def child_setup(
     """
     permissions = parent_permissions
     prompt = default_prompt
+    tools = _scoped_for(definition, parent_agents, tools)
     if definition is not None:
         permissions = restrict(parent_permissions, definition.rules(cwd))
         prompt = definition.system_prompt(default_prompt)
@@ -143,6 +151,33 @@ def child_setup(
             limits = attrs.evolve(limits, max_depth=depth)
     agents = parent_agents if depth + 1 <= limits.max_depth else ()
     return ChildSetup(permitted_tools(tools, permissions), prompt, limits, permissions, agents)
+
+
+def _scoped_for(
+    definition: AgentDefinition | None,
+    catalogue: tuple[AgentDefinition, ...],
+    tools: tuple[ToolSpec, ...],
+) -> tuple[ToolSpec, ...]:
+    """A child's tools before its rules narrow them: its parent's, without the
+    agent-scoped MCP servers' tools (``AgentDefinition.own_tools``) unless its own
+    definition names the server, and with its definition's own tools. So a server an
+    agent file declares serves the agents of that definition (and of any definition
+    naming it in ``mcpServers``), never its siblings, its parent or its other
+    sub-agents: Claude Code's scoping of an agent's servers. The only way a child holds
+    a tool its parent lacks; every layer of rules above it still applies."""
+    scoped = scoped_servers(catalogue)
+    if definition is not None:
+        scoped |= scoped_servers((definition,))
+    if not scoped:
+        return tools
+    named = () if definition is None else definition.mcp_servers
+    kept = tuple(
+        t for t in tools if (s := mcp_server_of(t.name)) is None or s not in scoped or s in named
+    )
+    if definition is not None and definition.own_tools:
+        have = {t.name for t in kept}
+        kept += tuple(t for t in definition.own_tools if t.name not in have)
+    return tools if kept == tools else kept
 
 
 SUMMARY_PROMPT = (

@@ -28,15 +28,27 @@ def canonical_json(value: Any) -> str:
 
 @attrs.frozen
 class ToolSpec:
-    """A tool offered to the model: its name, description and JSON input schema."""
+    """A tool offered to the model: its name, description and JSON input schema.
+
+    ``read_only``: the tool says it changes nothing (a function tool's
+    ``read_only=True``, an MCP tool whose server marks it ``readOnlyHint``), so the
+    ``read-only`` rule allows it (``permissions.reading_tools``). Recorded with the
+    spec, so the reducer decides from the log alone. fanfold's own reading tools are
+    named in ``READING_TOOLS`` instead: their specs stay as older logs recorded them.
+    Written only when true (schema 7, omitted at default), so every spec before it
+    encodes as it did.
+    """
 
     name: str
     description: str
     input_schema_json: str
+    read_only: bool = attrs.field(default=False, metadata={"since": 7, "omitted_at_default": True})
 
     @classmethod
-    def from_schema(cls, name: str, description: str, schema: dict[str, Any]) -> ToolSpec:
-        return cls(name, description, canonical_json(schema))
+    def from_schema(
+        cls, name: str, description: str, schema: dict[str, Any], *, read_only: bool = False
+    ) -> ToolSpec:
+        return cls(name, description, canonical_json(schema), read_only)
 
     def input_schema(self) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self.input_schema_json)

@@ -18,7 +18,10 @@ from coding agents:
   name, a backslash, a space, a ``%`` or a non-ASCII character in it) matches no
   allow rule and every deny rule. The tool itself checks the same rules (its own
   list, which the configuration gives) and the address the host resolves to;
-- ``read-only``: every reading tool (``READING_TOOLS``), as an allow rule.
+- ``read-only``: every reading tool, as an allow rule: fanfold's own
+  (``READING_TOOLS``) and the conversation's tools whose recorded spec says
+  ``read_only`` (a function tool's ``read_only=True``, an MCP server's
+  ``readOnlyHint``); ``reading_tools`` makes the set, which the checks take.
 
 A ``RuleSet`` is one layer: allow rules (None: every tool) and deny rules; a call
 passes the layer if no deny rule matches it and, when there are allow rules, one of
@@ -43,13 +46,22 @@ from __future__ import annotations
 import attrs
 
 from fanfold.statemachine.confined import command_problem
-from fanfold.statemachine.messages import ToolCall
+from fanfold.statemachine.messages import ToolCall, ToolSpec
 
 READ_ONLY = "read-only"
 """The allow rule that stands for every reading tool."""
 
 READING_TOOLS = frozenset({"read_file", "think", "grep", "glob"})
-"""The tools that change nothing: what ``read-only`` allows."""
+"""fanfold's own tools that change nothing: what ``read-only`` allows, with the tools
+whose specs say ``read_only`` (``reading_tools``)."""
+
+
+def reading_tools(tools: tuple[ToolSpec, ...]) -> frozenset[str]:
+    """What ``read-only`` allows in a conversation offered ``tools``: fanfold's reading
+    tools and every tool whose recorded spec says it is read-only."""
+    marked = [spec.name for spec in tools if spec.read_only]
+    return READING_TOOLS.union(marked) if marked else READING_TOOLS
+
 
 PATH_TOOLS = frozenset({"read_file", "write_file", "edit_file"})
 """Tools whose rules take a path glob on their ``path`` argument."""
@@ -238,33 +250,43 @@ def restrict(parent: Permissions | None, layer: RuleSet) -> Permissions | None:
     return Permissions((*layers, layer))
 
 
-def allows_tool(permissions: Permissions | None, tool: str) -> bool:
+def allows_tool(
+    permissions: Permissions | None, tool: str, reading: frozenset[str] = READING_TOOLS
+) -> bool:
     """Whether some call of ``tool`` could pass: no layer denies the whole tool and
-    every layer with allow rules has one for it. Tools that fail are not offered."""
+    every layer with allow rules has one for it. Tools that fail are not offered.
+    ``reading``: what ``read-only`` stands for (``reading_tools`` of the tool set)."""
     if permissions is None:
         return True
     for layer in permissions.layers:
-        if any(rule.pattern is None and _names(rule, tool) for rule in layer.deny):
+        if any(rule.pattern is None and _names(rule, tool, reading) for rule in layer.deny):
             return False
-        if layer.allow is not None and not any(_names(rule, tool) for rule in layer.allow):
+        if layer.allow is not None and not any(_names(rule, tool, reading) for rule in layer.allow):
             return False
     return True
 
 
-def refusal(permissions: Permissions | None, call: ToolCall, cwd: str) -> str | None:
+def refusal(
+    permissions: Permissions | None,
+    call: ToolCall,
+    cwd: str,
+    reading: frozenset[str] = READING_TOOLS,
+) -> str | None:
     """Why ``call``, made in working directory ``cwd``, is refused; None if permitted.
 
     The message names the rule (or the missing allow rule) and whose it is.
+    ``reading``: what ``read-only`` stands for (``reading_tools`` of the conversation's
+    tools).
     """
     if permissions is None:
         return None
     for layer in permissions.layers:
         whose = f" of {layer.source}" if layer.source else ""
         for rule in layer.deny:
-            if _matches(rule, call, cwd, layer.base, deny=True):
+            if _matches(rule, call, cwd, layer.base, reading, deny=True):
                 return f"refused by the deny rule '{rule}'{whose}"
         if layer.allow is not None and not any(
-            _matches(rule, call, cwd, layer.base, deny=False) for rule in layer.allow
+            _matches(rule, call, cwd, layer.base, reading, deny=False) for rule in layer.allow
         ):
             problem = _confined_problem(layer.allow, call)
             if problem is not None:
@@ -283,7 +305,9 @@ def confines_commands(permissions: Permissions | None) -> bool:
         return False
     return any(
         layer.allow is not None
-        and not any(rule.pattern is None and _names(rule, "bash") for rule in layer.allow)
+        and not any(
+            rule.pattern is None and _names(rule, "bash", READING_TOOLS) for rule in layer.allow
+        )
         for layer in permissions.layers
     )
 
@@ -297,7 +321,7 @@ def _confined_problem(allow: tuple[Rule, ...], call: ToolCall) -> str | None:
         return None
     for rule in allow:
         if (
-            _names(rule, call.name)
+            _names(rule, call.name, READING_TOOLS)
             and rule.pattern is not None
             and command_matches(rule.pattern, command, any_part=False)
         ):
@@ -308,9 +332,9 @@ def _confined_problem(allow: tuple[Rule, ...], call: ToolCall) -> str | None:
 # ------------------------------------------------------------------ matching
 
 
-def _names(rule: Rule, tool: str) -> bool:
+def _names(rule: Rule, tool: str, reading: frozenset[str]) -> bool:
     if rule.tool == READ_ONLY:
-        return tool in READING_TOOLS
+        return tool in reading
     if rule.tool.startswith(MCP_PREFIX):
         # Claude Code's forms: mcp__SERVER (every tool of the server), mcp__SERVER__*
         # (the same), mcp__SERVER__TOOL; and any mcp__ prefix ending in '*'.
@@ -330,8 +354,10 @@ def _argument(call: ToolCall, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _matches(rule: Rule, call: ToolCall, cwd: str, base: str, *, deny: bool) -> bool:
-    if not _names(rule, call.name):
+def _matches(
+    rule: Rule, call: ToolCall, cwd: str, base: str, reading: frozenset[str], *, deny: bool
+) -> bool:
+    if not _names(rule, call.name, reading):
         return False
     if rule.pattern is None:
         return True

@@ -122,7 +122,7 @@ from fanfold.statemachine.messages import (
     non_finite_path,
 )
 from fanfold.statemachine.modes import may_start, parse_mode, settle, task_with_earlier
-from fanfold.statemachine.permissions import refusal
+from fanfold.statemachine.permissions import reading_tools, refusal
 from fanfold.statemachine.phases import (
     AwaitingRetry,
     AwaitingSubAgents,
@@ -856,7 +856,9 @@ def _refused_by_rules(state: Conversation, call: ToolCall) -> str | None:
     Control tools are never refused: a sub-agent can always submit."""
     if state.permissions is None or call.name in CONTROL_TOOLS:
         return None
-    why = refusal(state.permissions, call, state.cwd)
+    # ``read-only`` stands for fanfold's reading tools and the tools whose recorded
+    # specs say they are read-only: this conversation's, as the log holds them.
+    why = refusal(state.permissions, call, state.cwd, reading_tools(state.tools))
     return None if why is None else f"{call.name} {why}"
 
 

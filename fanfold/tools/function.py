@@ -286,7 +286,9 @@ def function_tool(
         check_schema(input_schema, tool_name)
     except SchemaError as exc:  # a bug of _schema's: it must stay inside the subset
         raise ToolDefinitionError(str(exc)) from None
-    spec = ToolSpec.from_schema(tool_name, " ".join(text.split()), input_schema)
+    spec = ToolSpec.from_schema(
+        tool_name, " ".join(text.split()), input_schema, read_only=read_only
+    )
     return FunctionTool(
         spec,
         function,

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import attrs
 import trio
 
 from fanfold.statemachine import CONTROL_TOOLS, ToolCall, ToolResult, ToolSpec
@@ -65,6 +66,12 @@ class ToolSet:
                 raise ValueError(
                     f"tool name {spec.name!r}: a name is 1-64 letters, digits, '_' or '-'"
                 )
+            own = isinstance(tool, _BUILT_IN_TYPES)
+            if getattr(tool, "read_only", False) and not spec.read_only and not own:
+                # What the tool says of itself goes into its recorded spec, where the
+                # reducer's ``read-only`` rule reads it. fanfold's own reading tools are
+                # in ``READING_TOOLS``: their specs stay as older logs hold them.
+                spec = attrs.evolve(spec, read_only=True)
             schema = spec.input_schema()
             check_schema(schema, spec.name)
             self._tools[spec.name] = tool

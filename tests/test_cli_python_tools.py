@@ -1,0 +1,193 @@
+"""``--tools MODULE:ATTR`` for ``fanfold run``, ``resume`` and ``send``: a real
+``fanfold run`` with the user's Python tools, killed with SIGKILL while one of them
+runs, then resumed: without the tools the tree is left unfinished with one line
+naming them and how to supply them (never an "unknown tool" result), with them it
+goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from click.testing import CliRunner
+
+from fanfold.cli import cli
+from fanfold.db import Store
+from fanfold.statemachine import ToolResultMessage
+
+FANFOLD = [sys.executable, "-c", "from fanfold.cli import main; main()"]
+
+TOOLS = textwrap.dedent(
+    '''
+    import os
+    from pathlib import Path
+
+    import trio
+
+    import fanfold
+
+
+    @fanfold.tool
+    def note(text: str) -> str:
+        """Write a note.
+
+        Args:
+            text: What to note.
+        """
+        return "noted " + text
+
+
+    @fanfold.tool
+    async def wait_here(name: str) -> str:
+        """Wait a long time.
+
+        Args:
+            name: Anything.
+        """
+        Path(os.environ["STARTED"]).write_text(name)
+        await trio.sleep(600)
+        return "waited"
+
+
+    TOOLS = [note, wait_here]
+    '''
+)
+
+SCRIPT = {
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {"tool_calls": [{"name": "wait_here", "arguments": {"name": "x"}}]},
+                {"tool_calls": [{"name": "note", "arguments": {"text": "hi"}}]},
+                {"text": "done"},
+                {"tool_calls": [{"name": "note", "arguments": {"text": "again"}}]},
+                {"text": "done again"},
+            ],
+        }
+    ]
+}
+
+
+async def _until(condition: Any) -> None:
+    """Wait (bounded, not timed) until ``condition()`` holds."""
+    with trio.fail_after(60):
+        while not condition():
+            await trio.sleep(0.05)
+
+
+def _fanfold(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FANFOLD, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def _results(db: Path, root: str) -> list[tuple[str, str, bool]]:
+    with Store.open(db, read_only=True) as store:
+        state = store.load_state(root)
+    return [
+        (m.result.name, m.result.content, m.result.is_error)
+        for m in state.history
+        if isinstance(m, ToolResultMessage)
+    ]
+
+
+async def test_a_run_with_python_tools_killed_resumes_only_with_its_tools(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mytools.py").write_text(TOOLS)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    db = tmp_path / "t.db"
+    started = tmp_path / "started"
+    env = {**os.environ, "STARTED": str(started)}
+    tools = ["--tools", str(tmp_path / "mytools.py") + ":TOOLS"]
+    run = subprocess.Popen(
+        [*FANFOLD, "run", "go", "--script", str(script), "--db", str(db), "--no-live", *tools],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    await _until(lambda: started.exists() or run.poll() is not None)
+    assert run.poll() is None, run.stderr.read() if run.stderr else ""
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    with Store.open(db, read_only=True) as store:
+        (row,) = store.list_roots()
+    root = row.id
+
+    # Without its tools: one line naming them and how to supply them; nothing resumed.
+    bare = _fanfold("resume", "--db", str(db), env=env)
+    assert bare.returncode == 1, bare.stderr
+    (line,) = [x for x in bare.stderr.splitlines() if "skipped" in x]
+    assert line == (
+        f"skipped tree {root}: it recorded Python tool(s) 'note', 'wait_here' that are not "
+        "supplied here: pass the tools it was started with, --tools MODULE:ATTR "
+        "(or --tools FILE.py:ATTR)"
+    )
+    assert "Traceback" not in bare.stderr
+    with Store.open(db, read_only=True) as store:
+        assert store.conversation(root).status == "running"  # left for a later resume
+    assert _results(db, root) == []
+
+    # With them: the call in flight at the kill is interrupted (never run again), and
+    # the next call of a Python tool runs.
+    resumed = _fanfold("resume", "--db", str(db), *tools, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    results = _results(db, root)
+    assert results[0][0] == "wait_here" and results[0][2]
+    assert results[0][1].startswith("interrupted")
+    assert results[1] == ("note", "noted hi", False)
+
+    # send: the same check, as one line and exit status 2.
+    send = ["send", root, "again", "--script", str(script), "--db", str(db), "--no-live"]
+    refused = _fanfold(*send, env=env)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: conversation {root} recorded Python tool(s) 'note', 'wait_here' that are "
+        "not supplied here: pass the tools it was started with, --tools MODULE:ATTR "
+        "(or --tools FILE.py:ATTR)"
+    ]
+    sent = _fanfold(*send, *tools, env=env)
+    assert sent.returncode == 0, sent.stderr
+    assert _results(db, root)[-1] == ("note", "noted again", False)
+
+
+@pytest.mark.parametrize(
+    ("source", "ref", "message"),
+    [
+        ("", "nosuchmodule_xyz:f", "cannot import nosuchmodule_xyz: No module named"),
+        ("", "mytools.py:f", "no such file mytools.py"),
+        ("x = 1\n", "{dir}/mytools.py:f", "has no attribute 'f'"),
+        ("raise RuntimeError('boom')\n", "{dir}/mytools.py:f", "RuntimeError: boom"),
+        ("def f(x):\n    return x\n", "{dir}/mytools.py:f", "tool 'f': no description"),
+        ("import fanfold\n@fanfold.tool\ndef bash(x: str) -> str:\n    '''B.\n\n    Args:\n"
+         "        x: X.\n    '''\n    return x\n", "{dir}/mytools.py:bash", "built-in"),
+        ("", "nocolon", "expected MODULE:ATTR or FILE.py:ATTR"),
+    ],
+)  # fmt: skip
+def test_a_bad_tools_reference_is_one_line(
+    tmp_path: Path, source: str, ref: str, message: str
+) -> None:
+    if source:
+        (tmp_path / "mytools.py").write_text(source)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    result = CliRunner().invoke(
+        cli,
+        [
+            *("run", "go", "--script", str(script), "--db", str(tmp_path / "t.db")),
+            *("--no-live", "--tools", ref.format(dir=tmp_path)),
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --tools ") and message in line, line
+    assert not (tmp_path / "t.db").exists() or "Traceback" not in result.output
