@@ -41,6 +41,7 @@ from fanfold.statemachine import (
     RuntimeResumed,
     SpawnSubAgent,
     SubAgentFinished,
+    TurnOutcome,
     UserMessaged,
     spawn_order,
     start,
@@ -151,10 +152,16 @@ class NotAtRest(ValueError):
 
 @attrs.frozen
 class TurnResult:
-    """How a root's turn or a sub-agent's life ended."""
+    """How a root's turn or a sub-agent's life ended.
+
+    ``outcome`` is the ``TurnOutcome`` of the latest finished turn (a ``StrEnum``, so
+    ``result.outcome == "answered"`` still holds), or None for a conversation at rest
+    that has finished no turn yet (a fork of a root at rest, before its first message).
+    ``text`` is that turn's answer or error ("" with no turn); ``phase`` the name of
+    the conversation's phase."""
 
     conversation_id: str
-    outcome: str
+    outcome: TurnOutcome | None
     text: str
     phase: str
 
@@ -563,7 +570,7 @@ class Runtime:
             state, turn = actor.state, actor.last_turn
         return TurnResult(
             conversation_id=conversation_id,
-            outcome=turn.outcome if turn else "",
+            outcome=turn.outcome if turn else None,
             text=turn.text if turn else "",
             phase=type(state.phase).__name__,
         )
