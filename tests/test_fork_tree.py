@@ -322,7 +322,7 @@ def test_a_new_system_prompt_for_a_root_at_rest_is_recorded_at_once(tmp_path: Pa
     [
         (["--agent", "1", "--at", "1", "--task", "x", "--continue"], "TaskEdit is legal in"),
         (["--agent", "1", "--at", "1", "--reply", "R", "--continue"], "ReplyEdit is legal in"),
-        (["--agent", "1", "--at", "0", "--reply", "R"], "add --continue (nothing was written)"),
+        (["--agent", "1", "--at", "0", "--reply", "R"], "goes on: add --continue"),
         (["--at", "5", "--task", "x", "--system-file", "R"], "give at most one edit"),
         (["--at", "5", "--tool-result", "nofile"], "--tool-result takes CALL=FILE"),
         (["--at", "5", "--script", "R"], "go with --continue"),

@@ -33,15 +33,13 @@ from fanfold.cli.errors import CliError, sqlite_message, user_errors
 from fanfold.cli.models import model_options
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
 from fanfold.cli.output import console, err_console, hint
-from fanfold.db import DatabaseError, Step, Store
+from fanfold.db import DatabaseError, Store
 from fanfold.db.provenance import UserKey, refusal
 from fanfold.regular_files import open_regular_bytes
 from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
 from fanfold.statemachine import (
     Edit,
-    ForkEdited,
-    IllegalTransition,
     ModelReply,
     ReplyEdit,
     SystemPromptEdit,
@@ -49,7 +47,6 @@ from fanfold.statemachine import (
     ToolCall,
     ToolResult,
     ToolResultEdit,
-    transition,
 )
 
 # CliError prints one plain line at any width; the name stays for this module's use.
@@ -327,20 +324,20 @@ def fork_command(
         target = agent_id(store, conversation_id, path)
         source_root = store.conversation(target).root_id
         foreign = refusal(store.tree_record(source_root), key, store.instance_id, source_root)
-        if edit is not None:
-            rests = _check_edit(store, target, at_seq, edit)
-            if not rests and not go_on:
-                raise OneLineError(
-                    "an edit of a conversation with work in flight takes effect as the fork "
-                    "goes on: add --continue (nothing was written)"
-                )
-        forked = replay.fork(store, target, at_seq, new_id=new_id, key=key)
+        # One implementation with Runtime.fork: the edit checked by the reducer, the
+        # fork, and a root at rest's edit recorded at once.
+        made = replay.fork_at(
+            store,
+            conversation_id,
+            at_seq,
+            agent=path,
+            edit=edit,
+            new_id=new_id,
+            going_on=go_on,
+            key=key,
+        )
+        forked, whole_tree = made.fork_id, made.goes_on
         cwd = store.load_state(forked).cwd
-        whole_tree = len(store.tree(forked)) > 1 or not store.load_state(forked).at_rest
-        edited_id = forked + target[len(source_root) :]
-        if edit is not None and not whole_tree:
-            # A root at rest: nothing is in flight, so the edit is recorded now.
-            _record_edit(store, forked, edit)
         path_text = store.path
     click.echo(forked)
     if whole_tree and go_on:
@@ -354,8 +351,7 @@ def fork_command(
         with user_errors(log_path):
             if script or config_path or profile or model:
                 override = choose_model(script, config_path, profile, model)
-            edits = {edited_id: ForkEdited(edit)} if edit is not None else {}
-            code = run_trio(_resume_main, log_path, override, config_path, forked, edits)
+            code = run_trio(_resume_main, log_path, override, config_path, forked, made.edits)
         if code:
             raise SystemExit(code)
         return
@@ -440,26 +436,6 @@ def _reply(file: Path) -> ModelReply:
         )
     stop = "tool_use" if made else "end_turn"
     return ModelReply(text=reply_text, tool_calls=tuple(made), stop_reason=stop)
-
-
-def _check_edit(store: Store, conversation_id: str, at_seq: int, edit: Edit) -> bool:
-    """Refuse (one line, nothing written) an edit the conversation's state at ``at_seq``
-    does not take: the reducer's own rule (the transition table's ForkEdited column).
-    True if that state is a root at rest (forked alone, the edit recorded at once)."""
-    state = replay.state_at(store, conversation_id, at_seq)
-    try:
-        transition(state, ForkEdited(edit))
-    except IllegalTransition as exc:
-        raise OneLineError(f"cannot edit {conversation_id} at seq {at_seq}: {exc.reason}") from None
-    return state.parent_id is None and state.at_rest
-
-
-def _record_edit(store: Store, conversation_id: str, edit: Edit) -> None:
-    state = store.load_state(conversation_id)
-    event = ForkEdited(edit)
-    after, effects = transition(state, event)
-    assert effects == ()  # at rest: nothing in flight to re-issue, nothing to run
-    store.append([Step(conversation_id, 1, event, effects, after, time.time(), snapshot=True)])
 
 
 # ------------------------------------------------------------------ export / import

@@ -34,6 +34,7 @@ from fanfold.statemachine import (
     CancelRequested,
     Conversation,
     ConversationCreated,
+    Edit,
     Effect,
     Event,
     ForkEdited,
@@ -694,6 +695,60 @@ class Runtime:
         for conversation_id in resumed:
             self._redeliver_outcomes(self._actors[conversation_id].state)
         return resumed
+
+    async def fork(
+        self,
+        conversation_id: str,
+        at_seq: int,
+        *,
+        agent: str | None = None,
+        edit: Edit | None = None,
+        new_id: str | None = None,
+        go_on: bool = False,
+    ) -> str:
+        """Fork a tree after step ``at_seq`` of one of its conversations; returns the
+        new tree's root id. ``fanfold fork`` with its options, as one implementation
+        (``replay.fork_at``).
+
+        ``conversation_id`` is a tree's root or any conversation of it; ``agent`` the
+        conversation whose step is meant: a place (``root``, ``root/1/2``, ``1/2``) or
+        an id of that tree (None: ``conversation_id`` itself). ``edit`` changes that
+        conversation as the fork goes on: ``ReplyEdit``, ``ToolResultEdit``,
+        ``TaskEdit`` or ``SystemPromptEdit``; one the reducer refuses
+        at that step raises ``replay.EditRefused`` naming where it is legal, and
+        nothing is written.
+
+        A root at rest is forked alone (its edit recorded at once): go on with
+        ``send``. Any other step forks the whole tree as it was at that moment; with
+        ``go_on`` it is continued at once on this runtime (its provider and tools),
+        as ``fanfold fork --continue`` does: ``resume`` of the fork, the edit
+        delivered in place of that conversation's ``RuntimeResumed``. Without
+        ``go_on`` it waits in the log for a ``resume``; an edit then is refused
+        (EditRefused): it takes effect only as the fork goes on. Wait for the fork
+        with ``wait(fork_id)``; follow it with ``events(fork_id)``.
+
+        Also raises ``replay.ForkRefused`` (a tree another user or machine wrote,
+        forked elsewhere than at a root's rest; ``new_id`` taken),
+        ``replay.NoSuchStep``, ``replay.LogDiverged``, ``replay.LogCorrupt``,
+        UnknownConversation, and LookupError for an ``agent`` not in the tree. The
+        source tree is never written.
+        """
+        from fanfold.replay.fork import fork_at  # loaded when used: not at start-up
+
+        made = fork_at(
+            self.store,
+            conversation_id,
+            at_seq,
+            agent=agent,
+            edit=edit,
+            new_id=new_id,
+            going_on=go_on,
+            now=self.now(),
+            key=self.key,
+        )
+        if go_on and made.goes_on:
+            await self.resume([made.fork_id], edits=made.edits)
+        return made.fork_id
 
     # ---------------------------------------------------------------- for actors and the engine
 
