@@ -25,6 +25,7 @@ from fanfold.db import Store
 from fanfold.db.provenance import UserKey
 from fanfold.replay.fork import fork_tree
 from fanfold.statemachine import UserMessage
+from fanfold.statemachine.control_tools import GRACE_PROMPT
 
 # A root delegates two tasks: root/1 runs a bash command then submits, root/2 answers.
 TWO_CHILDREN = {
@@ -326,6 +327,18 @@ def test_a_new_system_prompt_for_a_root_at_rest_is_recorded_at_once(tmp_path: Pa
         (["--at", "5", "--task", "x", "--system-file", "R"], "give at most one edit"),
         (["--at", "5", "--tool-result", "nofile"], "--tool-result takes CALL=FILE"),
         (["--at", "5", "--script", "R"], "go with --continue"),
+        (["--at", "5", "--limit", "max_rounds=nan"], "max_rounds: must be an integer"),
+        (["--at", "5", "--limit", "retry_cap=inf"], "retry_cap: must be a finite number"),
+        (["--at", "5", "--limit", "retry_cap=1e308"], "retry_cap: must be <= 3600"),
+        (["--at", "5", "--limit", "max_rounds=10000000"], "must be from 1 to 10000"),
+        (["--at", "5", "--limit", "max_turns=10"], "max_turns: unknown limit"),
+        (["--at", "5", "--limit", "max_rounds"], "--limit takes KEY=VALUE"),
+        (["--at", "5", "--limits", "J"], "max_rounds: must be an integer, got nan"),
+        (["--at", "5", "--limit", "max_rounds=3", "--task", "x"], "give at most one edit"),
+        (
+            ["--at", "2", "--limit", "max_rounds=5", "--continue"],
+            "max_rounds cannot change while this round's spawn_agents calls stand",
+        ),
     ],
 )
 def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
@@ -334,13 +347,51 @@ def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
     db, root, _ = ran(tmp_path)
     reply = tmp_path / "reply.txt"
     reply.write_text("hello")
-    args = [str(reply) if a == "R" else a for a in args]
+    limits = tmp_path / "limits.json"
+    limits.write_text('{"max_rounds": NaN}')
+    args = [str(reply) if a == "R" else str(limits) if a == "J" else a for a in args]
     before = roots(db)
     refused = run("fork", root, *args, "--db", db)
     assert refused.exit_code == 2, refused.output
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], refused.stderr
     assert roots(db) == before
+
+
+def test_a_limits_edit_goes_on_under_the_new_limits(tmp_path: Path) -> None:
+    db, root, script = ran(tmp_path)
+    before = events_of(db, root)
+    # root/1 before its first reply, allowed one round: its second is the grace round.
+    args = ["--agent", "1", "--at", "0", "--limit", "max_rounds=1", "--limit", "max_tokens=none"]
+    done = run("fork", root, *args, "--id", "l", "--continue", "--script", script, "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        child = store.load_state("l.1")
+        assert child.limits.max_rounds == 1 and child.limits.max_tokens is None
+        assert child.outcome is not None and child.outcome.result == "42"  # type: ignore[union-attr]
+        source = store.load_state(f"{root}.1")
+        assert source.limits.max_rounds == 20  # the source keeps its own
+        assert any(UserMessage(GRACE_PROMPT) == m for m in child.history)
+        assert not any(UserMessage(GRACE_PROMPT) == m for m in source.history)
+    assert run("replay", "l", "--verify", "--tree", "--db", db).exit_code == 0
+    told = run("transcript", "l", "--agent", "1", "--db", db).stdout
+    assert "edit: the limits replaced" in told and "max_rounds = 1" in told
+    assert events_of(db, root) == before
+
+
+def test_a_limits_file_for_a_root_at_rest_is_recorded_at_once(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    limits = tmp_path / "limits.toml"
+    limits.write_text('max_rounds = 3\nchild_timeout = "none"\ncontext_modes = ["task_only"]\n')
+    args: list[str | Path] = ["--at", "5", "--limits", limits, "--limit", "max_rounds=4"]
+    done = run("fork", root, *args, "--id", "m", "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        state = store.load_state("m")
+        assert (state.limits.max_rounds, state.limits.child_timeout) == (4, None)
+        assert state.limits.context_modes == ("task_only",)
+        assert store.conversation("m").last_seq == 1
+    assert run("replay", "m", "--verify", "--db", db).exit_code == 0
 
 
 def _slow_then(result_latency: float) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from runtime_helpers import open_runtime, reply, script, spawn, submit
 
@@ -14,6 +15,7 @@ from fanfold import replay
 from fanfold.db import Store
 from fanfold.statemachine import (
     ChildSucceeded,
+    LimitsEdit,
     ModelReply,
     ReplyEdit,
     SystemPromptEdit,
@@ -102,3 +104,17 @@ async def test_a_tree_fork_without_go_on_waits_for_resume(tmp_path: Path) -> Non
         assert runtime.store.conversation(fork).status == "running"
         assert await runtime.resume([fork])
         assert (await runtime.wait(fork)).text.startswith("the answer is")
+
+
+async def test_a_limits_edit_from_python(tmp_path: Path) -> None:
+    async with open_runtime(tmp_path, _provider()) as runtime:
+        root = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(root)
+        at_zero = replay.state_at(runtime.store, f"{root}.1", 0)
+        edit = LimitsEdit(attrs.evolve(at_zero.limits, max_rounds=1))
+        fork = await runtime.fork(root, 0, agent="1", edit=edit, go_on=True)
+        await runtime.wait(fork)
+        child = runtime.state(f"{fork}.1")
+        assert child.limits.max_rounds == 1
+        assert isinstance(child.outcome, ChildSucceeded)  # it submitted in its grace round
+        assert child.rounds == 1

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import click
 from rich.highlighter import JSONHighlighter
@@ -40,6 +40,8 @@ from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
 from fanfold.statemachine import (
     Edit,
+    Limits,
+    LimitsEdit,
     ModelReply,
     ReplyEdit,
     SystemPromptEdit,
@@ -280,6 +282,22 @@ def _show_steps(
     help="Edit: the system prompt is FILE's text from the next model call on.",
 )
 @click.option(
+    "--limit",
+    "limit_texts",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Edit: the picked conversation's limit KEY (max_rounds, max_attempts, "
+    "child_timeout, max_tokens...) is VALUE from now on ('none': no limit); repeatable, "
+    "one edit with --limits.",
+)
+@click.option(
+    "--limits",
+    "limits_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Edit: the limits in FILE (a TOML table, or a .json object, of KEY = VALUE) "
+    "from now on; --limit settings override it.",
+)
+@click.option(
     "--continue",
     "go_on",
     is_flag=True,
@@ -296,6 +314,8 @@ def fork_command(
     tool_result: str | None,
     task: str | None,
     system_file: Path | None,
+    limit_texts: tuple[str, ...],
+    limits_file: Path | None,
     go_on: bool,
     script: Path | None,
     config_path: Path | None,
@@ -310,12 +330,13 @@ def fork_command(
     whole tree as it was at that moment: --continue goes on with it at once (with
     --script/--config/--profile/--model, else the source's provider), or later
     `fanfold resume`. At most one edit (--reply, --tool-result, --task,
-    --system-file) changes the picked conversation as it goes on. Prints the new
-    root's id. The source is untouched.
+    --system-file, --limit/--limits) changes the picked conversation as it goes on.
+    Prints the new root's id. The source is untouched.
     """
     from fanfold.replay.transcript import agent_id
 
-    edit = _edit(reply_file, tool_result, task, system_file)
+    settings = _limit_settings(limit_texts, limits_file)
+    edit = _edit(reply_file, tool_result, task, system_file, limits=settings is not None)
     override = None
     if (script or config_path or profile or model) and not go_on:
         raise OneLineError("--script, --config, --profile and --model go with --continue")
@@ -324,6 +345,10 @@ def fork_command(
         target = agent_id(store, conversation_id, path)
         source_root = store.conversation(target).root_id
         foreign = refusal(store.tree_record(source_root), key, store.instance_id, source_root)
+        if settings is not None:
+            # The limits it had at that step, with the settings in place.
+            base = replay.state_at(store, target, at_seq).limits
+            edit = LimitsEdit(_limits_with(base, settings))
         # One implementation with Runtime.fork: the edit checked by the reducer, the
         # fork, and a root at rest's edit recorded at once.
         made = replay.fork_at(
@@ -378,14 +403,50 @@ def fork_command(
     )
 
 
+def _limit_settings(texts: tuple[str, ...], file: Path | None) -> dict[str, Any] | None:
+    """The limit settings of ``--limits FILE`` then ``--limit KEY=VALUE`` (None: none
+    given), each value checked now (a bad one is one line before anything is read)."""
+    from fanfold.providers.config import ConfigError
+    from fanfold.providers.limits_config import limit_setting, read_limits_file
+
+    if not texts and file is None:
+        return None
+    try:
+        settings = dict(read_limits_file(file)) if file is not None else {}
+        settings.update(limit_setting(text) for text in texts)
+    except ConfigError as exc:
+        raise OneLineError(_one_line(str(exc))) from None
+    _limits_with(Limits(), settings)
+    return settings
+
+
+def _limits_with(base: Limits, settings: dict[str, Any]) -> Limits:
+    from fanfold.providers.config import ConfigError
+    from fanfold.providers.limits_config import limits_with
+
+    try:
+        return limits_with(base, settings, source="--limit/--limits")
+    except ConfigError as exc:
+        raise OneLineError(_one_line(str(exc))) from None
+
+
 def _edit(
-    reply_file: Path | None, tool_result: str | None, task: str | None, system_file: Path | None
+    reply_file: Path | None,
+    tool_result: str | None,
+    task: str | None,
+    system_file: Path | None,
+    *,
+    limits: bool = False,
 ) -> Edit | None:
     """The one edit the options ask for (files read now: a bad one is a one-line error
-    before anything is written), or None."""
+    before anything is written), or None. ``limits``: a limits edit is asked for too
+    (made once the conversation's limits at that step are read)."""
     given = [x for x in (reply_file, tool_result, task, system_file) if x is not None]
-    if len(given) > 1:
-        raise OneLineError("give at most one edit: --reply, --tool-result, --task or --system-file")
+    if len(given) + limits > 1:
+        raise OneLineError(
+            "give at most one edit: --reply, --tool-result, --task, --system-file or "
+            "--limit/--limits"
+        )
     with _errors():
         if reply_file is not None:
             return ReplyEdit(_reply(reply_file))

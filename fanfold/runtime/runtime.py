@@ -879,7 +879,7 @@ class Runtime:
         conversation whose step is meant: a place (``root``, ``root/1/2``, ``1/2``) or
         an id of that tree (None: ``conversation_id`` itself). ``edit`` changes that
         conversation as the fork goes on: ``ReplyEdit``, ``ToolResultEdit``,
-        ``TaskEdit`` or ``SystemPromptEdit``; one the reducer refuses
+        ``TaskEdit``, ``SystemPromptEdit`` or ``LimitsEdit``; one the reducer refuses
         at that step raises ``replay.EditRefused`` naming where it is legal, and
         nothing is written.
 
