@@ -1543,9 +1543,8 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
             current=current, remaining=remaining, results=results, children=children
         ):
             result = _tool_error(current, INTERRUPTED_RESULT)
-            return _after(
-                tuple(effects), _run_tools(state, remaining, (*results, result), children)
-            )
+            then = _run_tools(state, remaining, (*results, result), children)
+            return _after(_still_armed(effects, then[0]), then)
         case AwaitingSubAgents(children=Children(summary=Summary() as summary)):
             if summary.call is not None:
                 effects.append(CallModel(summary.call, summary.attempt))
@@ -1707,7 +1706,18 @@ def _edited(before: Conversation, edited: Transition) -> Transition:
     after, effects = edited
     if after.is_terminal:
         return after, effects
-    return after, (*_resume_prelude(before), *effects)
+    return after, (*_still_armed(_resume_prelude(before), after), *effects)
+
+
+def _still_armed(prelude: list[Effect], after: Conversation) -> tuple[Effect, ...]:
+    """``prelude`` (what a restart re-issues) without the timers that the same step
+    disarmed: a child's deadline once the step went on to cancel that child (a
+    ``submit_result`` after an interrupted tool), which ``after`` no longer holds."""
+    children = after.children
+    armed = {after.deadline_timer}
+    if children is not None:
+        armed.update(p.deadline_timer for p in children.pending)
+    return tuple(e for e in prelude if not (isinstance(e, StartTimer) and e.timer not in armed))
 
 
 def fold(
