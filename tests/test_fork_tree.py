@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+import hypothesis
 import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import CHILD_PLANS, Driver, cancelled_fan_out, fan_out
@@ -21,11 +23,12 @@ from replay_helpers import write
 
 from fanfold import replay, testing
 from fanfold.cli import cli
-from fanfold.db import Store
+from fanfold.db import Step, Store
 from fanfold.db.provenance import UserKey
 from fanfold.replay.fork import fork_tree
-from fanfold.statemachine import UserMessage
+from fanfold.statemachine import ForkEdited, Limits, LimitsEdit, UserMessage, transition
 from fanfold.statemachine.control_tools import GRACE_PROMPT
+from fanfold.statemachine.transition import limits_edit_problem
 
 # A root delegates two tasks: root/1 runs a bash command then submits, root/2 answers.
 TWO_CHILDREN = {
@@ -169,15 +172,25 @@ def _moments(store: Store, root: str) -> list[tuple[str, int]]:
     return [(s.conversation_id, s.seq) for s in replay.steps(store, root, tree=True)]
 
 
+LIMIT_FIELDS = [field.name for field in attrs.fields(Limits)]
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     plans=st.lists(st.sampled_from(CHILD_PLANS), min_size=1, max_size=3),
     finish=st.booleans(),
     cancelled=st.booleans(),
     pick=st.integers(min_value=0),
+    new_limits=testing.limits(),
+    field=st.sampled_from(LIMIT_FIELDS),
 )
 def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
-    plans: list[Any], finish: bool, cancelled: bool, pick: int
+    plans: list[Any],
+    finish: bool,
+    cancelled: bool,
+    pick: int,
+    new_limits: Limits,
+    field: str,
 ) -> None:
     driver = Driver(snapshot_every=2)
     root = "c" if cancelled else "r"
@@ -208,6 +221,21 @@ def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
                 assert forked.outcome == state.outcome  # finished ones keep theirs
                 assert (forked.phase == state.phase) or state.children is not None
                 assert forked.history == state.history
+            # The picked conversation goes on with one of its limits changed, if the
+            # new value admits it as it is: the step keeps every invariant, and the
+            # fork with it in its log still verifies.
+            edited_id = "f" + cid[len(root) :]
+            picked = store.load_state(edited_id)
+            limits = attrs.evolve(picked.limits, **{field: getattr(new_limits, field)})
+            admitted = not picked.is_terminal and limits_edit_problem(picked, limits) is None
+            hypothesis.event("limits edit admitted" if admitted else "no limits edit")
+            if admitted:
+                event = ForkEdited(LimitsEdit(limits))
+                after, effects = transition(picked, event)
+                testing.check_transition(picked, event, after, effects)
+                seq = store.conversation(edited_id).last_seq + 1
+                store.append([Step(edited_id, seq, event, effects, after, time.time())])
+                assert replay.verify(store, fork, tree=True).ok
         assert events_of(db, root) == before  # nothing written to the source
 
 
