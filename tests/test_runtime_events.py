@@ -183,3 +183,13 @@ async def test_reads_from_a_worker_thread_with_threaded_writes(tmp_path: Path) -
         root = await runtime.start("review", cwd=tmp_path)
         steps = [step async for step in runtime.events(root)]
         assert _by_conversation(steps) == _logged(runtime, root)
+
+
+async def test_without_phases_the_same_steps_come_unfolded(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_runtime(tmp_path, _provider()) as runtime:
+        root = await runtime.start("review", cwd=tmp_path)
+        steps = [step async for step in runtime.events(root, phases=False)]
+        assert _by_conversation(steps) == _logged(runtime, root)
+        assert all(step.phase is None for step in steps)

@@ -637,7 +637,7 @@ class Runtime:
             phase=type(state.phase).__name__,
         )
 
-    async def events(self, tree_id: str) -> AsyncIterator[TreeStep]:
+    async def events(self, tree_id: str, *, phases: bool = True) -> AsyncIterator[TreeStep]:
         """The committed steps of the tree of ``tree_id`` (its root or any of its
         conversations), as they are committed: an async iterator of ``TreeStep``.
 
@@ -651,13 +651,19 @@ class Runtime:
         rest ends it after its logged steps: to follow a further turn, call it again
         once ``send`` has returned (the turn is then in the log, the tree running).
 
+        ``phases``: fold each conversation through the reducer from its seq 0 to give
+        the phase after each step (``TreeStep.phase``); False gives None and spares
+        that work (as much CPU as the run's own folds, in this process).
+
         Back-pressure: the reader reads the log, not a queue. The engine sets one
         ``trio.Event`` per committed batch and buffers nothing for readers; a reader
         wakes, reads what was committed since it last read (at most ``EVENTS_PAGE``
-        steps at a time) from the database, and yields it. A slow reader only falls
-        behind in the log; it never slows or grows the run, and a cancelled one
-        leaves it as it was. Only this runtime's commits wake it: a tree another
-        process is running is read again when this runtime commits or closes.
+        steps at a time) from the database, and yields it. A slow or paused reader
+        only falls behind in the log, holding no more than a page, and a cancelled
+        one leaves the run as it was. A reader that keeps up shares this process's
+        CPU and the store's lock with the run (DESIGN.md gives the cost measured).
+        Only this runtime's commits wake it: a tree another process is running is
+        read again when this runtime commits or closes.
 
         Raises UnknownConversation for an unknown id; a damaged row raises what
         ``Store.events`` raises (ReplayError naming the seq).
@@ -677,7 +683,9 @@ class Runtime:
                 rows, read = self._read_page(root, seen)
             pages: list[list[TreeStep]] = []
             for conversation_id, stored in read:
-                pages.append([self._tree_step(conversation_id, root, s, states) for s in stored])
+                pages.append(
+                    [self._tree_step(conversation_id, root, s, states, phases) for s in stored]
+                )
                 seen[conversation_id] = stored[-1].seq
             budget = EVENTS_PAGE - sum(len(stored) for _, stored in read)
             # heapq.merge keeps each conversation's own order whatever the times say.
@@ -714,23 +722,22 @@ class Runtime:
         root: str,
         stored: StoredEvent,
         states: dict[str, Conversation | None],
+        phases: bool,
     ) -> TreeStep:
         """``stored`` as a TreeStep, its phase folded from the conversation's state
-        before it (``states``, updated)."""
-        before = states.get(conversation_id)
+        before it (``states``, updated), if ``phases``."""
         after: Conversation | None = None
-        try:
-            if stored.seq == 0 and isinstance(
-                stored.event, ConversationCreated | ConversationForked
-            ):
-                after, _ = start(stored.event)
-            elif before is not None and not isinstance(
-                stored.event, ConversationCreated | ConversationForked
-            ):
-                after, _ = transition(before, stored.event)
-        except IllegalTransition:
-            after = None  # a log this reducer does not reproduce: no phase from here on
-        states[conversation_id] = after
+        if phases:
+            before = states.get(conversation_id)
+            forked_or_created = isinstance(stored.event, ConversationCreated | ConversationForked)
+            try:
+                if stored.seq == 0 and forked_or_created:
+                    after, _ = start(stored.event)  # type: ignore[arg-type]
+                elif before is not None and not forked_or_created:
+                    after, _ = transition(before, stored.event)
+            except IllegalTransition:
+                after = None  # a log this reducer does not reproduce: no phase from here on
+            states[conversation_id] = after
         return TreeStep(
             conversation_id=conversation_id,
             path=tree_path(conversation_id, root),
