@@ -21,6 +21,7 @@ from fanfold.db import (
     DatabaseError,
     Step,
     Store,
+    StoreClosed,
     StoredEvent,
     UnknownConversation,
 )
@@ -675,12 +676,15 @@ class Runtime:
             signal, closed = self._commits.signal, self._commits.closed
             if self._commits.store_closed:
                 return  # the runtime is gone: what it committed is in the log
-            if self.writer.threaded:
-                # In a worker thread, like the writes: a read that waits for the
-                # store's lock while a batch is written never stops the event loop.
-                rows, read = await trio.to_thread.run_sync(self._read_page, root, seen)
-            else:
-                rows, read = self._read_page(root, seen)
+            try:
+                if self.writer.threaded:
+                    # In a worker thread, like the writes: a read that waits for the
+                    # store's lock while a batch is written never stops the event loop.
+                    rows, read = await trio.to_thread.run_sync(self._read_page, root, seen)
+                else:
+                    rows, read = self._read_page(root, seen)
+            except StoreClosed:
+                return  # the runtime closed while this read waited for the lock
             pages: list[list[TreeStep]] = []
             for conversation_id, stored in read:
                 pages.append(
