@@ -101,6 +101,7 @@ from fanfold.statemachine import (
     Idle,
     IllegalTransition,
     Limits,
+    LimitsEdit,
     LlmRequesting,
     Message,
     ModelError,
@@ -848,6 +849,11 @@ def rejections(state: Conversation) -> tuple[Rejected, ...]:
     # a tool result only to a running tool.
     if terminal:
         found.append(Rejected(ForkEdited(SystemPromptEdit("edited")), IllegalTransition))
+        found.append(Rejected(ForkEdited(LimitsEdit(state.limits)), IllegalTransition))
+    elif state.rounds > 1:
+        # New limits must admit the rounds already taken.
+        fewer = attrs.evolve(state.limits, max_rounds=state.rounds - 1)
+        found.append(Rejected(ForkEdited(LimitsEdit(fewer)), IllegalTransition))
     if not isinstance(phase, LlmRequesting):
         found.append(Rejected(ForkEdited(ReplyEdit(ModelReply("edited"))), IllegalTransition))
     if not isinstance(phase, ToolExecuting):
@@ -2143,6 +2149,8 @@ def _as_edited(state: Conversation, event: Event) -> Conversation:
         case ForkEdited(edit=TaskEdit(task=task)):
             history = (*state.history[:-1], UserMessage(task))
             return state.evolve(task=task, history=history)
+        case ForkEdited(edit=LimitsEdit(limits=limits)):
+            return state.evolve(limits=limits)
     return state
 
 
@@ -2155,6 +2163,8 @@ def _check_fork_edit(
     match edit:
         case SystemPromptEdit(system_prompt=text) if after.system_prompt != text:
             _fail("an edit shows", "the system prompt is not the edited one", after)
+        case LimitsEdit(limits=limits) if after.limits != limits:
+            _fail("an edit shows", "the limits are not the edited ones", after)
         case TaskEdit(task=task) if (after.task, after.history[-1:]) != (
             task,
             (UserMessage(task),),

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+import hypothesis
 import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import CHILD_PLANS, Driver, cancelled_fan_out, fan_out
@@ -21,10 +23,12 @@ from replay_helpers import write
 
 from fanfold import replay, testing
 from fanfold.cli import cli
-from fanfold.db import Store
+from fanfold.db import Step, Store
 from fanfold.db.provenance import UserKey
 from fanfold.replay.fork import fork_tree
-from fanfold.statemachine import UserMessage
+from fanfold.statemachine import ForkEdited, Limits, LimitsEdit, UserMessage, transition
+from fanfold.statemachine.control_tools import GRACE_PROMPT
+from fanfold.statemachine.transition import limits_edit_problem
 
 # A root delegates two tasks: root/1 runs a bash command then submits, root/2 answers.
 TWO_CHILDREN = {
@@ -168,15 +172,25 @@ def _moments(store: Store, root: str) -> list[tuple[str, int]]:
     return [(s.conversation_id, s.seq) for s in replay.steps(store, root, tree=True)]
 
 
+LIMIT_FIELDS = [field.name for field in attrs.fields(Limits)]
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     plans=st.lists(st.sampled_from(CHILD_PLANS), min_size=1, max_size=3),
     finish=st.booleans(),
     cancelled=st.booleans(),
     pick=st.integers(min_value=0),
+    new_limits=testing.limits(),
+    field=st.sampled_from(LIMIT_FIELDS),
 )
 def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
-    plans: list[Any], finish: bool, cancelled: bool, pick: int
+    plans: list[Any],
+    finish: bool,
+    cancelled: bool,
+    pick: int,
+    new_limits: Limits,
+    field: str,
 ) -> None:
     driver = Driver(snapshot_every=2)
     root = "c" if cancelled else "r"
@@ -207,6 +221,21 @@ def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
                 assert forked.outcome == state.outcome  # finished ones keep theirs
                 assert (forked.phase == state.phase) or state.children is not None
                 assert forked.history == state.history
+            # The picked conversation goes on with one of its limits changed, if the
+            # new value admits it as it is: the step keeps every invariant, and the
+            # fork with it in its log still verifies.
+            edited_id = "f" + cid[len(root) :]
+            picked = store.load_state(edited_id)
+            limits = attrs.evolve(picked.limits, **{field: getattr(new_limits, field)})
+            admitted = not picked.is_terminal and limits_edit_problem(picked, limits) is None
+            hypothesis.event("limits edit admitted" if admitted else "no limits edit")
+            if admitted:
+                event = ForkEdited(LimitsEdit(limits))
+                after, effects = transition(picked, event)
+                testing.check_transition(picked, event, after, effects)
+                seq = store.conversation(edited_id).last_seq + 1
+                store.append([Step(edited_id, seq, event, effects, after, time.time())])
+                assert replay.verify(store, fork, tree=True).ok
         assert events_of(db, root) == before  # nothing written to the source
 
 
@@ -322,10 +351,22 @@ def test_a_new_system_prompt_for_a_root_at_rest_is_recorded_at_once(tmp_path: Pa
     [
         (["--agent", "1", "--at", "1", "--task", "x", "--continue"], "TaskEdit is legal in"),
         (["--agent", "1", "--at", "1", "--reply", "R", "--continue"], "ReplyEdit is legal in"),
-        (["--agent", "1", "--at", "0", "--reply", "R"], "add --continue (nothing was written)"),
+        (["--agent", "1", "--at", "0", "--reply", "R"], "goes on: add --continue"),
         (["--at", "5", "--task", "x", "--system-file", "R"], "give at most one edit"),
         (["--at", "5", "--tool-result", "nofile"], "--tool-result takes CALL=FILE"),
         (["--at", "5", "--script", "R"], "go with --continue"),
+        (["--at", "5", "--limit", "max_rounds=nan"], "max_rounds: must be an integer"),
+        (["--at", "5", "--limit", "retry_cap=inf"], "retry_cap: must be a finite number"),
+        (["--at", "5", "--limit", "retry_cap=1e308"], "retry_cap: must be <= 3600"),
+        (["--at", "5", "--limit", "max_rounds=10000000"], "must be from 1 to 10000"),
+        (["--at", "5", "--limit", "max_turns=10"], "max_turns: unknown limit"),
+        (["--at", "5", "--limit", "max_rounds"], "--limit takes KEY=VALUE"),
+        (["--at", "5", "--limits", "J"], "max_rounds: must be an integer, got nan"),
+        (["--at", "5", "--limit", "max_rounds=3", "--task", "x"], "give at most one edit"),
+        (
+            ["--at", "2", "--limit", "max_rounds=5", "--continue"],
+            "max_rounds cannot change while this round's spawn_agents calls stand",
+        ),
     ],
 )
 def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
@@ -334,13 +375,51 @@ def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
     db, root, _ = ran(tmp_path)
     reply = tmp_path / "reply.txt"
     reply.write_text("hello")
-    args = [str(reply) if a == "R" else a for a in args]
+    limits = tmp_path / "limits.json"
+    limits.write_text('{"max_rounds": NaN}')
+    args = [str(reply) if a == "R" else str(limits) if a == "J" else a for a in args]
     before = roots(db)
     refused = run("fork", root, *args, "--db", db)
     assert refused.exit_code == 2, refused.output
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], refused.stderr
     assert roots(db) == before
+
+
+def test_a_limits_edit_goes_on_under_the_new_limits(tmp_path: Path) -> None:
+    db, root, script = ran(tmp_path)
+    before = events_of(db, root)
+    # root/1 before its first reply, allowed one round: its second is the grace round.
+    args = ["--agent", "1", "--at", "0", "--limit", "max_rounds=1", "--limit", "max_tokens=none"]
+    done = run("fork", root, *args, "--id", "l", "--continue", "--script", script, "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        child = store.load_state("l.1")
+        assert child.limits.max_rounds == 1 and child.limits.max_tokens is None
+        assert child.outcome is not None and child.outcome.result == "42"  # type: ignore[union-attr]
+        source = store.load_state(f"{root}.1")
+        assert source.limits.max_rounds == 20  # the source keeps its own
+        assert any(UserMessage(GRACE_PROMPT) == m for m in child.history)
+        assert not any(UserMessage(GRACE_PROMPT) == m for m in source.history)
+    assert run("replay", "l", "--verify", "--tree", "--db", db).exit_code == 0
+    told = run("transcript", "l", "--agent", "1", "--db", db).stdout
+    assert "edit: the limits replaced" in told and "max_rounds = 1" in told
+    assert events_of(db, root) == before
+
+
+def test_a_limits_file_for_a_root_at_rest_is_recorded_at_once(tmp_path: Path) -> None:
+    db, root, _ = ran(tmp_path)
+    limits = tmp_path / "limits.toml"
+    limits.write_text('max_rounds = 3\nchild_timeout = "none"\ncontext_modes = ["task_only"]\n')
+    args: list[str | Path] = ["--at", "5", "--limits", limits, "--limit", "max_rounds=4"]
+    done = run("fork", root, *args, "--id", "m", "--db", db)
+    assert done.exit_code == 0, done.output
+    with Store.open(db) as store:
+        state = store.load_state("m")
+        assert (state.limits.max_rounds, state.limits.child_timeout) == (4, None)
+        assert state.limits.context_modes == ("task_only",)
+        assert store.conversation("m").last_seq == 1
+    assert run("replay", "m", "--verify", "--db", db).exit_code == 0
 
 
 def _slow_then(result_latency: float) -> dict[str, Any]:

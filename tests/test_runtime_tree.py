@@ -18,6 +18,7 @@ import trio
 import trio.testing
 from runtime_helpers import open_runtime, reply, script, spawn, submit, think
 
+from fanfold import replay
 from fanfold.db import Store
 from fanfold.providers.base import CallContext, ProviderError
 from fanfold.statemachine import (
@@ -31,6 +32,7 @@ from fanfold.statemachine import (
     ModelRequest,
     SubAgentFinished,
     ToolResultMessage,
+    TurnOutcome,
 )
 from fanfold.statemachine.transition import CANCELLED_RESULT
 
@@ -347,3 +349,18 @@ async def test_a_stored_conversation_continues_in_a_new_runtime(
         "UserMessage",
         "AssistantMessage",
     ]
+
+
+async def test_a_turn_result_holds_the_outcome_enum_or_none(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    provider = script(1.0, root=[reply("done")])
+    async with open_runtime(tmp_path, provider) as runtime:
+        root = await runtime.start("go", cwd=tmp_path)
+        result = await runtime.wait(root)
+        outcome: TurnOutcome | None = result.outcome
+        assert outcome == "answered"  # a StrEnum: comparisons with the old strings hold
+        assert outcome is TurnOutcome.ANSWERED
+        # A fork of a root at rest has finished no turn: no outcome, rather than "".
+        forked = replay.fork(runtime.store, root, 2, key=runtime.key)
+        assert (await runtime.wait(forked)).outcome is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
+import sm_support as sm
 from sm_support import (
     BASH,
     READ,
@@ -26,6 +27,7 @@ from sm_support import (
 
 from fanfold.statemachine import (
     CallModel,
+    CancellingSubAgents,
     CancelReason,
     CancelRequested,
     CancelSubAgents,
@@ -33,6 +35,7 @@ from fanfold.statemachine import (
     ConversationForked,
     ErrorKind,
     Event,
+    ForkEdited,
     IllegalTransition,
     Limits,
     ModelError,
@@ -42,6 +45,7 @@ from fanfold.statemachine import (
     SpawnSubAgent,
     StartTimer,
     SubAgentFinished,
+    SystemPromptEdit,
     ToolExecuting,
     ToolFinished,
     ToolResult,
@@ -50,7 +54,7 @@ from fanfold.statemachine import (
     transition,
 )
 from fanfold.statemachine.transition import INTERRUPTED_RESULT
-from fanfold.testing import check_start
+from fanfold.testing import check_start, check_transition
 
 
 def test_resume_with_nothing_in_flight_does_nothing() -> None:
@@ -213,3 +217,32 @@ def test_a_forked_sub_agent_must_name_its_own_root() -> None:
     child = attrs.evolve(steps(root(), user("go")), id="f.1", parent_id="f", root_id="f.1", depth=1)
     with pytest.raises(IllegalTransition, match="root id does not match"):
         start(ConversationForked("f.1", "root.1", 0, child))
+
+
+@pytest.mark.parametrize(
+    "event", [RuntimeResumed(), ForkEdited(SystemPromptEdit("x"))], ids=["resume", "edit"]
+)
+def test_a_restart_that_goes_on_to_cancel_a_child_does_not_rearm_its_deadline(
+    event: RuntimeResumed | ForkEdited,
+) -> None:
+    # Found by test_fork_edits' property test (2026-11-28): a round that spawned a child
+    # with a time limit, then ran bash, then submits. A restart during bash gives bash the
+    # interrupted result and the submit ends the round, cancelling the child in the same
+    # step: the child's deadline was re-armed all the same (a timer for a child no
+    # longer running, the invariant "timers run as long as their purpose says").
+    limits = Limits(max_rounds=1, max_concurrent=1, max_depth=2, child_timeout=None)
+    child = sm.child(limits, depth=1)
+    child = sm.steps(
+        child,
+        sm.replied(
+            child,
+            sm.spawn("s", {"task": "t0", "timeout": 2}, "t1"),
+            sm.tool("b"),
+            sm.submit("d", "done"),
+        ),
+    )
+    assert isinstance(child.phase, ToolExecuting) and child.phase.current.id == "b"
+    after, effects = transition(child, event)
+    check_transition(child, event, after, effects)  # raised before the fix
+    assert isinstance(after.phase, CancellingSubAgents)
+    assert not [e for e in effects if isinstance(e, StartTimer) and "deadline" in e.purpose]

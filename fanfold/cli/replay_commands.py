@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import click
 from rich.highlighter import JSONHighlighter
@@ -34,15 +34,15 @@ from fanfold.cli.models import model_options
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
 from fanfold.cli.output import console, err_console, hint
 from fanfold.cli.python_tools import load_tools, tools_option
-from fanfold.db import DatabaseError, Step, Store
+from fanfold.db import DatabaseError, Store
 from fanfold.db.provenance import UserKey, refusal
 from fanfold.regular_files import open_regular_bytes
 from fanfold.replay import render
 from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
 from fanfold.statemachine import (
     Edit,
-    ForkEdited,
-    IllegalTransition,
+    Limits,
+    LimitsEdit,
     ModelReply,
     ReplyEdit,
     SystemPromptEdit,
@@ -50,7 +50,6 @@ from fanfold.statemachine import (
     ToolCall,
     ToolResult,
     ToolResultEdit,
-    transition,
 )
 
 # CliError prints one plain line at any width; the name stays for this module's use.
@@ -284,6 +283,22 @@ def _show_steps(
     help="Edit: the system prompt is FILE's text from the next model call on.",
 )
 @click.option(
+    "--limit",
+    "limit_texts",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Edit: the picked conversation's limit KEY (max_rounds, max_attempts, "
+    "child_timeout, max_tokens...) is VALUE from now on ('none': no limit); repeatable, "
+    "one edit with --limits.",
+)
+@click.option(
+    "--limits",
+    "limits_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Edit: the limits in FILE (a TOML table, or a .json object, of KEY = VALUE) "
+    "from now on; --limit settings override it.",
+)
+@click.option(
     "--continue",
     "go_on",
     is_flag=True,
@@ -301,6 +316,8 @@ def fork_command(
     tool_result: str | None,
     task: str | None,
     system_file: Path | None,
+    limit_texts: tuple[str, ...],
+    limits_file: Path | None,
     go_on: bool,
     script: Path | None,
     config_path: Path | None,
@@ -316,12 +333,13 @@ def fork_command(
     whole tree as it was at that moment: --continue goes on with it at once (with
     --script/--config/--profile/--model, else the source's provider), or later
     `fanfold resume`. At most one edit (--reply, --tool-result, --task,
-    --system-file) changes the picked conversation as it goes on. Prints the new
-    root's id. The source is untouched.
+    --system-file, --limit/--limits) changes the picked conversation as it goes on.
+    Prints the new root's id. The source is untouched.
     """
     from fanfold.replay.transcript import agent_id
 
-    edit = _edit(reply_file, tool_result, task, system_file)
+    settings = _limit_settings(limit_texts, limits_file)
+    edit = _edit(reply_file, tool_result, task, system_file, limits=settings is not None)
     override = None
     if (script or config_path or profile or model) and not go_on:
         raise OneLineError("--script, --config, --profile and --model go with --continue")
@@ -330,20 +348,24 @@ def fork_command(
         target = agent_id(store, conversation_id, path)
         source_root = store.conversation(target).root_id
         foreign = refusal(store.tree_record(source_root), key, store.instance_id, source_root)
-        if edit is not None:
-            rests = _check_edit(store, target, at_seq, edit)
-            if not rests and not go_on:
-                raise OneLineError(
-                    "an edit of a conversation with work in flight takes effect as the fork "
-                    "goes on: add --continue (nothing was written)"
-                )
-        forked = replay.fork(store, target, at_seq, new_id=new_id, key=key)
+        if settings is not None:
+            # The limits it had at that step, with the settings in place.
+            base = replay.state_at(store, target, at_seq).limits
+            edit = LimitsEdit(_limits_with(base, settings))
+        # One implementation with Runtime.fork: the edit checked by the reducer, the
+        # fork, and a root at rest's edit recorded at once.
+        made = replay.fork_at(
+            store,
+            conversation_id,
+            at_seq,
+            agent=path,
+            edit=edit,
+            new_id=new_id,
+            going_on=go_on,
+            key=key,
+        )
+        forked, whole_tree = made.fork_id, made.goes_on
         cwd = store.load_state(forked).cwd
-        whole_tree = len(store.tree(forked)) > 1 or not store.load_state(forked).at_rest
-        edited_id = forked + target[len(source_root) :]
-        if edit is not None and not whole_tree:
-            # A root at rest: nothing is in flight, so the edit is recorded now.
-            _record_edit(store, forked, edit)
         path_text = store.path
     click.echo(forked)
     if whole_tree and go_on:
@@ -357,10 +379,9 @@ def fork_command(
         with user_errors(log_path):
             if script or config_path or profile or model:
                 override = choose_model(script, config_path, profile, model)
-            edits = {edited_id: ForkEdited(edit)} if edit is not None else {}
             python_tools = tuple(load_tools(tool_refs))
             code = run_trio(
-                _resume_main, log_path, override, config_path, forked, edits, python_tools
+                _resume_main, log_path, override, config_path, forked, made.edits, python_tools
             )
         if code:
             raise SystemExit(code)
@@ -388,14 +409,50 @@ def fork_command(
     )
 
 
+def _limit_settings(texts: tuple[str, ...], file: Path | None) -> dict[str, Any] | None:
+    """The limit settings of ``--limits FILE`` then ``--limit KEY=VALUE`` (None: none
+    given), each value checked now (a bad one is one line before anything is read)."""
+    from fanfold.providers.config import ConfigError
+    from fanfold.providers.limits_config import limit_setting, read_limits_file
+
+    if not texts and file is None:
+        return None
+    try:
+        settings = dict(read_limits_file(file)) if file is not None else {}
+        settings.update(limit_setting(text) for text in texts)
+    except ConfigError as exc:
+        raise OneLineError(_one_line(str(exc))) from None
+    _limits_with(Limits(), settings)
+    return settings
+
+
+def _limits_with(base: Limits, settings: dict[str, Any]) -> Limits:
+    from fanfold.providers.config import ConfigError
+    from fanfold.providers.limits_config import limits_with
+
+    try:
+        return limits_with(base, settings, source="--limit/--limits")
+    except ConfigError as exc:
+        raise OneLineError(_one_line(str(exc))) from None
+
+
 def _edit(
-    reply_file: Path | None, tool_result: str | None, task: str | None, system_file: Path | None
+    reply_file: Path | None,
+    tool_result: str | None,
+    task: str | None,
+    system_file: Path | None,
+    *,
+    limits: bool = False,
 ) -> Edit | None:
     """The one edit the options ask for (files read now: a bad one is a one-line error
-    before anything is written), or None."""
+    before anything is written), or None. ``limits``: a limits edit is asked for too
+    (made once the conversation's limits at that step are read)."""
     given = [x for x in (reply_file, tool_result, task, system_file) if x is not None]
-    if len(given) > 1:
-        raise OneLineError("give at most one edit: --reply, --tool-result, --task or --system-file")
+    if len(given) + limits > 1:
+        raise OneLineError(
+            "give at most one edit: --reply, --tool-result, --task, --system-file or "
+            "--limit/--limits"
+        )
     with _errors():
         if reply_file is not None:
             return ReplyEdit(_reply(reply_file))
@@ -446,26 +503,6 @@ def _reply(file: Path) -> ModelReply:
         )
     stop = "tool_use" if made else "end_turn"
     return ModelReply(text=reply_text, tool_calls=tuple(made), stop_reason=stop)
-
-
-def _check_edit(store: Store, conversation_id: str, at_seq: int, edit: Edit) -> bool:
-    """Refuse (one line, nothing written) an edit the conversation's state at ``at_seq``
-    does not take: the reducer's own rule (the transition table's ForkEdited column).
-    True if that state is a root at rest (forked alone, the edit recorded at once)."""
-    state = replay.state_at(store, conversation_id, at_seq)
-    try:
-        transition(state, ForkEdited(edit))
-    except IllegalTransition as exc:
-        raise OneLineError(f"cannot edit {conversation_id} at seq {at_seq}: {exc.reason}") from None
-    return state.parent_id is None and state.at_rest
-
-
-def _record_edit(store: Store, conversation_id: str, edit: Edit) -> None:
-    state = store.load_state(conversation_id)
-    event = ForkEdited(edit)
-    after, effects = transition(state, event)
-    assert effects == ()  # at rest: nothing in flight to re-issue, nothing to run
-    store.append([Step(conversation_id, 1, event, effects, after, time.time(), snapshot=True)])
 
 
 # ------------------------------------------------------------------ export / import

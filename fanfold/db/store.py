@@ -958,26 +958,35 @@ class Store:
             raise UnknownConversation(conversation_id)
         return ConversationRow.from_row(rows[0])
 
-    def events(self, conversation_id: str, after_seq: int = -1) -> list[StoredEvent]:
-        """The conversation's events with seq > ``after_seq``, in order, with effects.
+    def events(
+        self, conversation_id: str, after_seq: int = -1, *, limit: int | None = None
+    ) -> list[StoredEvent]:
+        """The conversation's events with seq > ``after_seq``, in order, with effects;
+        at most ``limit`` of them (the first ones) if given.
 
         Raises ReplayError naming the seq if a row does not match its checksum."""
         checksum = "checksum" if self._checksums else "NULL AS checksum"
+        # Seqs are dense from 0: the first ``limit`` events after ``after_seq`` are
+        # those up to ``after_seq + limit``.
+        bound = "" if limit is None else " AND seq <= ?"
+        params: list[Any] = [conversation_id, after_seq]
+        if limit is not None:
+            params.append(after_seq + max(limit, 0))
         with self._transaction("BEGIN") as conn:
             self._require(conn, conversation_id)
             blobs = self._read_blobs(conn)
             events = list(
                 self._db.query(
                     f"SELECT seq, type, payload, fingerprint, at, {checksum} FROM events"
-                    " WHERE conversation_id = ? AND seq > ? ORDER BY seq",
-                    [conversation_id, after_seq],
+                    f" WHERE conversation_id = ? AND seq > ?{bound} ORDER BY seq",
+                    params,
                 )
             )
             effects = list(
                 self._db.query(
                     f"SELECT seq, idx, type, payload, {checksum} FROM effects"
-                    " WHERE conversation_id = ? AND seq > ? ORDER BY seq, idx",
-                    [conversation_id, after_seq],
+                    f" WHERE conversation_id = ? AND seq > ?{bound} ORDER BY seq, idx",
+                    params,
                 )
             )
         where = f"conversation {conversation_id!r}"

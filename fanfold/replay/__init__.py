@@ -13,11 +13,14 @@ only ever be compared, never run. No network, no model, no tools.
 - ``steps(store, id, at=, until=, tree=)``: the history one transition at a time;
   ``state_at(store, id, seq)``: the state after one event.
 - ``fork(store, id, at_seq)``: a new tree from any step of any conversation (a root at
-  rest alone; otherwise ``fork_tree``: the whole tree as it was at that moment).
+  rest alone; otherwise ``fork_tree``: the whole tree as it was at that moment);
+  ``fork_at``: the same at any agent's step, with an edit (``fanfold fork``,
+  ``Runtime.fork``).
 - ``export_jsonl`` / ``import_jsonl``: a tree's log as portable JSON Lines.
 """
 
 from fanfold.replay.errors import (
+    EditRefused,
     ForkRefused,
     ImportRefused,
     LogCorrupt,
@@ -26,7 +29,7 @@ from fanfold.replay.errors import (
     ReplayFailure,
     VersionRefused,
 )
-from fanfold.replay.fork import fork, fork_tree
+from fanfold.replay.fork import Forked, fork, fork_at, fork_tree
 from fanfold.replay.portable import (
     FORMAT,
     FORMAT_VERSION,
@@ -50,10 +53,12 @@ __all__ = [
     "FORMAT_VERSION",
     "ConversationResult",
     "Divergence",
+    "EditRefused",
     "ExportSummary",
     "Finding",
     "FindingKind",
     "ForkRefused",
+    "Forked",
     "ImportRefused",
     "LogCorrupt",
     "LogDiverged",
@@ -64,6 +69,7 @@ __all__ = [
     "VersionRefused",
     "export_jsonl",
     "fork",
+    "fork_at",
     "fork_tree",
     "import_jsonl",
     "state_at",

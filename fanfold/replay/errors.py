@@ -62,6 +62,11 @@ class ForkRefused(ReplayFailure):
         super().__init__(message)
 
 
+class EditRefused(ForkRefused):
+    """An edit does not fit the picked conversation at that seq (the reducer refuses
+    it there, or it can only take effect as the fork goes on); nothing was written."""
+
+
 class ImportRefused(ReplayFailure):
     """A JSON Lines log cannot be imported; nothing was written.
 

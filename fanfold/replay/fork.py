@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -20,18 +21,23 @@ import attrs
 from fanfold.db import Step, Store, UnknownConversation
 from fanfold.db.provenance import Origin, TreeRecord, UserKey, refusal
 from fanfold.replay.core import replay_conversation
-from fanfold.replay.errors import ForkRefused, LogCorrupt, LogDiverged, NoSuchStep
+from fanfold.replay.errors import EditRefused, ForkRefused, LogCorrupt, LogDiverged, NoSuchStep
 from fanfold.replay.report import Divergence, Finding
-from fanfold.replay.stepping import steps
+from fanfold.replay.stepping import state_at, steps
+from fanfold.replay.transcript import agent_id
 from fanfold.statemachine import (
     Conversation,
     ConversationForked,
+    Edit,
     Error,
+    ForkEdited,
     Idle,
+    IllegalTransition,
     ToolCall,
     ToolResult,
     spawn_order,
     start,
+    transition,
 )
 
 
@@ -132,6 +138,91 @@ def fork(
     tree = TreeRecord(fork_id, Origin.RUNTIME, mark=key.mark(store.instance_id, fork_id))
     store.append([Step(fork_id, 0, event, effects, forked, stamp, user_initiated=True, tree=tree)])
     return fork_id
+
+
+@attrs.frozen
+class Forked:
+    """What ``fork_at`` made.
+
+    ``fork_id`` is the new tree's root; ``edited_id`` the picked conversation's id in
+    the fork. ``goes_on``: the fork has work in flight (a tree fork), continued by
+    ``resume``; False for a root forked at rest, continued by a new user message.
+    ``edits``: the ``ForkEdited`` to deliver in place of a conversation's
+    ``RuntimeResumed`` as the fork goes on (``Runtime.resume(edits=...)``); empty if
+    there is no edit or it was recorded at once (a root at rest)."""
+
+    fork_id: str
+    edited_id: str
+    goes_on: bool
+    edits: Mapping[str, ForkEdited]
+
+
+def fork_at(
+    store: Store,
+    conversation_id: str,
+    at_seq: int,
+    *,
+    agent: str | None = None,
+    edit: Edit | None = None,
+    new_id: str | None = None,
+    going_on: bool = False,
+    now: float | None = None,
+    key: UserKey | None = None,
+) -> Forked:
+    """Fork the tree of ``conversation_id`` after step ``at_seq`` of its conversation
+    ``agent`` (a place, ``root/1/2`` or ``1/2``, or an id of that tree; None:
+    ``conversation_id`` itself), with at most one ``edit`` of that conversation.
+
+    The one implementation of ``fanfold fork`` and ``Runtime.fork``. The edit is
+    checked first against the conversation's state at ``at_seq`` with the reducer
+    itself (the transition table's ``ForkEdited`` column): one it refuses raises
+    EditRefused naming where it is legal, before anything is written. A root at rest
+    is forked alone (``fork``) and its edit recorded at once, at the fork's seq 1.
+    Anything else forks the whole tree (``fork_tree``) and the edit takes effect as
+    the fork goes on (returned in ``edits``): that needs ``going_on`` (the caller
+    continues the fork at once), else EditRefused and nothing is written, since a
+    later resume could not tell the edit's live work from what a crash interrupted.
+    Raises what ``fork`` raises, and LookupError for an ``agent`` not in the tree.
+    """
+    target = agent_id(store, conversation_id, agent)
+    if edit is not None:
+        state = state_at(store, target, at_seq)
+        try:
+            transition(state, ForkEdited(edit))
+        except IllegalTransition as exc:
+            raise EditRefused(
+                f"cannot edit {target} at seq {at_seq}: {exc.reason}",
+                conversation_id=target,
+                seq=at_seq,
+            ) from None
+        if not (state.parent_id is None and state.at_rest) and not going_on:
+            raise EditRefused(
+                "an edit of a conversation with work in flight takes effect as the fork "
+                "goes on: add --continue (Runtime.fork: go_on=True); nothing was written",
+                conversation_id=target,
+                seq=at_seq,
+            )
+    source_root = store.conversation(target).root_id
+    forked = fork(store, target, at_seq, new_id=new_id, now=now, key=key)
+    goes_on = len(store.tree(forked)) > 1 or not store.load_state(forked).at_rest
+    edited_id = forked + target[len(source_root) :]
+    edits: dict[str, ForkEdited] = {}
+    if edit is not None and goes_on:
+        edits[edited_id] = ForkEdited(edit)
+    elif edit is not None:
+        _record_edit(store, forked, edit, now)
+    return Forked(forked, edited_id, goes_on, edits)
+
+
+def _record_edit(store: Store, conversation_id: str, edit: Edit, now: float | None) -> None:
+    """Record ``edit`` of a root forked at rest, at its seq 1: nothing is in flight,
+    so it takes effect from the next turn on."""
+    state = store.load_state(conversation_id)
+    event = ForkEdited(edit)
+    after, effects = transition(state, event)
+    assert effects == ()  # at rest: nothing in flight to re-issue, nothing to run
+    stamp = time.time() if now is None else now
+    store.append([Step(conversation_id, 1, event, effects, after, stamp, snapshot=True)])
 
 
 def _exists(store: Store, conversation_id: str) -> bool:

@@ -32,6 +32,7 @@ from fanfold.statemachine import (
     Error,
     Failed,
     ForkEdited,
+    LimitsEdit,
     Message,
     ModelFailed,
     ModelReplied,
@@ -219,6 +220,12 @@ def _edit_entry(seq: int, edit: Edit) -> Entry:
             return Entry(
                 seq, "edit", label=f"the result of {result.tool_call_id} given by the user"
             )
+        case LimitsEdit(limits=limits):
+            text = "\n".join(
+                f"{field.name} = {getattr(limits, field.name)!r}"
+                for field in attrs.fields(type(limits))
+            )
+            return Entry(seq, "edit", text, label="the limits replaced")
     return Entry(seq, "edit")  # pragma: no cover - the edits are exhausted
 
 

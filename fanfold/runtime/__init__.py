@@ -12,6 +12,7 @@ from fanfold.runtime.runtime import (
     SkippedTree,
     StepObserver,
     TreeNode,
+    TreeStep,
     TurnResult,
     resume_plan,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "SkippedTree",
     "StepObserver",
     "TreeNode",
+    "TreeStep",
     "TurnResult",
     "UnknownConversation",
     "UntrustedTree",

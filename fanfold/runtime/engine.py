@@ -47,12 +47,19 @@ class Engine:
 
     ``run`` is the engine's task (in the runtime's nursery); ``ready`` is called, from
     any task, when a conversation's inbox got something. ``after_round`` is called after
-    each round that committed a batch, and before the engine waits for work.
+    each round that committed a batch, and before the engine waits for work;
+    ``after_commit`` after each committed batch (and its callbacks), only then.
     """
 
-    def __init__(self, writer: LogWriter, after_round: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        writer: LogWriter,
+        after_round: Callable[[], None] = lambda: None,
+        after_commit: Callable[[], None] = lambda: None,
+    ) -> None:
         self.writer = writer
         self._after_round = after_round
+        self._after_commit = after_commit
         writer.wake = self._wake
         self._ready: deque[Actor] = deque()
         self._waiter: trio.lowlevel.Task | None = None
@@ -98,6 +105,7 @@ class Engine:
                 # In a function of its own so that nothing of the batch stays alive in
                 # this frame between rounds (see LogWriter.write_batch).
                 await writer.write_batch()
+                self._after_commit()
                 # The log lines of the steps just committed and of the effects they
                 # started (and of the calls that ended meanwhile): one write and one
                 # flush per round, not per line (see fanfold.runtime.logging).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import heapq
 import os
 import sqlite3
 import time
@@ -15,7 +16,15 @@ from typing import Any, Protocol, cast
 import attrs
 import trio
 
-from fanfold.db import ConversationRow, DatabaseError, Step, Store, UnknownConversation
+from fanfold.db import (
+    ConversationRow,
+    DatabaseError,
+    Step,
+    Store,
+    StoreClosed,
+    StoredEvent,
+    UnknownConversation,
+)
 from fanfold.db.codec import clear_memo
 from fanfold.db.fingerprint import clear_cache as clear_fingerprint_cache
 from fanfold.db.provenance import Origin, TreeRecord, UntrustedTree, UserKey, refusal
@@ -34,19 +43,26 @@ from fanfold.statemachine import (
     CancelRequested,
     Conversation,
     ConversationCreated,
+    ConversationForked,
+    Edit,
     Effect,
     Event,
     ForkEdited,
+    IllegalTransition,
     Limits,
+    Phase,
     RuntimeResumed,
     SpawnSubAgent,
     SubAgentFinished,
+    TurnOutcome,
     UserMessaged,
     spawn_order,
     start,
+    transition,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
 from fanfold.statemachine.delegation import capped_limits, child_setup
+from fanfold.statemachine.state import tree_path
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.registry import ToolSet
@@ -150,10 +166,16 @@ class NotAtRest(ValueError):
 
 @attrs.frozen
 class TurnResult:
-    """How a root's turn or a sub-agent's life ended."""
+    """How a root's turn or a sub-agent's life ended.
+
+    ``outcome`` is the ``TurnOutcome`` of the latest finished turn (a ``StrEnum``, so
+    ``result.outcome == "answered"`` still holds), or None for a conversation at rest
+    that has finished no turn yet (a fork of a root at rest, before its first message).
+    ``text`` is that turn's answer or error ("" with no turn); ``phase`` the name of
+    the conversation's phase."""
 
     conversation_id: str
-    outcome: str
+    outcome: TurnOutcome | None
     text: str
     phase: str
 
@@ -181,6 +203,48 @@ class TreeNode:
 
     state: Conversation
     children: tuple[TreeNode, ...]
+
+
+@attrs.frozen
+class TreeStep:
+    """One committed step of a tree, as ``Runtime.events`` yields it.
+
+    ``path`` is the conversation's place (``root``, ``root/1/2``); ``event`` and
+    ``effects`` are what the log holds at ``seq``; ``at`` its logged time. ``phase``
+    is the conversation's phase after the step, folded by the reducer from its seq
+    0, or None from a step today's reducer does not reproduce on (a log of an older
+    fanfold: the event itself is still given)."""
+
+    conversation_id: str
+    path: str
+    seq: int
+    event: Event
+    effects: tuple[Effect, ...]
+    phase: Phase | None
+    at: float
+
+
+EVENTS_PAGE = 512
+"""The most steps ``Runtime.events`` reads from the log at once (see there)."""
+
+
+class _Commits:
+    """Tells the readers of the log that a batch was committed: one ``trio.Event``
+    set and replaced per batch. Its cost to the engine is the same whatever the
+    number of readers or how far behind they are: it holds no step for anyone."""
+
+    def __init__(self) -> None:
+        self.signal = trio.Event()
+        self.closed = False
+        self.store_closed = False
+
+    def committed(self) -> None:
+        self.signal.set()
+        self.signal = trio.Event()
+
+    def close(self) -> None:
+        self.closed = True
+        self.committed()
 
 
 def _runner(tools: ToolRunner | Iterable[Tool | Callable[..., Any]]) -> ToolRunner:
@@ -251,7 +315,8 @@ class Runtime:
         self.provider = provider
         self.tools = tools
         self.writer = writer
-        self.engine = Engine(writer, flush_log_lines)
+        self._commits = _Commits()
+        self.engine = Engine(writer, flush_log_lines, self._commits.committed)
         """Folds, commits and starts the effects of every ready conversation."""
         self.limits = limits
         self.system_prompt = system_prompt
@@ -422,6 +487,7 @@ class Runtime:
         memory = str(database) == ":memory:"
         store = Store.memory() if memory else Store.open(database)
         presence = None
+        runtime: Runtime | None = None
         tuned = gc_policy == "tuned"
         if tuned:
             _tune_collector()
@@ -455,7 +521,11 @@ class Runtime:
                     yield runtime
                 finally:
                     nursery.cancel_scope.cancel()
+                    # ``events`` readers end (nothing more will be committed here).
+                    runtime._commits.close()
         finally:
+            if runtime is not None:
+                runtime._commits.store_closed = True  # readers stop before the store goes
             flush_log_lines()
             if tuned:
                 _untune_collector()
@@ -640,9 +710,123 @@ class Runtime:
             state, turn = actor.state, actor.last_turn
         return TurnResult(
             conversation_id=conversation_id,
-            outcome=turn.outcome if turn else "",
+            outcome=turn.outcome if turn else None,
             text=turn.text if turn else "",
             phase=type(state.phase).__name__,
+        )
+
+    async def events(self, tree_id: str, *, phases: bool = True) -> AsyncIterator[TreeStep]:
+        """The committed steps of the tree of ``tree_id`` (its root or any of its
+        conversations), as they are committed: an async iterator of ``TreeStep``.
+
+        It yields the steps already in the log (from every conversation's seq 0, so a
+        reader that starts mid-run misses nothing), then each new one once it is
+        committed, every step once, in seq order per conversation (and across
+        conversations, in logged time within what it reads at once). It ends when
+        every conversation of the tree is at rest in the log (a root Idle or in
+        Error, its sub-agents ended) and all their steps were given, when this
+        runtime closes, or when the reader stops (``break``, a cancel). A tree at
+        rest ends it after its logged steps: to follow a further turn, call it again
+        once ``send`` has returned (the turn is then in the log, the tree running).
+
+        ``phases``: fold each conversation through the reducer from its seq 0 to give
+        the phase after each step (``TreeStep.phase``); False gives None and spares
+        that work (as much CPU as the run's own folds, in this process).
+
+        Back-pressure: the reader reads the log, not a queue. The engine sets one
+        ``trio.Event`` per committed batch and buffers nothing for readers; a reader
+        wakes, reads what was committed since it last read (at most ``EVENTS_PAGE``
+        steps at a time) from the database, and yields it. A slow or paused reader
+        only falls behind in the log, holding no more than a page, and a cancelled
+        one leaves the run as it was. A reader that keeps up shares this process's
+        CPU and the store's lock with the run (DESIGN.md gives the cost measured).
+        Only this runtime's commits wake it: a tree another process is running is
+        read again when this runtime commits or closes.
+
+        Raises UnknownConversation for an unknown id; a damaged row raises what
+        ``Store.events`` raises (ReplayError naming the seq).
+        """
+        root = self.store.conversation(tree_id).root_id
+        seen: dict[str, int] = {}  # conversation -> last seq given
+        states: dict[str, Conversation | None] = {}  # folded; None: not reproduced
+        while True:
+            signal, closed = self._commits.signal, self._commits.closed
+            if self._commits.store_closed:
+                return  # the runtime is gone: what it committed is in the log
+            try:
+                if self.writer.threaded:
+                    # In a worker thread, like the writes: a read that waits for the
+                    # store's lock while a batch is written never stops the event loop.
+                    rows, read = await trio.to_thread.run_sync(self._read_page, root, seen)
+                else:
+                    rows, read = self._read_page(root, seen)
+            except StoreClosed:
+                return  # the runtime closed while this read waited for the lock
+            pages: list[list[TreeStep]] = []
+            for conversation_id, stored in read:
+                pages.append(
+                    [self._tree_step(conversation_id, root, s, states, phases) for s in stored]
+                )
+                seen[conversation_id] = stored[-1].seq
+            budget = EVENTS_PAGE - sum(len(stored) for _, stored in read)
+            # heapq.merge keeps each conversation's own order whatever the times say.
+            for step in heapq.merge(*pages, key=lambda s: s.at):
+                yield step
+            if budget <= 0:
+                continue  # more is committed: read on before waiting
+            caught_up = all(seen.get(row.id, -1) >= row.last_seq for row in rows)
+            if caught_up and (closed or all(row.status != "running" for row in rows)):
+                return
+            await signal.wait()
+
+    def _read_page(
+        self, root: str, seen: Mapping[str, int]
+    ) -> tuple[list[ConversationRow], list[tuple[str, list[StoredEvent]]]]:
+        """The tree's rows, and the events after ``seen`` of those with new ones: at
+        most ``EVENTS_PAGE`` events in all, by conversation in creation order."""
+        rows = self.store.tree(root)
+        budget = EVENTS_PAGE
+        read: list[tuple[str, list[StoredEvent]]] = []
+        for row in rows:
+            after = seen.get(row.id, -1)
+            if row.last_seq <= after or budget <= 0:
+                continue
+            stored = self.store.events(row.id, after, limit=budget)
+            if stored:
+                budget -= len(stored)
+                read.append((row.id, stored))
+        return rows, read
+
+    @staticmethod
+    def _tree_step(
+        conversation_id: str,
+        root: str,
+        stored: StoredEvent,
+        states: dict[str, Conversation | None],
+        phases: bool,
+    ) -> TreeStep:
+        """``stored`` as a TreeStep, its phase folded from the conversation's state
+        before it (``states``, updated), if ``phases``."""
+        after: Conversation | None = None
+        if phases:
+            before = states.get(conversation_id)
+            forked_or_created = isinstance(stored.event, ConversationCreated | ConversationForked)
+            try:
+                if stored.seq == 0 and forked_or_created:
+                    after, _ = start(stored.event)  # type: ignore[arg-type]
+                elif before is not None and not forked_or_created:
+                    after, _ = transition(before, stored.event)
+            except IllegalTransition:
+                after = None  # a log this reducer does not reproduce: no phase from here on
+            states[conversation_id] = after
+        return TreeStep(
+            conversation_id=conversation_id,
+            path=tree_path(conversation_id, root),
+            seq=stored.seq,
+            event=stored.event,
+            effects=stored.effects,
+            phase=None if after is None else after.phase,
+            at=stored.at,
         )
 
     def state(self, conversation_id: str) -> Conversation:
@@ -764,6 +948,60 @@ class Runtime:
         for conversation_id in resumed:
             self._redeliver_outcomes(self._actors[conversation_id].state)
         return resumed
+
+    async def fork(
+        self,
+        conversation_id: str,
+        at_seq: int,
+        *,
+        agent: str | None = None,
+        edit: Edit | None = None,
+        new_id: str | None = None,
+        go_on: bool = False,
+    ) -> str:
+        """Fork a tree after step ``at_seq`` of one of its conversations; returns the
+        new tree's root id. ``fanfold fork`` with its options, as one implementation
+        (``replay.fork_at``).
+
+        ``conversation_id`` is a tree's root or any conversation of it; ``agent`` the
+        conversation whose step is meant: a place (``root``, ``root/1/2``, ``1/2``) or
+        an id of that tree (None: ``conversation_id`` itself). ``edit`` changes that
+        conversation as the fork goes on: ``ReplyEdit``, ``ToolResultEdit``,
+        ``TaskEdit``, ``SystemPromptEdit`` or ``LimitsEdit``; one the reducer refuses
+        at that step raises ``replay.EditRefused`` naming where it is legal, and
+        nothing is written.
+
+        A root at rest is forked alone (its edit recorded at once): go on with
+        ``send``. Any other step forks the whole tree as it was at that moment; with
+        ``go_on`` it is continued at once on this runtime (its provider and tools),
+        as ``fanfold fork --continue`` does: ``resume`` of the fork, the edit
+        delivered in place of that conversation's ``RuntimeResumed``. Without
+        ``go_on`` it waits in the log for a ``resume``; an edit then is refused
+        (EditRefused): it takes effect only as the fork goes on. Wait for the fork
+        with ``wait(fork_id)``; follow it with ``events(fork_id)``.
+
+        Also raises ``replay.ForkRefused`` (a tree another user or machine wrote,
+        forked elsewhere than at a root's rest; ``new_id`` taken),
+        ``replay.NoSuchStep``, ``replay.LogDiverged``, ``replay.LogCorrupt``,
+        UnknownConversation, and LookupError for an ``agent`` not in the tree. The
+        source tree is never written.
+        """
+        from fanfold.replay.fork import fork_at  # loaded when used: not at start-up
+
+        made = fork_at(
+            self.store,
+            conversation_id,
+            at_seq,
+            agent=agent,
+            edit=edit,
+            new_id=new_id,
+            going_on=go_on,
+            now=self.now(),
+            key=self.key,
+        )
+        if go_on and made.goes_on:
+            await self.resume([made.fork_id], edits=made.edits)
+        return made.fork_id
 
     # ---------------------------------------------------------------- for actors and the engine
 

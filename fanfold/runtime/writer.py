@@ -58,6 +58,11 @@ class LogWriter:
         self.wake()
 
     @property
+    def threaded(self) -> bool:
+        """Whether batches are written from a worker thread (a file database)."""
+        return self._threaded
+
+    @property
     def pending(self) -> bool:
         """Whether steps are queued and not yet committed."""
         return bool(self._callbacks)

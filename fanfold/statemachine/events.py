@@ -196,7 +196,16 @@ class SystemPromptEdit:
     system_prompt: str
 
 
-Edit = ReplyEdit | ToolResultEdit | TaskEdit | SystemPromptEdit
+@attrs.frozen
+class LimitsEdit:
+    """Edit: the conversation runs under these limits from now on (its next rounds,
+    retries, spawns and fan-in). Legal only where they admit the conversation as it is
+    (see the transition table's ``ForkEdited`` column)."""
+
+    limits: Limits
+
+
+Edit = ReplyEdit | ToolResultEdit | TaskEdit | SystemPromptEdit | LimitsEdit
 
 
 @attrs.frozen

@@ -268,7 +268,11 @@ for _terminal in ("Completed", "Failed"):
 
 # ForkEdited (issue 24): a forked conversation goes on with the user's edit in place of
 # what was in flight: what RuntimeResumed re-issues, and the edit, in one step.
-_PROMPT = "SystemPromptEdit: the new prompt, then as RuntimeResumed"
+_PROMPT = (
+    "SystemPromptEdit: the new prompt, then as RuntimeResumed; LimitsEdit: the new "
+    "limits if they admit it as it is (rounds taken, attempt in flight, a spawning "
+    "round's limits, running and queued children), then as RuntimeResumed, else raise"
+)
 _EDIT_ELSEWHERE = "other edits: raise"
 _FORK_EDITS = {
     "Idle": _cell("Idle", f"{_PROMPT} (nothing in flight); {_EDIT_ELSEWHERE}", IllegalTransition),

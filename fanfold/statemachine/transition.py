@@ -90,6 +90,7 @@ from fanfold.statemachine.events import (
     ConversationForked,
     Event,
     ForkEdited,
+    LimitsEdit,
     ModelFailed,
     ModelReplied,
     ReplyEdit,
@@ -1544,9 +1545,8 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
             current=current, remaining=remaining, results=results, children=children
         ):
             result = _tool_error(current, INTERRUPTED_RESULT)
-            return _after(
-                tuple(effects), _run_tools(state, remaining, (*results, result), children)
-            )
+            then = _run_tools(state, remaining, (*results, result), children)
+            return _after(_still_armed(effects, then[0]), then)
         case AwaitingSubAgents(children=Children(summary=Summary() as summary)):
             if summary.call is not None:
                 effects.append(CallModel(summary.call, summary.attempt))
@@ -1575,6 +1575,12 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
         case SystemPromptEdit(system_prompt=text), _:
             # From the next model call on; one in flight is issued again with it.
             return _on_resume(state.evolve(system_prompt=text), RuntimeResumed())
+        case LimitsEdit(limits=limits), _:
+            problem = limits_edit_problem(state, limits)
+            if problem is not None:
+                raise IllegalTransition(state, event, problem)
+            # From now on; what is in flight is issued again under them.
+            return _on_resume(state.evolve(limits=limits), RuntimeResumed())
         case TaskEdit(task=task), LlmRequesting() | AwaitingRetry() if (
             state.is_sub_agent
             and state.rounds <= 1
@@ -1601,6 +1607,7 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
         "ToolResultEdit": "ToolExecuting (a tool call running)",
         "TaskEdit": "a sub-agent's LlmRequesting or AwaitingRetry before its first reply",
         "SystemPromptEdit": "any phase but Completed and Failed",
+        "LimitsEdit": "any phase but Completed and Failed",
     }
     raise IllegalTransition(
         state,
@@ -1610,13 +1617,109 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
     )
 
 
+def limits_edit_problem(state: Conversation, limits: Limits) -> str | None:
+    """Why ``limits`` cannot replace ``state``'s limits where it is (None: they can).
+
+    New limits apply from now on, so they must admit what has already happened: the
+    rounds taken, the attempt in flight or awaited, a summary retry's recorded delay,
+    the children running now, and a round's token shares (cut from the old budget).
+    Anything else they change takes effect at the next round, retry, spawn or fan-in.
+    """
+    old, phase = state.limits, state.phase
+    if can_spawn(state.depth, limits) != can_spawn(state.depth, old):
+        # Whether spawn_agents is among its tools was settled at its creation.
+        return (
+            f"max_depth {limits.max_depth} would change whether it may spawn sub-agents at "
+            f"depth {state.depth} (its tools are fixed; max_depth is {old.max_depth})"
+        )
+    if limits.max_rounds < state.rounds:
+        return f"max_rounds {limits.max_rounds} is below the {state.rounds} rounds it has taken"
+    grace = isinstance(phase, LlmRequesting | AwaitingRetry) and phase.grace
+    if grace and limits.max_rounds != old.max_rounds:
+        # The grace round is the one past max_rounds: its meaning would change under it.
+        return f"max_rounds cannot change in the grace round (it is {old.max_rounds})"
+    attempts = []
+    if isinstance(phase, LlmRequesting):
+        attempts.append(phase.attempt)
+    if isinstance(phase, AwaitingRetry):
+        attempts.append(phase.next_attempt)
+    children = state.children
+    summary = children.summary if children is not None else None
+    if summary is not None and summary.in_flight is not None:
+        attempts.append(summary.attempt)
+    if attempts and limits.max_attempts < max(attempts):
+        return (
+            f"max_attempts {limits.max_attempts} is below the attempt in flight ({max(attempts)})"
+        )
+    waits = summary.delay if summary is not None and summary.timer is not None else None
+    if waits is not None and waits > limits.retry_cap:
+        return (
+            f"retry_cap {limits.retry_cap:g} is below the summary retry's recorded "
+            f"delay ({waits:g}s)"
+        )
+    if _round_spawned(state):
+        # This round's spawn_agents calls were answered under the old limits (each
+        # child's rounds, time limit, token share; the tasks accepted): they stay
+        # until the round ends, at its fan-in.
+        changed = [name for name in _SPAWN_LIMITS if getattr(limits, name) != getattr(old, name)]
+        if changed:
+            return (
+                f"{', '.join(changed)} cannot change while this round's spawn_agents "
+                "calls stand (edit a step before or after the round)"
+            )
+    if children is not None and children.pending:
+        if limits.max_concurrent < children.running:
+            return (
+                f"max_concurrent {limits.max_concurrent} is below the {children.running} "
+                "children running"
+            )
+        if any(not p.started for p in children.pending) and (
+            limits.max_concurrent != old.max_concurrent
+        ):
+            # Queued children start as slots free up under the limit they queued for.
+            return "max_concurrent cannot change while a round has children queued"
+    return None
+
+
+_SPAWN_LIMITS = (
+    "max_rounds",
+    "max_tasks_per_call",
+    "max_depth",
+    "child_timeout",
+    "max_tokens",
+    "context_modes",
+)
+"""The limits a ``spawn_agents`` call is answered under."""
+
+
+def _round_spawned(state: Conversation) -> bool:
+    """Whether ``state`` is in a tool round whose reply called ``spawn_agents``."""
+    if not isinstance(state.phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents):
+        return False
+    for message in reversed(state.history):
+        if isinstance(message, AssistantMessage):
+            return any(call.name == SPAWN_AGENTS for call in message.tool_calls)
+    return False  # pragma: no cover - a tool round follows a reply
+
+
 def _edited(before: Conversation, edited: Transition) -> Transition:
     """The edit's step, after what a restart re-issues of ``before`` (its time limit,
     its round's children), unless the edit ended it."""
     after, effects = edited
     if after.is_terminal:
         return after, effects
-    return after, (*_resume_prelude(before), *effects)
+    return after, (*_still_armed(_resume_prelude(before), after), *effects)
+
+
+def _still_armed(prelude: list[Effect], after: Conversation) -> tuple[Effect, ...]:
+    """``prelude`` (what a restart re-issues) without the timers that the same step
+    disarmed: a child's deadline once the step went on to cancel that child (a
+    ``submit_result`` after an interrupted tool), which ``after`` no longer holds."""
+    children = after.children
+    armed = {after.deadline_timer}
+    if children is not None:
+        armed.update(p.deadline_timer for p in children.pending)
+    return tuple(e for e in prelude if not (isinstance(e, StartTimer) and e.timer not in armed))
 
 
 def fold(
