@@ -378,7 +378,12 @@ class Actor:
                 # when the conversation may have moved on.
                 self._start(call, _ModelCall(effect, model_request(self.state)), attempt)
             case RunTool(call=call):
-                self._start(call, effect, 0)
+                if self.runtime.answers_in_process(effect.tool_call.name):
+                    # No I/O, nothing to wait for or cancel: answered now, without a
+                    # task (its ToolFinished is folded in the engine's next round).
+                    self.deliver(self._answer_tool(effect))
+                else:
+                    self._start(call, effect, 0)
             case ScheduleRetry(timer=timer) | StartTimer(timer=timer):
                 self._timers[timer] = self.runtime.timers.start(
                     self._remaining(effect), self._timer_fired, timer
@@ -605,7 +610,9 @@ class Actor:
                 **fields,
             )
 
-    async def _run_tool(self, effect: RunTool) -> Event:
+    def _tool_refusal(self, effect: RunTool) -> ToolFinished | None:
+        """The error result of a tool call that may not run where it would (outside
+        the project, or through a symbolic link to a path its rules refuse)."""
         call: ToolCall = effect.tool_call
         outside = self.runtime.tool_cwd_problem(self.state, effect.cwd)
         if outside is not None:
@@ -613,8 +620,29 @@ class Actor:
         linked = _refused_through_a_link(self.state, call, effect.cwd)
         if linked is not None:
             return ToolFinished(effect.call, ToolResult(call.id, call.name, linked, True))
+        return None
+
+    def _answer_tool(self, effect: RunTool) -> Event:
+        """A call the tool runner answers in-process (``AnswersInProcess``), answered
+        at once, with the same checks, log line and redaction as ``_run_tool``."""
+        refused = self._tool_refusal(effect)
+        if refused is not None:
+            return refused
+        call: ToolCall = effect.tool_call
         started = time.perf_counter()
-        outcome = "ok"
+        try:
+            confined = confines_commands(self.state.permissions)
+            result = self.runtime.answer_tool(call, effect.cwd, confined=confined)
+        except Exception as exc:
+            return self._tool_crashed(effect, started, exc)
+        return self._tool_finished(effect, started, result, "ok")
+
+    async def _run_tool(self, effect: RunTool) -> Event:
+        refused = self._tool_refusal(effect)
+        if refused is not None:
+            return refused
+        call: ToolCall = effect.tool_call
+        started = time.perf_counter()
         try:
             if confines_commands(self.state.permissions):
                 # The agent runs bash through allow patterns only: its git must not
@@ -623,15 +651,24 @@ class Actor:
             else:
                 result = await self.runtime.tools.run(call, effect.cwd)
         except Exception as exc:
-            # A tool must return error results for bad input; this one crashed. The
-            # model still gets a result so the conversation can go on.
-            self.log.error("tool raised", tool=call.name, exc_info=exc)
-            result = ToolResult(call.id, call.name, f"tool crashed: {_describe(exc)}", True)
-            outcome = "crashed"
+            return self._tool_crashed(effect, started, exc)
+        return self._tool_finished(effect, started, result, "ok")
+
+    def _tool_crashed(self, effect: RunTool, started: float, exc: Exception) -> Event:
+        # A tool must return error results for bad input; this one crashed. The
+        # model still gets a result so the conversation can go on.
+        call: ToolCall = effect.tool_call
+        self.log.error("tool raised", tool=call.name, exc_info=exc)
+        result = ToolResult(call.id, call.name, f"tool crashed: {_describe(exc)}", True)
+        return self._tool_finished(effect, started, result, "crashed")
+
+    def _tool_finished(
+        self, effect: RunTool, started: float, result: ToolResult, outcome: str
+    ) -> Event:
         if self._log_lifecycle:
             if outcome == "ok" and result.is_error:
                 outcome = "error"
-            self._log_tool_call(effect.call, call.name, started, outcome)
+            self._log_tool_call(effect.call, effect.tool_call.name, started, outcome)
         return ToolFinished(
             effect.call, attrs.evolve(result, content=self.runtime.redact(result.content))
         )

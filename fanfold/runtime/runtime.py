@@ -41,6 +41,8 @@ from fanfold.statemachine import (
     RuntimeResumed,
     SpawnSubAgent,
     SubAgentFinished,
+    ToolCall,
+    ToolResult,
     UserMessaged,
     spawn_order,
     start,
@@ -48,7 +50,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine.agent_defs import AgentDefinition, with_reading_tools
 from fanfold.statemachine.delegation import capped_limits, child_setup
 from fanfold.statemachine.permissions import MCP_PREFIX
-from fanfold.tools.base import ToolRunner
+from fanfold.tools.base import AnswersInProcess, ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import NO_REDACTION, EnvPolicy
@@ -787,6 +789,21 @@ class Runtime:
         """Why no tool may run in ``cwd`` for ``state`` (see ``outside_project``)."""
         project = self.project_cwd(state.root_id)
         return None if cwd == project else outside_project(cwd, project)
+
+    def answers_in_process(self, name: str) -> bool:
+        """Whether the tool runner answers a call to ``name`` in-process (no I/O, no
+        waiting: ``think``), so the call needs no task (``AnswersInProcess``)."""
+        # Asked of ``tools`` as it is now (an application may swap the runner).
+        in_process = getattr(self.tools, "in_process", None)
+        return in_process is not None and in_process(name) is True
+
+    def answer_tool(self, call: ToolCall, cwd: str, *, confined: bool) -> ToolResult:
+        """The tool runner's in-process answer to ``call`` (see ``answers_in_process``);
+        ``confined`` is passed on only when True, as ``run`` gets it."""
+        answerer = cast(AnswersInProcess, self.tools)
+        if confined:
+            return answerer.answer(call, cwd, confined=True)
+        return answerer.answer(call, cwd)
 
     def unloaded(self, actor: Actor) -> None:
         """The actor's conversation is settled (at rest, all committed, nothing
