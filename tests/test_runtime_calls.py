@@ -4,6 +4,7 @@ worker, aborted where it is, and idle workers are retired when not wanted."""
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Awaitable
 from typing import Any
 
 import trio
@@ -24,14 +25,22 @@ class Caller:
         self.ended: list[tuple[int, Any]] = []
         self.tasks: list[trio.lowlevel.Task] = []
 
-    async def perform(self, call: Call) -> str:
+    def perform(self, call: Call) -> Awaitable[str]:
         self.performed.append(call.number)
         self.tasks.append(trio.lowlevel.current_task())
+        return self._sleep(call)
+
+    async def _sleep(self, call: Call) -> str:
         await trio.sleep(call.request)
+        if call.effect == "raise":
+            raise ValueError(f"failed {call.number}")
         return f"result {call.number}"
 
-    def call_ended(self, call: Call, event: Any) -> None:
-        self.ended.append((call.number, event))
+    def call_done(self, call: Call, value: Any) -> None:
+        self.ended.append((call.number, value))
+
+    def call_failed(self, call: Call, error: Exception) -> None:
+        self.ended.append((call.number, repr(error)))
 
 
 async def test_a_call_runs_on_an_idle_worker(autojump_clock: object) -> None:
@@ -100,6 +109,19 @@ async def test_workers_are_kept_only_while_wanted(autojump_clock: object) -> Non
         calls.trim(1)  # one conversation still loaded
         await trio.testing.wait_all_tasks_blocked()
         assert calls.workers == 1 and len(nursery.child_tasks) == 1
+        calls.trim(0)
+
+
+async def test_what_a_call_raises_goes_to_its_caller(autojump_clock: object) -> None:
+    caller = Caller()
+    async with trio.open_nursery() as nursery:
+        calls = Calls(nursery.start_soon)
+        calls.start(Call(caller, 1, "raise", 1.0, 1), CONTEXT)
+        await trio.sleep(2)
+        assert caller.ended == [(1, "ValueError('failed 1')")]
+        calls.start(Call(caller, 2, None, 1.0, 1), CONTEXT)  # the worker goes on
+        await trio.sleep(2)
+        assert caller.ended[-1] == (2, "result 2") and calls.workers == 1
         calls.trim(0)
 
 

@@ -35,6 +35,7 @@ import trio
 from fanfold.db import Step
 from fanfold.providers.base import (
     CallContext,
+    ProviderContractError,
     ProviderError,
     StreamProgress,
     check_error,
@@ -101,6 +102,7 @@ def tree_path(state: Conversation) -> str:
 # Shared empty mappings, never written to: most conversations never need their own.
 _NO_CALLS: dict[int, Call] = {}
 _NO_TIMERS: dict[int, float] = {}
+_NO_TIMER_OBJECTS: dict[int, Timer] = {}
 
 
 class Actor:
@@ -109,6 +111,37 @@ class Actor:
     ``state`` and ``seq`` are the committed state and its seq; the reducer may already
     have moved further (steps handed to the writer but not yet committed).
     """
+
+    # Slots: a thousand waiting sub-agents are a thousand actors. ``__dict__`` is made
+    # only if something sets another attribute (a test replacing a method): a
+    # pointer per actor until then.
+    __slots__ = (
+        "__dict__",
+        "_at_rest_event",
+        "_call",
+        "_context",
+        "_head",
+        "_head_seq",
+        "_inbox",
+        "_log",
+        "_log_lifecycle",
+        "_log_transitions",
+        "_logged",
+        "_more",
+        "_path",
+        "_snapshot_asked",
+        "_snapshot_size",
+        "_timer",
+        "_timers",
+        "_timers_started",
+        "_uncommitted",
+        "_unloaded",
+        "last_turn",
+        "queued",
+        "runtime",
+        "seq",
+        "state",
+    )
 
     def __init__(
         self,
@@ -137,8 +170,9 @@ class Actor:
         self._snapshot_size: int | None = None if created else 0
         self._snapshot_asked = False
         # A list, not a deque: it is drained whole each round, and an empty deque
-        # costs 600 bytes (a block of 64 slots) per loaded conversation.
-        self._inbox: list[Event | _Submission] = []
+        # costs 600 bytes (a block of 64 slots) per loaded conversation. None while
+        # empty (most conversations wait with nothing queued): an empty list is 56.
+        self._inbox: list[Event | _Submission] | None = None
         self.queued = False
         """Whether the engine has this actor in its ready queue (see ``Engine.ready``)."""
         self._unloaded = False
@@ -146,7 +180,11 @@ class Actor:
         # still unwinds (see ``_start``).
         self._call: Call | None = None
         self._more: dict[int, Call] = _NO_CALLS
-        self._timers: dict[int, Timer] = {}  # timers started and not fired nor aborted
+        # The timers started and not fired nor aborted: the first in a slot (a
+        # sub-agent mostly has one, its time limit), more in a dict (a parent's
+        # backstops for its children), made when needed: a dict of one is 230 bytes.
+        self._timer: Timer | None = None
+        self._timers: dict[int, Timer] = _NO_TIMER_OBJECTS
         # For a resumed conversation: when each timer it had started before the restart
         # was first started (the ``at`` of that step), so a re-issued timer keeps its
         # original deadline instead of starting over.
@@ -198,13 +236,19 @@ class Actor:
 
     def deliver(self, event: Event) -> None:
         """Queue an event produced by the runtime (results, timers, other conversations)."""
-        self._inbox.append(event)
+        if self._inbox is None:
+            self._inbox = [event]
+        else:
+            self._inbox.append(event)
         self._wake()
 
     async def submit(self, event: Event) -> None:
         """Queue an API event and wait until it is committed; re-raise a rejection."""
         submission = _Submission(event)
-        self._inbox.append(submission)
+        if self._inbox is None:
+            self._inbox = [submission]
+        else:
+            self._inbox.append(submission)
         self._wake()
         await submission.done.wait()
         if submission.error is not None:
@@ -219,7 +263,7 @@ class Actor:
         every step committed (its effects executed) and nothing queued."""
         items = self._inbox
         if items:
-            self._inbox = []
+            self._inbox = None
             self._steps(items)
         elif self.settled:
             self._unload()
@@ -372,9 +416,13 @@ class Actor:
                 else:
                     self._start(call, effect, None, 0)
             case ScheduleRetry(timer=timer) | StartTimer(timer=timer):
-                self._timers[timer] = self.runtime.timers.start(
-                    self._remaining(effect), self._timer_fired, timer
-                )
+                started = self.runtime.timers.start(self._remaining(effect), self, timer)
+                if self._timer is None:
+                    self._timer = started
+                else:
+                    if self._timers is _NO_TIMER_OBJECTS:
+                        self._timers = {}
+                    self._timers[timer] = started
             case AbortCall(call=call):
                 self._abort(call)
             case SpawnSubAgent():
@@ -409,20 +457,81 @@ class Actor:
             self._more[number] = call
         self.runtime.calls.start(call, self._context)
 
-    def perform(self, call: Call) -> Awaitable[Event]:
-        """What a worker runs for ``call`` (``calls.Caller``): the model call or the
-        tool, returning its event."""
+    def perform(self, call: Call) -> Awaitable[Any]:
+        """What a worker awaits for ``call`` (``calls.Caller``): a tool's run (its
+        event), or the provider's ``complete`` (its reply, made an event by
+        ``call_done`` or ``call_failed``): no coroutine of the runtime's own stays
+        alive while a model call waits."""
         if call.request is None:
             return self._run_tool(call.effect)
-        return self._call_model(call.effect, call.request, call.attempt)
+        state = self.state
+        on_progress = self.runtime.on_progress
+        if self._log_lifecycle:
+            call.note = _CallLog(on_progress)
+            on_progress = call.note.progress  # timed for the call's log line
+        context = CallContext(
+            conversation_id=state.id,
+            root_id=state.root_id,
+            path=self._path,
+            depth=state.depth,
+            task=state.task,
+            call=call.number,
+            attempt=call.attempt,
+            on_progress=on_progress,
+        )
+        return self.runtime.provider.complete(call.request, context)
 
-    def call_ended(self, call: Call, event: Event) -> None:
-        """``call`` ended with ``event`` (``calls.Caller``): into the inbox."""
+    def call_done(self, call: Call, value: Any) -> None:
+        """``call`` ended (``calls.Caller``): its event into the inbox. A reply is held
+        to the provider contract first (what ``complete_checked`` does)."""
+        self._forget_call(call)
+        if call.request is None:
+            self.deliver(value)  # a tool's event
+            return
+        try:
+            reply = checked_reply(value)
+        except ProviderContractError as exc:
+            self.deliver(self._provider_broken(call, exc))
+            return
+        if call.note is not None:
+            self._log_model_call(call.note, call, reply=reply)
+        self.deliver(ModelReplied(call.number, _redact_reply(reply, self.runtime.redact)))
+
+    def call_failed(self, call: Call, error: Exception) -> None:
+        """``call`` raised (``calls.Caller``): a provider's classified failure becomes
+        ModelFailed; anything else a broken provider's."""
+        self._forget_call(call)
+        if call.request is None:
+            raise error  # ``_run_tool`` turns what a tool raises into a result: a bug
+        if isinstance(error, ProviderError):
+            try:
+                check_error(error)
+            except ProviderContractError as exc:
+                self.deliver(self._provider_broken(call, exc))
+                return
+            failure = attrs.evolve(error.error, message=self.runtime.redact(error.error.message))
+            if call.note is not None:
+                self._log_model_call(call.note, call, error=failure)
+            self.deliver(ModelFailed(call.number, failure))
+            return
+        self.deliver(self._provider_broken(call, error))
+
+    def _provider_broken(self, call: Call, exc: Exception) -> Event:
+        # A provider must classify its failures and hand back well-formed values; one
+        # that raised something else, or returned or raised an ill-typed value
+        # (ProviderContractError), is broken. Fatal (not retried: its cause is
+        # unknown) and logged loudly.
+        self.log.error("provider raised", exc_info=exc)
+        error = ModelError(ErrorKind.PROVIDER_FAILURE, _describe(exc))
+        if call.note is not None:
+            self._log_model_call(call.note, call, error=error)
+        return ModelFailed(call.number, error)
+
+    def _forget_call(self, call: Call) -> None:
         if self._call is call:
             self._call = None
         elif self._more.get(call.number) is call:
             del self._more[call.number]
-        self.deliver(event)
 
     def _remaining(self, effect: StartTimer | ScheduleRetry) -> float:
         """The delay of a timer; for the conversation's own time limit and a retry's
@@ -442,12 +551,22 @@ class Actor:
             return effect.delay
         return max(0.0, effect.delay - max(0.0, self.runtime.now() - started))
 
-    def _timer_fired(self, number: int) -> None:
-        self._timers.pop(number, None)
+    def _forget_timer(self, number: int) -> Timer | None:
+        """Timer ``number`` if it was started and is neither fired nor aborted, now
+        forgotten."""
+        timer = self._timer
+        if timer is not None and timer.number == number:
+            self._timer = None
+            return timer
+        return self._timers.pop(number, None)
+
+    def timer_fired(self, number: int) -> None:
+        """Timer ``number`` fired (``timers.Owner``): the reducer hears of it."""
+        self._forget_timer(number)
         self.deliver(TimerFired(number))
 
     def _abort(self, number: int) -> None:
-        timer = self._timers.pop(number, None)
+        timer = self._forget_timer(number)
         if timer is not None:
             timer.cancel()
             return
@@ -460,9 +579,12 @@ class Actor:
             self.runtime.calls.cancel(call)
 
     def _stop_tasks(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for timer in self._timers.values():
             timer.cancel()
-        self._timers.clear()
+        self._timers = _NO_TIMER_OBJECTS
         calls = self.runtime.calls
         if self._call is not None:
             calls.cancel(self._call)
@@ -471,58 +593,10 @@ class Actor:
             calls.cancel(call)
         self._more = _NO_CALLS
 
-    async def _call_model(self, effect: CallModel, request: ModelRequest, attempt: int) -> Event:
-        """Ask the provider; what came back as an event. One frame for the runtime's
-        part of a call in flight (the provider is awaited here, and its answer held to
-        the contract afterwards, as ``complete_checked`` would)."""
-        state = self.state
-        call_log = _CallLog(self.runtime.on_progress) if self._log_lifecycle else None
-        context = CallContext(
-            conversation_id=state.id,
-            root_id=state.root_id,
-            path=self._path,
-            depth=state.depth,
-            task=state.task,
-            call=effect.call,
-            attempt=attempt,
-            # Timed for the call's log line, which forwards each report on.
-            on_progress=self.runtime.on_progress if call_log is None else call_log.progress,
-        )
-        redact = self.runtime.redact
-        event: Event
-        try:
-            try:
-                reply = checked_reply(await self.runtime.provider.complete(request, context))
-            except ProviderError as exc:
-                check_error(exc)  # an ill-formed one is a broken provider (below)
-                raise
-        except ProviderError as exc:
-            error = attrs.evolve(exc.error, message=redact(exc.error.message))
-            if call_log is not None:
-                self._log_model_call(call_log, request, effect.call, attempt, error=error)
-            event = ModelFailed(effect.call, error)
-        except Exception as exc:
-            # A provider must classify its failures and hand back well-formed values;
-            # one that raised something else, or returned or raised an ill-typed
-            # value (ProviderContractError), is broken. Fatal (not retried: its
-            # cause is unknown) and logged loudly.
-            self.log.error("provider raised", exc_info=exc)
-            error = ModelError(ErrorKind.PROVIDER_FAILURE, _describe(exc))
-            if call_log is not None:
-                self._log_model_call(call_log, request, effect.call, attempt, error=error)
-            event = ModelFailed(effect.call, error)
-        else:
-            if call_log is not None:
-                self._log_model_call(call_log, request, effect.call, attempt, reply=reply)
-            event = ModelReplied(effect.call, _redact_reply(reply, redact))
-        return event
-
     def _log_model_call(
         self,
         call_log: _CallLog,
-        request: ModelRequest,
-        number: int,
-        attempt: int,
+        call: Call,
         *,
         reply: ModelReply | None = None,
         error: ModelError | None = None,
@@ -533,11 +607,11 @@ class Actor:
         request's or the reply's text, never a key (the endpoint loses its user
         part and query)."""
         profile, model, endpoint = _served_by(
-            self.runtime.provider, request.model, self.state.depth
+            self.runtime.provider, call.request.model, self.state.depth
         )
         fields: dict[str, Any] = {
-            "call": number,
-            "attempt": attempt,
+            "call": call.number,
+            "attempt": call.attempt,
             "profile": profile,
             "model": model,
             "endpoint": endpoint,

@@ -30,14 +30,19 @@ import trio
 
 
 class Caller(Protocol):
-    """Who made a call (``Actor``): runs it, and hears that it ended."""
+    """Who made a call (``Actor``): says what to await for it, and hears how that
+    ended (never when the call was aborted)."""
 
     def perform(self, call: Call) -> Awaitable[Any]:
-        """The call's work (the provider's or the tool's), returning its event."""
+        """What to await for ``call`` (the provider's ``complete``, a tool's run)."""
         ...
 
-    def call_ended(self, call: Call, event: Any) -> None:
-        """The call ended with ``event`` (not when it was cancelled)."""
+    def call_done(self, call: Call, value: Any) -> None:
+        """``call``'s awaitable returned ``value``."""
+        ...
+
+    def call_failed(self, call: Call, error: Exception) -> None:
+        """``call``'s awaitable raised ``error``."""
         ...
 
 
@@ -45,7 +50,7 @@ class Call:
     """One call in flight: who made it, its number, and what it runs (``perform``'s
     business: the effect, the model request, the attempt)."""
 
-    __slots__ = ("attempt", "caller", "effect", "number", "request", "started", "worker")
+    __slots__ = ("attempt", "caller", "effect", "note", "number", "request", "started", "worker")
 
     def __init__(self, caller: Caller, number: int, effect: Any, request: Any, attempt: int):
         self.caller = caller
@@ -55,6 +60,7 @@ class Call:
         self.attempt = attempt
         self.worker: _Worker | None = None  # None once it ended or was aborted
         self.started = False
+        self.note: Any = None  # the caller's, from ``perform`` to the end
 
 
 class _Worker:
@@ -159,11 +165,20 @@ class Calls:
                             await trio.lowlevel.wait_task_rescheduled(worker.unpark)
                             continue
                         call.started = True
-                        event = await call.caller.perform(call)
-                        worker.call = None
-                        if call.worker is worker:  # not aborted meanwhile
-                            call.worker = None
-                            call.caller.call_ended(call, event)
+                        # The caller's awaitable is awaited right here: no frame of
+                        # the caller's own stays alive while the call waits.
+                        try:
+                            value = await call.caller.perform(call)
+                        except Exception as error:
+                            worker.call = None
+                            if call.worker is worker:  # not aborted meanwhile
+                                call.worker = None
+                                call.caller.call_failed(call, error)
+                        else:
+                            worker.call = None
+                            if call.worker is worker:
+                                call.worker = None
+                                call.caller.call_done(call, value)
                 # The scope was cancelled: its call was aborted. A fresh one for the next.
                 worker.call = None
         finally:
