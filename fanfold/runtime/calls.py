@@ -4,7 +4,7 @@ A call waits on the outside world, so it needs a task; a conversation does not (
 engine folds it). Each call is a ``Call`` handed to an idle worker of the runtime's
 pool, or to a new one when none is idle; a worker that finished its call parks, idle,
 for the next call of any conversation. Handing a call to a parked worker costs a
-reschedule and a task switch; starting a task costs about 75 k instructions more
+reschedule and a task switch; starting a task costs about 70 k instructions more
 (``bench/README.md``), and most calls follow another call's end (a conversation's
 next round), so the pool starts about as many tasks as calls are ever in flight at
 once, not one per call. Idle workers are kept while they might serve a loaded
