@@ -301,7 +301,7 @@ def _calls_asleep() -> int:
     than by wrapping the provider, whose coroutine frame per call would be counted as
     the children's heap."""
     clock = _ALARMS.get()
-    return 0 if clock is None else sum(1 for entry in clock._heap if entry[2] is not None)
+    return 0 if clock is None else sum(1 for alarm in clock._heap if alarm.task is not None)
 
 
 def memory(n: int) -> dict[str, Any]:

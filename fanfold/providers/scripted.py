@@ -222,6 +222,27 @@ def _sleep(seconds: float) -> Awaitable[None]:
     return trio.sleep(seconds)  # 0 (a checkpoint), inf, and the errors
 
 
+class _Alarm:
+    """One sleeping call: when it is due, its place among calls due at once, and its
+    task (None once the call was cancelled: it stays in the heap until due)."""
+
+    __slots__ = ("deadline", "order", "task")
+
+    def __init__(self, deadline: float, order: int, task: trio.lowlevel.Task) -> None:
+        self.deadline = deadline
+        self.order = order
+        self.task: trio.lowlevel.Task | None = task
+
+    def __lt__(self, other: _Alarm) -> bool:
+        if self.deadline != other.deadline:
+            return self.deadline < other.deadline
+        return self.order < other.order
+
+    def abort(self, _: Any) -> trio.lowlevel.Abort:
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
 class _AlarmClock:
     """Wakes the simulated calls of one Trio run, all on one Trio deadline.
 
@@ -229,38 +250,37 @@ class _AlarmClock:
     a thousand scripted sub-agents sleep three times each. Here a sleeping call parks
     in a heap, and one system task, with the earliest deadline as its own, wakes the
     calls that are due. Waking is as punctual as ``trio.sleep`` (the same deadlines,
-    also under a mock clock) and a sleeping call is cancellable as usual.
+    also under a mock clock) and a sleeping call is cancellable as usual. A sleeping
+    call holds an ``_Alarm`` and Trio's wait, no coroutine frame of its own (``sleep``
+    is a plain function): a thousand calls in flight hold a thousand of them.
     """
 
     def __init__(self) -> None:
-        self._heap: list[list[Any]] = []  # [deadline, order, task or None if cancelled]
+        self._heap: list[_Alarm] = []
         self._order = itertools.count()
         self._scope: trio.CancelScope | None = None
         trio.lowlevel.spawn_system_task(self._run, name="fanfold.providers.scripted latency")
 
-    async def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        """Park the calling task until ``seconds`` have passed (await the result at
+        once: the alarm is set when this is called)."""
         deadline = trio.current_time() + seconds
-        entry: list[Any] = [deadline, next(self._order), trio.lowlevel.current_task()]
-        heapq.heappush(self._heap, entry)
+        alarm = _Alarm(deadline, next(self._order), trio.lowlevel.current_task())
+        heapq.heappush(self._heap, alarm)
         scope = self._scope
         if scope is not None and deadline < scope.deadline:
             scope.deadline = deadline
-
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            entry[2] = None  # cancelled: left in the heap until its deadline
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        return trio.lowlevel.wait_task_rescheduled(alarm.abort)
 
     async def _run(self) -> None:
         heap = self._heap
         while True:
             now = trio.current_time()
-            while heap and heap[0][0] <= now:
-                task = heapq.heappop(heap)[2]
+            while heap and heap[0].deadline <= now:
+                task = heapq.heappop(heap).task
                 if task is not None:
                     trio.lowlevel.reschedule(task)
-            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
+            with trio.CancelScope(deadline=heap[0].deadline if heap else math.inf) as scope:
                 self._scope = scope
                 await trio.sleep_forever()
             self._scope = None

@@ -3,6 +3,7 @@
 from fanfold.db import UnknownConversation
 from fanfold.db.provenance import UntrustedTree, UserKey
 from fanfold.runtime.actor import tree_path
+from fanfold.runtime.host import StepObserver
 from fanfold.runtime.presence import DatabaseInUse
 from fanfold.runtime.runtime import (
     NotAtRest,
@@ -10,7 +11,6 @@ from fanfold.runtime.runtime import (
     ResumePlan,
     Runtime,
     SkippedTree,
-    StepObserver,
     TreeNode,
     TreeStep,
     TurnResult,

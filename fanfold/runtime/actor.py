@@ -13,7 +13,7 @@ conversation are committed, and their effects run, in the order they were made.
 
 An actor is loaded while its conversation has work in flight. Once the conversation
 is at rest (a root Idle or in Error, a sub-agent Completed or Failed), every step it
-made is committed and its inbox is empty, its worker and timers are stopped and the
+made is committed and its inbox is empty, its call and timers are stopped and the
 runtime forgets it (``Runtime.unloaded``): a long-lived runtime holds only the
 conversations that are working. The log has everything else.
 """
@@ -26,14 +26,23 @@ import os
 import time
 import traceback
 import urllib.parse
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import attrs
 import trio
 
 from fanfold.db import Step
-from fanfold.providers.base import CallContext, ProviderError, StreamProgress, complete_checked
+from fanfold.providers.base import (
+    CallContext,
+    ProviderContractError,
+    ProviderError,
+    StreamProgress,
+    check_error,
+    checked_reply,
+)
+from fanfold.runtime.calls import Call
+from fanfold.runtime.host import Host
 from fanfold.runtime.timers import Timer
 from fanfold.statemachine import (
     AbortCall,
@@ -75,24 +84,6 @@ from fanfold.statemachine.permissions import (
 from fanfold.statemachine.phases import Completed, Error, Failed
 from fanfold.statemachine.state import tree_path as place_in_tree
 
-if TYPE_CHECKING:
-    from fanfold.runtime.runtime import Runtime
-
-
-@attrs.frozen
-class _ModelCall:
-    """A CallModel effect with the request it asks for (``model_request`` of its state)."""
-
-    effect: CallModel
-    request: ModelRequest
-
-    @property
-    def call(self) -> int:
-        return self.effect.call
-
-
-_Work = Effect | _ModelCall  # what the worker and call tasks run: a model call or a tool
-
 
 @attrs.define
 class _Submission:
@@ -114,8 +105,9 @@ def tree_path(state: Conversation) -> str:
 
 
 # Shared empty mappings, never written to: most conversations never need their own.
-_NO_TASKS: dict[int, trio.CancelScope] = {}
+_NO_CALLS: dict[int, Call] = {}
 _NO_TIMERS: dict[int, float] = {}
+_NO_TIMER_OBJECTS: dict[int, Timer] = {}
 
 
 class Actor:
@@ -125,14 +117,46 @@ class Actor:
     have moved further (steps handed to the writer but not yet committed).
     """
 
+    # Slots: a thousand waiting sub-agents are a thousand actors. ``__dict__`` is made
+    # only if something sets another attribute (a test replacing a method): a
+    # pointer per actor until then.
+    __slots__ = (
+        "__dict__",
+        "_at_rest_event",
+        "_call",
+        "_context",
+        "_head",
+        "_head_seq",
+        "_inbox",
+        "_log",
+        "_log_lifecycle",
+        "_log_transitions",
+        "_logged",
+        "_more",
+        "_path",
+        "_snapshot_asked",
+        "_snapshot_size",
+        "_timer",
+        "_timers",
+        "_timers_started",
+        "_uncommitted",
+        "_unloaded",
+        "last_turn",
+        "queued",
+        "runtime",
+        "seq",
+        "state",
+    )
+
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Host,
         state: Conversation,
         seq: int,
         *,
         created: bool,
         timers_started: dict[int, float] | None = None,
+        context: contextvars.Context | None = None,
     ) -> None:
         self.runtime = runtime
         self.state = state
@@ -151,27 +175,29 @@ class Actor:
         self._snapshot_size: int | None = None if created else 0
         self._snapshot_asked = False
         # A list, not a deque: it is drained whole each round, and an empty deque
-        # costs 600 bytes (a block of 64 slots) per loaded conversation.
-        self._inbox: list[Event | _Submission] = []
+        # costs 600 bytes (a block of 64 slots) per loaded conversation. None while
+        # empty (most conversations wait with nothing queued): an empty list is 56.
+        self._inbox: list[Event | _Submission] | None = None
         self.queued = False
         """Whether the engine has this actor in its ready queue (see ``Engine.ready``)."""
         self._unloaded = False
-        self._tasks: dict[int, trio.CancelScope] = _NO_TASKS  # calls in their own task
-        self._timers: dict[int, Timer] = {}  # timers started and not fired nor aborted
+        # The call in flight, and, rarely, more: a call started while an aborted one
+        # still unwinds (see ``_start``).
+        self._call: Call | None = None
+        self._more: dict[int, Call] = _NO_CALLS
+        # The timers started and not fired nor aborted: the first in a slot (a
+        # sub-agent mostly has one, its time limit), more in a dict (a parent's
+        # backstops for its children), made when needed: a dict of one is 230 bytes.
+        self._timer: Timer | None = None
+        self._timers: dict[int, Timer] = _NO_TIMER_OBJECTS
         # For a resumed conversation: when each timer it had started before the restart
         # was first started (the ``at`` of that step), so a re-issued timer keeps its
         # original deadline instead of starting over.
         self._timers_started = timers_started or _NO_TIMERS
-        self._worker_started = False
-        self._worker_stopped = False
-        self._worker_waiting: trio.lowlevel.Task | None = None  # parked, waiting for work
-        self._worker_item: tuple[int, _Work, int] | None = None  # handed over, not started
-        self._worker_running: int | None = None  # the call number it runs
-        self._worker_scope: trio.CancelScope | None = None
-        # The context its effects run in, and its worker inherits: the one it was
+        # The context its effects run in, and its calls' tasks inherit: the one it was
         # created in (the API caller's, or for a sub-agent its parent's), as a task of
         # its own would have had.
-        self._context = contextvars.copy_context()
+        self._context = contextvars.copy_context() if context is None else context
         self._uncommitted = 0  # batches handed to the writer and not committed yet
         self._path = tree_path(state)
         self._log: Any = None  # bound on first use (binding costs more than a step)
@@ -215,13 +241,19 @@ class Actor:
 
     def deliver(self, event: Event) -> None:
         """Queue an event produced by the runtime (results, timers, other conversations)."""
-        self._inbox.append(event)
+        if self._inbox is None:
+            self._inbox = [event]
+        else:
+            self._inbox.append(event)
         self._wake()
 
     async def submit(self, event: Event) -> None:
         """Queue an API event and wait until it is committed; re-raise a rejection."""
         submission = _Submission(event)
-        self._inbox.append(submission)
+        if self._inbox is None:
+            self._inbox = [submission]
+        else:
+            self._inbox.append(submission)
         self._wake()
         await submission.done.wait()
         if submission.error is not None:
@@ -236,7 +268,7 @@ class Actor:
         every step committed (its effects executed) and nothing queued."""
         items = self._inbox
         if items:
-            self._inbox = []
+            self._inbox = None
             self._steps(items)
         elif self.settled:
             self._unload()
@@ -270,18 +302,17 @@ class Actor:
             self._unload()
 
     def _unload(self) -> None:
-        """Nothing is in flight at rest: stop the worker parked for the next call and
-        any timer left, so nothing keeps a task or a reference to this actor alive, and
-        let the runtime forget it. What may be addressed to it later finds it in the
-        log: a message from another conversation (a late cancel, an outcome of a
-        written-off child) would be absorbed by a phase at rest and is dropped
-        (``Runtime.deliver_between``); a user message loads it again
-        (``Runtime.send``)."""
+        """Nothing is in flight at rest: stop any call and timer left, so nothing
+        keeps a task or a reference to this actor alive, and let the runtime forget
+        it. What may be addressed to it later finds it in the log: a message from
+        another conversation (a late cancel, an outcome of a written-off child) would
+        be absorbed by a phase at rest and is dropped (``Runtime.deliver_between``); a
+        user message loads it again (``Runtime.send``)."""
         if self._unloaded:
             return
         self._unloaded = True
         self._stop_tasks()
-        self.runtime.unloaded(self)
+        self.runtime.unloaded(self.state.id, self)
 
     def _steps(self, items: list[Event | _Submission]) -> None:
         """Apply queued events in order and hand their steps to the writer at once."""
@@ -356,7 +387,7 @@ class Actor:
                 )
             if self._log_lifecycle and after.at_rest and not before.at_rest:
                 self._log_rest(after)
-            runtime.observe(self, before, event, effects)
+            runtime.observe(before, after, event, effects)
             for observer in runtime.step_observers:
                 observer.step(after.id, event, effects, after, steps[index].at)
             if submission is not None:
@@ -381,17 +412,26 @@ class Actor:
                 # The request is a view of the state this effect came with (self.state
                 # is that state while its effects are started): derived now, not later,
                 # when the conversation may have moved on.
-                self._start(call, _ModelCall(effect, model_request(self.state)), attempt)
+                self._start(call, effect, model_request(self.state), attempt)
             case RunTool(call=call):
-                self._start(call, effect, 0)
+                if self.runtime.answers_in_process(effect.tool_call.name):
+                    # No I/O, nothing to wait for or cancel: answered now, without a
+                    # task (its ToolFinished is folded in the engine's next round).
+                    self.deliver(self._answer_tool(effect))
+                else:
+                    self._start(call, effect, None, 0)
             case ScheduleRetry(timer=timer) | StartTimer(timer=timer):
-                self._timers[timer] = self.runtime.timers.start(
-                    self._remaining(effect), self._timer_fired, timer
-                )
+                started = self.runtime.timers.start(self._remaining(effect), self, timer)
+                if self._timer is None:
+                    self._timer = started
+                else:
+                    if self._timers is _NO_TIMER_OBJECTS:
+                        self._timers = {}
+                    self._timers[timer] = started
             case AbortCall(call=call):
                 self._abort(call)
             case SpawnSubAgent():
-                self.runtime.spawn_child(effect, reissued=reissued)
+                self.runtime.spawn_child(effect, reissued=reissued, context=self._context)
             case NotifyParent(parent_id=parent_id, child_id=child_id, outcome=outcome):
                 self.runtime.deliver_between(parent_id, SubAgentFinished(child_id, outcome))
             case CancelSubAgents(ids=ids, reason=reason):
@@ -400,25 +440,103 @@ class Actor:
             case TurnFinished():
                 self.last_turn = effect
 
-    # Model calls and tools run one at a time per conversation (the reducer awaits one
-    # result at a time), so each conversation keeps one worker task for them instead
-    # of a task and a cancel scope per call. The worker's cancel scope lives until an
-    # AbortCall (or the end of the conversation) needs it, then it takes a new one.
-    # A call that arrives while the worker is busy gets its own task and cancel scope.
-    # Timers are entries of the runtime's Timers (see timers.py).
+    # Each call (a model call, a tool that does I/O) runs on a worker of the runtime's
+    # pool (``calls.py``), handed over when its step is committed and back in the pool
+    # once its result is delivered: a conversation holds a task only while a call is
+    # in flight, and one that waits on nothing (a parent waiting on its children)
+    # holds none. The reducer has one call in flight per conversation (``_call``); one
+    # started while an aborted one still unwinds goes to ``_more``. In-process tools
+    # need no task at all (``_answer_tool``). Timers are entries of the runtime's
+    # Timers (see timers.py).
 
-    def _start(self, number: int, effect: _Work, attempt: int) -> None:
-        """Run a model call or a tool: on the worker if it is free, else in a task."""
-        if self._worker_waiting is not None and self._worker_item is None:
-            self._worker_item = (number, effect, attempt)
-            task, self._worker_waiting = self._worker_waiting, None
-            trio.lowlevel.reschedule(task)
-        elif not self._worker_started:
-            self._worker_started = True
-            self._worker_item = (number, effect, attempt)
-            self.runtime.start_soon(self._work)
+    def _start(
+        self, number: int, effect: CallModel | RunTool, request: ModelRequest | None, attempt: int
+    ) -> None:
+        """Start a model call (with its ``request``) or a tool on a worker."""
+        call = Call(self, number, effect, request, attempt)
+        if self._call is None:
+            self._call = call
         else:
-            self._start_task(number, effect, attempt)
+            if self._more is _NO_CALLS:
+                self._more = {}
+            self._more[number] = call
+        self.runtime.calls.start(call, self._context)
+
+    def perform(self, call: Call) -> Awaitable[Any]:
+        """What a worker awaits for ``call`` (``calls.Caller``): a tool's run (its
+        event), or the provider's ``complete`` (its reply, made an event by
+        ``call_done`` or ``call_failed``): no coroutine of the runtime's own stays
+        alive while a model call waits."""
+        if call.request is None:
+            return self._run_tool(call.effect)
+        state = self.state
+        on_progress = self.runtime.on_progress
+        if self._log_lifecycle:
+            call.note = _CallLog(on_progress)
+            on_progress = call.note.progress  # timed for the call's log line
+        context = CallContext(
+            conversation_id=state.id,
+            root_id=state.root_id,
+            path=self._path,
+            depth=state.depth,
+            task=state.task,
+            call=call.number,
+            attempt=call.attempt,
+            on_progress=on_progress,
+        )
+        return self.runtime.provider.complete(call.request, context)
+
+    def call_done(self, call: Call, value: Any) -> None:
+        """``call`` ended (``calls.Caller``): its event into the inbox. A reply is held
+        to the provider contract first (what ``complete_checked`` does)."""
+        self._forget_call(call)
+        if call.request is None:
+            self.deliver(value)  # a tool's event
+            return
+        try:
+            reply = checked_reply(value)
+        except ProviderContractError as exc:
+            self.deliver(self._provider_broken(call, exc))
+            return
+        if call.note is not None:
+            self._log_model_call(call.note, call, reply=reply)
+        self.deliver(ModelReplied(call.number, _redact_reply(reply, self.runtime.redact)))
+
+    def call_failed(self, call: Call, error: Exception) -> None:
+        """``call`` raised (``calls.Caller``): a provider's classified failure becomes
+        ModelFailed; anything else a broken provider's."""
+        self._forget_call(call)
+        if call.request is None:
+            raise error  # ``_run_tool`` turns what a tool raises into a result: a bug
+        if isinstance(error, ProviderError):
+            try:
+                check_error(error)
+            except ProviderContractError as exc:
+                self.deliver(self._provider_broken(call, exc))
+                return
+            failure = attrs.evolve(error.error, message=self.runtime.redact(error.error.message))
+            if call.note is not None:
+                self._log_model_call(call.note, call, error=failure)
+            self.deliver(ModelFailed(call.number, failure))
+            return
+        self.deliver(self._provider_broken(call, error))
+
+    def _provider_broken(self, call: Call, exc: Exception) -> Event:
+        # A provider must classify its failures and hand back well-formed values; one
+        # that raised something else, or returned or raised an ill-typed value
+        # (ProviderContractError), is broken. Fatal (not retried: its cause is
+        # unknown) and logged loudly.
+        self.log.error("provider raised", exc_info=exc)
+        error = ModelError(ErrorKind.PROVIDER_FAILURE, _describe(exc))
+        if call.note is not None:
+            self._log_model_call(call.note, call, error=error)
+        return ModelFailed(call.number, error)
+
+    def _forget_call(self, call: Call) -> None:
+        if self._call is call:
+            self._call = None
+        elif self._more.get(call.number) is call:
+            del self._more[call.number]
 
     def _remaining(self, effect: StartTimer | ScheduleRetry) -> float:
         """The delay of a timer; for the conversation's own time limit and a retry's
@@ -438,134 +556,52 @@ class Actor:
             return effect.delay
         return max(0.0, effect.delay - max(0.0, self.runtime.now() - started))
 
-    def _timer_fired(self, number: int) -> None:
-        self._timers.pop(number, None)
+    def _forget_timer(self, number: int) -> Timer | None:
+        """Timer ``number`` if it was started and is neither fired nor aborted, now
+        forgotten."""
+        timer = self._timer
+        if timer is not None and timer.number == number:
+            self._timer = None
+            return timer
+        return self._timers.pop(number, None)
+
+    def timer_fired(self, number: int) -> None:
+        """Timer ``number`` fired (``timers.Owner``): the reducer hears of it."""
+        self._forget_timer(number)
         self.deliver(TimerFired(number))
 
     def _abort(self, number: int) -> None:
-        timer = self._timers.pop(number, None)
+        timer = self._forget_timer(number)
         if timer is not None:
             timer.cancel()
             return
-        scope = self._tasks.pop(number, None)
-        if scope is not None:
-            scope.cancel()
-        item = self._worker_item
-        if item is not None and item[0] == number:
-            self._worker_item = None  # handed over, not started: it never will
-        if self._worker_running == number and self._worker_scope is not None:
-            self._worker_scope.cancel()
+        call = self._call
+        if call is not None and call.number == number:
+            self._call = None
+        else:
+            call = self._more.pop(number, None)
+        if call is not None:
+            self.runtime.calls.cancel(call)
 
     def _stop_tasks(self) -> None:
-        self._worker_stopped = True
-        self._worker_item = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for timer in self._timers.values():
             timer.cancel()
-        self._timers.clear()
-        for scope in self._tasks.values():
-            scope.cancel()
-        waiting = self._worker_waiting
-        if waiting is not None:
-            # Idle: wake it to return (cheaper than cancelling it).
-            self._worker_waiting = None
-            trio.lowlevel.reschedule(waiting)
-        elif self._worker_scope is not None:
-            self._worker_scope.cancel()
-
-    def _abort_worker_wait(self, _: Any) -> trio.lowlevel.Abort:
-        self._worker_waiting = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def _work(self) -> None:
-        """The worker: run handed-over calls in order until the conversation ends."""
-        while not self._worker_stopped:
-            with trio.CancelScope() as scope:
-                self._worker_scope = scope
-                while True:
-                    item = self._worker_item
-                    if item is None:
-                        if self._worker_stopped:
-                            return
-                        self._worker_waiting = trio.lowlevel.current_task()
-                        await trio.lowlevel.wait_task_rescheduled(self._abort_worker_wait)
-                        continue
-                    self._worker_item = None
-                    number, effect, attempt = item
-                    self._worker_running = number
-                    if isinstance(effect, _ModelCall):
-                        event = await self._call_model(effect, attempt)
-                    else:
-                        event = await self._perform(effect, attempt)
-                    self._worker_running = None
-                    self.deliver(event)
-            # The scope was cancelled: the running call was aborted, or the
-            # conversation ended.
-            self._worker_scope = None
-            self._worker_running = None
-
-    def _start_task(self, number: int, effect: _Work, attempt: int) -> None:
-        scope = trio.CancelScope()
-        if self._tasks is _NO_TASKS:
-            self._tasks = {}  # rare (a call while the worker is busy): made when needed
-        self._tasks[number] = scope
-        self.runtime.start_soon(self._task, number, scope, effect, attempt)
-
-    async def _task(
-        self, number: int, scope: trio.CancelScope, effect: _Work, attempt: int
-    ) -> None:
-        with scope:
-            event = await self._perform(effect, attempt)
-            self.deliver(event)
-        if self._tasks.get(number) is scope:
-            del self._tasks[number]
-
-    async def _perform(self, effect: _Work, attempt: int) -> Event:
-        if isinstance(effect, _ModelCall):
-            return await self._call_model(effect, attempt)
-        assert isinstance(effect, RunTool)
-        return await self._run_tool(effect)
-
-    async def _call_model(self, effect: _ModelCall, attempt: int) -> Event:
-        state = self.state
-        call_log = _CallLog(self.runtime.on_progress) if self._log_lifecycle else None
-        context = CallContext(
-            conversation_id=state.id,
-            root_id=state.root_id,
-            path=self._path,
-            depth=state.depth,
-            task=state.task,
-            call=effect.call,
-            attempt=attempt,
-            # Timed for the call's log line, which forwards each report on.
-            on_progress=self.runtime.on_progress if call_log is None else call_log.progress,
-        )
-        redact = self.runtime.redact
-        try:
-            reply = await complete_checked(self.runtime.provider, effect.request, context)
-        except ProviderError as exc:
-            error = attrs.evolve(exc.error, message=redact(exc.error.message))
-            if call_log is not None:
-                self._log_model_call(call_log, effect, attempt, error=error)
-            return ModelFailed(effect.call, error)
-        except Exception as exc:
-            # A provider must classify its failures and hand back well-formed values;
-            # one that raised something else, or returned or raised an ill-typed value
-            # (ProviderContractError), is broken. Fatal (not retried: its cause is
-            # unknown) and logged loudly.
-            self.log.error("provider raised", exc_info=exc)
-            error = ModelError(ErrorKind.PROVIDER_FAILURE, _describe(exc))
-            if call_log is not None:
-                self._log_model_call(call_log, effect, attempt, error=error)
-            return ModelFailed(effect.call, error)
-        if call_log is not None:
-            self._log_model_call(call_log, effect, attempt, reply=reply)
-        return ModelReplied(effect.call, _redact_reply(reply, redact))
+        self._timers = _NO_TIMER_OBJECTS
+        calls = self.runtime.calls
+        if self._call is not None:
+            calls.cancel(self._call)
+            self._call = None
+        for call in self._more.values():
+            calls.cancel(call)
+        self._more = _NO_CALLS
 
     def _log_model_call(
         self,
         call_log: _CallLog,
-        effect: _ModelCall,
-        attempt: int,
+        call: Call,
         *,
         reply: ModelReply | None = None,
         error: ModelError | None = None,
@@ -576,11 +612,11 @@ class Actor:
         request's or the reply's text, never a key (the endpoint loses its user
         part and query)."""
         profile, model, endpoint = _served_by(
-            self.runtime.provider, effect.request.model, self.state.depth
+            self.runtime.provider, call.request.model, self.state.depth
         )
         fields: dict[str, Any] = {
-            "call": effect.call,
-            "attempt": attempt,
+            "call": call.number,
+            "attempt": call.attempt,
             "profile": profile,
             "model": model,
             "endpoint": endpoint,
@@ -610,7 +646,9 @@ class Actor:
                 **fields,
             )
 
-    async def _run_tool(self, effect: RunTool) -> Event:
+    def _tool_refusal(self, effect: RunTool) -> ToolFinished | None:
+        """The error result of a tool call that may not run where it would (outside
+        the project, or through a symbolic link to a path its rules refuse)."""
         call: ToolCall = effect.tool_call
         outside = self.runtime.tool_cwd_problem(self.state, effect.cwd)
         if outside is not None:
@@ -618,8 +656,29 @@ class Actor:
         linked = _refused_through_a_link(self.state, call, effect.cwd)
         if linked is not None:
             return ToolFinished(effect.call, ToolResult(call.id, call.name, linked, True))
+        return None
+
+    def _answer_tool(self, effect: RunTool) -> Event:
+        """A call the tool runner answers in-process (``AnswersInProcess``), answered
+        at once, with the same checks, log line and redaction as ``_run_tool``."""
+        refused = self._tool_refusal(effect)
+        if refused is not None:
+            return refused
+        call: ToolCall = effect.tool_call
         started = time.perf_counter()
-        outcome = "ok"
+        try:
+            confined = confines_commands(self.state.permissions)
+            result = self.runtime.answer_tool(call, effect.cwd, confined=confined)
+        except Exception as exc:
+            return self._tool_crashed(effect, started, exc)
+        return self._tool_finished(effect, started, result, "ok")
+
+    async def _run_tool(self, effect: RunTool) -> Event:
+        refused = self._tool_refusal(effect)
+        if refused is not None:
+            return refused
+        call: ToolCall = effect.tool_call
+        started = time.perf_counter()
         try:
             if confines_commands(self.state.permissions):
                 # The agent runs bash through allow patterns only: its git must not
@@ -628,15 +687,24 @@ class Actor:
             else:
                 result = await self.runtime.tools.run(call, effect.cwd)
         except Exception as exc:
-            # A tool must return error results for bad input; this one crashed. The
-            # model still gets a result so the conversation can go on.
-            self.log.error("tool raised", tool=call.name, exc_info=exc)
-            result = ToolResult(call.id, call.name, f"tool crashed: {_describe(exc)}", True)
-            outcome = "crashed"
+            return self._tool_crashed(effect, started, exc)
+        return self._tool_finished(effect, started, result, "ok")
+
+    def _tool_crashed(self, effect: RunTool, started: float, exc: Exception) -> Event:
+        # A tool must return error results for bad input; this one crashed. The
+        # model still gets a result so the conversation can go on.
+        call: ToolCall = effect.tool_call
+        self.log.error("tool raised", tool=call.name, exc_info=exc)
+        result = ToolResult(call.id, call.name, f"tool crashed: {_describe(exc)}", True)
+        return self._tool_finished(effect, started, result, "crashed")
+
+    def _tool_finished(
+        self, effect: RunTool, started: float, result: ToolResult, outcome: str
+    ) -> Event:
         if self._log_lifecycle:
             if outcome == "ok" and result.is_error:
                 outcome = "error"
-            self._log_tool_call(effect.call, call.name, started, outcome)
+            self._log_tool_call(effect.call, effect.tool_call.name, started, outcome)
         return ToolFinished(
             effect.call, attrs.evolve(result, content=self.runtime.redact(result.content))
         )

@@ -12,23 +12,31 @@ of transactions follows the time spent committing, not the number of events.
 
 Against a task per conversation this saves a task switch and a wake-up per step and a
 task's memory per conversation: the loop runs as many conversations' steps as are ready
-without switching. Model calls and tools still run concurrently, each conversation's on
-its own worker task (``Actor``), since they wait on the outside world; timers share one
-heap (``timers.py``).
+without switching. Model calls and tools that wait on the outside world run concurrently,
+each on a worker of the runtime's pool while it is in flight (``calls.py``); tools that
+answer in-process need none; timers share one heap (``timers.py``).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
 
 if TYPE_CHECKING:
-    from fanfold.runtime.actor import Actor
     from fanfold.runtime.writer import LogWriter
+
+
+class Foldable(Protocol):
+    """A conversation the engine folds (``Actor``): whether it is in the ready queue,
+    and ``fold``, which applies its queued events and hands the steps to the writer."""
+
+    queued: bool
+
+    def fold(self) -> None: ...
 
 
 @attrs.frozen
@@ -61,13 +69,13 @@ class Engine:
         self._after_round = after_round
         self._after_commit = after_commit
         writer.wake = self._wake
-        self._ready: deque[Actor] = deque()
+        self._ready: deque[Foldable] = deque()
         self._waiter: trio.lowlevel.Task | None = None
         self._rounds = 0
         self._folds = 0
         self._largest = 0
 
-    def ready(self, actor: Actor) -> None:
+    def ready(self, actor: Foldable) -> None:
         """``actor`` has something to fold (or may have come to rest): take it in the
         next round. An actor already waiting for its round is not queued twice."""
         if not actor.queued:

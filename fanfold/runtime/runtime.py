@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import heapq
 import os
@@ -11,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import attrs
 import trio
@@ -31,7 +32,9 @@ from fanfold.db.provenance import Origin, TreeRecord, UntrustedTree, UserKey, re
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.providers.description import ProviderDescription
 from fanfold.runtime.actor import Actor
+from fanfold.runtime.calls import Calls
 from fanfold.runtime.engine import Engine
+from fanfold.runtime.host import StepObserver
 from fanfold.runtime.logging import flush as flush_log_lines
 from fanfold.runtime.logging import library_logger
 from fanfold.runtime.presence import DatabaseInUse, Presence
@@ -54,6 +57,8 @@ from fanfold.statemachine import (
     RuntimeResumed,
     SpawnSubAgent,
     SubAgentFinished,
+    ToolCall,
+    ToolResult,
     TurnOutcome,
     UserMessaged,
     spawn_order,
@@ -63,7 +68,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
 from fanfold.statemachine.delegation import capped_limits, child_setup
 from fanfold.statemachine.state import tree_path
-from fanfold.tools.base import ToolRunner
+from fanfold.tools.base import AnswersInProcess, ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import NO_REDACTION, EnvPolicy
@@ -123,23 +128,6 @@ def _untune_collector() -> None:
 
 
 Observer = Callable[[Conversation, Conversation, Event, tuple[Effect, ...]], None]
-
-
-class StepObserver(Protocol):
-    """Told of every step once it is committed, in commit order (for example
-    ``fanfold.otel.SpanObserver``, which makes OpenTelemetry spans of them live).
-
-    ``at`` is the step's logged time. Called in the engine's task: it must not block
-    (an exporter hands spans to its own thread)."""
-
-    def step(
-        self,
-        conversation_id: str,
-        event: Event,
-        effects: tuple[Effect, ...],
-        state: Conversation,
-        at: float,
-    ) -> None: ...
 
 
 # SQLite result codes of a failing environment rather than a damaged log: they stop
@@ -336,8 +324,8 @@ class Runtime:
         """Told of every step once it is committed (see ``StepObserver``)."""
         self._clock = clock
         self._nursery = nursery
-        self.start_soon = nursery.start_soon
-        """Start a task in the runtime's nursery (the conversations' calls)."""
+        self.calls = Calls(nursery.start_soon)
+        """The calls in flight, on a pool of worker tasks (``calls.py``)."""
         self.timers = Timers()
         self._actors: dict[str, Actor] = {}  # conversations loaded: work in flight
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
@@ -939,8 +927,18 @@ class Runtime:
                 "tree being resumed"
             )
         resumed = []
+        context = contextvars.copy_context()  # one for all: they share call workers
         for row, state, started in loaded:
-            self._launch(Actor(self, state, row.last_seq, created=False, timers_started=started))
+            self._launch(
+                Actor(
+                    self,
+                    state,
+                    row.last_seq,
+                    created=False,
+                    timers_started=started,
+                    context=context,
+                )
+            )
             resumed.append(row.id)
         again = self._idempotent_tools()
         for conversation_id in resumed:
@@ -1071,7 +1069,13 @@ class Runtime:
             )
         actor.deliver(event)
 
-    def spawn_child(self, effect: SpawnSubAgent, *, reissued: bool = False) -> None:
+    def spawn_child(
+        self,
+        effect: SpawnSubAgent,
+        *,
+        reissued: bool = False,
+        context: contextvars.Context | None = None,
+    ) -> None:
         """Create and start a child; an existing child is left alone (idempotent).
 
         ``reissued``: the effect was re-issued by ``RuntimeResumed``, so the child may
@@ -1082,6 +1086,7 @@ class Runtime:
 
         Its creation carries what is really at its working directory (symbolic links
         followed): the reducer refuses one outside its parent's or the project.
+        ``context``: its parent's (``contextvars``), which it shares (see ``calls.py``).
         """
         if effect.child_id in self._actors:
             return
@@ -1089,7 +1094,7 @@ class Runtime:
             return
         parent_cwd = self.state(effect.parent_id).cwd
         found = inspect_workdir(effect.cwd, parent_cwd, self.project_cwd(effect.root_id))
-        self._create(effect.created_event(found), user_initiated=False)
+        self._create(effect.created_event(found), user_initiated=False, context=context)
 
     def project_cwd(self, root_id: str) -> str:
         """The working directory of the tree's root: the project no tool leaves."""
@@ -1103,22 +1108,40 @@ class Runtime:
         project = self.project_cwd(state.root_id)
         return None if cwd == project else outside_project(cwd, project)
 
-    def unloaded(self, actor: Actor) -> None:
+    def answers_in_process(self, name: str) -> bool:
+        """Whether the tool runner answers a call to ``name`` in-process (no I/O, no
+        waiting: ``think``), so the call needs no task (``AnswersInProcess``)."""
+        # Asked of ``tools`` as it is now (an application may swap the runner).
+        in_process = getattr(self.tools, "in_process", None)
+        return in_process is not None and in_process(name) is True
+
+    def answer_tool(self, call: ToolCall, cwd: str, *, confined: bool) -> ToolResult:
+        """The tool runner's in-process answer to ``call`` (see ``answers_in_process``);
+        ``confined`` is passed on only when True, as ``run`` gets it."""
+        answerer = cast(AnswersInProcess, self.tools)
+        if confined:
+            return answerer.answer(call, cwd, confined=True)
+        return answerer.answer(call, cwd)
+
+    def unloaded(self, conversation_id: str, actor: object) -> None:
         """The actor's conversation is settled (at rest, all committed, nothing
-        queued) and its worker and timers are stopped: forget it. The log holds its
+        queued) and its call and timers are stopped: forget it. The log holds its
         state."""
-        if self._actors.get(actor.state.id) is actor:
-            del self._actors[actor.state.id]
+        if self._actors.get(conversation_id) is actor:
+            del self._actors[conversation_id]
+        # No more call workers than conversations that might call: none once at rest.
+        self.calls.trim(len(self._actors))
         if not self._actors:
             # The codec's memo shares the text of values consecutive steps of loaded
             # conversations repeat; with none loaded it only keeps ended ones alive.
             clear_memo()
 
     def observe(
-        self, actor: Actor, before: Conversation, event: Event, effects: tuple[Effect, ...]
+        self, before: Conversation, after: Conversation, event: Event, effects: tuple[Effect, ...]
     ) -> None:
+        """Tell the ``observer`` given to ``open`` of a committed step."""
         if self._observer is not None:
-            self._observer(before, actor.state, event, effects)
+            self._observer(before, after, event, effects)
 
     # ---------------------------------------------------------------- internals
 
@@ -1158,20 +1181,25 @@ class Runtime:
         return actor
 
     def _create(
-        self, created: ConversationCreated, *, user_initiated: bool, tree: TreeRecord | None = None
+        self,
+        created: ConversationCreated,
+        *,
+        user_initiated: bool,
+        tree: TreeRecord | None = None,
+        context: contextvars.Context | None = None,
     ) -> Actor:
         """Register a new conversation at once (so events can queue for it) and queue
         its creation step (with ``tree``, a root's provenance record, in the same
         transaction) for the writer, before anything else of it."""
         state, effects = start(created)
-        actor = Actor(self, state, 0, created=True)
+        actor = Actor(self, state, 0, created=True, context=context)
         self._actors[state.id] = actor
         first = self.make_step(state, 0, created, effects, user_initiated=user_initiated)
         if tree is not None:
             first = attrs.evolve(first, tree=tree)
         if self.logs_lifecycle:
             actor.log.info("conversation_started", root_id=state.root_id)
-        self.observe(actor, state, created, effects)
+        self.observe(state, state, created, effects)
         actor.hand_over_first(first)
         return actor
 

@@ -23,3 +23,17 @@ class ToolRunner(Protocol):
         without the keyword still serves every other agent, and fails a confined
         agent's call rather than run it unguarded)."""
         ...
+
+
+class AnswersInProcess(Protocol):
+    """A runner that can answer some calls in-process (optional: ``ToolSet`` can).
+
+    ``in_process(name)`` says whether a call to ``name`` needs no I/O and no waiting
+    (its tool is ``fanfold.tools.tool.InProcess``, or no tool has that name);
+    ``answer`` then returns its result at once, as ``run`` would. The runtime answers
+    such calls in the engine's round, without a task (DESIGN.md, "The runtime").
+    """
+
+    def in_process(self, name: str) -> bool: ...
+
+    def answer(self, call: ToolCall, cwd: str, *, confined: bool = False) -> ToolResult: ...

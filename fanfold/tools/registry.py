@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -19,7 +19,14 @@ from fanfold.tools.schema import check_schema, validate_arguments
 from fanfold.tools.search import GlobTool, GrepTool
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.think import ThinkTool
-from fanfold.tools.tool import Confinable, Tool, ToolInputError, ToolOutput, valid_tool_name
+from fanfold.tools.tool import (
+    Confinable,
+    InProcess,
+    Tool,
+    ToolInputError,
+    ToolOutput,
+    valid_tool_name,
+)
 from fanfold.tools.web import WebFetchTool
 
 DEFAULT_POLICY = PathPolicy()
@@ -50,6 +57,8 @@ class ToolSet:
         self._specs: dict[str, ToolSpec] = {}
         self._schemas: dict[str, dict[str, Any]] = {}  # parsed once, read-only
         self._conforms: dict[str, Callable[[object], bool]] = {}
+        # The tools that answer in-process (``InProcess``): their ``answer``, by name.
+        self._answers: dict[str, Callable[[Mapping[str, Any], str], ToolOutput]] = {}
         for given in tools:
             tool = _as_tool(given)
             spec = tool.spec
@@ -78,6 +87,8 @@ class ToolSet:
             self._specs[spec.name] = spec
             self._schemas[spec.name] = schema
             self._conforms[spec.name] = _compile_check(schema)
+            if isinstance(tool, InProcess):
+                self._answers[spec.name] = tool.answer
 
     @classmethod
     def default(
@@ -143,15 +154,40 @@ class ToolSet:
         ``confined``: the calling agent's bash runs only through allow patterns; a
         tool that can be confined (:class:`~fanfold.tools.tool.Confinable`, the bash
         tool) runs in its confined form."""
-        output = await self._run(call, cwd, confined)
-        content = output.content
-        if len(content) > MAX_OUTPUT_CHARS:
-            buffer = HeadTailBuffer(MAX_OUTPUT_CHARS)
-            buffer.feed(content.encode("utf-8", "surrogatepass"))
-            content = buffer.text()
-        return ToolResult(call.id, call.name, content, output.is_error)
+        prepared = self._prepare(call, confined)
+        if isinstance(prepared, ToolOutput):
+            return _result(call, prepared)
+        tool, arguments = prepared
+        try:
+            output = await tool.run(arguments, cwd)
+        except _INPUT_ERRORS as e:
+            output = _input_error(call.name, e)
+        return _result(call, output)
 
-    async def _run(self, call: ToolCall, cwd: str, confined: bool = False) -> ToolOutput:
+    def in_process(self, name: str) -> bool:
+        """Whether a call to ``name`` is answered without I/O or waiting (``answer``):
+        its tool is :class:`~fanfold.tools.tool.InProcess` (``think``), or there is no
+        tool of that name (the call gets an error result)."""
+        return name in self._answers or name not in self._tools
+
+    def answer(self, call: ToolCall, cwd: str, *, confined: bool = False) -> ToolResult:
+        """The result of a call ``in_process`` says is answered in-process, at once:
+        what ``run`` would return. A call to any other tool is refused (ValueError)."""
+        prepared = self._prepare(call, confined)
+        if isinstance(prepared, ToolOutput):
+            return _result(call, prepared)
+        answer = self._answers.get(call.name)
+        if answer is None:
+            raise ValueError(f"{call.name!r} is not answered in-process: run it")
+        try:
+            output = answer(prepared[1], cwd)
+        except _INPUT_ERRORS as e:
+            output = _input_error(call.name, e)
+        return _result(call, output)
+
+    def _prepare(self, call: ToolCall, confined: bool) -> tuple[Tool, dict[str, Any]] | ToolOutput:
+        """The tool to run and the call's validated arguments, or the error output of a
+        call that no tool runs (unknown tool, arguments that are not valid)."""
         tool = self._tools.get(call.name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
@@ -165,17 +201,32 @@ class ToolSet:
             problem = validate_arguments(call.name, self._schemas[call.name], arguments)
             if problem is not None:
                 return ToolOutput.error(problem)
-        try:
-            return await tool.run(arguments, cwd)
-        except ToolInputError as e:
-            return ToolOutput.error(f"{call.name}: {e.message}")
-        except UnicodeDecodeError as e:
-            return ToolOutput.error(f"{call.name}: input is not valid UTF-8 text ({e.reason})")
-        except OSError as e:
-            where = f" ({e.filename})" if e.filename else ""
-            return ToolOutput.error(f"{call.name}: {e.strerror or e}{where}")
-        except trio.TooSlowError:
-            return ToolOutput.error(f"{call.name}: timed out")
+        return tool, arguments
+
+
+# What a tool may raise for bad input (``ToolSet``'s docstring): an error result.
+_INPUT_ERRORS = (ToolInputError, UnicodeDecodeError, OSError, trio.TooSlowError)
+
+
+def _input_error(name: str, e: Exception) -> ToolOutput:
+    if isinstance(e, ToolInputError):
+        return ToolOutput.error(f"{name}: {e.message}")
+    if isinstance(e, UnicodeDecodeError):
+        return ToolOutput.error(f"{name}: input is not valid UTF-8 text ({e.reason})")
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if e.filename else ""
+        return ToolOutput.error(f"{name}: {e.strerror or e}{where}")
+    return ToolOutput.error(f"{name}: timed out")
+
+
+def _result(call: ToolCall, output: ToolOutput) -> ToolResult:
+    """``output`` as the call's result, cut to ``MAX_OUTPUT_CHARS`` (head and tail)."""
+    content = output.content
+    if len(content) > MAX_OUTPUT_CHARS:
+        buffer = HeadTailBuffer(MAX_OUTPUT_CHARS)
+        buffer.feed(content.encode("utf-8", "surrogatepass"))
+        content = buffer.text()
+    return ToolResult(call.id, call.name, content, output.is_error)
 
 
 _ANNOTATIONS = frozenset({"description", "title", "default", "examples"})

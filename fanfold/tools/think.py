@@ -40,6 +40,13 @@ class ThinkTool:
             },
         )
 
+    def answer(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
+        """Return ``"ok"``: no I/O, so the runtime answers it in-process (``InProcess``)."""
+        return _OK
+
     async def run(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
         """Return ``"ok"``."""
-        return ToolOutput.ok("ok")
+        return self.answer(args, cwd)
+
+
+_OK = ToolOutput.ok("ok")

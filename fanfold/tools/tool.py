@@ -73,6 +73,21 @@ class Tool(Protocol):
 
 
 @runtime_checkable
+class InProcess(Protocol):
+    """A tool that answers in-process: no I/O, no waiting, nothing to cancel (``think``).
+
+    It declares so by having ``answer``, a plain function of its validated arguments;
+    its ``run`` must return what ``answer`` does. The runtime answers its calls in the
+    engine's round, without a task or a cancel scope (DESIGN.md, "The runtime"). A tool
+    that reads a file, runs a process or waits on anything must not have ``answer``.
+    """
+
+    def answer(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
+        """The output for validated ``args``, at once."""
+        ...
+
+
+@runtime_checkable
 class Confinable(Protocol):
     """A tool with a form for agents confined to allow patterns (the bash tool: git
     runs with what the repository's configuration could start switched off)."""

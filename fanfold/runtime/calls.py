@@ -1,0 +1,186 @@
+"""The calls in flight (model calls, tools that do I/O): a pool of worker tasks.
+
+A call waits on the outside world, so it needs a task; a conversation does not (the
+engine folds it). Each call is a ``Call`` handed to an idle worker of the runtime's
+pool, or to a new one when none is idle; a worker that finished its call parks, idle,
+for the next call of any conversation. Handing a call to a parked worker costs a
+reschedule and a task switch; starting a task costs about 70 k instructions more
+(``bench/README.md``), and most calls follow another call's end (a conversation's
+next round), so the pool starts about as many tasks as calls are ever in flight at
+once, not one per call. Idle workers are kept while they might serve a loaded
+conversation (no more workers than conversations loaded, ``trim``): a runtime whose
+trees ended goes back to its own tasks.
+
+Each worker runs its calls inside a cancel scope it keeps until one is aborted
+(``cancel``): a new scope per call would cost as much as the task.
+
+A worker runs in the context (``contextvars``) it was started in, as any task does, so
+it serves only calls made in that context: a conversation's calls run in its context
+(the API caller's that created its tree), as they would in a task of its own. The
+conversations of one tree share one context object, so they share their workers.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import trio
+
+
+class Caller(Protocol):
+    """Who made a call (``Actor``): says what to await for it, and hears how that
+    ended (never when the call was aborted)."""
+
+    def perform(self, call: Call) -> Awaitable[Any]:
+        """What to await for ``call`` (the provider's ``complete``, a tool's run)."""
+        ...
+
+    def call_done(self, call: Call, value: Any) -> None:
+        """``call``'s awaitable returned ``value``."""
+        ...
+
+    def call_failed(self, call: Call, error: Exception) -> None:
+        """``call``'s awaitable raised ``error``."""
+        ...
+
+
+class Call:
+    """One call in flight: who made it, its number, and what it runs (``perform``'s
+    business: the effect, the model request, the attempt)."""
+
+    __slots__ = ("attempt", "caller", "effect", "note", "number", "request", "started", "worker")
+
+    def __init__(self, caller: Caller, number: int, effect: Any, request: Any, attempt: int):
+        self.caller = caller
+        self.number = number
+        self.effect = effect
+        self.request = request
+        self.attempt = attempt
+        self.worker: _Worker | None = None  # None once it ended or was aborted
+        self.started = False
+        self.note: Any = None  # the caller's, from ``perform`` to the end
+
+
+class _Worker:
+    __slots__ = ("call", "context", "pool", "retire", "scope", "task")
+
+    def __init__(self, pool: Calls, call: Call | None, context: contextvars.Context) -> None:
+        self.pool = pool
+        self.context = context  # the context it was started in: it serves its calls
+        self.call = call
+        self.task: trio.lowlevel.Task | None = None  # set while parked, idle
+        self.scope: trio.CancelScope | None = None
+        self.retire = False
+
+    def unpark(self, _: Any) -> trio.lowlevel.Abort:
+        """Cancelled while idle: the runtime is closing."""
+        if self.task is not None:
+            self.pool._take_idle(self)
+            self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+_WORKER = "fanfold call"  # one name for every worker (Trio formats one per task otherwise)
+
+
+class Calls:
+    """The pool: ``start`` a call, ``cancel`` it; ``trim`` idle workers."""
+
+    def __init__(self, start_soon: Callable[..., None]) -> None:
+        self._start_soon = start_soon
+        # Idle workers by their context's id (a Context is not hashable; the workers
+        # keep theirs alive, so an id in here is never reused).
+        self._idle: dict[int, list[_Worker]] = {}
+        self._workers = 0
+
+    @property
+    def workers(self) -> int:
+        """How many worker tasks there are, busy or idle (not counting retired ones
+        that have not returned yet)."""
+        return self._workers
+
+    def start(self, call: Call, context: contextvars.Context) -> None:
+        """Run ``call`` on an idle worker of ``context``, or on a new one; the caller
+        runs in ``context`` (``context.run``), so a new worker starts in it."""
+        idle = self._idle.get(id(context))
+        if idle:
+            worker = idle.pop()
+            if not idle:
+                del self._idle[id(context)]
+            worker.call = call
+            call.worker = worker
+            task, worker.task = worker.task, None
+            assert task is not None
+            trio.lowlevel.reschedule(task)
+        else:
+            worker = _Worker(self, call, context)
+            call.worker = worker
+            self._workers += 1
+            self._start_soon(self._work, worker, name=_WORKER)
+
+    def cancel(self, call: Call) -> None:
+        """Abort ``call``: one handed over and not started never starts; a running
+        one is cancelled (its caller hears nothing more of it)."""
+        worker = call.worker
+        call.worker = None
+        if worker is None or worker.call is not call:
+            return  # it ended already
+        worker.call = None  # handed over and not started: it never starts
+        if call.started and worker.scope is not None:
+            worker.scope.cancel()  # running: cancelled where it waits
+
+    def trim(self, wanted: int) -> None:
+        """Retire idle workers while there are more workers than ``wanted`` (the
+        conversations loaded: none of them can have more than one call in flight
+        but rarely, and a runtime at rest needs none)."""
+        while self._idle and self._workers > wanted:
+            key, idle = next(iter(self._idle.items()))
+            worker = idle.pop()
+            if not idle:
+                del self._idle[key]
+            worker.retire = True
+            self._workers -= 1
+            task, worker.task = worker.task, None
+            assert task is not None
+            trio.lowlevel.reschedule(task)
+
+    def _take_idle(self, worker: _Worker) -> None:
+        idle = self._idle[id(worker.context)]
+        idle.remove(worker)
+        if not idle:
+            del self._idle[id(worker.context)]
+
+    async def _work(self, worker: _Worker) -> None:
+        try:
+            while not worker.retire:
+                with trio.CancelScope() as scope:
+                    worker.scope = scope
+                    while not worker.retire:
+                        call = worker.call
+                        if call is None:
+                            worker.task = trio.lowlevel.current_task()
+                            self._idle.setdefault(id(worker.context), []).append(worker)
+                            await trio.lowlevel.wait_task_rescheduled(worker.unpark)
+                            continue
+                        call.started = True
+                        # The caller's awaitable is awaited right here: no frame of
+                        # the caller's own stays alive while the call waits.
+                        try:
+                            value = await call.caller.perform(call)
+                        except Exception as error:
+                            worker.call = None
+                            if call.worker is worker:  # not aborted meanwhile
+                                call.worker = None
+                                call.caller.call_failed(call, error)
+                        else:
+                            worker.call = None
+                            if call.worker is worker:
+                                call.worker = None
+                                call.caller.call_done(call, value)
+                # The scope was cancelled: its call was aborted. A fresh one for the next.
+                worker.call = None
+        finally:
+            if not worker.retire:  # cancelled (the runtime closing): not retired
+                self._workers -= 1
