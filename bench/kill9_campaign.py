@@ -143,6 +143,9 @@ GOAL = ("lost", "duplicated", "verify_failures", "double_executions", "processes
 
 console = Console()
 
+# The files whose growth shows a run at work (``log_size``).
+LOG_FILES = ("db.log.jsonl", "db.sqlite-wal", "db.sqlite")
+
 
 @attrs.frozen
 class Settings:
@@ -156,6 +159,11 @@ class Settings:
     grace: float  # seconds survivors are given to go away before they count
     timeout: float  # seconds a final resume (or replay) may take before it is killed
     keep: bool
+    # The files whose growth starts a run's kill clock (``log_size``): any log for the
+    # bash workload; for the MCP workload only the SQLite log, which the run opens once
+    # its servers have started and listed their tools (the JSON log starts before
+    # that, and a clock started there put half the kills in the servers' start-up).
+    clock_files: tuple[str, ...] = LOG_FILES
 
 
 @attrs.frozen
@@ -217,20 +225,26 @@ def spawn(
         )
 
 
-def log_size(point: Path) -> int:
-    """Bytes of the point's JSON log and SQLite write-ahead log: they grow as it works."""
+def log_size(point: Path, files: Sequence[str] = LOG_FILES) -> int:
+    """Bytes of the point's JSON log and SQLite write-ahead log (or of ``files``): they
+    grow as it works."""
     total = 0
-    for name in ("db.log.jsonl", "db.sqlite-wal", "db.sqlite"):
+    for name in files:
         with suppress(OSError):
             total += (point / name).stat().st_size
     return total
 
 
-def wait_for_work(process: subprocess.Popen[bytes], point: Path, before: int) -> float:
-    """Wait until the process has logged something (or ended, or 20 s passed);
-    returns when, on the monotonic clock."""
+def wait_for_work(
+    process: subprocess.Popen[bytes],
+    point: Path,
+    before: int,
+    files: Sequence[str] = LOG_FILES,
+) -> float:
+    """Wait until the process has logged something in ``files`` (or ended, or 20 s
+    passed); returns when, on the monotonic clock."""
     limit = time.monotonic() + 20.0
-    while time.monotonic() < limit and process.poll() is None and log_size(point) <= before:
+    while time.monotonic() < limit and process.poll() is None and log_size(point, files) <= before:
         time.sleep(0.005)
     return time.monotonic()
 
@@ -586,7 +600,7 @@ def run_point(settings: Settings, plan: Plan) -> dict[str, Any]:
         ],
         "run",
     )
-    at = wait_for_work(run, point, 0)
+    at = wait_for_work(run, point, 0, settings.clock_files)
     sigint_sent = False
     if plan.sigint:
         time.sleep(max(0.0, plan.kill_at * settings.window - plan.sigint_lead))
@@ -738,7 +752,7 @@ def calibrate(settings: Settings) -> tuple[float, list[dict[str, Any]]]:
         ],
         "run",
     )
-    wait_for_work(run, point, 0)
+    wait_for_work(run, point, 0, settings.clock_files)
     at = time.time()
     code = finish(run, settings.timeout)
     left = reap_survivors("k9-calibration", workdir, settings.grace)
@@ -855,6 +869,7 @@ def campaign(
         )
         env["FANFOLD_CONFIG"] = str(config)
     script = args.script or WORKLOADS[args.workload]
+    clock = ("db.sqlite-wal", "db.sqlite") if args.workload == "mcp" else LOG_FILES
     settings = Settings(
         base=base,
         script=Path(script).resolve(),
@@ -864,6 +879,7 @@ def campaign(
         grace=args.grace,
         timeout=args.timeout,
         keep=args.keep,
+        clock_files=clock,
     )
     started = time.monotonic()
     calibration: list[dict[str, Any]] | None = None
