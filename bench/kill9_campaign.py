@@ -240,10 +240,11 @@ def wait_for_work(
     point: Path,
     before: int,
     files: Sequence[str] = LOG_FILES,
+    limit_s: float = 20.0,
 ) -> float:
-    """Wait until the process has logged something in ``files`` (or ended, or 20 s
-    passed); returns when, on the monotonic clock."""
-    limit = time.monotonic() + 20.0
+    """Wait until the process has logged something in ``files`` (or ended, or
+    ``limit_s`` passed); returns when, on the monotonic clock."""
+    limit = time.monotonic() + limit_s
     while time.monotonic() < limit and process.poll() is None and log_size(point, files) <= before:
         time.sleep(0.005)
     return time.monotonic()
@@ -600,7 +601,7 @@ def run_point(settings: Settings, plan: Plan) -> dict[str, Any]:
         ],
         "run",
     )
-    at = wait_for_work(run, point, 0, settings.clock_files)
+    at = wait_for_work(run, point, 0, settings.clock_files, settings.timeout)
     sigint_sent = False
     if plan.sigint:
         time.sleep(max(0.0, plan.kill_at * settings.window - plan.sigint_lead))
@@ -752,7 +753,7 @@ def calibrate(settings: Settings) -> tuple[float, list[dict[str, Any]]]:
         ],
         "run",
     )
-    wait_for_work(run, point, 0, settings.clock_files)
+    wait_for_work(run, point, 0, settings.clock_files, settings.timeout)
     at = time.time()
     code = finish(run, settings.timeout)
     left = reap_survivors("k9-calibration", workdir, settings.grace)
