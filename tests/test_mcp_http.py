@@ -260,6 +260,7 @@ def test_secret_headers_reach_the_server_and_no_log(tmp_path: Path, failing: boo
         # The server is named with the status it answered (start-up failed: its tools
         # were never offered, so the model's calls are unknown tools).
         assert "MCP server 'web' failed to start: answered HTTP 500" in done.stderr
+        assert "sub-exception" not in done.stderr  # the error itself, not its wrapping
     else:
         assert "done: echo: again" in done.stdout
     assert b"turn_ended" in log.read_bytes()  # the log was written

@@ -683,5 +683,9 @@ def _report(status_r: int) -> dict[str, str]:
 
 
 def _one_line(exc: BaseException) -> str:
+    # A nursery's (or the SDK's task group's) wrapping of one error says nothing
+    # ("Exceptions from Trio nursery (1 sub-exception)"): the error inside does.
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:300]
