@@ -1,12 +1,13 @@
-"""A small MCP server for the tests, run as a real subprocess over stdio.
+"""A small MCP server for the tests, run as a real subprocess over stdio (or HTTP).
 
 ``python mcp_test_server.py MODE [DIR]``; DIR is where the tools leave traces.
 
 - ``ok``: the SDK's ``MCPServer`` with tools ``echo`` (read-only), ``add`` (structured
   result), ``fail`` (an ``isError`` result), ``image``, ``big`` (50 MB of text),
-  ``die`` (exits mid-call), ``slow`` (sleeps; writes ``cancelled`` to DIR when the
-  client cancels it), ``count`` (appends a line to DIR/count), ``bash`` (a built-in's
-  name), ``spawn`` (starts a grandchild ``sleep``, writes its pid and the server's).
+  ``die`` (exits mid-call), ``slow`` (sleeps; touches DIR/slow-started, writes
+  ``cancelled`` to DIR when the client cancels it), ``count`` (appends a line to
+  DIR/count), ``bash`` (a built-in's name), ``spawn`` (starts a grandchild
+  ``sleep``, writes its pid and the server's).
 - ``hang``: as ``ok``, but ignores SIGTERM and end-of-file on stdin at shutdown.
 - ``http``: the tools of ``ok`` over Streamable HTTP (uvicorn, the SDK's Starlette app)
   on 127.0.0.1, port $HTTP_PORT or one the system picks, written to DIR/port once it
@@ -135,6 +136,7 @@ def served() -> None:
     @server.tool()
     async def slow(seconds: float) -> str:
         """Sleeps."""
+        (DIR / "slow-started").touch()
         try:
             await anyio.sleep(seconds)
         except anyio.get_cancelled_exc_class():
