@@ -11,6 +11,16 @@ the kill. The process is killed with SIGKILL at a random moment; on some points 
 first ``fanfold resume`` is killed again mid-recovery; then ``fanfold resume`` runs
 until it ends. The phase the tree was in at each kill is read from the log afterwards.
 
+``--workload mcp`` runs ``bench/kill9_mcp_script.json`` instead: its agents call tools
+of two real MCP servers (``tests/mcp_test_server.py``, the SDK's server side over stdio,
+declared in a configuration file the campaign writes and passes as ``$FANFOLD_CONFIG``):
+``once``, whose ``count`` tool is not idempotent (a call in flight at a crash must be
+recorded as interrupted and never sent again), and ``again``, the same server with
+``count`` in ``idempotent_tools`` (re-sent on resume). ``count`` appends its call's
+token to ``work/count`` first thing, then takes 0.3 s, so kills land with calls in
+flight; one child's time limit cancels a ``slow`` call mid-flight; grandchildren share
+the servers with a bash command.
+
 Then, per point:
 
 - lost outcomes: a sub-agent that was started (has a conversation) but whose outcome
@@ -20,12 +30,15 @@ Then, per point:
   a fan-in result;
 - verify failures: ``fanfold replay ROOT --verify --tree`` exits non-zero;
 - double executions: every bash command appends a token unique to its call to
-  ``markers.txt`` first thing; a token seen twice is a command run twice;
+  ``markers.txt`` first thing; a token seen twice is a command run twice; the same for
+  the MCP ``count`` calls' tokens in ``count`` (the server appends each call's token),
+  except that a call of the idempotent ``again`` server may be re-sent once per crash
+  of its point: only executions beyond 1 + the point's kills count there;
 - processes left running: every command names its long-lived processes after the
   point (``exec -a <point tag>...``); after the last resume has ended (and a short
   grace, ``--grace``), /proc is scanned for processes whose command line holds the
-  point's tag or whose working directory is the point's. They are counted, listed and
-  killed.
+  point's tag or whose working directory is the point's (an MCP server and its supervisor
+  run there). They are counted, listed and killed.
 
 Run from the repository root with the project's venv::
 
@@ -75,6 +88,24 @@ from fanfold.statemachine import (
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "kill9_script.json"
+MCP_SCRIPT = HERE / "kill9_mcp_script.json"
+MCP_SERVER = HERE.parent / "tests" / "mcp_test_server.py"
+WORKLOADS = {"bash": SCRIPT, "mcp": MCP_SCRIPT}
+# The MCP workload's servers: two copies of the tests' server, run from the working
+# directory (its tools write there); `again` declares `count` idempotent. The tokens of
+# `count` calls name the server (`TASK:once:N`, `TASK:again:N`).
+MCP_SERVERS = """\
+[mcp_servers.once]
+command = {python}
+args = [{server}, "ok", "."]
+env = {{ COUNT_SLEEP = "0.3" }}
+
+[mcp_servers.again]
+command = {python}
+args = [{server}, "ok", "."]
+env = {{ COUNT_SLEEP = "0.3" }}
+idempotent_tools = ["count"]
+"""
 
 # Extra options of every `fanfold run`: the script's tree is two levels deep, and at most
 # three children of one parent run at once (so the fourth and fifth wait in the queue).
@@ -89,7 +120,8 @@ RUN_OPTIONS = ("--max-depth", "2", "--max-concurrent", "3", "--no-live")
 # - fan-in: a child has ended but its parent has not accepted its outcome yet, or a
 #   parent has every outcome and its answer built on them is not recorded yet;
 # - spawn: a parent started a child that is not created yet or not yet at work;
-# - bash / tool: a conversation waits for a bash command / another tool;
+# - bash / mcp / tool: a conversation waits for a bash command / an MCP server's tool
+#   (``mcp__SERVER__TOOL``) / another tool;
 # - model: a conversation waits for a model reply (or a retry's back-off);
 # - done: the root had come to rest (the process was about to exit);
 # - startup: nothing logged yet; unreadable: the log could not be read (a finding).
@@ -98,6 +130,7 @@ PHASES = (
     "fan-in",
     "spawn",
     "bash",
+    "mcp",
     "model",
     "tool",
     "done",
@@ -109,6 +142,9 @@ PHASES = (
 GOAL = ("lost", "duplicated", "verify_failures", "double_executions", "processes_left_running")
 
 console = Console()
+
+# The files whose growth shows a run at work (``log_size``).
+LOG_FILES = ("db.log.jsonl", "db.sqlite-wal", "db.sqlite")
 
 
 @attrs.frozen
@@ -123,6 +159,12 @@ class Settings:
     grace: float  # seconds survivors are given to go away before they count
     timeout: float  # seconds a final resume (or replay) may take before it is killed
     keep: bool
+    # The files whose growth starts a run's kill clock (``log_size``): any log for the
+    # bash workload; for the MCP workload only the JSON log, whose first line is the
+    # root's start. The run creates the SQLite log once its servers have started and
+    # listed their tools, and then takes a second or more (under load) before the root
+    # starts: a clock started at the SQLite file put a third of the kills there.
+    clock_files: tuple[str, ...] = LOG_FILES
 
 
 @attrs.frozen
@@ -184,20 +226,27 @@ def spawn(
         )
 
 
-def log_size(point: Path) -> int:
-    """Bytes of the point's JSON log and SQLite write-ahead log: they grow as it works."""
+def log_size(point: Path, files: Sequence[str] = LOG_FILES) -> int:
+    """Bytes of the point's JSON log and SQLite write-ahead log (or of ``files``): they
+    grow as it works."""
     total = 0
-    for name in ("db.log.jsonl", "db.sqlite-wal", "db.sqlite"):
+    for name in files:
         with suppress(OSError):
             total += (point / name).stat().st_size
     return total
 
 
-def wait_for_work(process: subprocess.Popen[bytes], point: Path, before: int) -> float:
-    """Wait until the process has logged something (or ended, or 20 s passed);
-    returns when, on the monotonic clock."""
-    limit = time.monotonic() + 20.0
-    while time.monotonic() < limit and process.poll() is None and log_size(point) <= before:
+def wait_for_work(
+    process: subprocess.Popen[bytes],
+    point: Path,
+    before: int,
+    files: Sequence[str] = LOG_FILES,
+    limit_s: float = 20.0,
+) -> float:
+    """Wait until the process has logged something in ``files`` (or ended, or
+    ``limit_s`` passed); returns when, on the monotonic clock."""
+    limit = time.monotonic() + limit_s
+    while time.monotonic() < limit and process.poll() is None and log_size(point, files) <= before:
         time.sleep(0.005)
     return time.monotonic()
 
@@ -305,7 +354,10 @@ def _phase_tags(state: Conversation, *, rows: Sequence[Any]) -> set[str]:
             tags.add("fan-in")  # all outcomes are in; the answer built on them is not
     if isinstance(phase, ToolExecuting):
         name = phase.current.name
-        tags.add({"bash": "bash", "spawn_agents": "spawn"}.get(name, "tool"))
+        if name.startswith("mcp__"):
+            tags.add("mcp")
+        else:
+            tags.add({"bash": "bash", "spawn_agents": "spawn"}.get(name, "tool"))
     children = state.children
     if children is not None:
         created = {row.id: row for row in rows}
@@ -327,6 +379,7 @@ def audit(db: Path) -> dict[str, Any]:
         "duplicated": [],
         "stray": [],
         "written_off": [],
+        "mcp_interrupted": [],
     }
     if not db.exists():
         return result
@@ -344,6 +397,7 @@ def audit(db: Path) -> dict[str, Any]:
             state = store.load_state(row.id)
             if row.id == root.id:
                 result["root_phase"] = type(state.phase).__name__
+            result["mcp_interrupted"] += mcp_interrupted(state)
             if not kids:
                 continue
             delivered = Counter(
@@ -412,13 +466,53 @@ def fan_in_ids(state: Conversation) -> list[str]:
     return ids
 
 
-def double_executions(workdir: Path) -> dict[str, int]:
-    """Marker tokens written more than once (each bash call writes its own token)."""
+def mcp_interrupted(state: Conversation) -> list[str]:
+    """The MCP tools whose call this conversation recorded as interrupted (in flight
+    at a crash, not re-sent)."""
+    return [
+        message.result.name
+        for message in state.history
+        if isinstance(message, ToolResultMessage)
+        and message.result.name.startswith("mcp__")
+        and message.result.is_error
+        and message.result.content.startswith("interrupted:")
+    ]
+
+
+def tokens(path: Path) -> Counter[str]:
+    """How often each whitespace-separated token appears in the file (none if absent)."""
     try:
-        tokens = (workdir / "markers.txt").read_text().split()
+        return Counter(path.read_text().split())
     except OSError:
-        return {}
-    return {token: n for token, n in Counter(tokens).items() if n > 1}
+        return Counter()
+
+
+def double_executions(workdir: Path, *, crashes: int = 0) -> dict[str, int]:
+    """Tokens written more than they may be: a bash call's (``markers.txt``) or a
+    non-idempotent MCP call's (``count``, ``TASK:once:N``) more than once; an idempotent
+    MCP call's (``TASK:again:N``) more than once plus once per crash of the point
+    (``crashes``: each resume re-sends a call in flight at most once)."""
+    found = {token: n for token, n in tokens(workdir / "markers.txt").items() if n > 1}
+    for token, n in mcp_tokens(workdir).items():
+        if n > 1 + (crashes if ":again:" in token else 0):
+            found[token] = n
+    return found
+
+
+def mcp_tokens(workdir: Path) -> Counter[str]:
+    """How often the MCP servers received each ``count`` call (its token's lines)."""
+    return Counter({t: n for t, n in tokens(workdir / "count").items() if ":" in t})
+
+
+def mcp_summary(workdir: Path, interrupted: Sequence[str]) -> dict[str, int]:
+    """The MCP calls of a point: received by a server (distinct tokens), re-sent to the
+    idempotent server after a crash, and recorded as interrupted."""
+    received = mcp_tokens(workdir)
+    return {
+        "received": len(received),
+        "resent": sum(n - 1 for t, n in received.items() if ":again:" in t),
+        "interrupted": len(interrupted),
+    }
 
 
 # ------------------------------------------------------------------ survivors
@@ -453,11 +547,16 @@ def survivors(tag: str, workdir: Path) -> list[dict[str, Any]]:
 
 def kind(tag: str, cmdline: str) -> str:
     """Which of the script's processes this is: the last part of the name a command
-    gave it (``bg``, ``nohup``, ``setsid``, ``long``), ``shell`` for a bash running a
-    command of the script, ``other`` for anything else in the working directory."""
+    gave it (``bg``, ``nohup``, ``setsid``, ``long``), ``mcp-server`` and
+    ``mcp-supervisor`` for an MCP server and its supervisor, ``shell`` for a bash running
+    a command of the script, ``other`` for anything else in the working directory."""
     name = cmdline.split(" ", 1)[0]
     if name.startswith(tag + "."):
         return name.rsplit(".", 1)[-1]
+    if "supervisor.py --serve" in cmdline:
+        return "mcp-supervisor"
+    if MCP_SERVER.name in cmdline:
+        return "mcp-server"
     return "shell" if tag in cmdline else "other"
 
 
@@ -503,7 +602,7 @@ def run_point(settings: Settings, plan: Plan) -> dict[str, Any]:
         ],
         "run",
     )
-    at = wait_for_work(run, point, 0)
+    at = wait_for_work(run, point, 0, settings.clock_files, settings.timeout)
     sigint_sent = False
     if plan.sigint:
         time.sleep(max(0.0, plan.kill_at * settings.window - plan.sigint_lead))
@@ -586,6 +685,7 @@ def run_point(settings: Settings, plan: Plan) -> dict[str, Any]:
             "duplicated": [],
             "stray": [],
             "written_off": [],
+            "mcp_interrupted": [],
             "audit_error": f"{type(exc).__name__}: {exc}",
         }
     record.update(found)
@@ -604,7 +704,8 @@ def run_point(settings: Settings, plan: Plan) -> dict[str, Any]:
             record["verify_output"] = tail(point / "replay.out") + tail(point / "replay.err")
     elif "audit_error" in found:
         record["verify_failed"] = True
-    record["double_executed"] = double_executions(workdir)
+    record["double_executed"] = double_executions(workdir, crashes=len(kills))
+    record["mcp"] = mcp_summary(workdir, found["mcp_interrupted"])
     record["left_running"] = reap_survivors(plan.tag, workdir, settings.grace)
     record["kills"] = kills
     record["seconds"] = round(time.monotonic() - started, 2)
@@ -653,7 +754,7 @@ def calibrate(settings: Settings) -> tuple[float, list[dict[str, Any]]]:
         ],
         "run",
     )
-    wait_for_work(run, point, 0)
+    wait_for_work(run, point, 0, settings.clock_files, settings.timeout)
     at = time.time()
     code = finish(run, settings.timeout)
     left = reap_survivors("k9-calibration", workdir, settings.grace)
@@ -693,6 +794,9 @@ def totals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "no_tree": sum(1 for r in records if r["root"] is None),
         "stray_outcomes": sum(len(r["stray"]) for r in records),
         "written_off": sum(len(r["written_off"]) for r in records),
+        "mcp_calls_received": sum(r["mcp"]["received"] for r in records),
+        "mcp_resent_idempotent": sum(r["mcp"]["resent"] for r in records),
+        "mcp_interrupted": sum(r["mcp"]["interrupted"] for r in records),
         "left_running_by_kind": dict(
             Counter(p["kind"] for r in records for p in r["left_running"]).most_common()
         ),
@@ -721,6 +825,9 @@ def show(report: dict[str, Any]) -> None:
         "no_tree",
         "stray_outcomes",
         "written_off",
+        "mcp_calls_received",
+        "mcp_resent_idempotent",
+        "mcp_interrupted",
     ):
         table.add_row(key, str(summary[key]))
     kinds = ", ".join(f"{k} {n}" for k, n in summary["left_running_by_kind"].items())
@@ -753,15 +860,28 @@ def campaign(
     # folder, not in the source tree) even where the environment turns caching off.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
+    if args.workload == "mcp":
+        # The user's configuration file for every run and resume of the campaign: its
+        # servers start as they are (no trust record needed, as for a user's own file).
+        config = base / "mcp.toml"
+        config.write_text(
+            MCP_SERVERS.format(
+                python=json.dumps(sys.executable), server=json.dumps(str(MCP_SERVER))
+            )
+        )
+        env["FANFOLD_CONFIG"] = str(config)
+    script = args.script or WORKLOADS[args.workload]
+    clock = ("db.log.jsonl",) if args.workload == "mcp" else LOG_FILES
     settings = Settings(
         base=base,
-        script=Path(args.script).resolve(),
+        script=Path(script).resolve(),
         fanfold=fanfold_command(),
         env=env,
         window=0.0,
         grace=args.grace,
         timeout=args.timeout,
         keep=args.keep,
+        clock_files=clock,
     )
     started = time.monotonic()
     calibration: list[dict[str, Any]] | None = None
@@ -789,6 +909,7 @@ def campaign(
         "campaign": {
             "points": args.points,
             "seed": args.seed,
+            "workload": args.workload,
             "jobs": args.jobs,
             "script": str(settings.script),
             "window_s": round(window, 3),
@@ -809,7 +930,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1, help="seed of the kill moments")
     parser.add_argument("--jobs", type=int, default=1, help="points run at once")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
-    parser.add_argument("--script", default=str(SCRIPT), help="scripted provider script")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="bash",
+        help="bash: the tree of bash commands (default); mcp: agents calling MCP servers' tools",
+    )
+    parser.add_argument(
+        "--script", default=None, help="scripted provider script (default: the workload's)"
+    )
     parser.add_argument(
         "--window",
         type=float,

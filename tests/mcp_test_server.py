@@ -1,13 +1,20 @@
-"""A small MCP server for the tests, run as a real subprocess over stdio.
+"""A small MCP server for the tests, run as a real subprocess over stdio (or HTTP).
 
 ``python mcp_test_server.py MODE [DIR]``; DIR is where the tools leave traces.
 
 - ``ok``: the SDK's ``MCPServer`` with tools ``echo`` (read-only), ``add`` (structured
   result), ``fail`` (an ``isError`` result), ``image``, ``big`` (50 MB of text),
-  ``die`` (exits mid-call), ``slow`` (sleeps; writes ``cancelled`` to DIR when the
-  client cancels it), ``count`` (appends a line to DIR/count), ``bash`` (a built-in's
-  name), ``spawn`` (starts a grandchild ``sleep``, writes its pid and the server's).
+  ``die`` (exits mid-call), ``slow`` (sleeps; touches DIR/slow-started, writes
+  ``cancelled`` to DIR when the client cancels it), ``count`` (appends a line to
+  DIR/count), ``bash`` (a built-in's name), ``spawn`` (starts a grandchild
+  ``sleep``, writes its pid and the server's).
 - ``hang``: as ``ok``, but ignores SIGTERM and end-of-file on stdin at shutdown.
+- ``http``: the tools of ``ok`` over Streamable HTTP (uvicorn, the SDK's Starlette app)
+  on 127.0.0.1, port $HTTP_PORT or one the system picks, written to DIR/port once it
+  listens. Each request's headers (and its method, as ``(method)``) are appended to
+  DIR/headers (one JSON line); while
+  DIR/http-status holds a number, every request is answered with that HTTP status
+  instead; while DIR/http-hang exists, every request waits for ever.
 - ``many``: 1,000 tools.
 - ``noinit``: reads requests and never answers.
 - ``garbage``: answers every line with a line that is not JSON.
@@ -23,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 MODE = sys.argv[1]
 DIR = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(".")
@@ -128,6 +136,7 @@ def served() -> None:
     @server.tool()
     async def slow(seconds: float) -> str:
         """Sleeps."""
+        (DIR / "slow-started").touch()
         try:
             await anyio.sleep(seconds)
         except anyio.get_cancelled_exc_class():
@@ -160,11 +169,67 @@ def served() -> None:
         """The value of the variable the declaration passed."""
         return os.environ.get("PASSED", "unset") + " " + os.environ.get("OTHER_TOKEN", "absent")
 
+    if MODE == "http":
+        http(server)
+        return
     anyio.run(server.run_stdio_async)
     if MODE == "hang":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         (DIR / "hanging").write_text(str(os.getpid()))
         time.sleep(3600)
+
+
+def http(server: Any) -> None:
+    import socket
+
+    import uvicorn
+
+    app = server.streamable_http_app()
+
+    async def recorded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+            headers["(method)"] = scope["method"]
+            with open(DIR / "headers", "a") as f:
+                f.write(json.dumps(headers) + "\n")
+            if (DIR / "http-hang").exists():
+                import asyncio
+
+                await asyncio.sleep(3600)
+            status = DIR / "http-status"
+            if status.exists():
+                body = b"scripted failure"
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": int(status.read_text()),
+                        "headers": [(b"content-type", b"text/plain")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart takes the port
+    sock.bind(("127.0.0.1", int(os.environ.get("HTTP_PORT", "0"))))
+    sock.listen()
+    config = uvicorn.Config(recorded, log_level="error", lifespan="on")
+    uvicorn_server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        import asyncio
+
+        task = asyncio.create_task(uvicorn_server.serve(sockets=[sock]))
+        while not uvicorn_server.started:
+            await asyncio.sleep(0.01)
+        (DIR / "port.tmp").write_text(str(sock.getsockname()[1]))
+        (DIR / "port.tmp").rename(DIR / "port")
+        await task
+
+    import asyncio
+
+    asyncio.run(serve())
 
 
 if MODE in ("noinit", "garbage", "badschema", "stringschema"):

@@ -62,6 +62,28 @@ def test_double_executions_are_tokens_written_twice(tmp_path: Path) -> None:
     assert k9.double_executions(tmp_path / "absent") == {}
 
 
+def test_mcp_calls_count_twice_unless_idempotent_and_resent_once_per_crash(
+    tmp_path: Path,
+) -> None:
+    # The MCP server appends each call's token to `count` (and writes other lines there
+    # too: the slow tool's `cancelled` file is separate, tokens have a colon).
+    (tmp_path / "count").write_text(
+        "p.c1:once:1\np.c1:once:1\np.c1:once:2\n"
+        "p.c2:again:1\np.c2:again:1\np.c2:again:2\np.c2:again:2\np.c2:again:2\n"
+    )
+    # A non-idempotent call received twice is a double execution whatever happened; an
+    # idempotent one may be re-sent once per crash of its point.
+    assert k9.double_executions(tmp_path, crashes=0) == {
+        "p.c1:once:1": 2,
+        "p.c2:again:1": 2,
+        "p.c2:again:2": 3,
+    }
+    assert k9.double_executions(tmp_path, crashes=1) == {"p.c1:once:1": 2, "p.c2:again:2": 3}
+    assert k9.double_executions(tmp_path, crashes=2) == {"p.c1:once:1": 2}
+    summary = k9.mcp_summary(tmp_path, ["mcp__once__count"])
+    assert summary == {"received": 4, "resent": 3, "interrupted": 1}
+
+
 def test_survivors_are_found_by_tag_or_working_directory_and_killed(tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -164,4 +186,34 @@ def test_a_two_point_campaign_reports_zero_lost_duplicated_verify_and_double(
     # Every process a bash command started dies with its call, its supervisor or
     # fanfold itself (the per-call supervisor): none is left for the campaign to find.
     assert totals["processes_left_running"] == 0, listed
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_a_two_point_mcp_campaign_kills_with_mcp_servers_running(tmp_path: Path) -> None:
+    """The MCP workload: agents call tools of two real stdio MCP servers (one tool
+    idempotent, one not); kills land while the servers run. Nothing lost or run twice,
+    no server left behind."""
+    out = tmp_path / "report.json"
+    command = [sys.executable, str(CAMPAIGN), "--workload", "mcp", "--points", "2"]
+    command += ["--jobs", "2", "--seed", "7", "--window", "2.5", "--grace", "0.5"]
+    command += ["--json", str(out), "--quiet"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    report = json.loads(out.read_text())
+    totals = report["totals"]
+    assert report["campaign"]["workload"] == "mcp"
+    assert report["campaign"]["script"].endswith("kill9_mcp_script.json")
+    assert totals["kills"] >= 2, report["points"]
+    for key in k9.GOAL:
+        assert totals[key] == 0, (key, report["points"])
+    for key in ("unfinished", "resume_failures", "run_failures"):
+        assert totals[key] == 0, (key, report["points"])
+    # The trees did call the servers (in the killed run or the resume): each of the
+    # eight `count` calls of a finished tree reached a server, unless it was in flight
+    # at a kill before the server got it (then it is recorded as interrupted).
+    for point in report["points"]:
+        if point["root"] is not None:
+            assert point["root_phase"] == "Idle"
+            mcp = point["mcp"]
+            assert 8 - mcp["interrupted"] <= mcp["received"] <= 8, point
     assert done.returncode == 0, done.stderr

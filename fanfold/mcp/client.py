@@ -123,6 +123,11 @@ class McpServer:
         """Why ``discover`` offers none of its tools (waits for trust, failed)."""
         self.left_out: list[str] = []
         """Its tools ``discover`` left out, each with why."""
+        self.http_errors = 0
+        """HTTP error statuses a Streamable HTTP server answered (counted, so that a
+        call can tell whether one came while it waited)."""
+        self.http_error: str | None = None
+        """The last of them, ``HTTP 503 Service Unavailable``."""
         self._lock = trio.Lock()
         self._wake: trio.Event | None = None
 
@@ -156,6 +161,7 @@ class McpServer:
                 raise self._unavailable(f"{why}, and was restarted once already")
             self.starts += 1
             timeout = self.declaration.startup_timeout
+            http_errors = self.http_errors
             try:
                 with trio.fail_after(timeout):
                     await self.hub.nursery.start(self._serve)
@@ -165,7 +171,8 @@ class McpServer:
             except ServerUnavailable:
                 raise
             except Exception as exc:  # the SDK's MCPError, a closed stream, OSError
-                self.failure = self.failure or f"failed to start: {_one_line(exc)}"
+                status = f"answered {self.http_error}: " if self.http_errors > http_errors else ""
+                self.failure = self.failure or f"failed to start: {status}{_one_line(exc)}"
                 raise self._unavailable(self.failure) from None
             return self.session
 
@@ -175,26 +182,40 @@ class McpServer:
         wake = self._wake = trio.Event()
         self.failure = None
         started = False
+        session: Any = None
         try:
-            async with (
-                self._transport(wake) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
-                self.session = session
-                started = True
-                task_status.started()
-                await wake.wait()
-                self.session = None
+            with trio.CancelScope() as goodbye:
+                async with (
+                    self._transport(wake) as (read, write),
+                    ClientSession(read, write) as session,
+                ):
+                    await session.initialize()
+                    self.session = session
+                    started = True
+                    task_status.started()
+                    await wake.wait()
+                    if self.session is session:
+                        self.session = None
+                    # Closing says goodbye: over Streamable HTTP the SDK's DELETE of the
+                    # session, which a hung server would hold for the HTTP client's
+                    # 300 s read timeout (and fanfold's exit with it). It gets the
+                    # grace a stdio server gets to exit; a stdio server's own stop is
+                    # shielded inside (``_stop``: stdin closed, then killed).
+                    goodbye.deadline = trio.current_time() + SHUTDOWN_GRACE
         except Exception as exc:
             # Before the start, the caller reports it; after, a connection that ends
             # badly (the SDK raising on a broken stream) must not take the runtime
             # down with it: the reason is kept for the next call's error result.
             if not started:
                 raise
-            self.failure = self.failure or f"ended: {_one_line(exc)}"
+            if self._wake is wake:  # (not if a newer connection has replaced this one)
+                self.failure = self.failure or f"ended: {_one_line(exc)}"
         finally:
-            self.session = None
+            # A connection dropped by a call (``_lost``) may still be saying goodbye
+            # when the next call has started a new one: only our own session is ours
+            # to clear.
+            if session is None or self.session is session:
+                self.session = None
 
     def _transport(self, wake: trio.Event) -> Any:
         if self.declaration.command is not None:
@@ -208,6 +229,17 @@ class McpServer:
 
         headers = self._expanded(self.declaration.headers, "headers")
         client = create_mcp_http_client(headers=headers)
+
+        async def on_response(response: Any) -> None:
+            # The SDK turns a status of 400 or more into "Server returned an error
+            # response" without the status; the call's error result names it.
+            if response.status_code >= 400:
+                self.http_errors += 1
+                self.http_error = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+
+        hooks = dict(client.event_hooks)
+        hooks["response"] = [*hooks.get("response", []), on_response]
+        client.event_hooks = hooks
         async with (
             client,
             streamable_http_client(self.declaration.url or "", http_client=client) as (
@@ -344,17 +376,26 @@ class McpServer:
         if self._wake is not None:
             self._wake.set()
 
+    async def _lost(self, session: Any) -> None:
+        """Drop ``session``, whose connection is gone, if it is still the live one."""
+        async with self._lock:
+            if self.session is session:
+                self.session = None
+                await self.stop()
+
     # -- calls
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
         """Call ``tool``; every failure is an error result naming the server."""
         from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
 
         try:
             session = await self.ensure()
         except ServerUnavailable as exc:
             return ToolOutput.error(str(exc))
         timeout = self.declaration.timeout
+        http_errors = self.http_errors
         with trio.move_on_after(timeout) as scope:
             try:
                 result = await session.call_tool(tool, arguments)
@@ -362,7 +403,21 @@ class McpServer:
                 if self.session is None or self.failure is not None:
                     why = self.failure or "closed the connection"
                     return ToolOutput.error(str(self._unavailable(f"{why} during the call")))
-                return ToolOutput.error(f"MCP server {self.name!r}: {_one_line(exc)}")
+                if exc.code == CONNECTION_CLOSED:
+                    # The SDK's word for a connection gone under the call: over
+                    # Streamable HTTP a server that died (its stream ended without an
+                    # answer, or nothing listens any more). Over stdio end-of-file says
+                    # so first (above); here nothing else would, and the session would
+                    # answer "Connection closed" to every later call without ever
+                    # reconnecting. It is dropped: the next call connects again, once,
+                    # as a restarted stdio server would be.
+                    self.failure = f"closed the connection ({_one_line(exc)})"
+                    await self._lost(session)
+                    return ToolOutput.error(
+                        str(self._unavailable(f"{self.failure} during the call"))
+                    )
+                status = f"answered {self.http_error}: " if self.http_errors > http_errors else ""
+                return ToolOutput.error(f"MCP server {self.name!r}: {status}{_one_line(exc)}")
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 why = self.failure or _one_line(exc)
                 return ToolOutput.error(str(self._unavailable(f"{why} during the call")))
@@ -627,5 +682,9 @@ def _report(status_r: int) -> dict[str, str]:
 
 
 def _one_line(exc: BaseException) -> str:
+    # A nursery's (or the SDK's task group's) wrapping of one error says nothing
+    # ("Exceptions from Trio nursery (1 sub-exception)"): the error inside does.
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:300]
