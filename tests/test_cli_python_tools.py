@@ -191,3 +191,50 @@ def test_a_bad_tools_reference_is_one_line(
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: --tools ") and message in line, line
     assert not (tmp_path / "t.db").exists() or "Traceback" not in result.output
+
+
+def test_fanfold_tools_lists_the_python_tools_given_and_read_only_agents_get_readers(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mytools.py").write_text(
+        textwrap.dedent(
+            '''
+            import fanfold
+
+
+            @fanfold.tool(read_only=True)
+            def lookup(key: str) -> str:
+                """Look a key up.
+
+                Args:
+                    key: The key.
+                """
+                return key
+
+
+            @fanfold.tool
+            def store(key: str) -> str:
+                """Store a key.
+
+                Args:
+                    key: The key.
+                """
+                return key
+            '''
+        )
+    )
+    ref = f"{tmp_path / 'mytools.py'}:lookup"
+    ref2 = f"{tmp_path / 'mytools.py'}:store"
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    args = ["tools", "--cwd", str(tmp_path), "--tools", ref, "--tools", ref2, "--json"]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 0, result.output
+    tools = {t["name"]: t for t in json.loads(result.stdout)["tools"]}
+    assert tools["lookup"]["source"] == f"Python: --tools {ref}, {ref2}"
+    assert tools["lookup"]["read_only"] and not tools["store"]["read_only"]
+    # The built-in explorer is read-only: it may call the tool that only reads.
+    assert "explorer" in tools["lookup"]["agents"]
+    assert "explorer" not in tools["store"]["agents"]
+    assert tools["bash"]["source"] == "built-in"
+    bad = CliRunner().invoke(cli, ["tools", "--tools", "no_such_module_x:f"], env=env)
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --tools "), bad.output

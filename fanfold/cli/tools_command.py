@@ -15,6 +15,7 @@ from fanfold.agents import load_agents
 from fanfold.cli.display import json_printable, printable, short
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console, hint
+from fanfold.cli.python_tools import load_tools, tools_option
 from fanfold.providers.config import Config, load_config
 from fanfold.statemachine.agent_defs import with_own_tools
 from fanfold.statemachine.permissions import Permissions, allows_tool, reading_tools
@@ -37,8 +38,11 @@ from fanfold.tools.secrets import EnvPolicy
     help="Configuration (TOML; default: $FANFOLD_CONFIG, ./fanfold.toml, "
     "~/.config/fanfold/config.toml).",
 )
+@tools_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def tools_command(cwd: Path, config_path: Path | None, as_json: bool) -> None:
+def tools_command(
+    cwd: Path, config_path: Path | None, tool_refs: tuple[str, ...], as_json: bool
+) -> None:
     """List the tools `fanfold run` offers: each with where it comes from, whether it
     only reads, and which agents' permission rules allow it (the root has no rules:
     it may call every tool)."""
@@ -46,7 +50,8 @@ def tools_command(cwd: Path, config_path: Path | None, as_json: bool) -> None:
         raise CliError(f"--cwd {cwd} is not a directory")
     with user_errors():
         config = load_config(config_path)
-    listing = _listing(config, cwd.resolve())
+    python_tools = load_tools(tool_refs)
+    listing = _listing(config, cwd.resolve(), python_tools, tool_refs)
     _add_mcp(listing, config, cwd.resolve(), config_path)
     if as_json:
         # Tool descriptions come from agent files and MCP servers: escaped as `agents`.
@@ -79,19 +84,29 @@ def tools_command(cwd: Path, config_path: Path | None, as_json: bool) -> None:
         hint("web_fetch: not offered (no [tools.web_fetch] domains configured)", style="dim")
 
 
-def _listing(config: Config, cwd: Path) -> dict[str, Any]:
+def _listing(
+    config: Config, cwd: Path, python_tools: list[Any], tool_refs: tuple[str, ...]
+) -> dict[str, Any]:
     env_policy = EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env))
-    tools = ToolSet.default(env_policy=env_policy, web_domains=config.web_domains)
+    builtin = ToolSet.default(env_policy=env_policy, web_domains=config.web_domains)
+    tools = ToolSet.default(
+        env_policy=env_policy, web_domains=config.web_domains, extra=python_tools
+    )
     catalog = load_agents(cwd, model_aliases=dict(config.model_aliases))
+    # What read-only stands for here: fanfold's reading tools and the Python tools
+    # that say they only read (as the reducer decides from the recorded specs).
+    reading = reading_tools(tools.specs())
     entries = []
     for spec in tools.specs():
         source = "built-in"
-        if spec.name == "web_fetch":
+        if spec.name not in builtin.names:
+            source = f"Python: --tools {', '.join(tool_refs)}"
+        elif spec.name == "web_fetch":
             source = f"built-in; domains from [tools.web_fetch] of {config.source}"
         agents = [
             agent.name
             for agent in catalog.agents
-            if allows_tool(Permissions((agent.rules(str(cwd)),)), spec.name)
+            if allows_tool(Permissions((agent.rules(str(cwd)),)), spec.name, reading)
         ]
         entries.append(
             {
