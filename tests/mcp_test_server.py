@@ -16,6 +16,8 @@
   DIR/http-status holds a number, every request is answered with that HTTP status
   instead; while DIR/http-hang exists, every request waits for ever.
 - ``many``: 1,000 tools.
+- With $WAIT_FOR set (any mode), the server waits until that file exists before it
+  answers anything (at most 20 s, then exits).
 - ``noinit``: reads requests and never answers.
 - ``garbage``: answers every line with a line that is not JSON.
 - ``badschema``: hand-written JSON-RPC: one tool whose schema uses ``$ref`` (outside
@@ -36,6 +38,15 @@ MODE = sys.argv[1]
 DIR = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(".")
 print(f"test server {MODE} starting", file=sys.stderr, flush=True)
 (DIR / f"started-{MODE}").touch()
+if os.environ.get("WAIT_FOR"):
+    # Start only once another server has: two servers waiting for each other start only
+    # side by side (given up after 20 s, so a one-after-the-other start fails).
+    for _ in range(400):
+        if Path(os.environ["WAIT_FOR"]).exists():
+            break
+        time.sleep(0.05)
+    else:
+        sys.exit(3)
 
 
 def raw() -> None:

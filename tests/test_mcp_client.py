@@ -141,6 +141,30 @@ async def test_broken_servers_are_one_clear_problem(
     assert {t.server.name for t in tools} == {"ok"}  # the others are unharmed
 
 
+async def test_servers_start_side_by_side(tmp_path: Path) -> None:
+    # Each waits for the other to have started: one after the other, the first would
+    # wait for ever (it gives up after 20 s and exits, a problem for discover).
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    declarations = [
+        ServerDeclaration(
+            name,
+            "test",
+            command=sys.executable,
+            args=(str(SERVER), "ok", str(where)),
+            env=(("WAIT_FOR", str(other / "started-ok")),),
+        )
+        for name, where, other in (("a", first, second), ("b", second, first))
+    ]
+    async with McpHub.open(declarations, cwd=tmp_path) as hub:
+        tools, problems = await hub.discover()
+    assert problems == []
+    # Put together in declaration order, whichever answered first.
+    names = [t.server.name for t in tools]
+    assert set(names) == {"a", "b"} and names == sorted(names)
+
+
 async def test_a_tool_whose_schema_fanfold_cannot_check_is_left_out(tmp_path: Path) -> None:
     async with McpHub.open([_declaration("badschema", tmp_path)], cwd=tmp_path) as hub:
         tools, problems = await hub.discover()

@@ -505,6 +505,27 @@ class McpHub:
         """Start every server that may start and list its tools. Returns the tools and
         the problems (a server waiting for trust, failing to start, a tool left out),
         one line each."""
+        # Servers start side by side (each start is seconds: the interpreter, the SDK,
+        # initialize), and their answers are put together in declaration order.
+        listed: dict[str, list[Any] | str] = {}
+
+        async def one(server: McpServer) -> None:
+            try:
+                listed[server.name] = await server.list_tools()
+            except (ServerUnavailable, trio.TooSlowError) as exc:
+                listed[server.name] = (
+                    str(exc) or f"MCP server {server.name!r}: tools/list timed out"
+                )
+                await server.stop()
+            except Exception as exc:  # an SDK error answering tools/list
+                listed[server.name] = (
+                    f"MCP server {server.name!r}: tools/list failed: {_one_line(exc)}"
+                )
+
+        async with trio.open_nursery() as nursery:
+            for server in self.servers.values():
+                if not server.declaration.needs_trust:
+                    nursery.start_soon(one, server)
         tools: list[McpTool] = []
         problems: list[str] = []
         for server in self.servers.values():
@@ -512,18 +533,12 @@ class McpHub:
                 server.problem = _trust_problem(server)
                 problems.append(server.problem)
                 continue
-            try:
-                listed = await server.list_tools()
-            except (ServerUnavailable, trio.TooSlowError) as exc:
-                server.problem = str(exc) or f"MCP server {server.name!r}: tools/list timed out"
-                problems.append(server.problem)
-                await server.stop()
+            answer = listed[server.name]
+            if isinstance(answer, str):
+                server.problem = answer
+                problems.append(answer)
                 continue
-            except Exception as exc:  # an SDK error answering tools/list
-                server.problem = f"MCP server {server.name!r}: tools/list failed: {_one_line(exc)}"
-                problems.append(server.problem)
-                continue
-            for tool in listed:
+            for tool in answer:
                 made = _tool(server, tool)
                 if isinstance(made, str):
                     server.left_out.append(made)
