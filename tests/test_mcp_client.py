@@ -16,6 +16,7 @@ import trio
 
 pytest.importorskip("mcp")
 
+from fanfold.db import Store
 from fanfold.mcp.client import McpHub, McpTool
 from fanfold.mcp.config import ServerDeclaration, declared_servers
 from fanfold.tools.registry import ToolSet
@@ -473,6 +474,41 @@ def test_fanfold_tools_lists_each_servers_tools_and_state(tmp_path: Path) -> Non
     assert "did not answer initialize within 2 s" in servers["mute"]["problem"]
     assert servers["ok"]["status"] == "waits for trust"
     assert servers["ok"]["declared_by"] == "project"
+
+
+def test_a_config_that_only_declares_servers_serves_tools_and_run(tmp_path: Path) -> None:
+    # No [profiles]: the models are those of no file (the offline demo here); the
+    # servers it declares are listed by `tools` and offered by `run`, alike.
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+
+    config = tmp_path / "servers.toml"
+    config.write_text(
+        "[mcp_servers.mine]\n"
+        + f"command = {json.dumps(sys.executable)}\n"
+        + f"args = [{json.dumps(str(SERVER))}, 'ok', {json.dumps(str(tmp_path))}]\n"
+    )
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    listed = CliRunner().invoke(
+        cli, ["tools", "--json", "--cwd", str(tmp_path), "--config", str(config)], env=env
+    )
+    assert listed.exit_code == 0, listed.output
+    assert "mcp__mine__echo" in {t["name"] for t in json.loads(listed.stdout)["tools"]}
+    db = tmp_path / "t.db"
+    ran = CliRunner().invoke(
+        cli,
+        [
+            *("run", "hi", "--no-live", "--cwd", str(tmp_path)),
+            *("--config", str(config), "--db", str(db)),
+        ],
+        env=env,
+    )
+    assert ran.exit_code == 0, ran.output
+    with Store.open(db, read_only=True) as store:
+        (root,) = store.list_roots()
+        tools = store.load_state(root.id).tools
+    assert "mcp__mine__echo" in {spec.name for spec in tools}
 
 
 def test_a_servers_secret_reaches_neither_the_log_nor_bash(tmp_path: Path) -> None:

@@ -74,6 +74,20 @@ def test_example_config_loads() -> None:
     assert config.profile("offline").provider == "scripted"
 
 
+def test_a_file_without_profiles_has_the_models_of_no_file(tmp_path: Path) -> None:
+    # A file that only declares tools (here web_fetch domains and a prompt) is a valid
+    # configuration: its models are those without a file, the environment's if named.
+    path = write(tmp_path, 'system_prompt = "Be brief."\n[tools.web_fetch]\ndomains = ["a.org"]\n')
+    config = load_config(path, environ={})
+    assert (config.profiles, config.default) == (OFFLINE.profiles, OFFLINE.default)
+    assert (config.web_domains, config.system_prompt) == (("a.org",), "Be brief.")
+    named = load_config(
+        path, environ={"FANFOLD_BASE_URL": "http://127.0.0.1:9/v1", "FANFOLD_MODEL": "m"}
+    )
+    assert named.default_profile().base_url == "http://127.0.0.1:9/v1"
+    assert named.default_profile().model == "m" and named.web_domains == ("a.org",)
+
+
 def test_single_profile_is_the_default(tmp_path: Path) -> None:
     config = read_config_file(write(tmp_path, '[profiles.a]\nprovider = "openai"\nmodel = "m"\n'))
     assert (config.default, config.sub_agents, config.sub_agent_profile().name) == ("a", None, "a")
@@ -82,7 +96,9 @@ def test_single_profile_is_the_default(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "key", "problem"),
     [
-        ('default = "a"\n', "profiles", "at least one"),
+        ('default = "a"\n', "default", "has no [profiles.NAME] table"),
+        ('sub_agents = "a"\n', "sub_agents", "has no [profiles.NAME] table"),
+        ("[profiles]\n", "profiles", "at least one"),
         ("[profiles.a]\nmodel = 'm'\n", "profiles.a.provider", "missing"),
         ("[profiles.a]\nprovider = 'gemini'\n", "profiles.a.provider", "must be one of"),
         ("[profiles.a]\nprovider = 'openai'\nmodle = 'm'\n", "profiles.a.modle", "unknown setting"),

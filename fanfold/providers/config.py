@@ -228,6 +228,8 @@ class Config:
     system_prompt: str = ""
     """The root conversations' system prompt (``system_prompt`` at the top of the
     file); ``fanfold run --system``/``--system-file`` replace it."""
+    own_profiles: bool = True
+    """False for a file without ``[profiles]``: its profiles are those of no file."""
 
     def __attrs_post_init__(self) -> None:
         names = self.names()
@@ -856,11 +858,27 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     """A Config from parsed TOML ``data``; ``source`` names it in error messages."""
     _unknown(data, _TOP_KEYS, source, "")
     tables = data.get("profiles")
-    if not isinstance(tables, dict) or not tables:
+    if tables is None:
+        # A file that sets only other things (MCP servers, tools, aliases, a prompt):
+        # the models are those of no file at all (``load_config`` puts the environment's
+        # profile in when it names one), so naming a profile here means nothing.
+        for key in ("default", "sub_agents"):
+            if key in data:
+                raise ConfigError(
+                    "names a profile, but the file has no [profiles.NAME] table",
+                    path=source,
+                    key=key,
+                )
+        tables, own_profiles = {}, False
+    elif not isinstance(tables, dict) or not tables:
         raise ConfigError(
             "at least one [profiles.NAME] table is required", path=source, key="profiles"
         )
+    else:
+        own_profiles = True
     profiles = tuple(_profile(name, table, source) for name, table in tables.items())
+    if not own_profiles:
+        profiles = OFFLINE.profiles
     names = [profile.name for profile in profiles]
     if "default" in data:
         default = _string(data["default"], source, "default")
@@ -890,6 +908,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         system_prompt=system_prompt,
         web_domains=web_domains,
         model_aliases=aliases,
+        own_profiles=own_profiles,
     )
 
 
@@ -1162,9 +1181,11 @@ def load_config(
         # One read: the bytes checked for trust are the bytes parsed.
         data = _read_bytes(found[0])
         config = parse_config_bytes(data, found[0])
+        if not config.own_profiles and _names_env_model(env):
+            config = attrs.evolve(config, profiles=(_env_profile(env),), default=ENV_PROFILE)
         if found[1] == PROJECT_CONFIG:
             _check_project(config, data, found[0], env, trust)
-    elif any(env.get(name) for name in ("FANFOLD_BASE_URL", "FANFOLD_MODEL", "FANFOLD_PROVIDER")):
+    elif _names_env_model(env):
         config = Config((_env_profile(env),), ENV_PROFILE, source="environment")
     else:
         config = OFFLINE
@@ -1182,6 +1203,10 @@ def load_config(
         if env.get(variable):
             config = config.with_overrides(**{field: env[variable]}, origin=variable)
     return _validated(config)
+
+
+def _names_env_model(env: Mapping[str, str]) -> bool:
+    return any(env.get(name) for name in ("FANFOLD_BASE_URL", "FANFOLD_MODEL", "FANFOLD_PROVIDER"))
 
 
 def _validated(config: Config) -> Config:
