@@ -536,3 +536,33 @@ def test_total_wait_is_what_the_reducer_waits(max_attempts: int, base: float, ca
         state, _ = step(state, TimerFired(retry.timer))
     least, most = policy.total_wait()
     assert least - 0.01 <= waited <= most + 0.01
+
+
+def test_a_run_in_another_folder_takes_that_folders_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--cwd A` is a run in A: A's fanfold.toml, as A's .mcp.json and agent files, not
+    # the one of the folder the command was typed in.
+    import json
+
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+    from fanfold.db import Store
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    for folder in (here, there):
+        folder.mkdir()
+        write(folder, f'system_prompt = "from {folder.name}"\n')
+    monkeypatch.chdir(here)
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    db = tmp_path / "t.db"
+    ran = CliRunner().invoke(
+        cli, ["run", "hi", "--no-live", "--cwd", str(there), "--db", str(db)], env=env
+    )
+    assert ran.exit_code == 0, ran.output
+    with Store.open(db, read_only=True) as store:
+        (root,) = store.list_roots()
+        assert store.load_state(root.id).system_prompt == "from there"
+    listed = CliRunner().invoke(cli, ["tools", "--json", "--cwd", str(there)], env=env)
+    assert json.loads(listed.stdout)["config"] == str(there / "fanfold.toml")

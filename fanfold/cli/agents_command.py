@@ -35,7 +35,7 @@ def agents_command(cwd: Path, as_json: bool) -> None:
     """
     if not cwd.is_dir():
         raise CliError(f"--cwd {cwd} is not a directory")
-    catalog = load_agents(cwd, model_aliases=_model_aliases())
+    catalog = load_agents(cwd, model_aliases=_model_aliases(cwd))
     if as_json:
         # A project's agent file is untrusted text: C1 and bidirectional controls,
         # which json.dumps leaves raw, are written as JSON escapes (`show --json`'s way).
@@ -46,11 +46,11 @@ def agents_command(cwd: Path, as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
-def _model_aliases() -> dict[str, str]:
-    """The configuration's ``[model_aliases]`` (as ``fanfold run`` reads them), or
-    none when there is no configuration or it does not load (``run`` says why)."""
+def _model_aliases(cwd: Path) -> dict[str, str]:
+    """The configuration's ``[model_aliases]`` (as ``fanfold run --cwd`` reads them),
+    or none when there is no configuration or it does not load (``run`` says why)."""
     try:
-        return dict(load_config(None).model_aliases)
+        return dict(load_config(None, cwd=cwd).model_aliases)
     except ConfigError:
         return {}
 

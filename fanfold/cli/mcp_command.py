@@ -79,7 +79,7 @@ def mcp_command(
     # Logs go to the file beside the database: stdout is the protocol's.
     open_logs(path, None)
     with user_errors(path):
-        choice = choose_model(script, config_path, profile, model)
+        choice = choose_model(script, config_path, profile, model, cwd)
         limits = choice.retry.apply(Limits(max_tokens=max_tokens) if max_tokens else Limits())
         agents = _agents(cwd)
         # The folder's MCP servers' tools are offered to delegated trees too.

@@ -87,8 +87,15 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def choose_model(
-    script: Path | None, config_path: Path | None, profile: str | None, model: str | None
+    script: Path | None,
+    config_path: Path | None,
+    profile: str | None,
+    model: str | None,
+    cwd: Path | None = None,
 ) -> ModelChoice:
+    """The model a command runs: ``--script``'s, or the configuration's
+    (``config_path``, else ``$FANFOLD_CONFIG``, the ``fanfold.toml`` of ``cwd`` (the
+    run's folder, default the process's), the user's own file)."""
     if script is not None:
         if config_path or profile or model:
             raise CliError(
@@ -97,7 +104,7 @@ def choose_model(
         provider = ScriptedProvider.from_file(script)
         recorded = ProviderDescription(SCRIPT, script=FileDigest.of(script))
         return ModelChoice(provider, f"scripted ({script})", recorded)
-    config = load_config(config_path).with_overrides(
+    config = load_config(config_path, cwd=cwd).with_overrides(
         profile=profile, model=model, origin="--profile/--model"
     )
     return _model_choice(config, model, DEFAULT_SCRIPT)

@@ -143,7 +143,9 @@ def run(
     open_logs(path, json_log)
     with user_errors(path):
         python_tools = load_tools(tool_refs)
-        choice = choose_model(script, config_path, profile, model)
+        # A run in --cwd is a run in that folder: its fanfold.toml, as its .mcp.json
+        # and agent files.
+        choice = choose_model(script, config_path, profile, model, cwd)
         overrides: dict[str, Any] = {
             k: v
             for k, v in {
@@ -286,7 +288,7 @@ def send(
         missing = unsupplied(state.tools, [t.spec.name for t in python_tools])
         if missing:
             raise CliError(missing_message(f"conversation {conversation_id}", missing))
-        choice = choose_model(script, config_path, profile, model)
+        choice = choose_model(script, config_path, profile, model, Path(state.cwd))
         hint(f"model: {choice.description}; log: {path}", style="dim")
         recorded = ((state.cwd, recorded_specs(state)),)
         servers = recorded_declarations(recorded, config_path)

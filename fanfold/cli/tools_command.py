@@ -49,7 +49,7 @@ def tools_command(
     if not cwd.is_dir():
         raise CliError(f"--cwd {cwd} is not a directory")
     with user_errors():
-        config = load_config(config_path)
+        config = load_config(config_path, cwd=cwd)
     python_tools = load_tools(tool_refs)
     listing = _listing(config, cwd.resolve(), python_tools, tool_refs)
     _add_mcp(listing, config, cwd.resolve(), config_path)
