@@ -26,6 +26,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from fanfold.cli import cli
 from fanfold.db import Store
+from fanfold.statemachine import ToolResultMessage
 
 pytestmark = pytest.mark.slow
 
@@ -64,11 +65,13 @@ def _script(tmp_path: Path, name: str, script: dict[str, Any]) -> Path:
 
 
 @asynccontextmanager
-async def _server(tmp_path: Path, script: Path, db: Path) -> AsyncIterator[ClientSession]:
+async def _server(
+    tmp_path: Path, script: Path, db: Path, *more: str
+) -> AsyncIterator[ClientSession]:
     """A ``fanfold mcp`` subprocess over stdio, its pid written to tmp_path/pid (the
-    shell execs it, so the pid is the server's)."""
+    shell execs it, so the pid is the server's); ``more``: further options."""
     command = [sys.executable, "-c", "from fanfold.cli import main; main()"]
-    command += ["mcp", "--script", str(script), "--db", str(db), "--cwd", str(tmp_path)]
+    command += ["mcp", "--script", str(script), "--db", str(db), "--cwd", str(tmp_path), *more]
     pidfile = tmp_path / "pid"
     shell = f"echo $$ > {shlex.quote(str(pidfile))}; exec {shlex.join(command)}"
     params = StdioServerParameters(command="sh", args=["-c", shell], env=dict(os.environ))
@@ -109,6 +112,35 @@ async def test_tools_listed_and_a_foreground_delegation_answers(tmp_path: Path) 
     # The delegation is an ordinary tree: `fanfold ls` lists it.
     listed = CliRunner().invoke(cli, ["ls", "--db", str(db)])
     assert answer["delegation_id"] in listed.output
+
+
+async def test_a_delegated_tree_calls_the_python_tools_given_with_tools(tmp_path: Path) -> None:
+    (tmp_path / "mytools.py").write_text(
+        "import fanfold\n\n\n@fanfold.tool\ndef note(text: str) -> str:\n"
+        '    """Note it.\n\n    Args:\n        text: What.\n    """\n'
+        '    return "noted " + text\n'
+    )
+    calls = {
+        "agents": [
+            {
+                "match": {"path": "root"},
+                "replies": [
+                    {"tool_calls": [{"name": "note", "arguments": {"text": "hi"}}]},
+                    {"text": "done"},
+                ],
+            }
+        ]
+    }
+    db = tmp_path / "p.db"
+    script = _script(tmp_path, "calls.json", calls)
+    ref = f"{tmp_path / 'mytools.py'}:note"
+    async with _server(tmp_path, script, db, "--tools", ref) as session:
+        answer = _structured(await session.call_tool("delegate_task", {"task": "note it"}))
+    assert answer["status"] == "completed", answer
+    with Store.open(db, read_only=True) as store:
+        state = store.load_state(answer["delegation_id"])
+    results = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    assert [(r.content, r.is_error) for r in results] == [("noted hi", False)]
 
 
 async def test_background_delegation_and_its_result(tmp_path: Path) -> None:

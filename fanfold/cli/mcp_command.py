@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from fanfold.cli.mcp_tools import (
 )
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
+from fanfold.cli.python_tools import load_tools, tools_option
 from fanfold.cli.run_commands import _agents
 from fanfold.cli.signals import run_trio, stop_signal_receiver
 from fanfold.loopback import new_token
@@ -48,6 +50,7 @@ TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=0, help="--http port on 127.0.0.1 (0: any)."
 )
+@tools_option
 @db_option
 def mcp_command(
     script: Path | None,
@@ -58,6 +61,7 @@ def mcp_command(
     max_tokens: int | None,
     http: bool,
     port: int,
+    tool_refs: tuple[str, ...],
     db: Path | None,
 ) -> None:
     """Serve delegation over MCP: delegate_task, list_sub_agents, get_delegation_result.
@@ -79,6 +83,7 @@ def mcp_command(
     # Logs go to the file beside the database: stdout is the protocol's.
     open_logs(path, None)
     with user_errors(path):
+        python_tools = load_tools(tool_refs)
         choice = choose_model(script, config_path, profile, model, cwd)
         limits = choice.retry.apply(Limits(max_tokens=max_tokens) if max_tokens else Limits())
         agents = _agents(cwd)
@@ -99,7 +104,19 @@ def mcp_command(
             token = os.environ.get(TOKEN_VARIABLE) or None
             if token is not None and len(token) < 16:
                 raise CliError(f"${TOKEN_VARIABLE} is too short: give at least 16 characters")
-        run_trio(_serve, path, choice, cwd.resolve(), limits, agents, http, port, token, servers)
+        run_trio(
+            _serve,
+            path,
+            choice,
+            cwd.resolve(),
+            limits,
+            agents,
+            http,
+            port,
+            token,
+            servers,
+            python_tools,
+        )
 
 
 async def _serve(
@@ -113,6 +130,7 @@ async def _serve(
     port: int,
     token: str | None,
     servers: tuple[Any, ...] = (),
+    python_tools: Sequence[Any] = (),
 ) -> None:
     from fanfold.mcp.server import DelegationLedger, DelegationService, mcp_server
 
@@ -123,7 +141,7 @@ async def _serve(
                 Runtime.open(
                     path,
                     choice.provider,
-                    choice.tools(extra),
+                    choice.tools([*python_tools, *extra]),
                     redact=choice.redactor(),
                     limits=limits,
                     provider_description=choice.recorded,
