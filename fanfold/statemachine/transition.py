@@ -143,6 +143,8 @@ from fanfold.statemachine.state import Conversation
 Effects = tuple[Effect, ...]
 Transition = tuple[Conversation, Effects]
 
+_NO_CHILDREN = Children()  # a round without children (one value, not one per reply)
+
 CANCELLED_RESULT = "cancelled: the conversation was cancelled while this tool ran"
 SKIPPED_RESULT = "skipped: the conversation stopped before this tool ran"
 INTERRUPTED_RESULT = (
@@ -683,7 +685,7 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
     if reply.stop_reason == STOP_REFUSAL:
         # The model declined: a typed failure carrying its explanation, never an empty
         # result or answer. Tool calls that came with it are not run.
-        state = _append_round_results(state, (), Children())
+        state = _append_round_results(state, (), _NO_CHILDREN)
         return _apply_ending(state, _refusal(reply))
     if not reply.tool_calls:
         if phase.grace and state.is_sub_agent and not reply.text.strip():
@@ -693,7 +695,7 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
         return _grace_tool_calls(state, reply.tool_calls, reply.text)
     budget = state.limits.max_tokens
     if budget is not None and state.tokens_spent >= budget:
-        state = _append_round_results(state, (), Children())
+        state = _append_round_results(state, (), _NO_CHILDREN)
         return _apply_ending(
             state,
             EndFailed(
@@ -702,7 +704,7 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
                 CancelReason.LIMIT,  # kept by a sub-agent's Failed, not by a root's Error
             ),
         )
-    return _run_tools(state, reply.tool_calls, (), Children())
+    return _run_tools(state, reply.tool_calls, (), _NO_CHILDREN)
 
 
 def _refusal(reply: ModelReply) -> EndFailed:
@@ -737,11 +739,11 @@ def _grace_tool_calls(
             if call.name in (SUBMIT_RESULT, SUBMIT_ERROR):
                 done = _submission(call)
                 if isinstance(done, EndCompleted | EndFailed):
-                    state = _append_round_results(state, (_submitted(call),), Children())
+                    state = _append_round_results(state, (_submitted(call),), _NO_CHILDREN)
                     return _apply_ending(state, done)
-        state = _append_round_results(state, (), Children())
+        state = _append_round_results(state, (), _NO_CHILDREN)
         return _apply_ending(state, _iteration_limit(state, last_text))
-    state = _append_round_results(state, (), Children())
+    state = _append_round_results(state, (), _NO_CHILDREN)
     return _apply_ending(
         state,
         EndFailed(
@@ -1035,7 +1037,7 @@ def _start_pass(
     start with the outcome each gets."""
     effects: list[Effect] = []
     running = children.running
-    pending = list(children.pending)
+    pending = children.pending
     # A token budget covers the whole tree below a conversation: each child starts
     # with a share of what is left (spent and set aside for running children
     # deducted), split with the children still queued and the parent itself, so the
@@ -1047,7 +1049,10 @@ def _start_pass(
     refused: list[str] = []
     unable: list[tuple[str, ChildFailed]] = []
     summary = children.summary
-    for i, child in enumerate(pending):
+    # Positions in the roster: starting a child replaces its entry alone, and the
+    # scan stops once max_concurrent run (the children before the first queued one
+    # are all started: a child outcome costs a scan of the running ones, not of all).
+    for i, child in pending.positions():
         if running >= state.limits.max_concurrent:
             break
         if child.started or not may_start(child, pending):
@@ -1080,10 +1085,10 @@ def _start_pass(
                     f"deadline of {child.spec.id}",
                 )
             )
-        pending[i] = PendingChild(child.spec, started=True, deadline_timer=deadline, budget=share)
+        started = PendingChild(child.spec, started=True, deadline_timer=deadline, budget=share)
+        children = children.started(i, started)
         effects.append(_spawn_effect(state, child.spec, share, children))
         running += 1
-    children = attrs.evolve(children, pending=tuple(pending))
     # Nothing left to give them: they never start (a child would spend tokens on its
     # first model call before it could notice).
     unable += [(child_id, _budget_used_up(budget)) for child_id in refused]
@@ -1334,7 +1339,7 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
                 state, event, f"outcome of agent {event.child_id!r} was already accepted"
             )
         raise UnknownChild(state, event, f"SubAgentFinished for unknown agent {event.child_id!r}")
-    pending = children.pending[index]
+    pending = children.pending.at(index)
     if not pending.started:
         raise IllegalTransition(
             state, event, f"agent {event.child_id!r} is queued and has not started"
