@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -271,28 +273,20 @@ def transition(state: Conversation, event: Event) -> Transition:
     Raises an IllegalTransition subclass, leaving nothing changed, if the event is not
     acceptable in this state.
     """
-    if isinstance(event, ConversationCreated | ConversationForked):
-        raise IllegalTransition(state, event, "the conversation already exists")
-    if state.is_terminal:
+    # One dictionary lookup by the event's class instead of a chain of isinstance
+    # tests (the table is _HANDLERS, at the end of this module).
+    name = _HANDLERS.get(type(event))
+    if name is None:
+        if isinstance(event, ConversationCreated | ConversationForked):
+            raise IllegalTransition(state, event, "the conversation already exists")
+        raise IllegalTransition(state, event, "not an event")
+    if type(state.phase) in _ENDED:
         return _in_terminal_phase(state, event)
-    match event:
-        case UserMessaged():
-            return _on_user_message(state, event)
-        case ModelReplied() | ModelFailed():
-            return _on_model_result(state, event)
-        case ToolFinished():
-            return _on_tool_finished(state, event)
-        case SubAgentFinished():
-            return _on_child_finished(state, event)
-        case TimerFired():
-            return _on_timer(state, event)
-        case CancelRequested():
-            return _on_cancel(state, event)
-        case RuntimeResumed():
-            return _on_resume(state, event)
-        case ForkEdited():
-            return _on_fork_edit(state, event)
-    raise IllegalTransition(state, event, "not an event")  # pragma: no cover
+    handler: Callable[[Conversation, Any], Transition] = _RULES[name]
+    return handler(state, event)
+
+
+_ENDED = frozenset((Completed, Failed))  # TERMINAL_PHASES, for a lookup by class
 
 
 # ------------------------------------------------------------------ small helpers
@@ -403,29 +397,37 @@ def _summary_call(state: Conversation) -> Summary | None:
     return None
 
 
-def _call_model(state: Conversation, *, attempt: int = 1, grace: bool = False) -> Transition:
-    """Start a model call. A new round past ``max_rounds`` becomes the grace round."""
-    # One copy of the state for the round, the call number and the phase.
+def _call_model(
+    state: Conversation,
+    *,
+    attempt: int = 1,
+    grace: bool = False,
+    history: tuple[Message, ...] | None = None,
+) -> Transition:
+    """Start a model call. A new round past ``max_rounds`` becomes the grace round.
+
+    ``history``: the history to call with when the step changed it (the round's tool
+    results, ``_round_history``), so that the step copies the state once.
+    """
+    # One copy of the state for the history, the round, the call number and the phase.
     call = state.next_call
+    phase = LlmRequesting(call=call, attempt=attempt, grace=grace)
+    if history is None:
+        history = state.history
     if attempt == 1 and not grace:
         if state.rounds >= state.limits.max_rounds:
-            grace = True
             prompt = GRACE_PROMPT if state.is_sub_agent else ROOT_GRACE_PROMPT
             state = state.evolve(
-                history=(*state.history, UserMessage(prompt)),
+                history=(*history, UserMessage(prompt)),
                 next_call=call + 1,
-                phase=LlmRequesting(call=call, attempt=attempt, grace=grace),
+                phase=LlmRequesting(call=call, attempt=attempt, grace=True),
             )
         else:
             state = state.evolve(
-                rounds=state.rounds + 1,
-                next_call=call + 1,
-                phase=LlmRequesting(call=call, attempt=attempt, grace=grace),
+                history=history, rounds=state.rounds + 1, next_call=call + 1, phase=phase
             )
     else:
-        state = state.evolve(
-            next_call=call + 1, phase=LlmRequesting(call=call, attempt=attempt, grace=grace)
-        )
+        state = state.evolve(history=history, next_call=call + 1, phase=phase)
     return state, (CallModel(call, attempt),)
 
 
@@ -450,7 +452,14 @@ def _open_tool_calls(state: Conversation) -> tuple[ToolCall, ...]:
 def _append_round_results(
     state: Conversation, results: tuple[ToolResult, ...], children: Children
 ) -> Conversation:
-    """Append one result per open tool call to the history, in the calls' order.
+    """``state`` with ``_round_history``."""
+    return state.evolve(history=_round_history(state, results, children))
+
+
+def _round_history(
+    state: Conversation, results: tuple[ToolResult, ...], children: Children
+) -> tuple[Message, ...]:
+    """The history with one result per open tool call appended, in the calls' order.
 
     A ``spawn_agents`` call's result is the fan-in of its children; a call with no
     recorded result (possible only when a conversation ends early) gets "skipped".
@@ -474,34 +483,41 @@ def _append_round_results(
         else:
             result = _tool_error(call, SKIPPED_RESULT)
         appended.append(ToolResultMessage(result))
-    return state.evolve(history=(*state.history, *appended))
+    return (*state.history, *appended)
 
 
 # ------------------------------------------------------------------ endings
 
 
-def _apply_ending(state: Conversation, ending: Ending) -> Transition:
-    """Leave the busy phases: back to Idle (root) or into a terminal phase (sub-agent)."""
+def _apply_ending(
+    state: Conversation, ending: Ending, history: tuple[Message, ...] | None = None
+) -> Transition:
+    """Leave the busy phases: back to Idle (root) or into a terminal phase (sub-agent).
+
+    ``history``: the history to end with when the step changed it (one copy of the
+    state for both)."""
     effects: list[Effect] = []
     if state.deadline_timer is not None and not isinstance(ending, EndIdle):
         effects.append(AbortCall(state.deadline_timer))
+    if history is None:
+        history = state.history
     match ending:
         case EndIdle():
-            state = state.evolve(phase=Idle())
+            state = state.evolve(phase=Idle(), history=history)
             effects.append(TurnFinished(TurnOutcome.CANCELLED, "cancelled"))
         case EndCompleted(result=result):
             # Only a sub-agent completes (submit_result is never offered to a root;
             # a root's answer is _answered's Idle).
-            state = state.evolve(phase=Completed(result))
+            state = state.evolve(phase=Completed(result), history=history)
             assert state.parent_id is not None and state.outcome is not None
             effects.append(NotifyParent(state.parent_id, state.id, state.outcome))
             effects.append(TurnFinished(TurnOutcome.COMPLETED, result))
         case EndFailed(error=error, kind=kind, reason=reason):
             if not state.is_sub_agent:
-                state = state.evolve(phase=Error(error, kind))
+                state = state.evolve(phase=Error(error, kind), history=history)
                 effects.append(TurnFinished(TurnOutcome.ERROR, error))
             else:
-                state = state.evolve(phase=Failed(error, kind, reason))
+                state = state.evolve(phase=Failed(error, kind, reason), history=history)
                 assert state.parent_id is not None and state.outcome is not None
                 effects.append(NotifyParent(state.parent_id, state.id, state.outcome))
                 effects.append(TurnFinished(TurnOutcome.FAILED, error))
@@ -540,8 +556,7 @@ def _stop_children_now(
             )
     running = children.pending_ids()
     if not running:
-        state = _append_round_results(state, results, children)
-        return _apply_ending(state, ending)
+        return _apply_ending(state, ending, _round_history(state, results, children))
     # Deadlines no longer apply: the cancel grace timer bounds the wait from now on.
     effects: list[Effect] = []
     for pending in children.pending:
@@ -676,12 +691,23 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
     truncated = reply.stop_reason == STOP_MAX_TOKENS and not reply.tool_calls
     # One copy of the state (this is every round's path): not _count_usage + evolve.
     usage = reply.usage
-    state = state.evolve(
-        usage_input=state.usage_input + usage.input_tokens,
-        usage_cached=state.usage_cached + usage.cached_input_tokens,
-        usage_output=state.usage_output + usage.output_tokens,
-        history=(*state.history, AssistantMessage(reply.text, reply.tool_calls, truncated)),
-    )
+    changes = {
+        "usage_input": state.usage_input + usage.input_tokens,
+        "usage_cached": state.usage_cached + usage.cached_input_tokens,
+        "usage_output": state.usage_output + usage.output_tokens,
+        "history": (*state.history, AssistantMessage(reply.text, reply.tool_calls, truncated)),
+    }
+    budget = state.limits.max_tokens
+    if (
+        reply.tool_calls
+        and not phase.grace
+        and reply.stop_reason != STOP_REFUSAL
+        and (budget is None or state.tokens_spent + usage.total < budget)
+    ):
+        # Every round's path: the tools run with the reply's changes still to make,
+        # so that the step copies the state once (see _run_tools).
+        return _run_tools(state, reply.tool_calls, (), _NO_CHILDREN, changes)
+    state = state.evolve(**changes)
     if reply.stop_reason == STOP_REFUSAL:
         # The model declined: a typed failure carrying its explanation, never an empty
         # result or answer. Tool calls that came with it are not run.
@@ -807,16 +833,27 @@ def _run_tools(
     queue: tuple[ToolCall, ...],
     results: tuple[ToolResult, ...],
     children: Children,
+    changes: dict[str, Any] | None = None,
 ) -> Transition:
     """Work through the round's tool calls in order.
 
     Control tools are handled here, synchronously; the first ordinary tool becomes a
     RunTool effect and the round waits in ToolExecuting for its result.
+
+    ``changes``: the model reply's changes to the state (usage, history), made with
+    the phase in one copy when an ordinary tool runs first (every round's case), or
+    before anything else that reads or changes the state.
     """
     effects: list[Effect] = []  # of the control tools run on the way
     while queue:
         call, queue = queue[0], queue[1:]
+        # What decides the first checks (permissions, tools, arguments) is not among
+        # ``changes``: they may wait until the state is needed as a whole.
         refused = _refused_by_rules(state, call)
+        if changes is not None and (
+            refused is not None or call.name in CONTROL_TOOLS or not state.offers(call.name)
+        ):
+            state, changes = state.evolve(**changes), None
         if refused is not None:
             # Decided here from the rules in the state, so replay refuses it again.
             state = state.evolve(refused_calls=state.refused_calls + 1)
@@ -840,6 +877,7 @@ def _run_tools(
         else:
             number = state.next_call  # issued with the phase: one copy of the state
             state = state.evolve(
+                **(changes or {}),
                 next_call=number + 1,
                 phase=ToolExecuting(
                     current=call,
@@ -850,6 +888,8 @@ def _run_tools(
                 ),
             )
             return state, (*effects, RunTool(number, call, state.cwd))
+    if changes is not None:
+        state = state.evolve(**changes)
     return _after(tuple(effects), _tools_done(state, results, children))
 
 
@@ -888,8 +928,7 @@ def _tools_done(
     if children.pending:
         state = state.evolve(phase=AwaitingSubAgents(children=children, results=results))
         return state, effects
-    state = _append_round_results(state, results, children)
-    return _after(effects, _call_model(state))
+    return _after(effects, _call_model(state, history=_round_history(state, results, children)))
 
 
 def _on_tool_finished(state: Conversation, event: ToolFinished) -> Transition:
@@ -1409,8 +1448,8 @@ def _round_goes_on(state: Conversation, phase: AwaitingSubAgents, children: Chil
             return _with_children(state, children), aborted
         return _with_children(state, children), ()
     children, aborted = _summary_stopped(children)
-    state = _append_round_results(state, phase.results, children)
-    return _after(aborted, _call_model(state))
+    history = _round_history(state, phase.results, children)
+    return _after(aborted, _call_model(state, history=history))
 
 
 # ------------------------------------------------------------------ timers
@@ -1620,6 +1659,23 @@ def _edited(before: Conversation, edited: Transition) -> Transition:
     if after.is_terminal:
         return after, effects
     return after, (*_resume_prelude(before), *effects)
+
+
+# The rule of each event class (see transition), by name: looked up in the module
+# at each call, so that a rule replaced in the module (the mutation tests do) is the
+# one that runs.
+_HANDLERS: dict[type, str] = {
+    UserMessaged: "_on_user_message",
+    ModelReplied: "_on_model_result",
+    ModelFailed: "_on_model_result",
+    ToolFinished: "_on_tool_finished",
+    SubAgentFinished: "_on_child_finished",
+    TimerFired: "_on_timer",
+    CancelRequested: "_on_cancel",
+    RuntimeResumed: "_on_resume",
+    ForkEdited: "_on_fork_edit",
+}
+_RULES = globals()
 
 
 def fold(
