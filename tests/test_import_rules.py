@@ -51,7 +51,6 @@ FORBIDDEN = {
 ALLOWED = {
     "__future__",
     "attrs",
-    "pyrsistent",  # persistent vectors, pure data (children.Roster; DESIGN "Dependencies")
     "enum",
     "hashlib",
     "json",

@@ -49,8 +49,8 @@ def _waiting_root(n: int) -> Conversation:
 
 def test_a_child_outcome_copies_no_reference_to_the_other_children() -> None:
     # A tuple of N children copied per outcome takes a new reference to each of the
-    # N - 1 others (the O(N) cost of issue 21); the Roster copies one leaf of its
-    # vector (at most 32 items) and the path above it.
+    # N - 1 others (the O(N) cost of issue 21); the Roster copies one 64-item chunk
+    # of its vector (and the outer tuple of chunks).
     items = [_child(i + 1) for i in range(2000)]
     children = Children(tuple(items))
     before = [sys.getrefcount(p) for p in items]
