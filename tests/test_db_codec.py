@@ -71,6 +71,7 @@ from fanfold.statemachine import (
     Usage,
     UserMessaged,
 )
+from fanfold.statemachine.children import Roster
 
 # ------------------------------------------------------------------ strategies
 #
@@ -120,7 +121,7 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         result = st.builds(tp, **{f.alias: strategy_for(hints[f.name]) for f in attrs.fields(tp)})
     elif isinstance(tp, types.UnionType):
         result = st.one_of([strategy_for(member) for member in typing.get_args(tp)])
-    elif typing.get_origin(tp) is tuple:
+    elif typing.get_origin(tp) in (tuple, Roster):  # Children's converter makes a Roster
         result = st.lists(strategy_for(typing.get_args(tp)[0]), max_size=3).map(tuple)
     else:  # pragma: no cover - the codec refuses the same types at import
         raise TypeError(tp)

@@ -275,4 +275,4 @@ def test_finding_a_pending_child_by_search_matches_a_scan() -> None:
         ids = [p.spec.id for p in children.pending]
         for child_id in [f"p.{dice.randint(0, 410)}" for _ in range(6)] + ["p.x", "p.²", "q"]:
             expected = ids.index(child_id) if child_id in ids else -1
-            assert children._index(child_id) == expected
+            assert children.index_of(child_id) == expected

@@ -263,12 +263,12 @@ def no_results_on_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
     def make(original: Any) -> Any:
         def mutant(*args: Any) -> Any:
             helpers = vars(TM)
-            flush = helpers["_append_round_results"]
-            helpers["_append_round_results"] = lambda state, results, children: state
+            flush = helpers["_round_history"]
+            helpers["_round_history"] = lambda state, results, children: state.history
             try:
                 return original(*args)
             finally:
-                helpers["_append_round_results"] = flush
+                helpers["_round_history"] = flush
 
         return mutant
 
@@ -276,17 +276,17 @@ def no_results_on_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def results_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    """_append_round_results appends the round's results in reverse order."""
+    """_round_history appends the round's results in reverse order."""
 
     def make(original: Any) -> Any:
         def mutant(state: Conversation, results: Any, children: Any) -> Any:
-            new = original(state, results, children)
-            added = new.history[len(state.history) :]
-            return new.evolve(history=(*state.history, *reversed(added)))
+            history = original(state, results, children)
+            added = history[len(state.history) :]
+            return (*state.history, *reversed(added))
 
         return mutant
 
-    _wrap(monkeypatch, "_append_round_results", make)
+    _wrap(monkeypatch, "_round_history", make)
 
 
 def cancel_without_waiting(monkeypatch: pytest.MonkeyPatch) -> None:

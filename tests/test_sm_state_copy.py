@@ -39,6 +39,10 @@ def test_evolve_is_attrs_evolve(fields: set[str]) -> None:
     copied = _STATE.evolve(**changes)
     assert copied == attrs.evolve(_STATE, **changes)
     assert copied is not _STATE
+    # A Conversation like any other, frozen (evolve builds it in a private draft).
+    assert type(copied) is Conversation and hash(copied) == hash(attrs.evolve(_STATE, **changes))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        copied.rounds = 9  # type: ignore[misc]
     for name in _NAMES:
         expected = changes[name] if name in changes else getattr(_STATE, name)
         assert getattr(copied, name) is expected, name

@@ -109,6 +109,7 @@ from fanfold.statemachine import (
     UserMessage,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition
+from fanfold.statemachine.children import Roster
 from fanfold.statemachine.permissions import Permissions
 
 SCHEMA_VERSION = 7
@@ -229,6 +230,18 @@ def _array(emit: _Emitter) -> _Emitter:
         return "[" + ",".join(map(emit, value)) + "]"
 
     return emit_array
+
+
+def _roster(emit: _Emitter) -> _Emitter:
+    """A Roster (a round's children: ``statemachine.children.Roster``) as the JSON
+    array of its items, exactly as the tuple it replaced was written."""
+
+    def emit_roster(value: Any) -> str:
+        if type(value) is not Roster:
+            raise TypeError(f"expected a Roster, got {type(value).__name__}")
+        return "[" + ",".join(map(emit, value)) + "]"
+
+    return emit_roster
 
 
 _PRIMITIVE_EMITTERS: dict[Any, _Emitter] = {
@@ -488,6 +501,8 @@ def _field_emitter(tp: Any, where: str, *, compact: bool = False) -> _Emitter:
         array = _array(_field_emitter(args[0], where, compact=compact))
         memo = _compact_memo if compact else _memo
         return memo.wrap(array) if args[0] in MEMOISED_ARRAYS else array
+    if typing.get_origin(tp) is Roster:
+        return _roster(_field_emitter(typing.get_args(tp)[0], where, compact=compact))
     raise TypeError(f"{where}: the codec does not support the type {tp!r}")
 
 
@@ -649,7 +664,8 @@ def _field_decoder(tp: Any, where: str) -> _Decoder:
         else:  # pragma: no cover - _field_emitter refuses these first
             raise TypeError(f"{where}: unsupported union {tp!r}")
         return _dec_optional(decoder) if len(rest) < len(members) else decoder
-    if typing.get_origin(tp) is tuple:
+    if typing.get_origin(tp) in (tuple, Roster):
+        # A Roster decodes as a tuple: Children's converter makes it one.
         return _dec_tuple(_field_decoder(typing.get_args(tp)[0], where))
     raise TypeError(f"{where}: the codec does not support the type {tp!r}")  # pragma: no cover
 

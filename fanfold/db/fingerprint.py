@@ -66,7 +66,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 
 import attrs
@@ -292,9 +292,12 @@ def _bare(children: Children) -> Children:
 def _children_digest(key: str, children: Children) -> bytes:
     """The digest of a round's children: each list's length and its items' digests."""
     h = hashlib.blake2b(digest_size=_DIGEST_SIZE)
-    for slot, items in enumerate((children.pending, children.finished, children.rejected)):
-        h.update(len(items).to_bytes(8, "little"))
-        h.update(_lists.joined((key, slot), items))
+    lists: tuple[Iterable[object], ...] = (children.pending, children.finished, children.rejected)
+    for slot, items in enumerate(lists):
+        # Rosters as tuples: the digests of the last tuple seen are kept by identity.
+        kept = tuple(items)
+        h.update(len(kept).to_bytes(8, "little"))
+        h.update(_lists.joined((key, slot), kept))
     return h.digest()
 
 

@@ -33,6 +33,7 @@ from fanfold.statemachine import (
     ForkEdited,
     Idle,
     IllegalTransition,
+    Roster,
     ToolCall,
     ToolResult,
     spawn_order,
@@ -357,7 +358,7 @@ def _renamed(value: Any, rename: Any) -> Any:
     replaced by the fork's."""
     if type(value) is str:  # an enum's value (a StrEnum) is no id
         return rename(value)
-    if isinstance(value, tuple):
+    if isinstance(value, tuple | Roster):  # a Roster comes back a tuple: Children converts it
         return tuple(_renamed(item, rename) for item in value)
     if isinstance(value, ToolCall | ToolResult):
         return value  # a call's id is the provider's, not a conversation's

@@ -18,6 +18,7 @@ fingerprint's per-child digests. The reducer asks this module three things:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import attrs
 
@@ -64,7 +65,7 @@ def parse_mode(arguments: dict[str, object], tasks: int) -> SpawnMode | str | No
     return SpawnMode(Mode(mode), quorum or 1, keep_going)
 
 
-def may_start(child: PendingChild, pending: list[PendingChild]) -> bool:
+def may_start(child: PendingChild, pending: Iterable[PendingChild]) -> bool:
     """Whether queued ``child`` may start: a sequential call's child waits while an
     earlier child of its call is pending (running or queued before it)."""
     mode = child.spec.mode

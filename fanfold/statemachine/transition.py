@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -143,6 +145,8 @@ from fanfold.statemachine.state import Conversation
 
 Effects = tuple[Effect, ...]
 Transition = tuple[Conversation, Effects]
+
+_NO_CHILDREN = Children()  # a round without children (one value, not one per reply)
 
 CANCELLED_RESULT = "cancelled: the conversation was cancelled while this tool ran"
 SKIPPED_RESULT = "skipped: the conversation stopped before this tool ran"
@@ -270,28 +274,20 @@ def transition(state: Conversation, event: Event) -> Transition:
     Raises an IllegalTransition subclass, leaving nothing changed, if the event is not
     acceptable in this state.
     """
-    if isinstance(event, ConversationCreated | ConversationForked):
-        raise IllegalTransition(state, event, "the conversation already exists")
-    if state.is_terminal:
+    # One dictionary lookup by the event's class instead of a chain of isinstance
+    # tests (the table is _HANDLERS, at the end of this module).
+    name = _HANDLERS.get(type(event))
+    if name is None:
+        if isinstance(event, ConversationCreated | ConversationForked):
+            raise IllegalTransition(state, event, "the conversation already exists")
+        raise IllegalTransition(state, event, "not an event")
+    if type(state.phase) in _ENDED:
         return _in_terminal_phase(state, event)
-    match event:
-        case UserMessaged():
-            return _on_user_message(state, event)
-        case ModelReplied() | ModelFailed():
-            return _on_model_result(state, event)
-        case ToolFinished():
-            return _on_tool_finished(state, event)
-        case SubAgentFinished():
-            return _on_child_finished(state, event)
-        case TimerFired():
-            return _on_timer(state, event)
-        case CancelRequested():
-            return _on_cancel(state, event)
-        case RuntimeResumed():
-            return _on_resume(state, event)
-        case ForkEdited():
-            return _on_fork_edit(state, event)
-    raise IllegalTransition(state, event, "not an event")  # pragma: no cover
+    handler: Callable[[Conversation, Any], Transition] = _RULES[name]
+    return handler(state, event)
+
+
+_ENDED = frozenset((Completed, Failed))  # TERMINAL_PHASES, for a lookup by class
 
 
 # ------------------------------------------------------------------ small helpers
@@ -402,29 +398,37 @@ def _summary_call(state: Conversation) -> Summary | None:
     return None
 
 
-def _call_model(state: Conversation, *, attempt: int = 1, grace: bool = False) -> Transition:
-    """Start a model call. A new round past ``max_rounds`` becomes the grace round."""
-    # One copy of the state for the round, the call number and the phase.
+def _call_model(
+    state: Conversation,
+    *,
+    attempt: int = 1,
+    grace: bool = False,
+    history: tuple[Message, ...] | None = None,
+) -> Transition:
+    """Start a model call. A new round past ``max_rounds`` becomes the grace round.
+
+    ``history``: the history to call with when the step changed it (the round's tool
+    results, ``_round_history``), so that the step copies the state once.
+    """
+    # One copy of the state for the history, the round, the call number and the phase.
     call = state.next_call
+    phase = LlmRequesting(call=call, attempt=attempt, grace=grace)
+    if history is None:
+        history = state.history
     if attempt == 1 and not grace:
         if state.rounds >= state.limits.max_rounds:
-            grace = True
             prompt = GRACE_PROMPT if state.is_sub_agent else ROOT_GRACE_PROMPT
             state = state.evolve(
-                history=(*state.history, UserMessage(prompt)),
+                history=(*history, UserMessage(prompt)),
                 next_call=call + 1,
-                phase=LlmRequesting(call=call, attempt=attempt, grace=grace),
+                phase=LlmRequesting(call=call, attempt=attempt, grace=True),
             )
         else:
             state = state.evolve(
-                rounds=state.rounds + 1,
-                next_call=call + 1,
-                phase=LlmRequesting(call=call, attempt=attempt, grace=grace),
+                history=history, rounds=state.rounds + 1, next_call=call + 1, phase=phase
             )
     else:
-        state = state.evolve(
-            next_call=call + 1, phase=LlmRequesting(call=call, attempt=attempt, grace=grace)
-        )
+        state = state.evolve(history=history, next_call=call + 1, phase=phase)
     return state, (CallModel(call, attempt),)
 
 
@@ -449,7 +453,14 @@ def _open_tool_calls(state: Conversation) -> tuple[ToolCall, ...]:
 def _append_round_results(
     state: Conversation, results: tuple[ToolResult, ...], children: Children
 ) -> Conversation:
-    """Append one result per open tool call to the history, in the calls' order.
+    """``state`` with ``_round_history``."""
+    return state.evolve(history=_round_history(state, results, children))
+
+
+def _round_history(
+    state: Conversation, results: tuple[ToolResult, ...], children: Children
+) -> tuple[Message, ...]:
+    """The history with one result per open tool call appended, in the calls' order.
 
     A ``spawn_agents`` call's result is the fan-in of its children; a call with no
     recorded result (possible only when a conversation ends early) gets "skipped".
@@ -473,34 +484,41 @@ def _append_round_results(
         else:
             result = _tool_error(call, SKIPPED_RESULT)
         appended.append(ToolResultMessage(result))
-    return state.evolve(history=(*state.history, *appended))
+    return (*state.history, *appended)
 
 
 # ------------------------------------------------------------------ endings
 
 
-def _apply_ending(state: Conversation, ending: Ending) -> Transition:
-    """Leave the busy phases: back to Idle (root) or into a terminal phase (sub-agent)."""
+def _apply_ending(
+    state: Conversation, ending: Ending, history: tuple[Message, ...] | None = None
+) -> Transition:
+    """Leave the busy phases: back to Idle (root) or into a terminal phase (sub-agent).
+
+    ``history``: the history to end with when the step changed it (one copy of the
+    state for both)."""
     effects: list[Effect] = []
     if state.deadline_timer is not None and not isinstance(ending, EndIdle):
         effects.append(AbortCall(state.deadline_timer))
+    if history is None:
+        history = state.history
     match ending:
         case EndIdle():
-            state = state.evolve(phase=Idle())
+            state = state.evolve(phase=Idle(), history=history)
             effects.append(TurnFinished(TurnOutcome.CANCELLED, "cancelled"))
         case EndCompleted(result=result):
             # Only a sub-agent completes (submit_result is never offered to a root;
             # a root's answer is _answered's Idle).
-            state = state.evolve(phase=Completed(result))
+            state = state.evolve(phase=Completed(result), history=history)
             assert state.parent_id is not None and state.outcome is not None
             effects.append(NotifyParent(state.parent_id, state.id, state.outcome))
             effects.append(TurnFinished(TurnOutcome.COMPLETED, result))
         case EndFailed(error=error, kind=kind, reason=reason):
             if not state.is_sub_agent:
-                state = state.evolve(phase=Error(error, kind))
+                state = state.evolve(phase=Error(error, kind), history=history)
                 effects.append(TurnFinished(TurnOutcome.ERROR, error))
             else:
-                state = state.evolve(phase=Failed(error, kind, reason))
+                state = state.evolve(phase=Failed(error, kind, reason), history=history)
                 assert state.parent_id is not None and state.outcome is not None
                 effects.append(NotifyParent(state.parent_id, state.id, state.outcome))
                 effects.append(TurnFinished(TurnOutcome.FAILED, error))
@@ -539,8 +557,7 @@ def _stop_children_now(
             )
     running = children.pending_ids()
     if not running:
-        state = _append_round_results(state, results, children)
-        return _apply_ending(state, ending)
+        return _apply_ending(state, ending, _round_history(state, results, children))
     # Deadlines no longer apply: the cancel grace timer bounds the wait from now on.
     effects: list[Effect] = []
     for pending in children.pending:
@@ -675,16 +692,27 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
     truncated = reply.stop_reason == STOP_MAX_TOKENS and not reply.tool_calls
     # One copy of the state (this is every round's path): not _count_usage + evolve.
     usage = reply.usage
-    state = state.evolve(
-        usage_input=state.usage_input + usage.input_tokens,
-        usage_cached=state.usage_cached + usage.cached_input_tokens,
-        usage_output=state.usage_output + usage.output_tokens,
-        history=(*state.history, AssistantMessage(reply.text, reply.tool_calls, truncated)),
-    )
+    changes = {
+        "usage_input": state.usage_input + usage.input_tokens,
+        "usage_cached": state.usage_cached + usage.cached_input_tokens,
+        "usage_output": state.usage_output + usage.output_tokens,
+        "history": (*state.history, AssistantMessage(reply.text, reply.tool_calls, truncated)),
+    }
+    budget = state.limits.max_tokens
+    if (
+        reply.tool_calls
+        and not phase.grace
+        and reply.stop_reason != STOP_REFUSAL
+        and (budget is None or state.tokens_spent + usage.total < budget)
+    ):
+        # Every round's path: the tools run with the reply's changes still to make,
+        # so that the step copies the state once (see _run_tools).
+        return _run_tools(state, reply.tool_calls, (), _NO_CHILDREN, changes)
+    state = state.evolve(**changes)
     if reply.stop_reason == STOP_REFUSAL:
         # The model declined: a typed failure carrying its explanation, never an empty
         # result or answer. Tool calls that came with it are not run.
-        state = _append_round_results(state, (), Children())
+        state = _append_round_results(state, (), _NO_CHILDREN)
         return _apply_ending(state, _refusal(reply))
     if not reply.tool_calls:
         if phase.grace and state.is_sub_agent and not reply.text.strip():
@@ -694,7 +722,7 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
         return _grace_tool_calls(state, reply.tool_calls, reply.text)
     budget = state.limits.max_tokens
     if budget is not None and state.tokens_spent >= budget:
-        state = _append_round_results(state, (), Children())
+        state = _append_round_results(state, (), _NO_CHILDREN)
         return _apply_ending(
             state,
             EndFailed(
@@ -703,7 +731,7 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
                 CancelReason.LIMIT,  # kept by a sub-agent's Failed, not by a root's Error
             ),
         )
-    return _run_tools(state, reply.tool_calls, (), Children())
+    return _run_tools(state, reply.tool_calls, (), _NO_CHILDREN)
 
 
 def _refusal(reply: ModelReply) -> EndFailed:
@@ -738,11 +766,11 @@ def _grace_tool_calls(
             if call.name in (SUBMIT_RESULT, SUBMIT_ERROR):
                 done = _submission(call)
                 if isinstance(done, EndCompleted | EndFailed):
-                    state = _append_round_results(state, (_submitted(call),), Children())
+                    state = _append_round_results(state, (_submitted(call),), _NO_CHILDREN)
                     return _apply_ending(state, done)
-        state = _append_round_results(state, (), Children())
+        state = _append_round_results(state, (), _NO_CHILDREN)
         return _apply_ending(state, _iteration_limit(state, last_text))
-    state = _append_round_results(state, (), Children())
+    state = _append_round_results(state, (), _NO_CHILDREN)
     return _apply_ending(
         state,
         EndFailed(
@@ -806,16 +834,27 @@ def _run_tools(
     queue: tuple[ToolCall, ...],
     results: tuple[ToolResult, ...],
     children: Children,
+    changes: dict[str, Any] | None = None,
 ) -> Transition:
     """Work through the round's tool calls in order.
 
     Control tools are handled here, synchronously; the first ordinary tool becomes a
     RunTool effect and the round waits in ToolExecuting for its result.
+
+    ``changes``: the model reply's changes to the state (usage, history), made with
+    the phase in one copy when an ordinary tool runs first (every round's case), or
+    before anything else that reads or changes the state.
     """
     effects: list[Effect] = []  # of the control tools run on the way
     while queue:
         call, queue = queue[0], queue[1:]
+        # What decides the first checks (permissions, tools, arguments) is not among
+        # ``changes``: they may wait until the state is needed as a whole.
         refused = _refused_by_rules(state, call)
+        if changes is not None and (
+            refused is not None or call.name in CONTROL_TOOLS or not state.offers(call.name)
+        ):
+            state, changes = state.evolve(**changes), None
         if refused is not None:
             # Decided here from the rules in the state, so replay refuses it again.
             state = state.evolve(refused_calls=state.refused_calls + 1)
@@ -839,6 +878,7 @@ def _run_tools(
         else:
             number = state.next_call  # issued with the phase: one copy of the state
             state = state.evolve(
+                **(changes or {}),
                 next_call=number + 1,
                 phase=ToolExecuting(
                     current=call,
@@ -849,6 +889,8 @@ def _run_tools(
                 ),
             )
             return state, (*effects, RunTool(number, call, state.cwd))
+    if changes is not None:
+        state = state.evolve(**changes)
     return _after(tuple(effects), _tools_done(state, results, children))
 
 
@@ -889,8 +931,7 @@ def _tools_done(
     if children.pending:
         state = state.evolve(phase=AwaitingSubAgents(children=children, results=results))
         return state, effects
-    state = _append_round_results(state, results, children)
-    return _after(effects, _call_model(state))
+    return _after(effects, _call_model(state, history=_round_history(state, results, children)))
 
 
 def _on_tool_finished(state: Conversation, event: ToolFinished) -> Transition:
@@ -1038,7 +1079,7 @@ def _start_pass(
     start with the outcome each gets."""
     effects: list[Effect] = []
     running = children.running
-    pending = list(children.pending)
+    pending = children.pending
     # A token budget covers the whole tree below a conversation: each child starts
     # with a share of what is left (spent and set aside for running children
     # deducted), split with the children still queued and the parent itself, so the
@@ -1050,7 +1091,10 @@ def _start_pass(
     refused: list[str] = []
     unable: list[tuple[str, ChildFailed]] = []
     summary = children.summary
-    for i, child in enumerate(pending):
+    # Positions in the roster: starting a child replaces its entry alone, and the
+    # scan stops once max_concurrent run (the children before the first queued one
+    # are all started: a child outcome costs a scan of the running ones, not of all).
+    for i, child in pending.positions():
         if running >= state.limits.max_concurrent:
             break
         if child.started or not may_start(child, pending):
@@ -1083,10 +1127,10 @@ def _start_pass(
                     f"deadline of {child.spec.id}",
                 )
             )
-        pending[i] = PendingChild(child.spec, started=True, deadline_timer=deadline, budget=share)
+        started = PendingChild(child.spec, started=True, deadline_timer=deadline, budget=share)
+        children = children.started(i, started)
         effects.append(_spawn_effect(state, child.spec, share, children))
         running += 1
-    children = attrs.evolve(children, pending=tuple(pending))
     # Nothing left to give them: they never start (a child would spend tokens on its
     # first model call before it could notice).
     unable += [(child_id, _budget_used_up(budget)) for child_id in refused]
@@ -1337,7 +1381,7 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
                 state, event, f"outcome of agent {event.child_id!r} was already accepted"
             )
         raise UnknownChild(state, event, f"SubAgentFinished for unknown agent {event.child_id!r}")
-    pending = children.pending[index]
+    pending = children.pending.at(index)
     if not pending.started:
         raise IllegalTransition(
             state, event, f"agent {event.child_id!r} is queued and has not started"
@@ -1407,8 +1451,8 @@ def _round_goes_on(state: Conversation, phase: AwaitingSubAgents, children: Chil
             return _with_children(state, children), aborted
         return _with_children(state, children), ()
     children, aborted = _summary_stopped(children)
-    state = _append_round_results(state, phase.results, children)
-    return _after(aborted, _call_model(state))
+    history = _round_history(state, phase.results, children)
+    return _after(aborted, _call_model(state, history=history))
 
 
 # ------------------------------------------------------------------ timers
@@ -1720,6 +1764,23 @@ def _still_armed(prelude: list[Effect], after: Conversation) -> tuple[Effect, ..
     if children is not None:
         armed.update(p.deadline_timer for p in children.pending)
     return tuple(e for e in prelude if not (isinstance(e, StartTimer) and e.timer not in armed))
+
+
+# The rule of each event class (see transition), by name: looked up in the module
+# at each call, so that a rule replaced in the module (the mutation tests do) is the
+# one that runs.
+_HANDLERS: dict[type, str] = {
+    UserMessaged: "_on_user_message",
+    ModelReplied: "_on_model_result",
+    ModelFailed: "_on_model_result",
+    ToolFinished: "_on_tool_finished",
+    SubAgentFinished: "_on_child_finished",
+    TimerFired: "_on_timer",
+    CancelRequested: "_on_cancel",
+    RuntimeResumed: "_on_resume",
+    ForkEdited: "_on_fork_edit",
+}
+_RULES = globals()
 
 
 def fold(
