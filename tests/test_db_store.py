@@ -41,7 +41,6 @@ from fanfold.statemachine import (
     Idle,
     ModelReplied,
     ModelReply,
-    TurnFinished,
     start,
     transition,
 )
@@ -93,6 +92,7 @@ def test_migrations_are_applied_once(tmp_path: Path) -> None:
         {"version": 2, "name": "tree provenance"},
         {"version": 3, "name": "row checksums"},
         {"version": 4, "name": "content-addressed blobs"},
+        {"version": 5, "name": "events-only log"},
     ]
     for _ in range(2):
         with Store.open(path) as again:
@@ -242,10 +242,10 @@ def test_append_and_read_back(store: Store) -> None:
         assert [e.effects for e in stored] == [s.effects for s in mine]
         assert [e.at for e in stored] == [s.at for s in mine]
         for e, s in zip(stored, mine, strict=True):
-            # Version 5: the counters, the content digest, the state digest at rest.
-            assert version(e.fingerprint) == 5
+            # Version 6: the counters, the content digest, the state digest at rest.
+            assert version(e.fingerprint) == 6
             assert fingerprint_matches(s.state, e.fingerprint)
-            assert e.fingerprint.startswith(summary(s.state) + " ####")
+            assert e.fingerprint.startswith(summary(s.state) + " #####")
             # The whole-state digest at rest, but not at an ended conversation's
             # snapshot step (the snapshot holds the whole state).
             whole = s.state.at_rest and not (s.state.is_terminal and s.snapshot and s.seq > 0)
@@ -292,7 +292,10 @@ def test_one_batch_holds_many_conversations(store: Store) -> None:
     cancelled_fan_out(driver, "c")
     store.append(driver.steps)  # parents are created before their children in the batch
     assert counts(store)["events"] == len(driver.steps)
-    assert counts(store)["effects"] == sum(len(s.effects) for s in driver.steps)
+    assert counts(store)["effects"] == 0  # the events-only log: re-derived by replay
+    assert sum(len(e.effects) for cid in driver.states for e in store.events(cid)) == sum(
+        len(s.effects) for s in driver.steps
+    )
     for cid, state in driver.states.items():
         assert store.load_state(cid) == state
 
@@ -354,7 +357,10 @@ def test_a_bad_step_anywhere_in_a_batch_writes_nothing(store: Store) -> None:
 def test_an_unencodable_step_writes_nothing(store: Store) -> None:
     driver = Driver()
     fan_out(driver)
-    bad = attrs.evolve(driver.steps[-1], effects=(TurnFinished(object(), "x"),))  # type: ignore[arg-type]
+    last = driver.steps[-1]
+    assert isinstance(last.event, ModelReplied)
+    # Effects are not stored (the events-only log): an event the codec cannot encode.
+    bad = attrs.evolve(last, event=attrs.evolve(last.event, call=object()))  # type: ignore[arg-type]
     _refused(store, [*driver.steps[:-1], bad], CodecError, "cannot encode")
 
 

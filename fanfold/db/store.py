@@ -44,7 +44,6 @@ from fanfold.db.codec import (
     decode_effect,
     decode_event,
     decode_state,
-    encode_effect_stored,
     encode_event_compact,
     encode_state_stored,
     stored_effect,
@@ -65,7 +64,7 @@ from fanfold.db.errors import (
     UnknownConversation,
     UnloggableStep,
 )
-from fanfold.db.fingerprint import like, step_fingerprint
+from fanfold.db.fingerprint import events_only, like, step_fingerprint
 from fanfold.db.provenance import Origin, TreeRecord
 from fanfold.db.records import (
     ConversationRow,
@@ -85,6 +84,8 @@ from fanfold.statemachine import (
     ConversationCreated,
     ConversationForked,
     IllegalTransition,
+    ScheduleRetry,
+    StartTimer,
     TurnFinished,
     start,
     transition,
@@ -170,24 +171,21 @@ class _Checkpointer:
 class _Prepared:
     """One step, validated and encoded outside the lock, ready to insert."""
 
-    __slots__ = ("blobs", "effect_rows", "event_row", "size", "step")
+    __slots__ = ("event_row", "size", "step")
 
     def __init__(self, step: Step, blobs: dict[str, str]) -> None:
         self.step = step
         _check_shape(step)
         cid, seq = step.conversation_id, step.seq
         try:
+            # The events-only log (migration 5): the event alone is stored; its effects
+            # are the reducer's output, which replay re-derives. Their type names go
+            # into the fingerprint's content digest.
             kind, payload = type(step.event).__name__, encode_event_compact(step.event, blobs)
-            self.effect_rows = []
-            for idx, effect in enumerate(step.effects):
-                name, text = type(effect).__name__, encode_effect_stored(effect, blobs)
-                self.effect_rows.append(
-                    (cid, seq, idx, name, text, effect_checksum(cid, seq, idx, name, text))
-                )
             mark = step_fingerprint(
                 step.state,
                 payload,
-                [(r[3], r[4]) for r in self.effect_rows],
+                [type(effect).__name__ for effect in step.effects],
                 snapshot=step.snapshot and seq > 0,
             )
             self.event_row = (
@@ -206,7 +204,7 @@ class _Prepared:
                 "cannot hold); nothing of its batch was written, so the log holds every step "
                 "up to the last one committed and `fanfold resume` goes on from there"
             ) from exc
-        self.size = len(self.event_row[3]) + sum(len(row[4]) for row in self.effect_rows)
+        self.size = len(payload)
 
 
 _STATUS_TEXT: dict[type[Any], str] = {}
@@ -583,11 +581,6 @@ class Store:
                 [p.event_row for p in prepared],
             )
             conn.executemany(
-                "INSERT INTO effects (conversation_id, seq, idx, type, payload, checksum)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [row for p in prepared for row in p.effect_rows],
-            )
-            conn.executemany(
                 "UPDATE conversations SET last_seq = ?, phase = ?, updated_at = ? WHERE id = ?",
                 moved,
             )
@@ -937,17 +930,13 @@ class Store:
 
     def last_turn(self, conversation_id: str) -> TurnFinished | None:
         """The ``TurnFinished`` effect of the conversation's latest finished turn (a
-        sub-agent's only one), or None if no turn has finished."""
-        rows = self._query(
-            "SELECT payload FROM effects WHERE conversation_id = ? AND type = 'TurnFinished'"
-            " ORDER BY seq DESC, idx DESC LIMIT 1",
-            [conversation_id],
-        )
-        if not rows:
-            return None
-        effect = decode_effect(rows[0]["payload"])
-        assert isinstance(effect, TurnFinished)
-        return effect
+        sub-agent's only one), or None if no turn has finished. Re-derived by replay
+        where the log stores events only (``events``)."""
+        for stored in reversed(self.events(conversation_id)):
+            for effect in reversed(stored.effects):
+                if isinstance(effect, TurnFinished):
+                    return effect
+        return None
 
     def conversation(self, conversation_id: str) -> ConversationRow:
         """The row of one conversation; raises UnknownConversation if there is none."""
@@ -961,23 +950,33 @@ class Store:
     def events(self, conversation_id: str, after_seq: int = -1) -> list[StoredEvent]:
         """The conversation's events with seq > ``after_seq``, in order, with effects.
 
-        Raises ReplayError naming the seq if a row does not match its checksum."""
+        A step of the events-only log (a version-6 fingerprint, migration 5) has no
+        stored effects: they are re-derived by folding the conversation's events from
+        seq 0 (``ReplayError`` if the reducer refuses one). Effects stored by older
+        logs are read as stored. Raises ReplayError naming the seq if a row does not
+        match its checksum."""
         checksum = "checksum" if self._checksums else "NULL AS checksum"
         with self._transaction("BEGIN") as conn:
             self._require(conn, conversation_id)
             blobs = self._read_blobs(conn)
+            derive = conn.execute(
+                "SELECT 1 FROM events WHERE conversation_id = ? AND seq > ?"
+                " AND fingerprint LIKE '% #####%' LIMIT 1",
+                [conversation_id, after_seq],
+            ).fetchone()
+            start_after = -1 if derive else after_seq
             events = list(
                 self._db.query(
                     f"SELECT seq, type, payload, fingerprint, at, {checksum} FROM events"
                     " WHERE conversation_id = ? AND seq > ? ORDER BY seq",
-                    [conversation_id, after_seq],
+                    [conversation_id, start_after],
                 )
             )
             effects = list(
                 self._db.query(
                     f"SELECT seq, idx, type, payload, {checksum} FROM effects"
                     " WHERE conversation_id = ? AND seq > ? ORDER BY seq, idx",
-                    [conversation_id, after_seq],
+                    [conversation_id, start_after],
                 )
             )
         where = f"conversation {conversation_id!r}"
@@ -1005,7 +1004,13 @@ class Store:
                     " (checksum mismatch)"
                 )
             by_seq.setdefault(row["seq"], []).append(row)
-        return [StoredEvent.from_rows(row, by_seq.get(row["seq"], []), blobs) for row in events]
+        if not derive:
+            return [StoredEvent.from_rows(row, by_seq.get(row["seq"], []), blobs) for row in events]
+        return [
+            stored
+            for stored in _derived(conversation_id, events, by_seq, blobs)
+            if stored.seq > after_seq
+        ]
 
     def timer_starts(self, conversation_id: str) -> dict[int, float]:
         """``timer number -> at`` of the step that first started each timer
@@ -1013,17 +1018,15 @@ class Store:
 
         A restarted runtime re-issues timers under their old numbers; it uses this so
         that a conversation's time limit and retry back-offs keep their original
-        deadlines instead of starting over.
+        deadlines instead of starting over. Re-derived by replay where the log stores
+        events only (``events``).
         """
-        rows = self._query(
-            "SELECT json_extract(f.payload, '$.timer') AS timer, MIN(e.at) AS at"
-            " FROM effects f JOIN events e"
-            " ON e.conversation_id = f.conversation_id AND e.seq = f.seq"
-            " WHERE f.conversation_id = ? AND f.type IN ('StartTimer', 'ScheduleRetry')"
-            " GROUP BY timer",
-            [conversation_id],
-        )
-        return {row["timer"]: row["at"] for row in rows if type(row["timer"]) is int}
+        started: dict[int, float] = {}
+        for stored in self.events(conversation_id):
+            for effect in stored.effects:
+                if isinstance(effect, StartTimer | ScheduleRetry):
+                    started.setdefault(effect.timer, stored.at)
+        return started
 
     def raw_log(self, conversation_id: str) -> RawLog:
         """The conversation's row, snapshot text, events and effects as stored, undecoded.
@@ -1219,6 +1222,42 @@ class Store:
             [Status.RUNNING.value],
         )
         return [ConversationRow.from_row(r) for r in rows]
+
+
+def _derived(
+    conversation_id: str,
+    events: list[dict[str, Any]],
+    stored_effects: dict[int, list[dict[str, Any]]],
+    blobs: dict[str, str],
+) -> list[StoredEvent]:
+    """Every event of a conversation (``events``: its rows from seq 0, in order) with
+    its effects: those an events-only step produced, re-derived by folding; those an
+    older step stored, as stored."""
+    where = f"conversation {conversation_id!r}"
+    state: Conversation | None = None
+    out: list[StoredEvent] = []
+    for expected, row in enumerate(events):
+        seq = row["seq"]
+        if seq != expected:
+            raise ReplayError(f"{where}: event {expected} is missing")
+        try:
+            event = decode_event(row["payload"], blobs)
+            if state is None:
+                if not isinstance(event, ConversationCreated | ConversationForked):
+                    raise ReplayError(f"{where}: event 0 is {type(event).__name__}")
+                state, effects = start(event)
+            else:
+                state, effects = transition(state, event)
+            if not events_only(row["fingerprint"]):
+                effects = tuple(
+                    decode_effect(e["payload"], blobs) for e in stored_effects.get(seq, [])
+                )
+        except CodecError as exc:
+            raise ReplayError(f"{where}, event {seq}: {exc}") from exc
+        except IllegalTransition as exc:
+            raise ReplayError(f"{where}: the reducer refused event {seq}: {exc}") from exc
+        out.append(StoredEvent(seq, event, effects, row["fingerprint"], row["at"]))
+    return out
 
 
 def _replay(
