@@ -637,3 +637,58 @@ def test_a_read_only_open_of_a_log_copied_mid_run_leaves_the_log_file_as_it_was(
     with Store.open(copy / "log.db", read_only=True) as store:
         assert store.load_state("r") == driver.states["r"]
     assert ((copy / "log.db").read_bytes(), (copy / "log.db-wal").read_bytes()) == before
+
+
+def _statements(store: Store, steps: list[Step]) -> list[str]:
+    """The SQL statements one ``append`` of ``steps`` runs, their first words."""
+    ran: list[str] = []
+    conn = store._conn
+    assert conn is not None
+    conn.set_trace_callback(lambda sql: ran.append(" ".join(sql.split()[:3])))
+    try:
+        store.append(steps)
+    finally:
+        conn.set_trace_callback(None)
+    return ran
+
+
+def test_a_lone_step_of_a_known_conversation_is_four_statements(tmp_path: Path) -> None:
+    """What a conversation that batches with nothing pays per step (issue 21's chain):
+    no sequence-check SELECT (the store remembers where it left the row, and the
+    UPDATE names the last_seq it expects), no statement with nothing to write."""
+    driver = Driver()
+    fan_out(driver)
+    root = [s for s in driver.steps if s.conversation_id == "r"]
+    with Store.open(tmp_path / "log.db") as store:
+        store.append(root[:2])
+        assert _statements(store, [root[2]]) == [
+            "BEGIN IMMEDIATE",
+            "INSERT INTO events",
+            "UPDATE conversations SET",
+            "COMMIT",
+        ]
+        assert store.load_state("r") == root[2].state
+
+
+def test_a_conversation_another_connection_moved_on_is_checked_against_its_row(
+    tmp_path: Path,
+) -> None:
+    """A store remembers where it left each conversation; another connection that
+    appended since makes that memory stale: the batch is rolled back and checked
+    against the rows, so a right step is written and a wrong one refused as before."""
+    driver = Driver()
+    fan_out(driver)
+    root = [s for s in driver.steps if s.conversation_id == "r"]
+    path = tmp_path / "log.db"
+    with Store.open(path) as mine, Store.open(path) as other:
+        mine.append(root[:2])
+        other.append([root[2]])  # `mine` still remembers seq 1
+        with pytest.raises(SequenceError, match="expected seq 3, got 2"):
+            mine.append([root[2]])
+        mine.append([root[3]])
+        other.append([root[4]])
+        with pytest.raises(SequenceError, match="expected seq 5, got 4"):
+            mine.append([root[4]])
+        assert [e.seq for e in mine.events("r")] == [0, 1, 2, 3, 4]
+        assert mine.conversation("r").last_seq == 4
+        assert mine.load_state("r") == root[4].state

@@ -1,10 +1,11 @@
 """``Store``: the durable event log of conversation trees, in one SQLite file.
 
 Write path: ``append(steps)`` records many steps of many conversations in ONE
-transaction (group commit). For each step it writes the event, the effects it
-produced and a fingerprint of the new state, and moves the conversation row on
-(phase, status, last_seq, and the full-state snapshot when asked). The runtime calls
-it before executing any of those effects: that is the write-ahead rule.
+transaction (group commit). For each step it writes the event and a fingerprint of
+the new state (the events-only log: effects are re-derived by replay), and moves the
+conversation row on (phase, status, last_seq, and the full-state snapshot when asked).
+The runtime calls it before executing any of the step's effects: that is the
+write-ahead rule.
 
 Read path: rows come back as attrs values built by named constructors; a state is
 rebuilt by decoding the conversation's snapshot and folding the later events with
@@ -103,6 +104,14 @@ _SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
 
 _IN_CHUNK = 500  # ids per "WHERE id IN (...)": well under SQLite's variable limit
+_SEEN_LIMIT = 200_000  # conversations whose (last_seq, status) a store remembers
+
+
+class _StaleCache(Exception):
+    """A conversation's row is not where this store remembered it (another connection
+    wrote it): the batch was rolled back, to be checked against the rows."""
+
+
 _ROW_COLUMNS = ", ".join(ConversationRow.COLUMNS)
 
 
@@ -286,6 +295,9 @@ class Store:
         # None: the log has no blobs table (a read-only open of an older log).
         self._blobs: dict[str, str] = {}
         self._blob_rowid: int | None = 0
+        # ``id -> (last_seq, status)`` of the conversations this store last wrote, so
+        # that a batch needs no SELECT to check its seqs (``_write``).
+        self._seen: dict[str, tuple[int, str]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -547,54 +559,20 @@ class Store:
         known = self._blobs
         new_blobs = [(key, text) for key, text in blobs.items() if key not in known]
         snapshot_sizes = {(cid, seq): len(text) for text, seq, _, cid in snapshot_rows}
-        with self._transaction("BEGIN IMMEDIATE") as conn:
-            created_rows, status_before = self._check_sequence(conn, prepared)
-            # The status column is indexed: set it only when it changes (rarely).
-            moved: list[tuple[Any, ...]] = []
-            moved_with_status: list[tuple[Any, ...]] = []
-            for cid, step in last.items():
-                if step.seq == 0:
-                    continue  # inserted just now, as it is
-                phase = type(step.state.phase).__name__
-                status = _status_text(step.state.phase)
-                if status == status_before[cid]:
-                    moved.append((step.seq, phase, step.at, cid))
-                else:
-                    moved_with_status.append((step.seq, phase, status, step.at, cid))
-            conn.executemany(
-                "INSERT INTO conversations (id, parent_id, root_id, depth, task,"
-                " user_initiated, created_at, updated_at, phase, status, forked_from,"
-                " forked_at_seq, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                created_rows,
-            )
-            trees = [p.step.tree for p in prepared if p.step.seq == 0 and p.step.tree]
-            if trees:
-                self._insert_trees(conn, trees, prepared)
-            if new_blobs:
-                conn.executemany(
-                    "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                    new_blobs,
-                )
-            conn.executemany(
-                "INSERT INTO events (conversation_id, seq, type, payload, fingerprint, at,"
-                " checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [p.event_row for p in prepared],
-            )
-            conn.executemany(
-                "UPDATE conversations SET last_seq = ?, phase = ?, updated_at = ? WHERE id = ?",
-                moved,
-            )
-            conn.executemany(
-                "UPDATE conversations SET last_seq = ?, phase = ?, status = ?, updated_at = ?"
-                " WHERE id = ?",
-                moved_with_status,
-            )
-            conn.executemany(
-                "UPDATE conversations SET snapshot_json = ?, snapshot_seq = ?,"
-                " snapshot_checksum = ? WHERE id = ?",
-                snapshot_rows,
-            )
+        try:
+            statuses = self._write(prepared, last, new_blobs, snapshot_rows, trusted=True)
+        except (_StaleCache, SequenceError, InvalidStep):
+            # Another connection may have written one of these conversations since this
+            # store last did: forget what it remembered and check everything against
+            # the rows (a refusal that was right is made again, from the rows).
+            self._seen.clear()
+            statuses = self._write(prepared, last, new_blobs, snapshot_rows, trusted=False)
         known.update(new_blobs)  # committed: the log holds them
+        seen = self._seen
+        if len(seen) > _SEEN_LIMIT:
+            seen.clear()
+        for cid, step in last.items():
+            seen[cid] = (step.seq, statuses[cid])
         checkpointer = self._checkpointer
         if checkpointer is not None:
             checkpointer.wrote(sum(p.size for p in prepared) + sum(snapshot_sizes.values()))
@@ -603,13 +581,104 @@ class Store:
             for p in prepared
         ]
 
-    def _check_sequence(
-        self, conn: sqlite3.Connection, prepared: list[_Prepared]
-    ) -> tuple[list[tuple[Any, ...]], dict[str, str]]:
-        """Check seq contiguity and parents against the stored rows.
+    def _write(
+        self,
+        prepared: list[_Prepared],
+        last: dict[str, Step],
+        new_blobs: list[tuple[str, str]],
+        snapshot_rows: list[tuple[str, int, int, str]],
+        *,
+        trusted: bool,
+    ) -> dict[str, str]:
+        """The batch's one transaction; returns each conversation's status after it.
 
-        Returns the rows of the conversations the batch creates, and the status of
-        every conversation of the batch before it (as stored, or as created).
+        Statements: ``BEGIN IMMEDIATE``, the events, one ``UPDATE`` of the moved
+        conversations (two if a status changed), ``COMMIT``, and only when needed the
+        created conversations, trees, blobs and snapshots. With ``trusted``, the
+        sequence check uses what this store remembers of the conversations it wrote
+        (``_seen``) instead of reading their rows; every ``UPDATE`` then names the
+        ``last_seq`` it expects, and a row that is not where it was remembered (another
+        connection wrote it) raises ``_StaleCache``, rolling the batch back.
+        """
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            created_rows, status_before, first_seq = self._check_sequence(
+                conn, prepared, self._seen if trusted else {}
+            )
+            # The status column is indexed: set it only when it changes (rarely).
+            moved: list[tuple[Any, ...]] = []
+            moved_with_status: list[tuple[Any, ...]] = []
+            statuses: dict[str, str] = {}
+            for cid, step in last.items():
+                status = statuses[cid] = _status_text(step.state.phase)
+                if step.seq == 0:
+                    continue  # inserted just now, as it is
+                phase = type(step.state.phase).__name__
+                before = max(first_seq[cid] - 1, 0)  # a conversation created here: 0
+                if status == status_before[cid]:
+                    moved.append((step.seq, phase, step.at, cid, before))
+                else:
+                    moved_with_status.append((step.seq, phase, status, step.at, cid, before))
+            try:
+                if created_rows:
+                    conn.executemany(
+                        "INSERT INTO conversations (id, parent_id, root_id, depth, task,"
+                        " user_initiated, created_at, updated_at, phase, status, forked_from,"
+                        " forked_at_seq, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                        created_rows,
+                    )
+                trees = [p.step.tree for p in prepared if p.step.seq == 0 and p.step.tree]
+                if trees:
+                    self._insert_trees(conn, trees, prepared)
+                if new_blobs:
+                    conn.executemany(
+                        "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                        new_blobs,
+                    )
+                conn.executemany(
+                    "INSERT INTO events (conversation_id, seq, type, payload, fingerprint, at,"
+                    " checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [p.event_row for p in prepared],
+                )
+            except sqlite3.IntegrityError:
+                if trusted:
+                    raise _StaleCache from None  # a row this store did not know of
+                raise
+            changed = 0
+            if moved:
+                changed += conn.executemany(
+                    "UPDATE conversations SET last_seq = ?, phase = ?, updated_at = ?"
+                    " WHERE id = ? AND last_seq = ?",
+                    moved,
+                ).rowcount
+            if moved_with_status:
+                changed += conn.executemany(
+                    "UPDATE conversations SET last_seq = ?, phase = ?, status = ?,"
+                    " updated_at = ? WHERE id = ? AND last_seq = ?",
+                    moved_with_status,
+                ).rowcount
+            if changed != len(moved) + len(moved_with_status):
+                # Only a stale memory gets here: the rows read under this lock match.
+                raise _StaleCache
+            if snapshot_rows:
+                conn.executemany(
+                    "UPDATE conversations SET snapshot_json = ?, snapshot_seq = ?,"
+                    " snapshot_checksum = ? WHERE id = ?",
+                    snapshot_rows,
+                )
+        return statuses
+
+    def _check_sequence(
+        self,
+        conn: sqlite3.Connection,
+        prepared: list[_Prepared],
+        seen: dict[str, tuple[int, str]],
+    ) -> tuple[list[tuple[Any, ...]], dict[str, str], dict[str, int]]:
+        """Check seq contiguity and parents against the stored rows, or against
+        ``seen`` (``id -> (last_seq, status)`` remembered) for the ids it holds.
+
+        Returns the rows of the conversations the batch creates, the status of every
+        conversation of the batch before it (as stored, or as created), and the seq
+        of each conversation's first step in the batch.
         """
         wanted: set[str] = set()
         for p in prepared:
@@ -618,13 +687,20 @@ class Store:
                 wanted.update(x for x in (p.step.state.parent_id, p.step.state.root_id) if x)
                 if isinstance(p.step.event, ConversationForked):
                     wanted.add(p.step.event.source_id)
-        stored = self._stored(conn, wanted)
+        # A conversation this store wrote last is where it left it (the UPDATEs check):
+        # no SELECT for it. A step's seq 0 is always looked up (it must not exist).
+        stored = {cid: seen[cid] for cid in wanted if cid in seen}
+        unknown = wanted - stored.keys()
+        if unknown:
+            stored.update(self._stored(conn, unknown))
         next_seq = {cid: last + 1 for cid, (last, _) in stored.items()}
         status_before = {cid: status for cid, (_, status) in stored.items()}
+        first_seq: dict[str, int] = {}
         created_rows: list[tuple[Any, ...]] = []
         for p in prepared:
             step = p.step
             cid = step.conversation_id
+            first_seq.setdefault(cid, step.seq)
             expected = next_seq.get(cid, 0)
             if step.seq != expected:
                 detail = (
@@ -670,7 +746,7 @@ class Store:
                         forked.source_seq if forked is not None else None,
                     )
                 )
-        return created_rows, status_before
+        return created_rows, status_before, first_seq
 
     @staticmethod
     def _insert_trees(
