@@ -41,6 +41,7 @@ from fanfold.statemachine import (
     Idle,
     ModelReplied,
     ModelReply,
+    TurnFinished,
     start,
     transition,
 )
@@ -692,3 +693,39 @@ def test_a_conversation_another_connection_moved_on_is_checked_against_its_row(
         assert [e.seq for e in mine.events("r")] == [0, 1, 2, 3, 4]
         assert mine.conversation("r").last_seq == 4
         assert mine.load_state("r") == root[4].state
+
+
+def test_timer_starts_and_last_turn_are_re_derived_from_events_alone(tmp_path: Path) -> None:
+    """The events-only log stores no effect; what resume and ``wait`` read from the
+    effects (when each timer first started, a turn's outcome) is re-derived by
+    folding, and equals what the steps produced; a log with effect rows (format 5)
+    gives the same from its rows."""
+    from replay_helpers import as_format_5
+
+    from fanfold.statemachine import ScheduleRetry, StartTimer
+
+    driver = Driver()
+    fan_out(driver)  # every child has a deadline timer; r.2 retries
+    path = tmp_path / "log.db"
+    with Store.open(path) as store:
+        store.append(driver.steps)
+    expected: dict[str, dict[int, float]] = {}
+    turns: dict[str, TurnFinished | None] = {}
+    for step in driver.steps:
+        timers = expected.setdefault(step.conversation_id, {})
+        turns.setdefault(step.conversation_id, None)
+        for effect in step.effects:
+            if isinstance(effect, StartTimer | ScheduleRetry):
+                timers.setdefault(effect.timer, step.at)
+            if isinstance(effect, TurnFinished):
+                turns[step.conversation_id] = effect
+    assert any(len(t) > 1 for t in expected.values())
+    assert any(turns.values())
+    for format_5 in (False, True):
+        if format_5:
+            as_format_5(path)
+        with Store.open(path) as store:
+            assert store._query("SELECT count(*) AS n FROM effects")[0]["n"] > 0 or not format_5
+            for cid in driver.states:
+                assert store.timer_starts(cid) == expected[cid], (cid, format_5)
+                assert store.last_turn(cid) == turns[cid], (cid, format_5)
