@@ -113,10 +113,75 @@ def edit(path: Path, *statements: str | tuple[str, Sequence[Any]], sealed: bool 
         conn.close()
 
 
-def write(path: Path, steps: Sequence[Step]) -> None:
-    """Append ``steps`` to a fresh database file."""
+def write(path: Path, steps: Sequence[Step], *, format_5: bool = False) -> None:
+    """Append ``steps`` to a fresh database file; with ``format_5``, then rewrite it as
+    fanfold wrote logs before the events-only log (``as_format_5``)."""
     with Store.open(path) as store:
         store.append(steps)
+    if format_5:
+        as_format_5(path)
+
+
+def as_format_5(path: Path) -> None:
+    """Rewrite the events-only log at ``path`` as fanfold wrote it before migration 5:
+    every step's effects in ``effects`` rows (compact, blob fields by reference) with
+    their checksums, and a version-5 fingerprint (its content digest covers the event's
+    and the effects' stored texts), the events' checksums resealed. For the tests of
+    what readers do with such logs (effect rows damaged, edited, missing)."""
+    from fanfold.db.codec import encode_effect_stored
+    from fanfold.db.fingerprint import content_digest
+
+    with Store.open(path) as store:
+        ids = [r["id"] for r in store._query("SELECT id FROM conversations ORDER BY rowid")]
+        logs = {cid: store.events(cid) for cid in ids}
+    conn = sqlite3.connect(path)
+    try:
+        for cid, stored in logs.items():
+            for event in stored:
+                (payload,) = conn.execute(
+                    "SELECT payload FROM events WHERE conversation_id = ? AND seq = ?",
+                    (cid, event.seq),
+                ).fetchone()
+                blobs: dict[str, str] = {}
+                texts = [(type(e).__name__, encode_effect_stored(e, blobs)) for e in event.effects]
+                conn.executemany(
+                    "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    list(blobs.items()),
+                )
+                head, tail = event.fingerprint.split(" #####")
+                digest = content_digest(payload, texts)
+                assert digest is not None
+                mark = f"{head} ####{digest}{tail[16:]}"
+                conn.execute(
+                    "UPDATE events SET fingerprint = ?, checksum = ?"
+                    " WHERE conversation_id = ? AND seq = ?",
+                    (
+                        mark,
+                        event_checksum(
+                            cid, event.seq, type(event.event).__name__, payload, mark, event.at
+                        ),
+                        cid,
+                        event.seq,
+                    ),
+                )
+                conn.executemany(
+                    "INSERT INTO effects (conversation_id, seq, idx, type, payload, checksum)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            cid,
+                            event.seq,
+                            idx,
+                            kind,
+                            text,
+                            effect_checksum(cid, event.seq, idx, kind, text),
+                        )
+                        for idx, (kind, text) in enumerate(texts)
+                    ],
+                )
+        conn.commit()
+    finally:
+        conn.close()
 
 
 # A root that delegates one bash command to a sub-agent: the small real log (written by

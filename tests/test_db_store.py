@@ -93,6 +93,7 @@ def test_migrations_are_applied_once(tmp_path: Path) -> None:
         {"version": 2, "name": "tree provenance"},
         {"version": 3, "name": "row checksums"},
         {"version": 4, "name": "content-addressed blobs"},
+        {"version": 5, "name": "events-only log"},
     ]
     for _ in range(2):
         with Store.open(path) as again:
@@ -242,10 +243,10 @@ def test_append_and_read_back(store: Store) -> None:
         assert [e.effects for e in stored] == [s.effects for s in mine]
         assert [e.at for e in stored] == [s.at for s in mine]
         for e, s in zip(stored, mine, strict=True):
-            # Version 5: the counters, the content digest, the state digest at rest.
-            assert version(e.fingerprint) == 5
+            # Version 6: the counters, the content digest, the state digest at rest.
+            assert version(e.fingerprint) == 6
             assert fingerprint_matches(s.state, e.fingerprint)
-            assert e.fingerprint.startswith(summary(s.state) + " ####")
+            assert e.fingerprint.startswith(summary(s.state) + " #####")
             # The whole-state digest at rest, but not at an ended conversation's
             # snapshot step (the snapshot holds the whole state).
             whole = s.state.at_rest and not (s.state.is_terminal and s.snapshot and s.seq > 0)
@@ -292,7 +293,10 @@ def test_one_batch_holds_many_conversations(store: Store) -> None:
     cancelled_fan_out(driver, "c")
     store.append(driver.steps)  # parents are created before their children in the batch
     assert counts(store)["events"] == len(driver.steps)
-    assert counts(store)["effects"] == sum(len(s.effects) for s in driver.steps)
+    assert counts(store)["effects"] == 0  # the events-only log: re-derived by replay
+    assert sum(len(e.effects) for cid in driver.states for e in store.events(cid)) == sum(
+        len(s.effects) for s in driver.steps
+    )
     for cid, state in driver.states.items():
         assert store.load_state(cid) == state
 
@@ -354,7 +358,10 @@ def test_a_bad_step_anywhere_in_a_batch_writes_nothing(store: Store) -> None:
 def test_an_unencodable_step_writes_nothing(store: Store) -> None:
     driver = Driver()
     fan_out(driver)
-    bad = attrs.evolve(driver.steps[-1], effects=(TurnFinished(object(), "x"),))  # type: ignore[arg-type]
+    last = driver.steps[-1]
+    assert isinstance(last.event, ModelReplied)
+    # Effects are not stored (the events-only log): an event the codec cannot encode.
+    bad = attrs.evolve(last, event=attrs.evolve(last.event, call=object()))  # type: ignore[arg-type]
     _refused(store, [*driver.steps[:-1], bad], CodecError, "cannot encode")
 
 
@@ -631,3 +638,94 @@ def test_a_read_only_open_of_a_log_copied_mid_run_leaves_the_log_file_as_it_was(
     with Store.open(copy / "log.db", read_only=True) as store:
         assert store.load_state("r") == driver.states["r"]
     assert ((copy / "log.db").read_bytes(), (copy / "log.db-wal").read_bytes()) == before
+
+
+def _statements(store: Store, steps: list[Step]) -> list[str]:
+    """The SQL statements one ``append`` of ``steps`` runs, their first words."""
+    ran: list[str] = []
+    conn = store._conn
+    assert conn is not None
+    conn.set_trace_callback(lambda sql: ran.append(" ".join(sql.split()[:3])))
+    try:
+        store.append(steps)
+    finally:
+        conn.set_trace_callback(None)
+    return ran
+
+
+def test_a_lone_step_of_a_known_conversation_is_four_statements(tmp_path: Path) -> None:
+    """What a conversation that batches with nothing pays per step (issue 21's chain):
+    no sequence-check SELECT (the store remembers where it left the row, and the
+    UPDATE names the last_seq it expects), no statement with nothing to write."""
+    driver = Driver()
+    fan_out(driver)
+    root = [s for s in driver.steps if s.conversation_id == "r"]
+    with Store.open(tmp_path / "log.db") as store:
+        store.append(root[:2])
+        assert _statements(store, [root[2]]) == [
+            "BEGIN IMMEDIATE",
+            "INSERT INTO events",
+            "UPDATE conversations SET",
+            "COMMIT",
+        ]
+        assert store.load_state("r") == root[2].state
+
+
+def test_a_conversation_another_connection_moved_on_is_checked_against_its_row(
+    tmp_path: Path,
+) -> None:
+    """A store remembers where it left each conversation; another connection that
+    appended since makes that memory stale: the batch is rolled back and checked
+    against the rows, so a right step is written and a wrong one refused as before."""
+    driver = Driver()
+    fan_out(driver)
+    root = [s for s in driver.steps if s.conversation_id == "r"]
+    path = tmp_path / "log.db"
+    with Store.open(path) as mine, Store.open(path) as other:
+        mine.append(root[:2])
+        other.append([root[2]])  # `mine` still remembers seq 1
+        with pytest.raises(SequenceError, match="expected seq 3, got 2"):
+            mine.append([root[2]])
+        mine.append([root[3]])
+        other.append([root[4]])
+        with pytest.raises(SequenceError, match="expected seq 5, got 4"):
+            mine.append([root[4]])
+        assert [e.seq for e in mine.events("r")] == [0, 1, 2, 3, 4]
+        assert mine.conversation("r").last_seq == 4
+        assert mine.load_state("r") == root[4].state
+
+
+def test_timer_starts_and_last_turn_are_re_derived_from_events_alone(tmp_path: Path) -> None:
+    """The events-only log stores no effect; what resume and ``wait`` read from the
+    effects (when each timer first started, a turn's outcome) is re-derived by
+    folding, and equals what the steps produced; a log with effect rows (format 5)
+    gives the same from its rows."""
+    from replay_helpers import as_format_5
+
+    from fanfold.statemachine import ScheduleRetry, StartTimer
+
+    driver = Driver()
+    fan_out(driver)  # every child has a deadline timer; r.2 retries
+    path = tmp_path / "log.db"
+    with Store.open(path) as store:
+        store.append(driver.steps)
+    expected: dict[str, dict[int, float]] = {}
+    turns: dict[str, TurnFinished | None] = {}
+    for step in driver.steps:
+        timers = expected.setdefault(step.conversation_id, {})
+        turns.setdefault(step.conversation_id, None)
+        for effect in step.effects:
+            if isinstance(effect, StartTimer | ScheduleRetry):
+                timers.setdefault(effect.timer, step.at)
+            if isinstance(effect, TurnFinished):
+                turns[step.conversation_id] = effect
+    assert any(len(t) > 1 for t in expected.values())
+    assert any(turns.values())
+    for format_5 in (False, True):
+        if format_5:
+            as_format_5(path)
+        with Store.open(path) as store:
+            assert store._query("SELECT count(*) AS n FROM effects")[0]["n"] > 0 or not format_5
+            for cid in driver.states:
+                assert store.timer_starts(cid) == expected[cid], (cid, format_5)
+                assert store.last_turn(cid) == turns[cid], (cid, format_5)

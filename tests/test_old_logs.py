@@ -143,15 +143,18 @@ def test_an_old_logs_recorded_request_is_checked_against_the_state(
     )
 
 
-def test_new_steps_store_no_model_request(tmp_path: Path) -> None:
-    """Schema 6: a model call is logged as its number and attempt only."""
+def test_new_steps_store_their_events_only(tmp_path: Path) -> None:
+    """The events-only log (migration 5): no effect row at all (schema 6 stored a model
+    call as its number and attempt; now nothing), a version-6 fingerprint per event."""
     path = tmp_path / "new.db"
     done = _fanfold("run", "--no-live", "--db", str(path), "Review this repository")
     assert done.returncode == 0, done.stderr
-    rows = _call_model_rows(path)
-    assert rows
-    for _, _, _, payload in rows:
-        assert set(json.loads(payload)) == {"v", "type", "call", "attempt"}
+    assert _call_model_rows(path) == []
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+        marks = [m for (m,) in conn.execute("SELECT fingerprint FROM events")]
+    conn.close()
+    assert marks and all(" #####" in m for m in marks)
     with Store.open(path) as store:
         assert verify(store, _root(path), tree=True).ok
 
@@ -178,8 +181,12 @@ def test_a_killed_run_of_schema_5_resumes_and_verifies(tmp_path: Path) -> None:
         assert len(store.tree(root)) > 1
         report = verify(store, root, tree=True)
         assert report.ok, report
+        # The resumed steps are events-only: the old ones keep their effect rows.
+        assert store.last_turn(root) is not None
+        marks = [e.fingerprint for e in store.events(root)]
     versions = {json.loads(p)["v"] for _, _, _, p in _call_model_rows(path)}
-    assert versions == {5, SCHEMA_VERSION}
+    assert versions == {5}
+    assert " #####" not in marks[0] and " #####" in marks[-1]
 
 
 def test_a_killed_run_of_schema_6_resumes_and_verifies(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import Driver, fan_out
-from replay_helpers import FifoReader, edit, write
+from replay_helpers import FifoReader, as_format_5, edit, write
 
 from fanfold.cli import cli
 from fanfold.db import SCHEMA_VERSION, Store
@@ -70,6 +70,7 @@ def test_verify_divergence_exits_1_with_a_diff_and_the_seq(
         after, effects = original(state, event)
         return after, (*effects, AbortCall(999))
 
+    as_format_5(db)  # effect rows to compare with, as logs before the events-only log
     monkeypatch.setattr(REDUCER, "_on_tool_finished", changed)
     result = run("replay", "r", "--verify", "--tree", "--db", db)
     assert result.exit_code == 1, result.output
@@ -80,6 +81,26 @@ def test_verify_divergence_exits_1_with_a_diff_and_the_seq(
     assert "the log and the reducer diverge" in out
     # Without --tree the root alone replays identically.
     assert run("replay", "r", "--verify", "--db", db).exit_code == 0
+
+
+def test_verify_divergence_of_an_events_only_log_exits_1_naming_the_seq(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = REDUCER._on_tool_finished
+
+    def changed(state: Conversation, event: ToolFinished) -> Any:
+        after, effects = original(state, event)
+        return after, (*effects, AbortCall(999))
+
+    monkeypatch.setattr(REDUCER, "_on_tool_finished", changed)
+    result = run("replay", "r", "--verify", "--tree", "--db", db)
+    assert result.exit_code == 1, result.output
+    out = result.stdout
+    assert (
+        "conversation r.1, seq 2 (ToolFinished): recorded and recomputed state fingerprint" in out
+    )
+    assert "content digest (the step's event and its effects' types)" in out
+    assert "the log and the reducer diverge" in out
 
 
 def test_verify_of_a_damaged_log_exits_2_naming_the_seq(db: Path) -> None:

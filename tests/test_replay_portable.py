@@ -46,6 +46,23 @@ def exported(tmp_path: Path) -> str:
         return _export(store, "r.3")  # any conversation of the tree exports the tree
 
 
+@pytest.fixture
+def exported_format_5(tmp_path: Path) -> str:
+    """An export of a log written before the events-only log: its steps hold effects."""
+    write(tmp_path / "source5.db", _driver().steps, format_5=True)
+    with Store.open(tmp_path / "source5.db") as store:
+        return _export(store, "r.3")
+
+
+def test_an_export_of_a_log_with_effect_rows_imports_and_verifies(exported_format_5: str) -> None:
+    records = _lines(exported_format_5)
+    assert any(r.get("effects") for r in records)
+    with Store.memory() as other:
+        replay.import_jsonl(other, exported_format_5.splitlines())
+        assert replay.verify(other, "r", tree=True).ok
+        assert other._query("SELECT count(*) AS n FROM effects")[0]["n"] > 0
+
+
 def test_export_then_import_then_verify(tmp_path: Path, exported: str) -> None:
     records = _lines(exported)
     header = records[0]
@@ -170,8 +187,8 @@ def test_a_newer_event_schema_version_is_refused_naming_both(exported: str) -> N
         assert other.list_roots() == []
 
 
-def test_a_newer_document_inside_an_older_header_is_refused(exported: str) -> None:
-    records = _lines(exported)
+def test_a_newer_document_inside_an_older_header_is_refused(exported_format_5: str) -> None:
+    records = _lines(exported_format_5)
     records[8]["effects"][0]["v"] = codec.SCHEMA_VERSION + 1
     with (
         Store.memory() as other,

@@ -99,13 +99,14 @@ def test_verify_of_one_conversation_leaves_its_children_out(tmp_path: Path) -> N
 # ------------------------------------------------------------------ damaged logs
 
 
-def _fan_out_db(tmp_path: Path) -> Path:
+def _fan_out_db(tmp_path: Path, *, format_5: bool = False) -> Path:
     """The root r: 0 created, 1 user, 2 spawn reply, 3..5 outcomes, 6 answer; children
-    r.1 (tool), r.2 (retry), r.3 (error); snapshots every 2 steps."""
+    r.1 (tool), r.2 (retry), r.3 (error); snapshots every 2 steps. ``format_5``: as
+    written before the events-only log (effect rows)."""
     driver = Driver(snapshot_every=2)
     fan_out(driver)
     path = tmp_path / "log.db"
-    write(path, driver.steps)
+    write(path, driver.steps, format_5=format_5)
     return path
 
 
@@ -260,7 +261,8 @@ DAMAGE: dict[str, tuple[list[str], str, int, FindingKind, str]] = {
 @pytest.mark.parametrize("name", list(DAMAGE))
 def test_damaged_logs_are_reported_with_the_seq(tmp_path: Path, name: str) -> None:
     statements, cid, seq, kind, words = DAMAGE[name]
-    path = _fan_out_db(tmp_path)
+    # Effect rows exist in logs written before the events-only log.
+    path = _fan_out_db(tmp_path, format_5="effect" in name)
     edit(path, *statements)
     with Store.open(path) as store:
         report = replay.verify(store, "r", tree=True)
@@ -300,9 +302,10 @@ def test_a_changed_fingerprint_is_a_divergence_with_a_diff(tmp_path: Path) -> No
     assert report.result("r.2").events == 2
 
 
-def _trace_db(directory: Path, trace: testing.Trace) -> Path:
+def _trace_db(directory: Path, trace: testing.Trace, *, format_5: bool = False) -> Path:
     path = directory / "trace.db"
-    write(path, [*ancestors(trace.created), *trace_steps(trace, snapshot_every=3)])
+    steps = [*ancestors(trace.created), *trace_steps(trace, snapshot_every=3)]
+    write(path, steps, format_5=format_5)
     return path
 
 
@@ -339,7 +342,8 @@ def test_no_damage_ever_raises(trace: testing.Trace, kind: int, where: float) ->
     seq = 1 + int(where * (last - 1))
     cid = trace.created.conversation_id
     with tempfile.TemporaryDirectory() as directory:
-        path = _trace_db(Path(directory), trace)
+        # Kind 5 deletes effect rows: those of a log written before the events-only log.
+        path = _trace_db(Path(directory), trace, format_5=kind == 5)
         edit(path, *_damage(cid, kind, seq, last))
         with Store.open(path) as store:
             report = replay.verify(store, cid)
@@ -379,10 +383,32 @@ def _using_more_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
     return changed
 
 
+def test_a_changed_effect_in_an_events_only_log_is_reported_at_its_seq(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The events-only log stores no effect to compare with: the recomputed effects'
+    types are in the fingerprint's content digest, so an added effect is still a
+    divergence at its step."""
+    path = _fan_out_db(tmp_path)  # r.1 runs bash: its seq 2 is a ToolFinished
+    monkeypatch.setattr(REDUCER, "_on_tool_finished", _with_extra_abort(REDUCER._on_tool_finished))
+    with Store.open(path) as store:
+        report = replay.verify(store, "r", tree=True)
+    assert not report.ok and not report.corrupt
+    divergence = report.first_divergence
+    assert divergence is not None
+    assert (divergence.conversation_id, divergence.seq) == ("r.1", 2)
+    assert divergence.recomputed_effects[-1] == AbortCall(999)
+    assert not divergence.fingerprint_matches
+    assert "content digest" in divergence.diff()
+    assert [r.conversation_id for r in report.results if not r.ok] == ["r.1"]
+
+
 def test_a_changed_effect_is_reported_at_its_seq_with_a_diff(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = _fan_out_db(tmp_path)  # r.1 runs bash: its seq 2 is a ToolFinished
+    """A log with effect rows (written before the events-only log): the diff shows
+    the effects."""
+    path = _fan_out_db(tmp_path, format_5=True)  # r.1 runs bash: its seq 2 is a ToolFinished
     monkeypatch.setattr(REDUCER, "_on_tool_finished", _with_extra_abort(REDUCER._on_tool_finished))
     with Store.open(path) as store:
         report = replay.verify(store, "r", tree=True)
@@ -518,7 +544,7 @@ def test_a_schema_3_log_without_the_fields_4_added_still_verifies(tmp_path: Path
     driver = Driver()
     fan_out(driver)  # r.2 retries (attempt 2); every child has a time limit
     path = tmp_path / "log.db"
-    write(path, driver.steps)
+    write(path, driver.steps, format_5=True)  # with effect rows, as every older log
     conn = sqlite3.connect(path)
     # A schema-3 fanfold wrote format-1 fingerprints (phase and counters).
     conn.execute(
@@ -561,8 +587,9 @@ def test_a_schema_4_log_with_a_child_that_never_submitted_still_verifies(
         # As a schema-4 fanfold ran it: every success counted as submitted.
         old.setattr(Conversation, "submitted", property(lambda self: True))
         fan_out(driver, "r", ("text", "result"))
-    path = tmp_path / "log.db"
-    write(path, driver.steps)
+        path = tmp_path / "log.db"
+        # With effect rows, as every older log (derived as that reducer derived them).
+        write(path, driver.steps, format_5=True)
     with Store.open(path) as store:
         blobs = store.blobs()
     conn = sqlite3.connect(path)

@@ -1,5 +1,6 @@
 """Damage that still decodes is damage, not a divergence (issue 10.8): every events
-row, effects row and snapshot carries a checksum that readers check.
+row, effects row (logs written before the events-only log) and snapshot carries a
+checksum that readers check.
 
 A real log (a root, a sub-agent, a bash call) is written by ``fanfold run``. Copies
 get single-bit edits that leave printable ASCII ('a' -> 'c'), so that the text still
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from replay_helpers import one_child_log
+from replay_helpers import as_format_5, one_child_log
 
 from fanfold.cli import cli
 from fanfold.db import ReplayError, Store
@@ -81,6 +82,8 @@ def test_a_text_edited_through_sqlite_is_damage(
     source, root = original
     db = tmp_path / "copy.db"
     shutil.copyfile(source, db)
+    if table == "effects":
+        as_format_5(db)  # the events-only log has no effect rows; older logs do
     rng = random.Random(seed)
     conn = sqlite3.connect(db, isolation_level=None)
     try:
@@ -223,6 +226,8 @@ def test_a_damaged_row_is_not_exported(
     source, root = original
     db = tmp_path / "copy.db"
     shutil.copyfile(source, db)
+    if table == "effects":
+        as_format_5(db)  # the events-only log has no effect rows; older logs do
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         rowid, text = conn.execute(

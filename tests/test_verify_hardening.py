@@ -82,7 +82,7 @@ def test_a_tool_call_edited_in_its_event_and_its_effect_diverges_at_that_step(
     original = tmp_path / "original.db"
     driver = Driver()
     fan_out(driver)
-    write(original, driver.steps)
+    write(original, driver.steps, format_5=True)  # effects stored: a log before migration 5
     conn = sqlite3.connect(original)
     try:
         cid, seq, event_text, effect_text = conn.execute(
@@ -142,16 +142,64 @@ def test_a_tool_call_edited_in_its_event_and_its_effect_diverges_at_that_step(
         assert replay.verify(store, cid).ok
 
 
-def _fan_out_log(path: Path) -> None:
+def test_a_tool_call_edited_in_an_events_only_log_diverges_at_that_step(
+    tmp_path: Path,
+) -> None:
+    """The events-only log (format 6) stores no effect: an edit of the reply's tool call,
+    row resealed, is seen at its step by the content digest over the event's text,
+    though the conversation never comes to rest after it."""
+    original = tmp_path / "original.db"
+    driver = Driver()
+    fan_out(driver)
+    write(original, driver.steps)
+    conn = sqlite3.connect(original)
+    try:
+        cid, seq, event_text, mark = conn.execute(
+            "SELECT conversation_id, seq, payload, fingerprint FROM events"
+            " WHERE type = 'ModelReplied' AND payload LIKE '%bash%' ORDER BY rowid LIMIT 1"
+        ).fetchone()
+        assert conn.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+    finally:
+        conn.close()
+    assert len(mark.split(" #####")[1].split()) == 1  # no state digest at this step
+    event = codec.decode_event(event_text)
+    assert isinstance(event, ModelReplied) and event.reply.tool_calls
+    call = event.reply.tool_calls[0]
+    edited_call = ToolCall.of(call.id, call.name, {**call.arguments(), "edited": True})
+    edited_event = attrs.evolve(
+        event,
+        reply=attrs.evolve(event.reply, tool_calls=(edited_call, *event.reply.tool_calls[1:])),
+    )
+    path = tmp_path / "edited.db"
+    shutil.copyfile(original, path)
+    edit(
+        path,
+        (
+            "UPDATE events SET payload = ? WHERE conversation_id = ? AND seq = ?",
+            (codec.encode_event_compact(edited_event, {}), cid, seq),
+        ),
+    )
+    with Store.open(path) as store:
+        report = replay.verify(store, cid)
+    divergence = report.first_divergence
+    assert divergence is not None
+    assert (divergence.conversation_id, divergence.seq) == (cid, seq)
+    assert not divergence.fingerprint_matches
+    assert "content digest" in divergence.diff()
+    with Store.open(original) as store:
+        assert replay.verify(store, cid).ok
+
+
+def _fan_out_log(path: Path, *, format_5: bool = False) -> None:
     driver = Driver(snapshot_every=3)
     fan_out(driver)
-    write(path, driver.steps)
+    write(path, driver.steps, format_5=format_5)
 
 
 def test_a_bare_nan_in_the_log_is_never_exported(tmp_path: Path) -> None:
     """Issue 10.2: an older fanfold could store a model's NaN as a bare ``NaN``;
     export refuses the tree (naming the row) instead of writing it on."""
-    _fan_out_log(tmp_path / "log.db")
+    _fan_out_log(tmp_path / "log.db", format_5=True)  # a log with effect rows
     edit(
         tmp_path / "log.db",
         'UPDATE effects SET payload = replace(payload, \'"delay":\', \'"delay":NaN,"d":\')'
@@ -167,7 +215,7 @@ def test_a_bare_nan_in_the_log_is_never_exported(tmp_path: Path) -> None:
 def test_import_refuses_non_finite_numbers_and_imports_nothing(
     tmp_path: Path, literal: str, field: str
 ) -> None:
-    _fan_out_log(tmp_path / "log.db")
+    _fan_out_log(tmp_path / "log.db", format_5=True)  # its export holds effects
     out = io.StringIO()
     with Store.open(tmp_path / "log.db") as store:
         replay.export_jsonl(store, "r", out)

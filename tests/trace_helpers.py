@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 from click.testing import CliRunner
-from replay_helpers import edit
+from replay_helpers import as_format_5, edit
 
 from fanfold.cli import cli
 from fanfold.db import Store
@@ -119,7 +119,10 @@ def fan_out_log(folder: Path, n: int) -> tuple[Path, str]:
 
 def diverge(db: Path, conversation_id: str, seq: int) -> None:
     """Edit the recorded effects of one step (and reseal the row checksums), as a
-    reducer that decided differently would have written them: verify then diverges."""
+    reducer that decided differently would have written them: verify then diverges.
+    The log is first rewritten as logs were before the events-only log (effect rows),
+    so that there are recorded effects to differ from."""
+    as_format_5(db)
     edit(
         db,
         (

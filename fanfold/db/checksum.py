@@ -13,6 +13,7 @@ Rows written before migration 3 hold NULL and are not checked.
 
 from __future__ import annotations
 
+import struct
 import zlib
 
 # Fields are joined with a separator that the codec never writes (its JSON is ASCII
@@ -24,11 +25,23 @@ def _crc(*fields: str) -> int:
     return zlib.crc32(_SEP.join(fields).encode("utf-8", "surrogatepass"))
 
 
+_pack_time = struct.Struct("<d").pack
+
+
 def event_checksum(
     conversation_id: str, seq: int, kind: str, payload: str, fingerprint: str, at: float
 ) -> int:
-    """The checksum of one ``events`` row (every column but the checksum)."""
-    return _crc(conversation_id, str(seq), kind, payload, fingerprint, repr(float(at)))
+    """The checksum of one ``events`` row (every column but the checksum).
+
+    A row of the events-only log (a version-6 fingerprint) takes its time as the
+    float's 8 bytes, older rows as its ``repr``: formatting a float's shortest decimal
+    was half the cost of a row's checksum (7 k of 13 k instructions, callgrind). The
+    fingerprint column tells the two apart, and is itself covered: a fingerprint edited
+    into another version no longer matches either way."""
+    if " #####" not in fingerprint:
+        return _crc(conversation_id, str(seq), kind, payload, fingerprint, repr(float(at)))
+    head = f"{conversation_id}{_SEP}{seq}{_SEP}{kind}{_SEP}{payload}{_SEP}{fingerprint}{_SEP}"
+    return zlib.crc32(_pack_time(at), zlib.crc32(head.encode("utf-8", "surrogatepass")))
 
 
 def effect_checksum(conversation_id: str, seq: int, idx: int, kind: str, payload: str) -> int:

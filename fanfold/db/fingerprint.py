@@ -57,8 +57,18 @@ is not an extension of the one kept (a fork, a rebuilt state) is rehashed once.
   where the conversation next comes to rest, or at the snapshot (see DESIGN.md, "The
   event log").
 
+- version 6 (written since 2026-11-28, with the events-only log: migration 5): the
+  counters, then ``#####`` and a 64-bit digest of the step's event as stored (its
+  compact text without the schema version) and of its effects' type names, and the
+  version-4 whole-state digest at rest as in version 5:
+  ``"Idle n4 r1 h2 s0 p0 f0 w0 #####0123456789abcdef fedcba9876543210"``. The log no
+  longer stores effects (they are the reducer's output, re-derived by replay), so
+  their texts are no longer hashed: encoding them only to digest them was most of
+  the cost version 5 kept. Their names are: a reducer that adds, drops or reorders an
+  effect is still caught at the step.
+
 ``matches(state, recorded)`` compares in the recorded format, so logs written with
-versions 1 to 4 still verify.
+versions 1 to 5 still verify.
 """
 
 from __future__ import annotations
@@ -175,23 +185,50 @@ def content_digest(event_text: str, effects: Sequence[tuple[str, str]]) -> str |
     return h.hexdigest()
 
 
+def event_digest(event_text: str, effect_names: Sequence[str]) -> str | None:
+    """The version-6 content digest (hex, 64 bits): BLAKE2b of the stored event
+    document without its schema version (``canonical_text``) and of the type names of
+    the effects the step produced, in order. None if the document cannot be put in its
+    canonical form (an import of another schema's export)."""
+    text = canonical_text(event_text, object_form=False)
+    if text is None:
+        return None
+    # The names are ASCII identifiers; the separator is no JSON text's.
+    return hashlib.blake2b(
+        f"{text}\x1e{','.join(effect_names)}".encode(), digest_size=_DIGEST_SIZE
+    ).hexdigest()
+
+
 def step_fingerprint(
     state: Conversation,
     event_text: str,
-    effects: Sequence[tuple[str, str]],
+    effect_names: Sequence[str],
     *,
     snapshot: bool = False,
 ) -> str:
-    """The current (version 5) fingerprint of a step that stored ``event_text`` and
-    ``effects`` (type name, text) and left ``state``: the counters, the content digest
-    and, when the state is at rest, the whole-state digest; but not for an ended
-    conversation whose whole state the step stores as its snapshot (``snapshot``):
-    nothing changes it after that, and verify compares the snapshot itself."""
-    digest_of_content = content_digest(event_text, effects)
-    if digest_of_content is None:
-        raise CodecError("a step's documents are not in the form the log stores")
-    whole = state.at_rest and not (snapshot and state.is_terminal)
-    return _v5(state, digest_of_content, whole)
+    """The current (version 6) fingerprint of a step that stored ``event_text`` (its
+    compact document), produced effects of types ``effect_names`` and left ``state``:
+    the counters, the content digest and, when the state is at rest, the whole-state
+    digest; but not for an ended conversation whose whole state the step stores as its
+    snapshot (``snapshot``): nothing changes it after that, and verify compares the
+    snapshot itself."""
+    comma = event_text.find(",")
+    if not event_text.startswith("[") or comma < 0:
+        raise CodecError("a step's event is not in the form the log stores")
+    # ``event_digest`` of a compact document, without the checks a stored one needs.
+    content = hashlib.blake2b(
+        f"[{event_text[comma + 1 :]}\x1e{','.join(effect_names)}".encode(),
+        digest_size=_DIGEST_SIZE,
+    ).hexdigest()
+    if state.at_rest and not (snapshot and state.is_terminal):
+        return f"{summary(state)} #####{content} {digest_v4(state)}"
+    return f"{summary(state)} #####{content}"
+
+
+def events_only(recorded: str) -> bool:
+    """True if ``recorded`` is a version-6 fingerprint: its step's effects are not
+    stored (the events-only log), replay re-derives them."""
+    return " #####" in recorded
 
 
 def _v5(state: Conversation, content: str, whole: bool) -> str:
@@ -307,7 +344,9 @@ def is_version_1(recorded: str) -> bool:
 
 
 def version(recorded: str) -> int:
-    """The format of a recorded fingerprint: 1 to 5."""
+    """The format of a recorded fingerprint: 1 to 6."""
+    if " #####" in recorded:
+        return 6
     if " ####" in recorded:
         return 5
     if " ###" in recorded:
@@ -322,8 +361,13 @@ def like(
     recorded: str,
     event_payload: str | None = None,
     effects: Sequence[tuple[str, str]] | None = None,
+    *,
+    effect_names: Sequence[str] | None = None,
 ) -> str:
-    """The fingerprint of ``state`` in the format of ``recorded``. A version-2
+    """The fingerprint of ``state`` in the format of ``recorded``. A version-6
+    fingerprint's content digest is computed from ``event_payload`` and
+    ``effect_names`` (the types of the effects the step produced); without them it is
+    taken from ``recorded``, as for version 5. A version-2
     fingerprint hashed the schema version its log wrote: that of ``event_payload``,
     the event recorded with it (schema 5 if not given). A version-5 fingerprint's
     content digest is computed from ``event_payload`` and ``effects`` (each stored
@@ -331,6 +375,16 @@ def like(
     canonical form (``canonical_text``), it is taken from ``recorded``, and only the
     state is compared: what rebuilding a state checks."""
     match version(recorded):
+        case 6:
+            digest_of_content = None
+            if event_payload is not None and effect_names is not None:
+                digest_of_content = event_digest(event_payload, effect_names)
+            recorded_tail = recorded.split(" #####", 1)[1]
+            if digest_of_content is None:
+                digest_of_content = recorded_tail[: _DIGEST_SIZE * 2]
+            if " " in recorded_tail:
+                return f"{summary(state)} #####{digest_of_content} {digest_v4(state)}"
+            return f"{summary(state)} #####{digest_of_content}"
         case 5:
             digest_of_content = None
             if event_payload is not None and effects is not None:
@@ -366,10 +420,12 @@ def matches(
     recorded: str,
     event_payload: str | None = None,
     effects: Sequence[tuple[str, str]] | None = None,
+    *,
+    effect_names: Sequence[str] | None = None,
 ) -> bool:
     """True if ``state`` has the fingerprint ``recorded`` (in its own format; see
-    ``like`` for ``event_payload`` and ``effects``)."""
-    return like(state, recorded, event_payload, effects) == recorded
+    ``like`` for ``event_payload``, ``effects`` and ``effect_names``)."""
+    return like(state, recorded, event_payload, effects, effect_names=effect_names) == recorded
 
 
 class _HistoryChains:

@@ -158,19 +158,31 @@ def _v4_blobs(db: Database) -> None:
     )
 
 
+def _v5_events_only(db: Database) -> None:
+    # The events-only log: steps written from now on store their event alone, no
+    # ``effects`` rows (replay re-derives them), and a version-6 fingerprint. Nothing
+    # in the tables changes: rows written before keep their effects and are read as
+    # they are, so a log is never half-migrated (there is nothing to convert). The
+    # migration's number is what matters: a fanfold that does not know the format
+    # refuses the database ("newer schema") rather than misreading its steps.
+    del db
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _v1_initial),
     Migration(2, "tree provenance", _v2_provenance),
     Migration(3, "row checksums", _v3_checksums),
     Migration(4, "content-addressed blobs", _v4_blobs),
+    Migration(5, "events-only log", _v5_events_only),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
-READERS_DO_WITHOUT = frozenset({2, 3, 4})
+READERS_DO_WITHOUT = frozenset({2, 3, 4, 5})
 """Migrations a read-only open may find missing: they only add what readers never
 read (tree provenance matters to the runtime, which opens read-write and migrates)
 or can do without (a log without the row checksums is read unchecked; a log without
-the blobs table was written before any document named a blob)."""
+the blobs table was written before any document named a blob; a log without the
+events-only format holds effects for every step)."""
 
 
 def _applied_versions(db: Database) -> set[int]:

@@ -1,10 +1,11 @@
 """``Store``: the durable event log of conversation trees, in one SQLite file.
 
 Write path: ``append(steps)`` records many steps of many conversations in ONE
-transaction (group commit). For each step it writes the event, the effects it
-produced and a fingerprint of the new state, and moves the conversation row on
-(phase, status, last_seq, and the full-state snapshot when asked). The runtime calls
-it before executing any of those effects: that is the write-ahead rule.
+transaction (group commit). For each step it writes the event and a fingerprint of
+the new state (the events-only log: effects are re-derived by replay), and moves the
+conversation row on (phase, status, last_seq, and the full-state snapshot when asked).
+The runtime calls it before executing any of the step's effects: that is the
+write-ahead rule.
 
 Read path: rows come back as attrs values built by named constructors; a state is
 rebuilt by decoding the conversation's snapshot and folding the later events with
@@ -44,7 +45,6 @@ from fanfold.db.codec import (
     decode_effect,
     decode_event,
     decode_state,
-    encode_effect_stored,
     encode_event_compact,
     encode_state_stored,
     stored_effect,
@@ -65,7 +65,7 @@ from fanfold.db.errors import (
     UnknownConversation,
     UnloggableStep,
 )
-from fanfold.db.fingerprint import like, step_fingerprint
+from fanfold.db.fingerprint import events_only, like, step_fingerprint
 from fanfold.db.provenance import Origin, TreeRecord
 from fanfold.db.records import (
     ConversationRow,
@@ -85,6 +85,8 @@ from fanfold.statemachine import (
     ConversationCreated,
     ConversationForked,
     IllegalTransition,
+    ScheduleRetry,
+    StartTimer,
     TurnFinished,
     start,
     transition,
@@ -102,6 +104,14 @@ _SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
 
 _IN_CHUNK = 500  # ids per "WHERE id IN (...)": well under SQLite's variable limit
+_SEEN_LIMIT = 200_000  # conversations whose (last_seq, status) a store remembers
+
+
+class _StaleCache(Exception):
+    """A conversation's row is not where this store remembered it (another connection
+    wrote it): the batch was rolled back, to be checked against the rows."""
+
+
 _ROW_COLUMNS = ", ".join(ConversationRow.COLUMNS)
 
 
@@ -170,24 +180,21 @@ class _Checkpointer:
 class _Prepared:
     """One step, validated and encoded outside the lock, ready to insert."""
 
-    __slots__ = ("blobs", "effect_rows", "event_row", "size", "step")
+    __slots__ = ("event_row", "size", "step")
 
     def __init__(self, step: Step, blobs: dict[str, str]) -> None:
         self.step = step
         _check_shape(step)
         cid, seq = step.conversation_id, step.seq
         try:
+            # The events-only log (migration 5): the event alone is stored; its effects
+            # are the reducer's output, which replay re-derives. Their type names go
+            # into the fingerprint's content digest.
             kind, payload = type(step.event).__name__, encode_event_compact(step.event, blobs)
-            self.effect_rows = []
-            for idx, effect in enumerate(step.effects):
-                name, text = type(effect).__name__, encode_effect_stored(effect, blobs)
-                self.effect_rows.append(
-                    (cid, seq, idx, name, text, effect_checksum(cid, seq, idx, name, text))
-                )
             mark = step_fingerprint(
                 step.state,
                 payload,
-                [(r[3], r[4]) for r in self.effect_rows],
+                [type(effect).__name__ for effect in step.effects],
                 snapshot=step.snapshot and seq > 0,
             )
             self.event_row = (
@@ -206,7 +213,7 @@ class _Prepared:
                 "cannot hold); nothing of its batch was written, so the log holds every step "
                 "up to the last one committed and `fanfold resume` goes on from there"
             ) from exc
-        self.size = len(self.event_row[3]) + sum(len(row[4]) for row in self.effect_rows)
+        self.size = len(payload)
 
 
 _STATUS_TEXT: dict[type[Any], str] = {}
@@ -288,6 +295,9 @@ class Store:
         # None: the log has no blobs table (a read-only open of an older log).
         self._blobs: dict[str, str] = {}
         self._blob_rowid: int | None = 0
+        # ``id -> (last_seq, status)`` of the conversations this store last wrote, so
+        # that a batch needs no SELECT to check its seqs (``_write``).
+        self._seen: dict[str, tuple[int, str]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -549,59 +559,20 @@ class Store:
         known = self._blobs
         new_blobs = [(key, text) for key, text in blobs.items() if key not in known]
         snapshot_sizes = {(cid, seq): len(text) for text, seq, _, cid in snapshot_rows}
-        with self._transaction("BEGIN IMMEDIATE") as conn:
-            created_rows, status_before = self._check_sequence(conn, prepared)
-            # The status column is indexed: set it only when it changes (rarely).
-            moved: list[tuple[Any, ...]] = []
-            moved_with_status: list[tuple[Any, ...]] = []
-            for cid, step in last.items():
-                if step.seq == 0:
-                    continue  # inserted just now, as it is
-                phase = type(step.state.phase).__name__
-                status = _status_text(step.state.phase)
-                if status == status_before[cid]:
-                    moved.append((step.seq, phase, step.at, cid))
-                else:
-                    moved_with_status.append((step.seq, phase, status, step.at, cid))
-            conn.executemany(
-                "INSERT INTO conversations (id, parent_id, root_id, depth, task,"
-                " user_initiated, created_at, updated_at, phase, status, forked_from,"
-                " forked_at_seq, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                created_rows,
-            )
-            trees = [p.step.tree for p in prepared if p.step.seq == 0 and p.step.tree]
-            if trees:
-                self._insert_trees(conn, trees, prepared)
-            if new_blobs:
-                conn.executemany(
-                    "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                    new_blobs,
-                )
-            conn.executemany(
-                "INSERT INTO events (conversation_id, seq, type, payload, fingerprint, at,"
-                " checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [p.event_row for p in prepared],
-            )
-            conn.executemany(
-                "INSERT INTO effects (conversation_id, seq, idx, type, payload, checksum)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [row for p in prepared for row in p.effect_rows],
-            )
-            conn.executemany(
-                "UPDATE conversations SET last_seq = ?, phase = ?, updated_at = ? WHERE id = ?",
-                moved,
-            )
-            conn.executemany(
-                "UPDATE conversations SET last_seq = ?, phase = ?, status = ?, updated_at = ?"
-                " WHERE id = ?",
-                moved_with_status,
-            )
-            conn.executemany(
-                "UPDATE conversations SET snapshot_json = ?, snapshot_seq = ?,"
-                " snapshot_checksum = ? WHERE id = ?",
-                snapshot_rows,
-            )
+        try:
+            statuses = self._write(prepared, last, new_blobs, snapshot_rows, trusted=True)
+        except (_StaleCache, SequenceError, InvalidStep):
+            # Another connection may have written one of these conversations since this
+            # store last did: forget what it remembered and check everything against
+            # the rows (a refusal that was right is made again, from the rows).
+            self._seen.clear()
+            statuses = self._write(prepared, last, new_blobs, snapshot_rows, trusted=False)
         known.update(new_blobs)  # committed: the log holds them
+        seen = self._seen
+        if len(seen) > _SEEN_LIMIT:
+            seen.clear()
+        for cid, step in last.items():
+            seen[cid] = (step.seq, statuses[cid])
         checkpointer = self._checkpointer
         if checkpointer is not None:
             checkpointer.wrote(sum(p.size for p in prepared) + sum(snapshot_sizes.values()))
@@ -610,13 +581,104 @@ class Store:
             for p in prepared
         ]
 
-    def _check_sequence(
-        self, conn: sqlite3.Connection, prepared: list[_Prepared]
-    ) -> tuple[list[tuple[Any, ...]], dict[str, str]]:
-        """Check seq contiguity and parents against the stored rows.
+    def _write(
+        self,
+        prepared: list[_Prepared],
+        last: dict[str, Step],
+        new_blobs: list[tuple[str, str]],
+        snapshot_rows: list[tuple[str, int, int, str]],
+        *,
+        trusted: bool,
+    ) -> dict[str, str]:
+        """The batch's one transaction; returns each conversation's status after it.
 
-        Returns the rows of the conversations the batch creates, and the status of
-        every conversation of the batch before it (as stored, or as created).
+        Statements: ``BEGIN IMMEDIATE``, the events, one ``UPDATE`` of the moved
+        conversations (two if a status changed), ``COMMIT``, and only when needed the
+        created conversations, trees, blobs and snapshots. With ``trusted``, the
+        sequence check uses what this store remembers of the conversations it wrote
+        (``_seen``) instead of reading their rows; every ``UPDATE`` then names the
+        ``last_seq`` it expects, and a row that is not where it was remembered (another
+        connection wrote it) raises ``_StaleCache``, rolling the batch back.
+        """
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            created_rows, status_before, first_seq = self._check_sequence(
+                conn, prepared, self._seen if trusted else {}
+            )
+            # The status column is indexed: set it only when it changes (rarely).
+            moved: list[tuple[Any, ...]] = []
+            moved_with_status: list[tuple[Any, ...]] = []
+            statuses: dict[str, str] = {}
+            for cid, step in last.items():
+                status = statuses[cid] = _status_text(step.state.phase)
+                if step.seq == 0:
+                    continue  # inserted just now, as it is
+                phase = type(step.state.phase).__name__
+                before = max(first_seq[cid] - 1, 0)  # a conversation created here: 0
+                if status == status_before[cid]:
+                    moved.append((step.seq, phase, step.at, cid, before))
+                else:
+                    moved_with_status.append((step.seq, phase, status, step.at, cid, before))
+            try:
+                if created_rows:
+                    conn.executemany(
+                        "INSERT INTO conversations (id, parent_id, root_id, depth, task,"
+                        " user_initiated, created_at, updated_at, phase, status, forked_from,"
+                        " forked_at_seq, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                        created_rows,
+                    )
+                trees = [p.step.tree for p in prepared if p.step.seq == 0 and p.step.tree]
+                if trees:
+                    self._insert_trees(conn, trees, prepared)
+                if new_blobs:
+                    conn.executemany(
+                        "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                        new_blobs,
+                    )
+                conn.executemany(
+                    "INSERT INTO events (conversation_id, seq, type, payload, fingerprint, at,"
+                    " checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [p.event_row for p in prepared],
+                )
+            except sqlite3.IntegrityError:
+                if trusted:
+                    raise _StaleCache from None  # a row this store did not know of
+                raise
+            changed = 0
+            if moved:
+                changed += conn.executemany(
+                    "UPDATE conversations SET last_seq = ?, phase = ?, updated_at = ?"
+                    " WHERE id = ? AND last_seq = ?",
+                    moved,
+                ).rowcount
+            if moved_with_status:
+                changed += conn.executemany(
+                    "UPDATE conversations SET last_seq = ?, phase = ?, status = ?,"
+                    " updated_at = ? WHERE id = ? AND last_seq = ?",
+                    moved_with_status,
+                ).rowcount
+            if changed != len(moved) + len(moved_with_status):
+                # Only a stale memory gets here: the rows read under this lock match.
+                raise _StaleCache
+            if snapshot_rows:
+                conn.executemany(
+                    "UPDATE conversations SET snapshot_json = ?, snapshot_seq = ?,"
+                    " snapshot_checksum = ? WHERE id = ?",
+                    snapshot_rows,
+                )
+        return statuses
+
+    def _check_sequence(
+        self,
+        conn: sqlite3.Connection,
+        prepared: list[_Prepared],
+        seen: dict[str, tuple[int, str]],
+    ) -> tuple[list[tuple[Any, ...]], dict[str, str], dict[str, int]]:
+        """Check seq contiguity and parents against the stored rows, or against
+        ``seen`` (``id -> (last_seq, status)`` remembered) for the ids it holds.
+
+        Returns the rows of the conversations the batch creates, the status of every
+        conversation of the batch before it (as stored, or as created), and the seq
+        of each conversation's first step in the batch.
         """
         wanted: set[str] = set()
         for p in prepared:
@@ -625,13 +687,20 @@ class Store:
                 wanted.update(x for x in (p.step.state.parent_id, p.step.state.root_id) if x)
                 if isinstance(p.step.event, ConversationForked):
                     wanted.add(p.step.event.source_id)
-        stored = self._stored(conn, wanted)
+        # A conversation this store wrote last is where it left it (the UPDATEs check):
+        # no SELECT for it. A step's seq 0 is always looked up (it must not exist).
+        stored = {cid: seen[cid] for cid in wanted if cid in seen}
+        unknown = wanted - stored.keys()
+        if unknown:
+            stored.update(self._stored(conn, unknown))
         next_seq = {cid: last + 1 for cid, (last, _) in stored.items()}
         status_before = {cid: status for cid, (_, status) in stored.items()}
+        first_seq: dict[str, int] = {}
         created_rows: list[tuple[Any, ...]] = []
         for p in prepared:
             step = p.step
             cid = step.conversation_id
+            first_seq.setdefault(cid, step.seq)
             expected = next_seq.get(cid, 0)
             if step.seq != expected:
                 detail = (
@@ -677,7 +746,7 @@ class Store:
                         forked.source_seq if forked is not None else None,
                     )
                 )
-        return created_rows, status_before
+        return created_rows, status_before, first_seq
 
     @staticmethod
     def _insert_trees(
@@ -937,17 +1006,13 @@ class Store:
 
     def last_turn(self, conversation_id: str) -> TurnFinished | None:
         """The ``TurnFinished`` effect of the conversation's latest finished turn (a
-        sub-agent's only one), or None if no turn has finished."""
-        rows = self._query(
-            "SELECT payload FROM effects WHERE conversation_id = ? AND type = 'TurnFinished'"
-            " ORDER BY seq DESC, idx DESC LIMIT 1",
-            [conversation_id],
-        )
-        if not rows:
-            return None
-        effect = decode_effect(rows[0]["payload"])
-        assert isinstance(effect, TurnFinished)
-        return effect
+        sub-agent's only one), or None if no turn has finished. Re-derived by replay
+        where the log stores events only (``events``)."""
+        for stored in reversed(self.events(conversation_id)):
+            for effect in reversed(stored.effects):
+                if isinstance(effect, TurnFinished):
+                    return effect
+        return None
 
     def conversation(self, conversation_id: str) -> ConversationRow:
         """The row of one conversation; raises UnknownConversation if there is none."""
@@ -964,29 +1029,37 @@ class Store:
         """The conversation's events with seq > ``after_seq``, in order, with effects;
         at most ``limit`` of them (the first ones) if given.
 
-        Raises ReplayError naming the seq if a row does not match its checksum."""
+        A step of the events-only log (a version-6 fingerprint, migration 5) has no
+        stored effects: they are re-derived by folding the conversation's events from
+        seq 0 (``ReplayError`` if the reducer refuses one). Effects stored by older
+        logs are read as stored. Raises ReplayError naming the seq if a row does not
+        match its checksum."""
         checksum = "checksum" if self._checksums else "NULL AS checksum"
         # Seqs are dense from 0: the first ``limit`` events after ``after_seq`` are
         # those up to ``after_seq + limit``.
         bound = "" if limit is None else " AND seq <= ?"
-        params: list[Any] = [conversation_id, after_seq]
-        if limit is not None:
-            params.append(after_seq + max(limit, 0))
+        upper: list[Any] = [] if limit is None else [after_seq + max(limit, 0)]
         with self._transaction("BEGIN") as conn:
             self._require(conn, conversation_id)
             blobs = self._read_blobs(conn)
+            derive = conn.execute(
+                "SELECT 1 FROM events WHERE conversation_id = ? AND seq > ?"
+                " AND fingerprint LIKE '% #####%' LIMIT 1",
+                [conversation_id, after_seq],
+            ).fetchone()
+            start_after = -1 if derive else after_seq
             events = list(
                 self._db.query(
                     f"SELECT seq, type, payload, fingerprint, at, {checksum} FROM events"
                     f" WHERE conversation_id = ? AND seq > ?{bound} ORDER BY seq",
-                    params,
+                    [conversation_id, start_after, *upper],
                 )
             )
             effects = list(
                 self._db.query(
                     f"SELECT seq, idx, type, payload, {checksum} FROM effects"
                     f" WHERE conversation_id = ? AND seq > ?{bound} ORDER BY seq, idx",
-                    params,
+                    [conversation_id, start_after, *upper],
                 )
             )
         where = f"conversation {conversation_id!r}"
@@ -1014,7 +1087,13 @@ class Store:
                     " (checksum mismatch)"
                 )
             by_seq.setdefault(row["seq"], []).append(row)
-        return [StoredEvent.from_rows(row, by_seq.get(row["seq"], []), blobs) for row in events]
+        if not derive:
+            return [StoredEvent.from_rows(row, by_seq.get(row["seq"], []), blobs) for row in events]
+        return [
+            stored
+            for stored in _derived(conversation_id, events, by_seq, blobs)
+            if stored.seq > after_seq
+        ]
 
     def timer_starts(self, conversation_id: str) -> dict[int, float]:
         """``timer number -> at`` of the step that first started each timer
@@ -1022,17 +1101,15 @@ class Store:
 
         A restarted runtime re-issues timers under their old numbers; it uses this so
         that a conversation's time limit and retry back-offs keep their original
-        deadlines instead of starting over.
+        deadlines instead of starting over. Re-derived by replay where the log stores
+        events only (``events``).
         """
-        rows = self._query(
-            "SELECT json_extract(f.payload, '$.timer') AS timer, MIN(e.at) AS at"
-            " FROM effects f JOIN events e"
-            " ON e.conversation_id = f.conversation_id AND e.seq = f.seq"
-            " WHERE f.conversation_id = ? AND f.type IN ('StartTimer', 'ScheduleRetry')"
-            " GROUP BY timer",
-            [conversation_id],
-        )
-        return {row["timer"]: row["at"] for row in rows if type(row["timer"]) is int}
+        started: dict[int, float] = {}
+        for stored in self.events(conversation_id):
+            for effect in stored.effects:
+                if isinstance(effect, StartTimer | ScheduleRetry):
+                    started.setdefault(effect.timer, stored.at)
+        return started
 
     def raw_log(self, conversation_id: str) -> RawLog:
         """The conversation's row, snapshot text, events and effects as stored, undecoded.
@@ -1228,6 +1305,42 @@ class Store:
             [Status.RUNNING.value],
         )
         return [ConversationRow.from_row(r) for r in rows]
+
+
+def _derived(
+    conversation_id: str,
+    events: list[dict[str, Any]],
+    stored_effects: dict[int, list[dict[str, Any]]],
+    blobs: dict[str, str],
+) -> list[StoredEvent]:
+    """Every event of a conversation (``events``: its rows from seq 0, in order) with
+    its effects: those an events-only step produced, re-derived by folding; those an
+    older step stored, as stored."""
+    where = f"conversation {conversation_id!r}"
+    state: Conversation | None = None
+    out: list[StoredEvent] = []
+    for expected, row in enumerate(events):
+        seq = row["seq"]
+        if seq != expected:
+            raise ReplayError(f"{where}: event {expected} is missing")
+        try:
+            event = decode_event(row["payload"], blobs)
+            if state is None:
+                if not isinstance(event, ConversationCreated | ConversationForked):
+                    raise ReplayError(f"{where}: event 0 is {type(event).__name__}")
+                state, effects = start(event)
+            else:
+                state, effects = transition(state, event)
+            if not events_only(row["fingerprint"]):
+                effects = tuple(
+                    decode_effect(e["payload"], blobs) for e in stored_effects.get(seq, [])
+                )
+        except CodecError as exc:
+            raise ReplayError(f"{where}, event {seq}: {exc}") from exc
+        except IllegalTransition as exc:
+            raise ReplayError(f"{where}: the reducer refused event {seq}: {exc}") from exc
+        out.append(StoredEvent(seq, event, effects, row["fingerprint"], row["at"]))
+    return out
 
 
 def _replay(

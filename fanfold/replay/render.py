@@ -45,6 +45,7 @@ _FINGERPRINT_FIELDS = {
     "w": "children written off",
     "#": "state digest (the whole state, message text included)",
     "####": "content digest (the step's event and effects)",
+    "#####": "content digest (the step's event and its effects' types)",
 }
 
 
@@ -336,14 +337,16 @@ def fingerprint_diff(recorded: str, recomputed: str) -> list[str]:
 def _labelled(tokens: list[str]) -> list[tuple[str, str]]:
     """A fingerprint's tokens after the phase as (key, value): a counter's letter, "#"
     for a state digest (any format; in format 5 the one after the content digest) and
-    "####" for format 5's content digest."""
+    "####" for format 5's content digest, "#####" for format 6's."""
     out = []
     for token in tokens:
-        if token.startswith("####"):
+        if token.startswith("#####"):
+            out.append(("#####", token[5:]))
+        elif token.startswith("####"):
             out.append(("####", token[4:]))
         elif token.startswith("#"):
             out.append(("#", token.lstrip("#")))
-        elif out and out[-1][0] == "####":
+        elif out and out[-1][0] in ("####", "#####"):
             out.append(("#", token))
         else:
             out.append((token[:1], token[1:]))
