@@ -1176,7 +1176,7 @@ def load_config(
     if path is not None:
         found: tuple[Path, str] | None = (Path(path), EXPLICIT_CONFIG)
     else:
-        found = find_config(env, Path(cwd or Path.cwd()))
+        found = find_config(env, Path(cwd).absolute() if cwd else Path.cwd())
     if found is not None:
         # One read: the bytes checked for trust are the bytes parsed.
         data = _read_bytes(found[0])
