@@ -133,6 +133,21 @@ async def test_send_and_attach_refuse_a_tree_whose_tool_is_missing(
     assert _counts(tmp_path) == before
 
 
+async def test_fork_going_on_refuses_a_tree_whose_tool_is_missing_before_writing(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    with_tool, _ = await _unfinished_trees(tmp_path)
+    before = _counts(tmp_path)
+    async with _open(tmp_path, _done(), with_lookup=False) as runtime:
+        with pytest.raises(MissingTools) as raised:
+            await runtime.fork(with_tool, 1, go_on=True)
+        assert raised.value.root_id == with_tool and raised.value.names == ("lookup",)
+    assert _counts(tmp_path) == before
+    async with _open(tmp_path, _done(), with_lookup=True) as runtime:
+        fork = await runtime.fork(with_tool, 1, go_on=True)
+        assert (await runtime.wait(fork)).text == "done"
+
+
 def test_unsupplied_leaves_out_built_in_control_and_mcp_tools() -> None:
     """What a runtime (or ``--tools``) must supply: only the Python tools; MCP tools
     are bound to servers on their first call or answered with an error naming one."""

@@ -1021,11 +1021,16 @@ class Runtime:
         Also raises ``replay.ForkRefused`` (a tree another user or machine wrote,
         forked elsewhere than at a root's rest; ``new_id`` taken),
         ``replay.NoSuchStep``, ``replay.LogDiverged``, ``replay.LogCorrupt``,
-        UnknownConversation, and LookupError for an ``agent`` not in the tree. The
-        source tree is never written.
+        UnknownConversation, LookupError for an ``agent`` not in the tree, and, with
+        ``go_on``, MissingTools (nothing written) if the source tree recorded Python
+        tools this runtime lacks (see ``resume``). The source tree is never written.
         """
         from fanfold.replay.fork import fork_at  # loaded when used: not at start-up
 
+        if go_on:
+            # The fork records the source's tools: refused here, before it is written,
+            # rather than by the resume that follows (which would leave the fork behind).
+            self._require_tools(self.store.conversation(conversation_id).root_id)
         made = fork_at(
             self.store,
             conversation_id,
