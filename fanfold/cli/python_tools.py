@@ -24,8 +24,6 @@ from typing import Any, TypeVar
 import click
 
 from fanfold.cli.errors import CliError
-from fanfold.statemachine import CONTROL_TOOLS, ToolSpec
-from fanfold.statemachine.permissions import mcp_server_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -117,24 +115,6 @@ def _module(ref: str, where: str) -> Any:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def unsupplied(recorded: Iterable[ToolSpec], supplied: Iterable[str]) -> list[str]:
-    """The recorded tools a continued tree would call in vain: neither fanfold's own
-    (``BUILT_IN_NAMES``: the configuration decides those, web_fetch's domains
-    included), nor control tools, nor MCP tools (bound to the servers the folder
-    declares now, or error results naming the server), nor among ``supplied``."""
-    from fanfold.tools.registry import BUILT_IN_NAMES
-
-    have = set(supplied)
-    missing = []
-    for spec in recorded:
-        name = spec.name
-        if name in BUILT_IN_NAMES or name in CONTROL_TOOLS or mcp_server_of(name) is not None:
-            continue
-        if name not in have and name not in missing:
-            missing.append(name)
-    return missing
 
 
 def missing_message(what: str, missing: list[str]) -> str:

@@ -25,7 +25,7 @@ from fanfold.cli.models import (
     rebuilt_choice,
 )
 from fanfold.cli.output import console, err_console, hint, quietly, say
-from fanfold.cli.python_tools import load_tools, missing_message, tools_option, unsupplied
+from fanfold.cli.python_tools import load_tools, missing_message, tools_option
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_outcome
 from fanfold.db import Store
@@ -36,7 +36,7 @@ from fanfold.providers.description import DescriptionError, ProviderDescription
 from fanfold.providers.scripted import ScriptError
 from fanfold.runtime import Runtime, SkippedTree, resume_plan
 from fanfold.statemachine import Conversation, Error, ForkEdited
-from fanfold.tools.registry import ToolSet
+from fanfold.tools.registry import ToolSet, unsupplied
 from fanfold.tools.secrets import EnvPolicy
 
 

@@ -24,7 +24,7 @@ from fanfold.cli.mcp_tools import (
 )
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
-from fanfold.cli.python_tools import load_tools, missing_message, tools_option, unsupplied
+from fanfold.cli.python_tools import load_tools, missing_message, tools_option
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_result, watch
 from fanfold.db import Store
@@ -32,6 +32,7 @@ from fanfold.regular_files import read_regular
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Limits
 from fanfold.statemachine.limits import CONTEXT_MODES
+from fanfold.tools.registry import unsupplied
 
 
 @click.command()

@@ -6,6 +6,7 @@ from fanfold.runtime.actor import tree_path
 from fanfold.runtime.host import StepObserver
 from fanfold.runtime.presence import DatabaseInUse
 from fanfold.runtime.runtime import (
+    MissingTools,
     NotAtRest,
     NotRunning,
     ResumePlan,
@@ -19,6 +20,7 @@ from fanfold.runtime.runtime import (
 
 __all__ = [
     "DatabaseInUse",
+    "MissingTools",
     "NotAtRest",
     "NotRunning",
     "ResumePlan",

@@ -70,7 +70,7 @@ from fanfold.statemachine.delegation import capped_limits, child_setup
 from fanfold.statemachine.state import tree_path
 from fanfold.tools.base import AnswersInProcess, ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
-from fanfold.tools.registry import ToolSet
+from fanfold.tools.registry import ToolSet, unsupplied
 from fanfold.tools.secrets import NO_REDACTION, EnvPolicy
 from fanfold.tools.tool import Tool
 
@@ -150,6 +150,28 @@ class NotRunning(LookupError):
 
 class NotAtRest(ValueError):
     """The conversation has work in flight; ``resume()`` it instead of attaching."""
+
+
+class MissingTools(ValueError):
+    """The tree recorded Python function tools this runtime's tool runner does not
+    have: continued, every call of one would get an "unknown tool" error result.
+    ``root_id`` is the tree, ``names`` the tools (in recorded order). Raised, before
+    anything is recorded, by ``resume(roots=...)``, ``send`` and ``attach``; a plain
+    ``resume()`` skips such a tree instead (``resume_plan``). Open the runtime with
+    the tools the tree was started with."""
+
+    def __init__(self, root_id: str, names: Sequence[str]) -> None:
+        self.root_id = root_id
+        self.names = tuple(names)
+        super().__init__(f"tree {root_id}: {_missing_reason(self.names)}")
+
+
+def _missing_reason(names: Sequence[str]) -> str:
+    listed = ", ".join(repr(n) for n in names)
+    return (
+        f"it recorded Python tool(s) {listed} that this runtime's tools do not include: "
+        "open the runtime with the tools the tree was started with"
+    )
 
 
 @attrs.frozen
@@ -635,8 +657,9 @@ class Runtime:
         A conversation not loaded (at rest, from this process or an earlier one, or a
         fork) is attached first. Raises IllegalTransition (nothing recorded) if the
         conversation is busy or is a sub-agent, UntrustedTree if its tree was not
-        written by this runtime (see ``attach``). The runtime's provider description
-        is recorded as the one the tree now runs on.
+        written by this runtime, MissingTools if it recorded Python tools this
+        runtime lacks (see ``attach``; nothing recorded either way). The runtime's
+        provider description is recorded as the one the tree now runs on.
         """
         if conversation_id not in self._actors:
             self.attach(conversation_id)
@@ -655,7 +678,9 @@ class Runtime:
         that is given nothing to do is unloaded again at once. Raises UntrustedTree if
         the tree's provenance mark does not verify with this user's key (imported,
         copied from elsewhere, edited, or older than marks): continuing it could run
-        what someone else wrote into its log.
+        what someone else wrote into its log; MissingTools if the tree recorded Python
+        tools this runtime's tool runner lacks (each call of one would otherwise get
+        "unknown tool").
         """
         if conversation_id in self._actors:
             return
@@ -663,6 +688,7 @@ class Runtime:
         self._require_trusted(row.root_id)
         if row.status == "running":
             raise NotAtRest(f"conversation {conversation_id!r} has work in flight: resume it")
+        self._require_tools(row.root_id)
         self._launch(
             Actor(self, self.store.load_state(conversation_id), row.last_seq, created=False)
         )
@@ -842,10 +868,19 @@ class Runtime:
 
     def resume_plan(self) -> ResumePlan:
         """Which unfinished trees ``resume()`` continues and which it skips, and why
-        (see the module-level ``resume_plan``)."""
+        (see the module-level ``resume_plan``). A tree that recorded Python tools this
+        runtime's tool runner lacks is skipped too (see ``MissingTools``)."""
         plan = resume_plan(self.store, self.key)
         self._trusted.update(plan.roots)
-        return plan
+        roots: list[str] = []
+        skipped = list(plan.skipped)
+        for root_id in plan.roots:
+            missing = self._missing_tools(root_id)
+            if missing:
+                skipped.append(SkippedTree(root_id, _missing_reason(missing)))
+            else:
+                roots.append(root_id)
+        return ResumePlan(tuple(roots), tuple(skipped))
 
     async def resume(
         self,
@@ -858,11 +893,14 @@ class Runtime:
         (``resume_skipped``) and left as they are.
 
         ``roots`` limits it to those trees; naming one that may not be continued raises
-        UntrustedTree. States are rebuilt from snapshots and events; each conversation
-        then gets a RuntimeResumed event so the reducer re-issues what was in flight.
-        Outcomes that finished children committed but their parents never accepted are
-        re-delivered. The runtime's provider description, if any, is recorded as the
-        one each resumed tree now runs on.
+        UntrustedTree, and one that recorded Python tools this runtime's tool runner
+        lacks raises MissingTools (nothing recorded; a plain ``resume()`` skips such a
+        tree, logging ``resume_skipped``, and resumes the others). States are rebuilt
+        from snapshots and events; each conversation then gets a RuntimeResumed event
+        so the reducer re-issues what was in flight. Outcomes that finished children
+        committed but their parents never accepted are re-delivered. The runtime's
+        provider description, if any, is recorded as the one each resumed tree now
+        runs on.
 
         A tree whose log cannot be rebuilt (undecodable or refused events, a damaged
         database page) is left as it is, logged (``resume_damaged``) and listed in
@@ -887,6 +925,8 @@ class Runtime:
         if roots is not None:
             for root_id in roots:
                 self._require_trusted(root_id)
+            for root_id in roots:
+                self._require_tools(root_id)
         plan = self.resume_plan()
         for skip in plan.skipped:
             self.logger.warning("resume_skipped", root_id=skip.root_id, reason=skip.reason)
@@ -981,11 +1021,16 @@ class Runtime:
         Also raises ``replay.ForkRefused`` (a tree another user or machine wrote,
         forked elsewhere than at a root's rest; ``new_id`` taken),
         ``replay.NoSuchStep``, ``replay.LogDiverged``, ``replay.LogCorrupt``,
-        UnknownConversation, and LookupError for an ``agent`` not in the tree. The
-        source tree is never written.
+        UnknownConversation, LookupError for an ``agent`` not in the tree, and, with
+        ``go_on``, MissingTools (nothing written) if the source tree recorded Python
+        tools this runtime lacks (see ``resume``). The source tree is never written.
         """
         from fanfold.replay.fork import fork_at  # loaded when used: not at start-up
 
+        if go_on:
+            # The fork records the source's tools: refused here, before it is written,
+            # rather than by the resume that follows (which would leave the fork behind).
+            self._require_tools(self.store.conversation(conversation_id).root_id)
         made = fork_at(
             self.store,
             conversation_id,
@@ -1163,6 +1208,26 @@ class Runtime:
         reason = self._refusal(root_id)
         if reason is not None:
             raise UntrustedTree(root_id, reason)
+
+    def _missing_tools(self, root_id: str) -> list[str]:
+        """The Python tools tree ``root_id`` recorded (its root's tools and its agent
+        definitions' own, as ``fanfold resume`` reads them) that this runtime could not
+        run: neither built-in, control, MCP (bound on first call, or answered with an
+        error naming the server) nor in the tool runner as it is now. A tree whose log
+        cannot be read gives none here: ``resume`` reports it as damaged."""
+        try:
+            state = self.store.load_state(root_id)
+        except (DatabaseError, sqlite3.DatabaseError) as exc:
+            if _environment_failure(exc):
+                raise
+            return []
+        recorded = (*state.tools, *(t for a in state.agents for t in a.own_tools))
+        return unsupplied(recorded, (spec.name for spec in self.tools.specs()))
+
+    def _require_tools(self, root_id: str) -> None:
+        missing = self._missing_tools(root_id)
+        if missing:
+            raise MissingTools(root_id, missing)
 
     def _at_rest_in_log(self, conversation_id: str) -> bool:
         """Whether the log has the conversation at rest (raises UnknownConversation)."""

@@ -10,6 +10,7 @@ import attrs
 import trio
 
 from fanfold.statemachine import CONTROL_TOOLS, ToolCall, ToolResult, ToolSpec
+from fanfold.statemachine.permissions import mcp_server_of
 from fanfold.tools.bash import BashTool
 from fanfold.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from fanfold.tools.function import function_tool
@@ -235,6 +236,26 @@ BUILT_IN_NAMES = frozenset(
     {"bash", "read_file", "write_file", "edit_file", "think", "grep", "glob", "web_fetch"}
 )
 """fanfold's own tools' names: a tool of another kind may not take one."""
+
+
+def unsupplied(recorded: Iterable[ToolSpec], supplied: Iterable[str]) -> list[str]:
+    """The recorded tools a continued tree would call in vain, in recorded order: neither
+    fanfold's own (``BUILT_IN_NAMES``: the configuration decides those, web_fetch's
+    domains included), nor control tools, nor MCP tools (bound to the servers declared
+    now, or answered by an error result naming the server), nor among ``supplied``.
+
+    Shared by ``fanfold resume``/``send`` (``--tools``) and ``Runtime.resume``/``send``/
+    ``attach`` (the runtime's tool runner), so both refuse the same trees."""
+    have = set(supplied)
+    missing: list[str] = []
+    for spec in recorded:
+        name = spec.name
+        if name in BUILT_IN_NAMES or name in CONTROL_TOOLS or mcp_server_of(name) is not None:
+            continue
+        if name not in have and name not in missing:
+            missing.append(name)
+    return missing
+
 
 _BUILT_IN_TYPES = (
     BashTool,
