@@ -143,6 +143,13 @@ class Events:
             store.close()
         self.blobs: dict[str, str] = dict(logs[0].blobs)
         self.texts = [event.payload for log in logs for event in log.events]
+        # The snapshot each ended conversation stores (the only other document a
+        # fan-out encodes on its write path: one per conversation).
+        self.states = [
+            codec.decode_state(log.snapshot_json, self.blobs)
+            for log in logs
+            if log.snapshot_json is not None
+        ]
         self.types = [event.type for log in logs for event in log.events]
         self.values = [codec.decode_event(text, self.blobs) for text in self.texts]
         self.docs = [json.loads(text) for text in self.texts]
@@ -393,6 +400,26 @@ def cpu_table(ev: Events, rounds: int) -> dict[tuple[str, str], float]:
     return best
 
 
+def state_cpu(ev: Events, rounds: int) -> tuple[float, float]:
+    """Best ns per snapshot: (fanfold's ``encode_state_stored``, memo cleared first as at
+    a conversation's end, where its messages were never encoded; ``msgspec.json.encode``
+    of the same document parsed into lists, a lower bound for msgspec)."""
+    docs = [json.loads(codec.encode_state_stored(state, {})) for state in ev.states]
+    menc = ENCODER.encode
+    fan = ms = float("inf")
+    for _ in range(rounds):
+        start = time.process_time_ns()
+        for state in ev.states:
+            codec.clear_memo()
+            codec.encode_state_stored(state, {})
+        fan = min(fan, (time.process_time_ns() - start) / len(ev.states))
+        start = time.process_time_ns()
+        for doc in docs:
+            menc(doc).decode()
+        ms = min(ms, (time.process_time_ns() - start) / len(docs))
+    return fan, ms
+
+
 # ------------------------------------------------------------------ instructions
 
 
@@ -498,6 +525,11 @@ def main() -> None:
                     else f"{ns:9.0f} ({ns / best[ref, r]:4.2f}x)".rjust(19)
                 )
             print(f"{name:22}" + "".join(cells))
+        fan, ms = state_cpu(ev, args.rounds)
+        print(
+            f"\nsnapshot of an ended conversation ({len(ev.states)}): fanfold {fan:.0f} ns,"
+            f" msgspec(doc) {ms:.0f} ns ({ms / fan:.2f}x)"
+        )
         if args.callgrind:
             if shutil.which("valgrind") is None:
                 print("\nvalgrind is not installed: no instruction counts")
