@@ -341,7 +341,21 @@ def variants(ev: Events) -> dict[str, Callable[[list[int]], None]]:
         for i in idx:
             from_struct(sdec(struct_texts[i]))
 
+    states = ev.states
+    state_docs = [json.loads(codec.encode_state_stored(state, {})) for state in states]
+
+    def snap_fanfold(idx: list[int]) -> None:  # the snapshots, whatever ``idx``
+        for state in states:
+            codec.clear_memo()  # as at a conversation's end (see ``state_cpu``)
+            codec.encode_state_stored(state, {})
+
+    def snap_msgspec_doc(idx: list[int]) -> None:
+        for doc in state_docs:
+            menc(doc).decode()
+
     return {
+        "snap fanfold": snap_fanfold,
+        "snap msgspec(doc)": snap_msgspec_doc,
         "enc fanfold": enc_fanfold,
         "enc json.dumps(doc)": enc_stdlib_doc,
         "enc msgspec(doc)": enc_msgspec_doc,
@@ -356,6 +370,7 @@ def variants(ev: Events) -> dict[str, Callable[[list[int]], None]]:
     }
 
 
+SNAPSHOTS = {"snap fanfold", "snap msgspec(doc)"}  # per snapshot, not per event
 STRUCT_ONLY = {"enc struct-native", "enc struct-adapter", "dec struct-native", "dec struct-adapter"}
 
 
@@ -389,6 +404,8 @@ def cpu_table(ev: Events, rounds: int) -> dict[tuple[str, str], float]:
     for _ in range(rounds):
         for row, idx in rows.items():
             for name, loop in runs.items():
+                if name in SNAPSHOTS:
+                    continue
                 if name in STRUCT_ONLY and any(ev.types[i] not in STRUCT_TYPES for i in idx):
                     continue
                 reps = max(1, 3000 // len(idx))
@@ -511,7 +528,7 @@ def main() -> None:
             print(f"  {name:22} {count:5}  {size:4} chars stored on average")
         best = cpu_table(ev, args.rounds)
         rows = list(selections(ev))
-        names = list(variants(ev))
+        names = [name for name in variants(ev) if name not in SNAPSHOTS]
         print("\nCPU ns per event (best of rounds, one process; ratio to fanfold's codec)")
         print(f"{'variant':22}" + "".join(f"{r[:17]:>19}" for r in rows))
         for name in names:
@@ -535,6 +552,9 @@ def main() -> None:
                 print("\nvalgrind is not installed: no instruction counts")
                 return
             print("\ninstructions per event (callgrind, each variant its own process)")
+            for name in sorted(SNAPSHOTS):
+                per_state = _instructions(db, name, "all events", args.reps, work, len(ev.states))
+                print(f"  {'per snapshot':15} {name:22} {per_state:10.0f}", flush=True)
             for row in ("3 struct types", "all events"):
                 for name in names:
                     if row == "all events" and name in STRUCT_ONLY:
