@@ -16,6 +16,8 @@ import trio
 
 pytest.importorskip("mcp")
 
+from processes import alive
+
 from fanfold.db import Store
 from fanfold.mcp.client import McpHub, McpTool
 from fanfold.mcp.config import ServerDeclaration, declared_servers
@@ -38,18 +40,6 @@ async def _tools(hub: McpHub) -> dict[str, McpTool]:
     tools, problems = await hub.discover()
     assert problems == []
     return {t.tool: t for t in tools}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 async def _until(condition: Any) -> None:
@@ -183,7 +173,7 @@ async def test_a_server_that_hangs_on_shutdown_is_killed(tmp_path: Path) -> None
         await _tools(hub)
     # The hub has closed: the server ignored end-of-file and SIGTERM, and is gone.
     pid = int((tmp_path / "hanging").read_text())
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 DRIVER = """
@@ -210,10 +200,10 @@ async def test_nothing_the_server_started_outlives_a_killed_fanfold(tmp_path: Pa
     line = await trio.to_thread.run_sync(driver.stdout.readline)
     assert line.strip() == b"ready"
     server_pid, grandchild_pid = map(int, (tmp_path / "pids").read_text().split())
-    assert _alive(server_pid) and _alive(grandchild_pid)
+    assert alive(server_pid) and alive(grandchild_pid)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    await _until(lambda: not _alive(server_pid) and not _alive(grandchild_pid))
+    await _until(lambda: not alive(server_pid) and not alive(grandchild_pid))
 
 
 async def test_project_servers_wait_for_trust(tmp_path: Path, trust_record: Path) -> None:

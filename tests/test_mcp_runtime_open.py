@@ -5,7 +5,6 @@ server is the SDK's own (tests/mcp_test_server.py), a real subprocess over stdio
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,8 @@ import pytest
 from runtime_helpers import reply
 
 pytest.importorskip("mcp")
+
+from processes import alive
 
 from fanfold.db import Store
 from fanfold.mcp.config import ServerDeclaration
@@ -27,18 +28,6 @@ from fanfold.tools.registry import ToolSet
 pytestmark = pytest.mark.slow
 
 SERVER = Path(__file__).with_name("mcp_test_server.py")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _provider(*replies: dict[str, Any]) -> ScriptedProvider:
@@ -85,10 +74,10 @@ async def test_runtime_open_starts_servers_for_a_tree_and_stops_them_on_close(
         state = runtime.state(root)
         assert started.exists()
         server_pid, grandchild_pid = map(int, (tmp_path / "pids").read_text().split())
-        assert _alive(server_pid)
+        assert alive(server_pid)
     # Closed: the server and what it started are gone.
-    assert not _alive(server_pid)
-    assert not _alive(grandchild_pid)
+    assert not alive(server_pid)
+    assert not alive(grandchild_pid)
     assert _results(state) == [
         ("mcp__ok__echo", "echo: hi", False),
         ("mcp__ok__spawn", "spawned", False),
