@@ -193,3 +193,36 @@ async def test_without_phases_the_same_steps_come_unfolded(
         steps = [step async for step in runtime.events(root, phases=False)]
         assert _by_conversation(steps) == _logged(runtime, root)
         assert all(step.phase is None for step in steps)
+
+
+async def test_a_paged_reader_folds_each_event_of_an_events_only_log_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    # An events-only log's effects are derived by folding. A reader going page by
+    # page hands the store the state it reached, so the store folds each page's own
+    # events: before, it folded the conversation from seq 0 for every page
+    # (quadratic in the log's length).
+    import fanfold.db.store as store_module
+
+    monkeypatch.setattr("fanfold.runtime.runtime.EVENTS_PAGE", 2)
+    rounds = 12
+    provider = script(1.0, root=[*(reply("", think()) for _ in range(rounds)), reply("done")])
+    async with open_runtime(tmp_path, provider) as runtime:
+        root = await runtime.start("review", cwd=tmp_path)
+        await runtime.wait(root)
+        logged = _logged(runtime, root)
+        events = len(logged[root])
+        assert events > 4 * 2  # many pages
+        folds = 0
+        real = store_module.transition
+
+        def counted(state: Any, event: Any) -> Any:
+            nonlocal folds
+            folds += 1
+            return real(state, event)
+
+        monkeypatch.setattr(store_module, "transition", counted)
+        steps = [step async for step in runtime.events(root)]
+    assert _by_conversation(steps) == logged
+    # Every event but the first (``start``) folded once by the store.
+    assert folds == events - 1

@@ -1024,16 +1024,24 @@ class Store:
         return ConversationRow.from_row(rows[0])
 
     def events(
-        self, conversation_id: str, after_seq: int = -1, *, limit: int | None = None
+        self,
+        conversation_id: str,
+        after_seq: int = -1,
+        *,
+        limit: int | None = None,
+        after_state: Conversation | None = None,
     ) -> list[StoredEvent]:
         """The conversation's events with seq > ``after_seq``, in order, with effects;
         at most ``limit`` of them (the first ones) if given.
 
         A step of the events-only log (a version-6 fingerprint, migration 5) has no
         stored effects: they are re-derived by folding the conversation's events from
-        seq 0 (``ReplayError`` if the reducer refuses one). Effects stored by older
-        logs are read as stored. Raises ReplayError naming the seq if a row does not
-        match its checksum."""
+        seq 0 (``ReplayError`` if the reducer refuses one), or from ``after_state``
+        when the caller gives it: the conversation's state after event ``after_seq``,
+        as the caller folded it (a reader going page by page passes the state it
+        reached, so each page costs its own events, not the conversation's whole
+        log). Effects stored by older logs are read as stored. Raises ReplayError
+        naming the seq if a row does not match its checksum."""
         checksum = "checksum" if self._checksums else "NULL AS checksum"
         # Seqs are dense from 0: the first ``limit`` events after ``after_seq`` are
         # those up to ``after_seq + limit``.
@@ -1047,7 +1055,9 @@ class Store:
                 " AND fingerprint LIKE '% #####%' LIMIT 1",
                 [conversation_id, after_seq],
             ).fetchone()
-            start_after = -1 if derive else after_seq
+            # Re-deriving effects needs the state before the first event read: the
+            # caller's, or a fold from seq 0.
+            start_after = -1 if derive and (after_state is None or after_seq < 0) else after_seq
             events = list(
                 self._db.query(
                     f"SELECT seq, type, payload, fingerprint, at, {checksum} FROM events"
@@ -1089,9 +1099,10 @@ class Store:
             by_seq.setdefault(row["seq"], []).append(row)
         if not derive:
             return [StoredEvent.from_rows(row, by_seq.get(row["seq"], []), blobs) for row in events]
+        state = after_state if start_after >= 0 else None
         return [
             stored
-            for stored in _derived(conversation_id, events, by_seq, blobs)
+            for stored in _derived(conversation_id, events, by_seq, blobs, state, start_after + 1)
             if stored.seq > after_seq
         ]
 
@@ -1312,14 +1323,16 @@ def _derived(
     events: list[dict[str, Any]],
     stored_effects: dict[int, list[dict[str, Any]]],
     blobs: dict[str, str],
+    state: Conversation | None = None,
+    first: int = 0,
 ) -> list[StoredEvent]:
-    """Every event of a conversation (``events``: its rows from seq 0, in order) with
-    its effects: those an events-only step produced, re-derived by folding; those an
-    older step stored, as stored."""
+    """The events of a conversation (``events``: its rows in order from seq
+    ``first``: 0, or the seq after the one that left ``state``) with
+    their effects: those an events-only step produced, re-derived by folding; those
+    an older step stored, as stored."""
     where = f"conversation {conversation_id!r}"
-    state: Conversation | None = None
     out: list[StoredEvent] = []
-    for expected, row in enumerate(events):
+    for expected, row in enumerate(events, start=first):
         seq = row["seq"]
         if seq != expected:
             raise ReplayError(f"{where}: event {expected} is missing")

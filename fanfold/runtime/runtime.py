@@ -743,9 +743,11 @@ class Runtime:
         rest ends it after its logged steps: to follow a further turn, call it again
         once ``send`` has returned (the turn is then in the log, the tree running).
 
-        ``phases``: fold each conversation through the reducer from its seq 0 to give
-        the phase after each step (``TreeStep.phase``); False gives None and spares
-        that work (as much CPU as the run's own folds, in this process).
+        ``phases``: give the phase after each step (``TreeStep.phase``), False gives
+        None. Either way the reader folds each conversation through the reducer from
+        its seq 0, once (as much CPU as the run's own folds, in this process): the
+        effects of an events-only log are derived from the state each page starts
+        from, so a page costs its own events, not the conversation's whole log.
 
         Back-pressure: the reader reads the log, not a queue. The engine sets one
         ``trio.Event`` per committed batch and buffers nothing for readers; a reader
@@ -771,9 +773,9 @@ class Runtime:
                 if self.writer.threaded:
                     # In a worker thread, like the writes: a read that waits for the
                     # store's lock while a batch is written never stops the event loop.
-                    rows, read = await trio.to_thread.run_sync(self._read_page, root, seen)
+                    rows, read = await trio.to_thread.run_sync(self._read_page, root, seen, states)
                 else:
-                    rows, read = self._read_page(root, seen)
+                    rows, read = self._read_page(root, seen, states)
             except StoreClosed:
                 return  # the runtime closed while this read waited for the lock
             pages: list[list[TreeStep]] = []
@@ -794,10 +796,11 @@ class Runtime:
             await signal.wait()
 
     def _read_page(
-        self, root: str, seen: Mapping[str, int]
+        self, root: str, seen: Mapping[str, int], states: Mapping[str, Conversation | None]
     ) -> tuple[list[ConversationRow], list[tuple[str, list[StoredEvent]]]]:
         """The tree's rows, and the events after ``seen`` of those with new ones: at
-        most ``EVENTS_PAGE`` events in all, by conversation in creation order."""
+        most ``EVENTS_PAGE`` events in all, by conversation in creation order
+        (``states``: each conversation's state after its ``seen`` event, if folded)."""
         rows = self.store.tree(root)
         budget = EVENTS_PAGE
         read: list[tuple[str, list[StoredEvent]]] = []
@@ -805,7 +808,7 @@ class Runtime:
             after = seen.get(row.id, -1)
             if row.last_seq <= after or budget <= 0:
                 continue
-            stored = self.store.events(row.id, after, limit=budget)
+            stored = self.store.events(row.id, after, limit=budget, after_state=states.get(row.id))
             if stored:
                 budget -= len(stored)
                 read.append((row.id, stored))
@@ -819,27 +822,26 @@ class Runtime:
         states: dict[str, Conversation | None],
         phases: bool,
     ) -> TreeStep:
-        """``stored`` as a TreeStep, its phase folded from the conversation's state
-        before it (``states``, updated), if ``phases``."""
+        """``stored`` as a TreeStep, its phase, if ``phases``, folded from the
+        conversation's state before it (``states``, updated either way)."""
         after: Conversation | None = None
-        if phases:
-            before = states.get(conversation_id)
-            forked_or_created = isinstance(stored.event, ConversationCreated | ConversationForked)
-            try:
-                if stored.seq == 0 and forked_or_created:
-                    after, _ = start(stored.event)  # type: ignore[arg-type]
-                elif before is not None and not forked_or_created:
-                    after, _ = transition(before, stored.event)
-            except IllegalTransition:
-                after = None  # a log this reducer does not reproduce: no phase from here on
-            states[conversation_id] = after
+        before = states.get(conversation_id)
+        forked_or_created = isinstance(stored.event, ConversationCreated | ConversationForked)
+        try:
+            if stored.seq == 0 and forked_or_created:
+                after, _ = start(stored.event)  # type: ignore[arg-type]
+            elif before is not None and not forked_or_created:
+                after, _ = transition(before, stored.event)
+        except IllegalTransition:
+            after = None  # a log this reducer does not reproduce: no phase from here on
+        states[conversation_id] = after
         return TreeStep(
             conversation_id=conversation_id,
             path=tree_path(conversation_id, root),
             seq=stored.seq,
             event=stored.event,
             effects=stored.effects,
-            phase=None if after is None else after.phase,
+            phase=None if after is None or not phases else after.phase,
             at=stored.at,
         )
 
