@@ -74,6 +74,7 @@ from fanfold.providers.base import CallContext, Provider, ProviderError
 from fanfold.providers.http import RequestSettings, Timeouts, new_client, valid_api_key
 from fanfold.providers.openai import DEFAULT_BASE_URL as OPENAI_BASE_URL
 from fanfold.providers.openai import OpenAIProvider
+from fanfold.providers.slots import CallSlots, LocalSlots
 from fanfold.providers.wire import Secret, looks_like_key
 from fanfold.regular_files import read_regular
 from fanfold.statemachine import ErrorKind, Limits, ModelError, ModelReply, ModelRequest
@@ -189,6 +190,9 @@ class Profile:
     (``stop``, ``extra_body``, ``extra_headers``...; see ``RequestSettings``).
     ``retry`` is the profile's own retry policy (see ``Config.retry_policy``).
     ``prices`` (optional) let ``fanfold show`` give what each agent and tree cost.
+    ``max_concurrent_calls`` (optional): at most this many of the profile's model
+    calls in flight at once in this process (or, with a shared slot table, across
+    every worker using it: ``fanfold.providers.slots``); the others wait for a slot.
     """
 
     name: str
@@ -204,6 +208,7 @@ class Profile:
     settings: RequestSettings = RequestSettings()
     retry: RetryPolicy = RetryPolicy()
     prices: Prices | None = None
+    max_concurrent_calls: int | None = None
 
 
 @attrs.frozen
@@ -374,6 +379,7 @@ _PROFILE_KEYS = {
     "prompt_caching",
     "retry",
     "prices",
+    "max_concurrent_calls",
 }
 _PRICE_KEYS = {"input", "cached_input", "output"}
 _TIMEOUT_KEYS = {"connect", "read", "total"}
@@ -418,6 +424,7 @@ MAX_RETRY_SECONDS = 3600.0
 MAX_TIMEOUT_SECONDS = 86_400.0
 """``timeouts.connect``/``read``/``total``: a day."""
 MAX_OUTPUT_TOKENS = 100_000_000
+MAX_CONCURRENT_CALLS = 100_000
 """``max_tokens`` of one reply."""
 
 
@@ -548,6 +555,13 @@ def _profile(name: str, table: Any, path: str) -> Profile:
         fields["retry"] = _retry(table["retry"], path, f"{prefix}.retry")
     if "prices" in table:
         fields["prices"] = _prices(table["prices"], path, f"{prefix}.prices")
+    if "max_concurrent_calls" in table:
+        fields["max_concurrent_calls"] = _integer(
+            table["max_concurrent_calls"],
+            path,
+            f"{prefix}.max_concurrent_calls",
+            maximum=MAX_CONCURRENT_CALLS,
+        )
     return Profile(name=name, provider=provider, **fields)
 
 
@@ -1312,8 +1326,12 @@ class ProviderRouter:
         environ: Mapping[str, str] | None = None,
         scripted: Provider | None = None,
         client: httpx.AsyncClient | None = None,
+        slots: CallSlots | None = None,
     ) -> None:
         self.config = config
+        # A profile's ``max_concurrent_calls`` is counted here (this process) unless
+        # the caller shares a count (``fanfold.providers.pg_slots`` for workers).
+        self.slots: CallSlots = LocalSlots() if slots is None else slots
         env = os.environ if environ is None else environ
         # Keep only the key variables the profiles name, never the whole environment.
         self._keys = _Masked(
@@ -1358,7 +1376,12 @@ class ProviderRouter:
             raise ProviderError(ModelError(ErrorKind.AUTH, str(exc))) from None
         except ConfigError as exc:
             raise ProviderError(ModelError(ErrorKind.INVALID_REQUEST, str(exc))) from None
-        return await provider.complete(attrs.evolve(request, model=model), context)
+        routed = attrs.evolve(request, model=model)
+        capacity = profile.max_concurrent_calls
+        if capacity is None:
+            return await provider.complete(routed, context)
+        async with self.slots.hold(profile.name, capacity):
+            return await provider.complete(routed, context)
 
     async def aclose(self) -> None:
         """Close the shared HTTP client if the router made it."""
