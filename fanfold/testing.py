@@ -393,6 +393,8 @@ def _created(dice: _Dice, sub_agent: bool | None, lim: Limits | None) -> Convers
             model=model,
             limits=lim,
             tools=tools,
+            # A delegated tree's root runs with its agent's time limit, per turn.
+            timeout=dice.pick([None, None, 5.0, 1.0]),
         )
     top = max(1, lim.max_depth)
     # Half of the sub-agents sit where they may still delegate (below max_depth), so
@@ -1168,7 +1170,10 @@ def _check_identity(state: Conversation) -> None:
     # A sub-agent refused its working directory never started (it issued no number),
     # nor its timer.
     never_started = state.next_call == 0 and isinstance(state.phase, Failed)
-    timed = state.is_sub_agent and state.timeout is not None and not never_started
+    if state.is_sub_agent:
+        timed = state.timeout is not None and not never_started
+    else:  # a root's time limit is per turn: armed while a turn is in progress
+        timed = state.timeout is not None and not isinstance(state.phase, Idle | Error)
     if (state.deadline_timer is not None) != timed:
         _fail(
             "own time limit",
@@ -2202,12 +2207,30 @@ def _check_fixed(before: Conversation, after: Conversation) -> None:
         "limits",
         "tools",
         "timeout",
-        "deadline_timer",
+        *(("deadline_timer",) if before.is_sub_agent else ()),
     ):
         if getattr(before, name) != getattr(after, name):
             _fail(
                 "identity never changes",
                 f"{name} changed from {getattr(before, name)!r} to {getattr(after, name)!r}",
+                after,
+            )
+    if not before.is_sub_agent and before.deadline_timer != after.deadline_timer:
+        # A root's time limit is its turn's: armed with a fresh number as a turn
+        # starts, dropped as it ends, never changed in between.
+        at_rest = (Idle, Error)
+        starts = (
+            before.deadline_timer is None
+            and isinstance(before.phase, at_rest)
+            and after.deadline_timer is not None
+            and after.deadline_timer >= before.next_call
+        )
+        ends = after.deadline_timer is None and isinstance(after.phase, at_rest)
+        if not (starts or ends):
+            _fail(
+                "a root's time limit is its turn's",
+                f"deadline_timer changed from {before.deadline_timer!r} to"
+                f" {after.deadline_timer!r} at {type(after.phase).__name__}",
                 after,
             )
     if after.history[: len(before.history)] != before.history:
@@ -3167,6 +3190,8 @@ def _check_cancel_ending(before: Conversation, after: Conversation, reason: Canc
         ending = EndIdle()
     elif isinstance(phase, Failed):
         ending = EndFailed(phase.error, phase.kind, phase.reason)
+    elif isinstance(phase, Error) and not before.is_sub_agent:
+        ending = EndFailed(phase.error, phase.kind, reason)
     else:
         _fail("a cancel stops the work", f"ended in {phase}", after)
     if before.is_sub_agent:
@@ -3180,9 +3205,12 @@ def _check_cancel_ending(before: Conversation, after: Conversation, reason: Canc
                 f"{ending} for {reason}",
                 after,
             )
-    else:
-        if not isinstance(ending, EndIdle):
-            _fail("a cancelled root goes Idle", f"{ending}", after)
+    elif reason is CancelReason.TIMEOUT and before.deadline_timer is not None:
+        # Its turn's own time limit ran out: an error, not a user's cancel.
+        if not (isinstance(ending, EndFailed) and ending.kind is ErrorKind.TIMED_OUT):
+            _fail("a root past its time limit ends its turn in error", f"{ending}", after)
+    elif not isinstance(ending, EndIdle):
+        _fail("a cancelled root goes Idle", f"{ending}", after)
 
 
 def _check_resume(before: Conversation, after: Conversation, effects: Effects) -> None:

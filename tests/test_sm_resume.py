@@ -136,15 +136,18 @@ def test_resume_restarts_a_sub_agents_own_time_limit() -> None:
     assert effects == start_effects  # StartTimer(0, 5.0, "time limit"), CallModel(1, ...)
 
 
-def test_resume_starts_no_timer_for_a_roots_time_limit() -> None:
-    # start accepts a time limit for a root but only a sub-agent has its own timer
-    # (deadline_timer): resuming a root must not start one (a timer without a number).
+def test_resume_restarts_a_roots_turn_time_limit_and_none_at_rest() -> None:
+    # A root's time limit is per turn: none at rest, so a restart then starts none;
+    # during a turn a restart re-arms it (its remaining time is the runtime's to
+    # count from the step that first started it).
     state = root(timeout=5.0)
     assert state.timeout == 5.0 and state.deadline_timer is None
     assert step(state, RuntimeResumed()) == (state, ())
-    state, _ = step(state, user("go"))
+    state, started = step(state, user("go"))
+    assert state.deadline_timer is not None
+    assert StartTimer(state.deadline_timer, 5.0, "time limit", counts_downtime=True) in started
     _, effects = step(state, RuntimeResumed())
-    assert [type(e).__name__ for e in effects] == ["CallModel"]
+    assert [type(e).__name__ for e in effects] == ["StartTimer", "CallModel"]
 
 
 def test_resume_of_an_ended_sub_agent_is_absorbed() -> None:

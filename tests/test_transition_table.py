@@ -186,7 +186,8 @@ def _walk(seed: int, sub_agent: bool, generated: bool = False) -> Observed:
         task="work" if sub_agent else None,
         limits=LIMITS if not sub_agent else attrs.evolve(LIMITS, max_depth=2),
         tools=(BASH,),
-        timeout=3.0 if sub_agent else None,
+        # Half the roots have a time limit (per turn): a delegated tree's agent's.
+        timeout=3.0 if sub_agent or seed % 4 == 0 else None,
     )
     state, _ = start(created)
     assert type(state.phase).__name__ in START_TARGETS

@@ -561,8 +561,13 @@ class Runtime:
         system_prompt: str | None = None,
         agents: tuple[AgentDefinition, ...] = (),
         agent: AgentDefinition | None = None,
+        timeout: float | None = None,
     ) -> str:
         """Start a root conversation with its first user message; returns its id.
+
+        ``timeout``: seconds each of its turns may take (None: no limit); a turn past
+        it ends in error ``timed_out``, its sub-agents cancelled first. ``agent``'s
+        own ``timeout`` caps it, as it caps a child spawned as that definition.
 
         ``agents``: the agent definitions its ``spawn_agents`` tasks may name
         (``fanfold.agents.load_agents``), recorded in its creation event.
@@ -610,10 +615,9 @@ class Runtime:
             )
             tools, prompt, chosen = setup.tools, setup.system_prompt, setup.limits
             permissions, agents = setup.permissions, setup.agents
-            # The definition caps the rounds as it caps a spawned child's (one rule, the
-            # reducer's). A root has no time limit of its own: the definition's
-            # ``timeout`` is not applied here (see DESIGN.md, "fanfold mcp").
-            _, rounds = capped_limits(agent, None, chosen.max_rounds)
+            # The definition caps the time limit and the rounds as it caps a spawned
+            # child's (one rule, the reducer's); a root's time limit is per turn.
+            timeout, rounds = capped_limits(agent, timeout, chosen.max_rounds)
             chosen = attrs.evolve(chosen, max_rounds=rounds)
             model = model if model is not None else agent.model
         else:
@@ -632,6 +636,7 @@ class Runtime:
             agents=agents,
             agent=agent.name if agent is not None else None,
             permissions=permissions,
+            timeout=timeout,
         )
         tree = TreeRecord(
             conversation_id,

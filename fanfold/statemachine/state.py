@@ -41,7 +41,8 @@ class Conversation:
     - ``spawned``: children spawned so far; child ids are ``f"{id}.{n}"``.
     - ``written_off``: children the parent stopped waiting for (deadline or no
       acknowledgement); a late outcome from one of them is absorbed.
-    - ``deadline_timer``: this sub-agent's own time-limit timer, if it has one.
+    - ``deadline_timer``: its own time-limit timer, if it has one: a sub-agent's
+      for its life, a root's (``timeout`` set) for the turn in progress.
     - ``usage_children``: tokens used by its sub-agents (and theirs), as they reported
       them; a written-off child is charged its whole budget. ``max_tokens`` bounds
       ``usage.total + usage_children``: the budget of the whole tree below.

@@ -65,6 +65,9 @@ def _written_off(phase: str) -> Cell:
 
 TABLE: dict[tuple[str, str], Cell] = {}
 
+# A root's time limit is per turn (a delegated tree's agent definition sets it).
+_ROOT_TIMEOUT = "Error timed_out when the turn's own time limit ran out"
+
 
 def _row(phase: str, **cells: Cell) -> None:
     for event, cell in cells.items():
@@ -75,7 +78,10 @@ def _row(phase: str, **cells: Cell) -> None:
 
 _row(
     "Idle",
-    UserMessaged=_cell("LlmRequesting", "append message, CallModel (root only)"),
+    UserMessaged=_cell(
+        "LlmRequesting",
+        "append message, CallModel (root only); a root with a time limit: StartTimer for the turn",
+    ),
     ModelReplied=_stale("Idle"),
     ModelFailed=_stale("Idle"),
     ToolFinished=_stale("Idle"),
@@ -107,11 +113,13 @@ _row(
     ToolFinished=_stale("LlmRequesting"),
     SubAgentFinished=_written_off("LlmRequesting"),
     TimerFired=_cell(
-        "LlmRequesting Failed",
+        "LlmRequesting Failed Error",
         "own time limit: as CancelRequested(timeout); " + STALE,
         UnknownCall,
     ),
-    CancelRequested=_cell("Idle Failed", "AbortCall; root Idle, sub-agent Failed"),
+    CancelRequested=_cell(
+        "Idle Failed Error", "AbortCall; root Idle (" + _ROOT_TIMEOUT + "), sub-agent Failed"
+    ),
     RuntimeResumed=_cell("LlmRequesting", "re-issue CallModel (same call number)"),
 )
 _row(
@@ -122,11 +130,15 @@ _row(
     ToolFinished=_stale("AwaitingRetry"),
     SubAgentFinished=_written_off("AwaitingRetry"),
     TimerFired=_cell(
-        "LlmRequesting Failed AwaitingRetry",
-        "retry timer: CallModel attempt n+1; own time limit: Failed; " + STALE,
+        "LlmRequesting Failed Error AwaitingRetry",
+        "retry timer: CallModel attempt n+1; own time limit: Failed (a root: Error "
+        "timed_out); " + STALE,
         UnknownCall,
     ),
-    CancelRequested=_cell("Idle Failed", "AbortCall(timer); root Idle, sub-agent Failed"),
+    CancelRequested=_cell(
+        "Idle Failed Error",
+        "AbortCall(timer); root Idle (" + _ROOT_TIMEOUT + "), sub-agent Failed",
+    ),
     RuntimeResumed=_cell("AwaitingRetry", "re-issue ScheduleRetry"),
 )
 _TOOL_TARGETS = "ToolExecuting AwaitingSubAgents LlmRequesting CancellingSubAgents Completed Failed"
@@ -152,15 +164,17 @@ _row(
         *_CHILD_REFUSALS,
     ),
     TimerFired=_cell(
-        "ToolExecuting CancellingSubAgents Failed",
+        "ToolExecuting CancellingSubAgents Failed Error",
         "child deadline: write child off (timed_out) + CancelSubAgents; own time limit: "
         "cancel; " + STALE,
         UnknownCall,
     ),
     CancelRequested=_cell(
-        "CancellingSubAgents Idle Failed",
+        "CancellingSubAgents Idle Failed Error",
         "AbortCall; 'cancelled'/'skipped' results; queued children finish cancelled; "
-        "running children get CancelSubAgents and a grace timer",
+        "running children get CancelSubAgents and a grace timer; a root ends Idle ("
+        + _ROOT_TIMEOUT
+        + ")",
     ),
     RuntimeResumed=_cell(
         _TOOL_TARGETS,
@@ -208,9 +222,11 @@ _row(
     # Children waiting for a summary have not started: with nothing running (only
     # such children, or none left running), a cancel ends at once.
     CancelRequested=_cell(
-        "CancellingSubAgents Idle Failed",
+        "CancellingSubAgents Idle Failed Error",
         "AbortCall(summary call), queued children finish cancelled; CancelSubAgents"
-        "(running) + grace timer, or end at once when none runs",
+        "(running) + grace timer, or end at once when none runs (a root: Idle, "
+        + _ROOT_TIMEOUT
+        + ")",
     ),
     RuntimeResumed=_cell(
         "AwaitingSubAgents",
@@ -224,15 +240,16 @@ _row(
     ModelFailed=_stale("CancellingSubAgents"),
     ToolFinished=_stale("CancellingSubAgents"),
     SubAgentFinished=_cell(
-        "CancellingSubAgents Idle Completed Failed",
+        "CancellingSubAgents Idle Completed Failed Error",
         "record outcome (a natural finish counts); last one: flush results, end "
-        "(root Idle; sub-agent Completed after submit, else Failed); "
+        "(root Idle, or Error timed_out past its turn's time limit; sub-agent Completed "
+        "after submit, else Failed); "
         "duplicate/unknown: raise; written-off: absorb",
         UnknownChild,
         DuplicateChildOutcome,
     ),
     TimerFired=_cell(
-        "CancellingSubAgents Idle Completed Failed",
+        "CancellingSubAgents Idle Completed Failed Error",
         "grace timer: silent children written off as unresponsive, end; own time "
         "limit: absorb; " + STALE,
         UnknownCall,

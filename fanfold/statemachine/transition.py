@@ -498,13 +498,14 @@ def _apply_ending(
     ``history``: the history to end with when the step changed it (one copy of the
     state for both)."""
     effects: list[Effect] = []
-    if state.deadline_timer is not None and not isinstance(ending, EndIdle):
+    if state.deadline_timer is not None:
         effects.append(AbortCall(state.deadline_timer))
     if history is None:
         history = state.history
     match ending:
         case EndIdle():
-            state = state.evolve(phase=Idle(), history=history)
+            # Only a root: its time limit was its turn's (the next turn arms its own).
+            state = state.evolve(phase=Idle(), history=history, deadline_timer=None)
             effects.append(TurnFinished(TurnOutcome.CANCELLED, "cancelled"))
         case EndCompleted(result=result):
             # Only a sub-agent completes (submit_result is never offered to a root;
@@ -515,7 +516,7 @@ def _apply_ending(
             effects.append(TurnFinished(TurnOutcome.COMPLETED, result))
         case EndFailed(error=error, kind=kind, reason=reason):
             if not state.is_sub_agent:
-                state = state.evolve(phase=Error(error, kind), history=history)
+                state = state.evolve(phase=Error(error, kind), history=history, deadline_timer=None)
                 effects.append(TurnFinished(TurnOutcome.ERROR, error))
             else:
                 state = state.evolve(phase=Failed(error, kind, reason), history=history)
@@ -579,6 +580,10 @@ def _stop_children_now(
 
 def _cancel_ending(state: Conversation, reason: CancelReason) -> Ending:
     if not state.is_sub_agent:
+        if reason is CancelReason.TIMEOUT and state.deadline_timer is not None:
+            # The turn outlived the root's own time limit: an error the caller sees
+            # (a delegated tree's agent definition set it), not a user's cancel.
+            return EndFailed(f"time limit of {state.timeout}s reached", reason.error_kind, reason)
         return EndIdle()
     if reason is CancelReason.TIMEOUT:
         # The runtime may time out a sub-agent that has no limit of its own.
@@ -612,8 +617,19 @@ def _on_user_message(state: Conversation, event: UserMessaged) -> Transition:
         raise IllegalTransition(
             state, event, "the conversation is busy; wait for the turn to end or cancel it"
         )
-    state = state.evolve(history=(*state.history, UserMessage(event.text)), rounds=0)
-    return _call_model(state)
+    history = (*state.history, UserMessage(event.text))
+    limit = state.timeout
+    if limit is None:
+        return _call_model(state.evolve(history=history, rounds=0))
+    # A root with a time limit (the agent definition a delegated tree runs as) gives
+    # each turn that long, counted like a sub-agent's, downtime included; the turn's
+    # end aborts it (_answered, _apply_ending).
+    timer = state.next_call
+    state = state.evolve(history=history, rounds=0, deadline_timer=timer, next_call=timer + 1)
+    return _after(
+        (StartTimer(timer, limit, "time limit", counts_downtime=True),),
+        _call_model(state),
+    )
 
 
 # ------------------------------------------------------------------ model results
@@ -745,6 +761,10 @@ def _answered(state: Conversation, text: str) -> Transition:
         # (a chat model that ignores tools): the parent and the user are told so.
         # (Conversation.submitted reads it from the history the reply ends).
         return _apply_ending(state, EndCompleted(text))
+    if state.deadline_timer is not None:  # the turn's time limit, no longer needed
+        timer = state.deadline_timer
+        state = state.evolve(phase=Idle(), deadline_timer=None)
+        return state, (AbortCall(timer), TurnFinished(TurnOutcome.ANSWERED, text))
     state = state.evolve(phase=Idle())
     return state, (TurnFinished(TurnOutcome.ANSWERED, text),)
 
