@@ -818,3 +818,39 @@ def test_the_roots_system_prompt_comes_from_the_options_or_the_config(tmp_path: 
     )
     assert told("--config", str(config))[0] == "From the config."
     assert told("--config", str(config), "--system", "Given.")[0] == "Given."
+
+
+def test_run_timeout_ends_a_turn_that_outlives_it_in_error(tmp_path: Path) -> None:
+    # A child that takes a minute, a turn limit of half a second (real time: the CLI
+    # runs on the wall clock): the run ends at once, in error, the child cancelled.
+    slow = {
+        "latency": 0.01,
+        "agents": [
+            {
+                "match": {"path": "root"},
+                "replies": [
+                    {
+                        "tool_calls": [
+                            {"name": "spawn_agents", "arguments": {"tasks": [{"task": "x"}]}}
+                        ]
+                    },
+                    {"text": "never"},
+                ],
+            },
+            {"match": {"path": "root/1"}, "replies": [{"text": "late", "latency": 60.0}]},
+        ],
+    }
+    db = tmp_path / "cli.db"
+    script = _write(tmp_path / "slow.json", slow)
+    args = ["run", "--db", str(db), "--script", str(script), "--no-live", "--timeout", "0.5"]
+    result = CliRunner().invoke(cli, [*args, "--cwd", str(tmp_path), "go"])
+    assert result.exit_code == 1, result.output
+    assert "time limit of 0.5s reached" in result.output
+    with Store.open(db) as store:
+        (root,) = store.list_roots()
+        assert store.load_state(root.id).timeout == 0.5
+        (child,) = store.children(root.id)
+        assert child.status != "running"
+    for bad in ("0", "-1", "nan", "inf", "1e12"):
+        refused = CliRunner().invoke(cli, [*args[:-1], bad, "go"])
+        assert refused.exit_code == 2 and "--timeout" in refused.output, bad

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,16 @@ from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Limits
 from fanfold.statemachine.limits import CONTEXT_MODES
 from fanfold.tools.registry import unsupplied
+
+# A turn's time limit: up to a year (more is a slip; NaN and infinities never).
+MAX_TURN_SECONDS = 365 * 86400.0
+
+
+def _finite_seconds(value: float | None) -> float | None:
+    # click's FloatRange lets NaN through (every comparison with it is false).
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number of seconds, got {value}")
+    return value
 
 
 @click.command()
@@ -100,6 +111,15 @@ from fanfold.tools.registry import unsupplied
     help="The context modes sub-agent tasks may ask for, comma-separated: task_only and "
     "any of full, summary (default: all three; both cost tokens).",
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True, max=MAX_TURN_SECONDS),
+    callback=lambda _ctx, _param, value: _finite_seconds(value),
+    default=None,
+    metavar="SECONDS",
+    help="Time limit of each turn: past it the turn ends in error timed_out, its "
+    "sub-agents cancelled (default: none).",
+)
 @click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
 @tools_option
 @db_option
@@ -119,6 +139,7 @@ def run(
     system_text: str | None,
     system_file: Path | None,
     context_modes: str | None,
+    timeout: float | None,
     no_live: bool,
     tool_refs: tuple[str, ...],
     db: Path | None,
@@ -178,6 +199,7 @@ def run(
             agents,
             servers,
             python_tools,
+            timeout,
         )
     print_result(*result, db=path)
 
@@ -226,6 +248,7 @@ async def _run_main(
     agents: tuple[AgentDefinition, ...] = (),
     servers: tuple[Any, ...] = (),
     python_tools: Sequence[Any] = (),
+    timeout: float | None = None,
 ) -> tuple[str, Conversation, Interruption | None]:
     view = TreeView()
     try:
@@ -251,6 +274,7 @@ async def _run_main(
                         limits=limits,
                         system_prompt=system,
                         agents=scoped_agents,
+                        timeout=timeout,
                     )
                     interruption = await watch(runtime, conversation_id, view, live, signals)
                     return conversation_id, runtime.state(conversation_id), interruption
