@@ -5,7 +5,7 @@ and git would read them (``fanfold/statemachine/confined.py``)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fanfold.agents.builtin import BUILTIN_SOURCES
@@ -118,6 +118,10 @@ def test_the_reviewer_still_reads_the_history(command: str) -> None:
         ('git diff "--ext-diff"', "'--ext-diff'"),
         ("git diff --ext\\-diff", "'--ext-diff'"),
         ("git diff {--ext-diff,x}", "brace expansion"),
+        # bash makes '}' and '--ext-diff' of it (an empty quoted prefix, then braces
+        # whose first item is empty): once read as one harmless word.
+        ("git show ''{},--ext-diff}", "brace expansion"),
+        ("git show :{},}", "brace expansion"),
         ("git diff $X", "'$'"),
         ('git diff "${X:-y}"', "'$'"),
         ("git diff *", "unquoted"),
@@ -342,6 +346,8 @@ def test_no_builtin_allow_rule_lets_a_command_start_another_program(data: st.Dat
 
 @settings(max_examples=150, deadline=None)
 @given(text=st.text(alphabet="ab-=\"'\\ \t*?[]{},./#:^@", max_size=24))
+@example(text=":{},}")  # found by this test: bash makes ':}' and ':'
+@example(text="''{},--x}")
 def test_the_words_are_the_words_bash_makes(text: str) -> None:
     """Whenever ``shell_words`` splits a command (it refuses what it cannot), bash
     splits it into the same words: what the checks read is what git gets. (File-name

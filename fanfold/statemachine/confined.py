@@ -308,14 +308,16 @@ def _is_name(text: str) -> bool:
 
 
 def _brace_expansion(unquoted: str) -> bool:
-    """Whether a word's unquoted characters hold ``{...,...}`` or ``{x..y}``."""
+    """Whether a word's unquoted characters may hold a brace expansion: a ``{``, then
+    a ``,`` or ``..``, then a ``}``, anywhere after it.
+
+    Wider than bash on purpose: bash's own rules are subtle (``:{},}`` makes ``:}``
+    and ``:``; ``''{},--ext-diff}`` makes ``}`` and ``--ext-diff``, an option no
+    check saw; a ``}`` right after the ``{`` is a plain character), and a word that
+    only might expand is refused, never read as one word it is not."""
     start = unquoted.find("{")
-    while start != -1:
-        end = unquoted.find("}", start)
-        if end == -1:
-            return False
-        inner = unquoted[start + 1 : end]
-        if "," in inner or ".." in inner:
-            return True
-        start = unquoted.find("{", start + 1)
-    return False
+    if start == -1:
+        return False
+    end = unquoted.rfind("}")
+    inner = unquoted[start + 1 : end]
+    return end > start and ("," in inner or ".." in inner)
