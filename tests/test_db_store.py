@@ -31,6 +31,7 @@ from fanfold.db import (
     StoreClosed,
     UnknownConversation,
     fingerprint,
+    open_store,
 )
 from fanfold.db.codec import encode_state_stored
 from fanfold.db.fingerprint import matches as fingerprint_matches
@@ -50,8 +51,20 @@ TABLES = ("conversations", "events", "effects", "meta", "migrations")
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Any:
+def sqlite_store(tmp_path: Path) -> Any:
     with Store.open(tmp_path / "fanfold.db") as s:
+        yield s
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """The log in an SQLite file, then in PostgreSQL (``pg_url``): the same behaviour."""
+    target = (
+        str(tmp_path / "fanfold.db")
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    with open_store(target) as s:
         yield s
 
 
@@ -67,7 +80,8 @@ def pragma(store: Store, name: str) -> Any:
 # ------------------------------------------------------------------ schema
 
 
-def test_open_creates_the_schema_with_the_pragmas(store: Store) -> None:
+def test_open_creates_the_schema_with_the_pragmas(sqlite_store: Store) -> None:
+    store = sqlite_store
     assert pragma(store, "journal_mode") == "wal"
     assert pragma(store, "busy_timeout") == 5000
     assert pragma(store, "foreign_keys") == 1
@@ -216,7 +230,8 @@ def test_events_from_a_newer_codec_are_refused(tmp_path: Path) -> None:
         Store.open(path)
 
 
-def test_tables_enforce_types_and_keys(store: Store) -> None:
+def test_tables_enforce_types_and_keys(sqlite_store: Store) -> None:
+    store = sqlite_store
     driver = Driver()
     driver.create(ConversationCreated("r"))
     store.append(driver.steps)

@@ -1,4 +1,5 @@
-"""fanfold's durable event log: a JSON codec for statemachine values and a SQLite store.
+"""fanfold's durable event log: a JSON codec for statemachine values and a SQLite
+store (or, with the ``postgres`` extra, a PostgreSQL one: ``open_store``).
 
 - ``codec``: versioned JSON for events, effects, states and every value they hold.
 - ``Store``: append steps (event, effects, state fingerprint) of many conversations in
@@ -26,6 +27,7 @@ from fanfold.db.errors import (
     DatabaseError,
     EmptyLog,
     InvalidStep,
+    LogUnavailable,
     NonFiniteNumber,
     ReadOnlyStore,
     ReplayError,
@@ -36,6 +38,7 @@ from fanfold.db.errors import (
     UnloggableStep,
     UnsupportedVersion,
 )
+from fanfold.db.factory import display_target, is_postgres, open_store
 from fanfold.db.fingerprint import fingerprint, step_fingerprint
 from fanfold.db.records import (
     ConversationRow,
@@ -60,6 +63,7 @@ __all__ = [
     "DatabaseError",
     "EmptyLog",
     "InvalidStep",
+    "LogUnavailable",
     "NonFiniteNumber",
     "RawConversation",
     "RawEffect",
@@ -82,12 +86,15 @@ __all__ = [
     "decode_effects",
     "decode_event",
     "decode_state",
+    "display_target",
     "encode",
     "encode_effect",
     "encode_effects",
     "encode_event",
     "encode_state",
     "fingerprint",
+    "is_postgres",
+    "open_store",
     "status_of",
     "step_fingerprint",
 ]

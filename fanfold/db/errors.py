@@ -110,3 +110,11 @@ class ReplayError(DatabaseError):
     Raised when the reducer refuses a stored event or a state's fingerprint differs
     from the one recorded with its event: the log and the reducer disagree.
     """
+
+
+class LogUnavailable(DatabaseError):
+    """The PostgreSQL log cannot be reached or used right now: the server refused the
+    login, the database does not exist, the connection was lost. The message names the
+    database by its URL without the password, and never holds the password. A write
+    that hit it was not committed (or, if the connection was lost at the commit
+    itself, may have been: the log's own rows say which, and ``resume`` reads them)."""

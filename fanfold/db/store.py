@@ -270,10 +270,16 @@ def _refuse_special(name: str) -> None:
 class Store:
     """The event log and conversation index of fanfold, in one SQLite database.
 
+    (``fanfold.db.postgres.PostgresStore`` is the same log in PostgreSQL: a subclass
+    that replaces the connection and what is SQLite's own, and keeps every query.)
+
     Open with ``Store.open(path)`` (a file, WAL mode) or ``Store.memory()`` (tests,
     benchmarks); close with ``close()`` or use it as a context manager. Every method
     is synchronous and thread-safe.
     """
+
+    _integrity_errors: tuple[type[Exception], ...] = (sqlite3.IntegrityError,)
+    """What the connection raises when a row breaks a key (a subclass's driver's)."""
 
     def __init__(
         self, conn: sqlite3.Connection, path: str | None, *, read_only: bool = False
@@ -639,7 +645,7 @@ class Store:
                     " checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [p.event_row for p in prepared],
                 )
-            except sqlite3.IntegrityError:
+            except self._integrity_errors:
                 if trusted:
                     raise _StaleCache from None  # a row this store did not know of
                 raise
@@ -913,7 +919,7 @@ class Store:
                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
                         [getattr(tree, name) for name in TreeRecord.COLUMNS],
                     )
-            except sqlite3.IntegrityError as exc:
+            except self._integrity_errors as exc:
                 raise InvalidStep(f"the imported rows are inconsistent: {exc}") from None
 
     def save_snapshot(self, conversation_id: str, seq: int, state: Conversation) -> None:
@@ -1144,7 +1150,8 @@ class Store:
         with self._transaction("BEGIN") as conn:
             blobs = self._read_blobs(conn)
             rows = list(self._db.query(rows_sql, params))
-            ids = f"SELECT id FROM ({rows_sql})"
+            # (An alias, which PostgreSQL requires of a subquery in FROM.)
+            ids = f"SELECT id FROM ({rows_sql}) AS picked"
             events = conn.execute(
                 "SELECT conversation_id, rowid, seq, type, payload, fingerprint, at,"
                 f" {checksum} FROM events"
@@ -1272,7 +1279,7 @@ class Store:
     def tree_record(self, root_id: str) -> TreeRecord | None:
         """The provenance record of the tree rooted at ``root_id`` (None: none is
         stored, as for trees written before provenance records existed)."""
-        if not self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trees'"):
+        if not self._has_trees():
             return None  # a read-only open of a log older than provenance records
         rows = self._query(
             f"SELECT {', '.join(TreeRecord.COLUMNS)} FROM trees WHERE root_id = ?", [root_id]
@@ -1296,6 +1303,12 @@ class Store:
             if not changed:
                 self._require(conn, root_id)
                 raise InvalidStep(f"tree {root_id!r} has no provenance record")
+
+    def _has_trees(self) -> bool:
+        """Whether the log has the ``trees`` table (migration 2)."""
+        return bool(
+            self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trees'")
+        )
 
     def unfinished(self) -> list[ConversationRow]:
         """Conversations with something in flight (status 'running'), in creation order:

@@ -1,0 +1,472 @@
+"""``PostgresStore``: fanfold's event log in PostgreSQL (issue 25), the same log as
+``Store``'s SQLite file.
+
+Imported only for a ``postgresql://`` or ``postgres://`` URL (``fanfold.db.open_store``):
+psycopg is the ``postgres`` extra, and nothing of it is loaded by ``import fanfold`` or
+a run on SQLite.
+
+What it is: a subclass of ``Store`` that keeps every query, every row and every value
+of the SQLite log (same tables and columns, same stored texts, checksums and
+fingerprints: a tree verifies identically on either store, and ``export``/``import``
+moves trees between them) and replaces what is SQLite's own:
+
+- **The connection**: one psycopg 3 synchronous connection in autocommit mode, on
+  which ``Store``'s explicit ``BEGIN``/``COMMIT``/``ROLLBACK`` run as they do on
+  SQLite; ``_PgConnection`` gives it the few ``sqlite3.Connection`` methods the
+  queries use, turning ``?`` placeholders into psycopg's. Guarded by the store's lock
+  like the SQLite connection, so the runtime's writer thread may use it.
+- **The schema**: the tables live in the ``fanfold`` schema (``search_path`` is set
+  per connection), beside DBOS's ``dbos`` schema in the same database. It is created
+  on first open, in one transaction under an advisory lock (several workers may open
+  a new database at once), with its own numbered migrations (``PG_MIGRATIONS``).
+  SQLite's implicit ``rowid`` is an identity column ``rowid`` on the tables whose
+  write order is read (conversations, events, blobs).
+- **Transactions**: a write is ``BEGIN`` (READ COMMITTED). Another writer cannot
+  slip between the sequence check and the commit unnoticed: each conversation's
+  ``UPDATE`` names the ``last_seq`` it expects (a concurrent one waits for the other
+  transaction, then sees its row and matches nothing), and two inserts of one
+  ``(conversation, seq)`` collide on the key; either way the batch is rolled back and
+  checked against the rows, and a step that is no longer next is ``SequenceError``.
+  A read is ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``: its statements see
+  one snapshot, as SQLite's read transaction does.
+- **Blobs** are read incrementally by ``rowid`` as on SQLite. An identity is handed
+  out at insert, not at commit, so two writers could commit blob 11 before blob 10 and
+  a reader that saw 11 would never read 10; a transaction that inserts blobs
+  therefore first takes a lock on the table (``SHARE ROW EXCLUSIVE``, which only other
+  blob writers wait for), so blobs commit in the order of their ids. New blobs are
+  rare (a tree's tool set and prompts, once per database).
+- **Errors**: a lost connection, a refused login, a missing database are
+  ``LogUnavailable`` (a ``DatabaseError``: one line for a CLI user), whose message
+  names the database by its URL without the password (``display_target``), and never
+  holds the password even where the server's message would.
+- **No file-level damage check**: ``damage()`` is None (PostgreSQL has no
+  ``integrity_check``; its own page checksums, where the cluster enables them, raise
+  errors on read). Row checksums are checked as on SQLite.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, cast
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.rows import dict_row
+
+from fanfold.db.codec import SCHEMA_VERSION
+from fanfold.db.errors import EmptyLog, LogUnavailable, ReadOnlyStore, SchemaError
+from fanfold.db.factory import display_target
+from fanfold.db.store import Store
+
+SCHEMA = "fanfold"
+"""The PostgreSQL schema that holds fanfold's tables."""
+
+CONNECT_TIMEOUT_S = 10
+"""How long opening waits for the server (unless the URL says ``connect_timeout``)."""
+
+_LOCK_KEY = 0x66616E666F6C64  # "fanfold": the advisory lock that serialises migration
+
+# The schema of SQLite's log after its migration 5 (the events-only log), in
+# PostgreSQL's types: TEXT for str, BIGINT for int (a CRC-32 is unsigned 32-bit),
+# DOUBLE PRECISION for float (a Python float round-trips exactly). A migration is never
+# edited once released; changes come as a new one, as for SQLite (``schema.py``).
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE conversations (
+    rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+    id TEXT PRIMARY KEY,
+    parent_id TEXT REFERENCES conversations (id),
+    root_id TEXT NOT NULL REFERENCES conversations (id),
+    depth BIGINT NOT NULL,
+    task TEXT,
+    user_initiated BIGINT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    phase TEXT NOT NULL,
+    status TEXT NOT NULL,
+    last_seq BIGINT NOT NULL,
+    snapshot_json TEXT,
+    snapshot_seq BIGINT,
+    forked_from TEXT REFERENCES conversations (id),
+    forked_at_seq BIGINT,
+    snapshot_checksum BIGINT
+);
+CREATE INDEX conversations_parent_id ON conversations (parent_id);
+CREATE INDEX conversations_root_id ON conversations (root_id, rowid);
+CREATE INDEX conversations_user_initiated ON conversations (user_initiated, created_at);
+CREATE INDEX conversations_status ON conversations (status);
+CREATE TABLE events (
+    rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id),
+    seq BIGINT NOT NULL,
+    type TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    checksum BIGINT,
+    PRIMARY KEY (conversation_id, seq)
+);
+CREATE TABLE effects (
+    conversation_id TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    idx BIGINT NOT NULL,
+    type TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    checksum BIGINT,
+    PRIMARY KEY (conversation_id, seq, idx),
+    FOREIGN KEY (conversation_id, seq) REFERENCES events (conversation_id, seq)
+);
+CREATE TABLE trees (
+    root_id TEXT PRIMARY KEY REFERENCES conversations (id),
+    origin TEXT NOT NULL,
+    mark TEXT,
+    provider TEXT,
+    source TEXT,
+    source_sha256 TEXT,
+    imported_at DOUBLE PRECISION
+);
+CREATE TABLE blobs (
+    rowid BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+    sha256 TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+);
+"""
+
+PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (1, "the events-only log (SQLite's migrations 1 to 5)", _V1),
+)
+PG_LATEST = PG_MIGRATIONS[-1][0]
+
+
+def _password(url: str) -> str | None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        secret = parts.password
+        query = urllib.parse.parse_qs(parts.query).get("password", [])
+    except ValueError:
+        return None
+    return secret or (query[0] if query else None)
+
+
+class _Scrubbed:
+    """Turns psycopg's errors into fanfold's, naming the database by ``shown`` and
+    with the password (if any) cut out of every message."""
+
+    def __init__(self, url: str) -> None:
+        self.shown = display_target(url)
+        self._secrets = [s for s in {_password(url), urllib.parse.quote(_password(url) or "")} if s]
+
+    def text(self, exc: BaseException) -> str:
+        message = " ".join(str(exc).split())
+        for secret in self._secrets:
+            message = message.replace(secret, "***")
+        return message
+
+    def unavailable(self, exc: BaseException) -> LogUnavailable:
+        return LogUnavailable(f"the PostgreSQL log {self.shown} is unavailable: {self.text(exc)}")
+
+
+class _PgConnection:
+    """The part of ``sqlite3.Connection`` that ``Store``'s queries use, over psycopg.
+
+    ``?`` placeholders become ``%s`` (and a literal ``%`` becomes ``%%``); rows are
+    tuples. A psycopg error other than a broken key (which ``Store`` catches as its
+    ``_integrity_errors``) becomes a fanfold error: ``LogUnavailable`` for the
+    connection or the server (``OperationalError``), else ``DatabaseError``-derived
+    ``SchemaError`` (a table or column fanfold made is missing: changed by hand).
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], scrub: _Scrubbed) -> None:
+        self.raw = conn
+        self._scrub = scrub
+        self._sql: dict[str, str] = {}
+
+    def _convert(self, query: str) -> str:
+        converted = self._sql.get(query)
+        if converted is None:
+            converted = self._sql[query] = query.replace("%", "%%").replace("?", "%s")
+        return converted
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.IntegrityError:
+            raise
+        except psycopg.OperationalError as exc:
+            raise self._scrub.unavailable(exc) from None
+        except psycopg.Error as exc:
+            raise SchemaError(
+                f"the PostgreSQL log {self._scrub.shown} cannot be used: {self._scrub.text(exc)}"
+            ) from None
+
+    def execute(self, query: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        with self._errors():
+            return self.raw.execute(self._convert(query), tuple(params))
+
+    def executemany(self, query: str, rows: Sequence[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        with self._errors():
+            cursor = self.raw.cursor()
+            cursor.executemany(self._convert(query), rows)
+            return cursor
+
+    def query(self, query: str, params: Sequence[Any] = ()) -> Iterator[dict[str, Any]]:
+        """Every row of ``query`` as a dict (``sqlite_utils.Database.query``)."""
+        with self._errors():
+            cursor = self.raw.cursor(row_factory=dict_row)
+            cursor.execute(self._convert(query), tuple(params))
+            rows = cursor.fetchall()
+        return iter(rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def connect(url: str, *, read_only: bool = False) -> psycopg.Connection[Any]:
+    """A psycopg connection to ``url`` in autocommit mode, its ``search_path`` the
+    ``fanfold`` schema; ``LogUnavailable`` (no password in it) if it cannot be made."""
+    scrub = _Scrubbed(url)
+    options = f"-c search_path={SCHEMA}"
+    if read_only:
+        options += " -c default_transaction_read_only=on"
+    extra: dict[str, Any] = {"autocommit": True, "options": options}
+    if "connect_timeout" not in url:
+        extra["connect_timeout"] = CONNECT_TIMEOUT_S
+    try:
+        return psycopg.connect(url, **extra)
+    except psycopg.Error as exc:
+        raise scrub.unavailable(exc) from None
+
+
+class PostgresStore(Store):
+    """fanfold's event log in a PostgreSQL database (``open(url)``); see the module.
+
+    ``path`` is the URL without its password (what messages name).
+    """
+
+    _integrity_errors = (psycopg.IntegrityError,)
+
+    def __init__(self, conn: _PgConnection, shown: str, *, read_only: bool = False) -> None:
+        """Wrap an open connection. Use ``open`` instead."""
+        # Store.__init__ wraps an sqlite3 connection in sqlite_utils: set the same
+        # attributes here instead, with the psycopg adapter standing for both.
+        self._conn = cast(Any, conn)
+        self._db = cast(Any, conn)
+        self._pg = conn
+        self._lock = threading.Lock()
+        self._checkpointer = None
+        self.path = shown
+        self.read_only = read_only
+        self._private_copy = None
+        self._checksums = True
+        self._blobs: dict[str, str] = {}
+        self._blob_rowid: int | None = 0
+        self._seen: dict[str, tuple[int, str]] = {}
+
+    @classmethod
+    def open(cls, path: Any, *, read_only: bool = False) -> PostgresStore:
+        """Connect to the database at URL ``path`` and create or check fanfold's schema.
+
+        With ``read_only``, write nothing (no schema created: a database without one
+        is ``EmptyLog``; the session's transactions are read-only too).
+        """
+        url = str(path)
+        scrub = _Scrubbed(url)
+        raw = connect(url, read_only=read_only)
+        conn = _PgConnection(raw, scrub)
+        try:
+            store = cls(conn, scrub.shown, read_only=read_only)
+            store._check_or_create(read_only=read_only)
+        except BaseException:
+            raw.close()
+            raise
+        return store
+
+    def _check_or_create(self, *, read_only: bool) -> None:
+        conn = self._pg
+        if not self._schema_exists():
+            if read_only:
+                raise EmptyLog(
+                    f"{self.path} holds no fanfold log yet (no `{SCHEMA}` schema): nothing "
+                    "was recorded in it (the first `fanfold run --db` sets it up)"
+                )
+            conn.execute("BEGIN")
+            try:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", [_LOCK_KEY])
+                # Under the lock: another process may have made it meanwhile.
+                if not self._schema_exists():
+                    conn.raw.execute(
+                        pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(SCHEMA))
+                    )
+                    conn.raw.execute(
+                        "CREATE TABLE migrations (version BIGINT PRIMARY KEY,"
+                        " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+                    )
+                self._migrate()
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.raw.execute("ROLLBACK")
+                raise
+        elif not read_only and self._versions() != {v for v, _, _ in PG_MIGRATIONS}:
+            conn.execute("BEGIN")
+            try:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", [_LOCK_KEY])
+                self._migrate()
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.raw.execute("ROLLBACK")
+                raise
+        self._check_versions()
+
+    def _schema_exists(self) -> bool:
+        row = self._pg.execute(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = ?"
+            " AND table_name = 'migrations'",
+            [SCHEMA],
+        ).fetchone()
+        return row is not None
+
+    def _versions(self) -> set[int]:
+        return {int(r[0]) for r in self._pg.execute("SELECT version FROM migrations").fetchall()}
+
+    def _migrate(self) -> None:
+        """Apply the missing migrations (inside the caller's locked transaction)."""
+        self._check_versions(applied_only=True)
+        applied = self._versions()
+        for version, name, ddl in PG_MIGRATIONS:
+            if version in applied:
+                continue
+            self._pg.raw.execute(ddl.encode())
+            self._pg.execute(
+                "INSERT INTO migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                [version, name, time.time()],
+            )
+            if version == 1:
+                self._pg.execute(
+                    "INSERT INTO meta (key, value) VALUES ('instance_id', ?)"
+                    " ON CONFLICT (key) DO NOTHING",
+                    [secrets.token_hex(16)],
+                )
+        self._pg.execute(
+            "INSERT INTO meta (key, value) VALUES ('event_schema_version', ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            [str(max(SCHEMA_VERSION, self._event_version() or 0))],
+        )
+
+    def _event_version(self) -> int | None:
+        row = self._pg.execute(
+            "SELECT value FROM meta WHERE key = 'event_schema_version'"
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    def _check_versions(self, *, applied_only: bool = False) -> None:
+        """SchemaError if a newer fanfold wrote the database (or, unless
+        ``applied_only``, if a read-only open finds migrations missing)."""
+        applied = self._versions()
+        newest = max(applied, default=0)
+        if newest > PG_LATEST:
+            raise SchemaError(
+                f"the PostgreSQL log {self.path} has schema version {newest}, newer than this "
+                f"fanfold knows ({PG_LATEST}); upgrade fanfold to open it"
+            )
+        if applied_only:
+            return
+        events = self._event_version()
+        if events is not None and events > SCHEMA_VERSION:
+            raise SchemaError(
+                f"the PostgreSQL log {self.path} holds events of schema version {events}, "
+                f"newer than this fanfold reads ({SCHEMA_VERSION}); upgrade fanfold to open it"
+            )
+        if applied != {v for v, _, _ in PG_MIGRATIONS}:
+            raise SchemaError(
+                f"the PostgreSQL log {self.path} was written by an older fanfold and needs a "
+                "migration, which a read-only open cannot apply; any fanfold command that "
+                "writes to it (run, send, fork, import) migrates it first"
+            )
+
+    # ---------------------------------------------------------------- what differs
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[Any]:
+        """Hold the lock and one transaction; roll back on any exception. ``BEGIN
+        IMMEDIATE`` (a write) is READ COMMITTED, guarded by the ``last_seq`` updates
+        and keys; ``BEGIN`` (a read) sees one snapshot."""
+        if self.read_only and begin != "BEGIN":
+            raise ReadOnlyStore(f"{self.path} was opened read-only; nothing was written")
+        statement = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if begin == "BEGIN" else "BEGIN"
+        )
+        with self._lock:
+            self._connection()  # StoreClosed once closed
+            conn = self._pg
+            conn.execute(statement)
+            try:
+                yield _BlobOrdered(conn)
+            except BaseException:
+                if conn.in_transaction:
+                    # (If the connection is gone, so is the transaction.)
+                    with suppress(psycopg.Error):
+                        conn.raw.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            self._connection()
+            return list(self._pg.query(sql, params))
+
+    def _has_trees(self) -> bool:
+        return True  # created with the schema
+
+    def damage(self) -> str | None:
+        """None: PostgreSQL has no whole-database check like SQLite's
+        ``integrity_check`` (its page checksums, where enabled, fail the read itself)."""
+        self._connection()
+        return None
+
+    def close(self) -> None:
+        """Close the connection. Idempotent; any later use raises StoreClosed."""
+        with self._lock:
+            if self._conn is not None:
+                self._pg.close()
+                self._conn = None
+
+
+class _BlobOrdered:
+    """The connection inside a write transaction: an insert into ``blobs`` first locks
+    the table against other blob writers, so that blobs commit in ``rowid`` order
+    (readers read them incrementally by ``rowid``; see the module)."""
+
+    def __init__(self, conn: _PgConnection) -> None:
+        self._conn = conn
+        self._locked = False
+
+    def _before(self, query: str) -> None:
+        if not self._locked and query.startswith("INSERT INTO blobs"):
+            self._conn.execute("LOCK TABLE blobs IN SHARE ROW EXCLUSIVE MODE")
+            self._locked = True
+
+    def execute(self, query: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        self._before(query)
+        return self._conn.execute(query, params)
+
+    def executemany(self, query: str, rows: Sequence[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        if not rows:
+            return self._conn.raw.cursor()  # nothing to do (psycopg sends nothing either)
+        self._before(query)
+        return self._conn.executemany(query, rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
