@@ -38,7 +38,7 @@ from fanfold.db.errors import (
     UnloggableStep,
     UnsupportedVersion,
 )
-from fanfold.db.factory import display_target, is_postgres, open_store
+from fanfold.db.factory import DatabaseUrl, display_target, is_postgres, open_store
 from fanfold.db.fingerprint import fingerprint, step_fingerprint
 from fanfold.db.records import (
     ConversationRow,
@@ -61,6 +61,7 @@ __all__ = [
     "ConversationExists",
     "ConversationRow",
     "DatabaseError",
+    "DatabaseUrl",
     "EmptyLog",
     "InvalidStep",
     "LogUnavailable",

@@ -20,6 +20,20 @@ def is_postgres(target: str | os.PathLike[str]) -> bool:
     return isinstance(target, str) and target.startswith(URL_SCHEMES)
 
 
+class DatabaseUrl(str):
+    """A PostgreSQL URL as the CLI carries it: its text (what ``str``, f-strings and
+    ``repr`` show, and what a log line records) is the URL without the password
+    (``display_target``); ``secret`` is the URL given, which only ``open_store`` reads.
+    So no message that names the database can show the password by mistake."""
+
+    secret: str
+
+    def __new__(cls, url: str) -> DatabaseUrl:
+        shown = super().__new__(cls, display_target(url))
+        shown.secret = url
+        return shown
+
+
 def open_store(target: str | os.PathLike[str], *, read_only: bool = False) -> Store:
     """Open the log at ``target``: ``Store.open`` for a file path, ``PostgresStore.open``
     for a PostgreSQL URL. ``CannotOpen`` naming the ``postgres`` extra if psycopg is
@@ -35,7 +49,8 @@ def open_store(target: str | os.PathLike[str], *, read_only: bool = False) -> St
             "a PostgreSQL log needs psycopg, which is not installed: install fanfold's "
             "`postgres` extra (pip install 'fanfold[postgres]')"
         ) from None
-    return PostgresStore.open(str(target), read_only=read_only)
+    url = target.secret if isinstance(target, DatabaseUrl) else str(target)
+    return PostgresStore.open(url, read_only=read_only)
 
 
 def display_target(target: str | os.PathLike[str]) -> str:

@@ -70,6 +70,7 @@ CONNECT_TIMEOUT_S = 10
 """How long opening waits for the server (unless the URL says ``connect_timeout``)."""
 
 _LOCK_KEY = 0x66616E666F6C64  # "fanfold": the advisory lock that serialises migration
+_RUNTIMES_KEY = 0x66616E666F6C64 + 1  # held shared by every runtime on the log (Presence)
 
 # The schema of SQLite's log after its migration 5 (the events-only log), in
 # PostgreSQL's types: TEXT for str, BIGINT for int (a CRC-32 is unsigned 32-bit),
@@ -262,6 +263,7 @@ class PostgresStore(Store):
         self._conn = cast(Any, conn)
         self._db = cast(Any, conn)
         self._pg = conn
+        self._url = ""  # set by ``open``; holds the password: never shown
         self._lock = threading.Lock()
         self._checkpointer = None
         self.path = shown
@@ -285,6 +287,7 @@ class PostgresStore(Store):
         conn = _PgConnection(raw, scrub)
         try:
             store = cls(conn, scrub.shown, read_only=read_only)
+            store._url = url
             store._check_or_create(read_only=read_only)
         except BaseException:
             raw.close()
@@ -441,6 +444,53 @@ class PostgresStore(Store):
             if self._conn is not None:
                 self._pg.close()
                 self._conn = None
+
+    def presence(self) -> PgPresence:
+        """A runtime's presence on this log (``fanfold.runtime.presence``), held on a
+        connection of its own until ``close()``."""
+        return PgPresence(self._url)
+
+
+class PgPresence:
+    """What ``fanfold.runtime.presence.Presence`` is for a file, for a PostgreSQL log:
+    a session-level advisory lock, held shared by every runtime on the database for as
+    long as it is open; ``alone()`` asks for it exclusively without waiting. The
+    server drops a session's locks when its connection ends, however the process
+    ended (``kill -9`` closes its sockets): so ``resume`` never takes over the work of
+    a runtime that is alive, as on one machine. A *frozen* process keeps its
+    connection and its lock: the per-tree epoch of issue 25's plan is the answer to
+    that, and to several workers resuming each other's trees."""
+
+    def __init__(self, url: str) -> None:
+        self._conn: psycopg.Connection[Any] | None = connect(url)
+        self._scrub = _Scrubbed(url)
+        try:
+            self._conn.execute("SELECT pg_advisory_lock_shared(%s)", [_RUNTIMES_KEY])
+        except psycopg.Error as exc:
+            self._conn.close()
+            self._conn = None
+            raise self._scrub.unavailable(exc) from None
+
+    def alone(self) -> bool:
+        """True if no other runtime has the log open right now. (A session's own
+        shared lock does not conflict with its exclusive request.)"""
+        conn = self._conn
+        if conn is None:
+            raise RuntimeError("the presence was closed")
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", [_RUNTIMES_KEY]).fetchone()
+            if row is None or not row[0]:
+                return False
+            conn.execute("SELECT pg_advisory_unlock(%s)", [_RUNTIMES_KEY])
+        except psycopg.Error as exc:
+            raise self._scrub.unavailable(exc) from None
+        return True
+
+    def close(self) -> None:
+        """Release the lock (by ending the session). Idempotent."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class _BlobOrdered:

@@ -25,6 +25,8 @@ from fanfold.db import (
     StoreClosed,
     StoredEvent,
     UnknownConversation,
+    is_postgres,
+    open_store,
 )
 from fanfold.db.codec import clear_memo
 from fanfold.db.fingerprint import clear_cache as clear_fingerprint_cache
@@ -37,7 +39,7 @@ from fanfold.runtime.engine import Engine
 from fanfold.runtime.host import StepObserver
 from fanfold.runtime.logging import flush as flush_log_lines
 from fanfold.runtime.logging import library_logger
-from fanfold.runtime.presence import DatabaseInUse, Presence
+from fanfold.runtime.presence import DatabaseInUse, Held, Presence
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
 from fanfold.statemachine import (
@@ -352,7 +354,7 @@ class Runtime:
         self._actors: dict[str, Actor] = {}  # conversations loaded: work in flight
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
         self._trusted: set[str] = set()  # roots whose provenance mark verified
-        self._presence: Presence | None = None
+        self._presence: Held | None = None
         self.resume_damaged: tuple[SkippedTree, ...] = ()
         """The trees the last ``resume()`` skipped because their log cannot be rebuilt
         (each with the reason); they stay unfinished in the log, untouched."""
@@ -380,7 +382,8 @@ class Runtime:
         step_observers: Sequence[StepObserver] = (),
         mcp_servers: Iterable[Any] | str | os.PathLike[str] | None = None,
     ) -> AsyncIterator[Runtime]:
-        """Open a runtime over the SQLite file ``database`` (":memory:" for a throwaway).
+        """Open a runtime over the SQLite file ``database`` (":memory:" for a throwaway),
+        or the PostgreSQL log at a ``postgresql://`` URL (the ``postgres`` extra).
 
         Batches are written from a worker thread for files (the event loop keeps going
         while SQLite writes, or waits for another process's write lock; the disk syncs
@@ -495,14 +498,19 @@ class Runtime:
         """``open`` with its tool runner made."""
         key = key if key is not None else UserKey.load()
         memory = str(database) == ":memory:"
-        store = Store.memory() if memory else Store.open(database)
-        presence = None
+        postgres = is_postgres(database)
+        store = Store.memory() if memory else open_store(database)
+        presence: Held | None = None
         runtime: Runtime | None = None
         tuned = gc_policy == "tuned"
         if tuned:
             _tune_collector()
         try:
-            presence = None if memory else Presence(database)
+            if postgres:
+                # A PostgresStore's advisory lock (``PgPresence``): no file to lock.
+                presence = cast(Any, store).presence()
+            elif not memory:
+                presence = Presence(database)
             threaded = not memory if threaded_writes is None else threaded_writes
             writer = LogWriter(store.append, threaded=threaded)
             async with trio.open_nursery() as nursery:
