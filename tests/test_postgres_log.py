@@ -1,0 +1,350 @@
+"""The event log in PostgreSQL (issue 25): ``fanfold.db.open_store(URL)``, every command
+with ``--db postgresql://...`` or ``$FANFOLD_DB``, and ``Runtime.open(URL)``, on the
+session's throwaway cluster (``pg_cluster``; a new database per test, ``pg_url``).
+
+The store-level behaviour shared with SQLite is tested on both stores in
+``test_db_store.py``; here: what only a PostgreSQL log has (a URL, a password, a
+server, several connections) and the commands end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner, Result
+
+from fanfold.cli import cli
+from fanfold.db import DatabaseUrl, EmptyLog, LogUnavailable, Store, open_store
+from fanfold.db.postgres import PostgresStore
+from fanfold.providers.scripted import ScriptedProvider
+from fanfold.runtime import DatabaseInUse, Runtime
+
+FAN_OUT = {
+    "latency": 0.01,
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "spawn_agents",
+                            "arguments": {"tasks": [{"task": "count"}, {"task": "count again"}]},
+                        }
+                    ]
+                },
+                {"text": "the answer is {{last_tool_result}}"},
+            ],
+        },
+        {
+            "match": {"depth": 1},
+            "replies": [{"tool_calls": [{"name": "submit_result", "arguments": {"result": "3"}}]}],
+        },
+    ],
+}
+
+
+def _password(url: str) -> str:
+    secret = urllib.parse.urlsplit(url).password
+    assert secret  # the fixture's role has one: what these tests keep out of sight
+    return secret
+
+
+def _script(tmp_path: Path, script: dict[str, Any] = FAN_OUT, name: str = "script.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(script))
+    return path
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def _only_root(url: str) -> str:
+    listed = json.loads(_cli("ls", "--json", "--db", url).output)
+    assert len(listed) == 1, listed
+    return str(listed[0]["id"])
+
+
+@pytest.fixture
+def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's data folder (where a PostgreSQL log's JSON log goes), per test."""
+    home = tmp_path / "data"
+    monkeypatch.setenv("XDG_DATA_HOME", str(home))
+    monkeypatch.delenv("FANFOLD_DB", raising=False)
+    return home
+
+
+# ------------------------------------------------------------------ the store
+
+
+def test_open_store_chooses_the_store_by_target(tmp_path: Path, pg_url: str) -> None:
+    with open_store(tmp_path / "log.db") as sqlite, open_store(pg_url) as postgres:
+        assert type(sqlite) is Store
+        assert isinstance(postgres, PostgresStore)
+        # Named without the password, wherever a message shows it.
+        assert postgres.path == pg_url.replace(f":{_password(pg_url)}@", "@")
+    with psycopg.connect(pg_url) as conn:
+        schemas = [
+            r[0] for r in conn.execute("SELECT schema_name FROM information_schema.schemata")
+        ]
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'fanfold'"
+            )
+        }
+        versions = conn.execute("SELECT version FROM fanfold.migrations").fetchall()
+    assert "fanfold" in schemas
+    assert tables == {"meta", "migrations", "conversations", "events", "effects", "trees", "blobs"}
+    assert versions == [(1,)]
+
+
+def test_a_read_only_open_of_a_database_without_a_log_writes_nothing(pg_url: str) -> None:
+    with pytest.raises(EmptyLog, match="no fanfold log yet"):
+        open_store(pg_url, read_only=True)
+    with psycopg.connect(pg_url) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = 'fanfold'"
+        ).fetchone()
+    assert found is None
+
+
+def test_a_newer_schema_is_refused(pg_url: str) -> None:
+    open_store(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO fanfold.migrations VALUES (99, 'future', 0)")
+    with pytest.raises(Exception, match="schema version 99, newer than this fanfold knows"):
+        open_store(pg_url)
+
+
+def test_a_wrong_password_is_one_typed_error_without_the_password(pg_url: str) -> None:
+    secret = _password(pg_url)
+    wrong = pg_url.replace(f":{secret}@", ":not-the-password-0123@")
+    with pytest.raises(LogUnavailable) as caught:
+        open_store(wrong)
+    message = str(caught.value)
+    assert "password authentication failed" in message
+    assert "not-the-password-0123" not in message and secret not in message
+    assert "\n" not in message
+
+
+def test_a_missing_psycopg_names_the_postgres_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['psycopg'] = None  # as if the extra were not installed\n"
+        "from fanfold.db import CannotOpen, open_store\n"
+        "open_store(sys.argv[2]).close()\n"  # a file: no psycopg needed
+        "try:\n"
+        "    open_store(sys.argv[1])\n"
+        "except CannotOpen as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "postgresql://u:pw@127.0.0.1:1/x", str(tmp_path / "a.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("CannotOpen ")
+    assert "install fanfold's `postgres` extra" in done.stdout
+    assert "pw" not in done.stdout.replace("psycopg", "")
+
+
+# ------------------------------------------------------------------ the runtime
+
+
+async def test_runtime_open_takes_a_url_and_one_runtime_resumes_at_a_time(
+    pg_url: str, tmp_path: Path
+) -> None:
+    provider = ScriptedProvider(FAN_OUT)
+    async with Runtime.open(pg_url, provider, []) as runtime:
+        root = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(root)
+        async with Runtime.open(pg_url, provider, []) as other:
+            # Another runtime is connected: its trees may be live work.
+            with pytest.raises(DatabaseInUse, match="another fanfold runtime"):
+                await other.resume()
+    async with Runtime.open(pg_url, provider, []) as alone:
+        await alone.resume()  # nobody else: allowed
+    with open_store(pg_url, read_only=True) as store:
+        assert [row.id for row in store.tree(root)] == [root, f"{root}.1", f"{root}.2"]
+
+
+# ------------------------------------------------------------------ the commands
+
+
+def test_every_command_on_a_postgresql_log(tmp_path: Path, pg_url: str, data_home: Path) -> None:
+    secret = _password(pg_url)
+    script = _script(tmp_path)
+    outputs = []
+    ran = _cli(
+        "run", "--no-live", "--db", pg_url, "--script", str(script), "--cwd", str(tmp_path), "go"
+    )
+    outputs.append(ran.output)
+    assert ran.exit_code == 0, ran.output
+    assert "the answer is" in ran.output
+    root = _only_root(pg_url)
+    for args in (
+        ("show", root),
+        ("replay", root, "--verify", "--tree"),
+        ("transcript", root),
+        ("trace", root, "-o", str(tmp_path / "trace.html")),
+    ):
+        done = _cli(*args, "--db", pg_url)
+        outputs.append(done.output)
+        assert done.exit_code == 0, (args, done.output)
+    assert "identical" in outputs[-3]
+    # $FANFOLD_DB names the log as --db does; the flag wins over it.
+    env_ls = _cli("ls", "--json", env={"FANFOLD_DB": pg_url})
+    assert [r["id"] for r in json.loads(env_ls.output)] == [root]
+    open_store(tmp_path / "other.db").close()  # an empty SQLite log
+    flag_ls = _cli("ls", "--json", "--db", str(tmp_path / "other.db"), env={"FANFOLD_DB": pg_url})
+    assert flag_ls.exit_code == 0 and json.loads(flag_ls.output) == []
+    # export, import into SQLite: the same tree verifies identically there...
+    exported = tmp_path / "tree.jsonl"
+    assert _cli("export", root, "-o", str(exported), "--db", pg_url).exit_code == 0
+    sqlite = tmp_path / "copy.db"
+    assert _cli("import", str(exported), "--db", str(sqlite)).exit_code == 0
+    verified = _cli("replay", root, "--verify", "--tree", "--db", str(sqlite))
+    assert verified.exit_code == 0 and "identical" in verified.output
+    with open_store(pg_url, read_only=True) as pg, open_store(sqlite, read_only=True) as sq:
+        # ...holding the same stored rows: events, fingerprints, checksums.
+        def rows(store: Store) -> list[Any]:
+            return [
+                (e.conversation_id, e.seq, e.type, e.payload, e.fingerprint, e.at, e.checksum)
+                for log in store.raw_tree(root)
+                for e in log.events
+            ]
+
+        assert rows(pg) == rows(sq) and rows(pg)
+    # ...and back: a tree exported from SQLite imports into a PostgreSQL log.
+    again = tmp_path / "again.jsonl"
+    assert _cli("export", root, "-o", str(again), "--db", str(sqlite)).exit_code == 0
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE second")
+    second = pg_url.rsplit("/", 1)[0] + "/second"
+    try:
+        assert _cli("import", str(again), "--db", second).exit_code == 0
+        assert "identical" in _cli("replay", root, "--verify", "--tree", "--db", second).output
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("DROP DATABASE second WITH (FORCE)")
+    # fork a root at rest, then send to the fork: a new turn on the PostgreSQL log.
+    forked = _cli("fork", root, "--at", "3", "--db", pg_url)
+    outputs.append(forked.output)
+    assert forked.exit_code == 0, forked.output
+    fork_id = forked.output.split()[0]
+    sent = _cli("send", root, "once more", "--no-live", "--script", str(script), "--db", pg_url)
+    outputs.append(sent.output)
+    assert sent.exit_code == 0, sent.output
+    assert "identical" in _cli("replay", fork_id, "--verify", "--tree", "--db", pg_url).output
+    # The password is in no output, nor in the JSON log (in the user's data folder).
+    logs = list(data_home.rglob("*.jsonl"))
+    assert logs
+    for text in [*outputs, *(p.read_text() for p in logs)]:
+        assert secret not in text
+
+
+def test_a_damaged_row_is_reported_as_damage(tmp_path: Path, pg_url: str, data_home: Path) -> None:
+    ran = _cli("run", "--no-live", "--db", pg_url, "--script", str(_script(tmp_path)), "go")
+    assert ran.exit_code == 0, ran.output
+    root = _only_root(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # One letter of a stored event changed, its checksum not: as a disk or a hand could.
+        conn.execute(
+            "UPDATE fanfold.events SET payload = replace(payload, 'count', 'cOunt')"
+            " WHERE conversation_id = %s AND seq = 0",
+            [f"{root}.1"],
+        )
+    verified = _cli("replay", root, "--verify", "--tree", "--db", pg_url)
+    assert verified.exit_code == 2
+    assert (
+        f"conversation {root}.1, seq 0: event 0 is damaged: its row does not match its checksum"
+        " [corrupt_payload]" in verified.output
+    )
+
+
+def test_a_wrong_password_is_one_line_for_every_command(pg_url: str, data_home: Path) -> None:
+    secret = _password(pg_url)
+    wrong = pg_url.replace(f":{secret}@", ":wrong-password-42@")
+    for args in (("ls",), ("show", "x"), ("replay", "x", "--verify"), ("resume",)):
+        done = CliRunner().invoke(cli, [*args, "--db", wrong])
+        assert done.exit_code == 2, (args, done.output)
+        lines = done.output.strip().splitlines()
+        assert len(lines) == 1 and "password authentication failed" in lines[0], done.output
+        assert "wrong-password-42" not in done.output and secret not in done.output
+        assert done.exception is None or isinstance(done.exception, SystemExit)
+
+
+def test_another_url_scheme_is_refused_without_echoing_it(data_home: Path) -> None:
+    done = CliRunner().invoke(cli, ["ls", "--db", "postgresq://me:hunter2@db.example/x"])
+    assert done.exit_code == 2
+    assert "postgresq:// URLs are not supported" in done.output
+    assert "hunter2" not in done.output
+
+
+def test_resume_after_kill_9_of_a_run(tmp_path: Path, pg_url: str, data_home: Path) -> None:
+    slow = json.loads(json.dumps(FAN_OUT))
+    slow["agents"][1]["replies"][0]["latency"] = 60  # the children wait: killed meanwhile
+    env = {**os.environ, "FANFOLD_DB": DatabaseUrl(pg_url).secret}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from fanfold.cli import main; main()",
+            "run",
+            "--no-live",
+            "--script",
+            str(_script(tmp_path, slow, "slow.json")),
+            "--cwd",
+            str(tmp_path),
+            "go",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(pg_url) as conn:
+                    started = conn.execute(
+                        "SELECT count(*) FROM fanfold.conversations WHERE depth = 1"
+                    ).fetchone()
+                if started is not None and started[0] == 2:
+                    break
+            except psycopg.errors.UndefinedTable:
+                pass  # the schema is not made yet
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run never spawned its children")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    root = _only_root(pg_url)
+    with open_store(pg_url, read_only=True) as store:
+        assert [row.status.value for row in store.tree(root)] == ["running"] * 3
+    # A fast script this time; the killed process's session (and lock) is gone.
+    resumed = _cli("resume", "--script", str(_script(tmp_path)), env={"FANFOLD_DB": pg_url})
+    assert resumed.exit_code == 0, resumed.output
+    with open_store(pg_url, read_only=True) as store:
+        assert [row.status.value for row in store.tree(root)] == ["idle", "completed", "completed"]
+    verified = _cli("replay", root, "--verify", "--tree", "--db", pg_url)
+    assert verified.exit_code == 0 and "identical" in verified.output, verified.output
