@@ -747,3 +747,13 @@ def test_timer_starts_and_last_turn_are_re_derived_from_events_alone(tmp_path: P
             for cid in driver.states:
                 assert store.timer_starts(cid) == expected[cid], (cid, format_5)
                 assert store.last_turn(cid) == turns[cid], (cid, format_5)
+
+
+def test_a_task_with_a_nul_character_is_stored_and_listed(store: Store) -> None:
+    """PostgreSQL's text cannot hold NUL (SQLite's can): the listing copy escapes it,
+    the events keep the exact task."""
+    driver = Driver()
+    driver.create(ConversationCreated("r", task="a\x00b"))
+    store.append(driver.steps)
+    assert store.conversation("r").task in ("a\x00b", "a\\u0000b")
+    assert store.load_state("r").task == "a\x00b"

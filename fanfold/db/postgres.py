@@ -58,8 +58,14 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
-from fanfold.db.codec import SCHEMA_VERSION
-from fanfold.db.errors import EmptyLog, LogUnavailable, ReadOnlyStore, SchemaError
+from fanfold.db.codec import SCHEMA_VERSION, column_text
+from fanfold.db.errors import (
+    DatabaseError,
+    EmptyLog,
+    LogUnavailable,
+    ReadOnlyStore,
+    SchemaError,
+)
 from fanfold.db.factory import display_target
 from fanfold.db.store import Store
 
@@ -178,8 +184,8 @@ class _PgConnection:
     ``?`` placeholders become ``%s`` (and a literal ``%`` becomes ``%%``); rows are
     tuples. A psycopg error other than a broken key (which ``Store`` catches as its
     ``_integrity_errors``) becomes a fanfold error: ``LogUnavailable`` for the
-    connection or the server (``OperationalError``), else ``DatabaseError``-derived
-    ``SchemaError`` (a table or column fanfold made is missing: changed by hand).
+    connection or the server (``OperationalError``), ``SchemaError`` for a table or
+    column fanfold made that is missing (changed by hand), else ``DatabaseError``.
     """
 
     def __init__(self, conn: psycopg.Connection[Any], scrub: _Scrubbed) -> None:
@@ -201,9 +207,14 @@ class _PgConnection:
             raise
         except psycopg.OperationalError as exc:
             raise self._scrub.unavailable(exc) from None
-        except psycopg.Error as exc:
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
             raise SchemaError(
-                f"the PostgreSQL log {self._scrub.shown} cannot be used: {self._scrub.text(exc)}"
+                f"the PostgreSQL log {self._scrub.shown} is damaged: {self._scrub.text(exc)} "
+                "(not fanfold's tables any more)"
+            ) from None
+        except psycopg.Error as exc:
+            raise DatabaseError(
+                f"the PostgreSQL log {self._scrub.shown} refused: {self._scrub.text(exc)}"
             ) from None
 
     def execute(self, query: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
@@ -255,6 +266,14 @@ class PostgresStore(Store):
     """
 
     _integrity_errors = (psycopg.IntegrityError,)
+
+    @staticmethod
+    def _column_text(text: str | None) -> str | None:
+        """``codec.column_text``, and a NUL character (which a PostgreSQL text cannot
+        hold; SQLite's can) written ``\\u0000`` too: the column is a copy for listing,
+        the exact task is in the events (ASCII JSON, where JSON escapes it)."""
+        text = column_text(text)
+        return text.replace("\x00", "\\u0000") if text is not None else None
 
     def __init__(self, conn: _PgConnection, shown: str, *, read_only: bool = False) -> None:
         """Wrap an open connection. Use ``open`` instead."""

@@ -281,6 +281,9 @@ class Store:
     _integrity_errors: tuple[type[Exception], ...] = (sqlite3.IntegrityError,)
     """What the connection raises when a row breaks a key (a subclass's driver's)."""
 
+    _column_text = staticmethod(column_text)
+    """A text copied into a column for listing (a task), as the database can hold it."""
+
     def __init__(
         self, conn: sqlite3.Connection, path: str | None, *, read_only: bool = False
     ) -> None:
@@ -742,7 +745,7 @@ class Store:
                         state.parent_id,
                         state.root_id,
                         state.depth,
-                        column_text(state.task),  # the exact task: in the event
+                        self._column_text(state.task),  # the exact task: in the event
                         int(user_initiated),
                         step.at,
                         step.at,
@@ -853,7 +856,7 @@ class Store:
                         row.parent_id,
                         row.root_id,
                         row.depth,
-                        column_text(row.task),
+                        self._column_text(row.task),
                         int(row.user_initiated),
                         row.created_at,
                         row.updated_at,
