@@ -348,3 +348,26 @@ def test_resume_after_kill_9_of_a_run(tmp_path: Path, pg_url: str, data_home: Pa
         assert [row.status.value for row in store.tree(root)] == ["idle", "completed", "completed"]
     verified = _cli("replay", root, "--verify", "--tree", "--db", pg_url)
     assert verified.exit_code == 0 and "identical" in verified.output, verified.output
+
+
+async def test_a_lost_server_stops_resume_instead_of_skipping_trees_as_damaged(
+    pg_url: str, tmp_path: Path
+) -> None:
+    slow = json.loads(json.dumps(FAN_OUT))
+    slow["agents"][0]["replies"][0]["latency"] = 3600  # the root's first call never ends
+    async with Runtime.open(pg_url, ScriptedProvider(slow), []) as runtime:
+        root = await runtime.start("go", cwd=tmp_path)
+    # Closed mid-call: the tree is unfinished, as after a crash.
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+
+        def gone(conversation_id: str, **_: Any) -> Any:
+            raise LogUnavailable(
+                "the PostgreSQL log ... is unavailable: server closed the connection"
+            )
+
+        runtime.store.load_state = gone  # type: ignore[method-assign]
+        with pytest.raises(LogUnavailable):
+            await runtime.resume()
+        assert runtime.resume_damaged == ()
+    with open_store(pg_url, read_only=True) as store:
+        assert store.conversation(root).status.value == "running"

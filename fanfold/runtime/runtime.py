@@ -20,6 +20,7 @@ import trio
 from fanfold.db import (
     ConversationRow,
     DatabaseError,
+    LogUnavailable,
     Step,
     Store,
     StoreClosed,
@@ -138,6 +139,8 @@ _ENVIRONMENT_CODES = frozenset({5, 6, 8, 10, 13})
 
 
 def _environment_failure(exc: BaseException) -> bool:
+    if isinstance(exc, LogUnavailable):
+        return True  # a PostgreSQL log's server or connection, not the tree's log
     code = getattr(exc, "sqlite_errorcode", None)
     return isinstance(code, int) and (code & 0xFF) in _ENVIRONMENT_CODES
 
