@@ -22,9 +22,18 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
+from db_scenarios import Driver, fan_out
 
 from fanfold.cli import cli
-from fanfold.db import DatabaseUrl, EmptyLog, LogUnavailable, Store, open_store
+from fanfold.db import (
+    DatabaseUrl,
+    EmptyLog,
+    LogUnavailable,
+    SequenceError,
+    Store,
+    TreeTakenOver,
+    open_store,
+)
 from fanfold.db.postgres import PostgresStore
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import DatabaseInUse, Runtime
@@ -106,8 +115,11 @@ def test_open_store_chooses_the_store_by_target(tmp_path: Path, pg_url: str) -> 
         }
         versions = conn.execute("SELECT version FROM fanfold.migrations").fetchall()
     assert "fanfold" in schemas
-    assert tables == {"meta", "migrations", "conversations", "events", "effects", "trees", "blobs"}
-    assert versions == [(1,)]
+    assert tables == {
+        *("meta", "migrations", "conversations", "events", "effects", "trees", "blobs"),
+        "claims",
+    }
+    assert sorted(versions) == [(1,), (2,)]
 
 
 def test_a_read_only_open_of_a_database_without_a_log_writes_nothing(pg_url: str) -> None:
@@ -371,3 +383,52 @@ async def test_a_lost_server_stops_resume_instead_of_skipping_trees_as_damaged(
         assert runtime.resume_damaged == ()
     with open_store(pg_url, read_only=True) as store:
         assert store.conversation(root).status.value == "running"
+
+
+def test_a_tree_taken_over_fences_its_old_owner_on_any_of_its_conversations(
+    pg_url: str,
+) -> None:
+    """Two runtimes' stores on one database: the second writes to the tree (its first
+    write claims it, epoch 2); the first's next batch of that tree is refused, on a
+    conversation the second never wrote too, where ``last_seq`` alone sees nothing."""
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    children = sorted({s.conversation_id for s in steps} - {"r"})
+    # Up to the children's creation, and the first step of each child.
+    head = [s for s in steps if s.conversation_id == "r"][:4]
+    first = [next(s for s in steps if s.conversation_id == c and s.seq == 1) for c in children]
+    created = [s for s in steps if s.seq == 0 and s.conversation_id != "r"]
+    with open_store(pg_url) as old, open_store(pg_url) as new:
+        old.append([*head, *created])
+        new.append([first[0]])  # a step of child 0: `new` claims the tree
+        with pytest.raises(TreeTakenOver, match="epoch 2") as caught:
+            old.append([first[1]])  # child 1: nothing of it in `new`'s memory or writes
+        assert caught.value.root_id == "r"
+        assert old.conversation(children[1]).last_seq == 0  # nothing written
+        with pytest.raises(TreeTakenOver):  # nor later: it does not take the tree back
+            old.append([first[1]])
+        new.append([first[1]])  # the owner goes on
+        with psycopg.connect(pg_url) as conn:
+            assert conn.execute("SELECT owner, epoch FROM fanfold.claims").fetchall() == [
+                (new.owner, 2)  # type: ignore[attr-defined]
+            ]
+
+
+def test_the_last_seq_guard_holds_beneath_the_claims(pg_url: str) -> None:
+    """A store that claims a tree back (``claim``) with a stale memory of a conversation
+    another one moved on meanwhile: the ``last_seq`` condition finds it, and the step
+    is checked against the row, as on SQLite."""
+    driver = Driver()
+    fan_out(driver)
+    root = [s for s in driver.steps if s.conversation_id == "r"]
+    with open_store(pg_url) as mine, open_store(pg_url) as other:
+        assert isinstance(mine, PostgresStore)
+        mine.append(root[:2])
+        other.append([root[2]])  # claims the tree; `mine` still remembers seq 1
+        assert mine.claim("r") == 3
+        with pytest.raises(SequenceError, match="expected seq 3, got 2"):
+            mine.append([root[2]])
+        mine.append([root[3]])
+        assert [e.seq for e in mine.events("r")] == [0, 1, 2, 3]
+        assert mine.load_state("r") == root[3].state

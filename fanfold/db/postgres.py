@@ -46,7 +46,9 @@ moves trees between them) and replaces what is SQLite's own:
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
 import threading
 import time
 import urllib.parse
@@ -65,6 +67,7 @@ from fanfold.db.errors import (
     LogUnavailable,
     ReadOnlyStore,
     SchemaError,
+    TreeTakenOver,
 )
 from fanfold.db.factory import display_target
 from fanfold.db.store import Store
@@ -144,8 +147,21 @@ CREATE TABLE blobs (
 );
 """
 
+# Who runs each tree now (issue 25's fencing): the owner (a runtime's store) and an
+# epoch raised by every new claim. Not a foreign key: a tree's claim is taken in the
+# transaction that creates its root, before the root's row. Not exported: it is the
+# state of a database's workers, not of the tree.
+_V2 = """
+CREATE TABLE claims (
+    root_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    epoch BIGINT NOT NULL
+);
+"""
+
 PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (1, "the events-only log (SQLite's migrations 1 to 5)", _V1),
+    (2, "per-tree claims (owner, epoch)", _V2),
 )
 PG_LATEST = PG_MIGRATIONS[-1][0]
 
@@ -292,6 +308,11 @@ class PostgresStore(Store):
         self._blobs: dict[str, str] = {}
         self._blob_rowid: int | None = 0
         self._seen: dict[str, tuple[int, str]] = {}
+        # This store's identity as a tree's owner, and the epoch of each tree it holds.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+        """Who this store is in the ``claims`` table (host, process, random)."""
+        self._claims: dict[str, int] = {}
+        self._lost: set[str] = set()  # trees taken over: refused until ``claim``
 
     @classmethod
     def open(cls, path: Any, *, read_only: bool = False) -> PostgresStore:
@@ -450,6 +471,76 @@ class PostgresStore(Store):
 
     def _has_trees(self) -> bool:
         return True  # created with the schema
+
+    def _fence(self, conn: Any, prepared: list[Any]) -> dict[str, int]:
+        """Check this store's claim on every tree of the batch, or take it.
+
+        A tree this store holds: its claim row is read ``FOR SHARE`` (a competing
+        claim waits for this batch's commit) and must still name this owner and epoch,
+        else ``TreeTakenOver`` and nothing is written. A tree it does not hold (it
+        starts, resumes, forks or sends to it: its first write) is claimed in this
+        transaction, the epoch raised past any earlier owner's, whose next batch is
+        then refused. Returns the claims taken, recorded once the batch commits.
+        """
+        roots = sorted({p.step.state.root_id or p.step.conversation_id for p in prepared})
+        lost = self._lost.intersection(roots)
+        if lost:
+            root = min(lost)
+            raise TreeTakenOver(
+                root,
+                f"tree {root!r} was taken over by another runtime; this one writes no more "
+                "of it (nothing of the batch was written)",
+            )
+        held = [root for root in roots if root in self._claims]
+        if held:
+            rows = conn.execute(
+                "SELECT root_id, owner, epoch FROM claims WHERE root_id = ANY(?)"
+                " ORDER BY root_id FOR SHARE",
+                [held],
+            ).fetchall()
+            found = {root: (owner, epoch) for root, owner, epoch in rows}
+            for root in held:
+                now = found.get(root)
+                mine = self._claims[root]
+                if now != (self.owner, mine):
+                    del self._claims[root]  # not this store's any more
+                    self._lost.add(root)
+                    by = f"{now[0]}, epoch {now[1]}" if now else "its claim is gone"
+                    raise TreeTakenOver(
+                        root,
+                        f"tree {root!r} was taken over by another runtime ({by}) since this "
+                        f"one claimed it (epoch {mine}); nothing of the batch was written: "
+                        "its new owner goes on from the log",
+                    )
+        taken: dict[str, int] = {}
+        for root in roots:
+            if root in self._claims:
+                continue
+            row = conn.execute(
+                "INSERT INTO claims (root_id, owner, epoch) VALUES (?, ?, 1)"
+                " ON CONFLICT (root_id) DO UPDATE SET owner = excluded.owner,"
+                " epoch = claims.epoch + 1 RETURNING epoch",
+                [root, self.owner],
+            ).fetchone()
+            taken[root] = int(row[0])
+        return taken
+
+    def _fenced(self, fence: Any) -> None:
+        self._claims.update(fence)
+
+    def claim(self, root_id: str) -> int:
+        """Claim tree ``root_id`` now (as its next batch would) and return the epoch:
+        for a worker that takes a tree over before writing to it."""
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            row = conn.execute(
+                "INSERT INTO claims (root_id, owner, epoch) VALUES (?, ?, 1)"
+                " ON CONFLICT (root_id) DO UPDATE SET owner = excluded.owner,"
+                " epoch = claims.epoch + 1 RETURNING epoch",
+                [root_id, self.owner],
+            ).fetchone()
+        self._claims[root_id] = int(row[0])
+        self._lost.discard(root_id)
+        return self._claims[root_id]
 
     def damage(self) -> str | None:
         """None: PostgreSQL has no whole-database check like SQLite's
