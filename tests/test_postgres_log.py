@@ -262,6 +262,9 @@ def test_every_command_on_a_postgresql_log(tmp_path: Path, pg_url: str, data_hom
     outputs.append(sent.output)
     assert sent.exit_code == 0, sent.output
     assert "identical" in _cli("replay", fork_id, "--verify", "--tree", "--db", pg_url).output
+    compared = _cli("diff", root, fork_id, "--db", pg_url)
+    outputs.append(compared.output)
+    assert compared.exit_code == 0, compared.output
     # The password is in no output, nor in the JSON log (in the user's data folder).
     logs = list(data_home.rglob("*.jsonl"))
     assert logs
@@ -432,3 +435,28 @@ def test_the_last_seq_guard_holds_beneath_the_claims(pg_url: str) -> None:
         mine.append([root[3]])
         assert [e.seq for e in mine.events("r")] == [0, 1, 2, 3]
         assert mine.load_state("r") == root[3].state
+
+
+async def test_the_ui_serves_a_postgresql_log(tmp_path: Path, pg_url: str, data_home: Path) -> None:
+    pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra")
+    import httpx
+    import trio
+    from trace_helpers import UI_TOKEN, ui_cookie
+
+    from fanfold.trace.server import TraceServer, serve
+
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        root = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(root)
+    async with trio.open_nursery() as nursery:
+        app = TraceServer(DatabaseUrl(pg_url), token=UI_TOKEN, poll=0.05)
+        (base,) = await nursery.start(serve, app, "127.0.0.1", 0)
+        async with httpx.AsyncClient(base_url=base, cookies=ui_cookie(base)) as client:
+            trees = (await client.get("/api/trees")).json()
+            assert [t["id"] for t in trees] == [root] and trees[0]["agents"] == 3
+            data = (await client.get(f"/api/trace/{root}")).json()
+            assert len(data["agents"]) == 3
+            listing = (await client.get("/")).text
+        nursery.cancel_scope.cancel()
+    assert "postgresql://fanfold@127.0.0.1" in listing
+    assert _password(pg_url) not in listing
