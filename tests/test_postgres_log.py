@@ -460,3 +460,55 @@ async def test_the_ui_serves_a_postgresql_log(tmp_path: Path, pg_url: str, data_
         nursery.cancel_scope.cancel()
     assert "postgresql://fanfold@127.0.0.1" in listing
     assert _password(pg_url) not in listing
+
+
+def test_a_connection_lost_mid_run_is_one_line_and_resume_finishes(
+    tmp_path: Path, pg_url: str, data_home: Path
+) -> None:
+    slow = json.loads(json.dumps(FAN_OUT))
+    # The runtime learns of the lost connection at its next commit: a child's reply.
+    slow["agents"][1]["replies"][0]["latency"] = 2
+    script = str(_script(tmp_path, slow, "slow.json"))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *("-c", "from fanfold.cli import main; main()", "run", "--no-live"),
+            *("--script", script, "--cwd", str(tmp_path), "go"),
+        ],
+        env={**os.environ, "FANFOLD_DB": pg_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(pg_url) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM fanfold.conversations WHERE depth = 1"
+                    ).fetchone()
+                if row is not None and row[0] == 2:
+                    break
+            except psycopg.errors.UndefinedTable:
+                pass
+            time.sleep(0.05)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            # The server ends the run's sessions (as a restart or a network cut would).
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+            )
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines()[-1].startswith("error: the PostgreSQL log postgresql://"), err
+    assert "Traceback" not in err and _password(pg_url) not in err
+    resumed = _cli("resume", "--script", str(_script(tmp_path)), "--db", pg_url)
+    assert resumed.exit_code == 0, resumed.output
+    root = _only_root(pg_url)
+    verified = _cli("replay", root, "--verify", "--tree", "--db", pg_url)
+    assert verified.exit_code == 0 and "identical" in verified.output, verified.output
