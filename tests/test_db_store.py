@@ -56,18 +56,10 @@ def sqlite_store(tmp_path: Path) -> Any:
         yield s
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A new log: an SQLite file, then a PostgreSQL database (``pg_url``)."""
-    if request.param == "sqlite":
-        return str(tmp_path / "fanfold.db")
-    return str(request.getfixturevalue("pg_url"))
-
-
 @pytest.fixture
-def store(target: str) -> Any:
+def store(log_target: str) -> Any:
     """The log in an SQLite file, then in PostgreSQL: the same behaviour."""
-    with open_store(target) as s:
+    with open_store(log_target) as s:
         yield s
 
 
