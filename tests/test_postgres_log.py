@@ -26,6 +26,7 @@ from db_scenarios import Driver, fan_out
 
 from fanfold.cli import cli
 from fanfold.db import (
+    CannotOpen,
     DatabaseUrl,
     EmptyLog,
     LogUnavailable,
@@ -512,3 +513,13 @@ def test_a_connection_lost_mid_run_is_one_line_and_resume_finishes(
     root = _only_root(pg_url)
     verified = _cli("replay", root, "--verify", "--tree", "--db", pg_url)
     assert verified.exit_code == 0 and "identical" in verified.output, verified.output
+
+
+def test_store_open_refuses_a_url_rather_than_make_a_file_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CannotOpen, match="open_store") as caught:
+        Store.open("postgresql://me:hunter2@127.0.0.1:1/x")
+    assert "hunter2" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []  # no ./postgresql:/... made

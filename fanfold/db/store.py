@@ -320,6 +320,13 @@ class Store:
         be current; writes raise ReadOnlyStore.
         """
         name = os.fspath(path)
+        if name.startswith(("postgresql://", "postgres://")):
+            # A file by that name would be made (under ./postgresql:/), and every message
+            # naming it would show the URL's password.
+            raise CannotOpen(
+                "Store.open takes a file path; open a PostgreSQL log with "
+                "fanfold.db.open_store(url)"
+            )
         _refuse_special(name)
         if read_only:
             return cls._open_read_only(name)
