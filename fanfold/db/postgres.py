@@ -29,6 +29,10 @@ moves trees between them) and replaces what is SQLite's own:
   checked against the rows, and a step that is no longer next is ``SequenceError``.
   A read is ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``: its statements see
   one snapshot, as SQLite's read transaction does.
+- **Per-tree claims** (``claims``: owner, epoch): a store's first batch of a tree
+  claims it; every later batch must still hold the claim (``TreeTakenOver``
+  otherwise), so a runtime another one took a tree from (a frozen worker that wakes)
+  writes nothing more of it, whichever conversation (``_fence``).
 - **Blobs** are read incrementally by ``rowid`` as on SQLite. An identity is handed
   out at insert, not at commit, so two writers could commit blob 11 before blob 10 and
   a reader that saw 11 would never read 10; a transaction that inserts blobs
