@@ -523,3 +523,23 @@ def test_store_open_refuses_a_url_rather_than_make_a_file_of_it(
         Store.open("postgresql://me:hunter2@127.0.0.1:1/x")
     assert "hunter2" not in str(caught.value)
     assert list(tmp_path.iterdir()) == []  # no ./postgresql:/... made
+
+
+def test_a_log_from_before_the_claims_is_read_as_it_is_and_migrated_by_a_writer(
+    pg_url: str,
+) -> None:
+    driver = Driver()
+    fan_out(driver)
+    with open_store(pg_url) as store:
+        store.append(driver.steps)
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # as PG migration 1 left it
+        conn.execute("DROP TABLE fanfold.claims")
+        conn.execute("DELETE FROM fanfold.migrations WHERE version = 2")
+    with open_store(pg_url, read_only=True) as reader:  # readers never read claims
+        assert reader.load_state("r") == driver.states["r"]
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (1,)
+    open_store(pg_url).close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM fanfold.claims").fetchone() == (0,)

@@ -169,6 +169,9 @@ PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
 )
 PG_LATEST = PG_MIGRATIONS[-1][0]
 
+PG_READERS_DO_WITHOUT = frozenset({2})
+"""Migrations a read-only open may find missing: the claims matter to writers only."""
+
 
 def _password(url: str) -> str | None:
     try:
@@ -435,7 +438,7 @@ class PostgresStore(Store):
                 f"the PostgreSQL log {self.path} holds events of schema version {events}, "
                 f"newer than this fanfold reads ({SCHEMA_VERSION}); upgrade fanfold to open it"
             )
-        if applied != {v for v, _, _ in PG_MIGRATIONS}:
+        if not {v for v, _, _ in PG_MIGRATIONS} - PG_READERS_DO_WITHOUT <= applied:
             raise SchemaError(
                 f"the PostgreSQL log {self.path} was written by an older fanfold and needs a "
                 "migration, which a read-only open cannot apply; any fanfold command that "
