@@ -82,6 +82,10 @@ SCHEMA = "fanfold"
 CONNECT_TIMEOUT_S = 10
 """How long opening waits for the server (unless the URL says ``connect_timeout``)."""
 
+RECONNECT_S = 30.0
+"""How long a store tries to connect again after its connection was lost (a server
+restart, a network cut) before the statement fails with ``LogUnavailable``."""
+
 _LOCK_KEY = 0x66616E666F6C64  # "fanfold": the advisory lock that serialises migration
 _RUNTIMES_KEY = 0x66616E666F6C64 + 1  # held shared by every runtime on the log (Presence)
 
@@ -460,7 +464,12 @@ class PostgresStore(Store):
         with self._lock:
             self._connection()  # StoreClosed once closed
             conn = self._pg
-            conn.execute(statement)
+            try:
+                conn.execute(statement)
+            except LogUnavailable:
+                # Nothing of this transaction was sent: safe to connect again and go on.
+                self._reconnect()
+                conn.execute(statement)
             try:
                 yield _BlobOrdered(conn)
             except BaseException:
@@ -474,7 +483,36 @@ class PostgresStore(Store):
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         with self._lock:
             self._connection()
-            return list(self._pg.query(sql, params))
+            try:
+                return list(self._pg.query(sql, params))
+            except LogUnavailable:
+                self._reconnect()  # a lone read: safe to run again
+                return list(self._pg.query(sql, params))
+
+    def _reconnect(self) -> None:
+        """Replace a lost connection (under the lock), trying for ``RECONNECT_S``.
+
+        Only where nothing can have been half-done: before a transaction's ``BEGIN``
+        reached the server, or for a lone read. A connection lost inside a
+        transaction (at ``COMMIT`` above all, where the batch may or may not have
+        committed) is ``LogUnavailable`` to the caller: the runtime stops and
+        ``resume`` reads what the log holds. The store's memory of the rows it wrote
+        stays right (its commits are in the log; another writer is still caught by
+        ``last_seq``), and so do its claims (rows in the database).
+        """
+        with suppress(psycopg.Error):
+            self._pg.raw.close()
+        deadline = time.monotonic() + RECONNECT_S
+        delay = 0.05
+        while True:
+            try:
+                self._pg.raw = connect(self._url, read_only=self.read_only)
+                return
+            except LogUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def _has_trees(self) -> bool:
         return True  # created with the schema
