@@ -569,3 +569,32 @@ def test_a_log_from_before_the_claims_is_read_as_it_is_and_migrated_by_a_writer(
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (2,)
         assert conn.execute("SELECT count(*) FROM fanfold.claims").fetchone() == (0,)
+
+
+async def test_resume_and_attach_claim_a_tree_before_reading_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        done = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(done)
+    slow = json.loads(json.dumps(FAN_OUT))
+    slow["agents"][0]["replies"][0]["latency"] = 3600
+    async with Runtime.open(pg_url, ScriptedProvider(slow), []) as runtime:
+        unfinished = await runtime.start("go", cwd=tmp_path)
+    # Another runtime took both trees meanwhile (epoch 2 each).
+    with open_store(pg_url) as other:
+        assert isinstance(other, PostgresStore)
+        assert (other.claim(done), other.claim(unfinished)) == (2, 2)
+
+    def claims() -> dict[str, tuple[str, int]]:
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute("SELECT root_id, owner, epoch FROM fanfold.claims").fetchall()
+        return {root: (owner, epoch) for root, owner, epoch in rows}
+
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        owner = runtime.store.owner  # type: ignore[attr-defined]
+        runtime.attach(done)  # at rest: nothing written, but the tree is taken
+        assert claims()[done] == (owner, 3)
+        await runtime.resume([unfinished])
+        assert claims()[unfinished][0] == owner
+        await runtime.wait(unfinished)
