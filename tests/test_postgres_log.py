@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import Driver, fan_out
-from pg_cluster import Cluster
+from pg_cluster import Cluster, free_port
 
 from fanfold.cli import cli
 from fanfold.db import (
@@ -598,3 +598,19 @@ async def test_resume_and_attach_claim_a_tree_before_reading_it(
         await runtime.resume([unfinished])
         assert claims()[unfinished][0] == owner
         await runtime.wait(unfinished)
+
+
+def test_a_missing_database_and_a_server_that_is_down_are_one_line(
+    tmp_path: Path, pg_url: str, data_home: Path
+) -> None:
+    secret = _password(pg_url)
+    script = str(_script(tmp_path))
+    missing = pg_url.rsplit("/", 1)[0] + "/no_such_database"
+    down = f"postgresql://fanfold:{secret}@127.0.0.1:{free_port()}/x?connect_timeout=5"
+    for url, reason in ((missing, 'database "no_such_database" does not exist'), (down, "")):
+        for args in (("ls",), ("run", "--no-live", "--script", script, "go")):
+            done = CliRunner().invoke(cli, [*args, "--db", url])
+            assert done.exit_code == 2, (args, done.output)
+            last = done.output.strip().splitlines()[-1]
+            assert last.startswith("error: the PostgreSQL log postgresql://fanfold@127.0.0.1:")
+            assert reason in last and secret not in done.output
