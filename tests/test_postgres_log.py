@@ -614,3 +614,20 @@ def test_a_missing_database_and_a_server_that_is_down_are_one_line(
             last = done.output.strip().splitlines()[-1]
             assert last.startswith("error: the PostgreSQL log postgresql://fanfold@127.0.0.1:")
             assert reason in last and secret not in done.output
+
+
+async def test_a_runtimes_presence_outlives_the_end_of_its_session(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+            )
+        await runtime.resume()  # the presence and the log connect again
+        root = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(root)
+        async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as other:
+            with pytest.raises(DatabaseInUse):  # the first one's lock is held again
+                await other.resume()
