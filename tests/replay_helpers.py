@@ -82,7 +82,13 @@ def reseal(conn: sqlite3.Connection) -> None:
     content, as if a fanfold had written it so (another reducer, a bug): what the
     checks after the checksum (decoding, order, replay) must classify. Without it,
     every edited row is simply damage.
+
+    ``conn`` may also be a ``PostgresStore``'s connection (``store._connection()``):
+    the checksums are then computed here and written row by row.
     """
+    if not isinstance(conn, sqlite3.Connection):
+        _reseal_rows(conn)
+        return
     conn.create_function("event_crc", 6, event_checksum, deterministic=True)
     conn.create_function("effect_crc", 5, effect_checksum, deterministic=True)
     conn.create_function("snapshot_crc", 3, snapshot_checksum, deterministic=True)
@@ -97,6 +103,32 @@ def reseal(conn: sqlite3.Connection) -> None:
         "UPDATE conversations SET snapshot_checksum = snapshot_crc(id, snapshot_seq, snapshot_json)"
         " WHERE snapshot_json IS NOT NULL AND snapshot_seq IS NOT NULL"
     )
+
+
+def _reseal_rows(conn: Any) -> None:
+    """``reseal`` without SQL functions (a PostgreSQL log's connection)."""
+    for cid, seq, kind, payload, mark, at in conn.execute(
+        "SELECT conversation_id, seq, type, payload, fingerprint, at FROM events"
+    ).fetchall():
+        conn.execute(
+            "UPDATE events SET checksum = ? WHERE conversation_id = ? AND seq = ?",
+            [event_checksum(cid, seq, kind, payload, mark, at), cid, seq],
+        )
+    for cid, seq, idx, kind, payload in conn.execute(
+        "SELECT conversation_id, seq, idx, type, payload FROM effects"
+    ).fetchall():
+        conn.execute(
+            "UPDATE effects SET checksum = ? WHERE conversation_id = ? AND seq = ? AND idx = ?",
+            [effect_checksum(cid, seq, idx, kind, payload), cid, seq, idx],
+        )
+    for cid, seq, text in conn.execute(
+        "SELECT id, snapshot_seq, snapshot_json FROM conversations"
+        " WHERE snapshot_json IS NOT NULL AND snapshot_seq IS NOT NULL"
+    ).fetchall():
+        conn.execute(
+            "UPDATE conversations SET snapshot_checksum = ? WHERE id = ?",
+            [snapshot_checksum(cid, seq, text), cid],
+        )
 
 
 def edit(path: Path, *statements: str | tuple[str, Sequence[Any]], sealed: bool = True) -> None:

@@ -1,18 +1,24 @@
-"""Which event log a command uses: ``--db``, ``$FANFOLD_DB`` or the default."""
+"""Which event log a command uses: ``--db``, ``$FANFOLD_DB`` or the default.
+
+Each is a file path (the SQLite log) or a ``postgresql://``/``postgres://`` URL (the
+PostgreSQL log, the ``postgres`` extra), carried as a ``DatabaseUrl``: its text, which
+is what any message shows, has no password."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
 from fanfold.cli.errors import CliError
-from fanfold.db import Store
+from fanfold.db import DatabaseUrl, Store, is_postgres
+from fanfold.db import open_store as open_log
 from fanfold.db.provenance import default_key_path
 from fanfold.regular_files import is_special, open_output, same_file
 from fanfold.trust import default_trust_path
@@ -20,31 +26,73 @@ from fanfold.trust import default_trust_path
 T = TypeVar("T")
 
 
-def default_db() -> Path:
+Target = Path | DatabaseUrl
+"""A log a command names: an SQLite file, or a PostgreSQL database."""
+
+
+def data_dir() -> Path:
+    """fanfold's folder in the user's data directory (the default log, the key)."""
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "fanfold"
+
+
+def as_target(text: str) -> Target:
+    """``--db`` or ``$FANFOLD_DB`` as given: a URL, else a file path. Any other URL
+    (``postgresq://``, ``postgresql+psycopg://``) is a CliError naming its scheme only:
+    taken as a file name, it would be echoed whole, password included."""
+    if is_postgres(text):
+        return DatabaseUrl(text)
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme and all(c.isalnum() or c in "+-." for c in scheme):
+        raise CliError(
+            f"--db / $FANFOLD_DB: {scheme}:// URLs are not supported; give a file path, or "
+            "a postgresql:// (or postgres://) URL"
+        )
+    return Path(text)
+
+
+def default_db() -> Target:
     env = os.environ.get("FANFOLD_DB")
     if env:
-        return Path(env)
-    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "fanfold" / "fanfold.db"
+        return as_target(env)
+    return data_dir() / "fanfold.db"
+
+
+class _DbType(click.ParamType):  # type: ignore[type-arg]
+    """A file path (not a directory) or a PostgreSQL URL."""
+
+    name = "path|url"
+    _file = click.Path(dir_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            target = as_target(value)
+            if isinstance(target, DatabaseUrl):
+                return target
+        return self._file.convert(value, param, ctx)
 
 
 db_option = click.option(
     "--db",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=_DbType(),
     default=None,
-    help="SQLite event log (default: $FANFOLD_DB or ~/.local/share/fanfold/fanfold.db).",
+    help="The event log: an SQLite file, or a postgresql:// URL (the postgres extra; "
+    "keep a password in $FANFOLD_DB or ~/.pgpass, off the command line). Default: "
+    "$FANFOLD_DB or ~/.local/share/fanfold/fanfold.db.",
 )
 
 
-def db_path(db: Path | None, *, must_exist: bool = True) -> Path:
+def db_path(db: Target | None, *, must_exist: bool = True) -> Target:
     """The database the user chose (``--db``, ``$FANFOLD_DB`` or the default)."""
     path = db or default_db()
+    if isinstance(path, DatabaseUrl):
+        return path  # whether it holds a log, opening says
     if must_exist and not path.exists():
         raise CliError(f"no database at {path} (run `fanfold run` first, or pass --db)")
     return path
 
 
-def open_store(db: Path | None, *, must_exist: bool = True, read_only: bool = False) -> Store:
+def open_store(db: Target | None, *, must_exist: bool = True, read_only: bool = False) -> Store:
     """Open the chosen database; with ``must_exist=False`` create it (and its folder).
 
     Commands that only read open it ``read_only``: they write nothing (no migration, no
@@ -52,26 +100,37 @@ def open_store(db: Path | None, *, must_exist: bool = True, read_only: bool = Fa
     """
     path = db_path(db, must_exist=must_exist)
     if read_only:
-        return Store.open(path, read_only=True)
-    if not must_exist:
+        return open_log(path, read_only=True)
+    if not must_exist and isinstance(path, Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-    return Store.open(path)
+    return open_log(path)
+
+
+def beside_log(db: Target, suffix: str) -> Path:
+    """A file that belongs with log ``db``: ``<db><suffix>`` beside an SQLite file; for
+    a PostgreSQL log (no folder of its own), in ``data_dir()``, named by a digest of the
+    URL without its password (``fanfold-pg-<digest><suffix>``)."""
+    if isinstance(db, Path):
+        return db.with_name(db.name + suffix)
+    digest = hashlib.sha256(str(db).encode()).hexdigest()[:16]
+    return data_dir() / f"fanfold-pg-{digest}{suffix}"
 
 
 LOG_COMPANIONS = ("", "-wal", "-shm", "-journal", "-runtimes", ".mcp-delegations")
 """Suffixes of the database's own files (SQLite's and the runtimes' lock file)."""
 
 
-def protected_files(db: Path | None) -> list[tuple[Path, str, str]]:
+def protected_files(db: Target | None) -> list[tuple[Path, str, str]]:
     """The files no output option may write over, each with what it is and what
     writing over it destroys: the event log and its companions, the provenance key
     file (overwritten, every tree becomes foreign and no unfinished one can be
     resumed) and the trust record."""
     path = db or default_db()
     found = []
-    for suffix in LOG_COMPANIONS:
-        what = f"the event log {path}" + (f"'s {suffix[1:]} file" if suffix else "")
-        found.append((path.with_name(path.name + suffix), what, "the log"))
+    if isinstance(path, Path):  # a PostgreSQL log has no files here
+        for suffix in LOG_COMPANIONS:
+            what = f"the event log {path}" + (f"'s {suffix[1:]} file" if suffix else "")
+            found.append((path.with_name(path.name + suffix), what, "the log"))
     key = default_key_path()
     found.append((key, f"the provenance key file {key} (it proves which trees are yours)", "it"))
     trusted = default_trust_path()
@@ -79,7 +138,7 @@ def protected_files(db: Path | None) -> list[tuple[Path, str, str]]:
     return found
 
 
-def refuse_writing_over_the_log(output: Path, db: Path | None, option: str = "-o") -> None:
+def refuse_writing_over_the_log(output: Path, db: Target | None, option: str = "-o") -> None:
     """A CliError if ``output`` is one of ``protected_files``: a slip of ``-o``
     (``fanfold trace ID -o fanfold.db``, ``-o ~/.local/share/fanfold/provenance.key``)
     would destroy it. The same path, or the same file by another name (a link)."""

@@ -9,14 +9,13 @@ recorded text is escaped (``printable``; ``--json`` with ``ensure_ascii``).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 from rich.text import Text
 
-from fanfold.cli.database import db_option, open_store
+from fanfold.cli.database import Target, db_option, open_store
 from fanfold.cli.display import printable, short
 from fanfold.cli.output import console
 from fanfold.cli.replay_commands import _errors
@@ -30,7 +29,7 @@ from fanfold.replay.compare import AgentPair, Said, compare
 @click.argument("b")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable (texts in full).")
 @db_option
-def diff_command(a: str, b: str, as_json: bool, db: Path | None) -> None:
+def diff_command(a: str, b: str, as_json: bool, db: Target | None) -> None:
     """Compare the trees of A and B (an original and its fork, or two runs of a task):
     per agent, the first message where they part, outcomes, rounds, tokens and costs.
 

@@ -55,7 +55,7 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 @contextmanager
-def user_errors(db: Path | None = None) -> Iterator[None]:
+def user_errors(db: Path | str | None = None) -> Iterator[None]:
     """Turn fanfold's typed errors into one-line CLI errors (exit code 2).
 
     Errors raised inside the runtime arrive wrapped in Trio's exception groups; a group
@@ -78,7 +78,7 @@ def user_errors(db: Path | None = None) -> Iterator[None]:
         raise
 
 
-def sqlite_message(exc: BaseException, db: Path | None = None) -> str:
+def sqlite_message(exc: BaseException, db: Path | str | None = None) -> str:
     """One line for an error SQLite raised reading or writing the log ``db``."""
     where = f" {db}" if db is not None else ""
     if str(exc).startswith(("no such table", "no such column")):

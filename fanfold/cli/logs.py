@@ -6,6 +6,10 @@ import logging
 import os
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fanfold.db import DatabaseUrl
 
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 _file_log_level = logging.INFO  # the JSON log's level, set by the group's --log-level
@@ -17,14 +21,15 @@ def set_file_level(name: str) -> None:
     _file_log_level = LOG_LEVELS[name.lower()]
 
 
-def open_logs(path: Path, json_log: Path | None) -> None:
-    """Create the database's folder and send the JSON log next to it (or to json_log).
+def open_logs(path: Path | DatabaseUrl, json_log: Path | None) -> None:
+    """Create the database's folder and send the JSON log next to it (or to json_log;
+    for a PostgreSQL log, to the user's data folder: ``beside_log``).
     ``--json-log`` may not name the database, its companions or the key file, nor a
     FIFO, socket or directory (appending to a FIFO would wait for a reader); a
     character device (``/dev/null``, ``/dev/stderr``) is fine."""
     # Imported here: the group imports this module for LOG_LEVELS, and a command that
     # writes no log (--version, ls, show) must not import the runtime for it.
-    from fanfold.cli.database import refuse_writing_over_the_log
+    from fanfold.cli.database import beside_log, refuse_writing_over_the_log
     from fanfold.cli.errors import CliError
     from fanfold.regular_files import kind
     from fanfold.runtime.logging import configure
@@ -37,10 +42,15 @@ def open_logs(path: Path, json_log: Path | None) -> None:
             mode = None
         if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
             raise CliError(f"--json-log {json_log} is {kind(mode)}, not a regular file")
+    default = (
+        beside_log(path, ".log.jsonl")
+        if not isinstance(path, Path)
+        else Path(path).with_suffix(".log.jsonl")
+    )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        default.parent.mkdir(parents=True, exist_ok=True)
         configure(
-            json_file=json_log or path.with_suffix(".log.jsonl"),
+            json_file=json_log or default,
             console=None,
             file_level=_file_log_level,
         )

@@ -10,7 +10,7 @@ from typing import Any
 import click
 import trio
 
-from fanfold.cli.database import db_option, default_db
+from fanfold.cli.database import Target, beside_log, db_option, default_db
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
 from fanfold.cli.mcp_tools import (
@@ -62,7 +62,7 @@ def mcp_command(
     http: bool,
     port: int,
     tool_refs: tuple[str, ...],
-    db: Path | None,
+    db: Target | None,
 ) -> None:
     """Serve delegation over MCP: delegate_task, list_sub_agents, get_delegation_result.
 
@@ -79,7 +79,8 @@ def mcp_command(
     if not cwd.is_dir():
         raise CliError(f"--cwd {cwd} is not a directory")
     path = db or default_db()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(path, Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     # Logs go to the file beside the database: stdout is the protocol's.
     open_logs(path, None)
     with user_errors(path):
@@ -121,7 +122,7 @@ def mcp_command(
 
 async def _serve(
     stop: tuple[int, ...],
-    path: Path,
+    path: Target,
     choice: ModelChoice,
     cwd: Path,
     limits: Limits,
@@ -153,7 +154,9 @@ async def _serve(
                     agents=agents,
                     limits=limits,
                     system_prompt=choice.system_prompt,
-                    ledger=DelegationLedger(path),
+                    ledger=DelegationLedger(
+                        path if isinstance(path, Path) else beside_log(path, "")
+                    ),
                 )
                 try:
                     resumed = await service.resume_own()

@@ -23,7 +23,9 @@ from rich.text import Text
 
 from fanfold import replay
 from fanfold.cli.database import (
+    Target,
     db_option,
+    db_path,
     open_store,
     refuse_writing_over_the_log,
     write_output,
@@ -134,7 +136,7 @@ def replay_command(
     until: int | None,
     tree: bool,
     full: bool,
-    db: Path | None,
+    db: Target | None,
 ) -> None:
     """Replay a conversation's recorded log through today's reducer; nothing is executed.
 
@@ -324,7 +326,7 @@ def fork_command(
     profile: str | None,
     model: str | None,
     tool_refs: tuple[str, ...],
-    db: Path | None,
+    db: Target | None,
 ) -> None:
     """Fork CONVERSATION_ID's tree after step --at SEQ of one of its conversations.
 
@@ -366,7 +368,7 @@ def fork_command(
         )
         forked, whole_tree = made.fork_id, made.goes_on
         cwd = store.load_state(forked).cwd
-        path_text = store.path
+        path_text = store.path  # a URL without its password
     click.echo(forked)
     if whole_tree and go_on:
         from fanfold.cli.logs import open_logs
@@ -374,7 +376,7 @@ def fork_command(
         from fanfold.cli.resume_command import _resume_main
         from fanfold.cli.signals import run_trio
 
-        log_path = Path(str(path_text))
+        log_path = db_path(db)  # (a URL's secret too: ``store.path`` has no password)
         open_logs(log_path, None)
         with user_errors(log_path):
             if script or config_path or profile or model:
@@ -527,7 +529,7 @@ def export_command(
     export_format: str,
     endpoint: str | None,
     capture_content: bool,
-    db: Path | None,
+    db: Target | None,
 ) -> None:
     """Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report),
     or with --format otlp send its OpenTelemetry spans to an OTLP/HTTP endpoint."""
@@ -579,7 +581,7 @@ def _lines(file: Path) -> Iterator[BinaryIO]:
 @click.command(name="import")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @db_option
-def import_command(file: Path, db: Path | None) -> None:
+def import_command(file: Path, db: Target | None) -> None:
     """Load an exported log (FILE, or - for stdin) into the database; prints the root id."""
     with _errors(), _lines(file) as lines, open_store(db, must_exist=False) as store:
         source = "stdin" if str(file) == "-" else str(file.resolve())

@@ -12,7 +12,7 @@ import click
 import trio
 from rich.text import Text
 
-from fanfold.cli.database import db_option, db_path
+from fanfold.cli.database import Target, db_option, db_path
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
@@ -28,7 +28,7 @@ from fanfold.cli.output import console, err_console, hint, quietly, say
 from fanfold.cli.python_tools import load_tools, missing_message, tools_option
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_outcome
-from fanfold.db import Store
+from fanfold.db import Store, open_store
 from fanfold.db.provenance import UserKey
 from fanfold.mcp.config import secret_variables
 from fanfold.providers.config import ConfigError
@@ -50,7 +50,7 @@ def resume(
     profile: str | None,
     model: str | None,
     tool_refs: tuple[str, ...],
-    db: Path | None,
+    db: Target | None,
 ) -> None:
     """Resume every unfinished conversation tree after a crash or kill.
 
@@ -120,7 +120,7 @@ def _recorded_tools(store: Store, root_id: str) -> tuple[str, tuple[Any, ...]]:
     return state.cwd, recorded_specs(state)
 
 
-def _print_answers(finished: dict[str, Conversation], path: Path) -> None:
+def _print_answers(finished: dict[str, Conversation], path: Target) -> None:
     """Each resumed tree's outcome as ``run`` prints it: its answer, or its error."""
 
     def show() -> None:
@@ -161,7 +161,7 @@ async def _resume_main(
     # runtime opens: its tool set must keep the key variables of every configuration
     # it resumes out of bash commands, and its redactor must know their values.
     key = UserKey.load()
-    with Store.open(path) as store:
+    with open_store(path) as store:
         plan = resume_plan(store, key)
         if only is not None:
             plan = attrs.evolve(

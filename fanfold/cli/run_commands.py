@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from fanfold.agents import AgentDefinition, load_agents
-from fanfold.cli.database import db_option, db_path, default_db
+from fanfold.cli.database import Target, db_option, db_path, default_db
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
@@ -28,7 +28,7 @@ from fanfold.cli.output import hint
 from fanfold.cli.python_tools import load_tools, missing_message, tools_option
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_result, watch
-from fanfold.db import Store
+from fanfold.db import open_store
 from fanfold.regular_files import read_regular
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Limits
@@ -142,7 +142,7 @@ def run(
     timeout: float | None,
     no_live: bool,
     tool_refs: tuple[str, ...],
-    db: Path | None,
+    db: Target | None,
 ) -> None:
     """Start a conversation on TASK and show its sub-agent tree live.
 
@@ -298,14 +298,14 @@ def send(
     model: str | None,
     no_live: bool,
     tool_refs: tuple[str, ...],
-    db: Path | None,
+    db: Target | None,
 ) -> None:
     """Send TEXT as the next user message of a stored root conversation (or a fork)."""
     path = db_path(db)
     open_logs(path, None)
     with user_errors(path):
         _refuse_sub_agent(path, conversation_id)
-        with Store.open(path) as store:
+        with open_store(path) as store:
             state = store.load_state(conversation_id)
         python_tools = load_tools(tool_refs)
         # The tree goes on with the tools it recorded: a Python tool it names that is not
@@ -332,12 +332,12 @@ def send(
     print_result(*result, db=path)
 
 
-def _refuse_sub_agent(path: Path, conversation_id: str) -> None:
+def _refuse_sub_agent(path: Target, conversation_id: str) -> None:
     """A user message to a sub-agent: say so plainly, and name the root to send to.
 
     (The reducer refuses it too, but in its own terms, naming the phase it was in.)
     """
-    with Store.open(path) as store:
+    with open_store(path) as store:
         row = store.conversation(conversation_id)
     if row.parent_id is not None:
         raise CliError(

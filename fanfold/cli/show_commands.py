@@ -6,7 +6,6 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -15,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from fanfold.cli.database import db_option, open_store
+from fanfold.cli.database import Target, db_option, open_store
 from fanfold.cli.display import (
     CUT_OFF_NOTE,
     clip,
@@ -54,7 +53,7 @@ from fanfold.statemachine.permissions import mcp_server_of
 @click.command(name="ls")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @db_option
-def list_conversations(as_json: bool, db: Path | None) -> None:
+def list_conversations(as_json: bool, db: Target | None) -> None:
     """List root conversations (sub-agents are shown by `fanfold show`).
 
     The origin column marks forks (`fork of ID@SEQ`) and imported trees (inert
@@ -138,7 +137,7 @@ def _when(ts: float) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (texts in full).")
 @click.option("--full", is_flag=True, help="Show long answers in full instead of cut.")
 @db_option
-def show(conversation_id: str, as_json: bool, full: bool, db: Path | None) -> None:
+def show(conversation_id: str, as_json: bool, full: bool, db: Target | None) -> None:
     """Print a conversation and its sub-agent tree with outcomes.
 
     An answer longer than a few thousand characters is shown cut (its beginning and

@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from fanfold.cli.database import db_option, open_store, refuse_writing_over_the_log, write_output
+from fanfold.cli.database import (
+    Target,
+    db_option,
+    open_store,
+    refuse_writing_over_the_log,
+    write_output,
+)
 from fanfold.cli.display import printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.output import console
@@ -39,7 +45,7 @@ def default_output(conversation_id: str) -> Path:
 )
 @db_option
 def trace_command(
-    conversation_id: str, output: Path | None, vs: str | None, db: Path | None
+    conversation_id: str, output: Path | None, vs: str | None, db: Target | None
 ) -> None:
     """Write a conversation tree's trace as one HTML page (no network needed).
 

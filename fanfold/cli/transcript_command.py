@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import click
 from rich.text import Text
 
-from fanfold.cli.database import db_option, open_store
+from fanfold.cli.database import Target, db_option, open_store
 from fanfold.cli.display import clip, printable
 from fanfold.cli.errors import CliError
 from fanfold.cli.output import console
@@ -61,7 +60,7 @@ def transcript_command(
     markdown: bool,
     as_json: bool,
     full: bool,
-    db: Path | None,
+    db: Target | None,
 ) -> None:
     """Print one agent's conversation: system prompt, messages, tool calls with their
     arguments and results, sub-agent outcomes, model errors and token usage.

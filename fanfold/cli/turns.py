@@ -64,7 +64,7 @@ async def watch(
 
 
 def print_result(
-    conversation_id: str, state: Conversation, interruption: Interruption | None, *, db: Path
+    conversation_id: str, state: Conversation, interruption: Interruption | None, *, db: Path | str
 ) -> None:
     try:
         match state.phase:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 from typing import Any
 
 import click
 import trio
 
-from fanfold.cli.database import db_option, db_path
+from fanfold.cli.database import Target, db_option, db_path
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console
 from fanfold.cli.show_commands import _show_node, _trusted_config
-from fanfold.db import DatabaseError, Store
+from fanfold.db import DatabaseError, Store, open_store
 from fanfold.loopback import new_token
 from fanfold.trace.server import (
     BadToken,
@@ -72,7 +71,7 @@ async def _stop_on_signal(scope: trio.CancelScope) -> None:
     "visible to other users of the machine.",
 )
 @db_option
-def ui_command(host: str, port: int, poll: float, token: str | None, db: Path | None) -> None:
+def ui_command(host: str, port: int, poll: float, token: str | None, db: Target | None) -> None:
     """Serve the trace pages of every tree in the database, live, on this machine.
 
     Lists the trees (status, duration, agents, tokens, cost); each tree's page is the
@@ -94,7 +93,7 @@ def ui_command(host: str, port: int, poll: float, token: str | None, db: Path | 
         raise CliError(f"--token / FANFOLD_UI_TOKEN: {exc}") from None
     with user_errors(db):
         path = db_path(db)
-        Store.open(path, read_only=True).close()  # a clear error now, not per request
+        open_store(path, read_only=True).close()  # a clear error now, not per request
     app = TraceServer(path, token=secret, hosts=(host,), summaries=tree_summaries, poll=poll)
 
     async def main() -> None:

@@ -1,4 +1,5 @@
-"""fanfold's durable event log: a JSON codec for statemachine values and a SQLite store.
+"""fanfold's durable event log: a JSON codec for statemachine values and a SQLite
+store (or, with the ``postgres`` extra, a PostgreSQL one: ``open_store``).
 
 - ``codec``: versioned JSON for events, effects, states and every value they hold.
 - ``Store``: append steps (event, effects, state fingerprint) of many conversations in
@@ -26,16 +27,19 @@ from fanfold.db.errors import (
     DatabaseError,
     EmptyLog,
     InvalidStep,
+    LogUnavailable,
     NonFiniteNumber,
     ReadOnlyStore,
     ReplayError,
     SchemaError,
     SequenceError,
     StoreClosed,
+    TreeTakenOver,
     UnknownConversation,
     UnloggableStep,
     UnsupportedVersion,
 )
+from fanfold.db.factory import DatabaseUrl, display_target, is_postgres, open_store
 from fanfold.db.fingerprint import fingerprint, step_fingerprint
 from fanfold.db.records import (
     ConversationRow,
@@ -58,8 +62,10 @@ __all__ = [
     "ConversationExists",
     "ConversationRow",
     "DatabaseError",
+    "DatabaseUrl",
     "EmptyLog",
     "InvalidStep",
+    "LogUnavailable",
     "NonFiniteNumber",
     "RawConversation",
     "RawEffect",
@@ -74,6 +80,7 @@ __all__ = [
     "Store",
     "StoreClosed",
     "StoredEvent",
+    "TreeTakenOver",
     "UnknownConversation",
     "UnloggableStep",
     "UnsupportedVersion",
@@ -82,12 +89,15 @@ __all__ = [
     "decode_effects",
     "decode_event",
     "decode_state",
+    "display_target",
     "encode",
     "encode_effect",
     "encode_effects",
     "encode_event",
     "encode_state",
     "fingerprint",
+    "is_postgres",
+    "open_store",
     "status_of",
     "step_fingerprint",
 ]

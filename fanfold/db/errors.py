@@ -110,3 +110,21 @@ class ReplayError(DatabaseError):
     Raised when the reducer refuses a stored event or a state's fingerprint differs
     from the one recorded with its event: the log and the reducer disagree.
     """
+
+
+class TreeTakenOver(DatabaseError):
+    """Another runtime claimed the tree (a PostgreSQL log's per-tree epoch) since this
+    one did: nothing of the batch was written, and this runtime must stop running the
+    tree (its new owner goes on from the log). ``root_id`` names the tree."""
+
+    def __init__(self, root_id: str, message: str) -> None:
+        self.root_id = root_id
+        super().__init__(message)
+
+
+class LogUnavailable(DatabaseError):
+    """The PostgreSQL log cannot be reached or used right now: the server refused the
+    login, the database does not exist, the connection was lost. The message names the
+    database by its URL without the password, and never holds the password. A write
+    that hit it was not committed (or, if the connection was lost at the commit
+    itself, may have been: the log's own rows say which, and ``resume`` reads them)."""

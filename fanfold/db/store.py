@@ -270,10 +270,19 @@ def _refuse_special(name: str) -> None:
 class Store:
     """The event log and conversation index of fanfold, in one SQLite database.
 
+    (``fanfold.db.postgres.PostgresStore`` is the same log in PostgreSQL: a subclass
+    that replaces the connection and what is SQLite's own, and keeps every query.)
+
     Open with ``Store.open(path)`` (a file, WAL mode) or ``Store.memory()`` (tests,
     benchmarks); close with ``close()`` or use it as a context manager. Every method
     is synchronous and thread-safe.
     """
+
+    _integrity_errors: tuple[type[Exception], ...] = (sqlite3.IntegrityError,)
+    """What the connection raises when a row breaks a key (a subclass's driver's)."""
+
+    _column_text = staticmethod(column_text)
+    """A text copied into a column for listing (a task), as the database can hold it."""
 
     def __init__(
         self, conn: sqlite3.Connection, path: str | None, *, read_only: bool = False
@@ -311,6 +320,13 @@ class Store:
         be current; writes raise ReadOnlyStore.
         """
         name = os.fspath(path)
+        if name.startswith(("postgresql://", "postgres://")):
+            # A file by that name would be made (under ./postgresql:/), and every message
+            # naming it would show the URL's password.
+            raise CannotOpen(
+                "Store.open takes a file path; open a PostgreSQL log with "
+                "fanfold.db.open_store(url)"
+            )
         _refuse_special(name)
         if read_only:
             return cls._open_read_only(name)
@@ -601,6 +617,7 @@ class Store:
         connection wrote it) raises ``_StaleCache``, rolling the batch back.
         """
         with self._transaction("BEGIN IMMEDIATE") as conn:
+            fence = self._fence(conn, prepared)
             created_rows, status_before, first_seq = self._check_sequence(
                 conn, prepared, self._seen if trusted else {}
             )
@@ -639,7 +656,7 @@ class Store:
                     " checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [p.event_row for p in prepared],
                 )
-            except sqlite3.IntegrityError:
+            except self._integrity_errors:
                 if trusted:
                     raise _StaleCache from None  # a row this store did not know of
                 raise
@@ -665,7 +682,27 @@ class Store:
                     " snapshot_checksum = ? WHERE id = ?",
                     snapshot_rows,
                 )
+        self._fenced(fence)  # committed
         return statuses
+
+    def _fence(self, conn: Any, prepared: list[_Prepared]) -> Any:
+        """Check (or take) this store's claim on the trees of a batch, inside its
+        transaction; returns what ``_fenced`` records once it commits. A file needs
+        none (one runtime writes it at a time: ``fanfold.runtime.presence``);
+        ``PostgresStore`` keeps a per-tree epoch."""
+        del conn, prepared
+
+    def _fenced(self, fence: Any) -> None:
+        """Record the claims ``_fence`` took, now that their transaction committed."""
+        del fence
+
+    def claim(self, root_id: str) -> int:
+        """Take tree ``root_id`` for this store's runtime before loading it (resume,
+        attach) and return its epoch. A file needs no claim (one runtime writes it at a
+        time): 0. ``PostgresStore`` raises the tree's epoch, so that whoever ran it
+        before writes nothing more of it."""
+        del root_id
+        return 0
 
     def _check_sequence(
         self,
@@ -736,7 +773,7 @@ class Store:
                         state.parent_id,
                         state.root_id,
                         state.depth,
-                        column_text(state.task),  # the exact task: in the event
+                        self._column_text(state.task),  # the exact task: in the event
                         int(user_initiated),
                         step.at,
                         step.at,
@@ -847,7 +884,7 @@ class Store:
                         row.parent_id,
                         row.root_id,
                         row.depth,
-                        column_text(row.task),
+                        self._column_text(row.task),
                         int(row.user_initiated),
                         row.created_at,
                         row.updated_at,
@@ -913,7 +950,7 @@ class Store:
                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
                         [getattr(tree, name) for name in TreeRecord.COLUMNS],
                     )
-            except sqlite3.IntegrityError as exc:
+            except self._integrity_errors as exc:
                 raise InvalidStep(f"the imported rows are inconsistent: {exc}") from None
 
     def save_snapshot(self, conversation_id: str, seq: int, state: Conversation) -> None:
@@ -1155,7 +1192,8 @@ class Store:
         with self._transaction("BEGIN") as conn:
             blobs = self._read_blobs(conn)
             rows = list(self._db.query(rows_sql, params))
-            ids = f"SELECT id FROM ({rows_sql})"
+            # (An alias, which PostgreSQL requires of a subquery in FROM.)
+            ids = f"SELECT id FROM ({rows_sql}) AS picked"
             events = conn.execute(
                 "SELECT conversation_id, rowid, seq, type, payload, fingerprint, at,"
                 f" {checksum} FROM events"
@@ -1283,7 +1321,7 @@ class Store:
     def tree_record(self, root_id: str) -> TreeRecord | None:
         """The provenance record of the tree rooted at ``root_id`` (None: none is
         stored, as for trees written before provenance records existed)."""
-        if not self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trees'"):
+        if not self._has_trees():
             return None  # a read-only open of a log older than provenance records
         rows = self._query(
             f"SELECT {', '.join(TreeRecord.COLUMNS)} FROM trees WHERE root_id = ?", [root_id]
@@ -1307,6 +1345,12 @@ class Store:
             if not changed:
                 self._require(conn, root_id)
                 raise InvalidStep(f"tree {root_id!r} has no provenance record")
+
+    def _has_trees(self) -> bool:
+        """Whether the log has the ``trees`` table (migration 2)."""
+        return bool(
+            self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trees'")
+        )
 
     def unfinished(self) -> list[ConversationRow]:
         """Conversations with something in flight (status 'running'), in creation order:

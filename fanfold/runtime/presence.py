@@ -22,6 +22,20 @@ from __future__ import annotations
 
 import fcntl
 import os
+from typing import Protocol
+
+
+class Held(Protocol):
+    """What a runtime holds while it is open: ``Presence`` for a file, a PostgreSQL
+    log's ``PgPresence`` (``fanfold.db.postgres``) for a URL."""
+
+    def alone(self) -> bool:
+        """True if no other runtime has the log open right now."""
+        ...
+
+    def close(self) -> None:
+        """Let go (idempotent)."""
+        ...
 
 
 class DatabaseInUse(RuntimeError):

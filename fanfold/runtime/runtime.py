@@ -20,11 +20,14 @@ import trio
 from fanfold.db import (
     ConversationRow,
     DatabaseError,
+    LogUnavailable,
     Step,
     Store,
     StoreClosed,
     StoredEvent,
     UnknownConversation,
+    is_postgres,
+    open_store,
 )
 from fanfold.db.codec import clear_memo
 from fanfold.db.fingerprint import clear_cache as clear_fingerprint_cache
@@ -37,7 +40,7 @@ from fanfold.runtime.engine import Engine
 from fanfold.runtime.host import StepObserver
 from fanfold.runtime.logging import flush as flush_log_lines
 from fanfold.runtime.logging import library_logger
-from fanfold.runtime.presence import DatabaseInUse, Presence
+from fanfold.runtime.presence import DatabaseInUse, Held, Presence
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
 from fanfold.statemachine import (
@@ -136,6 +139,8 @@ _ENVIRONMENT_CODES = frozenset({5, 6, 8, 10, 13})
 
 
 def _environment_failure(exc: BaseException) -> bool:
+    if isinstance(exc, LogUnavailable):
+        return True  # a PostgreSQL log's server or connection, not the tree's log
     code = getattr(exc, "sqlite_errorcode", None)
     return isinstance(code, int) and (code & 0xFF) in _ENVIRONMENT_CODES
 
@@ -352,7 +357,7 @@ class Runtime:
         self._actors: dict[str, Actor] = {}  # conversations loaded: work in flight
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
         self._trusted: set[str] = set()  # roots whose provenance mark verified
-        self._presence: Presence | None = None
+        self._presence: Held | None = None
         self.resume_damaged: tuple[SkippedTree, ...] = ()
         """The trees the last ``resume()`` skipped because their log cannot be rebuilt
         (each with the reason); they stay unfinished in the log, untouched."""
@@ -380,7 +385,8 @@ class Runtime:
         step_observers: Sequence[StepObserver] = (),
         mcp_servers: Iterable[Any] | str | os.PathLike[str] | None = None,
     ) -> AsyncIterator[Runtime]:
-        """Open a runtime over the SQLite file ``database`` (":memory:" for a throwaway).
+        """Open a runtime over the SQLite file ``database`` (":memory:" for a throwaway),
+        or the PostgreSQL log at a ``postgresql://`` URL (the ``postgres`` extra).
 
         Batches are written from a worker thread for files (the event loop keeps going
         while SQLite writes, or waits for another process's write lock; the disk syncs
@@ -495,14 +501,19 @@ class Runtime:
         """``open`` with its tool runner made."""
         key = key if key is not None else UserKey.load()
         memory = str(database) == ":memory:"
-        store = Store.memory() if memory else Store.open(database)
-        presence = None
+        postgres = is_postgres(database)
+        store = Store.memory() if memory else open_store(database)
+        presence: Held | None = None
         runtime: Runtime | None = None
         tuned = gc_policy == "tuned"
         if tuned:
             _tune_collector()
         try:
-            presence = None if memory else Presence(database)
+            if postgres:
+                # A PostgresStore's advisory lock (``PgPresence``): no file to lock.
+                presence = cast(Any, store).presence()
+            elif not memory:
+                presence = Presence(database)
             threaded = not memory if threaded_writes is None else threaded_writes
             writer = LogWriter(store.append, threaded=threaded)
             async with trio.open_nursery() as nursery:
@@ -694,6 +705,8 @@ class Runtime:
         if row.status == "running":
             raise NotAtRest(f"conversation {conversation_id!r} has work in flight: resume it")
         self._require_tools(row.root_id)
+        self.store.claim(row.root_id)  # before reading it (see ``resume``)
+        row = self.store.conversation(conversation_id)  # as it is now the tree is ours
         self._launch(
             Actor(self, self.store.load_state(conversation_id), row.last_seq, created=False)
         )
@@ -938,6 +951,10 @@ class Runtime:
         for skip in plan.skipped:
             self.logger.warning("resume_skipped", root_id=skip.root_id, reason=skip.reason)
         chosen = set(plan.roots if roots is None else roots)
+        # Taken before they are read (a PostgreSQL log's per-tree claim: whoever ran one
+        # before writes nothing more of it, so what is read here stays the tree's state).
+        for root_id in sorted(chosen):
+            self.store.claim(root_id)
         # Each tree is rebuilt on its own, and entirely before any of it runs: a tree
         # whose log cannot be read (a damaged row, a reducer that refuses an event) is
         # skipped and reported, and never stops the others (issue 10.2).

@@ -40,7 +40,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 import trio
 
-from fanfold.db import DatabaseError, Store, UnknownConversation
+from fanfold.db import DatabaseError, Store, UnknownConversation, open_store
 from fanfold.loopback import (
     address,
     names_this_server,
@@ -115,7 +115,7 @@ class TraceServer:
 
     def __init__(
         self,
-        db: Path,
+        db: Path | str,
         *,
         token: str,
         hosts: tuple[str, ...] = (),
@@ -131,7 +131,7 @@ class TraceServer:
     # ------------------------------------------------------------------ reading
 
     def _read(self, work: Callable[[Store], Any]) -> Any:
-        with Store.open(self.db, read_only=True) as store:
+        with open_store(self.db, read_only=True) as store:
             return work(store)
 
     async def read(self, work: Callable[[Store], Any]) -> Any:

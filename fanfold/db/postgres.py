@@ -1,0 +1,694 @@
+"""``PostgresStore``: fanfold's event log in PostgreSQL (issue 25), the same log as
+``Store``'s SQLite file.
+
+Imported only for a ``postgresql://`` or ``postgres://`` URL (``fanfold.db.open_store``):
+psycopg is the ``postgres`` extra, and nothing of it is loaded by ``import fanfold`` or
+a run on SQLite.
+
+What it is: a subclass of ``Store`` that keeps every query, every row and every value
+of the SQLite log (same tables and columns, same stored texts, checksums and
+fingerprints: a tree verifies identically on either store, and ``export``/``import``
+moves trees between them) and replaces what is SQLite's own:
+
+- **The connection**: one psycopg 3 synchronous connection in autocommit mode, on
+  which ``Store``'s explicit ``BEGIN``/``COMMIT``/``ROLLBACK`` run as they do on
+  SQLite; ``_PgConnection`` gives it the few ``sqlite3.Connection`` methods the
+  queries use, turning ``?`` placeholders into psycopg's. Guarded by the store's lock
+  like the SQLite connection, so the runtime's writer thread may use it.
+- **The schema**: the tables live in the ``fanfold`` schema (``search_path`` is set
+  per connection), beside DBOS's ``dbos`` schema in the same database. It is created
+  on first open, in one transaction under an advisory lock (several workers may open
+  a new database at once), with its own numbered migrations (``PG_MIGRATIONS``).
+  SQLite's implicit ``rowid`` is an identity column ``rowid`` on the tables whose
+  write order is read (conversations, events, blobs).
+- **Transactions**: a write is ``BEGIN`` (READ COMMITTED). Another writer cannot
+  slip between the sequence check and the commit unnoticed: each conversation's
+  ``UPDATE`` names the ``last_seq`` it expects (a concurrent one waits for the other
+  transaction, then sees its row and matches nothing), and two inserts of one
+  ``(conversation, seq)`` collide on the key; either way the batch is rolled back and
+  checked against the rows, and a step that is no longer next is ``SequenceError``.
+  A read is ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``: its statements see
+  one snapshot, as SQLite's read transaction does.
+- **Per-tree claims** (``claims``: owner, epoch): a store's first batch of a tree
+  claims it; every later batch must still hold the claim (``TreeTakenOver``
+  otherwise), so a runtime another one took a tree from (a frozen worker that wakes)
+  writes nothing more of it, whichever conversation (``_fence``).
+- **Blobs** are read incrementally by ``rowid`` as on SQLite. An identity is handed
+  out at insert, not at commit, so two writers could commit blob 11 before blob 10 and
+  a reader that saw 11 would never read 10; a transaction that inserts blobs
+  therefore first takes a lock on the table (``SHARE ROW EXCLUSIVE``, which only other
+  blob writers wait for), so blobs commit in the order of their ids. New blobs are
+  rare (a tree's tool set and prompts, once per database).
+- **Errors**: a lost connection, a refused login, a missing database are
+  ``LogUnavailable`` (a ``DatabaseError``: one line for a CLI user), whose message
+  names the database by its URL without the password (``display_target``), and never
+  holds the password even where the server's message would.
+- **No file-level damage check**: ``damage()`` is None (PostgreSQL has no
+  ``integrity_check``; its own page checksums, where the cluster enables them, raise
+  errors on read). Row checksums are checked as on SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, cast
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.rows import dict_row
+
+from fanfold.db.codec import SCHEMA_VERSION, column_text
+from fanfold.db.errors import (
+    DatabaseError,
+    EmptyLog,
+    LogUnavailable,
+    ReadOnlyStore,
+    SchemaError,
+    TreeTakenOver,
+)
+from fanfold.db.factory import display_target
+from fanfold.db.store import Store
+
+SCHEMA = "fanfold"
+"""The PostgreSQL schema that holds fanfold's tables."""
+
+CONNECT_TIMEOUT_S = 10
+"""How long opening waits for the server (unless the URL says ``connect_timeout``)."""
+
+RECONNECT_S = 30.0
+"""How long a store tries to connect again after its connection was lost (a server
+restart, a network cut) before the statement fails with ``LogUnavailable``."""
+
+_LOCK_KEY = 0x66616E666F6C64  # "fanfold": the advisory lock that serialises migration
+_RUNTIMES_KEY = 0x66616E666F6C64 + 1  # held shared by every runtime on the log (Presence)
+
+# The schema of SQLite's log after its migration 5 (the events-only log), in
+# PostgreSQL's types: TEXT for str, BIGINT for int (a CRC-32 is unsigned 32-bit),
+# DOUBLE PRECISION for float (a Python float round-trips exactly). A migration is never
+# edited once released; changes come as a new one, as for SQLite (``schema.py``).
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE conversations (
+    rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+    id TEXT PRIMARY KEY,
+    parent_id TEXT REFERENCES conversations (id),
+    root_id TEXT NOT NULL REFERENCES conversations (id),
+    depth BIGINT NOT NULL,
+    task TEXT,
+    user_initiated BIGINT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    phase TEXT NOT NULL,
+    status TEXT NOT NULL,
+    last_seq BIGINT NOT NULL,
+    snapshot_json TEXT,
+    snapshot_seq BIGINT,
+    forked_from TEXT REFERENCES conversations (id),
+    forked_at_seq BIGINT,
+    snapshot_checksum BIGINT
+);
+CREATE INDEX conversations_parent_id ON conversations (parent_id);
+CREATE INDEX conversations_root_id ON conversations (root_id, rowid);
+CREATE INDEX conversations_user_initiated ON conversations (user_initiated, created_at);
+CREATE INDEX conversations_status ON conversations (status);
+CREATE TABLE events (
+    rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id),
+    seq BIGINT NOT NULL,
+    type TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    checksum BIGINT,
+    PRIMARY KEY (conversation_id, seq)
+);
+CREATE TABLE effects (
+    conversation_id TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    idx BIGINT NOT NULL,
+    type TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    checksum BIGINT,
+    PRIMARY KEY (conversation_id, seq, idx),
+    FOREIGN KEY (conversation_id, seq) REFERENCES events (conversation_id, seq)
+);
+CREATE TABLE trees (
+    root_id TEXT PRIMARY KEY REFERENCES conversations (id),
+    origin TEXT NOT NULL,
+    mark TEXT,
+    provider TEXT,
+    source TEXT,
+    source_sha256 TEXT,
+    imported_at DOUBLE PRECISION
+);
+CREATE TABLE blobs (
+    rowid BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+    sha256 TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+);
+"""
+
+# Who runs each tree now (issue 25's fencing): the owner (a runtime's store) and an
+# epoch raised by every new claim. Not a foreign key: a tree's claim is taken in the
+# transaction that creates its root, before the root's row. Not exported: it is the
+# state of a database's workers, not of the tree.
+_V2 = """
+CREATE TABLE claims (
+    root_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    epoch BIGINT NOT NULL
+);
+"""
+
+PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (1, "the events-only log (SQLite's migrations 1 to 5)", _V1),
+    (2, "per-tree claims (owner, epoch)", _V2),
+)
+PG_LATEST = PG_MIGRATIONS[-1][0]
+
+PG_READERS_DO_WITHOUT = frozenset({2})
+"""Migrations a read-only open may find missing: the claims matter to writers only."""
+
+
+def _password(url: str) -> str | None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        secret = parts.password
+        query = urllib.parse.parse_qs(parts.query).get("password", [])
+    except ValueError:
+        return None
+    return secret or (query[0] if query else None)
+
+
+class _Scrubbed:
+    """Turns psycopg's errors into fanfold's, naming the database by ``shown`` and
+    with the password (if any) cut out of every message."""
+
+    def __init__(self, url: str) -> None:
+        self.shown = display_target(url)
+        self._secrets = [s for s in {_password(url), urllib.parse.quote(_password(url) or "")} if s]
+
+    def text(self, exc: BaseException) -> str:
+        message = " ".join(str(exc).split())
+        for secret in self._secrets:
+            message = message.replace(secret, "***")
+        return message
+
+    def unavailable(self, exc: BaseException) -> LogUnavailable:
+        return LogUnavailable(f"the PostgreSQL log {self.shown} is unavailable: {self.text(exc)}")
+
+
+class _PgConnection:
+    """The part of ``sqlite3.Connection`` that ``Store``'s queries use, over psycopg.
+
+    ``?`` placeholders become ``%s`` (and a literal ``%`` becomes ``%%``); rows are
+    tuples. A psycopg error other than a broken key (which ``Store`` catches as its
+    ``_integrity_errors``) becomes a fanfold error: ``LogUnavailable`` for the
+    connection or the server (``OperationalError``), ``SchemaError`` for a table or
+    column fanfold made that is missing (changed by hand), else ``DatabaseError``.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], scrub: _Scrubbed) -> None:
+        self.raw = conn
+        self._scrub = scrub
+        self._sql: dict[str, str] = {}
+
+    def _convert(self, query: str) -> str:
+        converted = self._sql.get(query)
+        if converted is None:
+            converted = self._sql[query] = query.replace("%", "%%").replace("?", "%s")
+        return converted
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.IntegrityError:
+            raise
+        except psycopg.OperationalError as exc:
+            raise self._scrub.unavailable(exc) from None
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+            raise SchemaError(
+                f"the PostgreSQL log {self._scrub.shown} is damaged: {self._scrub.text(exc)} "
+                "(not fanfold's tables any more)"
+            ) from None
+        except psycopg.Error as exc:
+            raise DatabaseError(
+                f"the PostgreSQL log {self._scrub.shown} refused: {self._scrub.text(exc)}"
+            ) from None
+
+    def execute(self, query: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        with self._errors():
+            return self.raw.execute(self._convert(query), tuple(params))
+
+    def executemany(self, query: str, rows: Sequence[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        with self._errors():
+            cursor = self.raw.cursor()
+            cursor.executemany(self._convert(query), rows)
+            return cursor
+
+    def query(self, query: str, params: Sequence[Any] = ()) -> Iterator[dict[str, Any]]:
+        """Every row of ``query`` as a dict (``sqlite_utils.Database.query``)."""
+        with self._errors():
+            cursor = self.raw.cursor(row_factory=dict_row)
+            cursor.execute(self._convert(query), tuple(params))
+            rows = cursor.fetchall()
+        return iter(rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def connect(url: str, *, read_only: bool = False) -> psycopg.Connection[Any]:
+    """A psycopg connection to ``url`` in autocommit mode, its ``search_path`` the
+    ``fanfold`` schema; ``LogUnavailable`` (no password in it) if it cannot be made."""
+    scrub = _Scrubbed(url)
+    options = f"-c search_path={SCHEMA}"
+    if read_only:
+        options += " -c default_transaction_read_only=on"
+    extra: dict[str, Any] = {"autocommit": True, "options": options}
+    if "connect_timeout" not in url:
+        extra["connect_timeout"] = CONNECT_TIMEOUT_S
+    try:
+        return psycopg.connect(url, **extra)
+    except psycopg.Error as exc:
+        raise scrub.unavailable(exc) from None
+
+
+class PostgresStore(Store):
+    """fanfold's event log in a PostgreSQL database (``open(url)``); see the module.
+
+    ``path`` is the URL without its password (what messages name).
+    """
+
+    _integrity_errors = (psycopg.IntegrityError,)
+
+    @staticmethod
+    def _column_text(text: str | None) -> str | None:
+        """``codec.column_text``, and a NUL character (which a PostgreSQL text cannot
+        hold; SQLite's can) written ``\\u0000`` too: the column is a copy for listing,
+        the exact task is in the events (ASCII JSON, where JSON escapes it)."""
+        text = column_text(text)
+        return text.replace("\x00", "\\u0000") if text is not None else None
+
+    def __init__(self, conn: _PgConnection, shown: str, *, read_only: bool = False) -> None:
+        """Wrap an open connection. Use ``open`` instead."""
+        # Store.__init__ wraps an sqlite3 connection in sqlite_utils: set the same
+        # attributes here instead, with the psycopg adapter standing for both.
+        self._conn = cast(Any, conn)
+        self._db = cast(Any, conn)
+        self._pg = conn
+        self._url = ""  # set by ``open``; holds the password: never shown
+        self._lock = threading.Lock()
+        self._checkpointer = None
+        self.path = shown
+        self.read_only = read_only
+        self._private_copy = None
+        self._checksums = True
+        self._blobs: dict[str, str] = {}
+        self._blob_rowid: int | None = 0
+        self._seen: dict[str, tuple[int, str]] = {}
+        # This store's identity as a tree's owner, and the epoch of each tree it holds.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+        """Who this store is in the ``claims`` table (host, process, random)."""
+        self._claims: dict[str, int] = {}
+        self._lost: set[str] = set()  # trees taken over: refused until ``claim``
+
+    @classmethod
+    def open(cls, path: Any, *, read_only: bool = False) -> PostgresStore:
+        """Connect to the database at URL ``path`` and create or check fanfold's schema.
+
+        With ``read_only``, write nothing (no schema created: a database without one
+        is ``EmptyLog``; the session's transactions are read-only too).
+        """
+        url = str(path)
+        scrub = _Scrubbed(url)
+        raw = connect(url, read_only=read_only)
+        conn = _PgConnection(raw, scrub)
+        try:
+            store = cls(conn, scrub.shown, read_only=read_only)
+            store._url = url
+            store._check_or_create(read_only=read_only)
+        except BaseException:
+            raw.close()
+            raise
+        return store
+
+    def _check_or_create(self, *, read_only: bool) -> None:
+        conn = self._pg
+        if not self._schema_exists():
+            if read_only:
+                raise EmptyLog(
+                    f"{self.path} holds no fanfold log yet (no `{SCHEMA}` schema): nothing "
+                    "was recorded in it (the first `fanfold run --db` sets it up)"
+                )
+            conn.execute("BEGIN")
+            try:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", [_LOCK_KEY])
+                # Under the lock: another process may have made it meanwhile.
+                if not self._schema_exists():
+                    conn.raw.execute(
+                        pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(SCHEMA))
+                    )
+                    conn.raw.execute(
+                        "CREATE TABLE migrations (version BIGINT PRIMARY KEY,"
+                        " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+                    )
+                self._migrate()
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.raw.execute("ROLLBACK")
+                raise
+        elif not read_only and self._versions() != {v for v, _, _ in PG_MIGRATIONS}:
+            conn.execute("BEGIN")
+            try:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", [_LOCK_KEY])
+                self._migrate()
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.raw.execute("ROLLBACK")
+                raise
+        self._check_versions()
+
+    def _schema_exists(self) -> bool:
+        row = self._pg.execute(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = ?"
+            " AND table_name = 'migrations'",
+            [SCHEMA],
+        ).fetchone()
+        return row is not None
+
+    def _versions(self) -> set[int]:
+        return {int(r[0]) for r in self._pg.execute("SELECT version FROM migrations").fetchall()}
+
+    def _migrate(self) -> None:
+        """Apply the missing migrations (inside the caller's locked transaction)."""
+        self._check_versions(applied_only=True)
+        applied = self._versions()
+        for version, name, ddl in PG_MIGRATIONS:
+            if version in applied:
+                continue
+            self._pg.raw.execute(ddl.encode())
+            self._pg.execute(
+                "INSERT INTO migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                [version, name, time.time()],
+            )
+            if version == 1:
+                self._pg.execute(
+                    "INSERT INTO meta (key, value) VALUES ('instance_id', ?)"
+                    " ON CONFLICT (key) DO NOTHING",
+                    [secrets.token_hex(16)],
+                )
+        self._pg.execute(
+            "INSERT INTO meta (key, value) VALUES ('event_schema_version', ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            [str(max(SCHEMA_VERSION, self._event_version() or 0))],
+        )
+
+    def _event_version(self) -> int | None:
+        row = self._pg.execute(
+            "SELECT value FROM meta WHERE key = 'event_schema_version'"
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    def _check_versions(self, *, applied_only: bool = False) -> None:
+        """SchemaError if a newer fanfold wrote the database (or, unless
+        ``applied_only``, if a read-only open finds migrations missing)."""
+        applied = self._versions()
+        newest = max(applied, default=0)
+        if newest > PG_LATEST:
+            raise SchemaError(
+                f"the PostgreSQL log {self.path} has schema version {newest}, newer than this "
+                f"fanfold knows ({PG_LATEST}); upgrade fanfold to open it"
+            )
+        if applied_only:
+            return
+        events = self._event_version()
+        if events is not None and events > SCHEMA_VERSION:
+            raise SchemaError(
+                f"the PostgreSQL log {self.path} holds events of schema version {events}, "
+                f"newer than this fanfold reads ({SCHEMA_VERSION}); upgrade fanfold to open it"
+            )
+        if not {v for v, _, _ in PG_MIGRATIONS} - PG_READERS_DO_WITHOUT <= applied:
+            raise SchemaError(
+                f"the PostgreSQL log {self.path} was written by an older fanfold and needs a "
+                "migration, which a read-only open cannot apply; any fanfold command that "
+                "writes to it (run, send, fork, import) migrates it first"
+            )
+
+    # ---------------------------------------------------------------- what differs
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[Any]:
+        """Hold the lock and one transaction; roll back on any exception. ``BEGIN
+        IMMEDIATE`` (a write) is READ COMMITTED, guarded by the ``last_seq`` updates
+        and keys; ``BEGIN`` (a read) sees one snapshot."""
+        if self.read_only and begin != "BEGIN":
+            raise ReadOnlyStore(f"{self.path} was opened read-only; nothing was written")
+        statement = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if begin == "BEGIN" else "BEGIN"
+        )
+        with self._lock:
+            self._connection()  # StoreClosed once closed
+            conn = self._pg
+            try:
+                conn.execute(statement)
+            except LogUnavailable:
+                # Nothing of this transaction was sent: safe to connect again and go on.
+                self._reconnect()
+                conn.execute(statement)
+            try:
+                yield _BlobOrdered(conn)
+            except BaseException:
+                if conn.in_transaction:
+                    # (If the connection is gone, so is the transaction.)
+                    with suppress(psycopg.Error):
+                        conn.raw.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            self._connection()
+            try:
+                return list(self._pg.query(sql, params))
+            except LogUnavailable:
+                self._reconnect()  # a lone read: safe to run again
+                return list(self._pg.query(sql, params))
+
+    def _reconnect(self) -> None:
+        """Replace a lost connection (under the lock), trying for ``RECONNECT_S``.
+
+        Only where nothing can have been half-done: before a transaction's ``BEGIN``
+        reached the server, or for a lone read. A connection lost inside a
+        transaction (at ``COMMIT`` above all, where the batch may or may not have
+        committed) is ``LogUnavailable`` to the caller: the runtime stops and
+        ``resume`` reads what the log holds. The store's memory of the rows it wrote
+        stays right (its commits are in the log; another writer is still caught by
+        ``last_seq``), and so do its claims (rows in the database).
+        """
+        with suppress(psycopg.Error):
+            self._pg.raw.close()
+        deadline = time.monotonic() + RECONNECT_S
+        delay = 0.05
+        while True:
+            try:
+                self._pg.raw = connect(self._url, read_only=self.read_only)
+                return
+            except LogUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _has_trees(self) -> bool:
+        return True  # created with the schema
+
+    def _fence(self, conn: Any, prepared: list[Any]) -> dict[str, int]:
+        """Check this store's claim on every tree of the batch, or take it.
+
+        A tree this store holds: its claim row is read ``FOR SHARE`` (a competing
+        claim waits for this batch's commit) and must still name this owner and epoch,
+        else ``TreeTakenOver`` and nothing is written. A tree it does not hold (it
+        starts, resumes, forks or sends to it: its first write) is claimed in this
+        transaction, the epoch raised past any earlier owner's, whose next batch is
+        then refused. Returns the claims taken, recorded once the batch commits.
+        """
+        roots = sorted({p.step.state.root_id or p.step.conversation_id for p in prepared})
+        lost = self._lost.intersection(roots)
+        if lost:
+            root = min(lost)
+            raise TreeTakenOver(
+                root,
+                f"tree {root!r} was taken over by another runtime; this one writes no more "
+                "of it (nothing of the batch was written)",
+            )
+        held = [root for root in roots if root in self._claims]
+        if held:
+            rows = conn.execute(
+                "SELECT root_id, owner, epoch FROM claims WHERE root_id = ANY(?)"
+                " ORDER BY root_id FOR SHARE",
+                [held],
+            ).fetchall()
+            found = {root: (owner, epoch) for root, owner, epoch in rows}
+            for root in held:
+                now = found.get(root)
+                mine = self._claims[root]
+                if now != (self.owner, mine):
+                    del self._claims[root]  # not this store's any more
+                    self._lost.add(root)
+                    by = f"{now[0]}, epoch {now[1]}" if now else "its claim is gone"
+                    raise TreeTakenOver(
+                        root,
+                        f"tree {root!r} was taken over by another runtime ({by}) since this "
+                        f"one claimed it (epoch {mine}); nothing of the batch was written: "
+                        "its new owner goes on from the log",
+                    )
+        taken: dict[str, int] = {}
+        for root in roots:
+            if root in self._claims:
+                continue
+            row = conn.execute(
+                "INSERT INTO claims (root_id, owner, epoch) VALUES (?, ?, 1)"
+                " ON CONFLICT (root_id) DO UPDATE SET owner = excluded.owner,"
+                " epoch = claims.epoch + 1 RETURNING epoch",
+                [root, self.owner],
+            ).fetchone()
+            taken[root] = int(row[0])
+        return taken
+
+    def _fenced(self, fence: Any) -> None:
+        self._claims.update(fence)
+
+    def claim(self, root_id: str) -> int:
+        """Claim tree ``root_id`` now (as its next batch would) and return the epoch:
+        for a worker that takes a tree over before writing to it."""
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            row = conn.execute(
+                "INSERT INTO claims (root_id, owner, epoch) VALUES (?, ?, 1)"
+                " ON CONFLICT (root_id) DO UPDATE SET owner = excluded.owner,"
+                " epoch = claims.epoch + 1 RETURNING epoch",
+                [root_id, self.owner],
+            ).fetchone()
+        self._claims[root_id] = int(row[0])
+        self._lost.discard(root_id)
+        return self._claims[root_id]
+
+    def damage(self) -> str | None:
+        """None: PostgreSQL has no whole-database check like SQLite's
+        ``integrity_check`` (its page checksums, where enabled, fail the read itself)."""
+        self._connection()
+        return None
+
+    def close(self) -> None:
+        """Close the connection. Idempotent; any later use raises StoreClosed."""
+        with self._lock:
+            if self._conn is not None:
+                self._pg.close()
+                self._conn = None
+
+    def presence(self) -> PgPresence:
+        """A runtime's presence on this log (``fanfold.runtime.presence``), held on a
+        connection of its own until ``close()``."""
+        return PgPresence(self._url)
+
+
+class PgPresence:
+    """What ``fanfold.runtime.presence.Presence`` is for a file, for a PostgreSQL log:
+    a session-level advisory lock, held shared by every runtime on the database for as
+    long as it is open; ``alone()`` asks for it exclusively without waiting. The
+    server drops a session's locks when its connection ends, however the process
+    ended (``kill -9`` closes its sockets): so ``resume`` never takes over the work of
+    a runtime that is alive, as on one machine. A *frozen* process keeps its
+    connection and its lock: the per-tree claims (``PostgresStore._fence``) are the
+    answer to that, and to several workers resuming each other's trees. A session the
+    server ended (a restart) is replaced, and its lock taken again, when ``alone()``
+    next asks."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._scrub = _Scrubbed(url)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._conn = self._connect()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = connect(self._url)
+        try:
+            conn.execute("SELECT pg_advisory_lock_shared(%s)", [_RUNTIMES_KEY])
+        except psycopg.Error as exc:
+            conn.close()
+            raise self._scrub.unavailable(exc) from None
+        return conn
+
+    def alone(self) -> bool:
+        """True if no other runtime has the log open right now. (A session's own
+        shared lock does not conflict with its exclusive request.)"""
+        if self._conn is None:
+            raise RuntimeError("the presence was closed")
+        try:
+            return self._alone(self._conn)
+        except psycopg.OperationalError:
+            # The session is gone, and its lock with it: a new one, then ask.
+            with suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = self._connect()
+        try:
+            return self._alone(self._conn)
+        except psycopg.Error as exc:
+            raise self._scrub.unavailable(exc) from None
+
+    @staticmethod
+    def _alone(conn: psycopg.Connection[Any]) -> bool:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", [_RUNTIMES_KEY]).fetchone()
+        if row is None or not row[0]:
+            return False
+        conn.execute("SELECT pg_advisory_unlock(%s)", [_RUNTIMES_KEY])
+        return True
+
+    def close(self) -> None:
+        """Release the lock (by ending the session). Idempotent."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class _BlobOrdered:
+    """The connection inside a write transaction: an insert into ``blobs`` first locks
+    the table against other blob writers, so that blobs commit in ``rowid`` order
+    (readers read them incrementally by ``rowid``; see the module)."""
+
+    def __init__(self, conn: _PgConnection) -> None:
+        self._conn = conn
+        self._locked = False
+
+    def _before(self, query: str) -> None:
+        if not self._locked and query.startswith("INSERT INTO blobs"):
+            self._conn.execute("LOCK TABLE blobs IN SHARE ROW EXCLUSIVE MODE")
+            self._locked = True
+
+    def execute(self, query: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        self._before(query)
+        return self._conn.execute(query, params)
+
+    def executemany(self, query: str, rows: Sequence[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        if not rows:
+            return self._conn.raw.cursor()  # nothing to do (psycopg sends nothing either)
+        self._before(query)
+        return self._conn.executemany(query, rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
