@@ -661,3 +661,17 @@ def test_an_old_log_imports_into_postgresql_and_verifies_as_in_sqlite(
             reports.append((verified.exit_code, lines))
         assert reports[0] == reports[1]
         assert reports[0][0] in (0, 1)  # identical, or a divergence: never damage
+
+
+def test_a_postgresql_logs_own_files_go_to_the_data_folder(data_home: Path) -> None:
+    """The JSON log and ``fanfold mcp``'s ledger of a PostgreSQL log: in the user's data
+    folder, named by the URL without its password (the same database, whatever
+    password reaches it, has one ledger), never under ``./postgresql:/...``."""
+    from fanfold.cli.database import beside_log
+
+    one = beside_log(DatabaseUrl("postgresql://me:first@db.example:5432/logs"), ".mcp-delegations")
+    two = beside_log(DatabaseUrl("postgresql://me:second@db.example:5432/logs"), ".mcp-delegations")
+    other = beside_log(DatabaseUrl("postgresql://me:first@db.example:5432/other"), "")
+    assert one == two and one.parent == data_home / "fanfold"
+    assert one.name.startswith("fanfold-pg-") and one.name.endswith(".mcp-delegations")
+    assert "first" not in str(one) and other.name != one.name.removesuffix(".mcp-delegations")
