@@ -1419,9 +1419,13 @@ def encode_event_compact(event: Event, blobs: dict[str, str]) -> str:
 def stored_event(text: str, blobs: dict[str, str]) -> str:
     """An event document from elsewhere (an import) as ``append`` stores the same
     value: an object document of the current schema as its compact form, its blob
-    values by reference (added to ``blobs``). A document of an older schema keeps its
-    form (only its blob values by reference), and one that does not decode is left
-    as it is, for the reader to report."""
+    values by reference (added to ``blobs``). A compact document is kept as it is
+    (an import that carries the exact stored text: its fingerprint is a digest of
+    those bytes, and encoding the value again may not give them back). A document of
+    an older schema keeps its form (only its blob values by reference), and one that
+    does not decode is left as it is, for the reader to report."""
+    if text.startswith("["):
+        return text
     try:
         if document_version(text) == SCHEMA_VERSION:
             return encode_event_compact(decode_event(text), blobs)

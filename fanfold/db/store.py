@@ -31,7 +31,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
@@ -821,6 +821,7 @@ class Store:
         events: Sequence[RawEvent],
         *,
         tree: TreeRecord | None = None,
+        blobs: Mapping[str, str] | None = None,
     ) -> None:
         """Insert whole conversations exactly as given (rows, events, effects), atomically.
 
@@ -834,6 +835,8 @@ class Store:
         a key (an unknown parent, an event of no imported conversation); nothing is
         written then. ``tree`` is the provenance record of the imported root, written
         in the same transaction (it never carries a mark: see ``provenance``).
+        ``blobs``: the values (sha256 -> text) that events given in their stored
+        compact form refer to; the caller checked they decode (``portable``).
         """
         if tree is not None and tree.mark is not None:
             raise InvalidStep("an imported tree never carries a provenance mark")
@@ -846,28 +849,29 @@ class Store:
                 )
         ordered = sorted(conversations, key=lambda c: c.row.depth)
         # Stored as ``append`` stores them: large repeated values once, by reference.
-        blobs: dict[str, str] = {}
+        stored_blobs: dict[str, str] = dict(blobs or {})
         events = [
             attrs.evolve(
                 e,
-                payload=stored_event(e.payload, blobs),
+                payload=stored_event(e.payload, stored_blobs),
                 effects=tuple(
-                    attrs.evolve(f, payload=stored_effect(f.payload, blobs)) for f in e.effects
+                    attrs.evolve(f, payload=stored_effect(f.payload, stored_blobs))
+                    for f in e.effects
                 ),
             )
             for e in events
         ]
         ordered = [
-            attrs.evolve(c, snapshot_json=stored_state(c.snapshot_json, blobs))
+            attrs.evolve(c, snapshot_json=stored_state(c.snapshot_json, stored_blobs))
             if c.snapshot_json is not None
             else c
             for c in ordered
         ]
         with self._transaction("BEGIN IMMEDIATE") as conn:
-            if blobs:
+            if stored_blobs:
                 conn.executemany(
                     "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                    list(blobs.items()),
+                    list(stored_blobs.items()),
                 )
             stored = self._stored(conn, ids)
             if stored:

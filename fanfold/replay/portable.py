@@ -9,13 +9,21 @@ Format (``FORMAT`` version ``FORMAT_VERSION``), one JSON object per line:
    "updated_at": ..., "phase": ..., "status": ..., "last_seq": ..., "snapshot_seq": ...,
    "forked_from": ..., "forked_at_seq": ..., "snapshot": {...} | null}``, parents first;
 3. M steps, in the order they were written: ``{"record": "step", "conversation_id": ...,
-   "seq": ..., "at": ..., "event": {...}, "effects": [{...}, ...], "fingerprint": ...}``.
+   "seq": ..., "at": ..., "event": {...}, "effects": [{...}, ...], "fingerprint": ...}``,
+   and (format 2) ``"stored": "..."`` when the event is stored in the compact form:
+   that exact text, blob references and all.
 
 Events, effects and snapshots are the stored codec documents (each with its ``"v"``),
 copied verbatim but for blob references (``fanfold.db.codec``, "Blobs"), which are
 written inline, the value in place of its reference, as the same document encodes
 without a blobs table: an imported log keeps its recorded effects and fingerprints, so
-``verify`` in the new database judges the log as it was recorded.
+``verify`` in the new database judges the log as it was recorded. A compact event
+(schema 6 and later) is exported as its object document, which is readable on its own,
+and (format 2) as the exact text stored: its fingerprint is a digest of that text, and
+encoding the same value again need not give the same text (a log written before a
+later field of the same schema version lacks it; today's encoder writes it). The
+importer stores that text after checking it decodes to the object document's value.
+Format 1 files (no ``stored``) are imported as before: re-encoded.
 
 An imported tree is an inert record: its provenance record says ``imported`` (with
 the file's name, sha256 and the time) and carries no mark, so no runtime ever
@@ -58,7 +66,7 @@ from fanfold.statemachine import ConversationCreated, ConversationForked
 
 FORMAT = "fanfold-log"
 """The ``format`` name in an export's header."""
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """The layout version of the lines of an export (not the event schema version)."""
 
 
@@ -143,6 +151,10 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
             ],
             "fingerprint": event.fingerprint,
         }
+        if event.payload.startswith(f"[{codec.SCHEMA_VERSION},"):
+            # Compact, of today's schema: the exact text the fingerprint's digest is
+            # of (an older schema's document is stored in its own form on import).
+            step["stored"] = event.payload
         out.write(_dumps(step) + "\n")
     return ExportSummary(root, len(logs), len(events))
 
@@ -236,6 +248,7 @@ _CONVERSATION_KEYS = frozenset({"record", "snapshot", *ConversationRow.COLUMNS})
 _STEP_KEYS = frozenset(
     {"record", "conversation_id", "seq", "at", "event", "effects", "fingerprint"}
 )
+_STEP_KEYS_2 = _STEP_KEYS | {"stored"}  # format 2: "stored" where the event was compact
 _HEADER_KEYS = frozenset(
     {
         "record",
@@ -317,6 +330,8 @@ class _Importer:
         self.row_lines: dict[str, int] = {}
         self.events: list[RawEvent] = []
         self.seqs: dict[str, int] = {}
+        self.blobs: dict[str, str] = {}  # values the stored texts refer to (format 2)
+        self.format_version = 1
 
     def read(self, lines: Iterable[str]) -> None:
         for number, text in enumerate(lines, 1):
@@ -360,6 +375,7 @@ class _Importer:
                 f"version 1 to {FORMAT_VERSION}",
                 line=line,
             )
+        self.format_version = layout
         version: Any = record.get("event_schema_version")
         supported = codec.SCHEMA_VERSION
         if not _is_int(version) or version < 1:
@@ -436,7 +452,7 @@ class _Importer:
         self.row_lines[cid] = line
 
     def _step(self, line: int, record: dict[str, Any]) -> None:
-        _check_keys(line, record, _STEP_KEYS)
+        _check_keys(line, record, _STEP_KEYS_2 if "stored" in record else _STEP_KEYS)
         cid, seq = record["conversation_id"], record["seq"]
         _require(line, isinstance(cid, str), "conversation_id must be a string")
         _require(line, _is_int(seq) and seq >= 0, "seq must be an integer >= 0")
@@ -454,6 +470,8 @@ class _Importer:
         where = f"conversation {cid!r}, seq {seq}"
         payload = self._decode(line, f"the event of {where}", record["event"], decode_event)
         event = decode_event(payload)
+        if "stored" in record:
+            payload = self._stored(line, where, record["stored"], event, record["event"])
         if seq == 0:
             _require(
                 line,
@@ -476,6 +494,40 @@ class _Importer:
                 tuple(effects),
             )
         )
+
+    def _stored(self, line: int, where: str, stored: Any, event: Any, event_document: Any) -> str:
+        """The exact stored text of a compact event (format 2), checked: a compact
+        document of a schema version this fanfold reads whose value, its blob references resolved
+        from the object document's values, is the event's. Its blobs are kept for
+        the store (``blobs``)."""
+        _require(
+            line,
+            self.format_version >= 2,
+            f"{where}: 'stored' is a field of format 2, the file says format {self.format_version}",
+        )
+        _require(line, isinstance(stored, str), f"{where}: 'stored' must be a string")
+        values: dict[str, str] = {}
+        codec.encode_event_compact(event, values)  # the blob values the event holds
+        try:
+            _require(
+                line,
+                stored.startswith("[")
+                and codec.COMPACT_SINCE <= codec.document_version(stored) <= codec.SCHEMA_VERSION,
+                f"{where}: 'stored' must be a compact event document (schema version "
+                f"{codec.COMPACT_SINCE} to {codec.SCHEMA_VERSION})",
+            )
+            same = decode_event(stored, values) == event
+        except CodecError as exc:
+            raise ImportRefused(
+                f"{where}: its stored text cannot be read: {exc}", line=line
+            ) from None
+        _require(line, same, f"{where}: its stored text and its event differ")
+        if codec.document_version(stored) != codec.SCHEMA_VERSION:
+            # An export from an older fanfold, read by a newer one: its documents are
+            # of an older schema, stored in their own form, as without the field.
+            return _dumps(event_document)
+        self.blobs.update(values)
+        return str(stored)
 
     def check(self) -> str:
         """Whole-file checks; returns the root id."""
@@ -573,7 +625,9 @@ def import_jsonl(
         imported_at=time.time() if now is None else now,
     )
     try:
-        store.import_raw(list(importer.rows.values()), importer.events, tree=tree)
+        store.import_raw(
+            list(importer.rows.values()), importer.events, tree=tree, blobs=importer.blobs
+        )
     except ConversationExists as exc:
         raise ImportRefused(
             f"conversation {exc.conversation_id!r} already exists in this database; "
