@@ -346,9 +346,10 @@ class Runtime:
         """Told of every step once it is committed (see ``StepObserver``)."""
         self._clock = clock
         self._nursery = nursery
-        self.calls = Calls(nursery.start_soon)
-        """The calls in flight, on a pool of worker tasks (``calls.py``)."""
         self.timers = Timers()
+        self.calls = Calls(nursery.start_soon, self.timers)
+        """The calls in flight, on a pool of worker tasks or, for a provider that
+        ``RepliesAtOnce``, on the timers (``calls.py``)."""
         self._actors: dict[str, Actor] = {}  # conversations loaded: work in flight
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
         self._trusted: set[str] = set()  # roots whose provenance mark verified

@@ -99,6 +99,10 @@ class Timers:
                     owner.timer_fired(timer.number)
                 else:
                     self._dead -= 1
+            # Nothing that fired stays alive in this frame while it sleeps (an owner
+            # is a conversation's actor or a call, which holds its actor; a fired
+            # timer holds neither).
+            owner = None
             while heap and heap[0].owner is None:
                 heapq.heappop(heap)  # aborted: no need to wake up for it
                 self._dead -= 1
