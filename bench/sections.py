@@ -23,7 +23,7 @@ from bench.cpuclock import CpuClock
 from bench.workload import default_logging, fanfold_fanout, fanout_limits, fanout_script
 from fanfold import replay
 from fanfold.db import Store
-from fanfold.providers.scripted import _ALARMS, ScriptedProvider
+from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import Runtime
 from fanfold.runtime.logging import quiet_logger
 from fanfold.statemachine import Limits, canonical_json
@@ -294,14 +294,14 @@ def _rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _calls_asleep() -> int:
-    """How many scripted model calls are waiting out their latency in this Trio run.
+def _calls_in_flight(runtime: Runtime) -> int:
+    """How many conversations of ``runtime`` have a model call started and not ended.
 
-    Read from the scripted provider's alarm clock (private: this is a benchmark) rather
-    than by wrapping the provider, whose coroutine frame per call would be counted as
-    the children's heap."""
-    clock = _ALARMS.get()
-    return 0 if clock is None else sum(1 for alarm in clock._heap if alarm.task is not None)
+    Read from the runtime's conversations (private: this is a benchmark) rather than by
+    wrapping the provider, whose coroutine frame per call would be counted as the
+    children's heap. A call is started once it waits on its timer (a provider that
+    ``RepliesAtOnce``, as the scripted one) or once its worker awaits the provider."""
+    return sum(1 for actor in runtime._actors.values() if actor._call and actor._call.started)
 
 
 def memory(n: int) -> dict[str, Any]:
@@ -310,7 +310,7 @@ def memory(n: int) -> dict[str, Any]:
     measured in one run, RSS in an earlier one without tracemalloc (which adds its own).
     RSS is only indicative: it moves in whole pages and with what the allocator kept.
 
-    Measured once all ``n`` children's calls are asleep in the provider (not when their state
+    Measured once all ``n`` children's calls are in flight (not when their state
     says a call is due: until the writer has committed their creation the calls have
     not started, and the heap then holds the batch being written instead)."""
 
@@ -328,8 +328,8 @@ def memory(n: int) -> dict[str, Any]:
             await runtime.start("fan out", limits=limits)
             with trio.fail_after(600):
                 # The root's own call has returned (it spawned them); every call
-                # asleep is a child's.
-                while _calls_asleep() < n:
+                # in flight is a child's.
+                while _calls_in_flight(runtime) < n:
                     await trio.sleep(0.05)
             gc.collect()
             after = tracemalloc.get_traced_memory()[0] if traced else _rss()

@@ -342,6 +342,23 @@ class _IllFormed:
         return outcome  # type: ignore[return-value]
 
 
+class _IllFormedAtOnce(_IllFormed):
+    """The same, a provider that replies at once (``reply_after``): the runtime holds
+    its outcome to the same contract; what ``make()`` raises is raised when the call
+    starts, in the engine's task."""
+
+    def reply_after(
+        self, request: ModelRequest, context: CallContext
+    ) -> tuple[float, ModelReply | ProviderError]:
+        if context.path != self.path:
+            return self.script.reply_after(request, context)
+        outcome = self.make()
+        if isinstance(outcome, BaseException) and not isinstance(outcome, ProviderError):
+            raise outcome
+        return 0.1, outcome  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("wrapper", [_IllFormed, _IllFormedAtOnce])
 @pytest.mark.parametrize(("case", "make", "problem"), ILL_FORMED)
 async def test_a_provider_failing_at_call_time_ends_the_tree_with_a_recorded_reason(
     tmp_path: Path,
@@ -349,9 +366,10 @@ async def test_a_provider_failing_at_call_time_ends_the_tree_with_a_recorded_rea
     case: str,
     make: Callable[[], object],
     problem: str,
+    wrapper: type[_IllFormed],
 ) -> None:
     scripted = script(0.1, root=[reply("", spawn("a", "b")), reply("summed up")])
-    provider = _IllFormed(scripted, "root/2", make)
+    provider = wrapper(scripted, "root/2", make)
     async with open_runtime(tmp_path, provider) as runtime:
         root = await runtime.start("go", cwd=tmp_path)
         with trio.fail_after(60):
@@ -363,7 +381,7 @@ async def test_a_provider_failing_at_call_time_ends_the_tree_with_a_recorded_rea
         assert problem in broken.error
         assert isinstance(runtime.state(f"{root}.1").phase, Completed)  # its sibling
         # The root itself meeting the broken provider: its turn ends in Error.
-        alone = _IllFormed(scripted, "root", make)
+        alone = wrapper(scripted, "root", make)
         runtime.provider = alone
         await runtime.send(root, "again")
         with trio.fail_after(60):

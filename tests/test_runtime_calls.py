@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from fanfold.runtime.calls import Call, Calls
+from fanfold.runtime.timers import Timers
 
 # The context the calls are made in: for the pool, a key (a new worker starts in the
 # context current when it is started).
@@ -46,7 +47,7 @@ class Caller:
 async def test_a_call_runs_on_an_idle_worker(autojump_clock: object) -> None:
     caller = Caller()
     async with trio.open_nursery() as nursery:
-        calls = Calls(nursery.start_soon)
+        calls = Calls(nursery.start_soon, Timers())
         calls.start(Call(caller, 1, None, 1.0, 1), CONTEXT)
         await trio.sleep(2)
         assert caller.ended == [(1, "result 1")]
@@ -66,7 +67,7 @@ async def test_an_aborted_call_ends_unheard_and_its_worker_serves_on(
 ) -> None:
     caller = Caller()
     async with trio.open_nursery() as nursery:
-        calls = Calls(nursery.start_soon)
+        calls = Calls(nursery.start_soon, Timers())
         running = Call(caller, 1, None, 100.0, 1)
         calls.start(running, CONTEXT)
         await trio.sleep(1)
@@ -83,7 +84,7 @@ async def test_an_aborted_call_ends_unheard_and_its_worker_serves_on(
 async def test_a_call_aborted_before_it_started_never_runs(autojump_clock: object) -> None:
     caller = Caller()
     async with trio.open_nursery() as nursery:
-        calls = Calls(nursery.start_soon)
+        calls = Calls(nursery.start_soon, Timers())
         calls.start(Call(caller, 1, None, 1.0, 1), CONTEXT)
         await trio.sleep(2)  # its worker is idle now
         handed = Call(caller, 2, None, 1.0, 1)
@@ -101,7 +102,7 @@ async def test_a_call_aborted_before_it_started_never_runs(autojump_clock: objec
 async def test_workers_are_kept_only_while_wanted(autojump_clock: object) -> None:
     caller = Caller()
     async with trio.open_nursery() as nursery:
-        calls = Calls(nursery.start_soon)
+        calls = Calls(nursery.start_soon, Timers())
         for number in range(3):
             calls.start(Call(caller, number, None, 1.0, 1), CONTEXT)
         await trio.sleep(2)
@@ -115,7 +116,7 @@ async def test_workers_are_kept_only_while_wanted(autojump_clock: object) -> Non
 async def test_what_a_call_raises_goes_to_its_caller(autojump_clock: object) -> None:
     caller = Caller()
     async with trio.open_nursery() as nursery:
-        calls = Calls(nursery.start_soon)
+        calls = Calls(nursery.start_soon, Timers())
         calls.start(Call(caller, 1, "raise", 1.0, 1), CONTEXT)
         await trio.sleep(2)
         assert caller.ended == [(1, "ValueError('failed 1')")]
@@ -129,7 +130,7 @@ async def test_a_worker_serves_only_calls_of_its_context(autojump_clock: object)
     caller = Caller()
     other = contextvars.copy_context()
     async with trio.open_nursery() as nursery:
-        calls = Calls(nursery.start_soon)
+        calls = Calls(nursery.start_soon, Timers())
         calls.start(Call(caller, 1, None, 1.0, 1), CONTEXT)
         await trio.sleep(2)
         calls.start(Call(caller, 2, None, 1.0, 1), other)
@@ -139,3 +140,46 @@ async def test_a_worker_serves_only_calls_of_its_context(autojump_clock: object)
         await trio.sleep(2)
         assert caller.tasks[2] is caller.tasks[0] and calls.workers == 2
         calls.trim(0)
+
+
+LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("label", default="none")
+
+
+class Heard(Caller):
+    """Notes, with each ending, the ``LABEL`` of the context it was heard in."""
+
+    def call_done(self, call: Call, value: Any) -> None:
+        self.ended.append((call.number, (value, LABEL.get())))
+
+    def call_failed(self, call: Call, error: Exception) -> None:
+        self.ended.append((call.number, (repr(error), LABEL.get())))
+
+
+async def test_a_scheduled_call_ends_on_its_timer_without_a_task(autojump_clock: object) -> None:
+    # A call whose outcome is known when it starts (a provider that replies at once)
+    # waits on the runtime's timers: no worker, no task; it ends when due, in the
+    # context it was scheduled in; an exception as its outcome is a failure; one
+    # cancelled before it is due is never heard of.
+    caller = Heard()
+    timers = Timers()
+    context = contextvars.copy_context()
+    context.run(LABEL.set, "tree A")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(timers.run)
+        await trio.testing.wait_all_tasks_blocked()
+        calls = Calls(nursery.start_soon, timers)
+        first, second, third = (Call(caller, n, None, None, 1) for n in (1, 2, 3))
+        calls.schedule(first, 5.0, "reply 1", context)
+        calls.schedule(second, 3.0, ValueError("broken"), context)
+        calls.schedule(third, 4.0, "reply 3", context)
+        assert first.started and calls.workers == 0 and len(nursery.child_tasks) == 1
+        await trio.sleep(3.5)
+        assert caller.ended == [(2, ("ValueError('broken')", "tree A"))]
+        calls.cancel(third)
+        await trio.sleep(2)
+        assert caller.ended == [(2, ("ValueError('broken')", "tree A")), (1, ("reply 1", "tree A"))]
+        assert trio.current_time() == 5.5
+        calls.cancel(first)  # ended already: nothing happens
+        assert caller.performed == [] and calls.workers == 0
+        assert timers._heap == []  # nothing of the calls is kept
+        nursery.cancel_scope.cancel()

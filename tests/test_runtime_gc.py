@@ -7,9 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_helpers import open_runtime, reply, script
+import trio
+from runtime_helpers import open_runtime, reply, script, spawn, submit
 
-from fanfold.runtime.runtime import GC_TUNED_THRESHOLD
+from fanfold.runtime.runtime import GC_TUNED_THRESHOLD, GC_YOUNG_PER_CONVERSATION
+from fanfold.statemachine import Limits
 
 
 @pytest.fixture
@@ -32,6 +34,34 @@ async def test_tuned_raises_the_young_threshold_while_open_and_restores_it(
         assert gc.get_threshold() == (GC_TUNED_THRESHOLD, 11, 12)
         # The start-up objects were moved out of the collector's way.
         assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == thresholds
+
+
+async def test_tuned_scales_the_young_threshold_with_the_conversations_loaded(
+    tmp_path: Path, autojump_clock: object, thresholds: tuple[int, int, int]
+) -> None:
+    # A round's objects (a step of every loaded conversation) must not fill the young
+    # generation, or the collections per step grow with N: the threshold follows
+    # what is loaded, and comes back down once the tree is at rest.
+    n = GC_TUNED_THRESHOLD // GC_YOUNG_PER_CONVERSATION + 200
+    limits = Limits(max_tasks_per_call=n, max_concurrent=n)
+    provider = script(
+        100.0,
+        root=[reply("", spawn(*[f"task {i}" for i in range(n)]), latency=0), reply("done")],
+        **{f"c{i + 1}": [reply("", submit("x"))] for i in range(n)},
+    )
+    async with open_runtime(tmp_path, provider, limits=limits) as rt:
+        root = await rt.start("go", cwd=tmp_path)
+        with trio.fail_after(600):
+            while len(rt.running()) < n + 1:
+                await trio.sleep(1)
+        young, *older = gc.get_threshold()
+        assert young >= GC_YOUNG_PER_CONVERSATION * (n + 1) and older == [11, 12]
+        await rt.wait(root)
+        with trio.fail_after(600):
+            while rt.running():
+                await trio.sleep(1)
+        assert gc.get_threshold() == (GC_TUNED_THRESHOLD, 11, 12)
     assert gc.get_threshold() == thresholds
 
 

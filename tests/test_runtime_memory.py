@@ -52,3 +52,36 @@ async def test_a_waiting_sub_agent_costs_the_runtime_little(tmp_path: Path) -> N
         # conversation, an instance dict, a dict of one timer and a bound method
         # per timer made it 2.1 KB.
         assert per_child < 1_400, per_child
+
+
+def _calls_in_flight(runtime: fanfold.runtime.Runtime) -> int:
+    return sum(1 for actor in runtime._actors.values() if actor._call and actor._call.started)
+
+
+async def test_a_waiting_sub_agent_costs_the_process_under_4_kib(tmp_path: Path) -> None:
+    # Issue 21's measure, whole heap (every module's allocations): N children whose
+    # hour-long scripted calls are all in flight, the root waiting on them. A call of
+    # a provider that replies at once waits on a timer, not on a task of its own with
+    # its cancel scope and coroutines (those were 1.9 KB of 4.7 KB per child).
+    n = 200
+    limits = Limits(max_tasks_per_call=n, max_concurrent=n)
+    provider = script(
+        3600.0,
+        root=[reply("", spawn(*[f"task {i}" for i in range(n)]), latency=0), reply("done")],
+        **{f"c{i + 1}": [reply("", submit("x"))] for i in range(n)},
+    )
+    async with open_runtime(tmp_path, provider, limits=limits) as runtime:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            await runtime.start("go", cwd=tmp_path)
+            with trio.fail_after(60):
+                while _calls_in_flight(runtime) < n or runtime.writer.pending:
+                    await trio.sleep(0.01)
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        per_child = (after - before) / n
+        assert per_child < 4_096, per_child

@@ -16,6 +16,7 @@ from runtime_helpers import open_runtime, reply, script, spawn, submit
 
 import fanfold.runtime
 from fanfold.providers.base import CallContext
+from fanfold.providers.scripted import ScriptedProvider
 from fanfold.statemachine import (
     AwaitingSubAgents,
     Limits,
@@ -33,16 +34,30 @@ async def _wait_until(predicate: object) -> None:
             await trio.sleep(0.01)
 
 
-async def test_only_calls_in_flight_hold_a_task(tmp_path: Path, autojump_clock: object) -> None:
-    # The root spawns three children and then waits on them: it has no call in
-    # flight, so no task of its own; each child waits on its model call, one task each.
-    provider = script(
+class _Awaited:
+    """The scripted provider with its ``complete`` only: calls that must be awaited."""
+
+    def __init__(self, scripted: ScriptedProvider) -> None:
+        self._scripted = scripted
+
+    async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
+        return await self._scripted.complete(request, context)
+
+
+def _three_children() -> ScriptedProvider:
+    return script(
         0.0,
         root=[reply("", spawn("a", "b", "c")), reply("done")],
         c1=[reply("", submit("A"), latency=100)],
         c2=[reply("", submit("B"), latency=100)],
         c3=[reply("", submit("C"), latency=100)],
     )
+
+
+async def test_only_calls_in_flight_hold_a_task(tmp_path: Path, autojump_clock: object) -> None:
+    # The root spawns three children and then waits on them: it has no call in
+    # flight, so no task of its own; each child waits on its model call, one task each.
+    provider = _Awaited(_three_children())
     async with open_runtime(tmp_path, provider, limits=Limits()) as runtime:
         root = await runtime.start("go", cwd=tmp_path)
         await _wait_until(
@@ -67,6 +82,28 @@ async def test_only_calls_in_flight_hold_a_task(tmp_path: Path, autojump_clock: 
         # At rest: the runtime's own two tasks, nothing of any conversation.
         await trio.sleep(1)
         assert len(runtime._nursery.child_tasks) == 2
+
+
+async def test_calls_of_a_provider_that_replies_at_once_hold_no_task(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    # The scripted provider knows each reply when the call starts (``reply_after``):
+    # its calls wait on the runtime's timers, not on a task each.
+    async with open_runtime(tmp_path, _three_children(), limits=Limits()) as runtime:
+        root = await runtime.start("go", cwd=tmp_path)
+        await _wait_until(
+            lambda: (
+                isinstance(runtime.state(root).phase, AwaitingSubAgents)
+                and len(runtime.running()) == 4
+            )
+        )
+        await trio.sleep(1)  # every child's call has started by now (100 s each)
+        names = sorted(task.name for task in runtime._nursery.child_tasks)
+        assert names == ["fanfold.runtime.engine.Engine.run", "fanfold.runtime.timers.Timers.run"]
+        assert runtime.calls.workers == 0
+        result = await runtime.wait(root)
+        assert result.text == "done"
+        assert trio.current_time() >= 100  # the children's latency was waited out
 
 
 def _runtime_imports(path: Path) -> set[str]:

@@ -53,6 +53,26 @@ class Provider(Protocol):
     async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply: ...
 
 
+class RepliesAtOnce(Protocol):
+    """An optional second method of a Provider that knows a call's outcome as soon as
+    the call starts and only makes it wait (the scripted provider's latency).
+
+    ``reply_after(request, context)`` returns ``(seconds, outcome)``: what
+    ``complete(request, context)`` would do is wait ``seconds`` (finite, >= 0), then
+    return ``outcome`` if it is a ModelReply or raise it if it is a ProviderError. The
+    runtime then waits on its own timers (``fanfold.runtime.timers``) instead of a task
+    per call in flight, and cancels the call by cancelling its timer: a thousand
+    waiting sub-agents hold a thousand timer entries, not a thousand Trio tasks with
+    their cancel scopes and coroutines. It runs when the call starts, in the engine's
+    task, so it must not block; whatever else it raises counts as the call's failure,
+    as if ``complete`` had raised it.
+    """
+
+    def reply_after(
+        self, request: ModelRequest, context: CallContext
+    ) -> tuple[float, ModelReply | ProviderError]: ...
+
+
 class ProviderContractError(TypeError):
     """A provider returned, or raised, something its contract does not allow (a bug
     in the provider). The runtime records it as a ``provider_failure``."""

@@ -147,9 +147,14 @@ class ScriptedProvider:
         self._matched[key] = found
         return found
 
-    async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
+    def reply_after(
+        self, request: ModelRequest, context: CallContext
+    ) -> tuple[float, ModelReply | ProviderError]:
+        """The scripted reply to ``request`` (or the failure it scripts first) and its
+        latency in seconds (``RepliesAtOnce``): the runtime waits it out on its own
+        timers, with no task per call in flight. ``complete`` is this, then a sleep."""
         if is_summary_request(request):
-            return await self._summary(request, context)
+            return self._summary_after(request, context)
         own = own_messages(request.messages, context.task, context.depth > 0)
         step = 0
         for message in own:
@@ -157,27 +162,40 @@ class ScriptedProvider:
                 step += 1
         entry = self._entry_for(context)
         if entry is None or step >= len(entry.agent.replies):
-            await _sleep(self._latency)
-            return ModelReply(text=f"(no scripted reply for {context.path} round {step + 1})")
+            return self._latency, ModelReply(
+                text=f"(no scripted reply for {context.path} round {step + 1})"
+            )
         reply = entry.agent.replies[step]
-        await _sleep(self._latency if reply.latency is None else reply.latency)
-        _fail_first(reply, context.attempt)
+        latency = self._latency if reply.latency is None else reply.latency
+        failure = _failure(reply, context.attempt)
+        if failure is not None:
+            return latency, failure
         built = entry.built[step]
         if built is not None:
-            return built
+            return latency, built
         values = {"last_tool_result": _last_tool_result(own), "task": context.task or ""}
-        return _build(reply, step, values)
+        return latency, _build(reply, step, values)
 
-    async def _summary(self, request: ModelRequest, context: CallContext) -> ModelReply:
+    async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
+        seconds, outcome = self.reply_after(request, context)
+        await _sleep(seconds)
+        if isinstance(outcome, ProviderError):
+            raise outcome
+        return outcome
+
+    def _summary_after(
+        self, request: ModelRequest, context: CallContext
+    ) -> tuple[float, ModelReply | ProviderError]:
         entry = self._entry_for(context)
         reply = None if entry is None else entry.agent.summary
         if reply is None:
-            await _sleep(self._latency)
-            return ModelReply(text=_made_up_summary(request.messages, context.path))
-        await _sleep(self._latency if reply.latency is None else reply.latency)
-        _fail_first(reply, context.attempt)
+            return self._latency, ModelReply(text=_made_up_summary(request.messages, context.path))
+        latency = self._latency if reply.latency is None else reply.latency
+        failure = _failure(reply, context.attempt)
+        if failure is not None:
+            return latency, failure
         # The request writes tool results as text: there is no last tool result.
-        return _build(reply, 0, {"last_tool_result": "", "task": context.task or ""})
+        return latency, _build(reply, 0, {"last_tool_result": "", "task": context.task or ""})
 
 
 def is_summary_request(request: ModelRequest) -> bool:
@@ -199,13 +217,14 @@ def _made_up_summary(messages: tuple[Message, ...], path: str) -> str:
     return f"(scripted summary of {path}: {len(messages) - 1} messages; latest request: {latest})"
 
 
-def _fail_first(reply: Reply, attempt: int) -> None:
-    """Raise the failure ``reply`` scripts for ``attempt``, if it scripts one."""
+def _failure(reply: Reply, attempt: int) -> ProviderError | None:
+    """The failure ``reply`` scripts for ``attempt``, if it scripts one."""
     failures = reply.fail_first
     if attempt <= len(failures):
         failure = failures[attempt - 1]
         usage = Usage(failure.usage.input_tokens, failure.usage.output_tokens)
-        raise ProviderError(ModelError(failure.kind, failure.message, failure.retry_after, usage))
+        return ProviderError(ModelError(failure.kind, failure.message, failure.retry_after, usage))
+    return None
 
 
 _MATCH_CACHE = 10_000  # conversations whose script entry is remembered

@@ -452,7 +452,8 @@ class Actor:
     def _start(
         self, number: int, effect: CallModel | RunTool, request: ModelRequest | None, attempt: int
     ) -> None:
-        """Start a model call (with its ``request``) or a tool on a worker."""
+        """Start a model call (with its ``request``) or a tool on a worker; a model
+        call whose provider ``RepliesAtOnce`` on a timer instead (no task)."""
         call = Call(self, number, effect, request, attempt)
         if self._call is None:
             self._call = call
@@ -460,7 +461,19 @@ class Actor:
             if self._more is _NO_CALLS:
                 self._more = {}
             self._more[number] = call
-        self.runtime.calls.start(call, self._context)
+        calls = self.runtime.calls
+        if request is not None:
+            reply_after = getattr(self.runtime.provider, "reply_after", None)
+            if reply_after is not None:
+                # Runs in this actor's context (``_committed`` and the creation step's
+                # callback run the effects in it), as ``complete`` would on a worker.
+                try:
+                    delay, outcome = reply_after(request, self._call_context(call))
+                except Exception as error:  # as if ``complete`` had raised it
+                    delay, outcome = 0.0, error
+                calls.schedule(call, delay, outcome, self._context)
+                return
+        calls.start(call, self._context)
 
     def perform(self, call: Call) -> Awaitable[Any]:
         """What a worker awaits for ``call`` (``calls.Caller``): a tool's run (its
@@ -469,12 +482,17 @@ class Actor:
         alive while a model call waits."""
         if call.request is None:
             return self._run_tool(call.effect)
+        return self.runtime.provider.complete(call.request, self._call_context(call))
+
+    def _call_context(self, call: Call) -> CallContext:
+        """The CallContext of model call ``call``; with info lines on, the call is
+        timed for its log line from here (``call.note``)."""
         state = self.state
         on_progress = self.runtime.on_progress
         if self._log_lifecycle:
             call.note = _CallLog(on_progress)
             on_progress = call.note.progress  # timed for the call's log line
-        context = CallContext(
+        return CallContext(
             conversation_id=state.id,
             root_id=state.root_id,
             path=self._path,
@@ -484,7 +502,6 @@ class Actor:
             attempt=call.attempt,
             on_progress=on_progress,
         )
-        return self.runtime.provider.complete(call.request, context)
 
     def call_done(self, call: Call, value: Any) -> None:
         """``call`` ended (``calls.Caller``): its event into the inbox. A reply is held

@@ -18,15 +18,25 @@ A worker runs in the context (``contextvars``) it was started in, as any task do
 it serves only calls made in that context: a conversation's calls run in its context
 (the API caller's that created its tree), as they would in a task of its own. The
 conversations of one tree share one context object, so they share their workers.
+
+A model call whose provider knows its outcome at once (``RepliesAtOnce``: the scripted
+provider, which only simulates latency) needs no task at all: ``schedule`` sets a
+timer of the runtime's heap (``timers.py``) that delivers the outcome when it is due,
+and ``cancel`` cancels that timer. A thousand sub-agents waiting on such calls hold a
+thousand timer entries instead of a thousand Trio tasks, cancel scopes and coroutines
+(about 1.9 KB each, ``bench/README.md``).
 """
 
 from __future__ import annotations
 
 import contextvars
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
+
+if TYPE_CHECKING:
+    from fanfold.runtime.timers import Timer, Timers
 
 
 class Caller(Protocol):
@@ -50,7 +60,19 @@ class Call:
     """One call in flight: who made it, its number, and what it runs (``perform``'s
     business: the effect, the model request, the attempt)."""
 
-    __slots__ = ("attempt", "caller", "effect", "note", "number", "request", "started", "worker")
+    __slots__ = (
+        "attempt",
+        "caller",
+        "context",
+        "effect",
+        "note",
+        "number",
+        "outcome",
+        "request",
+        "started",
+        "timer",
+        "worker",
+    )
 
     def __init__(self, caller: Caller, number: int, effect: Any, request: Any, attempt: int):
         self.caller = caller
@@ -61,6 +83,22 @@ class Call:
         self.worker: _Worker | None = None  # None once it ended or was aborted
         self.started = False
         self.note: Any = None  # the caller's, from ``perform`` to the end
+        # A scheduled call (``Calls.schedule``): its timer (None once it fired or was
+        # cancelled), the outcome it delivers, and the context its caller hears it in.
+        self.timer: Timer | None = None
+        self.outcome: Any = None
+        self.context: contextvars.Context | None = None
+
+    def timer_fired(self, _: int) -> None:
+        """A scheduled call is due (``timers.Owner``): its caller hears its outcome,
+        in the caller's context, as a worker would have told it."""
+        outcome, context = self.outcome, self.context
+        self.timer = self.outcome = self.context = None
+        assert context is not None
+        if isinstance(outcome, Exception):
+            context.run(self.caller.call_failed, self, outcome)
+        else:
+            context.run(self.caller.call_done, self, outcome)
 
 
 class _Worker:
@@ -88,8 +126,9 @@ _WORKER = "fanfold call"  # one name for every worker (Trio formats one per task
 class Calls:
     """The pool: ``start`` a call, ``cancel`` it; ``trim`` idle workers."""
 
-    def __init__(self, start_soon: Callable[..., None]) -> None:
+    def __init__(self, start_soon: Callable[..., None], timers: Timers) -> None:
         self._start_soon = start_soon
+        self._timers = timers
         # Idle workers by their context's id (a Context is not hashable; the workers
         # keep theirs alive, so an id in here is never reused).
         self._idle: dict[int, list[_Worker]] = {}
@@ -120,9 +159,24 @@ class Calls:
             self._workers += 1
             self._start_soon(self._work, worker, name=_WORKER)
 
+    def schedule(
+        self, call: Call, delay: float, outcome: Any, context: contextvars.Context
+    ) -> None:
+        """End ``call`` with ``outcome`` once ``delay`` seconds have passed, with no
+        task: its caller hears ``call_failed`` if ``outcome`` is an exception, else
+        ``call_done``, in ``context``."""
+        call.outcome, call.context = outcome, context
+        call.started = True
+        call.timer = self._timers.start(delay, call)
+
     def cancel(self, call: Call) -> None:
         """Abort ``call``: one handed over and not started never starts; a running
         one is cancelled (its caller hears nothing more of it)."""
+        timer = call.timer
+        if timer is not None:  # a scheduled call: its timer never fires
+            call.timer = call.outcome = call.context = None
+            timer.cancel()
+            return
         worker = call.worker
         call.worker = None
         if worker is None or worker.call is not call:

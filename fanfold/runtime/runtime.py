@@ -100,17 +100,59 @@ its commit; each young and middle collection walked them again (at N = 10000, 24
 young and 22 middle collections took 3.0 s of a 16 s fan-out; with 100,000, 1.5 s;
 at N = 1000, 9 -> 4 us per step). Only cyclic garbage waits longer for it."""
 
+GC_YOUNG_PER_CONVERSATION = 100
+"""While more than ``GC_TUNED_THRESHOLD / GC_YOUNG_PER_CONVERSATION`` conversations are
+loaded (in all "tuned" runtimes of the process), the young threshold is this many
+containers per loaded conversation. A round of the engine can hold a step of every
+loaded conversation, each with its new state, event, effects and log rows (about 100
+containers, alive until the round's commit), so at a fixed threshold the number of
+young collections per step grew with N: at N = 10,000, 41 young collections of about
+100,000 survivors each, 8-10 us per step, where N = 1,000 had none (2026-11-28,
+issue 21, ``bench/bench_gc.py``). Scaled with what is loaded, a round's objects no
+longer fill the young generation, and the collector's work per step stays flat. Cyclic
+garbage (rare: most is freed by reference counting) then waits for up to this many
+containers per conversation, in proportion to the live heap, as a collector that runs
+when the heap grew by a fraction does; once nothing is loaded the threshold is
+``GC_TUNED_THRESHOLD`` again, and what waited is collected then."""
+
 # The thresholds before the first "tuned" runtime opened, and how many are open: the
 # last to close restores them (runtimes may be open at once, nested or side by side).
 _gc_saved: tuple[int, int, int] | None = None
 _gc_open = 0
 _gc_frozen = False
+# Conversations loaded in the "tuned" runtimes open, and the young threshold set now.
+_gc_loaded = 0
+_gc_young = GC_TUNED_THRESHOLD
+
+
+def _gc_loaded_changed(delta: int) -> None:
+    """``delta`` more (or fewer) conversations are loaded in a tuned runtime: scale the
+    young threshold with the most loaded at once (``GC_YOUNG_PER_CONVERSATION``). It
+    grows in steps of at least a quarter (not set at every load) and goes back to
+    ``GC_TUNED_THRESHOLD`` only once nothing is loaded: while a fan-out's children
+    end one by one, what they made is still alive (the parent's outcomes, the log's
+    rows), and a threshold that shrank with them collected it again (measured: a young
+    collection of 120 ms at the end of a 10,000-child fan-out)."""
+    global _gc_loaded, _gc_young
+    _gc_loaded += delta
+    if _gc_saved is None:
+        return
+    wanted = max(GC_TUNED_THRESHOLD, GC_YOUNG_PER_CONVERSATION * _gc_loaded)
+    if wanted > _gc_young:
+        young = max(wanted, _gc_young + _gc_young // 4)
+    elif not _gc_loaded and _gc_young != GC_TUNED_THRESHOLD:
+        young = GC_TUNED_THRESHOLD
+    else:
+        return
+    _gc_young = young
+    gc.set_threshold(young, *_gc_saved[1:])
 
 
 def _tune_collector() -> None:
-    global _gc_saved, _gc_open, _gc_frozen
+    global _gc_saved, _gc_open, _gc_frozen, _gc_young
     if _gc_open == 0:
         _gc_saved = gc.get_threshold()
+        _gc_young = GC_TUNED_THRESHOLD
         gc.set_threshold(GC_TUNED_THRESHOLD, *_gc_saved[1:])
     _gc_open += 1
     if not _gc_frozen:
@@ -351,13 +393,16 @@ class Runtime:
         """Told of every step once it is committed (see ``StepObserver``)."""
         self._clock = clock
         self._nursery = nursery
-        self.calls = Calls(nursery.start_soon)
-        """The calls in flight, on a pool of worker tasks (``calls.py``)."""
         self.timers = Timers()
+        self.calls = Calls(nursery.start_soon, self.timers)
+        """The calls in flight, on a pool of worker tasks or, for a provider that
+        ``RepliesAtOnce``, on the timers (``calls.py``)."""
         self._actors: dict[str, Actor] = {}  # conversations loaded: work in flight
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
         self._trusted: set[str] = set()  # roots whose provenance mark verified
         self._presence: Held | None = None
+        self._gc_tuned = False  # the collector's threshold follows what is loaded
+        self._gc_counted = 0  # conversations loaded, as counted in the threshold
         self.resume_damaged: tuple[SkippedTree, ...] = ()
         """The trees the last ``resume()`` skipped because their log cannot be rebuilt
         (each with the reason); they stay unfinished in the log, untouched."""
@@ -536,6 +581,7 @@ class Runtime:
                     step_observers=step_observers,
                 )
                 runtime._presence = presence
+                runtime._gc_tuned = tuned
                 nursery.start_soon(runtime.engine.run)
                 nursery.start_soon(runtime.timers.run)
                 try:
@@ -549,6 +595,9 @@ class Runtime:
                 runtime._commits.store_closed = True  # readers stop before the store goes
             flush_log_lines()
             if tuned:
+                if runtime is not None:  # what it still had loaded is no longer counted
+                    _gc_loaded_changed(-runtime._gc_counted)
+                    runtime._gc_counted = 0
                 _untune_collector()
             if presence is not None:
                 presence.close()
@@ -1198,12 +1247,21 @@ class Runtime:
         state."""
         if self._actors.get(conversation_id) is actor:
             del self._actors[conversation_id]
+            self._loaded_changed()
         # No more call workers than conversations that might call: none once at rest.
         self.calls.trim(len(self._actors))
         if not self._actors:
             # The codec's memo shares the text of values consecutive steps of loaded
             # conversations repeat; with none loaded it only keeps ended ones alive.
             clear_memo()
+
+    def _loaded_changed(self) -> None:
+        """The conversations loaded changed: under the tuned collector policy, the
+        young threshold follows how many are loaded (``GC_YOUNG_PER_CONVERSATION``)."""
+        if self._gc_tuned:
+            loaded = len(self._actors)
+            _gc_loaded_changed(loaded - self._gc_counted)
+            self._gc_counted = loaded
 
     def observe(
         self, before: Conversation, after: Conversation, event: Event, effects: tuple[Effect, ...]
@@ -1283,6 +1341,7 @@ class Runtime:
         state, effects = start(created)
         actor = Actor(self, state, 0, created=True, context=context)
         self._actors[state.id] = actor
+        self._loaded_changed()
         first = self.make_step(state, 0, created, effects, user_initiated=user_initiated)
         if tree is not None:
             first = attrs.evolve(first, tree=tree)
@@ -1300,6 +1359,7 @@ class Runtime:
             state = actor.state
             bind((*state.tools, *(t for a in state.agents for t in a.own_tools)))
         self._actors[actor.state.id] = actor
+        self._loaded_changed()
         self.engine.ready(actor)
 
     def _redeliver_outcomes(self, state: Conversation) -> None:
