@@ -71,7 +71,6 @@ from fanfold.statemachine import (
     ToolFinished,
     ToolResult,
     TurnFinished,
-    canonical_json,
     model_request,
     transition,
 )
@@ -831,7 +830,7 @@ def _refused_through_a_link(state: Conversation, call: ToolCall, cwd: str) -> st
         return None
     # The real path, spelled from the working directory as the reducer spells it.
     through = os.path.relpath(real, real_cwd)
-    resolved = attrs.evolve(call, arguments_json=canonical_json({**arguments, "path": through}))
+    resolved = ToolCall.of(call.id, call.name, {**arguments, "path": through})
     why = refusal(state.permissions, resolved, state.cwd, reading_tools(state.tools))
     if why is None:
         return None
