@@ -156,6 +156,14 @@ def test_the_kept_value_changes_nothing_the_log_or_a_comparison_sees() -> None:
     assert codec.decode_event(codec.encode_event(event)) == event
 
 
+def test_a_hand_built_read_only_value_is_kept_read_only_inside() -> None:
+    call = ToolCall.of("c1", "t", JsonObject({"a": [1], "b": JsonArray([{"c": 2}])}))
+    arguments = call.arguments()
+    assert type(arguments["a"]) is JsonArray
+    assert type(arguments["b"][0]) is JsonObject
+    assert arguments == {"a": [1], "b": [{"c": 2}]}
+
+
 @pytest.mark.parametrize(
     "value",
     [{1: "int key"}, {"a": (1, 2)}, {"a": {"b": {3}}}],

@@ -125,16 +125,17 @@ def _frozen(value: Any) -> Any:
     canonical text would not give back the same (a non-string key, a tuple, a set,
     a subclass of a scalar), RecursionError when it nests too deeply."""
     kind = type(value)
-    if kind in _JSON_SCALARS or kind is JsonObject or kind is JsonArray:
+    if kind in _JSON_SCALARS:
         return value
-    if kind is dict:
+    # A JsonObject or JsonArray is walked too: one built by hand may hold plain ones.
+    if kind is dict or kind is JsonObject:
         kept = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise _NotJson
             kept[key] = item if type(item) in _JSON_SCALARS else _frozen(item)
         return JsonObject(kept)
-    if kind is list:
+    if kind is list or kind is JsonArray:
         return JsonArray([item if type(item) in _JSON_SCALARS else _frozen(item) for item in value])
     raise _NotJson
 
