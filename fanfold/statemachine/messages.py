@@ -129,12 +129,15 @@ def _frozen(value: Any) -> Any:
         return value
     # A JsonObject or JsonArray is walked too: one built by hand may hold plain ones.
     if kind is dict or kind is JsonObject:
-        kept = {}
+        # Copied whole (in C), then only its containers replaced: most arguments are
+        # flat objects of strings and numbers.
+        kept = JsonObject(value)
         for key, item in value.items():
             if type(key) is not str:
                 raise _NotJson
-            kept[key] = item if type(item) in _JSON_SCALARS else _frozen(item)
-        return JsonObject(kept)
+            if type(item) not in _JSON_SCALARS:
+                dict.__setitem__(kept, key, _frozen(item))
+        return kept
     if kind is list or kind is JsonArray:
         return JsonArray([item if type(item) in _JSON_SCALARS else _frozen(item) for item in value])
     raise _NotJson
