@@ -56,6 +56,7 @@ ALLOWED = {
     "json",
     "math",
     "re",  # regular expressions: pure (messages.may_hold_non_finite scans with one)
+    "functools",  # pure: cached_property keeps a tool call's decoded arguments (messages.ToolCall)
     "typing",
     "sys",
     "collections",

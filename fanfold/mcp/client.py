@@ -37,6 +37,7 @@ import trio
 from fanfold.mcp.config import ServerDeclaration, expand
 from fanfold.providers.config import ConfigError
 from fanfold.statemachine import ToolSpec
+from fanfold.statemachine.messages import thawed_json
 from fanfold.tools.output import HeadTailBuffer
 from fanfold.tools.schema import SchemaError, check_schema
 from fanfold.tools.secrets import EnvPolicy
@@ -104,7 +105,9 @@ class McpTool:
         from the server: a call in flight at a crash is re-sent only then."""
 
     async def run(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
-        return await self.server.call(self.tool, dict(args))
+        # A plain copy: the client library may change what it sends, and ``args`` are
+        # the call's kept arguments, read-only (ToolCall.arguments).
+        return await self.server.call(self.tool, thawed_json(args))
 
 
 class McpServer:

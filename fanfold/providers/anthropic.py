@@ -51,7 +51,7 @@ from fanfold.providers.wire import (
     load_event_json,
     malformed,
     snippet,
-    tool_arguments_or_cut_off,
+    tool_call,
 )
 from fanfold.statemachine import (
     STOP_MAX_TOKENS,
@@ -304,7 +304,7 @@ def _tool_use(block: Mapping[str, Any], what: str) -> ToolCall:
         raise malformed(f"{what}: tool_use block without id or name")
     if not isinstance(tool_input, dict):
         raise malformed(f"{what}: input of tool {name!r} is not a JSON object")
-    return ToolCall(call_id, name, canonical_json(tool_input))
+    return ToolCall.of(call_id, name, tool_input)
 
 
 def parse_anthropic_response(data: Any) -> ModelReply:
@@ -513,10 +513,8 @@ class AnthropicStreamAssembler:
                 raise cut_off_tool_call(label, block.name)
             raise malformed(f"{label} (block {index}) was cut off: {snippet(raw, 120)}")
         if not raw.strip() and isinstance(block.initial_input, dict):
-            return ToolCall(block.id, block.name, canonical_json(block.initial_input))
-        return ToolCall(
-            block.id, block.name, tool_arguments_or_cut_off(raw, label, block.name, cut_off)
-        )
+            return ToolCall.of(block.id, block.name, block.initial_input)
+        return tool_call(block.id, block.name, raw, label, cut_off=cut_off)
 
 
 def parse_anthropic_stream(body: bytes | str) -> ModelReply:

@@ -52,7 +52,7 @@ from fanfold.providers.wire import (
     load_event_json,
     malformed,
     snippet,
-    tool_arguments_or_cut_off,
+    tool_call,
 )
 from fanfold.statemachine import (
     STOP_REFUSAL,
@@ -247,7 +247,7 @@ def _tool_call(raw: Any, what: str, *, cut_off: bool = False) -> ToolCall:
     if not isinstance(call_id, str) or not call_id:
         call_id = _new_call_id()
     label = f"{what}: tool {name!r}"
-    return ToolCall(call_id, name, tool_arguments_or_cut_off(arguments, label, name, cut_off))
+    return tool_call(call_id, name, arguments, label, cut_off=cut_off)
 
 
 def _new_call_id() -> str:
@@ -439,13 +439,14 @@ class OpenAIStreamAssembler:
             partial = self._calls[index]
             if not partial.name:
                 raise malformed(f"{what}: tool call {index} has no name")
-            arguments = tool_arguments_or_cut_off(
+            call = tool_call(
+                partial.id or _new_call_id(),
+                partial.name,
                 "".join(partial.arguments),
                 f"{what}: tool {partial.name!r}",
-                partial.name,
                 cut_off=self._finish == "length",
             )
-            calls.append(ToolCall(partial.id or _new_call_id(), partial.name, arguments))
+            calls.append(call)
         refusal = "".join(self._refusal)
         return _reply(
             "".join(self._text),

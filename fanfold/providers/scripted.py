@@ -75,7 +75,6 @@ from fanfold.statemachine import (
     ToolResultMessage,
     Usage,
     UserMessage,
-    canonical_json,
 )
 from fanfold.statemachine.delegation import SUMMARY_PROMPT, own_messages
 
@@ -313,11 +312,7 @@ _ALARMS: trio.lowlevel.RunVar[_AlarmClock | None] = trio.lowlevel.RunVar(
 def _build(reply: Reply, step: int, values: Mapping[str, str]) -> ModelReply:
     """The ModelReply for ``reply`` as the ``step``-th round, placeholders filled."""
     calls = tuple(
-        ToolCall(
-            id=f"call_{step}_{i}",
-            name=call.name,
-            arguments_json=canonical_json(_fill(call.arguments, values)),
-        )
+        ToolCall.of(f"call_{step}_{i}", call.name, _fill(call.arguments, values))
         for i, call in enumerate(reply.tool_calls)
     )
     return ModelReply(

@@ -32,7 +32,7 @@ import attrs
 
 from fanfold.providers.base import ProviderError
 from fanfold.statemachine import ErrorKind, ModelError, Usage, canonical_json
-from fanfold.statemachine.messages import non_finite_path
+from fanfold.statemachine.messages import ToolCall, non_finite_path
 
 # ------------------------------------------------------------------ secrets
 
@@ -226,17 +226,35 @@ def tool_arguments(raw: str | None, what: str) -> str:
     Empty text means no arguments (``{}``). Anything else must be a JSON object; an
     invalid or cut-off text raises MALFORMED_RESPONSE.
     """
+    return _checked_arguments(raw, what)[0]
+
+
+def _checked_arguments(raw: str | None, what: str) -> tuple[str, dict[str, Any]]:
+    """``tool_arguments``, with the parsed object."""
     if raw is None or not raw.strip():
-        return "{}"
+        return "{}", {}
     try:
         value = json.loads(raw)
         if not isinstance(value, dict):
             raise malformed(f"{what}: tool arguments are not a JSON object: {snippet(raw)}")
         # Writing it back recurses too: JSON that parsed near the recursion limit
         # may not be written (issue 22.5).
-        return canonical_json(value)
+        return canonical_json(value), value
     except (ValueError, RecursionError):  # RecursionError: nested too deeply
         raise malformed(f"{what}: tool arguments are not valid JSON: {snippet(raw)}") from None
+
+
+def tool_call(id: str, name: str, raw: str | None, what: str, *, cut_off: bool) -> ToolCall:
+    """The ToolCall of a reply: its argument text checked as ``tool_arguments_or_cut_off``
+    does, and the arguments parsed here kept on the call (decoded once, where the
+    model's reply enters: ``ToolCall.parsed``)."""
+    try:
+        text, value = _checked_arguments(raw, what)
+    except ProviderError:
+        if cut_off:
+            raise cut_off_tool_call(what, name) from None
+        raise
+    return ToolCall.parsed(id, name, text, value)
 
 
 TRUNCATED_ADVICE = (

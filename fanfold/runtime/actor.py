@@ -71,7 +71,6 @@ from fanfold.statemachine import (
     ToolFinished,
     ToolResult,
     TurnFinished,
-    canonical_json,
     model_request,
     transition,
 )
@@ -94,9 +93,10 @@ class _Submission:
     error: IllegalTransition | None = None
 
 
-# One accepted event: the state before, the event, the state after, its effects, and
-# the API submission waiting for it (if any).
-_Done = tuple[Conversation, Event, Conversation, tuple[Effect, ...], _Submission | None]
+# One accepted event: the state before, the event, the state after, its effects, the
+# API submission waiting for it (if any), and whether the state after is at rest (read
+# once per step: the step's snapshot, the waiters and the lifecycle line use it).
+_Done = tuple[Conversation, Event, Conversation, tuple[Effect, ...], _Submission | None, bool]
 
 
 def tree_path(state: Conversation) -> str:
@@ -341,8 +341,9 @@ class Actor:
             snapshot = size is not None and self._logged >= size and not self._snapshot_asked
             if snapshot:
                 self._snapshot_asked = True
-            steps.append(make_step(after, seq, event, effects, snapshot=snapshot))
-            done.append((state, event, after, effects, submission))
+            rest = after.at_rest
+            steps.append(make_step(after, seq, event, effects, snapshot=snapshot, at_rest=rest))
+            done.append((state, event, after, effects, submission, rest))
             state = after
         if steps:
             self._head, self._head_seq = state, seq
@@ -364,7 +365,7 @@ class Actor:
         their effects, in order. Runs in the engine's task, in this actor's context."""
         runtime = self.runtime
         executing = not runtime.closing
-        for index, (before, event, after, effects, submission) in enumerate(done):
+        for index, (before, event, after, effects, submission, rest) in enumerate(done):
             self.state, self.seq = after, self.seq + 1
             if reported:
                 event_size, snapshot_size = reported[index]
@@ -373,7 +374,7 @@ class Actor:
                     self._snapshot_asked = False
                 else:
                     self._logged += event_size
-            if after.at_rest and self._at_rest_event is not None:
+            if rest and self._at_rest_event is not None:
                 self._at_rest_event.set()
                 self._at_rest_event = None
             if self._log_transitions:  # debug only: a line per step costs ~50 µs
@@ -385,7 +386,7 @@ class Actor:
                     after=type(after.phase).__name__,
                     effects=[type(e).__name__ for e in effects],
                 )
-            if self._log_lifecycle and after.at_rest and not before.at_rest:
+            if self._log_lifecycle and rest and not before.at_rest:
                 self._log_rest(after)
             runtime.observe(before, after, event, effects)
             for observer in runtime.step_observers:
@@ -848,7 +849,7 @@ def _refused_through_a_link(state: Conversation, call: ToolCall, cwd: str) -> st
         return None
     # The real path, spelled from the working directory as the reducer spells it.
     through = os.path.relpath(real, real_cwd)
-    resolved = attrs.evolve(call, arguments_json=canonical_json({**arguments, "path": through}))
+    resolved = ToolCall.of(call.id, call.name, {**arguments, "path": through})
     why = refusal(state.permissions, resolved, state.cwd, reading_tools(state.tools))
     if why is None:
         return None

@@ -75,6 +75,7 @@ class Host(Protocol):
         *,
         user_initiated: bool = False,
         snapshot: bool = False,
+        at_rest: bool | None = None,
     ) -> Step: ...
 
     def deliver_between(self, conversation_id: str, event: Event) -> None: ...

@@ -1139,9 +1139,13 @@ class Runtime:
         *,
         user_initiated: bool = False,
         snapshot: bool = False,
+        at_rest: bool | None = None,
     ) -> Step:
-        """The step to log; with a snapshot if asked, at seq 0 and at rest."""
-        snapshot = snapshot or seq == 0 or state.at_rest
+        """The step to log; with a snapshot if asked, at seq 0 and at rest
+        (``at_rest``: ``state.at_rest``, when the caller has it already)."""
+        if at_rest is None:
+            at_rest = state.at_rest
+        snapshot = snapshot or seq == 0 or at_rest
         return Step(
             conversation_id=state.id,
             seq=seq,

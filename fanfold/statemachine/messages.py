@@ -2,15 +2,18 @@
 
 All classes are frozen and hold only immutable values. JSON payloads (tool arguments,
 tool schemas) are kept as canonical JSON text so that states stay hashable and
-comparable; use the ``*_dict`` helpers to read them.
+comparable; use the ``*_dict`` helpers to read them. A tool call also keeps its
+arguments decoded, read-only (``ToolCall.arguments``, ``JsonObject``, ``JsonArray``),
+so that they are decoded once, not by every reader.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
@@ -55,9 +58,124 @@ class ToolSpec:
         return result
 
 
+def _read_only(self: object, *args: object, **kwargs: object) -> NoReturn:
+    raise TypeError(
+        f"{type(self).__name__} is read-only (a tool call's decoded arguments): "
+        "copy it (dict(value), list(value)) to change it"
+    )
+
+
+class JsonObject(dict[str, Any]):
+    """A decoded JSON object that cannot be changed: a ``dict`` (so ``isinstance``,
+    ``json.dumps``, ``**`` and ``dict(value)`` work as on a parsed object) whose
+    changing methods raise ``TypeError``. ``dict(value)`` or ``{**value}`` is a plain
+    copy to change. Unhashable, like a ``dict``."""
+
+    __slots__ = ()
+
+    __setitem__ = _read_only
+    __delitem__ = _read_only
+    __ior__ = _read_only
+    clear = _read_only
+    pop = _read_only
+    popitem = _read_only
+    setdefault = _read_only
+    update = _read_only
+
+    def __reduce__(self) -> tuple[type[JsonObject], tuple[dict[str, Any]]]:
+        # pickle and copy rebuild it whole: the default sets items one by one.
+        return (JsonObject, (dict(self),))
+
+
+class JsonArray(list[Any]):
+    """A decoded JSON array that cannot be changed: a ``list`` whose changing methods
+    raise ``TypeError``; ``list(value)`` is a plain copy to change."""
+
+    __slots__ = ()
+
+    __setitem__ = _read_only
+    __delitem__ = _read_only
+    __iadd__ = _read_only
+    __imul__ = _read_only
+    append = _read_only
+    extend = _read_only
+    insert = _read_only
+    pop = _read_only
+    remove = _read_only
+    reverse = _read_only
+    sort = _read_only
+    clear = _read_only
+
+    def __reduce__(self) -> tuple[type[JsonArray], tuple[list[Any]]]:
+        return (JsonArray, (list(self),))
+
+
+class _NotJson(Exception):
+    """A value ``json.loads`` cannot give (a tuple key, an enum, a set...)."""
+
+
+# The exact types json.loads gives for scalars: a subclass (an IntEnum, a str
+# subclass) is written by json.dumps as its base and read back as the base.
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` (as ``json.loads`` gives it) with every object a ``JsonObject`` and
+    every array a ``JsonArray``; raises ``_NotJson`` for what ``json.loads`` of its
+    canonical text would not give back the same (a non-string key, a tuple, a set,
+    a subclass of a scalar), RecursionError when it nests too deeply."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return value
+    # A JsonObject or JsonArray is walked too: one built by hand may hold plain ones.
+    if kind is dict or kind is JsonObject:
+        # Copied whole (in C), then only its containers replaced: most arguments are
+        # flat objects of strings and numbers.
+        kept = JsonObject(value)
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotJson
+            if type(item) not in _JSON_SCALARS:
+                dict.__setitem__(kept, key, _frozen(item))
+        return kept
+    if kind is list or kind is JsonArray:
+        return JsonArray([item if type(item) in _JSON_SCALARS else _frozen(item) for item in value])
+    raise _NotJson
+
+
+def frozen_json(value: Any) -> Any:
+    """The read-only form of ``value``, a parsed JSON value: objects as
+    ``JsonObject``, arrays as ``JsonArray``, scalars as they are. Raises ``ValueError``
+    for a value that is not what ``json.loads`` gives (a tuple, a non-string key) or
+    that nests too deeply to walk."""
+    try:
+        return _frozen(value)
+    except _NotJson:
+        raise ValueError("not a parsed JSON value") from None
+    except RecursionError:
+        raise ValueError("the JSON nests too deeply") from None
+
+
+def thawed_json(value: Any) -> Any:
+    """A plain copy (``dict``, ``list``) of a read-only JSON value, to hand to code
+    that may change it (a user's function tool, an MCP client library)."""
+    if isinstance(value, dict):
+        return {key: thawed_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [thawed_json(item) for item in value]
+    return value
+
+
 @attrs.frozen
 class ToolCall:
-    """One tool call requested by the model. ``arguments_json`` is the raw argument text."""
+    """One tool call requested by the model. ``arguments_json`` is the raw argument text.
+
+    The arguments are also kept decoded on the call (``arguments()``), read-only, out
+    of its fields: equality, hashing, ``repr``, ``attrs.evolve``, the codec and the
+    fingerprints see only the text. ``of`` (and the providers, which parse the model's
+    text once anyway) keep the value they were given; a call made from its text alone
+    (a decoded log, ``attrs.evolve``) decodes it on first use, once.
+    """
 
     id: str
     name: str
@@ -65,19 +183,42 @@ class ToolCall:
 
     @classmethod
     def of(cls, id: str, name: str, arguments: dict[str, Any]) -> ToolCall:
-        return cls(id, name, canonical_json(arguments))
+        """A call with ``arguments`` written as canonical JSON, and kept decoded when
+        they are what reading that text back gives (a parsed JSON value)."""
+        return cls.parsed(id, name, canonical_json(arguments), arguments)
+
+    @classmethod
+    def parsed(cls, id: str, name: str, arguments_json: str, arguments: Any) -> ToolCall:
+        """A call with its text ``arguments_json`` and ``arguments``, the value
+        ``json.loads(arguments_json)`` gives (the caller parsed it, or wrote the text
+        from it): kept, read-only, so nothing decodes the text again. A value that is
+        not what ``json.loads`` gives (a tuple, a non-string key) is not kept."""
+        call = cls(id, name, arguments_json)
+        try:
+            kept = _frozen(arguments)
+        except (_NotJson, RecursionError):
+            return call  # decoded from its text on first use instead
+        # The cache slot of ``_kept`` (a frozen class refuses setattr; the slot is
+        # not a field, so the call compares, hashes and encodes as without it).
+        object.__setattr__(call, "_kept", kept)
+        return call
+
+    @functools.cached_property
+    def _kept(self) -> Any:
+        try:
+            return _frozen(json.loads(self.arguments_json))
+        except RecursionError:
+            raise ValueError("the JSON nests too deeply") from None
 
     def arguments(self) -> Any:
-        """The parsed arguments; raises ``ValueError`` if they are not valid JSON (or
-        nest too deeply to parse).
+        """The parsed arguments, read-only (objects are ``JsonObject``, arrays
+        ``JsonArray``: copy them to change them), decoded once and kept on the call;
+        raises ``ValueError`` if they are not valid JSON (or nest too deeply to parse).
 
         Python's JSON reader accepts ``NaN``, ``Infinity`` and literals too large for a
         float (``1e999``, read as infinity); ``non_finite_path`` finds them.
         """
-        try:
-            return json.loads(self.arguments_json)
-        except RecursionError:
-            raise ValueError("the JSON nests too deeply") from None
+        return self._kept
 
 
 # What a JSON text must hold for Python's reader to give a non-finite number: the

@@ -29,6 +29,10 @@ from fanfold.statemachine.phases import (
 _AGENTS_FIELD = {"since": 6, "omitted_at_default": True}
 
 
+# The phases of a conversation at rest (``Conversation.at_rest``), for a lookup by class.
+_AT_REST = frozenset((Idle, Error, Completed, Failed))
+
+
 # No __weakref__ slot (nothing takes weak references to states): it would keep
 # ``evolve``'s draft from becoming a Conversation (see _compile_evolve).
 @attrs.frozen(weakref_slot=False)
@@ -98,7 +102,10 @@ class Conversation:
     @property
     def at_rest(self) -> bool:
         """Nothing in flight: Idle, Error, Completed or Failed."""
-        return isinstance(self.phase, Idle | Error | Completed | Failed)
+        # A lookup of the phase's class (phases are never subclassed): the union
+        # ``Idle | Error | Completed | Failed`` was built anew on every read, about
+        # 8x the cost of this lookup, and the runtime reads it about once a step.
+        return type(self.phase) in _AT_REST
 
     @property
     def children(self) -> Children | None:

@@ -49,6 +49,7 @@ import cattrs
 import trio
 
 from fanfold.statemachine import ToolSpec
+from fanfold.statemachine.messages import thawed_json
 from fanfold.tools.output import HeadTailBuffer
 from fanfold.tools.schema import SchemaError, check_schema
 from fanfold.tools.tool import ToolOutput, valid_tool_name
@@ -92,7 +93,10 @@ class FunctionTool:
         """Convert ``args`` (already valid against the schema) and call the function."""
         try:
             kwargs = {
-                name: _CONVERTER.structure(value, self._types[name]) for name, value in args.items()
+                # A plain copy: the function may change what it is given, and ``args``
+                # are the call's kept arguments, read-only (ToolCall.arguments).
+                name: _CONVERTER.structure(thawed_json(value), self._types[name])
+                for name, value in args.items()
             }
         except Exception as exc:  # the schema let through what the type refuses
             return ToolOutput.error(f"{self.name}: bad arguments: {_one_line(exc)}")
