@@ -705,9 +705,10 @@ class Actor:
             if outcome == "ok" and result.is_error:
                 outcome = "error"
             self._log_tool_call(effect.call, effect.tool_call.name, started, outcome)
-        return ToolFinished(
-            effect.call, attrs.evolve(result, content=self.runtime.redact(result.content))
-        )
+        content = self.runtime.redact(result.content)
+        if content != result.content:  # a copy only when a secret was taken out
+            result = attrs.evolve(result, content=content)
+        return ToolFinished(effect.call, result)
 
     def _log_tool_call(self, number: int, name: str, started: float, outcome: str) -> None:
         """One info line per tool call: its name, duration and outcome ("ok", "error":
