@@ -484,11 +484,13 @@ def _round_history(
     by_id: dict[str, list[ToolResult]] = {}
     for done in results:
         by_id.setdefault(done.tool_call_id, []).append(done)
-    spawn_ids = (
-        {p.spec.spawn_call_id for p in children.pending}
-        | {f.spec.spawn_call_id for f in children.finished}
-        | {r.spawn_call_id for r in children.rejected}
-    )
+    spawn_ids: frozenset[str] | set[str] = frozenset()
+    if children is not _NO_CHILDREN:  # every round of a conversation that spawns none
+        spawn_ids = (
+            {p.spec.spawn_call_id for p in children.pending}
+            | {f.spec.spawn_call_id for f in children.finished}
+            | {r.spawn_call_id for r in children.rejected}
+        )
     appended = []
     for call in _open_tool_calls(history):
         if by_id.get(call.id):
