@@ -13,11 +13,13 @@ from sm_support import created_child, replied, root, spawn, submit, tool, tool_d
 
 from fanfold.statemachine import (
     AwaitingSubAgents,
+    ChildSucceeded,
     Conversation,
     ConversationCreated,
     Idle,
     Limits,
     LlmRequesting,
+    SubAgentFinished,
     UserMessage,
     start,
     transition,
@@ -121,3 +123,19 @@ def test_a_spawn_copies_the_state_as_often_for_many_children_as_for_one(
         assert isinstance(state.phase, AwaitingSubAgents) and state.spawned == count
         copies.append(len(made))
     assert copies[0] == copies[1] <= 4
+
+
+def test_a_child_outcome_with_tokens_copies_the_state_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every outcome of a real model's child carries tokens: they are counted in the
+    # same copy that records the outcome (two copies before).
+    limits = Limits(max_tasks_per_call=5, max_concurrent=5)
+    state, _ = transition(root(limits), user("fan out"))
+    state, _ = transition(state, replied(state, spawn("s1", "one", "two")))
+    made = _copies(monkeypatch)
+    for child in ("root.1", "root.2"):  # the first leaves one waiting, the last ends the wait
+        made.clear()
+        state, _ = transition(state, SubAgentFinished(child, ChildSucceeded("done", tokens=7)))
+        assert len(made) == 1, child
+    assert isinstance(state.phase, LlmRequesting) and state.usage_children == 14

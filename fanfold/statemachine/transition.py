@@ -408,12 +408,14 @@ def _call_model(
     grace: bool = False,
     history: tuple[Message, ...] | None = None,
     rounds: int | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> Transition:
     """Start a model call. A new round past ``max_rounds`` becomes the grace round.
 
     ``history``, ``rounds``: the history and round count to call with when the step
     changed them (the round's tool results, ``_round_history``; a user's message and
-    its new turn), so that the step copies the state once.
+    its new turn), so that the step copies the state once; ``changes``: the step's
+    other changes not made yet (a child outcome's tokens), made in the same copy.
     """
     # One copy of the state for the history, the round, the call number and the phase.
     call = state.next_call
@@ -422,10 +424,12 @@ def _call_model(
         history = state.history
     if rounds is None:
         rounds = state.rounds
+    more = {} if changes is None else changes
     if attempt == 1 and not grace:
         if rounds >= state.limits.max_rounds:
             prompt = GRACE_PROMPT if state.is_sub_agent else ROOT_GRACE_PROMPT
             state = state.evolve(
+                **more,
                 history=(*history, UserMessage(prompt)),
                 rounds=rounds,
                 next_call=call + 1,
@@ -433,10 +437,12 @@ def _call_model(
             )
         else:
             state = state.evolve(
-                history=history, rounds=rounds + 1, next_call=call + 1, phase=phase
+                **more, history=history, rounds=rounds + 1, next_call=call + 1, phase=phase
             )
     else:
-        state = state.evolve(history=history, rounds=rounds, next_call=call + 1, phase=phase)
+        state = state.evolve(
+            **more, history=history, rounds=rounds, next_call=call + 1, phase=phase
+        )
     return state, (CallModel(call, attempt),)
 
 
@@ -1400,10 +1406,16 @@ def _summary_stopped(children: Children) -> tuple[Children, Effects]:
 # ------------------------------------------------------------------ fan-in
 
 
-def _with_children(state: Conversation, children: Children) -> Conversation:
+def _with_children(
+    state: Conversation, children: Children, changes: dict[str, Any] | None = None
+) -> Conversation:
+    """``state`` with ``children`` in its phase (and ``changes`` not made yet: a child
+    outcome's tokens, see ``_on_child_finished``), in one copy."""
     phase = state.phase
     assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
-    return state.evolve(phase=attrs.evolve(phase, children=children))
+    if changes is None:
+        return state.evolve(phase=attrs.evolve(phase, children=children))
+    return state.evolve(**changes, phase=attrs.evolve(phase, children=children))
 
 
 def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transition:
@@ -1431,9 +1443,12 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
     abort: Effects = ()
     if pending.deadline_timer is not None:
         abort = (AbortCall(pending.deadline_timer),)
+    # The tokens it reports are counted in the copy that records its outcome, not in
+    # one of their own (every outcome of a real model's child carries some).
+    changes = None
     if event.outcome.tokens:
-        state = state.evolve(usage_children=state.usage_children + event.outcome.tokens)
-    return _after(abort, _child_settled(state, children.finish_at(index, event.outcome)))
+        changes = {"usage_children": state.usage_children + event.outcome.tokens}
+    return _after(abort, _child_settled(state, children.finish_at(index, event.outcome), changes))
 
 
 def _settle_mode(state: Conversation, children: Children) -> tuple[Conversation, Children, Effects]:
@@ -1453,14 +1468,30 @@ def _settle_mode(state: Conversation, children: Children) -> tuple[Conversation,
     return state, settled.children, effects
 
 
-def _child_settled(state: Conversation, children: Children) -> Transition:
-    """A child got its outcome: start queued ones, and finish the wait when none remain."""
+def _child_settled(
+    state: Conversation, children: Children, changes: dict[str, Any] | None = None
+) -> Transition:
+    """A child got its outcome: start queued ones, and finish the wait when none remain.
+
+    ``changes``: the outcome's changes to the state not made yet (its tokens), made
+    with the next phase in one copy on the common paths, first on the others."""
     phase = state.phase
     if isinstance(phase, CancellingSubAgents):
         if children.pending:
-            return _with_children(state, children), ()
-        state = _append_round_results(state, phase.results, children)
-        return _after((AbortCall(phase.grace_timer),), _apply_ending(state, phase.ending))
+            return _with_children(state, children, changes), ()
+        history = _round_history(state, phase.results, children)
+        ending = _apply_ending(state, phase.ending, history, changes)
+        return _after((AbortCall(phase.grace_timer),), ending)
+    if changes is not None and (
+        children.finished[-1].spec.mode is not None
+        or len(children.pending) >= state.limits.max_concurrent
+        or not isinstance(phase, AwaitingSubAgents)
+        or children.summary is not None
+    ):
+        # A path that may read or change the state on the way (a mode's write-offs,
+        # queued children's shares of the budget, a summary, a round's other tools):
+        # the changes first. Without a mode, settling changes nothing.
+        state, changes = state.evolve(**changes), None
     # The call's mode may end its other children (sequential failure, race quorum).
     state, children, ended = _settle_mode(state, children)
     # Queued children exist only while max_concurrent children run, so after one
@@ -1474,11 +1505,16 @@ def _child_settled(state: Conversation, children: Children) -> Transition:
         state, children, started = _start_queued(state, children)
     started = (*ended, *started)
     if isinstance(phase, AwaitingSubAgents):
-        return _after(started, _round_goes_on(state, phase, children))
+        return _after(started, _round_goes_on(state, phase, children, changes))
     return _with_children(state, children), started
 
 
-def _round_goes_on(state: Conversation, phase: AwaitingSubAgents, children: Children) -> Transition:
+def _round_goes_on(
+    state: Conversation,
+    phase: AwaitingSubAgents,
+    children: Children,
+    changes: dict[str, Any] | None = None,
+) -> Transition:
     """Go on waiting for ``children``; once none is pending, the fan-in results and
     the next model call. A summary still in flight once no child waits for it (the
     round ends, or a race cancelled its children) is no longer needed: aborted."""
@@ -1490,11 +1526,11 @@ def _round_goes_on(state: Conversation, phase: AwaitingSubAgents, children: Chil
             and not any(_wants_summary(p) for p in children.pending)
         ):
             children, aborted = _summary_stopped(children)
-            return _with_children(state, children), aborted
-        return _with_children(state, children), ()
+            return _with_children(state, children, changes), aborted
+        return _with_children(state, children, changes), ()
     children, aborted = _summary_stopped(children)
     history = _round_history(state, phase.results, children)
-    return _after(aborted, _call_model(state, history=history))
+    return _after(aborted, _call_model(state, history=history, changes=changes))
 
 
 # ------------------------------------------------------------------ timers
