@@ -14,7 +14,7 @@ from runtime_helpers import reply, script, think
 
 from fanfold.runtime import Runtime
 from fanfold.runtime.logging import quiet_logger
-from fanfold.statemachine import Limits, ToolCall, ToolFinished, ToolSpec
+from fanfold.statemachine import Limits, ToolCall, ToolFinished, ToolResult, ToolSpec
 from fanfold.tools import ThinkTool, ToolOutput, ToolSet
 from fanfold.tools.tool import InProcess
 
@@ -101,3 +101,70 @@ async def test_an_in_process_tool_that_raises_gets_a_crashed_result(
     crashed = finished[0].result
     assert crashed.is_error and crashed.content == "tool crashed: RuntimeError: boom"
     assert finished[1].result.content == "ok"  # the conversation went on
+
+
+@attrs.define
+class _Answers:
+    """The default tool set, noting each result it answers in-process."""
+
+    tools: ToolSet = attrs.field(factory=ToolSet.default)
+    answered: list[ToolResult] = attrs.field(factory=list)
+
+    def specs(self) -> Any:
+        return self.tools.specs()
+
+    def in_process(self, name: str) -> bool:
+        return self.tools.in_process(name)
+
+    def answer(self, call: ToolCall, cwd: str, **kw: Any) -> ToolResult:
+        self.answered.append(self.tools.answer(call, cwd, **kw))
+        return self.answered[-1]
+
+    async def run(self, call: ToolCall, cwd: str, **kw: Any) -> ToolResult:
+        return await self.tools.run(call, cwd, **kw)
+
+
+async def test_a_result_with_nothing_to_redact_is_not_copied(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    # The redaction of a result makes a new one only when it removed something: a copy
+    # per tool call (attrs.evolve) cost more than the check (issue 21). Redacted ones
+    # are still copied (tests/test_tools_secrets.py).
+    tools = _Answers()
+    seen: list[ToolResult] = []
+
+    def observe(before: Any, after: Any, event: Any, effects: Any) -> None:
+        if isinstance(event, ToolFinished):
+            seen.append(event.result)
+
+    provider = script(0.5, root=[reply("", think(), think()), reply("done")])
+    async with Runtime.open(
+        tmp_path / "log.db",
+        provider,
+        tools,
+        limits=Limits(),
+        logger=quiet_logger(),
+        observer=observe,
+        redact=lambda text: text.replace("SECRET", "[redacted]"),
+    ) as runtime:
+        await runtime.wait(await runtime.start("go", cwd=tmp_path))
+    assert len(seen) == 2 and all(a is b for a, b in zip(seen, tools.answered, strict=True))
+
+
+async def test_a_result_with_a_secret_is_redacted_in_its_event(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    provider = script(0.5, root=[reply("", ("note", {})), reply("done")])
+    async with Runtime.open(
+        tmp_path / "log.db",
+        provider,
+        ToolSet.default(extra=[Recording(outcome="the SECRET is out")]),
+        limits=Limits(),
+        logger=quiet_logger(),
+        redact=lambda text: text.replace("SECRET", "[redacted]"),
+    ) as runtime:
+        conversation_id = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(conversation_id)
+        events = runtime.store.events(conversation_id)
+    finished = [e.event for e in events if isinstance(e.event, ToolFinished)]
+    assert [f.result.content for f in finished] == ["the [redacted] is out"]

@@ -187,3 +187,14 @@ async def test_calls_run_in_the_context_of_their_tree(
     assert set(by_tree) == {"first", "second"}
     assert all(paths == {"root", "root/1"} for paths in by_tree.values())
     assert len(provider.seen) == 6  # root, child, root again: per tree
+
+
+def test_the_actor_executes_every_effect_of_the_reducer() -> None:
+    # Effects are dispatched by their class (one lookup per effect, not a chain of
+    # patterns): a new Effect without an executor would fail its step loudly.
+    from typing import get_args
+
+    from fanfold.runtime.actor import _EXECUTORS
+    from fanfold.statemachine import Effect
+
+    assert set(get_args(Effect)) == set(_EXECUTORS)

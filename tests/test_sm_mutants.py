@@ -206,8 +206,8 @@ def forget_notify_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     """_apply_ending stops telling the parent."""
 
     def make(original: Any) -> Any:
-        def mutant(state: Conversation, ending: Any) -> Any:
-            new, out = original(state, ending)
+        def mutant(state: Conversation, ending: Any, *rest: Any, **more: Any) -> Any:
+            new, out = original(state, ending, *rest, **more)
             return new, tuple(e for e in out if not isinstance(e, NotifyParent))
 
         return mutant
@@ -264,7 +264,9 @@ def no_results_on_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
         def mutant(*args: Any) -> Any:
             helpers = vars(TM)
             flush = helpers["_round_history"]
-            helpers["_round_history"] = lambda state, results, children: state.history
+            helpers["_round_history"] = lambda state, results, children, history=None: (
+                state.history if history is None else history
+            )
             try:
                 return original(*args)
             finally:
@@ -279,10 +281,11 @@ def results_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """_round_history appends the round's results in reverse order."""
 
     def make(original: Any) -> Any:
-        def mutant(state: Conversation, results: Any, children: Any) -> Any:
-            history = original(state, results, children)
-            added = history[len(state.history) :]
-            return (*state.history, *reversed(added))
+        def mutant(state: Conversation, results: Any, children: Any, *rest: Any) -> Any:
+            history = original(state, results, children, *rest)
+            before = rest[0] if rest and rest[0] is not None else state.history
+            added = history[len(before) :]
+            return (*before, *reversed(added))
 
         return mutant
 
@@ -484,10 +487,10 @@ def budget_ending_without_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """A sub-agent out of tokens ends ``budget_exhausted`` with no reason."""
 
     def make(original: Any) -> Any:
-        def mutant(state: Conversation, ending: Any, *rest: Any) -> Any:
+        def mutant(state: Conversation, ending: Any, *rest: Any, **more: Any) -> Any:
             if isinstance(ending, EndFailed) and ending.kind is ErrorKind.BUDGET_EXHAUSTED:
                 ending = attrs.evolve(ending, reason=None)
-            return original(state, ending, *rest)
+            return original(state, ending, *rest, **more)
 
         return mutant
 

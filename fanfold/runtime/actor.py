@@ -93,10 +93,9 @@ class _Submission:
     error: IllegalTransition | None = None
 
 
-# One accepted event: the state before, the event, the state after, its effects, the
-# API submission waiting for it (if any), and whether the state after is at rest (read
-# once per step: the step's snapshot, the waiters and the lifecycle line use it).
-_Done = tuple[Conversation, Event, Conversation, tuple[Effect, ...], _Submission | None, bool]
+# The API submissions of a fold's steps, by the step's index in the fold (None: no
+# step of the fold was an API call's, as almost always).
+_Waiting = dict[int, _Submission] | None
 
 
 def tree_path(state: Conversation) -> str:
@@ -315,11 +314,18 @@ class Actor:
         self.runtime.unloaded(self.state.id, self)
 
     def _steps(self, items: list[Event | _Submission]) -> None:
-        """Apply queued events in order and hand their steps to the writer at once."""
-        done: list[_Done] = []
+        """Apply queued events in order and hand their steps to the writer at once.
+
+        A step is the one record of what it did until its effects ran: the ``Step``
+        the writer logs holds the event, the effects and the state after, and the
+        state before is the one the previous step left (``self.state`` when it is
+        committed), so nothing else is kept per step (issue 21)."""
         steps: list[Step] = []
-        make_step = self.runtime.make_step
+        rests: list[bool] = []
+        waiting: _Waiting = None
+        now = self.runtime.now
         state, seq = self._head, self._head_seq
+        conversation_id = state.id
         for item in items:
             if isinstance(item, _Submission):
                 submission: _Submission | None = item
@@ -328,7 +334,7 @@ class Actor:
                 submission = None
                 event = item
             try:
-                after, effects = transition(state, event)
+                state, effects = transition(state, event)
             except IllegalTransition as exc:
                 if submission is None:
                     # The runtime itself produced an event the reducer refuses: a bug.
@@ -336,37 +342,53 @@ class Actor:
                 submission.error = exc
                 submission.done.set()
                 continue
+            if submission is not None:
+                if waiting is None:
+                    waiting = {}
+                waiting[len(steps)] = submission
             seq += 1
+            # A snapshot when the events logged since the last one outweigh it (see
+            # runtime.py), and always at rest (what Runtime.make_step does).
             size = self._snapshot_size
             snapshot = size is not None and self._logged >= size and not self._snapshot_asked
             if snapshot:
                 self._snapshot_asked = True
-            rest = after.at_rest
-            steps.append(make_step(after, seq, event, effects, snapshot=snapshot, at_rest=rest))
-            done.append((state, event, after, effects, submission, rest))
-            state = after
+            # Whether the state after is at rest, read once per step: the step's
+            # snapshot here, its waiters and its lifecycle line when committed.
+            rest = state.at_rest
+            if rest:
+                snapshot = True
+            steps.append(Step(conversation_id, seq, event, effects, state, now(), snapshot, False))
+            rests.append(rest)
         if steps:
             self._head, self._head_seq = state, seq
-            self._hand_over(steps, done)
+            self._hand_over(steps, waiting, rests)
         else:
             self._unload_if_settled()  # every event refused: nothing changed
 
-    def _hand_over(self, steps: list[Step], done: list[_Done]) -> None:
+    def _hand_over(self, steps: list[Step], waiting: _Waiting, rests: list[bool]) -> None:
         def on_commit(reported: Sequence[Any]) -> None:
             self._uncommitted -= 1
-            self._context.run(self._committed, done, reported, steps)
+            self._context.run(self._committed, steps, reported, waiting, rests)
             self._unload_if_settled()
 
         self._uncommitted += 1
         self.runtime.writer.submit(steps, on_commit)
 
-    def _committed(self, done: list[_Done], reported: Sequence[Any], steps: list[Step]) -> None:
+    def _committed(
+        self, steps: list[Step], reported: Sequence[Any], waiting: _Waiting, rests: list[bool]
+    ) -> None:
         """The writer committed these steps: publish them, then (write-ahead) execute
         their effects, in order. Runs in the engine's task, in this actor's context."""
         runtime = self.runtime
         executing = not runtime.closing
-        for index, (before, event, after, effects, submission, rest) in enumerate(done):
-            self.state, self.seq = after, self.seq + 1
+        for index, step in enumerate(steps):
+            # The state before this step is the one the previous step left: steps of a
+            # conversation are committed in the order they were made.
+            before, after, event, effects = self.state, step.state, step.event, step.effects
+            submission = None if waiting is None else waiting.get(index)
+            rest = rests[index]
+            self.state, self.seq = after, step.seq
             if reported:
                 event_size, snapshot_size = reported[index]
                 if snapshot_size:
@@ -390,7 +412,7 @@ class Actor:
                 self._log_rest(after)
             runtime.observe(before, after, event, effects)
             for observer in runtime.step_observers:
-                observer.step(after.id, event, effects, after, steps[index].at)
+                observer.step(after.id, event, effects, after, step.at)
             if submission is not None:
                 submission.done.set()
             if after.is_terminal and not before.is_terminal:
@@ -404,42 +426,52 @@ class Actor:
     def _execute_all(self, effects: tuple[Effect, ...], *, reissued: bool = False) -> None:
         """Execute ``effects``; ``reissued``: they are what ``RuntimeResumed`` re-issued
         after a restart (a child it spawns may exist already)."""
+        # One dictionary lookup by the effect's class (_EXECUTORS, below the class)
+        # instead of a chain of class patterns: a step's effects are started here.
         for effect in effects:
-            self._execute(effect, reissued)
+            _EXECUTORS[type(effect)](self, effect, reissued)
 
-    def _execute(self, effect: Effect, reissued: bool) -> None:
-        match effect:
-            case CallModel(call=call, attempt=attempt):
-                # The request is a view of the state this effect came with (self.state
-                # is that state while its effects are started): derived now, not later,
-                # when the conversation may have moved on.
-                self._start(call, effect, model_request(self.state), attempt)
-            case RunTool(call=call):
-                if self.runtime.answers_in_process(effect.tool_call.name):
-                    # No I/O, nothing to wait for or cancel: answered now, without a
-                    # task (its ToolFinished is folded in the engine's next round).
-                    self.deliver(self._answer_tool(effect))
-                else:
-                    self._start(call, effect, None, 0)
-            case ScheduleRetry(timer=timer) | StartTimer(timer=timer):
-                started = self.runtime.timers.start(self._remaining(effect), self, timer)
-                if self._timer is None:
-                    self._timer = started
-                else:
-                    if self._timers is _NO_TIMER_OBJECTS:
-                        self._timers = {}
-                    self._timers[timer] = started
-            case AbortCall(call=call):
-                self._abort(call)
-            case SpawnSubAgent():
-                self.runtime.spawn_child(effect, reissued=reissued, context=self._context)
-            case NotifyParent(parent_id=parent_id, child_id=child_id, outcome=outcome):
-                self.runtime.deliver_between(parent_id, SubAgentFinished(child_id, outcome))
-            case CancelSubAgents(ids=ids, reason=reason):
-                for child_id in ids:
-                    self.runtime.deliver_between(child_id, CancelRequested(reason))
-            case TurnFinished():
-                self.last_turn = effect
+    def _start_model_call(self, effect: CallModel, _: bool) -> None:
+        # The request is a view of the state this effect came with (self.state is that
+        # state while its effects are started): derived now, not later, when the
+        # conversation may have moved on.
+        self._start(effect.call, effect, model_request(self.state), effect.attempt)
+
+    def _run_tool_effect(self, effect: RunTool, _: bool) -> None:
+        if self.runtime.answers_in_process(effect.tool_call.name):
+            # No I/O, nothing to wait for or cancel: answered now, without a task (its
+            # ToolFinished is folded in the engine's next round).
+            self.deliver(self._answer_tool(effect))
+        else:
+            self._start(effect.call, effect, None, 0)
+
+    def _start_timer(self, effect: ScheduleRetry | StartTimer, _: bool) -> None:
+        timer = effect.timer
+        started = self.runtime.timers.start(self._remaining(effect), self, timer)
+        if self._timer is None:
+            self._timer = started
+        else:
+            if self._timers is _NO_TIMER_OBJECTS:
+                self._timers = {}
+            self._timers[timer] = started
+
+    def _abort_call(self, effect: AbortCall, _: bool) -> None:
+        self._abort(effect.call)
+
+    def _spawn_child(self, effect: SpawnSubAgent, reissued: bool) -> None:
+        self.runtime.spawn_child(effect, reissued=reissued, context=self._context)
+
+    def _notify_parent(self, effect: NotifyParent, _: bool) -> None:
+        self.runtime.deliver_between(
+            effect.parent_id, SubAgentFinished(effect.child_id, effect.outcome)
+        )
+
+    def _cancel_children(self, effect: CancelSubAgents, _: bool) -> None:
+        for child_id in effect.ids:
+            self.runtime.deliver_between(child_id, CancelRequested(effect.reason))
+
+    def _turn_finished(self, effect: TurnFinished, _: bool) -> None:
+        self.last_turn = effect
 
     # Each call (a model call, a tool that does I/O) runs on a worker of the runtime's
     # pool (``calls.py``), handed over when its step is committed and back in the pool
@@ -723,15 +755,31 @@ class Actor:
             if outcome == "ok" and result.is_error:
                 outcome = "error"
             self._log_tool_call(effect.call, effect.tool_call.name, started, outcome)
-        return ToolFinished(
-            effect.call, attrs.evolve(result, content=self.runtime.redact(result.content))
-        )
+        content = self.runtime.redact(result.content)
+        if content != result.content:  # a copy only when a secret was taken out
+            result = attrs.evolve(result, content=content)
+        return ToolFinished(effect.call, result)
 
     def _log_tool_call(self, number: int, name: str, started: float, outcome: str) -> None:
         """One info line per tool call: its name, duration and outcome ("ok", "error":
         an error result, "crashed": the tool raised); never its arguments or output."""
         duration = round(time.perf_counter() - started, 6)
         self.log.info("tool_call", call=number, tool=name, duration_s=duration, outcome=outcome)
+
+
+# How each effect is executed, by its class: every Effect of the reducer's
+# (tests/test_runtime_tasks.py checks none is missing).
+_EXECUTORS: dict[type, Callable[[Actor, Any, bool], None]] = {
+    CallModel: Actor._start_model_call,
+    RunTool: Actor._run_tool_effect,
+    ScheduleRetry: Actor._start_timer,
+    StartTimer: Actor._start_timer,
+    AbortCall: Actor._abort_call,
+    SpawnSubAgent: Actor._spawn_child,
+    NotifyParent: Actor._notify_parent,
+    CancelSubAgents: Actor._cancel_children,
+    TurnFinished: Actor._turn_finished,
+}
 
 
 class _CallLog:

@@ -179,6 +179,12 @@ def start(created: ConversationCreated | ConversationForked) -> Transition:
             None, created, f"a time limit must be a finite number >= 0, got {created.timeout}"
         )
     is_sub = created.parent_id is not None
+    refused = None
+    if is_sub and created.workdir is not None:
+        refused = workdir_problem(created.cwd, created.workdir)
+    # A sub-agent that will run takes number 0 for its time limit: set in the state as
+    # it is built, so that its first step copies the state once (_call_model's).
+    timed = is_sub and refused is None and created.timeout is not None
     state = Conversation(
         id=created.conversation_id,
         parent_id=created.parent_id,
@@ -203,25 +209,22 @@ def start(created: ConversationCreated | ConversationForked) -> Transition:
         agents=created.agents,
         agent=created.agent,
         permissions=created.permissions,
+        deadline_timer=0 if timed else None,
+        next_call=1 if timed else 0,
     )
     if not is_sub:
         return state, ()
     assert created.task is not None
-    if created.workdir is not None:
-        refused = workdir_problem(created.cwd, created.workdir)
-        if refused is not None:
-            # It never runs a tool there, nor calls the model: the parent hears at once.
-            state = state.evolve(history=(*created.context, UserMessage(created.task)))
-            return _apply_ending(state, EndFailed(refused, ErrorKind.INVALID_CWD))
-    timer: Effects = ()
-    if created.timeout is not None:
-        state = state.evolve(deadline_timer=state.next_call, next_call=state.next_call + 1)
-        timer = (
-            StartTimer(state.next_call - 1, created.timeout, "time limit", counts_downtime=True),
-        )
     # Context mode full: what its parent had said so far, then the task.
-    state = state.evolve(history=(*created.context, UserMessage(created.task)))
-    return _after(timer, _call_model(state))
+    history = (*created.context, UserMessage(created.task))
+    if refused is not None:
+        # It never runs a tool there, nor calls the model: the parent hears at once.
+        return _apply_ending(state, EndFailed(refused, ErrorKind.INVALID_CWD), history)
+    timer: Effects = ()
+    if timed:
+        assert created.timeout is not None
+        timer = (StartTimer(0, created.timeout, "time limit", counts_downtime=True),)
+    return _after(timer, _call_model(state, history=history))
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -404,31 +407,44 @@ def _call_model(
     attempt: int = 1,
     grace: bool = False,
     history: tuple[Message, ...] | None = None,
+    rounds: int | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> Transition:
     """Start a model call. A new round past ``max_rounds`` becomes the grace round.
 
-    ``history``: the history to call with when the step changed it (the round's tool
-    results, ``_round_history``), so that the step copies the state once.
+    ``history``, ``rounds``: the history and round count to call with when the step
+    changed them (the round's tool results, ``_round_history``; a user's message and
+    its new turn), so that the step copies the state once; ``changes``: the step's
+    other changes not made yet (a child outcome's tokens), made in the same copy.
     """
     # One copy of the state for the history, the round, the call number and the phase.
-    call = state.next_call
+    more = {} if changes is None else dict(changes)
+    # A step that took numbers before the call (a root's turn timer) says where the
+    # numbering stands in ``changes``.
+    call = more.pop("next_call", state.next_call)
     phase = LlmRequesting(call=call, attempt=attempt, grace=grace)
     if history is None:
         history = state.history
+    if rounds is None:
+        rounds = state.rounds
     if attempt == 1 and not grace:
-        if state.rounds >= state.limits.max_rounds:
+        if rounds >= state.limits.max_rounds:
             prompt = GRACE_PROMPT if state.is_sub_agent else ROOT_GRACE_PROMPT
             state = state.evolve(
+                **more,
                 history=(*history, UserMessage(prompt)),
+                rounds=rounds,
                 next_call=call + 1,
                 phase=LlmRequesting(call=call, attempt=attempt, grace=True),
             )
         else:
             state = state.evolve(
-                history=history, rounds=state.rounds + 1, next_call=call + 1, phase=phase
+                **more, history=history, rounds=rounds + 1, next_call=call + 1, phase=phase
             )
     else:
-        state = state.evolve(history=history, next_call=call + 1, phase=phase)
+        state = state.evolve(
+            **more, history=history, rounds=rounds, next_call=call + 1, phase=phase
+        )
     return state, (CallModel(call, attempt),)
 
 
@@ -436,10 +452,10 @@ def _tool_error(call: ToolCall, message: str) -> ToolResult:
     return ToolResult(call.id, call.name, message, is_error=True)
 
 
-def _open_tool_calls(state: Conversation) -> tuple[ToolCall, ...]:
-    """Tool calls of the last assistant message that have no result in the history."""
+def _open_tool_calls(history: tuple[Message, ...]) -> tuple[ToolCall, ...]:
+    """Tool calls of the last assistant message that have no result in ``history``."""
     answered: set[str] = set()
-    for message in reversed(state.history):
+    for message in reversed(history):
         match message:
             case ToolResultMessage(result=result):
                 answered.add(result.tool_call_id)
@@ -458,25 +474,33 @@ def _append_round_results(
 
 
 def _round_history(
-    state: Conversation, results: tuple[ToolResult, ...], children: Children
+    state: Conversation,
+    results: tuple[ToolResult, ...],
+    children: Children,
+    history: tuple[Message, ...] | None = None,
 ) -> tuple[Message, ...]:
-    """The history with one result per open tool call appended, in the calls' order.
+    """The history (``state``'s, or ``history`` when the step changed it) with one
+    result per open tool call appended, in the calls' order.
 
     A ``spawn_agents`` call's result is the fan-in of its children; a call with no
     recorded result (possible only when a conversation ends early) gets "skipped".
     """
+    if history is None:
+        history = state.history
     # Results are matched to calls in order, so that two calls sharing an id (a
     # provider's bug) each keep their own result instead of both showing the last.
     by_id: dict[str, list[ToolResult]] = {}
     for done in results:
         by_id.setdefault(done.tool_call_id, []).append(done)
-    spawn_ids = (
-        {p.spec.spawn_call_id for p in children.pending}
-        | {f.spec.spawn_call_id for f in children.finished}
-        | {r.spawn_call_id for r in children.rejected}
-    )
+    spawn_ids: frozenset[str] | set[str] = frozenset()
+    if children is not _NO_CHILDREN:  # every round of a conversation that spawns none
+        spawn_ids = (
+            {p.spec.spawn_call_id for p in children.pending}
+            | {f.spec.spawn_call_id for f in children.finished}
+            | {r.spawn_call_id for r in children.rejected}
+        )
     appended = []
-    for call in _open_tool_calls(state):
+    for call in _open_tool_calls(history):
         if by_id.get(call.id):
             result = by_id[call.id].pop(0)
         elif call.id in spawn_ids:
@@ -484,42 +508,47 @@ def _round_history(
         else:
             result = _tool_error(call, SKIPPED_RESULT)
         appended.append(ToolResultMessage(result))
-    return (*state.history, *appended)
+    return (*history, *appended)
 
 
 # ------------------------------------------------------------------ endings
 
 
 def _apply_ending(
-    state: Conversation, ending: Ending, history: tuple[Message, ...] | None = None
+    state: Conversation,
+    ending: Ending,
+    history: tuple[Message, ...] | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> Transition:
     """Leave the busy phases: back to Idle (root) or into a terminal phase (sub-agent).
 
-    ``history``: the history to end with when the step changed it (one copy of the
-    state for both)."""
+    ``history``: the history to end with when the step changed it; ``changes``: the
+    step's other changes not made yet (a model reply's usage and history, see
+    ``_run_tools``), made in the same copy: one copy of the state for all."""
     effects: list[Effect] = []
     if state.deadline_timer is not None:
         effects.append(AbortCall(state.deadline_timer))
-    if history is None:
-        history = state.history
+    fields = {} if changes is None else dict(changes)
+    if history is not None:
+        fields["history"] = history
     match ending:
         case EndIdle():
             # Only a root: its time limit was its turn's (the next turn arms its own).
-            state = state.evolve(phase=Idle(), history=history, deadline_timer=None)
+            state = state.evolve(**fields, phase=Idle(), deadline_timer=None)
             effects.append(TurnFinished(TurnOutcome.CANCELLED, "cancelled"))
         case EndCompleted(result=result):
             # Only a sub-agent completes (submit_result is never offered to a root;
             # a root's answer is _answered's Idle).
-            state = state.evolve(phase=Completed(result), history=history)
+            state = state.evolve(**fields, phase=Completed(result))
             assert state.parent_id is not None and state.outcome is not None
             effects.append(NotifyParent(state.parent_id, state.id, state.outcome))
             effects.append(TurnFinished(TurnOutcome.COMPLETED, result))
         case EndFailed(error=error, kind=kind, reason=reason):
             if not state.is_sub_agent:
-                state = state.evolve(phase=Error(error, kind), history=history, deadline_timer=None)
+                state = state.evolve(**fields, phase=Error(error, kind), deadline_timer=None)
                 effects.append(TurnFinished(TurnOutcome.ERROR, error))
             else:
-                state = state.evolve(phase=Failed(error, kind, reason), history=history)
+                state = state.evolve(**fields, phase=Failed(error, kind, reason))
                 assert state.parent_id is not None and state.outcome is not None
                 effects.append(NotifyParent(state.parent_id, state.id, state.outcome))
                 effects.append(TurnFinished(TurnOutcome.FAILED, error))
@@ -531,15 +560,17 @@ def _stop_children(
     results: tuple[ToolResult, ...],
     children: Children,
     ending: Ending,
+    changes: dict[str, Any] | None = None,
 ) -> Transition:
     """Cancel every pending child, then end once all have acknowledged.
 
     Queued children never started, so they are finished here and now; running ones
     are told to cancel, and a grace timer bounds how long we wait for them. A summary
-    call in flight is aborted.
+    call in flight is aborted. ``changes``: the model reply's, not made yet (see
+    ``_run_tools``).
     """
     children, aborted = _summary_stopped(children)
-    return _after(aborted, _stop_children_now(state, results, children, ending))
+    return _after(aborted, _stop_children_now(state, results, children, ending, changes))
 
 
 def _stop_children_now(
@@ -547,6 +578,7 @@ def _stop_children_now(
     results: tuple[ToolResult, ...],
     children: Children,
     ending: Ending,
+    changes: dict[str, Any] | None = None,
 ) -> Transition:
     for pending in children.pending:
         if not pending.started:
@@ -558,7 +590,13 @@ def _stop_children_now(
             )
     running = children.pending_ids()
     if not running:
-        return _apply_ending(state, ending, _round_history(state, results, children))
+        # Every submit without running children (each sub-agent's last step): the
+        # reply's changes, the round's results and the ending in one copy.
+        history = None if changes is None else changes["history"]
+        history = _round_history(state, results, children, history)
+        return _apply_ending(state, ending, history, changes)
+    if changes is not None:
+        state = state.evolve(**changes)
     # Deadlines no longer apply: the cancel grace timer bounds the wait from now on.
     effects: list[Effect] = []
     for pending in children.pending:
@@ -617,18 +655,24 @@ def _on_user_message(state: Conversation, event: UserMessaged) -> Transition:
         raise IllegalTransition(
             state, event, "the conversation is busy; wait for the turn to end or cancel it"
         )
+    # A new turn: its rounds count from 0 (one copy of the state, _call_model's).
     history = (*state.history, UserMessage(event.text))
     limit = state.timeout
     if limit is None:
-        return _call_model(state.evolve(history=history, rounds=0))
+        return _call_model(state, history=history, rounds=0)
     # A root with a time limit (the agent definition a delegated tree runs as) gives
     # each turn that long, counted like a sub-agent's, downtime included; the turn's
-    # end aborts it (_answered, _apply_ending).
+    # end aborts it (_answered, _apply_ending). The timer takes the next number, the
+    # model call the one after, in _call_model's copy.
     timer = state.next_call
-    state = state.evolve(history=history, rounds=0, deadline_timer=timer, next_call=timer + 1)
     return _after(
         (StartTimer(timer, limit, "time limit", counts_downtime=True),),
-        _call_model(state),
+        _call_model(
+            state,
+            history=history,
+            rounds=0,
+            changes={"deadline_timer": timer, "next_call": timer + 1},
+        ),
     )
 
 
@@ -724,16 +768,21 @@ def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelRep
         # Every round's path: the tools run with the reply's changes still to make,
         # so that the step copies the state once (see _run_tools).
         return _run_tools(state, reply.tool_calls, (), _NO_CHILDREN, changes)
+    if (
+        not reply.tool_calls
+        and reply.stop_reason != STOP_REFUSAL
+        and not (phase.grace and state.is_sub_agent and not reply.text.strip())
+    ):
+        # An answer (a root's every turn): the reply's changes and the end in one copy.
+        return _answered(state, reply.text, changes)
     state = state.evolve(**changes)
     if reply.stop_reason == STOP_REFUSAL:
         # The model declined: a typed failure carrying its explanation, never an empty
         # result or answer. Tool calls that came with it are not run.
         state = _append_round_results(state, (), _NO_CHILDREN)
         return _apply_ending(state, _refusal(reply))
-    if not reply.tool_calls:
-        if phase.grace and state.is_sub_agent and not reply.text.strip():
-            return _apply_ending(state, _iteration_limit(state, reply.text))
-        return _answered(state, reply.text)
+    if not reply.tool_calls:  # the grace round of a sub-agent, ended with no text
+        return _apply_ending(state, _iteration_limit(state, reply.text))
     if phase.grace:
         return _grace_tool_calls(state, reply.tool_calls, reply.text)
     budget = state.limits.max_tokens
@@ -755,17 +804,18 @@ def _refusal(reply: ModelReply) -> EndFailed:
     return EndFailed(f"the model refused the request: {explanation}", ErrorKind.REFUSED)
 
 
-def _answered(state: Conversation, text: str) -> Transition:
+def _answered(state: Conversation, text: str, changes: dict[str, Any]) -> Transition:
+    """A plain-text reply ends the turn (``changes``: the reply's, not made yet)."""
     if state.is_sub_agent:
         # Plain text from a sub-agent is its result, but it never called submit_result
         # (a chat model that ignores tools): the parent and the user are told so.
         # (Conversation.submitted reads it from the history the reply ends).
-        return _apply_ending(state, EndCompleted(text))
+        return _apply_ending(state, EndCompleted(text), changes=changes)
     if state.deadline_timer is not None:  # the turn's time limit, no longer needed
         timer = state.deadline_timer
-        state = state.evolve(phase=Idle(), deadline_timer=None)
+        state = state.evolve(**changes, phase=Idle(), deadline_timer=None)
         return state, (AbortCall(timer), TurnFinished(TurnOutcome.ANSWERED, text))
-    state = state.evolve(phase=Idle())
+    state = state.evolve(**changes, phase=Idle())
     return state, (TurnFinished(TurnOutcome.ANSWERED, text),)
 
 
@@ -872,8 +922,9 @@ def _run_tools(
         # ``changes``: they may wait until the state is needed as a whole.
         refused = _refused_by_rules(state, call)
         if changes is not None and (
-            refused is not None or call.name in CONTROL_TOOLS or not state.offers(call.name)
+            refused is not None or call.name == SPAWN_AGENTS or not state.offers(call.name)
         ):
+            # A submit's ending takes the changes with it (_stop_children).
             state, changes = state.evolve(**changes), None
         if refused is not None:
             # Decided here from the rules in the state, so replay refuses it again.
@@ -894,7 +945,7 @@ def _run_tools(
                 results = (*results, _tool_error(call, ending))
                 continue
             results = (*results, _submitted(call))
-            return _after(tuple(effects), _stop_children(state, results, children, ending))
+            return _after(tuple(effects), _stop_children(state, results, children, ending, changes))
         else:
             number = state.next_call  # issued with the phase: one copy of the state
             state = state.evolve(
@@ -996,6 +1047,7 @@ def _spawn(
     limits = state.limits
     accepted: list[PendingChild] = []
     rejected: list[RejectedTask] = []
+    spawned = state.spawned  # counted here, set once: one copy of the state, not one per task
     for index, entry in enumerate(tasks):
         text = entry.get("task", "") if isinstance(entry, dict) else ""
         text = text if isinstance(text, str) else json.dumps(text)
@@ -1026,9 +1078,9 @@ def _spawn(
             rejected.append(RejectedTask(call.id, text, f"not spawned: {request}"))
             continue
         timeout, max_rounds = capped_limits(definition, *_task_limits(request, limits))
-        state = state.evolve(spawned=state.spawned + 1)
+        spawned += 1
         spec = ChildSpec(
-            id=f"{state.id}.{state.spawned}",
+            id=f"{state.id}.{spawned}",
             task=request.task,
             cwd=join_cwd(state.cwd, request.cwd),
             timeout=timeout,
@@ -1043,6 +1095,7 @@ def _spawn(
     if not accepted:
         lines = "; ".join(f"{r.task!r}: {r.error}" for r in rejected)
         return state, children, _tool_error(call, f"no sub-agent was spawned: {lines}"), ()
+    state = state.evolve(spawned=spawned)
     children = attrs.evolve(
         children,
         pending=(*children.pending, *accepted),
@@ -1111,6 +1164,7 @@ def _start_pass(
     refused: list[str] = []
     unable: list[tuple[str, ChildFailed]] = []
     summary = children.summary
+    next_call = state.next_call
     # Positions in the roster: starting a child replaces its entry alone, and the
     # scan stops once max_concurrent run (the children before the first queued one
     # are all started: a child outcome costs a scan of the running ones, not of all).
@@ -1139,7 +1193,7 @@ def _start_pass(
             available -= share
         deadline = None
         if child.spec.timeout is not None:
-            state, deadline = _issue(state)
+            deadline, next_call = next_call, next_call + 1  # _issue's, set after the loop
             effects.append(
                 StartTimer(
                     deadline,
@@ -1151,6 +1205,8 @@ def _start_pass(
         children = children.started(i, started)
         effects.append(_spawn_effect(state, child.spec, share, children))
         running += 1
+    if next_call != state.next_call:
+        state = state.evolve(next_call=next_call)  # one copy for all the deadlines
     # Nothing left to give them: they never start (a child would spend tokens on its
     # first model call before it could notice).
     unable += [(child_id, _budget_used_up(budget)) for child_id in refused]
@@ -1378,10 +1434,16 @@ def _summary_stopped(children: Children) -> tuple[Children, Effects]:
 # ------------------------------------------------------------------ fan-in
 
 
-def _with_children(state: Conversation, children: Children) -> Conversation:
+def _with_children(
+    state: Conversation, children: Children, changes: dict[str, Any] | None = None
+) -> Conversation:
+    """``state`` with ``children`` in its phase (and ``changes`` not made yet: a child
+    outcome's tokens, see ``_on_child_finished``), in one copy."""
     phase = state.phase
     assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
-    return state.evolve(phase=attrs.evolve(phase, children=children))
+    if changes is None:
+        return state.evolve(phase=attrs.evolve(phase, children=children))
+    return state.evolve(**changes, phase=attrs.evolve(phase, children=children))
 
 
 def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transition:
@@ -1409,9 +1471,12 @@ def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transiti
     abort: Effects = ()
     if pending.deadline_timer is not None:
         abort = (AbortCall(pending.deadline_timer),)
+    # The tokens it reports are counted in the copy that records its outcome, not in
+    # one of their own (every outcome of a real model's child carries some).
+    changes = None
     if event.outcome.tokens:
-        state = state.evolve(usage_children=state.usage_children + event.outcome.tokens)
-    return _after(abort, _child_settled(state, children.finish_at(index, event.outcome)))
+        changes = {"usage_children": state.usage_children + event.outcome.tokens}
+    return _after(abort, _child_settled(state, children.finish_at(index, event.outcome), changes))
 
 
 def _settle_mode(state: Conversation, children: Children) -> tuple[Conversation, Children, Effects]:
@@ -1431,14 +1496,30 @@ def _settle_mode(state: Conversation, children: Children) -> tuple[Conversation,
     return state, settled.children, effects
 
 
-def _child_settled(state: Conversation, children: Children) -> Transition:
-    """A child got its outcome: start queued ones, and finish the wait when none remain."""
+def _child_settled(
+    state: Conversation, children: Children, changes: dict[str, Any] | None = None
+) -> Transition:
+    """A child got its outcome: start queued ones, and finish the wait when none remain.
+
+    ``changes``: the outcome's changes to the state not made yet (its tokens), made
+    with the next phase in one copy on the common paths, first on the others."""
     phase = state.phase
     if isinstance(phase, CancellingSubAgents):
         if children.pending:
-            return _with_children(state, children), ()
-        state = _append_round_results(state, phase.results, children)
-        return _after((AbortCall(phase.grace_timer),), _apply_ending(state, phase.ending))
+            return _with_children(state, children, changes), ()
+        history = _round_history(state, phase.results, children)
+        ending = _apply_ending(state, phase.ending, history, changes)
+        return _after((AbortCall(phase.grace_timer),), ending)
+    if changes is not None and (
+        children.finished[-1].spec.mode is not None
+        or len(children.pending) >= state.limits.max_concurrent
+        or not isinstance(phase, AwaitingSubAgents)
+        or children.summary is not None
+    ):
+        # A path that may read or change the state on the way (a mode's write-offs,
+        # queued children's shares of the budget, a summary, a round's other tools):
+        # the changes first. Without a mode, settling changes nothing.
+        state, changes = state.evolve(**changes), None
     # The call's mode may end its other children (sequential failure, race quorum).
     state, children, ended = _settle_mode(state, children)
     # Queued children exist only while max_concurrent children run, so after one
@@ -1452,11 +1533,16 @@ def _child_settled(state: Conversation, children: Children) -> Transition:
         state, children, started = _start_queued(state, children)
     started = (*ended, *started)
     if isinstance(phase, AwaitingSubAgents):
-        return _after(started, _round_goes_on(state, phase, children))
+        return _after(started, _round_goes_on(state, phase, children, changes))
     return _with_children(state, children), started
 
 
-def _round_goes_on(state: Conversation, phase: AwaitingSubAgents, children: Children) -> Transition:
+def _round_goes_on(
+    state: Conversation,
+    phase: AwaitingSubAgents,
+    children: Children,
+    changes: dict[str, Any] | None = None,
+) -> Transition:
     """Go on waiting for ``children``; once none is pending, the fan-in results and
     the next model call. A summary still in flight once no child waits for it (the
     round ends, or a race cancelled its children) is no longer needed: aborted."""
@@ -1468,11 +1554,11 @@ def _round_goes_on(state: Conversation, phase: AwaitingSubAgents, children: Chil
             and not any(_wants_summary(p) for p in children.pending)
         ):
             children, aborted = _summary_stopped(children)
-            return _with_children(state, children), aborted
-        return _with_children(state, children), ()
+            return _with_children(state, children, changes), aborted
+        return _with_children(state, children, changes), ()
     children, aborted = _summary_stopped(children)
     history = _round_history(state, phase.results, children)
-    return _after(aborted, _call_model(state, history=history))
+    return _after(aborted, _call_model(state, history=history, changes=changes))
 
 
 # ------------------------------------------------------------------ timers
