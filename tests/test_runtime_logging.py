@@ -509,3 +509,41 @@ def test_capture_logs_sees_the_lines_the_shortcut_would_write(tmp_path: Path) ->
     finally:
         configure(json_file=None, console=None)
         structlog.reset_defaults()  # as the other tests leave it: the next ones log
+
+
+_CONTEXTVARS_SCRIPT = """
+import sys
+import structlog
+import structlog.contextvars
+from fanfold.runtime.logging import configure, flush
+configure(json_file=sys.argv[1], console=None)
+log = structlog.get_logger("fanfold").bind(conversation_id="c1", depth=0)
+log.info("before", n=1)
+structlog.contextvars.bind_contextvars(request_id="r7")
+log.info("after", n=2)
+flush()
+"""
+
+
+def test_a_variable_bound_with_structlog_contextvars_reaches_the_file(tmp_path: Path) -> None:
+    """The shortcut renders a line without ``merge_contextvars``; once anything is bound
+    with ``structlog.contextvars`` every line goes through the chain, which adds it.
+    In a process of its own: a binding is module state for the rest of a process."""
+    out = tmp_path / "log.jsonl"
+    subprocess.run([sys.executable, "-c", _CONTEXTVARS_SCRIPT, str(out)], check=True, timeout=120)
+    before, after = (json.loads(line) for line in out.read_text().splitlines())
+    assert {k: v for k, v in before.items() if k != "timestamp"} == {
+        "conversation_id": "c1",
+        "depth": 0,
+        "n": 1,
+        "event": "before",
+        "level": "info",
+    }
+    assert {k: v for k, v in after.items() if k != "timestamp"} == {
+        "request_id": "r7",
+        "conversation_id": "c1",
+        "depth": 0,
+        "n": 2,
+        "event": "after",
+        "level": "info",
+    }
