@@ -135,3 +135,26 @@ def test_nothing_of_this_is_imported_by_fanfold() -> None:
     code = "import fanfold, fanfold.providers.config, sys; print('psycopg' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+async def test_a_worker_shares_its_routers_slots_only_where_a_profile_caps_calls(
+    database: str,
+) -> None:
+    from fanfold.providers.pg_slots import shared_slots
+    from fanfold.providers.slots import LocalSlots
+
+    capped = _router(None, Counting(InFlight(), 0.0))  # type: ignore[arg-type]
+    capped.slots = LocalSlots()
+    local = capped.slots
+    async with shared_slots(capped, database) as slots:
+        assert isinstance(slots, PostgresSlots) and capped.slots is slots
+        await capped.complete(REQUEST, _ctx(1))
+    assert capped.slots is local  # given back at the end
+    plain = ProviderRouter(
+        Config((Profile("offline", "scripted"),), default="offline"),
+        scripted=Counting(InFlight(), 0.0),
+    )
+    async with shared_slots(plain, database) as none:
+        assert none is None and isinstance(plain.slots, LocalSlots)
+    for router in (capped, plain):
+        await router.aclose()

@@ -197,3 +197,25 @@ class PostgresSlots:
             # held until this process ends or its lease runs out).
             with trio.CancelScope(shield=True):
                 await self._release(profile, slot)
+
+
+@asynccontextmanager
+async def shared_slots(provider: Any, conninfo: str) -> AsyncIterator[PostgresSlots | None]:
+    """For a worker on a PostgreSQL database: if ``provider`` is a router with a
+    profile that caps its calls (``max_concurrent_calls``), count its calls in the
+    database's slot table, shared with every other worker, for as long as the block
+    runs; otherwise nothing (None)."""
+    config = getattr(provider, "config", None)
+    capped = config is not None and any(
+        p.max_concurrent_calls is not None for p in getattr(config, "profiles", ())
+    )
+    if not capped or not hasattr(provider, "slots"):
+        yield None
+        return
+    local = provider.slots
+    async with PostgresSlots.open(conninfo) as slots:
+        provider.slots = slots
+        try:
+            yield slots
+        finally:
+            provider.slots = local
