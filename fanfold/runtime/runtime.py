@@ -6,6 +6,7 @@ import contextvars
 import gc
 import heapq
 import os
+import re
 import sqlite3
 import time
 import uuid
@@ -89,6 +90,9 @@ _INFO = 20  # logging.INFO
 _DEBUG = 10  # logging.DEBUG
 
 GC_POLICIES = ("tuned", "untouched")
+# A caller-chosen root id (``start(conversation_id=...)``): it names files nowhere, but
+# is printed, typed back by users, and used as a DBOS workflow id.
+_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 GC_TUNED_THRESHOLD = 100_000
 """The first generation's threshold while a "tuned" runtime is open (CPython's
 default is 700): a step allocates a few hundred container objects, almost all of
@@ -572,8 +576,14 @@ class Runtime:
         system_prompt: str | None = None,
         agents: tuple[AgentDefinition, ...] = (),
         agent: AgentDefinition | None = None,
+        conversation_id: str | None = None,
     ) -> str:
         """Start a root conversation with its first user message; returns its id.
+
+        ``conversation_id``: the id to give it (default: a new random one). A caller
+        that must name the tree before it exists gives it (``fanfold run --detach``
+        prints the id its queued workflow is known by): 1 to 64 letters, digits, ``-``
+        or ``_``, and not already in the log, else ValueError, nothing recorded.
 
         ``agents``: the agent definitions its ``spawn_agents`` tasks may name
         (``fanfold.agents.load_agents``), recorded in its creation event.
@@ -582,7 +592,10 @@ class Runtime:
         would to a sub-agent spawned as it (``delegation.child_setup``).
         Returns once the message is in the log; use ``wait`` for the answer.
         """
-        conversation_id = uuid.uuid4().hex[:12]
+        if conversation_id is None:
+            conversation_id = uuid.uuid4().hex[:12]
+        else:
+            self._require_new_id(conversation_id)
         resolved = str(Path(cwd).resolve())
         discover = getattr(self.tools, "discover", None)
         if discover is not None:  # MCP servers (``mcp_servers``): started for a first tree
@@ -654,6 +667,20 @@ class Runtime:
         actor = self._create(created, user_initiated=True, tree=tree)
         await actor.submit(UserMessaged(text))
         return conversation_id
+
+    def _require_new_id(self, conversation_id: str) -> None:
+        """A caller's id for a new root: well formed, and no conversation has it."""
+        if not _ID_SHAPE.fullmatch(conversation_id):
+            raise ValueError(
+                f"conversation id {conversation_id!r}: use 1 to 64 letters, digits, - or _"
+            )
+        if conversation_id in self._actors:
+            raise ValueError(f"conversation {conversation_id!r} already exists")
+        try:
+            self.store.conversation(conversation_id)
+        except UnknownConversation:
+            return
+        raise ValueError(f"conversation {conversation_id!r} already exists")
 
     def _idempotent_tools(self) -> tuple[str, ...]:
         """The tools the tool runner says may be called twice (``ToolSet.idempotent``)."""

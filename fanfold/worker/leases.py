@@ -1,0 +1,154 @@
+"""Worker leases in PostgreSQL: who is alive, and who takes over a dead worker's trees.
+
+DBOS 3.4's open-source library never notices a dead or frozen executor (DESIGN.md,
+"Recovery: what DBOS does"). Each worker therefore holds a row of
+``fanfold.workers``, its ``lease_until`` renewed every third of the lease, on the
+server's clock (``now()``: the workers' clocks may differ). A worker that finds
+another's lease expired claims the row in one statement (``UPDATE ... WHERE
+lease_until < now() RETURNING``: of two workers looking at once, one gets it), then
+re-enqueues the dead worker's PENDING workflows and deletes the row. If it dies in
+between, its claim is a lease too and expires: a third worker claims the row again
+(re-enqueueing a workflow twice is harmless: DBOS runs it once more at most, and the
+tree's step resumes from fanfold's log).
+
+A worker whose renewal finds its row claimed by another (it was frozen past its lease)
+learns it was declared dead: it must stop its runtime at once (``Leases.renew``
+returns False) — its trees are being resumed elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS fanfold;
+CREATE TABLE IF NOT EXISTS fanfold.workers (
+    executor_id text PRIMARY KEY,
+    lease_until timestamptz NOT NULL,
+    taken_by text,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    pid integer
+);
+"""
+
+
+class Leases:
+    """One worker's view of ``fanfold.workers``, over its own connection.
+
+    Every method is one short autocommitted statement or two; a lost connection (a
+    PostgreSQL restart) is opened again on the next call. Blocking: call from a
+    thread, not from the Trio loop.
+    """
+
+    def __init__(self, url: str, executor_id: str, lease: float) -> None:
+        self.url = url
+        self.executor_id = executor_id
+        self.lease = lease
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        return self._conn
+
+    def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            cursor = self._connection().execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+        except psycopg.OperationalError:
+            # The server restarted or the connection broke: drop it, the next call
+            # connects again (the caller decides whether this call is retried).
+            self.close()
+            raise
+
+    def register(self, pid: int) -> None:
+        """Create the table if needed and take this worker's row (a fresh lease).
+
+        Called before DBOS is launched (a worker must hold a lease before it can
+        claim a workflow, or a death right after the claim would orphan it), so the
+        database may not exist yet: it is created as DBOS would create it.
+        """
+        try:
+            conn = self._connection()
+        except psycopg.OperationalError as exc:
+            if "does not exist" not in str(exc):
+                raise
+            _create_database(self.url)
+            conn = self._connection()
+        with conn.transaction():
+            # Two workers starting at once both run CREATE ... IF NOT EXISTS: one
+            # lock makes the second wait instead of failing on the catalogue's key.
+            conn.execute("SELECT pg_advisory_xact_lock(7303654721)")
+            conn.execute(SCHEMA)
+        self._execute(
+            "INSERT INTO fanfold.workers (executor_id, lease_until, taken_by, pid) "
+            "VALUES (%s, now() + make_interval(secs => %s), NULL, %s) "
+            "ON CONFLICT (executor_id) DO UPDATE SET lease_until = EXCLUDED.lease_until, "
+            "taken_by = NULL, pid = EXCLUDED.pid, started_at = now()",
+            (self.executor_id, self.lease, pid),
+        )
+
+    def renew(self) -> bool:
+        """Push this worker's lease forward; False if another worker has claimed it
+        (this one was taken for dead: it must stop running its trees)."""
+        rows = self._execute(
+            "UPDATE fanfold.workers SET lease_until = now() + make_interval(secs => %s) "
+            "WHERE executor_id = %s AND taken_by IS NULL RETURNING 1",
+            (self.lease, self.executor_id),
+        )
+        return bool(rows)
+
+    def claim_expired(self) -> list[str]:
+        """Claim the rows of workers whose lease expired (a claim is a lease of this
+        worker's length); returns their executor ids."""
+        rows = self._execute(
+            "UPDATE fanfold.workers SET taken_by = %s, "
+            "lease_until = now() + make_interval(secs => %s) "
+            "WHERE executor_id <> %s AND lease_until < now() RETURNING executor_id",
+            (self.executor_id, self.lease, self.executor_id),
+        )
+        return sorted(str(r[0]) for r in rows)
+
+    def forget(self, executor_id: str) -> None:
+        """Delete a dead worker's row once its workflows are re-enqueued."""
+        self._execute(
+            "DELETE FROM fanfold.workers WHERE executor_id = %s AND taken_by = %s",
+            (executor_id, self.executor_id),
+        )
+
+    def release(self) -> None:
+        """End this worker's lease now (a drained worker): the next worker to look
+        takes over what it leaves PENDING, without waiting for the lease to run out."""
+        self._execute(
+            "UPDATE fanfold.workers SET lease_until = now() - interval '1 second' "
+            "WHERE executor_id = %s AND taken_by IS NULL",
+            (self.executor_id,),
+        )
+
+    def close(self) -> None:
+        """Close the connection (the row stays: ``release`` ends the lease)."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+def _create_database(url: str) -> None:
+    """``CREATE DATABASE`` the one ``url`` names, through the server's ``postgres``
+    database; another worker creating it at the same moment is fine."""
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    name = conninfo_to_dict(url).get("dbname")
+    if not name:
+        raise psycopg.OperationalError("the URL names no database")
+    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
+        try:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(str(name))))
+        except psycopg.errors.DuplicateDatabase:
+            pass
+        except psycopg.errors.UniqueViolation:  # two CREATEs at once: the catalogue's key
+            pass

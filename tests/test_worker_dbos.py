@@ -1,0 +1,263 @@
+"""``fanfold worker``, ``run --detach`` and ``wait`` with real processes (issue 25).
+
+Worker processes share a DBOS queue in the throwaway PostgreSQL cluster
+(``pg_cluster``) and fanfold's log in one SQLite file (the PostgreSQL log is another
+piece of work). Two workers are started once for the module (a start costs seconds
+under load); the tests run in order: trees shared by two workers, a kill -9 of one
+in the middle of its trees (the other takes them over when its lease expires), then a
+SIGTERM that drains the survivor into a fresh worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pg_cluster import NOT_INSTALLED, Cluster, alive, find_binaries, wait_gone
+from runtime_helpers import reply, spawn, submit, think
+
+pytest.importorskip("dbos", reason="needs the postgres extra: pip install '.[postgres]'")
+if find_binaries() is None:
+    pytest.skip(NOT_INSTALLED, allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+
+CHILDREN = 3
+LATENCY = 0.4  # per model call: a tree takes about 2 s, long enough to kill a worker in
+LEASE = 1.5  # seconds: a dead worker's trees move after at most this and a third
+
+
+def _script() -> dict[str, Any]:
+    return {
+        "latency": LATENCY,
+        "agents": [
+            {
+                "match": {"path": "root"},
+                "replies": [
+                    reply("", spawn(*(f"part {i}" for i in range(CHILDREN)))),
+                    reply("all parts: {{last_tool_result}}"),
+                ],
+            },
+            {"match": {"depth": 1}, "replies": [reply("", think()), reply("", submit("ok"))]},
+        ],
+    }
+
+
+class Bench:
+    """The module's folder, log, queue database and worker processes."""
+
+    def __init__(self, folder: Path, cluster: Cluster, log: str) -> None:
+        self.folder = folder
+        self.url = cluster.url_for(f"fanfold_workers_{log}")
+        # The log in the queue's own database (fanfold's tables beside DBOS's), or in
+        # a file every worker of this machine opens.
+        self.log = self.url if log == "postgresql" else str(folder / "log.db")
+        self.script = folder / "script.json"
+        self.script.write_text(json.dumps(_script()))
+        self.env = {
+            **os.environ,
+            "FANFOLD_KEY_FILE": str(folder / "key"),
+            "FANFOLD_TRUST_FILE": str(folder / "trust"),
+            "FANFOLD_DBOS_DB": self.url,
+            "XDG_DATA_HOME": str(folder / "data"),
+        }
+        self.workers: dict[str, tuple[subprocess.Popen[str], str]] = {}
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+            capture_output=True, text=True, env=self.env, cwd=self.folder, timeout=timeout,
+        )  # fmt: skip
+
+    def cli_many(self, *calls: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+        """Several CLI calls at once (each pays for its imports: seconds under load)."""
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=self.env,
+                cwd=self.folder,
+            )
+            for args in calls
+        ]
+        done = []
+        for args, proc in zip(calls, procs, strict=True):
+            out, err = proc.communicate(timeout=120)
+            done.append(subprocess.CompletedProcess(args, proc.returncode, out, err))
+        return done
+
+    def enqueue(self, n: int, prefix: str) -> list[str]:
+        """Queue ``n`` trees from this process (what ``run --detach`` does, without a
+        CLI start per tree: the kill and drain tests need them queued at once)."""
+        from fanfold.worker.client import enqueue_tree
+        from fanfold.worker.spec import TreeSpec
+
+        return [
+            enqueue_tree(self.url, TreeSpec(f"{prefix}{i}", f"task {i}", str(self.folder)))
+            for i in range(n)
+        ]
+
+    def wait_all(self, ids: list[str]) -> None:
+        """``fanfold wait`` for each tree, at once: each prints its answer, exit 0."""
+        for tree_id, done in zip(
+            ids,
+            self.cli_many(*(("wait", t, "--db", self.log, "--timeout", "90") for t in ids)),
+            strict=True,
+        ):
+            assert done.returncode == 0, (tree_id, done.stderr)
+            assert "all parts: " in done.stdout, done.stdout
+            assert f"conversation: {tree_id}" in done.stdout + done.stderr
+
+    def start_worker(self, name: str) -> str:
+        """Start a worker; returns its DBOS executor id once it says it is ready."""
+        err = open(self.folder / f"{name}.err", "w")  # noqa: SIM115 (the process's stderr)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from fanfold.cli import main; main()", "worker",
+             "--db", self.log, "--script", str(self.script), "--concurrency", "4",
+             "--lease", str(LEASE), "--poll", "0.05"],
+            stdout=subprocess.PIPE, stderr=err, text=True, env=self.env, cwd=self.folder,
+        )  # fmt: skip
+        err.close()
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if " ready " not in line:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"{name}: {line!r} {(self.folder / f'{name}.err').read_text()}")
+        executor = line.split()[1]
+        self.workers[name] = (proc, executor)
+        return executor
+
+    def stop_all(self) -> None:
+        for proc, _ in self.workers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.workers.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module", params=["postgresql", "sqlite"])
+def bench(
+    pg_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Bench]:
+    bench = Bench(tmp_path_factory.mktemp("workers"), pg_cluster, request.param)
+    try:
+        bench.start_worker("w1")
+        bench.start_worker("w2")
+        yield bench
+    finally:
+        bench.stop_all()
+
+
+def _running_on(bench: Bench, executor: str, ids: list[str]) -> list[str]:
+    """The trees among ``ids`` whose workflow DBOS has PENDING on ``executor``."""
+    import psycopg
+
+    with psycopg.connect(bench.url) as conn:
+        rows = conn.execute(
+            "SELECT workflow_uuid FROM dbos.workflow_status "
+            "WHERE status = 'PENDING' AND executor_id = %s AND workflow_uuid = ANY(%s)",
+            (executor, ids),
+        ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def _check_logs(bench: Bench, ids: list[str]) -> None:
+    """Each tree: finished, every child's outcome accepted by the root once, and the
+    log replays identically (``fanfold replay --verify --tree``)."""
+    from fanfold.db import open_store
+    from fanfold.statemachine.events import SubAgentFinished
+
+    with open_store(bench.log, read_only=True) as store:
+        for tree_id in ids:
+            root = store.conversation(tree_id)
+            assert root.status != "running", tree_id
+            kids = store.children(tree_id)
+            assert len(kids) == CHILDREN, (tree_id, kids)
+            accepted = [
+                e.event.child_id
+                for e in store.events(tree_id)
+                if isinstance(e.event, SubAgentFinished)
+            ]
+            assert sorted(accepted) == sorted(k.id for k in kids), (tree_id, accepted)
+    # The CLI's verify on one tree (the others through the same function, in-process).
+    from fanfold.replay import verify
+
+    with open_store(bench.log, read_only=True) as store:
+        for tree_id in ids[1:]:
+            assert verify(store, tree_id, tree=True).ok, tree_id
+    done = bench.cli("replay", ids[0], "--verify", "--tree", "--db", bench.log)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_two_workers_run_detached_trees_and_wait_prints_each_outcome(bench: Bench) -> None:
+    detached = bench.cli_many(*(("run", "--detach", f"tree {i}") for i in range(3)))
+    assert all(d.returncode == 0 for d in detached), [d.stderr for d in detached]
+    ids = [d.stdout.strip() for d in detached]
+    assert len(set(ids)) == 3 and all(len(i) == 12 for i in ids), ids
+    bench.wait_all(ids)
+    _check_logs(bench, ids)
+
+
+def _wait_taken(bench: Bench, executor: str, ids: list[str]) -> list[str]:
+    deadline = time.monotonic() + 60
+    while not _running_on(bench, executor, ids):
+        assert time.monotonic() < deadline, f"{executor} took none of the trees"
+        time.sleep(0.05)
+    time.sleep(LATENCY * 1.5)  # let it log some of their steps
+    taken = _running_on(bench, executor, ids)
+    assert taken
+    return taken
+
+
+def test_a_killed_workers_trees_are_finished_by_the_other(bench: Bench) -> None:
+    ids = bench.enqueue(6, "kill-")
+    proc, executor = bench.workers["w1"]
+    taken = _wait_taken(bench, executor, ids)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    bench.wait_all(ids)
+    _check_logs(bench, ids)
+    # The survivor took them over and resumed them from the log (not from the start).
+    w2_err = (bench.folder / "w2.err").read_text()
+    assert f"of worker {executor}" in w2_err, w2_err
+    assert all(f"resumed tree {t}" in w2_err for t in taken), w2_err
+
+
+def test_sigterm_drains_a_worker_and_another_resumes_its_trees(bench: Bench) -> None:
+    proc, executor = bench.workers["w2"]
+    assert proc.poll() is None
+    ids = bench.enqueue(3, "drain-")
+    _wait_taken(bench, executor, ids)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    # Drained: it left its trees unfinished in the log, for another worker.
+    from fanfold.db import open_store
+
+    with open_store(bench.log, read_only=True) as store:
+        left = [t for t in ids if store.conversation(t).status == "running"]
+    assert left
+    bench.start_worker("w3")
+    bench.wait_all(ids)
+    _check_logs(bench, ids)
+    w3_err = (bench.folder / "w3.err").read_text()
+    assert f"of worker {executor}" in w3_err, w3_err
+    assert all(f"resumed tree {t}" in w3_err for t in left), w3_err
+    bench.stop_all()
+    for name, (proc, _) in bench.workers.items():
+        assert wait_gone(proc.pid), name
+        assert not alive(proc.pid)
