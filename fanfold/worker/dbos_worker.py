@@ -207,17 +207,25 @@ def _take_over(leases: Leases, dead: str, say: Callable[[str], None]) -> int:
 
 
 async def _keep_lease(
-    leases: Leases, settings: WorkerSettings, say: Callable[[str], None], lost: trio.Event
+    leases: Leases,
+    settings: WorkerSettings,
+    say: Callable[[str], None],
+    lost: trio.Event,
+    launched: trio.Event,
 ) -> None:
-    """Renew this worker's lease, take over expired ones; set ``lost`` if this worker's
-    own lease was claimed by another (it was taken for dead)."""
+    """Renew this worker's lease, and once DBOS is up (``launched``) take over expired
+    ones; set ``lost`` if this worker's own lease was claimed by another (it was taken
+    for dead)."""
     while True:
         try:
             if not await trio.to_thread.run_sync(leases.renew):
                 say("this worker's lease was taken over by another worker: stopping")
                 lost.set()
                 return
-            for dead in await trio.to_thread.run_sync(leases.claim_expired):
+            expired = (
+                await trio.to_thread.run_sync(leases.claim_expired) if launched.is_set() else []
+            )
+            for dead in expired:
                 await trio.to_thread.run_sync(_take_over, leases, dead, say)
         except Exception as exc:  # PostgreSQL unreachable for now: try again next time
             say(f"lease renewal failed ({type(exc).__name__}); retrying")
@@ -255,10 +263,12 @@ async def serve(
             )  # fmt: skip
             _HOST = host
             try:
-                await trio.to_thread.run_sync(_launch_dbos, settings)
-                ready()
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_keep_lease, leases, settings, say, lost)
+                    # The lease is renewed from before DBOS launches: a launch takes
+                    # seconds under load, longer than a short lease, and a worker whose
+                    # lease ran out while it started would be taken for dead.
+                    launched = trio.Event()
+                    nursery.start_soon(_keep_lease, leases, settings, say, lost, launched)
 
                     async def on_signal() -> None:
                         async for signum in signals:
@@ -267,6 +277,9 @@ async def serve(
                             return
 
                     nursery.start_soon(on_signal)
+                    await trio.to_thread.run_sync(_launch_dbos, settings)
+                    launched.set()
+                    ready()
                     await lost.wait()
                     nursery.cancel_scope.cancel()
                 code = EXIT_LEASE_LOST if lost.is_set() else EXIT_DRAINED
