@@ -256,6 +256,14 @@ def test_a_killed_workers_trees_are_finished_by_the_other(bench: Bench) -> None:
     assert all(f"resumed tree {t}" in w2_err for t in taken), w2_err
 
 
+def _running(bench: Bench, ids: list[str]) -> dict[str, int]:
+    """The trees among ``ids`` still running in the log, each with its root's step count."""
+    from fanfold.db import open_store
+
+    with open_store(bench.log, read_only=True) as store:
+        return {t: len(store.events(t)) for t in ids if store.conversation(t).status == "running"}
+
+
 def test_sigterm_drains_a_worker_and_another_resumes_its_trees(bench: Bench) -> None:
     proc, executor = bench.workers["w2"]
     assert proc.poll() is None
@@ -264,18 +272,43 @@ def test_sigterm_drains_a_worker_and_another_resumes_its_trees(bench: Bench) -> 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     # Drained: it left its trees unfinished in the log, for another worker.
-    from fanfold.db import open_store
-
-    with open_store(bench.log, read_only=True) as store:
-        left = [t for t in ids if store.conversation(t).status == "running"]
+    left = _running(bench, ids)
     assert left
-    bench.start_workers("w3")
+    bench.start_workers("w3", "w4")
     bench.wait_all(ids)
     _check_logs(bench, ids)
-    w3_err = bench.err("w3")
-    assert f"of worker {executor}" in w3_err, w3_err
-    assert all(f"resumed tree {t}" in w3_err for t in left), w3_err
+    took = bench.err("w3") + bench.err("w4")
+    assert f"of worker {executor}" in took, took
+    assert all(f"resumed tree {t}" in took for t in left), took
+
+
+def test_a_frozen_worker_is_fenced_and_its_trees_finish_once(bench: Bench) -> None:
+    proc, executor = bench.workers["w3"]
+    other = "w4"
+    ids = bench.enqueue(6, "frozen-")
+    taken = _wait_taken(bench, executor, ids)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        frozen = {t: n for t, n in _running(bench, ids).items() if t in taken}
+        assert frozen
+        # The other worker claims the frozen one's lease and re-enqueues its trees...
+        deadline = time.monotonic() + 60
+        while f"of worker {executor}" not in bench.err(other):
+            assert time.monotonic() < deadline, bench.err(other)
+            time.sleep(0.1)
+        time.sleep(LEASE)
+        # ... but cannot resume them while the frozen process still holds the log: not
+        # one step of theirs was written by anyone meanwhile.
+        assert {t: n for t, n in _running(bench, ids).items() if t in frozen} == frozen
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    # Woken, it finds its lease taken, stops (exit 3), and the other resumes its trees.
+    assert proc.wait(timeout=60) == 3
+    assert "lease was taken over" in bench.err("w3")
+    bench.wait_all(ids)
+    _check_logs(bench, ids)
+    assert all(f"resumed tree {t}" in bench.err(other) for t in frozen), bench.err(other)
     bench.stop_all()
-    for name, (proc, _) in bench.workers.items():
-        assert wait_gone(proc.pid), name
-        assert not alive(proc.pid)
+    for name, (worker, _) in bench.workers.items():
+        assert wait_gone(worker.pid), name
+        assert not alive(worker.pid)

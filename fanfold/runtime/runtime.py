@@ -925,6 +925,7 @@ class Runtime:
         roots: Sequence[str] | None = None,
         *,
         edits: Mapping[str, ForkEdited] | None = None,
+        claimed: bool = False,
     ) -> list[str]:
         """Resume the unfinished conversations of trees this runtime may continue
         (see ``resume_plan``); returns their ids. Skipped trees are logged
@@ -952,9 +953,18 @@ class Runtime:
 
         Raises DatabaseInUse, and resumes nothing, while another runtime (in this
         process or another) has the database open: its unfinished conversations may be
-        its live work rather than orphans of a crash.
+        its live work rather than orphans of a crash. ``claimed=True`` (with ``roots``)
+        skips that check: the caller holds an exclusive claim on those trees that any
+        runtime running them holds too (``fanfold worker``'s per-tree lock).
         """
-        if self._presence is not None and not self._presence.alone():
+        if claimed and roots is None:
+            raise ValueError("claimed=True needs the roots the claim is on")
+        # ``claimed``: the caller holds an exclusive claim on these trees that no other
+        # runtime can hold at once (``fanfold worker``'s per-tree lock, taken before it
+        # starts or resumes a tree and held until the tree is at rest). That claim, not
+        # the database-wide check, is then what keeps live work from running twice:
+        # other runtimes on the log are other workers running other trees.
+        if not claimed and self._presence is not None and not self._presence.alone():
             raise DatabaseInUse(
                 f"another fanfold runtime has {self.store.path} open (a run, send or resume "
                 "still going?); resuming now would run its conversations twice. Resume "

@@ -47,9 +47,9 @@ from dbos import DBOS, DBOSConfig
 
 from fanfold.agents import AgentDefinition
 from fanfold.db import UnknownConversation
-from fanfold.runtime import DatabaseInUse, Runtime
+from fanfold.runtime import Runtime
 from fanfold.statemachine import Limits
-from fanfold.worker.leases import Leases
+from fanfold.worker.leases import Leases, TreeLocks
 from fanfold.worker.spec import APP_NAME, APP_VERSION, QUEUE, WORKFLOW, SpecError, TreeSpec
 
 STEP = "fanfold.run_to_rest"
@@ -57,9 +57,8 @@ STEP = "fanfold.run_to_rest"
 EXIT_DRAINED = 0
 EXIT_LEASE_LOST = 3
 
-# DatabaseInUse (a SQLite log another live runtime holds): how long to wait between
-# two tries of a resume (see ``_Host.run_to_rest``).
-_IN_USE_RETRY = 0.5
+# How long a worker waits between two tries of a tree's lock that another holds.
+_CLAIM_RETRY = 0.5
 
 
 @attrs.frozen
@@ -91,8 +90,10 @@ class _Host:
         agents_for: Callable[[str], tuple[AgentDefinition, ...]],
         system_prompt: str,
         say: Callable[[str], None],
+        locks: TreeLocks,
     ) -> None:
         self.runtime = runtime
+        self.locks = locks
         self.token = token
         self.make_limits = make_limits
         self.agents_for = agents_for
@@ -103,24 +104,26 @@ class _Host:
         then records nothing in DBOS (its workflow stays PENDING, for another worker)."""
 
     async def run_to_rest(self, spec: TreeSpec) -> dict[str, Any]:
-        """Resume the tree if the log holds it, else start it; wait until it is at rest."""
+        """Claim the tree, resume it if the log holds it, else start it; wait until it
+        is at rest, then let it go."""
         runtime = self.runtime
+        told = False
+        while not await self._try_claim(spec.root_id):
+            # Another worker holds it: one frozen, or dying, after its lease was taken.
+            if not told:
+                self.say(f"waiting for tree {spec.root_id}'s previous worker to let it go")
+                told = True
+            await trio.sleep(_CLAIM_RETRY)
         try:
             runtime.store.conversation(spec.root_id)
             known = True
         except UnknownConversation:
             known = False
         if known:
-            while True:
-                try:
-                    await runtime.resume([spec.root_id])
-                    break
-                except DatabaseInUse:
-                    # A SQLite log that another live runtime has open (a frozen
-                    # worker, or a second worker on the same file): resuming now
-                    # could run the tree twice. The file lock is the fence here;
-                    # wait for it.
-                    await trio.sleep(_IN_USE_RETRY)
+            # Claimed: the other workers on the log run other trees, so the log's
+            # database-wide rule (refuse while another runtime is open) would wait for
+            # ever; the tree's lock is what keeps it from running twice.
+            await runtime.resume([spec.root_id], claimed=True)
             self.say(f"resumed tree {spec.root_id}")
         else:
             agents = await trio.to_thread.run_sync(self.agents_for, spec.cwd)
@@ -136,7 +139,15 @@ class _Host:
             )
             self.say(f"started tree {spec.root_id}")
         result = await runtime.wait(spec.root_id)
+        await trio.to_thread.run_sync(self.locks.release, spec.root_id)
         return {"root_id": spec.root_id, "phase": result.phase, "resumed": known}
+
+    async def _try_claim(self, root_id: str) -> bool:
+        try:
+            return await trio.to_thread.run_sync(self.locks.try_claim, root_id)
+        except Exception as exc:  # PostgreSQL unreachable: not claimed, try again
+            self.say(f"cannot claim tree {root_id} now ({type(exc).__name__})")
+            return False
 
 
 _HOST: _Host | None = None
@@ -208,6 +219,7 @@ def _take_over(leases: Leases, dead: str, say: Callable[[str], None]) -> int:
 
 async def _keep_lease(
     leases: Leases,
+    locks: TreeLocks,
     settings: WorkerSettings,
     say: Callable[[str], None],
     lost: trio.Event,
@@ -220,6 +232,10 @@ async def _keep_lease(
         try:
             if not await trio.to_thread.run_sync(leases.renew):
                 say("this worker's lease was taken over by another worker: stopping")
+                lost.set()
+                return
+            if not await trio.to_thread.run_sync(locks.still_held):
+                say("lost the connection holding its trees' locks: stopping")
                 lost.set()
                 return
             expired = (
@@ -252,6 +268,7 @@ async def serve(
     """
     global _HOST
     leases = Leases(settings.system_url, settings.executor_id, settings.lease)
+    locks = TreeLocks(settings.system_url)
     await trio.to_thread.run_sync(leases.register, os.getpid())
     lost = trio.Event()
     code = EXIT_DRAINED
@@ -259,7 +276,7 @@ async def serve(
         async with open_runtime() as runtime:
             host = _Host(
                 runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
-                system_prompt, say,
+                system_prompt, say, locks,
             )  # fmt: skip
             _HOST = host
             try:
@@ -268,7 +285,7 @@ async def serve(
                     # seconds under load, longer than a short lease, and a worker whose
                     # lease ran out while it started would be taken for dead.
                     launched = trio.Event()
-                    nursery.start_soon(_keep_lease, leases, settings, say, lost, launched)
+                    nursery.start_soon(_keep_lease, leases, locks, settings, say, lost, launched)
 
                     async def on_signal() -> None:
                         async for signum in signals:
@@ -293,7 +310,8 @@ async def serve(
                 if before_close is not None:
                     await before_close()
         # The runtime is closed: its trees stopped at a step boundary, the log's lock
-        # released. Now others may take them (at once: the lease ends here).
+        # released. Now others may take them: their locks go, then the lease ends.
+        await trio.to_thread.run_sync(locks.close)
         if not lost.is_set():
             try:
                 await trio.to_thread.run_sync(leases.release)

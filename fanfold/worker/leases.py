@@ -18,6 +18,9 @@ returns False) — its trees are being resumed elsewhere.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import threading
 from typing import Any
 
 import psycopg
@@ -152,3 +155,97 @@ def _create_database(url: str) -> None:
             pass
         except psycopg.errors.UniqueViolation:  # two CREATEs at once: the catalogue's key
             pass
+
+
+# The advisory locks' first key: fanfold's trees (the second is a digest of the root id).
+_TREE_LOCK_CLASS = 0x66616E66 - 2**31  # "fanf", as a signed 32-bit integer
+
+
+def tree_key(root_id: str) -> int:
+    """A tree's lock key: 32 bits of a digest of its root id, signed (two trees whose
+    keys meet only wait for each other)."""
+    digest = hashlib.blake2b(root_id.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class TreeLocks:
+    """A worker's claim on each tree it runs: a session-level advisory lock per tree,
+    on a connection of its own, held from before the tree starts or resumes until it
+    is at rest.
+
+    The database-wide rule of the log (``resume()`` refuses while another runtime has
+    the log open) cannot tell a dead worker's trees from the live ones of the others,
+    so with several workers a takeover would wait for ever. This lock can: a worker
+    killed with ``kill -9`` has its connection, hence its locks, ended by the kernel
+    and the server; a frozen one keeps them, so the worker that took its trees over
+    waits until it wakes, finds its lease taken and stops (or dies). A lost lock
+    connection (a PostgreSQL restart ends every session) loses every claim:
+    ``still_held`` says so, and the worker stops rather than run unfenced trees.
+    Blocking: call from a thread.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: psycopg.Connection[Any] | None = None
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        return self._conn
+
+    def try_claim(self, root_id: str) -> bool:
+        """Take the tree's lock if no other session holds it; True if taken (also if
+        this worker holds it already: a second execution of the tree's workflow here)."""
+        with self._lock:
+            if root_id in self._held:
+                return True
+            row = (
+                self._connection()
+                .execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", (_TREE_LOCK_CLASS, tree_key(root_id))
+                )
+                .fetchone()
+            )
+            if row is not None and row[0]:
+                self._held.add(root_id)
+                return True
+            return False
+
+    def release(self, root_id: str) -> None:
+        """Let the tree go (it is at rest)."""
+        with self._lock:
+            if root_id not in self._held:
+                return
+            self._held.discard(root_id)
+            if self._conn is not None and not self._conn.closed:
+                self._conn.execute(
+                    "SELECT pg_advisory_unlock(%s, %s)", (_TREE_LOCK_CLASS, tree_key(root_id))
+                )
+
+    def still_held(self) -> bool:
+        """Whether the lock connection (and so every claim) is still alive."""
+        with self._lock:
+            if self._conn is None:
+                return True
+            try:
+                self._conn.execute("SELECT 1")
+                return True
+            except psycopg.OperationalError:
+                lost = bool(self._held)
+                self._held.clear()
+                with contextlib.suppress(psycopg.Error):
+                    self._conn.close()
+                self._conn = None  # the next claim connects again
+                return not lost
+
+    def close(self) -> None:
+        """End the connection: every claim goes with it."""
+        with self._lock:
+            self._held.clear()
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                finally:
+                    self._conn = None
