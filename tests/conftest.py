@@ -147,3 +147,12 @@ def pg_url(pg_cluster: Cluster) -> Iterator[str]:
     yield pg_cluster.url_for(name)
     with psycopg.connect(pg_cluster.conninfo, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def log_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty log for ``fanfold.db.open_store``: an SQLite file, then a
+    PostgreSQL database (``pg_url``). The store-level tests that take it hold on both."""
+    if request.param == "sqlite":
+        return str(tmp_path / "fanfold.db")
+    return str(request.getfixturevalue("pg_url"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from db_scenarios import Driver, fan_out
 from replay_helpers import edit, one_child_log
 
 from fanfold import replay
-from fanfold.db import CodecError, ReplayError, Store, decode_event, encode_event
+from fanfold.db import CodecError, ReplayError, Store, decode_event, encode_event, open_store
 from fanfold.db.codec import (
     BLOB_MIN_CHARS,
     collapse_blobs,
@@ -110,24 +109,22 @@ def test_a_reference_needs_the_logs_blobs_and_their_exact_text() -> None:
         decode_event(text, damaged)
 
 
-def test_a_tree_stores_its_tool_set_once(tmp_path: Path) -> None:
+def test_a_tree_stores_its_tool_set_once(log_target: str) -> None:
     driver = Driver(snapshot_every=2)
     children = fan_out(driver)
-    path = tmp_path / "log.db"
-    with Store.open(path) as store:
+    with open_store(log_target) as store:
         store.append(driver.steps)
         created = [s for s in driver.steps if s.seq == 0]
         assert len(created) == 1 + len(children)
         for cid in driver.states:
             assert store.load_state(cid) == driver.states[cid]
         assert replay.verify(store, "r", tree=True).ok
-    with sqlite3.connect(path) as conn:
-        bodies = [b for (b,) in conn.execute("SELECT body FROM blobs")]
-        payloads = [p for (p,) in conn.execute("SELECT payload FROM events")]
+        conn = store._connection()  # (either store's: the same SQL)
+        bodies = [b for (b,) in conn.execute("SELECT body FROM blobs").fetchall()]
+        payloads = [p for (p,) in conn.execute("SELECT payload FROM events").fetchall()]
         effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
-    conn.close()
     assert effects == 0  # the events-only log: a spawn's effect is re-derived, not stored
-    with Store.open(path) as store:
+    with open_store(log_target) as store:
         stored = [e for cid in driver.states for e in store.events(cid)]
     recorded = [e for step in driver.steps for e in step.effects if isinstance(e, SpawnSubAgent)]
     assert [e for s in stored for e in s.effects if isinstance(e, SpawnSubAgent)] == recorded

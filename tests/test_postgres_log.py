@@ -22,9 +22,20 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
+from db_scenarios import Driver, fan_out
+from pg_cluster import Cluster
 
 from fanfold.cli import cli
-from fanfold.db import DatabaseUrl, EmptyLog, LogUnavailable, Store, open_store
+from fanfold.db import (
+    CannotOpen,
+    DatabaseUrl,
+    EmptyLog,
+    LogUnavailable,
+    SequenceError,
+    Store,
+    TreeTakenOver,
+    open_store,
+)
 from fanfold.db.postgres import PostgresStore
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import DatabaseInUse, Runtime
@@ -106,8 +117,11 @@ def test_open_store_chooses_the_store_by_target(tmp_path: Path, pg_url: str) -> 
         }
         versions = conn.execute("SELECT version FROM fanfold.migrations").fetchall()
     assert "fanfold" in schemas
-    assert tables == {"meta", "migrations", "conversations", "events", "effects", "trees", "blobs"}
-    assert versions == [(1,)]
+    assert tables == {
+        *("meta", "migrations", "conversations", "events", "effects", "trees", "blobs"),
+        "claims",
+    }
+    assert sorted(versions) == [(1,), (2,)]
 
 
 def test_a_read_only_open_of_a_database_without_a_log_writes_nothing(pg_url: str) -> None:
@@ -250,6 +264,9 @@ def test_every_command_on_a_postgresql_log(tmp_path: Path, pg_url: str, data_hom
     outputs.append(sent.output)
     assert sent.exit_code == 0, sent.output
     assert "identical" in _cli("replay", fork_id, "--verify", "--tree", "--db", pg_url).output
+    compared = _cli("diff", root, fork_id, "--db", pg_url)
+    outputs.append(compared.output)
+    assert compared.exit_code == 0, compared.output
     # The password is in no output, nor in the JSON log (in the user's data folder).
     logs = list(data_home.rglob("*.jsonl"))
     assert logs
@@ -371,3 +388,184 @@ async def test_a_lost_server_stops_resume_instead_of_skipping_trees_as_damaged(
         assert runtime.resume_damaged == ()
     with open_store(pg_url, read_only=True) as store:
         assert store.conversation(root).status.value == "running"
+
+
+def test_a_tree_taken_over_fences_its_old_owner_on_any_of_its_conversations(
+    pg_url: str,
+) -> None:
+    """Two runtimes' stores on one database: the second writes to the tree (its first
+    write claims it, epoch 2); the first's next batch of that tree is refused, on a
+    conversation the second never wrote too, where ``last_seq`` alone sees nothing."""
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    children = sorted({s.conversation_id for s in steps} - {"r"})
+    # Up to the children's creation, and the first step of each child.
+    head = [s for s in steps if s.conversation_id == "r"][:4]
+    first = [next(s for s in steps if s.conversation_id == c and s.seq == 1) for c in children]
+    created = [s for s in steps if s.seq == 0 and s.conversation_id != "r"]
+    with open_store(pg_url) as old, open_store(pg_url) as new:
+        old.append([*head, *created])
+        new.append([first[0]])  # a step of child 0: `new` claims the tree
+        with pytest.raises(TreeTakenOver, match="epoch 2") as caught:
+            old.append([first[1]])  # child 1: nothing of it in `new`'s memory or writes
+        assert caught.value.root_id == "r"
+        assert old.conversation(children[1]).last_seq == 0  # nothing written
+        with pytest.raises(TreeTakenOver):  # nor later: it does not take the tree back
+            old.append([first[1]])
+        new.append([first[1]])  # the owner goes on
+        with psycopg.connect(pg_url) as conn:
+            assert conn.execute("SELECT owner, epoch FROM fanfold.claims").fetchall() == [
+                (new.owner, 2)  # type: ignore[attr-defined]
+            ]
+
+
+def test_the_last_seq_guard_holds_beneath_the_claims(pg_url: str) -> None:
+    """A store that claims a tree back (``claim``) with a stale memory of a conversation
+    another one moved on meanwhile: the ``last_seq`` condition finds it, and the step
+    is checked against the row, as on SQLite."""
+    driver = Driver()
+    fan_out(driver)
+    root = [s for s in driver.steps if s.conversation_id == "r"]
+    with open_store(pg_url) as mine, open_store(pg_url) as other:
+        assert isinstance(mine, PostgresStore)
+        mine.append(root[:2])
+        other.append([root[2]])  # claims the tree; `mine` still remembers seq 1
+        assert mine.claim("r") == 3
+        with pytest.raises(SequenceError, match="expected seq 3, got 2"):
+            mine.append([root[2]])
+        mine.append([root[3]])
+        assert [e.seq for e in mine.events("r")] == [0, 1, 2, 3]
+        assert mine.load_state("r") == root[3].state
+
+
+async def test_the_ui_serves_a_postgresql_log(tmp_path: Path, pg_url: str, data_home: Path) -> None:
+    pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra")
+    import httpx
+    import trio
+    from trace_helpers import UI_TOKEN, ui_cookie
+
+    from fanfold.trace.server import TraceServer, serve
+
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        root = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(root)
+    async with trio.open_nursery() as nursery:
+        app = TraceServer(DatabaseUrl(pg_url), token=UI_TOKEN, poll=0.05)
+        (base,) = await nursery.start(serve, app, "127.0.0.1", 0)
+        async with httpx.AsyncClient(base_url=base, cookies=ui_cookie(base)) as client:
+            trees = (await client.get("/api/trees")).json()
+            assert [t["id"] for t in trees] == [root] and trees[0]["agents"] == 3
+            data = (await client.get(f"/api/trace/{root}")).json()
+            assert len(data["agents"]) == 3
+            listing = (await client.get("/")).text
+        nursery.cancel_scope.cancel()
+    assert "postgresql://fanfold@127.0.0.1" in listing
+    assert _password(pg_url) not in listing
+
+
+@pytest.mark.parametrize("how", ["terminate", "restart"])
+def test_a_run_goes_on_after_the_server_ended_its_sessions(
+    tmp_path: Path, pg_url: str, data_home: Path, pg_cluster: Cluster, how: str
+) -> None:
+    """The server ends every session of the run (``pg_terminate_backend``, as a network
+    cut would; or ``pg_ctl restart -m fast``) while its children wait for their model:
+    the store connects again before its next transaction, and the tree finishes,
+    identical on replay."""
+    slow = json.loads(json.dumps(FAN_OUT))
+    slow["agents"][1]["replies"][0]["latency"] = 2  # the next commit comes after this
+    script = str(_script(tmp_path, slow, "slow.json"))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *("-c", "from fanfold.cli import main; main()", "run", "--no-live"),
+            *("--script", script, "--cwd", str(tmp_path), "go"),
+        ],
+        env={**os.environ, "FANFOLD_DB": pg_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(pg_url) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM fanfold.conversations WHERE depth = 1"
+                    ).fetchone()
+                if row is not None and row[0] == 2:
+                    break
+            except psycopg.errors.UndefinedTable:
+                pass
+            time.sleep(0.05)
+        if how == "restart":
+            pg_cluster.restart()
+        else:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                ended = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+                ).fetchall()
+            assert ended  # the run's connections (the log's and its presence's)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "the answer is" in out
+    root = _only_root(pg_url)
+    verified = _cli("replay", root, "--verify", "--tree", "--db", pg_url)
+    assert verified.exit_code == 0 and "identical" in verified.output, verified.output
+
+
+def test_a_store_connects_again_for_its_next_transaction_or_read(pg_url: str) -> None:
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    with open_store(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as admin:
+        assert isinstance(store, PostgresStore)
+
+        def end_its_session() -> None:
+            pid = store._pg.raw.info.backend_pid
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+        store.append(steps[:3])
+        end_its_session()
+        store.append(steps[3:6])  # the BEGIN finds the connection gone: a new one
+        end_its_session()
+        assert store.conversation("r").last_seq >= 0  # a lone read, again
+        end_its_session()
+        store.append(steps[6:])
+        assert store.load_state("r") == driver.states["r"]
+
+
+def test_store_open_refuses_a_url_rather_than_make_a_file_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CannotOpen, match="open_store") as caught:
+        Store.open("postgresql://me:hunter2@127.0.0.1:1/x")
+    assert "hunter2" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []  # no ./postgresql:/... made
+
+
+def test_a_log_from_before_the_claims_is_read_as_it_is_and_migrated_by_a_writer(
+    pg_url: str,
+) -> None:
+    driver = Driver()
+    fan_out(driver)
+    with open_store(pg_url) as store:
+        store.append(driver.steps)
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # as PG migration 1 left it
+        conn.execute("DROP TABLE fanfold.claims")
+        conn.execute("DELETE FROM fanfold.migrations WHERE version = 2")
+    with open_store(pg_url, read_only=True) as reader:  # readers never read claims
+        assert reader.load_state("r") == driver.states["r"]
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (1,)
+    open_store(pg_url).close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM fanfold.claims").fetchone() == (0,)

@@ -169,11 +169,10 @@ class Bench:
                 proc.wait()
 
 
-@pytest.fixture(scope="module", params=["postgresql", "sqlite"])
-def bench(
-    pg_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[Bench]:
-    bench = Bench(tmp_path_factory.mktemp("workers"), pg_cluster, request.param)
+@pytest.fixture(scope="module")
+def bench(pg_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """Two workers on a PostgreSQL log, the queue in the same database."""
+    bench = Bench(tmp_path_factory.mktemp("workers"), pg_cluster, "postgresql")
     try:
         bench.start_workers("w1", "w2")
         yield bench
@@ -223,10 +222,10 @@ def _check_logs(bench: Bench, ids: list[str]) -> None:
 
 
 def test_two_workers_run_detached_trees_and_wait_prints_each_outcome(bench: Bench) -> None:
-    detached = bench.cli_many(*(("run", "--detach", f"tree {i}") for i in range(3)))
+    detached = bench.cli_many(*(("run", "--detach", f"tree {i}") for i in range(2)))
     assert all(d.returncode == 0 for d in detached), [d.stderr for d in detached]
     ids = [d.stdout.strip() for d in detached]
-    assert len(set(ids)) == 3 and all(len(i) == 12 for i in ids), ids
+    assert len(set(ids)) == 2 and all(len(i) == 12 for i in ids), ids
     bench.wait_all(ids, cli=len(ids))
     _check_logs(bench, ids)
 
@@ -312,3 +311,25 @@ def test_a_frozen_worker_is_fenced_and_its_trees_finish_once(bench: Bench) -> No
     for name, (worker, _) in bench.workers.items():
         assert wait_gone(worker.pid), name
         assert not alive(worker.pid)
+
+
+def test_on_a_log_file_two_workers_share_trees_and_one_survives_a_kill(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    # The log in a SQLite file the workers of one machine share, the queue in
+    # PostgreSQL (--dbos-db): the same takeover, fenced by the same tree locks.
+    bench = Bench(tmp_path, pg_cluster, "sqlite")
+    try:
+        bench.start_workers("w1", "w2")
+        ids = bench.enqueue(6, "file-")
+        proc, executor = bench.workers["w1"]
+        taken = _wait_taken(bench, executor, ids)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        bench.wait_all(ids)
+        _check_logs(bench, ids)
+        assert all(f"resumed tree {t}" in bench.err("w2") for t in taken), bench.err("w2")
+    finally:
+        bench.stop_all()
+    for name, (worker, _) in bench.workers.items():
+        assert not alive(worker.pid), name

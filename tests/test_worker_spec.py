@@ -135,3 +135,17 @@ def test_scrubbed_cuts_the_password_in_either_spelling() -> None:
     url = "postgresql://me:p%40ss@h/db"
     assert scrubbed("failed for p@ss and p%40ss", url) == "failed for *** and ***"
     assert scrubbed("nothing here", "postgresql://h/db") == "nothing here"
+
+
+def test_the_queue_is_the_logs_own_database_unless_given() -> None:
+    from fanfold.cli.errors import CliError
+    from fanfold.cli.worker_commands import system_url
+    from fanfold.db import DatabaseUrl
+
+    log = DatabaseUrl("postgresql://me:pw@db/agents")
+    assert system_url(None, log) == "postgresql://me:pw@db/agents"
+    assert system_url("postgresql://q/queue", log) == "postgresql://q/queue"
+    with pytest.raises(CliError, match="--dbos-db"):
+        system_url(None, Path("log.db"))
+    with pytest.raises(CliError, match="postgresql://"):
+        system_url("sqlite:///x", Path("log.db"))

@@ -112,6 +112,16 @@ class ReplayError(DatabaseError):
     """
 
 
+class TreeTakenOver(DatabaseError):
+    """Another runtime claimed the tree (a PostgreSQL log's per-tree epoch) since this
+    one did: nothing of the batch was written, and this runtime must stop running the
+    tree (its new owner goes on from the log). ``root_id`` names the tree."""
+
+    def __init__(self, root_id: str, message: str) -> None:
+        self.root_id = root_id
+        super().__init__(message)
+
+
 class LogUnavailable(DatabaseError):
     """The PostgreSQL log cannot be reached or used right now: the server refused the
     login, the database does not exist, the connection was lost. The message names the

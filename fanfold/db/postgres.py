@@ -29,6 +29,10 @@ moves trees between them) and replaces what is SQLite's own:
   checked against the rows, and a step that is no longer next is ``SequenceError``.
   A read is ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``: its statements see
   one snapshot, as SQLite's read transaction does.
+- **Per-tree claims** (``claims``: owner, epoch): a store's first batch of a tree
+  claims it; every later batch must still hold the claim (``TreeTakenOver``
+  otherwise), so a runtime another one took a tree from (a frozen worker that wakes)
+  writes nothing more of it, whichever conversation (``_fence``).
 - **Blobs** are read incrementally by ``rowid`` as on SQLite. An identity is handed
   out at insert, not at commit, so two writers could commit blob 11 before blob 10 and
   a reader that saw 11 would never read 10; a transaction that inserts blobs
@@ -46,7 +50,9 @@ moves trees between them) and replaces what is SQLite's own:
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
 import threading
 import time
 import urllib.parse
@@ -65,6 +71,7 @@ from fanfold.db.errors import (
     LogUnavailable,
     ReadOnlyStore,
     SchemaError,
+    TreeTakenOver,
 )
 from fanfold.db.factory import display_target
 from fanfold.db.store import Store
@@ -74,6 +81,10 @@ SCHEMA = "fanfold"
 
 CONNECT_TIMEOUT_S = 10
 """How long opening waits for the server (unless the URL says ``connect_timeout``)."""
+
+RECONNECT_S = 30.0
+"""How long a store tries to connect again after its connection was lost (a server
+restart, a network cut) before the statement fails with ``LogUnavailable``."""
 
 _LOCK_KEY = 0x66616E666F6C64  # "fanfold": the advisory lock that serialises migration
 _RUNTIMES_KEY = 0x66616E666F6C64 + 1  # held shared by every runtime on the log (Presence)
@@ -144,10 +155,26 @@ CREATE TABLE blobs (
 );
 """
 
+# Who runs each tree now (issue 25's fencing): the owner (a runtime's store) and an
+# epoch raised by every new claim. Not a foreign key: a tree's claim is taken in the
+# transaction that creates its root, before the root's row. Not exported: it is the
+# state of a database's workers, not of the tree.
+_V2 = """
+CREATE TABLE claims (
+    root_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    epoch BIGINT NOT NULL
+);
+"""
+
 PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (1, "the events-only log (SQLite's migrations 1 to 5)", _V1),
+    (2, "per-tree claims (owner, epoch)", _V2),
 )
 PG_LATEST = PG_MIGRATIONS[-1][0]
+
+PG_READERS_DO_WITHOUT = frozenset({2})
+"""Migrations a read-only open may find missing: the claims matter to writers only."""
 
 
 def _password(url: str) -> str | None:
@@ -292,6 +319,11 @@ class PostgresStore(Store):
         self._blobs: dict[str, str] = {}
         self._blob_rowid: int | None = 0
         self._seen: dict[str, tuple[int, str]] = {}
+        # This store's identity as a tree's owner, and the epoch of each tree it holds.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+        """Who this store is in the ``claims`` table (host, process, random)."""
+        self._claims: dict[str, int] = {}
+        self._lost: set[str] = set()  # trees taken over: refused until ``claim``
 
     @classmethod
     def open(cls, path: Any, *, read_only: bool = False) -> PostgresStore:
@@ -410,7 +442,7 @@ class PostgresStore(Store):
                 f"the PostgreSQL log {self.path} holds events of schema version {events}, "
                 f"newer than this fanfold reads ({SCHEMA_VERSION}); upgrade fanfold to open it"
             )
-        if applied != {v for v, _, _ in PG_MIGRATIONS}:
+        if not {v for v, _, _ in PG_MIGRATIONS} - PG_READERS_DO_WITHOUT <= applied:
             raise SchemaError(
                 f"the PostgreSQL log {self.path} was written by an older fanfold and needs a "
                 "migration, which a read-only open cannot apply; any fanfold command that "
@@ -432,7 +464,12 @@ class PostgresStore(Store):
         with self._lock:
             self._connection()  # StoreClosed once closed
             conn = self._pg
-            conn.execute(statement)
+            try:
+                conn.execute(statement)
+            except LogUnavailable:
+                # Nothing of this transaction was sent: safe to connect again and go on.
+                self._reconnect()
+                conn.execute(statement)
             try:
                 yield _BlobOrdered(conn)
             except BaseException:
@@ -446,10 +483,109 @@ class PostgresStore(Store):
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         with self._lock:
             self._connection()
-            return list(self._pg.query(sql, params))
+            try:
+                return list(self._pg.query(sql, params))
+            except LogUnavailable:
+                self._reconnect()  # a lone read: safe to run again
+                return list(self._pg.query(sql, params))
+
+    def _reconnect(self) -> None:
+        """Replace a lost connection (under the lock), trying for ``RECONNECT_S``.
+
+        Only where nothing can have been half-done: before a transaction's ``BEGIN``
+        reached the server, or for a lone read. A connection lost inside a
+        transaction (at ``COMMIT`` above all, where the batch may or may not have
+        committed) is ``LogUnavailable`` to the caller: the runtime stops and
+        ``resume`` reads what the log holds. The store's memory of the rows it wrote
+        stays right (its commits are in the log; another writer is still caught by
+        ``last_seq``), and so do its claims (rows in the database).
+        """
+        with suppress(psycopg.Error):
+            self._pg.raw.close()
+        deadline = time.monotonic() + RECONNECT_S
+        delay = 0.05
+        while True:
+            try:
+                self._pg.raw = connect(self._url, read_only=self.read_only)
+                return
+            except LogUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def _has_trees(self) -> bool:
         return True  # created with the schema
+
+    def _fence(self, conn: Any, prepared: list[Any]) -> dict[str, int]:
+        """Check this store's claim on every tree of the batch, or take it.
+
+        A tree this store holds: its claim row is read ``FOR SHARE`` (a competing
+        claim waits for this batch's commit) and must still name this owner and epoch,
+        else ``TreeTakenOver`` and nothing is written. A tree it does not hold (it
+        starts, resumes, forks or sends to it: its first write) is claimed in this
+        transaction, the epoch raised past any earlier owner's, whose next batch is
+        then refused. Returns the claims taken, recorded once the batch commits.
+        """
+        roots = sorted({p.step.state.root_id or p.step.conversation_id for p in prepared})
+        lost = self._lost.intersection(roots)
+        if lost:
+            root = min(lost)
+            raise TreeTakenOver(
+                root,
+                f"tree {root!r} was taken over by another runtime; this one writes no more "
+                "of it (nothing of the batch was written)",
+            )
+        held = [root for root in roots if root in self._claims]
+        if held:
+            rows = conn.execute(
+                "SELECT root_id, owner, epoch FROM claims WHERE root_id = ANY(?)"
+                " ORDER BY root_id FOR SHARE",
+                [held],
+            ).fetchall()
+            found = {root: (owner, epoch) for root, owner, epoch in rows}
+            for root in held:
+                now = found.get(root)
+                mine = self._claims[root]
+                if now != (self.owner, mine):
+                    del self._claims[root]  # not this store's any more
+                    self._lost.add(root)
+                    by = f"{now[0]}, epoch {now[1]}" if now else "its claim is gone"
+                    raise TreeTakenOver(
+                        root,
+                        f"tree {root!r} was taken over by another runtime ({by}) since this "
+                        f"one claimed it (epoch {mine}); nothing of the batch was written: "
+                        "its new owner goes on from the log",
+                    )
+        taken: dict[str, int] = {}
+        for root in roots:
+            if root in self._claims:
+                continue
+            row = conn.execute(
+                "INSERT INTO claims (root_id, owner, epoch) VALUES (?, ?, 1)"
+                " ON CONFLICT (root_id) DO UPDATE SET owner = excluded.owner,"
+                " epoch = claims.epoch + 1 RETURNING epoch",
+                [root, self.owner],
+            ).fetchone()
+            taken[root] = int(row[0])
+        return taken
+
+    def _fenced(self, fence: Any) -> None:
+        self._claims.update(fence)
+
+    def claim(self, root_id: str) -> int:
+        """Claim tree ``root_id`` now (as its next batch would) and return the epoch:
+        for a worker that takes a tree over before writing to it."""
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            row = conn.execute(
+                "INSERT INTO claims (root_id, owner, epoch) VALUES (?, ?, 1)"
+                " ON CONFLICT (root_id) DO UPDATE SET owner = excluded.owner,"
+                " epoch = claims.epoch + 1 RETURNING epoch",
+                [root_id, self.owner],
+            ).fetchone()
+        self._claims[root_id] = int(row[0])
+        self._lost.discard(root_id)
+        return self._claims[root_id]
 
     def damage(self) -> str | None:
         """None: PostgreSQL has no whole-database check like SQLite's

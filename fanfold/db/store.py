@@ -320,6 +320,13 @@ class Store:
         be current; writes raise ReadOnlyStore.
         """
         name = os.fspath(path)
+        if name.startswith(("postgresql://", "postgres://")):
+            # A file by that name would be made (under ./postgresql:/), and every message
+            # naming it would show the URL's password.
+            raise CannotOpen(
+                "Store.open takes a file path; open a PostgreSQL log with "
+                "fanfold.db.open_store(url)"
+            )
         _refuse_special(name)
         if read_only:
             return cls._open_read_only(name)
@@ -610,6 +617,7 @@ class Store:
         connection wrote it) raises ``_StaleCache``, rolling the batch back.
         """
         with self._transaction("BEGIN IMMEDIATE") as conn:
+            fence = self._fence(conn, prepared)
             created_rows, status_before, first_seq = self._check_sequence(
                 conn, prepared, self._seen if trusted else {}
             )
@@ -674,7 +682,19 @@ class Store:
                     " snapshot_checksum = ? WHERE id = ?",
                     snapshot_rows,
                 )
+        self._fenced(fence)  # committed
         return statuses
+
+    def _fence(self, conn: Any, prepared: list[_Prepared]) -> Any:
+        """Check (or take) this store's claim on the trees of a batch, inside its
+        transaction; returns what ``_fenced`` records once it commits. A file needs
+        none (one runtime writes it at a time: ``fanfold.runtime.presence``);
+        ``PostgresStore`` keeps a per-tree epoch."""
+        del conn, prepared
+
+    def _fenced(self, fence: Any) -> None:
+        """Record the claims ``_fence`` took, now that their transaction committed."""
+        del fence
 
     def _check_sequence(
         self,

@@ -123,6 +123,12 @@ class _Host:
             # Claimed: the other workers on the log run other trees, so the log's
             # database-wide rule (refuse while another runtime is open) would wait for
             # ever; the tree's lock is what keeps it from running twice.
+            claim = getattr(runtime.store, "claim", None)
+            if claim is not None:
+                # A PostgreSQL log: take the tree's claim (its epoch raised past the
+                # previous owner's) before its state is loaded, so that what this
+                # worker reads is what it alone writes from now on.
+                claim(spec.root_id)
             await runtime.resume([spec.root_id], claimed=True)
             self.say(f"resumed tree {spec.root_id}")
         else:
@@ -211,7 +217,10 @@ def _take_over(leases: Leases, dead: str, say: Callable[[str], None]) -> int:
         status="PENDING", executor_id=dead, load_input=False, load_output=False
     )
     for status in pending:
-        DBOS.resume_workflow(status.workflow_id)
+        # Back onto the trees' queue: DBOS's default is its internal queue, which has
+        # no per-worker cap, so a worker taking over could hold more than
+        # --concurrency trees.
+        DBOS.resume_workflow(status.workflow_id, queue_name=QUEUE)
     leases.forget(dead)
     say(f"took over {len(pending)} tree(s) of worker {dead} (its lease expired)")
     return len(pending)
