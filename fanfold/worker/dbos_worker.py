@@ -244,7 +244,7 @@ async def _keep_lease(
                 lost.set()
                 return
             if not await trio.to_thread.run_sync(locks.still_held):
-                say("lost the connection holding its trees' locks: stopping")
+                say("a tree it held is another worker's since its lock connection was lost")
                 lost.set()
                 return
             expired = (

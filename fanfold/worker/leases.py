@@ -168,6 +168,11 @@ def tree_key(root_id: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+class LocksLost(RuntimeError):
+    """The lock connection was lost and another worker has taken one of its trees since:
+    this worker must stop running them."""
+
+
 class TreeLocks:
     """A worker's claim on each tree it runs: a session-level advisory lock per tree,
     on a connection of its own, held from before the tree starts or resumes until it
@@ -178,9 +183,13 @@ class TreeLocks:
     so with several workers a takeover would wait for ever. This lock can: a worker
     killed with ``kill -9`` has its connection, hence its locks, ended by the kernel
     and the server; a frozen one keeps them, so the worker that took its trees over
-    waits until it wakes, finds its lease taken and stops (or dies). A lost lock
-    connection (a PostgreSQL restart ends every session) loses every claim:
-    ``still_held`` says so, and the worker stops rather than run unfenced trees.
+    waits until it wakes, finds its lease taken and stops (or dies).
+
+    A lost lock connection (a PostgreSQL restart ends every session) loses every lock:
+    the next use of the locks (``still_held``, every third of the lease, or a claim)
+    connects again and takes each held tree's lock again. Nobody can have taken one
+    meanwhile unless this worker's lease expired and was claimed (the lease is checked
+    first); if one is held by another all the same, ``LocksLost``: the worker stops.
     Blocking: call from a thread.
     """
 
@@ -190,10 +199,35 @@ class TreeLocks:
         self._held: set[str] = set()
         self._lock = threading.Lock()
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None:
-            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
-        return self._conn
+    def _lock_tree(self, conn: psycopg.Connection[Any], root_id: str) -> bool:
+        row = conn.execute(
+            "SELECT pg_try_advisory_lock(%s, %s)", (_TREE_LOCK_CLASS, tree_key(root_id))
+        ).fetchone()
+        return bool(row is not None and row[0])
+
+    def _connection(self, *, ping: bool = False) -> psycopg.Connection[Any]:
+        """The lock connection, made again (and every held lock taken again) if it was
+        lost. Raises OperationalError while the server is away, LocksLost if a held
+        tree's lock is another's now."""
+        if self._conn is not None and not self._conn.closed:
+            if not ping:
+                return self._conn
+            try:
+                self._conn.execute("SELECT 1")
+                return self._conn
+            except psycopg.OperationalError:
+                pass
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        for root_id in sorted(self._held):
+            if not self._lock_tree(conn, root_id):
+                conn.close()
+                raise LocksLost(f"tree {root_id} is another worker's now")
+        self._conn = conn
+        return conn
 
     def try_claim(self, root_id: str) -> bool:
         """Take the tree's lock if no other session holds it; True if taken (also if
@@ -201,14 +235,7 @@ class TreeLocks:
         with self._lock:
             if root_id in self._held:
                 return True
-            row = (
-                self._connection()
-                .execute(
-                    "SELECT pg_try_advisory_lock(%s, %s)", (_TREE_LOCK_CLASS, tree_key(root_id))
-                )
-                .fetchone()
-            )
-            if row is not None and row[0]:
+            if self._lock_tree(self._connection(), root_id):
                 self._held.add(root_id)
                 return True
             return False
@@ -220,25 +247,25 @@ class TreeLocks:
                 return
             self._held.discard(root_id)
             if self._conn is not None and not self._conn.closed:
-                self._conn.execute(
-                    "SELECT pg_advisory_unlock(%s, %s)", (_TREE_LOCK_CLASS, tree_key(root_id))
-                )
+                with contextlib.suppress(psycopg.OperationalError):
+                    self._conn.execute(
+                        "SELECT pg_advisory_unlock(%s, %s)",
+                        (_TREE_LOCK_CLASS, tree_key(root_id)),
+                    )
 
     def still_held(self) -> bool:
-        """Whether the lock connection (and so every claim) is still alive."""
+        """Whether every held lock is still this worker's: the connection pinged, and
+        if it was lost, made again with the locks taken again. True while the server
+        is away (nobody can take them then either); False if one is another's."""
         with self._lock:
-            if self._conn is None:
-                return True
             try:
-                self._conn.execute("SELECT 1")
-                return True
-            except psycopg.OperationalError:
-                lost = bool(self._held)
+                self._connection(ping=True)
+            except LocksLost:
                 self._held.clear()
-                with contextlib.suppress(psycopg.Error):
-                    self._conn.close()
-                self._conn = None  # the next claim connects again
-                return not lost
+                return False
+            except psycopg.OperationalError:
+                return True
+            return True
 
     def close(self) -> None:
         """End the connection: every claim goes with it."""
