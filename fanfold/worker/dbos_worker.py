@@ -133,12 +133,8 @@ class _Host:
             # Claimed: the other workers on the log run other trees, so the log's
             # database-wide rule (refuse while another runtime is open) would wait for
             # ever; the tree's lock is what keeps it from running twice.
-            claim = getattr(runtime.store, "claim", None)
-            if claim is not None:
-                # A PostgreSQL log: take the tree's claim (its epoch raised past the
-                # previous owner's) before its state is loaded, so that what this
-                # worker reads is what it alone writes from now on.
-                claim(spec.root_id)
+            # (On a PostgreSQL log ``resume`` also takes the tree's claim in the log,
+            # its epoch raised past the previous owner's, before it reads the tree.)
             await runtime.resume([spec.root_id], claimed=True)
             self.say(f"resumed tree {spec.root_id}")
         else:
