@@ -73,6 +73,10 @@ def scrubbed(text: str, url: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The error's type and first line; for a group (a Trio nursery's), its first leaf's:
+    "ExceptionGroup: Exceptions from Trio nursery" says nothing of what went wrong."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
