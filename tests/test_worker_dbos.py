@@ -326,17 +326,22 @@ def _live(bench: Bench) -> list[str]:
 def test_a_frozen_worker_is_fenced_and_its_trees_finish_once(bench: Bench) -> None:
     ids = bench.enqueue(6, "frozen-")
     frozen_name = _a_worker_with_trees(bench, ids)
-    other = next(name for name in _live(bench) if name != frozen_name)
+    others = [name for name in _live(bench) if name != frozen_name]
+    assert others
+
+    def others_err() -> str:
+        return "".join(bench.err(name) for name in others)
+
     proc, executor = bench.workers[frozen_name]
     taken = _wait_taken(bench, executor, ids)
     proc.send_signal(signal.SIGSTOP)
     try:
         frozen = {t: n for t, n in _running(bench, ids).items() if t in taken}
         assert frozen
-        # The other worker claims the frozen one's lease and re-enqueues its trees...
+        # Another worker claims the frozen one's lease and re-enqueues its trees...
         deadline = time.monotonic() + 60
-        while f"of worker {executor}" not in bench.err(other):
-            assert time.monotonic() < deadline, bench.err(other)
+        while f"of worker {executor}" not in others_err():
+            assert time.monotonic() < deadline, others_err()
             time.sleep(0.1)
         time.sleep(LEASE)
         # ... but cannot resume them while the frozen process still holds the log: not
@@ -344,12 +349,12 @@ def test_a_frozen_worker_is_fenced_and_its_trees_finish_once(bench: Bench) -> No
         assert {t: n for t, n in _running(bench, ids).items() if t in frozen} == frozen
     finally:
         proc.send_signal(signal.SIGCONT)
-    # Woken, it finds its lease taken, stops (exit 3), and the other resumes its trees.
+    # Woken, it finds its lease taken, stops (exit 3), and another resumes its trees.
     assert proc.wait(timeout=60) == 3
     assert "lease was taken over" in bench.err(frozen_name)
     bench.wait_all(ids)
     _check_logs(bench, ids)
-    assert all(f"resumed tree {t}" in bench.err(other) for t in frozen), bench.err(other)
+    assert all(f"resumed tree {t}" in others_err() for t in frozen), others_err()
     bench.stop_all()
     for name, (worker, _) in bench.workers.items():
         assert wait_gone(worker.pid), name
