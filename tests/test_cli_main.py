@@ -79,6 +79,8 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
         "ui",
         "trust",
         "mcp",
+        "worker",
+        "wait",
     }  # fmt: skip
     for name in cli.list_commands(context):
         command = cli.get_command(context, name)

@@ -42,7 +42,7 @@ class Counting:
             self.shared.now -= 1
 
 
-def _router(slots: PostgresSlots, provider: Counting, cap: int = 2) -> ProviderRouter:
+def _router(slots: PostgresSlots | None, provider: Counting, cap: int = 2) -> ProviderRouter:
     config = Config((Profile("offline", "scripted", max_concurrent_calls=cap),), default="offline")
     return ProviderRouter(config, scripted=provider, slots=slots)
 
@@ -143,13 +143,13 @@ async def test_a_worker_shares_its_routers_slots_only_where_a_profile_caps_calls
     from fanfold.providers.pg_slots import shared_slots
     from fanfold.providers.slots import LocalSlots
 
-    capped = _router(None, Counting(InFlight(), 0.0))  # type: ignore[arg-type]
-    capped.slots = LocalSlots()
-    local = capped.slots
+    capped = _router(None, Counting(InFlight(), 0.0))
+    local: object = capped.slots
+    assert isinstance(local, LocalSlots)
     async with shared_slots(capped, database) as slots:
         assert isinstance(slots, PostgresSlots) and capped.slots is slots
         await capped.complete(REQUEST, _ctx(1))
-    assert capped.slots is local  # given back at the end
+    assert capped.slots is local  # type: ignore[comparison-overlap]  # given back
     plain = ProviderRouter(
         Config((Profile("offline", "scripted"),), default="offline"),
         scripted=Counting(InFlight(), 0.0),

@@ -155,3 +155,24 @@ async def test_a_message_to_a_conversation_that_was_unloaded_is_dropped_and_logg
             ("delivery_dropped", f"{root}.1", "completed")
         ]
         assert isinstance(runtime.state(root).phase, Idle)
+
+
+async def test_start_takes_the_callers_id_once_and_refuses_a_bad_or_taken_one(
+    tmp_path: Path,
+) -> None:
+    # `fanfold run --detach` names the tree before a worker starts it: the worker must
+    # start it under that id, and a second start under it (a re-executed workflow that
+    # missed the log) must be refused before anything is recorded.
+    provider = ScriptedProvider({"agents": [{"match": {"path": "root"}, "replies": [reply("hi")]}]})
+    async with open_runtime(tmp_path, provider) as runtime:
+        root = await runtime.start("say hi", conversation_id="tree-0001")
+        assert root == "tree-0001"
+        assert (await runtime.wait(root)).text == "hi"
+        for bad in ("tree-0001", "", "../x", "a" * 65, "a b"):
+            try:
+                await runtime.start("again", conversation_id=bad)
+            except ValueError as exc:
+                assert "tree-0001" in str(exc) or "letters" in str(exc)
+            else:
+                raise AssertionError(f"start accepted the id {bad!r}")
+        assert [r.id for r in runtime.store.list_roots()] == ["tree-0001"]

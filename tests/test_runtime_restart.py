@@ -260,3 +260,27 @@ async def test_after_a_long_restart_children_still_get_their_grace_to_acknowledg
         state = store.load_state(root)
     assert isinstance(state.phase, Idle)
     assert state.written_off == ()
+
+
+async def test_a_claimed_resume_goes_on_beside_another_runtime_on_the_log(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # `fanfold worker`: other workers have the log open running their own trees; the
+    # worker that holds a tree's exclusive claim (its per-tree lock) resumes it beside
+    # them. Without the claim the database-wide rule still refuses.
+    provider = _one_slow_child()
+    async with open_runtime(tmp_path, provider) as first:
+        left = await first.start("go", cwd=tmp_path)
+        await trio.sleep(5.0)  # closed mid-tree: `left` is unfinished in the log
+    async with open_runtime(tmp_path, provider) as busy:
+        other = await busy.start("other", cwd=tmp_path)
+        await trio.sleep(5.0)
+        async with open_runtime(tmp_path, provider) as taker:
+            with pytest.raises(DatabaseInUse):
+                await taker.resume([left])
+            with pytest.raises(ValueError, match="needs the roots"):
+                await taker.resume(claimed=True)
+            assert sorted(await taker.resume([left], claimed=True)) == [left, f"{left}.1"]
+            assert (await taker.wait(left)).text == "done"
+            assert other not in {s.id for s in taker.running()}
+        assert (await busy.wait(other)).text == "done"

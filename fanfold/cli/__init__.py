@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ui": ("ui_command", "ui_command"),
     "trust": ("trust_command", "trust_command"),
     "mcp": ("mcp_command", "mcp_command"),
+    "worker": ("worker_commands", "worker"),
+    "wait": ("worker_commands", "wait"),
 }
 
 

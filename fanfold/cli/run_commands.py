@@ -28,6 +28,7 @@ from fanfold.cli.output import hint
 from fanfold.cli.python_tools import load_tools, missing_message, tools_option
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_result, watch
+from fanfold.cli.worker_commands import dbos_db_option
 from fanfold.db import open_store
 from fanfold.regular_files import read_regular
 from fanfold.runtime import Runtime
@@ -121,6 +122,13 @@ def _finite_seconds(value: float | None) -> float | None:
     "sub-agents cancelled (default: none).",
 )
 @click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Put the tree on the workers' queue (--dbos-db) and print its id; "
+    "`fanfold wait ID` prints its outcome. The workers' model and tools run it.",
+)
+@dbos_db_option
 @tools_option
 @db_option
 def run(
@@ -141,6 +149,8 @@ def run(
     context_modes: str | None,
     timeout: float | None,
     no_live: bool,
+    detach: bool,
+    dbos_db: str | None,
     tool_refs: tuple[str, ...],
     db: Target | None,
 ) -> None:
@@ -161,6 +171,28 @@ def run(
     system = system_text
     if system_file is not None:
         system = _read_text(system_file, "--system-file")
+    if detach:
+        given = [o for o, v in (("--script", script), ("--config", config_path),
+                                ("--profile", profile), ("--model", model),
+                                ("--tools", tool_refs), ("--json-log", json_log)) if v]  # fmt: skip
+        if given:
+            raise CliError(
+                f"--detach: {', '.join(given)} belong to the workers (fanfold worker "
+                "chooses the model and tools of the trees it runs)"
+            )
+        numbers = {
+            k: v
+            for k, v in {
+                "max_rounds": max_rounds,
+                "max_concurrent": max_concurrent,
+                "max_depth": max_depth,
+                "max_tokens": max_tokens,
+            }.items()
+            if v is not None
+        }
+        modes = _context_modes(context_modes) if context_modes is not None else None
+        _detach(text, cwd, system, numbers, modes, dbos_db, db)
+        return
     path = db or default_db()
     open_logs(path, json_log)
     with user_errors(path):
@@ -202,6 +234,55 @@ def run(
             timeout,
         )
     print_result(*result, db=path)
+
+
+def _detach(
+    text: str,
+    cwd: Path,
+    system: str | None,
+    limits: dict[str, int],
+    context_modes: tuple[str, ...] | None,
+    dbos_db: str | None,
+    db: Target | None,
+) -> None:
+    """``run --detach``: enqueue the tree for the workers; print its id on stdout."""
+    import uuid
+
+    from fanfold.cli.worker_commands import POSTGRES_EXTRA, scrubbed, system_url
+    from fanfold.worker.spec import TreeSpec
+
+    url = system_url(dbos_db, db if db is not None else default_db())
+    spec = TreeSpec(
+        root_id=uuid.uuid4().hex[:12],
+        task=text,
+        cwd=str(cwd.resolve()),
+        system_prompt=system,
+        limits=tuple(sorted(limits.items())),
+        context_modes=context_modes,
+    )
+    try:
+        spec.make_limits()  # the limits' own checks, before anything is queued
+    except ValueError as exc:
+        raise CliError(f"limits: {exc}") from None
+    try:
+        from fanfold.worker.client import enqueue_tree
+    except ImportError:
+        raise CliError(f"fanfold run --detach {POSTGRES_EXTRA}") from None
+    try:
+        tree_id = enqueue_tree(url, spec)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        if "dbos.workflow_status" in first and "does not exist" in first:
+            raise CliError(
+                "could not queue the tree: no worker has set up that database yet "
+                "(start `fanfold worker` on it first)"
+            ) from None
+        raise CliError(
+            f"could not queue the tree: {scrubbed(f'{type(exc).__name__}: {first}', url)}"
+        ) from None
+    click.echo(tree_id)
+    where = f" --db {db}" if db is not None else ""
+    hint(f"queued; its outcome: fanfold wait {tree_id}{where}", style="dim")
 
 
 def _agents(

@@ -6,6 +6,7 @@ import contextvars
 import gc
 import heapq
 import os
+import re
 import sqlite3
 import time
 import uuid
@@ -89,6 +90,9 @@ _INFO = 20  # logging.INFO
 _DEBUG = 10  # logging.DEBUG
 
 GC_POLICIES = ("tuned", "untouched")
+# A caller-chosen root id (``start(conversation_id=...)``): it names files nowhere, but
+# is printed, typed back by users, and used as a DBOS workflow id.
+_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 GC_TUNED_THRESHOLD = 100_000
 """The first generation's threshold while a "tuned" runtime is open (CPython's
 default is 700): a step allocates a few hundred container objects, almost all of
@@ -622,12 +626,17 @@ class Runtime:
         agents: tuple[AgentDefinition, ...] = (),
         agent: AgentDefinition | None = None,
         timeout: float | None = None,
+        conversation_id: str | None = None,
     ) -> str:
         """Start a root conversation with its first user message; returns its id.
 
         ``timeout``: seconds each of its turns may take (None: no limit); a turn past
         it ends in error ``timed_out``, its sub-agents cancelled first. ``agent``'s
         own ``timeout`` caps it, as it caps a child spawned as that definition.
+        ``conversation_id``: the id to give it (default: a new random one). A caller
+        that must name the tree before it exists gives it (``fanfold run --detach``
+        prints the id its queued workflow is known by): 1 to 64 letters, digits, ``-``
+        or ``_``, and not already in the log, else ValueError, nothing recorded.
 
         ``agents``: the agent definitions its ``spawn_agents`` tasks may name
         (``fanfold.agents.load_agents``), recorded in its creation event.
@@ -636,7 +645,10 @@ class Runtime:
         would to a sub-agent spawned as it (``delegation.child_setup``).
         Returns once the message is in the log; use ``wait`` for the answer.
         """
-        conversation_id = uuid.uuid4().hex[:12]
+        if conversation_id is None:
+            conversation_id = uuid.uuid4().hex[:12]
+        else:
+            self._require_new_id(conversation_id)
         resolved = str(Path(cwd).resolve())
         discover = getattr(self.tools, "discover", None)
         if discover is not None:  # MCP servers (``mcp_servers``): started for a first tree
@@ -708,6 +720,20 @@ class Runtime:
         actor = self._create(created, user_initiated=True, tree=tree)
         await actor.submit(UserMessaged(text))
         return conversation_id
+
+    def _require_new_id(self, conversation_id: str) -> None:
+        """A caller's id for a new root: well formed, and no conversation has it."""
+        if not _ID_SHAPE.fullmatch(conversation_id):
+            raise ValueError(
+                f"conversation id {conversation_id!r}: use 1 to 64 letters, digits, - or _"
+            )
+        if conversation_id in self._actors:
+            raise ValueError(f"conversation {conversation_id!r} already exists")
+        try:
+            self.store.conversation(conversation_id)
+        except UnknownConversation:
+            return
+        raise ValueError(f"conversation {conversation_id!r} already exists")
 
     def _idempotent_tools(self) -> tuple[str, ...]:
         """The tools the tool runner says may be called twice (``ToolSet.idempotent``)."""
@@ -956,6 +982,7 @@ class Runtime:
         roots: Sequence[str] | None = None,
         *,
         edits: Mapping[str, ForkEdited] | None = None,
+        claimed: bool = False,
     ) -> list[str]:
         """Resume the unfinished conversations of trees this runtime may continue
         (see ``resume_plan``); returns their ids. Skipped trees are logged
@@ -983,9 +1010,18 @@ class Runtime:
 
         Raises DatabaseInUse, and resumes nothing, while another runtime (in this
         process or another) has the database open: its unfinished conversations may be
-        its live work rather than orphans of a crash.
+        its live work rather than orphans of a crash. ``claimed=True`` (with ``roots``)
+        skips that check: the caller holds an exclusive claim on those trees that any
+        runtime running them holds too (``fanfold worker``'s per-tree lock).
         """
-        if self._presence is not None and not self._presence.alone():
+        if claimed and roots is None:
+            raise ValueError("claimed=True needs the roots the claim is on")
+        # ``claimed``: the caller holds an exclusive claim on these trees that no other
+        # runtime can hold at once (``fanfold worker``'s per-tree lock, taken before it
+        # starts or resumes a tree and held until the tree is at rest). That claim, not
+        # the database-wide check, is then what keeps live work from running twice:
+        # other runtimes on the log are other workers running other trees.
+        if not claimed and self._presence is not None and not self._presence.alone():
             raise DatabaseInUse(
                 f"another fanfold runtime has {self.store.path} open (a run, send or resume "
                 "still going?); resuming now would run its conversations twice. Resume "

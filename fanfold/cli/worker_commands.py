@@ -1,0 +1,287 @@
+"""``fanfold worker`` and ``fanfold wait``: trees on DBOS (issue 25).
+
+The ``postgres`` extra (DBOS, psycopg) is imported only when ``worker`` runs (and by
+``run --detach``); ``wait`` reads fanfold's log and needs neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import click
+
+from fanfold.cli.database import Target, db_option, default_db
+from fanfold.cli.errors import CliError, user_errors
+from fanfold.cli.logs import open_logs
+from fanfold.cli.models import model_options
+from fanfold.cli.output import hint
+from fanfold.cli.python_tools import load_tools, tools_option
+from fanfold.cli.turns import print_result
+from fanfold.db import DatabaseUrl, EmptyLog, Store, UnknownConversation, open_store
+from fanfold.statemachine import Conversation
+
+EXIT_TIMEOUT = 124
+"""``fanfold wait --timeout``: the tree was not at rest in time (``timeout(1)``'s code)."""
+
+WAIT_POLL = 0.2
+"""How often ``fanfold wait`` reads the log (seconds)."""
+
+dbos_db_option = click.option(
+    "--dbos-db",
+    envvar="FANFOLD_DBOS_DB",
+    default=None,
+    metavar="URL",
+    help="PostgreSQL URL of DBOS's system database, the queue the workers share "
+    "($FANFOLD_DBOS_DB). Prefer the variable or a ~/.pgpass to a password in the URL.",
+)
+
+POSTGRES_EXTRA = "needs the postgres extra: pip install 'fanfold[postgres]'"
+
+
+def system_url(dbos_db: str | None, log: Target | None = None) -> str:
+    """The DBOS system database's URL: ``--dbos-db``, else the log's own database when
+    the log is in PostgreSQL (DBOS's tables in its ``dbos`` schema beside fanfold's),
+    else a one-line error saying how to give it."""
+    if not dbos_db:
+        if isinstance(log, DatabaseUrl):
+            return log.secret
+        raise CliError(
+            "give the workers' PostgreSQL database: --db postgresql://... (the log and the "
+            "queue in one database), or --dbos-db URL / $FANFOLD_DBOS_DB beside a log file"
+        )
+    if urlsplit(dbos_db).scheme not in ("postgresql", "postgres"):
+        raise CliError("--dbos-db must be a postgresql:// URL")
+    return dbos_db
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text`` without the URL's password (an error from a driver may quote it)."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        for form in {password, unquote(password)}:
+            text = text.replace(form, "***")
+    return text
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's type and first line; for a group (a Trio nursery's), its first leaf's:
+    "ExceptionGroup: Exceptions from Trio nursery" says nothing of what went wrong."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+@click.command()
+@model_options
+@dbos_db_option
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Trees this worker runs at once.",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0.5),
+    default=15.0,
+    show_default=True,
+    help="Seconds without a renewal after which other workers take this one's trees.",
+)
+@click.option(
+    "--poll",
+    type=click.FloatRange(min=0.01, max=10.0),
+    default=0.2,
+    show_default=True,
+    help="Seconds between two looks at the queue.",
+)
+@click.option(
+    "--json-log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write structured JSON logs here (default: next to the database).",
+)
+@tools_option
+@db_option
+def worker(
+    script: Path | None,
+    config_path: Path | None,
+    profile: str | None,
+    model: str | None,
+    dbos_db: str | None,
+    concurrency: int,
+    lease: float,
+    poll: float,
+    json_log: Path | None,
+    tool_refs: tuple[str, ...],
+    db: Target | None,
+) -> None:
+    """Run trees from the workers' queue (``fanfold run --detach``) until stopped.
+
+    Every worker on the same database (--db postgresql://..., or --dbos-db beside a
+    log file) shares the queue; a worker that dies (or stops renewing its lease) has
+    its trees resumed from the log by another. Ctrl-C, SIGTERM
+    or SIGHUP drains it: it stops taking trees, stops its running ones at a step
+    boundary and hands them to the other workers at once (exit 0). Exit 3: its lease
+    was taken over while it was unreachable or frozen, and it stopped.
+    """
+    path = db or default_db()
+    url = system_url(dbos_db, path)
+    open_logs(path, json_log)
+    code: int
+    try:
+        code = _serve(path, url, script, config_path, profile, model, concurrency, lease, poll,
+                      tool_refs)  # fmt: skip
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    from fanfold.runtime.logging import flush
+    from fanfold.worker.dbos_worker import flush_and_exit
+
+    flush()
+    flush_and_exit(code)
+
+
+def _serve(
+    path: Target,
+    url: str,
+    script: Path | None,
+    config_path: Path | None,
+    profile: str | None,
+    model: str | None,
+    concurrency: int,
+    lease: float,
+    poll: float,
+    tool_refs: tuple[str, ...],
+) -> int:
+    from fanfold.cli.models import choose_model
+    from fanfold.cli.run_commands import _agents
+    from fanfold.cli.signals import run_trio
+    from fanfold.runtime import Runtime
+
+    try:
+        from fanfold.worker import dbos_worker
+    except ImportError:
+        raise CliError(f"fanfold worker {POSTGRES_EXTRA}") from None
+    from fanfold.worker.spec import TreeSpec
+
+    with user_errors(path):
+        python_tools = load_tools(tool_refs)
+        choice = choose_model(script, config_path, profile, model, Path.cwd())
+        names = [t.spec.name for t in python_tools]
+        settings = dbos_worker.WorkerSettings(
+            log=path,
+            system_url=url,
+            executor_id=dbos_worker.new_executor_id(),
+            concurrency=concurrency,
+            lease=lease,
+            poll=poll,
+        )
+        executor = settings.executor_id
+
+        def say(text: str) -> None:
+            hint(f"worker {executor}: {text}", style="dim")
+
+        def ready() -> None:
+            click.echo(f"worker {executor} ready (log: {path})")
+
+        def make_limits(spec: TreeSpec) -> Any:
+            return choice.retry.apply(spec.make_limits())
+
+        def agents_for(cwd: str) -> Any:
+            return _agents(Path(cwd), dict(choice.model_aliases), names)
+
+        def open_runtime() -> Any:
+            return Runtime.open(
+                path,
+                choice.provider,
+                choice.tools(python_tools),
+                redact=choice.redactor(),
+                provider_description=choice.recorded,
+            )
+
+        hint(f"model: {choice.description}; log: {path}", style="dim")
+        try:
+            return run_trio(
+                dbos_worker.serve, settings, open_runtime, make_limits, agents_for,
+                choice.system_prompt, say, ready, choice.aclose,
+            )  # fmt: skip
+        except CliError:
+            raise
+        except Exception as exc:
+            # DBOS or PostgreSQL refused (a wrong URL, a server down): one line, and
+            # never the password the URL may hold.
+            raise CliError(f"the worker stopped: {scrubbed(_first_line(exc), url)}") from None
+
+
+@click.command()
+@click.argument("tree_id")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Give up after this many seconds (exit 124).",
+)
+@db_option
+def wait(tree_id: str, timeout: float | None, db: Target | None) -> None:
+    """Wait until the tree TREE_ID (``fanfold run --detach`` printed it) is at rest,
+    reading the log, and print its outcome as ``run`` does (exit 1 if it ended in
+    error). A tree not in the log yet is waited for: it is queued until a worker
+    starts it."""
+    path = db or default_db()
+    with user_errors(path):
+        state = wait_at_rest(path, tree_id, timeout, lambda: hint(
+            f"{tree_id} is not in the log {path} yet: waiting for a worker to start it",
+            style="dim",
+        ))  # fmt: skip
+    print_result(tree_id, state, None, db=path)
+
+
+def wait_at_rest(
+    path: Target, tree_id: str, timeout: float | None, absent: Callable[[], None]
+) -> Conversation:
+    """Read the log every ``WAIT_POLL`` seconds until the root ``tree_id`` is at rest;
+    its state then. ``absent`` is called once if the tree is not in the log yet."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    told = False
+    store: Store | None = None
+    try:
+        while True:
+            if store is None and (isinstance(path, DatabaseUrl) or os.path.exists(path)):
+                # A log no run has written to yet has no tables: nothing to read yet.
+                with contextlib.suppress(EmptyLog):
+                    store = open_store(path, read_only=True)
+            row = None
+            if store is not None:
+                with contextlib.suppress(UnknownConversation):
+                    row = store.conversation(tree_id)
+            if row is None and not told:
+                absent()
+                told = True
+            if row is not None and row.parent_id is not None:
+                raise CliError(
+                    f"{tree_id} is a sub-agent; wait for its tree: fanfold wait {row.root_id}"
+                )
+            if store is not None and row is not None and row.status != "running":
+                return store.load_state(tree_id)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise click.exceptions.Exit(_timed_out(tree_id, timeout))
+            time.sleep(WAIT_POLL)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _timed_out(tree_id: str, timeout: float | None) -> int:
+    hint(f"error: {tree_id} was not at rest after {timeout:g} s", style="red")
+    return EXIT_TIMEOUT

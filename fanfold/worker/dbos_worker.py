@@ -1,0 +1,358 @@
+"""``fanfold worker``: DBOS workflows as thin durable envelopes around one Trio runtime.
+
+DESIGN.md, "Beyond one machine (issue 25)", gives the reasons; in short:
+
+- **One runtime per process.** ``serve`` runs Trio in the main thread with one
+  ``Runtime`` over fanfold's log. DBOS (launched once the runtime is open) runs each
+  tree's workflow in a thread of its executor pool; that thread hands the tree to the
+  Trio loop (``trio.from_thread.run``) and blocks until the tree is at rest. The
+  workflow threads only wait: ``--concurrency`` (the queue's ``worker_concurrency``) is
+  the number of trees this worker holds at once.
+- **A workflow per tree, one step.** Its id is the tree's root id (``fanfold run
+  --detach`` chose it and printed it), its one argument the ``TreeSpec``. The step
+  resumes the root if fanfold's log holds it (an execution after a recovery: DBOS runs
+  the step again, the log knows how far the tree got), else starts it under that id;
+  then waits for rest. The step is never retried by DBOS: a tree's failure is the
+  tree's, recorded in its log.
+- **Leases** (``leases.py``): this worker's row renewed every third of ``lease``; an
+  expired row of another worker is claimed and that worker's PENDING workflows are
+  re-enqueued (``DBOS.resume_workflow``), as DBOS's open-source library never notices
+  a dead executor. A renewal that finds this worker's own row claimed (it was frozen
+  past its lease) stops the runtime at once, exit 3.
+- **Drain** (SIGINT, SIGTERM, SIGHUP): stop taking work (DBOS is shut down first, so
+  nothing more is dequeued), close the runtime (its trees stop at a step boundary,
+  left ``running`` in the log, exactly as after a crash but with every commit
+  finished and every bash command stopped), end the lease at once. The workflows stay
+  PENDING on this executor and the next worker to renew its lease takes them over
+  and resumes their trees from the log; a tool call that was in flight is recorded as
+  interrupted there (``RuntimeResumed``), never run twice. Waiting for the trees to
+  finish instead would hold a deploy for as long as the slowest tree's model calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from dbos import DBOS, DBOSConfig
+
+from fanfold.agents import AgentDefinition
+from fanfold.db import UnknownConversation
+from fanfold.runtime import Runtime
+from fanfold.statemachine import Limits
+from fanfold.worker.leases import Leases, TreeLocks
+from fanfold.worker.spec import APP_NAME, APP_VERSION, QUEUE, WORKFLOW, SpecError, TreeSpec
+
+STEP = "fanfold.run_to_rest"
+
+EXIT_DRAINED = 0
+EXIT_LEASE_LOST = 3
+
+# How long a worker waits between two tries of a tree's lock that another holds.
+_CLAIM_RETRY = 0.5
+
+
+@attrs.frozen
+class WorkerSettings:
+    """What ``fanfold worker`` was asked for."""
+
+    log: Path | str
+    system_url: str = attrs.field(repr=False)  # may hold a password: never shown
+    executor_id: str
+    concurrency: int = 8
+    lease: float = 15.0
+    poll: float = 0.2
+
+
+def new_executor_id() -> str:
+    """A DBOS executor id unique to this process: host, pid and a random part (DBOS's
+    default, "local", is the same for every worker, which would make them one)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class _Host:
+    """The process's one runtime, as the workflow threads see it."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        token: trio.lowlevel.TrioToken,
+        make_limits: Callable[[TreeSpec], Limits],
+        agents_for: Callable[[str], tuple[AgentDefinition, ...]],
+        system_prompt: str,
+        say: Callable[[str], None],
+        locks: TreeLocks,
+    ) -> None:
+        self.runtime = runtime
+        self.locks = locks
+        self.token = token
+        self.make_limits = make_limits
+        self.agents_for = agents_for
+        self.system_prompt = system_prompt
+        self.say = say
+        self.draining = threading.Event()
+        """Set once the worker stops: a workflow thread whose tree the stop interrupted
+        then records nothing in DBOS (its workflow stays PENDING, for another worker)."""
+
+    async def run_to_rest(self, spec: TreeSpec) -> dict[str, Any]:
+        """Claim the tree, resume it if the log holds it, else start it; wait until it
+        is at rest, then let it go."""
+        told = False
+        while not await self._try_claim(spec.root_id):
+            # Another worker holds it: one frozen, or dying, after its lease was taken.
+            if not told:
+                self.say(f"waiting for tree {spec.root_id}'s previous worker to let it go")
+                told = True
+            await trio.sleep(_CLAIM_RETRY)
+        try:
+            return await self._run_claimed(spec)
+        finally:
+            # At rest, or failed to start or resume (an untrusted or damaged tree):
+            # let it go. Not when the worker stops: its trees are being handed over,
+            # and the locks go with the connection once the runtime has closed.
+            if not self.draining.is_set():
+                self.locks.release(spec.root_id)
+
+    async def _run_claimed(self, spec: TreeSpec) -> dict[str, Any]:
+        runtime = self.runtime
+        try:
+            runtime.store.conversation(spec.root_id)
+            known = True
+        except UnknownConversation:
+            known = False
+        if known:
+            # Claimed: the other workers on the log run other trees, so the log's
+            # database-wide rule (refuse while another runtime is open) would wait for
+            # ever; the tree's lock is what keeps it from running twice.
+            # (On a PostgreSQL log ``resume`` also takes the tree's claim in the log,
+            # its epoch raised past the previous owner's, before it reads the tree.)
+            await runtime.resume([spec.root_id], claimed=True)
+            self.say(f"resumed tree {spec.root_id}")
+        else:
+            agents = await trio.to_thread.run_sync(self.agents_for, spec.cwd)
+            await runtime.start(
+                spec.task,
+                cwd=spec.cwd,
+                limits=self.make_limits(spec),
+                system_prompt=spec.system_prompt
+                if spec.system_prompt is not None
+                else self.system_prompt,
+                agents=agents,
+                conversation_id=spec.root_id,
+            )
+            self.say(f"started tree {spec.root_id}")
+        result = await runtime.wait(spec.root_id)
+        return {"root_id": spec.root_id, "phase": result.phase, "resumed": known}
+
+    async def _try_claim(self, root_id: str) -> bool:
+        try:
+            return await trio.to_thread.run_sync(self.locks.try_claim, root_id)
+        except Exception as exc:  # PostgreSQL unreachable: not claimed, try again
+            self.say(f"cannot claim tree {root_id} now ({type(exc).__name__})")
+            return False
+
+
+_HOST: _Host | None = None
+
+
+@DBOS.step(name=STEP)
+def run_to_rest_step(data: dict[str, Any]) -> dict[str, Any]:
+    """The whole tree as one step, run in the worker's Trio runtime."""
+    host = _HOST
+    if host is None or host.draining.is_set():
+        _hold_forever()
+        raise AssertionError("unreachable")  # _hold_forever never returns
+    try:
+        spec = TreeSpec.from_input(data)
+        spec.make_limits()  # the reducer's own checks of the limits, before anything
+    except (SpecError, ValueError, TypeError) as exc:
+        # Nothing to run and nothing in the log: the workflow ends with the reason.
+        return {"error": f"not a tree this worker can start: {exc}"}
+    try:
+        out: dict[str, Any] = trio.from_thread.run(host.run_to_rest, spec, trio_token=host.token)
+    except BaseException:
+        if host.draining.is_set():
+            _hold_forever()  # the stop interrupted the tree: nothing to record in DBOS
+        raise
+    return out
+
+
+@DBOS.workflow(name=WORKFLOW)
+def tree_workflow(data: dict[str, Any]) -> dict[str, Any]:
+    """A tree per workflow (workflow id = the tree's root id)."""
+    return run_to_rest_step(data)
+
+
+def _hold_forever() -> None:
+    # The worker is stopping: this thread must neither run a tree nor let DBOS record
+    # an outcome for it. It waits until the process exits (``serve`` ends with
+    # ``os._exit``); the workflow stays PENDING on this executor for a takeover.
+    threading.Event().wait()
+
+
+def _launch_dbos(settings: WorkerSettings) -> None:
+    config: DBOSConfig = {
+        "name": APP_NAME,
+        "system_database_url": settings.system_url,
+        "executor_id": settings.executor_id,
+        "application_version": APP_VERSION,
+        "log_level": "WARNING",
+        "notification_listener_polling_interval_sec": settings.poll,
+    }
+    DBOS(config=config)
+    DBOS.launch()
+    # Queues are rows of the system database in DBOS 3: registered once it is up.
+    DBOS.register_queue(
+        QUEUE, worker_concurrency=settings.concurrency, polling_interval_sec=settings.poll
+    )
+
+
+def _take_over(leases: Leases, dead: str, say: Callable[[str], None]) -> int:
+    """Re-enqueue a dead worker's PENDING workflows, then forget its row."""
+    pending = DBOS.list_workflows(
+        status="PENDING", executor_id=dead, load_input=False, load_output=False
+    )
+    for status in pending:
+        # Back onto the trees' queue: DBOS's default is its internal queue, which has
+        # no per-worker cap, so a worker taking over could hold more than
+        # --concurrency trees.
+        DBOS.resume_workflow(status.workflow_id, queue_name=QUEUE)
+    leases.forget(dead)
+    say(f"took over {len(pending)} tree(s) of worker {dead} (its lease expired)")
+    return len(pending)
+
+
+async def _keep_lease(
+    leases: Leases,
+    locks: TreeLocks,
+    settings: WorkerSettings,
+    say: Callable[[str], None],
+    lost: trio.Event,
+    launched: trio.Event,
+) -> None:
+    """Renew this worker's lease, and once DBOS is up (``launched``) take over expired
+    ones; set ``lost`` if this worker's own lease was claimed by another (it was taken
+    for dead)."""
+    while True:
+        try:
+            if not await trio.to_thread.run_sync(leases.renew):
+                say("this worker's lease was taken over by another worker: stopping")
+                lost.set()
+                return
+            if not await trio.to_thread.run_sync(locks.still_held):
+                say("a tree it held is another worker's since its lock connection was lost")
+                lost.set()
+                return
+            expired = (
+                await trio.to_thread.run_sync(leases.claim_expired) if launched.is_set() else []
+            )
+            for dead in expired:
+                await trio.to_thread.run_sync(_take_over, leases, dead, say)
+        except Exception as exc:  # PostgreSQL unreachable for now: try again next time
+            say(f"lease renewal failed ({type(exc).__name__}); retrying")
+        await trio.sleep(settings.lease / 3)
+
+
+async def serve(
+    stop: tuple[int, ...],
+    settings: WorkerSettings,
+    open_runtime: Callable[[], Any],
+    make_limits: Callable[[TreeSpec], Limits],
+    agents_for: Callable[[str], tuple[AgentDefinition, ...]],
+    system_prompt: str,
+    say: Callable[[str], None],
+    ready: Callable[[], None],
+    before_close: Callable[[], Awaitable[None]] | None = None,
+) -> int:
+    """Run the worker until a stop signal or a lost lease; returns the exit code.
+
+    ``open_runtime()`` is the runtime's async context manager (the CLI's choice of
+    log, provider and tools). The caller must end the process with ``os._exit`` after
+    this returns: workflow threads of a stopped worker are held for ever (see
+    ``_hold_forever``) and DBOS's executor would otherwise wait for them.
+    """
+    global _HOST
+    leases = Leases(settings.system_url, settings.executor_id, settings.lease)
+    locks = TreeLocks(settings.system_url)
+    await trio.to_thread.run_sync(leases.register, os.getpid())
+    lost = trio.Event()
+    code = EXIT_DRAINED
+    with trio.open_signal_receiver(*stop) if stop else _no_receiver() as signals:
+        async with open_runtime() as runtime:
+            host = _Host(
+                runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
+                system_prompt, say, locks,
+            )  # fmt: skip
+            _HOST = host
+            try:
+                async with trio.open_nursery() as nursery:
+                    # The lease is renewed from before DBOS launches: a launch takes
+                    # seconds under load, longer than a short lease, and a worker whose
+                    # lease ran out while it started would be taken for dead.
+                    launched = trio.Event()
+                    nursery.start_soon(_keep_lease, leases, locks, settings, say, lost, launched)
+
+                    async def on_signal() -> None:
+                        async for signum in signals:
+                            say(f"signal {signum}: draining (this worker's trees go to others)")
+                            nursery.cancel_scope.cancel()
+                            return
+
+                    nursery.start_soon(on_signal)
+                    await trio.to_thread.run_sync(_launch_dbos, settings)
+                    launched.set()
+                    ready()
+                    await lost.wait()
+                    nursery.cancel_scope.cancel()
+                code = EXIT_LEASE_LOST if lost.is_set() else EXIT_DRAINED
+            finally:
+                host.draining.set()
+                # No more dequeues before the runtime goes: a tree taken now would be
+                # held, never run (it stays PENDING for the takeover all the same).
+                await trio.to_thread.run_sync(
+                    lambda: DBOS.destroy(workflow_completion_timeout_sec=0)
+                )
+                if before_close is not None:
+                    await before_close()
+        # The runtime is closed: its trees stopped at a step boundary, the log's lock
+        # released. Now others may take them: their locks go, then the lease ends.
+        await trio.to_thread.run_sync(locks.close)
+        if not lost.is_set():
+            try:
+                await trio.to_thread.run_sync(leases.release)
+            except Exception as exc:
+                say(f"could not end the lease ({type(exc).__name__}); it expires by itself")
+        await trio.to_thread.run_sync(leases.close)
+    return code
+
+
+class _no_receiver:
+    """A signal receiver that never fires (no stop signals on this platform)."""
+
+    def __enter__(self) -> Any:
+        return _never()
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+async def _never() -> Any:
+    await trio.sleep_forever()
+    yield 0  # pragma: no cover
+
+
+def flush_and_exit(code: int, streams: Sequence[Any] = (sys.stdout, sys.stderr)) -> None:
+    """End the process now (see ``serve``): flush what was printed, then ``os._exit``."""
+    for stream in streams:
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

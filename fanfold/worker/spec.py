@@ -1,0 +1,116 @@
+"""What a detached tree is started with: the workflow's input, as plain data.
+
+``fanfold run --detach`` makes a ``TreeSpec`` and enqueues it as the DBOS workflow's
+one argument (a dict of strings, numbers and lists: what any DBOS serializer keeps);
+the worker that runs the workflow rebuilds it with ``TreeSpec.from_input`` and starts
+the tree under ``root_id``. The model, its profile and the tools are the worker's (its
+``--script``/``--config``/``--profile``/``--model`` and ``--tools``): a queued task
+names what to do, the worker decides what runs it (DESIGN.md, "run --detach").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+
+from fanfold.statemachine import Limits
+
+SPEC_VERSION = 1
+"""The shape of the input: a worker refuses an input of another version."""
+
+LIMIT_FIELDS = ("max_rounds", "max_concurrent", "max_depth", "max_tokens")
+"""The limits a detached run may set (``fanfold run``'s options)."""
+
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class SpecError(ValueError):
+    """A workflow input that is not a tree this worker can start (says what is wrong)."""
+
+
+@attrs.frozen
+class TreeSpec:
+    """A tree to start: its id, its task, and what ``fanfold run`` would have set."""
+
+    root_id: str
+    task: str
+    cwd: str
+    system_prompt: str | None = None
+    limits: tuple[tuple[str, int], ...] = ()
+    context_modes: tuple[str, ...] | None = None
+
+    def to_input(self) -> dict[str, Any]:
+        """The workflow's input (plain data)."""
+        return {
+            "version": SPEC_VERSION,
+            "root_id": self.root_id,
+            "task": self.task,
+            "cwd": self.cwd,
+            "system_prompt": self.system_prompt,
+            "limits": dict(self.limits),
+            "context_modes": list(self.context_modes) if self.context_modes is not None else None,
+        }
+
+    @classmethod
+    def from_input(cls, data: object) -> TreeSpec:
+        """Rebuild a spec from a workflow input; SpecError if it is not one.
+
+        The input comes from the queue (anyone who can write to the system database
+        can put one there): every field is checked for its type and shape, nothing in
+        it is evaluated.
+        """
+        if not isinstance(data, dict):
+            raise SpecError(f"a tree's input is a mapping, not {type(data).__name__}")
+        if data.get("version") != SPEC_VERSION:
+            raise SpecError(f"input version {data.get('version')!r}; this worker reads 1")
+        root_id, task, cwd = data.get("root_id"), data.get("task"), data.get("cwd")
+        if not isinstance(root_id, str) or not _ID.fullmatch(root_id):
+            raise SpecError("root_id: 1 to 64 letters, digits, - or _")
+        if not isinstance(task, str) or not task.strip():
+            raise SpecError("task: a non-empty string")
+        if not isinstance(cwd, str) or not cwd:
+            raise SpecError("cwd: a path")
+        system = data.get("system_prompt")
+        if system is not None and not isinstance(system, str):
+            raise SpecError("system_prompt: a string or null")
+        limits = data.get("limits") or {}
+        if not isinstance(limits, dict) or any(
+            k not in LIMIT_FIELDS or type(v) is not int or v < 0 for k, v in limits.items()
+        ):
+            raise SpecError(f"limits: a mapping of {', '.join(LIMIT_FIELDS)} to integers")
+        modes = data.get("context_modes")
+        if modes is not None and (
+            not isinstance(modes, list) or not all(isinstance(m, str) for m in modes)
+        ):
+            raise SpecError("context_modes: a list of strings or null")
+        return cls(
+            root_id=root_id,
+            task=task,
+            cwd=cwd,
+            system_prompt=system,
+            limits=tuple(sorted(limits.items())),
+            context_modes=tuple(modes) if modes is not None else None,
+        )
+
+    def limit_overrides(self) -> dict[str, Any]:
+        """The keyword arguments of ``Limits`` this spec sets."""
+        overrides: dict[str, Any] = dict(self.limits)
+        if self.context_modes is not None:
+            overrides["context_modes"] = self.context_modes
+        return overrides
+
+    def make_limits(self) -> Limits:
+        """``Limits`` with this spec's overrides (ValueError if the reducer refuses them)."""
+        return Limits(**self.limit_overrides())
+
+
+APP_NAME = "fanfold"
+APP_VERSION = "fanfold-tree-1"
+"""DBOS's application version of every worker and every enqueued tree: DBOS hands a
+queued workflow only to a worker of its version. It names the workflow's contract
+(``TreeSpec`` version 1, one step), not fanfold's release, so that workers of two
+releases share one queue."""
+QUEUE = "fanfold.trees"
+WORKFLOW = "fanfold.tree"

@@ -1,0 +1,162 @@
+"""What a detached tree carries (``TreeSpec``), ``fanfold wait`` on a log, and the one-line
+errors of ``run --detach``: no worker, no DBOS runtime needed (issue 25)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from runtime_helpers import reply, spawn, submit
+
+from fanfold.cli import cli
+from fanfold.cli.worker_commands import EXIT_TIMEOUT, scrubbed
+from fanfold.worker.spec import SpecError, TreeSpec
+
+
+def test_a_spec_survives_the_queue_as_plain_data() -> None:
+    spec = TreeSpec(
+        "abc123", "do it", "/srv/x", system_prompt="be brief",
+        limits=(("max_depth", 2), ("max_rounds", 5)), context_modes=("task_only", "full"),
+    )  # fmt: skip
+    data = json.loads(json.dumps(spec.to_input()))  # only JSON's types
+    assert TreeSpec.from_input(data) == spec
+    limits = spec.make_limits()
+    assert (limits.max_depth, limits.max_rounds) == (2, 5)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"version": 2}, "version"),
+        ({"root_id": "../../etc"}, "root_id"),
+        ({"root_id": 7}, "root_id"),
+        ({"task": "  "}, "task"),
+        ({"task": ["x"]}, "task"),
+        ({"cwd": None}, "cwd"),
+        ({"system_prompt": {"a": 1}}, "system_prompt"),
+        ({"limits": {"max_rounds": "5"}}, "limits"),
+        ({"limits": {"max_rounds": True}}, "limits"),
+        ({"limits": {"__class__": 1}}, "limits"),
+        ({"limits": {"max_rounds": -1}}, "limits"),
+        ({"context_modes": "full"}, "context_modes"),
+    ],
+)
+def test_a_malformed_input_from_the_queue_is_refused_naming_the_field(
+    change: dict[str, Any], named: str
+) -> None:
+    data = {**TreeSpec("abc", "t", "/x").to_input(), **change}
+    with pytest.raises(SpecError, match=named):
+        TreeSpec.from_input(data)
+
+
+def test_an_input_that_is_not_a_mapping_is_refused() -> None:
+    with pytest.raises(SpecError):
+        TreeSpec.from_input(["abc", "t"])
+
+
+def _script(tmp_path: Path) -> Path:
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps(
+            {
+                "agents": [
+                    {
+                        "match": {"path": "root"},
+                        "replies": [reply("", spawn("count")), reply("got {{last_tool_result}}")],
+                    },
+                    {"match": {"depth": 1}, "replies": [reply("", submit("3"))]},
+                ]
+            }
+        )
+    )
+    return script
+
+
+def test_wait_prints_a_finished_trees_answer_times_out_and_refuses_a_sub_agent(
+    tmp_path: Path,
+) -> None:
+    from fanfold.db import Store
+
+    db = tmp_path / "log.db"
+    ran = CliRunner().invoke(
+        cli, ["run", "--no-live", "--db", str(db), "--script", str(_script(tmp_path)), "go"]
+    )
+    assert ran.exit_code == 0, ran.output
+    with Store.open(db, read_only=True) as store:
+        (root,) = store.list_roots()
+        (child,) = store.children(root.id)
+    waited = CliRunner().invoke(cli, ["wait", root.id, "--db", str(db)])
+    assert waited.exit_code == 0, waited.output
+    assert "got " in waited.output and f"conversation: {root.id}" in waited.output
+    # Not in the log (queued, or never): waited for, then given up on, one line.
+    missing = CliRunner().invoke(cli, ["wait", "f00f00f00f00", "--db", str(db), "--timeout", "0.3"])
+    assert missing.exit_code == EXIT_TIMEOUT
+    assert "not at rest after 0.3 s" in missing.output
+    assert "Traceback" not in missing.output
+    sub = CliRunner().invoke(cli, ["wait", child.id, "--db", str(db)])
+    assert sub.exit_code == 2
+    assert f"fanfold wait {root.id}" in sub.output
+
+
+def test_detach_says_in_one_line_what_it_needs(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.delenv("FANFOLD_DBOS_DB", raising=False)
+    monkeypatch.delenv("FANFOLD_DB", raising=False)
+    db = str(tmp_path / "log.db")
+    no_queue = CliRunner().invoke(cli, ["run", "--detach", "--db", db, "x"])
+    assert no_queue.exit_code == 2
+    assert "--dbos-db" in no_queue.output and "Traceback" not in no_queue.output
+    url = "postgresql://u:pw@127.0.0.1:1/q"
+    worker_owned = CliRunner().invoke(
+        cli, ["run", "--detach", "--dbos-db", url, "--script", "s.json", "--model", "m", "x"]
+    )
+    assert worker_owned.exit_code == 2
+    assert "--script, --model belong to the workers" in worker_owned.output
+
+
+def test_detach_to_an_unreachable_queue_never_shows_the_password(tmp_path: Path) -> None:
+    pytest.importorskip("dbos", reason="needs the postgres extra: pip install '.[postgres]'")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    secret = "s3cr%21t-pw"
+    url = f"postgresql://fanfold:{secret}@127.0.0.1:{port}/queue?connect_timeout=2"
+    done = CliRunner().invoke(cli, ["run", "--detach", "--dbos-db", url, "x"])
+    assert done.exit_code == 2, done.output
+    assert "could not queue the tree" in done.output
+    assert secret not in done.output and "s3cr!t-pw" not in done.output
+    assert len(done.output.strip().splitlines()) == 1
+
+
+def test_scrubbed_cuts_the_password_in_either_spelling() -> None:
+    url = "postgresql://me:p%40ss@h/db"
+    assert scrubbed("failed for p@ss and p%40ss", url) == "failed for *** and ***"
+    assert scrubbed("nothing here", "postgresql://h/db") == "nothing here"
+
+
+def test_the_queue_is_the_logs_own_database_unless_given() -> None:
+    from fanfold.cli.errors import CliError
+    from fanfold.cli.worker_commands import system_url
+    from fanfold.db import DatabaseUrl
+
+    log = DatabaseUrl("postgresql://me:pw@db/agents")
+    assert system_url(None, log) == "postgresql://me:pw@db/agents"
+    assert system_url("postgresql://q/queue", log) == "postgresql://q/queue"
+    with pytest.raises(CliError, match="--dbos-db"):
+        system_url(None, Path("log.db"))
+    with pytest.raises(CliError, match="postgresql://"):
+        system_url("sqlite:///x", Path("log.db"))
+
+
+def test_a_stopped_workers_line_names_the_error_inside_a_nursery_group() -> None:
+    from fanfold.cli.worker_commands import _first_line
+    from fanfold.db.errors import LogUnavailable
+
+    group = ExceptionGroup(
+        "Exceptions from Trio nursery",
+        [ExceptionGroup("inner", [LogUnavailable("the connection was lost\nmore")])],
+    )
+    assert _first_line(group) == "LogUnavailable: the connection was lost"
