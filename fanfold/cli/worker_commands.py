@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -201,14 +202,23 @@ def _serve(
         def agents_for(cwd: str) -> Any:
             return _agents(Path(cwd), dict(choice.model_aliases), names)
 
-        def open_runtime() -> Any:
-            return Runtime.open(
-                path,
-                choice.provider,
-                choice.tools(python_tools),
-                redact=choice.redactor(),
-                provider_description=choice.recorded,
-            )
+        @asynccontextmanager
+        async def open_runtime() -> AsyncIterator[Any]:
+            # A profile's max_concurrent_calls holds across every worker: its calls
+            # take slots in a table of the queue's database (providers/pg_slots.py).
+            from fanfold.providers.pg_slots import shared_slots
+
+            async with (
+                shared_slots(choice.provider, url),
+                Runtime.open(
+                    path,
+                    choice.provider,
+                    choice.tools(python_tools),
+                    redact=choice.redactor(),
+                    provider_description=choice.recorded,
+                ) as runtime,
+            ):
+                yield runtime
 
         hint(f"model: {choice.description}; log: {path}", style="dim")
         try:
