@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import Driver, fan_out
-from pg_cluster import Cluster
+from pg_cluster import Cluster, free_port
 
 from fanfold.cli import cli
 from fanfold.db import (
@@ -569,3 +569,109 @@ def test_a_log_from_before_the_claims_is_read_as_it_is_and_migrated_by_a_writer(
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (2,)
         assert conn.execute("SELECT count(*) FROM fanfold.claims").fetchone() == (0,)
+
+
+async def test_resume_and_attach_claim_a_tree_before_reading_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        done = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(done)
+    slow = json.loads(json.dumps(FAN_OUT))
+    slow["agents"][0]["replies"][0]["latency"] = 3600
+    async with Runtime.open(pg_url, ScriptedProvider(slow), []) as runtime:
+        unfinished = await runtime.start("go", cwd=tmp_path)
+    # Another runtime took both trees meanwhile (epoch 2 each).
+    with open_store(pg_url) as other:
+        assert isinstance(other, PostgresStore)
+        assert (other.claim(done), other.claim(unfinished)) == (2, 2)
+
+    def claims() -> dict[str, tuple[str, int]]:
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute("SELECT root_id, owner, epoch FROM fanfold.claims").fetchall()
+        return {root: (owner, epoch) for root, owner, epoch in rows}
+
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        owner = runtime.store.owner  # type: ignore[attr-defined]
+        runtime.attach(done)  # at rest: nothing written, but the tree is taken
+        assert claims()[done] == (owner, 3)
+        await runtime.resume([unfinished])
+        assert claims()[unfinished][0] == owner
+        await runtime.wait(unfinished)
+
+
+def test_a_missing_database_and_a_server_that_is_down_are_one_line(
+    tmp_path: Path, pg_url: str, data_home: Path
+) -> None:
+    secret = _password(pg_url)
+    script = str(_script(tmp_path))
+    missing = pg_url.rsplit("/", 1)[0] + "/no_such_database"
+    down = f"postgresql://fanfold:{secret}@127.0.0.1:{free_port()}/x?connect_timeout=5"
+    for url, reason in ((missing, 'database "no_such_database" does not exist'), (down, "")):
+        for args in (("ls",), ("run", "--no-live", "--script", script, "go")):
+            done = CliRunner().invoke(cli, [*args, "--db", url])
+            assert done.exit_code == 2, (args, done.output)
+            last = done.output.strip().splitlines()[-1]
+            assert last.startswith("error: the PostgreSQL log postgresql://fanfold@127.0.0.1:")
+            assert reason in last and secret not in done.output
+
+
+async def test_a_runtimes_presence_outlives_the_end_of_its_session(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+            )
+        await runtime.resume()  # the presence and the log connect again
+        root = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(root)
+        async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as other:
+            with pytest.raises(DatabaseInUse):  # the first one's lock is held again
+                await other.resume()
+
+
+OLD_LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+@pytest.mark.parametrize("name", ["s1", "s5", "s6-killed", "s7-tools"])
+def test_an_old_log_imports_into_postgresql_and_verifies_as_in_sqlite(
+    name: str, tmp_path: Path, pg_url: str, data_home: Path
+) -> None:
+    """Logs of older schemas (effect rows, older fingerprint formats, a run killed
+    mid-way) exported from their file and imported into a new SQLite file and into
+    PostgreSQL verify with the same findings in both."""
+    copy = tmp_path / f"{name}.db"
+    copy.write_bytes((OLD_LOGS / f"{name}.db").read_bytes())
+    sqlite = str(tmp_path / "imported.db")
+    listed = json.loads(_cli("ls", "--json", "--db", str(copy)).output)
+    assert listed
+    for tree in listed:
+        root = tree["id"]
+        exported = tmp_path / f"{root}.jsonl"
+        assert _cli("export", root, "-o", str(exported), "--db", str(copy)).exit_code == 0
+        reports = []
+        for target in (sqlite, pg_url):
+            assert _cli("import", str(exported), "--db", target).exit_code == 0
+            verified = _cli("replay", root, "--verify", "--tree", "--db", target)
+            # The report, less its timing.
+            lines = [line.split(" replayed in ")[0] for line in verified.output.splitlines()]
+            reports.append((verified.exit_code, lines))
+        assert reports[0] == reports[1]
+        assert reports[0][0] in (0, 1)  # identical, or a divergence: never damage
+
+
+def test_a_postgresql_logs_own_files_go_to_the_data_folder(data_home: Path) -> None:
+    """The JSON log and ``fanfold mcp``'s ledger of a PostgreSQL log: in the user's data
+    folder, named by the URL without its password (the same database, whatever
+    password reaches it, has one ledger), never under ``./postgresql:/...``."""
+    from fanfold.cli.database import beside_log
+
+    one = beside_log(DatabaseUrl("postgresql://me:first@db.example:5432/logs"), ".mcp-delegations")
+    two = beside_log(DatabaseUrl("postgresql://me:second@db.example:5432/logs"), ".mcp-delegations")
+    other = beside_log(DatabaseUrl("postgresql://me:first@db.example:5432/other"), "")
+    assert one == two and one.parent == data_home / "fanfold"
+    assert one.name.startswith("fanfold-pg-") and one.name.endswith(".mcp-delegations")
+    assert "first" not in str(one) and other.name != one.name.removesuffix(".mcp-delegations")

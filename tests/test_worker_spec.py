@@ -149,3 +149,14 @@ def test_the_queue_is_the_logs_own_database_unless_given() -> None:
         system_url(None, Path("log.db"))
     with pytest.raises(CliError, match="postgresql://"):
         system_url("sqlite:///x", Path("log.db"))
+
+
+def test_a_stopped_workers_line_names_the_error_inside_a_nursery_group() -> None:
+    from fanfold.cli.worker_commands import _first_line
+    from fanfold.db.errors import LogUnavailable
+
+    group = ExceptionGroup(
+        "Exceptions from Trio nursery",
+        [ExceptionGroup("inner", [LogUnavailable("the connection was lost\nmore")])],
+    )
+    assert _first_line(group) == "LogUnavailable: the connection was lost"

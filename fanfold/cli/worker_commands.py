@@ -73,6 +73,10 @@ def scrubbed(text: str, url: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The error's type and first line; for a group (a Trio nursery's), its first leaf's:
+    "ExceptionGroup: Exceptions from Trio nursery" says nothing of what went wrong."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
@@ -124,8 +128,9 @@ def worker(
 ) -> None:
     """Run trees from the workers' queue (``fanfold run --detach``) until stopped.
 
-    Every worker on the same --dbos-db shares the queue; a worker that dies (or stops
-    renewing its lease) has its trees resumed from the log by another. Ctrl-C, SIGTERM
+    Every worker on the same database (--db postgresql://..., or --dbos-db beside a
+    log file) shares the queue; a worker that dies (or stops renewing its lease) has
+    its trees resumed from the log by another. Ctrl-C, SIGTERM
     or SIGHUP drains it: it stops taking trees, stops its running ones at a step
     boundary and hands them to the other workers at once (exit 0). Exit 3: its lease
     was taken over while it was unreachable or frozen, and it stopped.

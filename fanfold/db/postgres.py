@@ -613,32 +613,49 @@ class PgPresence:
     server drops a session's locks when its connection ends, however the process
     ended (``kill -9`` closes its sockets): so ``resume`` never takes over the work of
     a runtime that is alive, as on one machine. A *frozen* process keeps its
-    connection and its lock: the per-tree epoch of issue 25's plan is the answer to
-    that, and to several workers resuming each other's trees."""
+    connection and its lock: the per-tree claims (``PostgresStore._fence``) are the
+    answer to that, and to several workers resuming each other's trees. A session the
+    server ended (a restart) is replaced, and its lock taken again, when ``alone()``
+    next asks."""
 
     def __init__(self, url: str) -> None:
-        self._conn: psycopg.Connection[Any] | None = connect(url)
+        self._url = url
         self._scrub = _Scrubbed(url)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._conn = self._connect()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = connect(self._url)
         try:
-            self._conn.execute("SELECT pg_advisory_lock_shared(%s)", [_RUNTIMES_KEY])
+            conn.execute("SELECT pg_advisory_lock_shared(%s)", [_RUNTIMES_KEY])
         except psycopg.Error as exc:
-            self._conn.close()
-            self._conn = None
+            conn.close()
             raise self._scrub.unavailable(exc) from None
+        return conn
 
     def alone(self) -> bool:
         """True if no other runtime has the log open right now. (A session's own
         shared lock does not conflict with its exclusive request.)"""
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise RuntimeError("the presence was closed")
         try:
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", [_RUNTIMES_KEY]).fetchone()
-            if row is None or not row[0]:
-                return False
-            conn.execute("SELECT pg_advisory_unlock(%s)", [_RUNTIMES_KEY])
+            return self._alone(self._conn)
+        except psycopg.OperationalError:
+            # The session is gone, and its lock with it: a new one, then ask.
+            with suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = self._connect()
+        try:
+            return self._alone(self._conn)
         except psycopg.Error as exc:
             raise self._scrub.unavailable(exc) from None
+
+    @staticmethod
+    def _alone(conn: psycopg.Connection[Any]) -> bool:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", [_RUNTIMES_KEY]).fetchone()
+        if row is None or not row[0]:
+            return False
+        conn.execute("SELECT pg_advisory_unlock(%s)", [_RUNTIMES_KEY])
         return True
 
     def close(self) -> None:

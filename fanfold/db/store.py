@@ -696,6 +696,14 @@ class Store:
         """Record the claims ``_fence`` took, now that their transaction committed."""
         del fence
 
+    def claim(self, root_id: str) -> int:
+        """Take tree ``root_id`` for this store's runtime before loading it (resume,
+        attach) and return its epoch. A file needs no claim (one runtime writes it at a
+        time): 0. ``PostgresStore`` raises the tree's epoch, so that whoever ran it
+        before writes nothing more of it."""
+        del root_id
+        return 0
+
     def _check_sequence(
         self,
         conn: sqlite3.Connection,

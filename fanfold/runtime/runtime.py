@@ -727,6 +727,8 @@ class Runtime:
         if row.status == "running":
             raise NotAtRest(f"conversation {conversation_id!r} has work in flight: resume it")
         self._require_tools(row.root_id)
+        self.store.claim(row.root_id)  # before reading it (see ``resume``)
+        row = self.store.conversation(conversation_id)  # as it is now the tree is ours
         self._launch(
             Actor(self, self.store.load_state(conversation_id), row.last_seq, created=False)
         )
@@ -979,6 +981,10 @@ class Runtime:
         for skip in plan.skipped:
             self.logger.warning("resume_skipped", root_id=skip.root_id, reason=skip.reason)
         chosen = set(plan.roots if roots is None else roots)
+        # Taken before they are read (a PostgreSQL log's per-tree claim: whoever ran one
+        # before writes nothing more of it, so what is read here stays the tree's state).
+        for root_id in sorted(chosen):
+            self.store.claim(root_id)
         # Each tree is rebuilt on its own, and entirely before any of it runs: a tree
         # whose log cannot be read (a damaged row, a reducer that refuses an event) is
         # skipped and reported, and never stops the others (issue 10.2).

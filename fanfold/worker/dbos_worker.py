@@ -106,7 +106,6 @@ class _Host:
     async def run_to_rest(self, spec: TreeSpec) -> dict[str, Any]:
         """Claim the tree, resume it if the log holds it, else start it; wait until it
         is at rest, then let it go."""
-        runtime = self.runtime
         told = False
         while not await self._try_claim(spec.root_id):
             # Another worker holds it: one frozen, or dying, after its lease was taken.
@@ -114,6 +113,17 @@ class _Host:
                 self.say(f"waiting for tree {spec.root_id}'s previous worker to let it go")
                 told = True
             await trio.sleep(_CLAIM_RETRY)
+        try:
+            return await self._run_claimed(spec)
+        finally:
+            # At rest, or failed to start or resume (an untrusted or damaged tree):
+            # let it go. Not when the worker stops: its trees are being handed over,
+            # and the locks go with the connection once the runtime has closed.
+            if not self.draining.is_set():
+                self.locks.release(spec.root_id)
+
+    async def _run_claimed(self, spec: TreeSpec) -> dict[str, Any]:
+        runtime = self.runtime
         try:
             runtime.store.conversation(spec.root_id)
             known = True
@@ -123,12 +133,8 @@ class _Host:
             # Claimed: the other workers on the log run other trees, so the log's
             # database-wide rule (refuse while another runtime is open) would wait for
             # ever; the tree's lock is what keeps it from running twice.
-            claim = getattr(runtime.store, "claim", None)
-            if claim is not None:
-                # A PostgreSQL log: take the tree's claim (its epoch raised past the
-                # previous owner's) before its state is loaded, so that what this
-                # worker reads is what it alone writes from now on.
-                claim(spec.root_id)
+            # (On a PostgreSQL log ``resume`` also takes the tree's claim in the log,
+            # its epoch raised past the previous owner's, before it reads the tree.)
             await runtime.resume([spec.root_id], claimed=True)
             self.say(f"resumed tree {spec.root_id}")
         else:
@@ -145,7 +151,6 @@ class _Host:
             )
             self.say(f"started tree {spec.root_id}")
         result = await runtime.wait(spec.root_id)
-        await trio.to_thread.run_sync(self.locks.release, spec.root_id)
         return {"root_id": spec.root_id, "phase": result.phase, "resumed": known}
 
     async def _try_claim(self, root_id: str) -> bool:
