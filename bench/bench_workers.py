@@ -327,7 +327,7 @@ def postgres_point(
         "idle_worker_cpu_per_s": idle_w,
         "idle_pg_cpu_per_s": idle_pg,
         "steps": int(steps),
-        "write_xacts": xid1 - xid0 - 1,  # less the one _counters' own snapshot read saw
+        "write_xacts": xid1 - xid0,  # the enqueues included: run --detach writes them
         "commits": commits1 - commits0,
         "statuses": sorted(set(statuses.values())),
         "ran_on_workers": int(ran_on),
