@@ -10,7 +10,11 @@ points interleaved so that the machine's changing load spreads over all of them)
 - N ``fanfold worker`` processes (``--script`` with latency L, ``--concurrency C``,
   ``--poll P``); the URL, which holds the cluster's password, reaches them through
   ``$FANFOLD_DB``, never their command line;
-- once every worker has said it is ready: T trees enqueued from this process through
+- once every worker has said it is ready: a warm-up of N x C trees (outside the
+  window: a worker's first trees pay for what it loads lazily), then ``--idle`` seconds
+  of the idle workers measured (CPU per second of the workers and of PostgreSQL: DBOS's
+  polls and the lease renewals, a cost that grows with wall time, not with steps);
+- T trees enqueued from this process through
   one ``DBOSClient`` with the options ``fanfold run --detach`` uses
   (``fanfold.worker.client.enqueue_tree`` makes a client per call: a CLI start or a
   client per tree would put the driver's own cost into PostgreSQL's numbers);
@@ -23,16 +27,18 @@ each child does ``--rounds`` model rounds of L seconds (``think`` calls, then
 to the last root at rest: wall time, trees per second, CPU seconds of the workers
 (utime+stime of each worker process and its reaped children, ``/proc``) and of
 PostgreSQL (the postmaster's process tree: the live backends and what the postmaster
-reaped of the ended ones), steps (rows of fanfold's ``events`` table), write
+reaped of the ended ones), steps (the T trees' rows of fanfold's ``events``), write
 transactions (transaction ids assigned: ``pg_snapshot_xmax`` of a snapshot, which
 assigns none) and commits (``pg_stat_database.xact_commit`` of the point's database,
 reads included; PostgreSQL 15's statistics reach that view up to a second late, so
 this one is approximate), and the load average.
 
 Beside them, the same trees on SQLite in one process (``backend sqlite``): a child
-process of this one runs a single ``Runtime`` over a new SQLite file and starts the T
-trees with at most C at a time (what one worker holds), each start as soon as a tree
-ends; its process CPU is the worker CPU there, and there is no PostgreSQL.
+process of this one runs a single ``Runtime`` over a new SQLite file (its JSON log
+beside it, as ``fanfold run``), warms up with C trees, then starts the T trees with at
+most C at a time (what one worker holds; a new one as soon as one ends), and in a
+second point all T at once (what one process does without a queue); its process CPU
+is the worker CPU there, and there is no PostgreSQL.
 """
 
 from __future__ import annotations
