@@ -127,7 +127,7 @@ def worker(
     tool_refs: tuple[str, ...],
     db: Target | None,
 ) -> None:
-    """Run trees from the workers' queue (``fanfold run --detach``) until stopped.
+    """Run trees from the workers' queue (fanfold run --detach) until stopped.
 
     Every worker on the same database (--db postgresql://..., or --dbos-db beside a
     log file) shares the queue; a worker that dies (or stops renewing its lease) has
@@ -244,8 +244,8 @@ def _serve(
 )
 @db_option
 def wait(tree_id: str, timeout: float | None, db: Target | None) -> None:
-    """Wait until the tree TREE_ID (``fanfold run --detach`` printed it) is at rest,
-    reading the log, and print its outcome as ``run`` does (exit 1 if it ended in
+    """Wait until the tree TREE_ID (fanfold run --detach printed it) is at rest,
+    reading the log, and print its outcome as run does (exit 1 if it ended in
     error). A tree not in the log yet is waited for: it is queued until a worker
     starts it."""
     path = db or default_db()
