@@ -139,3 +139,9 @@ def test_a_child_outcome_with_tokens_copies_the_state_once(
         state, _ = transition(state, SubAgentFinished(child, ChildSucceeded("done", tokens=7)))
         assert len(made) == 1, child
     assert isinstance(state.phase, LlmRequesting) and state.usage_children == 14
+
+
+def test_awaiting_sub_agents_has_the_fields_with_children_copies() -> None:
+    # _with_children builds this phase from its two fields rather than attrs.evolve's
+    # generic copy (every child outcome's path): a field added here must be added there.
+    assert [a.name for a in attrs.fields(AwaitingSubAgents)] == ["children", "results"]

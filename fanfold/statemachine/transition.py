@@ -139,6 +139,7 @@ from fanfold.statemachine.phases import (
     Failed,
     Idle,
     LlmRequesting,
+    Phase,
     ToolExecuting,
 )
 from fanfold.statemachine.state import Conversation
@@ -437,9 +438,13 @@ def _call_model(
                 next_call=call + 1,
                 phase=LlmRequesting(call=call, attempt=attempt, grace=True),
             )
+        elif changes is None:  # every round's path: no ** of an empty dictionary
+            state = state.evolve(
+                history=history, rounds=rounds + 1, next_call=call + 1, phase=phase
+            )
         else:
             state = state.evolve(
-                **more, history=history, rounds=rounds + 1, next_call=call + 1, phase=phase
+                **changes, history=history, rounds=rounds + 1, next_call=call + 1, phase=phase
             )
     else:
         state = state.evolve(
@@ -1441,9 +1446,15 @@ def _with_children(
     outcome's tokens, see ``_on_child_finished``), in one copy."""
     phase = state.phase
     assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
+    if type(phase) is AwaitingSubAgents:
+        # Every child outcome but the last: its two fields (tests/test_sm_state_copy.py
+        # holds the class to them), not attrs.evolve's generic copy.
+        changed: Phase = AwaitingSubAgents(children, phase.results)
+    else:
+        changed = attrs.evolve(phase, children=children)
     if changes is None:
-        return state.evolve(phase=attrs.evolve(phase, children=children))
-    return state.evolve(**changes, phase=attrs.evolve(phase, children=children))
+        return state.evolve(phase=changed)
+    return state.evolve(**changes, phase=changed)
 
 
 def _on_child_finished(state: Conversation, event: SubAgentFinished) -> Transition:
