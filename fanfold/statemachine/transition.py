@@ -444,7 +444,7 @@ def _call_model(
             )
         else:
             state = state.evolve(
-                **changes, history=history, rounds=rounds + 1, next_call=call + 1, phase=phase
+                **more, history=history, rounds=rounds + 1, next_call=call + 1, phase=phase
             )
     else:
         state = state.evolve(
