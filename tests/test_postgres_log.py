@@ -802,3 +802,32 @@ async def test_a_run_goes_on_when_its_commits_are_lost(tmp_path: Path, pg_url: s
             for c in runtime.store.tree(again)
         ]
     assert sorted(lost.values()) == sorted(clean)
+
+
+@pytest.mark.parametrize("how", ["before", "after"])
+def test_a_claim_a_provider_record_and_a_snapshot_cut_short_are_done_again(
+    pg_url: str, how: str
+) -> None:
+    """The writes that are the same when done twice are run again on a new connection
+    when their connection dies at COMMIT, before or after the server committed."""
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    root = [s for s in steps if s.conversation_id == "r"]
+    with open_store(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as admin:
+        assert isinstance(store, PostgresStore)
+        store.append(root)
+        admin.execute("INSERT INTO fanfold.trees (root_id, origin) VALUES ('r', 'run')")
+        seen = _lose_commits(store, admin, {1: how, 3: how, 5: how})
+        epoch = store.claim("r")
+        store.record_provider("r", '{"kind": "scripted"}')
+        store.save_snapshot("r", root[-1].seq, root[-1].state)
+        assert [seen[0], seen[2], seen[4]] == [how] * 3
+        # The claim is this store's and it still writes the tree.
+        claims = admin.execute("SELECT owner, epoch FROM fanfold.claims").fetchall()
+        assert claims == [(store.owner, epoch)]
+        assert admin.execute("SELECT provider FROM fanfold.trees").fetchall() == [
+            ('{"kind": "scripted"}',)
+        ]
+        assert store.conversation("r").snapshot_seq == root[-1].seq
+        assert store.load_state("r") == root[-1].state
