@@ -712,6 +712,39 @@ def _lose_commits(
     return seen
 
 
+def test_a_batch_whose_connection_dies_between_its_statements_is_written_once(
+    pg_url: str,
+) -> None:
+    """The session ends while the batch's events are being inserted (its COMMIT is
+    never sent): the batch is not in the log, and is written once on a new
+    connection."""
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    with open_store(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as admin:
+        assert isinstance(store, PostgresStore)
+        store.append(steps[:3])
+        conn = store._pg
+        send_many = conn.executemany
+        ended: list[int] = []
+
+        def executemany(query: str, rows: Any) -> Any:
+            if query.startswith("INSERT INTO events") and not ended:
+                ended.append(conn.raw.info.backend_pid)
+                admin.execute("SELECT pg_terminate_backend(%s)", [ended[0]])
+            return send_many(query, rows)
+
+        conn.executemany = executemany  # type: ignore[method-assign]
+        store.append(steps[3:6])
+        store.append(steps[6:])
+        assert ended and conn.raw.info.backend_pid != ended[0]
+        for cid, state in driver.states.items():
+            assert store.load_state(cid) == state
+            assert [e.seq for e in store.events(cid)] == [
+                s.seq for s in steps if s.conversation_id == cid
+            ]
+
+
 @pytest.mark.parametrize("how", ["before", "after"])
 def test_a_batch_whose_connection_dies_at_commit_is_written_once(pg_url: str, how: str) -> None:
     """The connection dies inside ``append``'s transaction, before its COMMIT reached
