@@ -675,3 +675,192 @@ def test_a_postgresql_logs_own_files_go_to_the_data_folder(data_home: Path) -> N
     assert one == two and one.parent == data_home / "fanfold"
     assert one.name.startswith("fanfold-pg-") and one.name.endswith(".mcp-delegations")
     assert "first" not in str(one) and other.name != one.name.removesuffix(".mcp-delegations")
+
+
+def _lose_commits(
+    store: PostgresStore, admin: psycopg.Connection[Any], at: dict[int, str]
+) -> list[str]:
+    """Make the store's connection die at its COMMITs numbered in ``at`` (1 first):
+    ``"before"`` ends its session before the COMMIT is sent (the server rolls the
+    batch back), ``"after"`` lets the COMMIT land and then ends the session and raises
+    what a connection lost before the reply raises (the client never heard). Returns
+    what happened, in order."""
+    conn = store._pg
+    send = conn.execute
+    seen: list[str] = []
+
+    def end_session() -> None:
+        admin.execute("SELECT pg_terminate_backend(%s)", [conn.raw.info.backend_pid])
+
+    def execute(query: str, params: Any = ()) -> Any:
+        if query != "COMMIT":
+            return send(query, params)
+        how = at.get(len(seen) + 1)
+        seen.append(how or "commit")
+        if how == "before":
+            end_session()
+            return send(query, params)  # on the dead session: LogUnavailable
+        result = send(query, params)
+        if how == "after":
+            end_session()
+            raise store._pg._scrub.unavailable(
+                psycopg.OperationalError("server closed the connection unexpectedly")
+            )
+        return result
+
+    conn.execute = execute  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_batch_whose_connection_dies_between_its_statements_is_written_once(
+    pg_url: str,
+) -> None:
+    """The session ends while the batch's events are being inserted (its COMMIT is
+    never sent): the batch is not in the log, and is written once on a new
+    connection."""
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    with open_store(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as admin:
+        assert isinstance(store, PostgresStore)
+        store.append(steps[:3])
+        conn = store._pg
+        send_many = conn.executemany
+        ended: list[int] = []
+
+        def executemany(query: str, rows: Any) -> Any:
+            if query.startswith("INSERT INTO events") and not ended:
+                ended.append(conn.raw.info.backend_pid)
+                admin.execute("SELECT pg_terminate_backend(%s)", [ended[0]])
+            return send_many(query, rows)
+
+        conn.executemany = executemany  # type: ignore[method-assign]
+        store.append(steps[3:6])
+        store.append(steps[6:])
+        assert ended and conn.raw.info.backend_pid != ended[0]
+        for cid, state in driver.states.items():
+            assert store.load_state(cid) == state
+            assert [e.seq for e in store.events(cid)] == [
+                s.seq for s in steps if s.conversation_id == cid
+            ]
+
+
+@pytest.mark.parametrize("how", ["before", "after"])
+def test_a_batch_whose_connection_dies_at_commit_is_written_once(pg_url: str, how: str) -> None:
+    """The connection dies inside ``append``'s transaction, before its COMMIT reached
+    the server or after the server committed but before the client heard: the store
+    connects again, asks the log whether the batch landed, and writes it (again) only
+    if not; every step is in the log once and the store goes on."""
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    with open_store(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as admin:
+        assert isinstance(store, PostgresStore)
+        store.append(steps[:3])
+        seen = _lose_commits(store, admin, {1: how})
+        store.append(steps[3:6])  # the lost commit: no error
+        store.append(steps[6:])
+        assert seen[0] == how
+        for cid, state in driver.states.items():
+            assert store.load_state(cid) == state
+            mine = [s.seq for s in steps if s.conversation_id == cid]
+            assert [e.seq for e in store.events(cid)] == mine
+        with psycopg.connect(pg_url) as conn:
+            (count,) = conn.execute("SELECT count(*) FROM fanfold.events").fetchone() or (0,)
+            claims = conn.execute("SELECT owner FROM fanfold.claims").fetchall()
+        assert count == len(steps)
+        assert claims == [(store.owner,)]
+
+
+def test_a_batch_lost_at_commit_is_not_written_over_a_tree_taken_meanwhile(
+    pg_url: str,
+) -> None:
+    """The connection dies before COMMIT and, before this store is back, another one
+    takes the tree over: the batch is not in the log, and written again it meets the
+    claim: ``TreeTakenOver``, nothing of it written."""
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    root = [s for s in steps if s.conversation_id == "r"]
+    with (
+        open_store(pg_url) as store,
+        open_store(pg_url) as other,
+        psycopg.connect(pg_url, autocommit=True) as admin,
+    ):
+        assert isinstance(store, PostgresStore)
+        store.append(root[:2])
+        conn = store._pg
+        send = conn.execute
+
+        def execute(query: str, params: Any = ()) -> Any:
+            if query == "COMMIT":
+                conn.execute = send  # type: ignore[method-assign]
+                admin.execute("SELECT pg_terminate_backend(%s)", [conn.raw.info.backend_pid])
+                other.claim("r")
+            return send(query, params)
+
+        conn.execute = execute  # type: ignore[method-assign]
+        with pytest.raises(TreeTakenOver):
+            store.append([root[2]])
+        assert [e.seq for e in other.events("r")] == [0, 1]
+
+
+async def test_a_run_goes_on_when_its_commits_are_lost(tmp_path: Path, pg_url: str) -> None:
+    """A whole tree whose log connection dies at commits, before and after the server
+    committed: the run finishes, each step is in the log once (the same events as a
+    run that lost nothing), and ``replay --verify --tree`` finds it identical."""
+    import trio
+
+    async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
+        assert isinstance(runtime.store, PostgresStore)
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            seen = _lose_commits(runtime.store, admin, {2: "before", 4: "after", 7: "after"})
+            root = await runtime.start("go", cwd=tmp_path)
+            with trio.fail_after(60):
+                await runtime.wait(root)
+    assert seen[1] == "before" and seen[3] == "after" and seen[6] == "after"
+    verified = _cli("replay", root, "--verify", "--tree", "--db", pg_url)
+    assert verified.exit_code == 0 and "identical" in verified.output, verified.output
+    with open_store(pg_url, read_only=True) as store:
+        lost = {
+            c.id: [type(e.event).__name__ for e in store.events(c.id)] for c in store.tree(root)
+        }
+        assert [row.status.value for row in store.tree(root)] == ["idle", "completed", "completed"]
+    # The same tree, nothing lost, in a database of its own: the same steps.
+    async with Runtime.open(tmp_path / "clean.db", ScriptedProvider(FAN_OUT), []) as runtime:
+        again = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(again)
+        clean = [
+            [type(e.event).__name__ for e in runtime.store.events(c.id)]
+            for c in runtime.store.tree(again)
+        ]
+    assert sorted(lost.values()) == sorted(clean)
+
+
+@pytest.mark.parametrize("how", ["before", "after"])
+def test_a_claim_a_provider_record_and_a_snapshot_cut_short_are_done_again(
+    pg_url: str, how: str
+) -> None:
+    """The writes that are the same when done twice are run again on a new connection
+    when their connection dies at COMMIT, before or after the server committed."""
+    driver = Driver()
+    fan_out(driver)
+    steps = driver.steps
+    root = [s for s in steps if s.conversation_id == "r"]
+    with open_store(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as admin:
+        assert isinstance(store, PostgresStore)
+        store.append(root)
+        admin.execute("INSERT INTO fanfold.trees (root_id, origin) VALUES ('r', 'run')")
+        seen = _lose_commits(store, admin, {1: how, 3: how, 5: how})
+        epoch = store.claim("r")
+        store.record_provider("r", '{"kind": "scripted"}')
+        store.save_snapshot("r", root[-1].seq, root[-1].state)
+        assert [seen[0], seen[2], seen[4]] == [how] * 3
+        # The claim is this store's and it still writes the tree.
+        claims = admin.execute("SELECT owner, epoch FROM fanfold.claims").fetchall()
+        assert claims == [(store.owner, epoch)]
+        assert admin.execute("SELECT provider FROM fanfold.trees").fetchall() == [
+            ('{"kind": "scripted"}',)
+        ]
+        assert store.conversation("r").snapshot_seq == root[-1].seq
+        assert store.load_state("r") == root[-1].state

@@ -43,6 +43,12 @@ moves trees between them) and replaces what is SQLite's own:
   ``LogUnavailable`` (a ``DatabaseError``: one line for a CLI user), whose message
   names the database by its URL without the password (``display_target``), and never
   holds the password even where the server's message would.
+- **A lost connection** is replaced before a transaction's ``BEGIN`` or a lone read
+  (for up to ``RECONNECT_S``). A write it cuts short is tried again (up to
+  ``LOST_WRITES`` times): an ``append`` batch only after the log says it did not
+  land (``_write``, ``_landed``: every event row of the batch stored as sent, or
+  none), the writes that are the same twice (a claim, a provider record, a
+  snapshot) at once. ``append`` returns only once its batch is known committed.
 - **No file-level damage check**: ``damage()`` is None (PostgreSQL has no
   ``integrity_check``; its own page checksums, where the cluster enables them, raise
   errors on read). Row checksums are checked as on SQLite.
@@ -56,9 +62,9 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from psycopg import sql as pgsql
@@ -74,7 +80,12 @@ from fanfold.db.errors import (
     TreeTakenOver,
 )
 from fanfold.db.factory import display_target
-from fanfold.db.store import Store
+from fanfold.db.store import Store, _Prepared, _status_text
+
+if TYPE_CHECKING:
+    from fanfold.db.records import Step
+
+_T = TypeVar("_T")
 
 SCHEMA = "fanfold"
 """The PostgreSQL schema that holds fanfold's tables."""
@@ -85,6 +96,11 @@ CONNECT_TIMEOUT_S = 10
 RECONNECT_S = 30.0
 """How long a store tries to connect again after its connection was lost (a server
 restart, a network cut) before the statement fails with ``LogUnavailable``."""
+
+LOST_WRITES = 3
+"""How many times one write (an ``append`` batch, a claim, a provider record, a
+snapshot) is tried again after its connection was lost inside its transaction, before
+``LogUnavailable`` stops the caller (each time after up to ``RECONNECT_S``)."""
 
 _LOCK_KEY = 0x66616E666F6C64  # "fanfold": the advisory lock that serialises migration
 _RUNTIMES_KEY = 0x66616E666F6C64 + 1  # held shared by every runtime on the log (Presence)
@@ -324,6 +340,7 @@ class PostgresStore(Store):
         """Who this store is in the ``claims`` table (host, process, random)."""
         self._claims: dict[str, int] = {}
         self._lost: set[str] = set()  # trees taken over: refused until ``claim``
+        self._taking: dict[str, int] = {}  # the claims the batch in flight takes
 
     @classmethod
     def open(cls, path: Any, *, read_only: bool = False) -> PostgresStore:
@@ -492,13 +509,15 @@ class PostgresStore(Store):
     def _reconnect(self) -> None:
         """Replace a lost connection (under the lock), trying for ``RECONNECT_S``.
 
-        Only where nothing can have been half-done: before a transaction's ``BEGIN``
-        reached the server, or for a lone read. A connection lost inside a
-        transaction (at ``COMMIT`` above all, where the batch may or may not have
-        committed) is ``LogUnavailable`` to the caller: the runtime stops and
-        ``resume`` reads what the log holds. The store's memory of the rows it wrote
-        stays right (its commits are in the log; another writer is still caught by
-        ``last_seq``), and so do its claims (rows in the database).
+        Here only where nothing can have been half-done: before a transaction's
+        ``BEGIN`` reached the server, or for a lone read. A connection lost inside a
+        write transaction (at ``COMMIT`` above all, where the batch may or may not have
+        committed) is ``LogUnavailable`` out of the transaction; the write methods
+        then try again (``_write`` after asking the log whether the batch landed,
+        ``_rewritten`` for the writes that are the same twice), and the next
+        transaction's ``BEGIN`` comes here. The store's memory of the rows it wrote
+        stays right (it is updated only after a commit is known), and so do its
+        claims (rows in the database).
         """
         with suppress(psycopg.Error):
             self._pg.raw.close()
@@ -513,6 +532,104 @@ class PostgresStore(Store):
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def _write(
+        self,
+        prepared: list[_Prepared],
+        last: dict[str, Step],
+        new_blobs: list[tuple[str, str]],
+        snapshot_rows: list[tuple[str, int, int, str]],
+        *,
+        trusted: bool,
+    ) -> dict[str, str]:
+        """``Store._write``, tried again when the connection is lost inside the batch's
+        transaction (a server restart, a network cut: ``LogUnavailable``).
+
+        A loss before ``COMMIT`` reached the server rolled the batch back; a loss at
+        ``COMMIT`` leaves its outcome unknown: the server may have committed it and
+        gone before the client heard. So, on a new connection, the log is asked
+        (``_landed``): the batch is one transaction, so either every one of its event
+        rows is there, exactly as sent, or none is. All there: it committed; its claims
+        are recorded and it is reported written. None: it is written again, under the
+        same guards as the first time (each conversation's ``last_seq`` in its
+        ``UPDATE``, the keys, the tree's claim), so a writer that came in between (a
+        worker that took the tree over) is still ``SequenceError`` or
+        ``TreeTakenOver``, never a second copy. ``append`` returns only once its batch
+        is known committed, so the runtime still runs a step's effects after it is in
+        the log (write-ahead)."""
+        lost = 0
+        while True:
+            self._taking = {}
+            try:
+                return super()._write(prepared, last, new_blobs, snapshot_rows, trusted=trusted)
+            except LogUnavailable:
+                lost += 1
+                if lost > LOST_WRITES:
+                    raise
+                taking = self._taking
+            # The next transaction's BEGIN finds the connection gone and makes a new one
+            # (``_transaction``, for up to RECONNECT_S); a loss during the check itself
+            # counts as one more.
+            while True:
+                try:
+                    landed = self._landed(prepared)
+                    break
+                except LogUnavailable:
+                    lost += 1
+                    if lost > LOST_WRITES:
+                        raise
+            if landed:
+                self._fenced(taking)  # committed with the batch
+                return {cid: _status_text(step.state.phase) for cid, step in last.items()}
+
+    def _landed(self, prepared: list[_Prepared]) -> bool:
+        """Whether the batch ``prepared`` is in the log: True if every one of its event
+        rows is stored as this store sent it, False if none is (not committed; a row
+        of the same key with other content is another writer's, which the batch's
+        guards refuse when it is written again). Some but not all would be a batch
+        half applied, which one transaction cannot be: ``DatabaseError``."""
+        keys = [p.event_row[:2] for p in prepared]
+        with self._transaction("BEGIN") as conn:
+            rows = conn.execute(
+                "SELECT e.conversation_id, e.seq, e.type, e.payload, e.fingerprint, e.at,"
+                " e.checksum FROM events e JOIN unnest(?::text[], ?::bigint[]) AS k (c, s)"
+                " ON e.conversation_id = k.c AND e.seq = k.s",
+                [[k[0] for k in keys], [k[1] for k in keys]],
+            ).fetchall()
+        stored = {(row[0], row[1]): tuple(row) for row in rows}
+        ours = [stored.get(p.event_row[:2]) == tuple(p.event_row) for p in prepared]
+        if all(ours):
+            return True
+        if not any(ours):
+            return False
+        raise DatabaseError(
+            f"the PostgreSQL log {self.path} holds part of a batch whose commit was "
+            "interrupted, which one transaction cannot leave: the log is not as fanfold "
+            "wrote it"
+        )
+
+    def _rewritten(self, write: Callable[[], _T]) -> _T:
+        """``write()`` (one transaction that may be run twice to the same end: a claim,
+        a provider record, a snapshot), tried again on a new connection when its
+        connection is lost inside it, up to ``LOST_WRITES`` times."""
+        lost = 0
+        while True:
+            try:
+                return write()
+            except LogUnavailable:
+                lost += 1
+                if lost > LOST_WRITES:
+                    raise
+
+    def record_provider(self, root_id: str, provider: str) -> None:
+        """``Store.record_provider``, tried again after a lost connection (it sets a
+        column to one value: twice is once)."""
+        self._rewritten(lambda: Store.record_provider(self, root_id, provider))
+
+    def save_snapshot(self, conversation_id: str, seq: int, state: Any) -> None:
+        """``Store.save_snapshot``, tried again after a lost connection (it writes the
+        same snapshot, or nothing if a later one is stored: twice is once)."""
+        self._rewritten(lambda: Store.save_snapshot(self, conversation_id, seq, state))
 
     def _has_trees(self) -> bool:
         return True  # created with the schema
@@ -568,6 +685,7 @@ class PostgresStore(Store):
                 [root, self.owner],
             ).fetchone()
             taken[root] = int(row[0])
+        self._taking = taken  # for ``_write``, should the commit's outcome be unknown
         return taken
 
     def _fenced(self, fence: Any) -> None:
@@ -575,14 +693,22 @@ class PostgresStore(Store):
 
     def claim(self, root_id: str) -> int:
         """Claim tree ``root_id`` now (as its next batch would) and return the epoch:
-        for a worker that takes a tree over before writing to it."""
-        with self._transaction("BEGIN IMMEDIATE") as conn:
-            row = conn.execute(
-                "INSERT INTO claims (root_id, owner, epoch) VALUES (?, ?, 1)"
-                " ON CONFLICT (root_id) DO UPDATE SET owner = excluded.owner,"
-                " epoch = claims.epoch + 1 RETURNING epoch",
-                [root_id, self.owner],
-            ).fetchone()
+        for a worker that takes a tree over before writing to it.
+
+        Tried again after a connection lost inside its transaction: if the first
+        commit landed unheard, the second raises the epoch once more, for the same
+        owner, which fences the same others."""
+
+        def take() -> Any:
+            with self._transaction("BEGIN IMMEDIATE") as conn:
+                return conn.execute(
+                    "INSERT INTO claims (root_id, owner, epoch) VALUES (?, ?, 1)"
+                    " ON CONFLICT (root_id) DO UPDATE SET owner = excluded.owner,"
+                    " epoch = claims.epoch + 1 RETURNING epoch",
+                    [root_id, self.owner],
+                ).fetchone()
+
+        row = self._rewritten(take)
         self._claims[root_id] = int(row[0])
         self._lost.discard(root_id)
         return self._claims[root_id]
