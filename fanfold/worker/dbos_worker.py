@@ -326,11 +326,12 @@ async def serve(
         # The runtime is closed: its trees stopped at a step boundary, the log's lock
         # released. Now others may take them: their locks go, then the lease ends.
         await trio.to_thread.run_sync(locks.close)
-        if not lost.is_set():
-            try:
-                await trio.to_thread.run_sync(leases.release)
-            except Exception as exc:
-                say(f"could not end the lease ({type(exc).__name__}); it expires by itself")
+        # Also when the lease was lost: trees this worker dequeued after another
+        # claimed its lease would otherwise be PENDING on an executor nobody claims.
+        try:
+            await trio.to_thread.run_sync(leases.release)
+        except Exception as exc:
+            say(f"could not end the lease ({type(exc).__name__}); it expires by itself")
         await trio.to_thread.run_sync(leases.close)
     return code
 
