@@ -148,6 +148,7 @@ class _Host:
                 else self.system_prompt,
                 agents=agents,
                 conversation_id=spec.root_id,
+                timeout=spec.timeout,
             )
             self.say(f"started tree {spec.root_id}")
         result = await runtime.wait(spec.root_id)
