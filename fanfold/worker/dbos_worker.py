@@ -288,52 +288,60 @@ async def serve(
     lost = trio.Event()
     code = EXIT_DRAINED
     with trio.open_signal_receiver(*stop) if stop else _no_receiver() as signals:
-        async with open_runtime() as runtime:
-            host = _Host(
-                runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
-                system_prompt, say, locks,
-            )  # fmt: skip
-            _HOST = host
-            try:
-                async with trio.open_nursery() as nursery:
-                    # The lease is renewed from before DBOS launches: a launch takes
-                    # seconds under load, longer than a short lease, and a worker whose
-                    # lease ran out while it started would be taken for dead.
-                    launched = trio.Event()
-                    nursery.start_soon(_keep_lease, leases, locks, settings, say, lost, launched)
-
-                    async def on_signal() -> None:
-                        async for signum in signals:
-                            say(f"signal {signum}: draining (this worker's trees go to others)")
-                            nursery.cancel_scope.cancel()
-                            return
-
-                    nursery.start_soon(on_signal)
-                    await trio.to_thread.run_sync(_launch_dbos, settings)
-                    launched.set()
-                    ready()
-                    await lost.wait()
-                    nursery.cancel_scope.cancel()
-                code = EXIT_LEASE_LOST if lost.is_set() else EXIT_DRAINED
-            finally:
-                host.draining.set()
-                # No more dequeues before the runtime goes: a tree taken now would be
-                # held, never run (it stays PENDING for the takeover all the same).
-                await trio.to_thread.run_sync(
-                    lambda: DBOS.destroy(workflow_completion_timeout_sec=0)
-                )
-                if before_close is not None:
-                    await before_close()
-        # The runtime is closed: its trees stopped at a step boundary, the log's lock
-        # released. Now others may take them: their locks go, then the lease ends.
-        await trio.to_thread.run_sync(locks.close)
-        # Also when the lease was lost: trees this worker dequeued after another
-        # claimed its lease would otherwise be PENDING on an executor nobody claims.
         try:
-            await trio.to_thread.run_sync(leases.release)
-        except Exception as exc:
-            say(f"could not end the lease ({type(exc).__name__}); it expires by itself")
-        await trio.to_thread.run_sync(leases.close)
+            async with open_runtime() as runtime:
+                host = _Host(
+                    runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
+                    system_prompt, say, locks,
+                )  # fmt: skip
+                _HOST = host
+                try:
+                    async with trio.open_nursery() as nursery:
+                        # The lease is renewed from before DBOS launches: a launch takes
+                        # seconds under load, longer than a short lease, and a worker whose
+                        # lease ran out while it started would be taken for dead.
+                        launched = trio.Event()
+                        nursery.start_soon(
+                            _keep_lease, leases, locks, settings, say, lost, launched
+                        )
+
+                        async def on_signal() -> None:
+                            async for signum in signals:
+                                say(f"signal {signum}: draining (this worker's trees go to others)")
+                                nursery.cancel_scope.cancel()
+                                return
+
+                        nursery.start_soon(on_signal)
+                        await trio.to_thread.run_sync(_launch_dbos, settings)
+                        launched.set()
+                        ready()
+                        await lost.wait()
+                        nursery.cancel_scope.cancel()
+                    code = EXIT_LEASE_LOST if lost.is_set() else EXIT_DRAINED
+                finally:
+                    host.draining.set()
+                    # No more dequeues before the runtime goes: a tree taken now would be
+                    # held, never run (it stays PENDING for the takeover all the same).
+                    await trio.to_thread.run_sync(
+                        lambda: DBOS.destroy(workflow_completion_timeout_sec=0)
+                    )
+                    if before_close is not None:
+                        await before_close()
+        finally:
+            # The runtime is closed (also when the worker stopped on an error, which
+            # used to skip this: its lease row then stayed as the claimer left it):
+            # its trees stopped at a step boundary, the log's lock released. Now
+            # others may take them: their locks go, then the lease ends.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(locks.close)
+                # Also when the lease was lost: trees this worker dequeued after another
+                # claimed its lease would otherwise be PENDING on an executor nobody
+                # claims.
+                try:
+                    await trio.to_thread.run_sync(leases.release)
+                except Exception as exc:
+                    say(f"could not end the lease ({type(exc).__name__}); it expires by itself")
+                await trio.to_thread.run_sync(leases.close)
     return code
 
 
