@@ -171,6 +171,18 @@ def _resumed_children(bench: Bench, trees: list[str]) -> list[str]:
         ]
 
 
+def _dbos_statuses(bench: Bench, ids: list[str]) -> list[tuple[Any, ...]]:
+    """What DBOS says of ``ids`` (printed when a tree is not at rest in time)."""
+    import psycopg
+
+    with psycopg.connect(bench.url) as conn:
+        return conn.execute(
+            "SELECT workflow_uuid, status, executor_id, queue_name, recovery_attempts "
+            "FROM dbos.workflow_status WHERE workflow_uuid = ANY(%s) ORDER BY 1",
+            (ids,),
+        ).fetchall()
+
+
 def _others_err(bench: Bench, but: str) -> str:
     return "".join(bench.err(name) for name in bench.workers if name != but)
 
@@ -218,7 +230,11 @@ def test_three_workers_survive_a_kill_a_freeze_and_a_postgresql_restart(
     ), bench.err(frozen_name)
     # A supervisor starts a worker again in place of the two (as a deploy would).
     bench.start_workers("w4")
-    bench.wait_all(ids, cli=1)
+    try:
+        bench.wait_all(ids, cli=1)
+    except BaseException:
+        print("DBOS statuses:", _dbos_statuses(bench, ids))
+        raise
     _check_trees(bench, ids, CHILDREN)
     # The killed worker's trees were taken over and resumed from the log, children
     # mid-flight included.
