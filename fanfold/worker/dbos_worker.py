@@ -46,7 +46,7 @@ import trio
 from dbos import DBOS, DBOSConfig
 
 from fanfold.agents import AgentDefinition
-from fanfold.db import UnknownConversation
+from fanfold.db import LogUnavailable, UnknownConversation
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Limits
 from fanfold.worker.leases import Leases, TreeLocks
@@ -114,7 +114,23 @@ class _Host:
                 told = True
             await trio.sleep(_CLAIM_RETRY)
         try:
-            return await self._run_claimed(spec)
+            told = False
+            while True:
+                try:
+                    return await self._run_claimed(spec)
+                except LogUnavailable as exc:
+                    # The log went away (a PostgreSQL restart) while the tree was
+                    # being started or resumed: try again once it is back, holding
+                    # the tree. Raised out of the step, DBOS would record the workflow
+                    # ERROR for good and nobody would ever resume the tree (seen in
+                    # test_worker_crash.py). Idempotent: a start that did commit is
+                    # found in the log and resumed.
+                    if not told:
+                        self.say(f"tree {spec.root_id}: the log is unavailable; retrying")
+                        told = True
+                    if self.draining.is_set():  # the worker stops: hand the tree over
+                        raise exc from None
+                    await trio.sleep(_CLAIM_RETRY)
         finally:
             # At rest, or failed to start or resume (an untrusted or damaged tree):
             # let it go. Not when the worker stops: its trees are being handed over,
