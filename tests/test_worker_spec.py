@@ -28,6 +28,28 @@ def test_a_spec_survives_the_queue_as_plain_data() -> None:
     assert (limits.max_depth, limits.max_rounds) == (2, 5)
 
 
+def test_a_detached_tree_carries_runs_timeout(tmp_path: Path, monkeypatch: Any) -> None:
+    # ``run --detach --timeout`` used to drop the time limit without a word.
+    pytest.importorskip("dbos", reason="needs the postgres extra: pip install '.[postgres]'")
+    import fanfold.worker.client
+
+    queued: list[TreeSpec] = []
+
+    def enqueue(_url: str, spec: TreeSpec) -> str:
+        queued.append(spec)
+        return "id1"
+
+    monkeypatch.setattr(fanfold.worker.client, "enqueue_tree", enqueue)
+    url = "postgresql://u@127.0.0.1:1/q"
+    done = CliRunner().invoke(cli, ["run", "--detach", "--dbos-db", url, "--timeout", "7.5", "x"])
+    assert done.exit_code == 0, done.output
+    [spec] = queued
+    assert spec.timeout == 7.5
+    assert TreeSpec.from_input(json.loads(json.dumps(spec.to_input()))) == spec
+    # Without one, the input is what it always was (a worker of before reads it alike).
+    assert "timeout" not in TreeSpec("abc", "t", "/x").to_input()
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [
@@ -43,6 +65,13 @@ def test_a_spec_survives_the_queue_as_plain_data() -> None:
         ({"limits": {"__class__": 1}}, "limits"),
         ({"limits": {"max_rounds": -1}}, "limits"),
         ({"context_modes": "full"}, "context_modes"),
+        ({"timeout": True}, "timeout"),
+        ({"timeout": "5"}, "timeout"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": -1.5}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"timeout": float("inf")}, "timeout"),
+        ({"timeout": 1e12}, "timeout"),
     ],
 )
 def test_a_malformed_input_from_the_queue_is_refused_naming_the_field(

@@ -191,7 +191,7 @@ def run(
             if v is not None
         }
         modes = _context_modes(context_modes) if context_modes is not None else None
-        _detach(text, cwd, system, numbers, modes, dbos_db, db)
+        _detach(text, cwd, system, numbers, modes, timeout, dbos_db, db)
         return
     path = db or default_db()
     open_logs(path, json_log)
@@ -242,6 +242,7 @@ def _detach(
     system: str | None,
     limits: dict[str, int],
     context_modes: tuple[str, ...] | None,
+    timeout: float | None,
     dbos_db: str | None,
     db: Target | None,
 ) -> None:
@@ -259,6 +260,7 @@ def _detach(
         system_prompt=system,
         limits=tuple(sorted(limits.items())),
         context_modes=context_modes,
+        timeout=timeout,
     )
     try:
         spec.make_limits()  # the limits' own checks, before anything is queued

@@ -46,7 +46,7 @@ import trio
 from dbos import DBOS, DBOSConfig
 
 from fanfold.agents import AgentDefinition
-from fanfold.db import UnknownConversation
+from fanfold.db import LogUnavailable, UnknownConversation
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Limits
 from fanfold.worker.leases import Leases, TreeLocks
@@ -114,7 +114,23 @@ class _Host:
                 told = True
             await trio.sleep(_CLAIM_RETRY)
         try:
-            return await self._run_claimed(spec)
+            told = False
+            while True:
+                try:
+                    return await self._run_claimed(spec)
+                except LogUnavailable as exc:
+                    # The log went away (a PostgreSQL restart) while the tree was
+                    # being started or resumed: try again once it is back, holding
+                    # the tree. Raised out of the step, DBOS would record the workflow
+                    # ERROR for good and nobody would ever resume the tree (seen in
+                    # test_worker_crash.py). Idempotent: a start that did commit is
+                    # found in the log and resumed.
+                    if not told:
+                        self.say(f"tree {spec.root_id}: the log is unavailable; retrying")
+                        told = True
+                    if self.draining.is_set():  # the worker stops: hand the tree over
+                        raise exc from None
+                    await trio.sleep(_CLAIM_RETRY)
         finally:
             # At rest, or failed to start or resume (an untrusted or damaged tree):
             # let it go. Not when the worker stops: its trees are being handed over,
@@ -148,6 +164,7 @@ class _Host:
                 else self.system_prompt,
                 agents=agents,
                 conversation_id=spec.root_id,
+                timeout=spec.timeout,
             )
             self.say(f"started tree {spec.root_id}")
         result = await runtime.wait(spec.root_id)
@@ -287,51 +304,60 @@ async def serve(
     lost = trio.Event()
     code = EXIT_DRAINED
     with trio.open_signal_receiver(*stop) if stop else _no_receiver() as signals:
-        async with open_runtime() as runtime:
-            host = _Host(
-                runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
-                system_prompt, say, locks,
-            )  # fmt: skip
-            _HOST = host
-            try:
-                async with trio.open_nursery() as nursery:
-                    # The lease is renewed from before DBOS launches: a launch takes
-                    # seconds under load, longer than a short lease, and a worker whose
-                    # lease ran out while it started would be taken for dead.
-                    launched = trio.Event()
-                    nursery.start_soon(_keep_lease, leases, locks, settings, say, lost, launched)
+        try:
+            async with open_runtime() as runtime:
+                host = _Host(
+                    runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
+                    system_prompt, say, locks,
+                )  # fmt: skip
+                _HOST = host
+                try:
+                    async with trio.open_nursery() as nursery:
+                        # The lease is renewed from before DBOS launches: a launch takes
+                        # seconds under load, longer than a short lease, and a worker whose
+                        # lease ran out while it started would be taken for dead.
+                        launched = trio.Event()
+                        nursery.start_soon(
+                            _keep_lease, leases, locks, settings, say, lost, launched
+                        )
 
-                    async def on_signal() -> None:
-                        async for signum in signals:
-                            say(f"signal {signum}: draining (this worker's trees go to others)")
-                            nursery.cancel_scope.cancel()
-                            return
+                        async def on_signal() -> None:
+                            async for signum in signals:
+                                say(f"signal {signum}: draining (this worker's trees go to others)")
+                                nursery.cancel_scope.cancel()
+                                return
 
-                    nursery.start_soon(on_signal)
-                    await trio.to_thread.run_sync(_launch_dbos, settings)
-                    launched.set()
-                    ready()
-                    await lost.wait()
-                    nursery.cancel_scope.cancel()
-                code = EXIT_LEASE_LOST if lost.is_set() else EXIT_DRAINED
-            finally:
-                host.draining.set()
-                # No more dequeues before the runtime goes: a tree taken now would be
-                # held, never run (it stays PENDING for the takeover all the same).
-                await trio.to_thread.run_sync(
-                    lambda: DBOS.destroy(workflow_completion_timeout_sec=0)
-                )
-                if before_close is not None:
-                    await before_close()
-        # The runtime is closed: its trees stopped at a step boundary, the log's lock
-        # released. Now others may take them: their locks go, then the lease ends.
-        await trio.to_thread.run_sync(locks.close)
-        if not lost.is_set():
-            try:
-                await trio.to_thread.run_sync(leases.release)
-            except Exception as exc:
-                say(f"could not end the lease ({type(exc).__name__}); it expires by itself")
-        await trio.to_thread.run_sync(leases.close)
+                        nursery.start_soon(on_signal)
+                        await trio.to_thread.run_sync(_launch_dbos, settings)
+                        launched.set()
+                        ready()
+                        await lost.wait()
+                        nursery.cancel_scope.cancel()
+                    code = EXIT_LEASE_LOST if lost.is_set() else EXIT_DRAINED
+                finally:
+                    host.draining.set()
+                    # No more dequeues before the runtime goes: a tree taken now would be
+                    # held, never run (it stays PENDING for the takeover all the same).
+                    await trio.to_thread.run_sync(
+                        lambda: DBOS.destroy(workflow_completion_timeout_sec=0)
+                    )
+                    if before_close is not None:
+                        await before_close()
+        finally:
+            # The runtime is closed (also when the worker stopped on an error, which
+            # used to skip this: its lease row then stayed as the claimer left it):
+            # its trees stopped at a step boundary, the log's lock released. Now
+            # others may take them: their locks go, then the lease ends.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(locks.close)
+                # Also when the lease was lost: trees this worker dequeued after another
+                # claimed its lease would otherwise be PENDING on an executor nobody
+                # claims.
+                try:
+                    await trio.to_thread.run_sync(leases.release)
+                except Exception as exc:
+                    say(f"could not end the lease ({type(exc).__name__}); it expires by itself")
+                await trio.to_thread.run_sync(leases.close)
     return code
 
 

@@ -122,11 +122,22 @@ class Leases:
         )
 
     def release(self) -> None:
-        """End this worker's lease now (a drained worker): the next worker to look
-        takes over what it leaves PENDING, without waiting for the lease to run out."""
+        """End this worker's lease now (a stopping worker, drained or taken for dead):
+        the next worker to look takes over what it leaves PENDING, without waiting for
+        the lease to run out.
+
+        The row is written whatever became of it: a worker whose lease was claimed
+        (frozen, then woken) may have dequeued trees *after* the claimer re-enqueued
+        its PENDING workflows and deleted its row; without a row of its own no worker
+        would ever claim those again, and their trees would stay ``running`` for ever
+        (seen in ``test_worker_crash.py``). Claiming a row twice is harmless: the
+        claimer re-enqueues only what is still PENDING on this executor.
+        """
         self._execute(
-            "UPDATE fanfold.workers SET lease_until = now() - interval '1 second' "
-            "WHERE executor_id = %s AND taken_by IS NULL",
+            "INSERT INTO fanfold.workers (executor_id, lease_until, taken_by, pid) "
+            "VALUES (%s, now() - interval '1 second', NULL, NULL) "
+            "ON CONFLICT (executor_id) DO UPDATE SET lease_until = EXCLUDED.lease_until, "
+            "taken_by = NULL",
             (self.executor_id,),
         )
 

@@ -10,6 +10,7 @@ names what to do, the worker decides what runs it (DESIGN.md, "run --detach").
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -22,6 +23,9 @@ SPEC_VERSION = 1
 
 LIMIT_FIELDS = ("max_rounds", "max_concurrent", "max_depth", "max_tokens")
 """The limits a detached run may set (``fanfold run``'s options)."""
+
+MAX_TIMEOUT = 365 * 86400.0
+"""The longest root time limit a detached tree may carry (``run --timeout``'s bound)."""
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -40,6 +44,8 @@ class TreeSpec:
     system_prompt: str | None = None
     limits: tuple[tuple[str, int], ...] = ()
     context_modes: tuple[str, ...] | None = None
+    timeout: float | None = None
+    """The root's time limit in seconds (``run --timeout``): None, no limit."""
 
     def to_input(self) -> dict[str, Any]:
         """The workflow's input (plain data)."""
@@ -51,6 +57,8 @@ class TreeSpec:
             "system_prompt": self.system_prompt,
             "limits": dict(self.limits),
             "context_modes": list(self.context_modes) if self.context_modes is not None else None,
+            # Only when set: an input without it is the one version 1 always was.
+            **({"timeout": self.timeout} if self.timeout is not None else {}),
         }
 
     @classmethod
@@ -85,6 +93,13 @@ class TreeSpec:
             not isinstance(modes, list) or not all(isinstance(m, str) for m in modes)
         ):
             raise SpecError("context_modes: a list of strings or null")
+        timeout = data.get("timeout")
+        if timeout is not None and (
+            type(timeout) not in (int, float)
+            or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_TIMEOUT
+        ):
+            raise SpecError("timeout: a number of seconds > 0 and at most a year, or null")
         return cls(
             root_id=root_id,
             task=task,
@@ -92,6 +107,7 @@ class TreeSpec:
             system_prompt=system,
             limits=tuple(sorted(limits.items())),
             context_modes=tuple(modes) if modes is not None else None,
+            timeout=float(timeout) if timeout is not None else None,
         )
 
     def limit_overrides(self) -> dict[str, Any]:
