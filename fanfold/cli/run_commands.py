@@ -171,6 +171,17 @@ def run(
     system = system_text
     if system_file is not None:
         system = _read_text(system_file, "--system-file")
+    # The limits given on the command line (for a run here, or a detached tree's spec).
+    numbers = {
+        k: v
+        for k, v in {
+            "max_rounds": max_rounds,
+            "max_concurrent": max_concurrent,
+            "max_depth": max_depth,
+            "max_tokens": max_tokens,
+        }.items()
+        if v is not None
+    }
     if detach:
         given = [o for o, v in (("--script", script), ("--config", config_path),
                                 ("--profile", profile), ("--model", model),
@@ -180,16 +191,6 @@ def run(
                 f"--detach: {', '.join(given)} belong to the workers (fanfold worker "
                 "chooses the model and tools of the trees it runs)"
             )
-        numbers = {
-            k: v
-            for k, v in {
-                "max_rounds": max_rounds,
-                "max_concurrent": max_concurrent,
-                "max_depth": max_depth,
-                "max_tokens": max_tokens,
-            }.items()
-            if v is not None
-        }
         modes = _context_modes(context_modes) if context_modes is not None else None
         _detach(text, cwd, system, numbers, modes, timeout, dbos_db, db)
         return
@@ -200,16 +201,7 @@ def run(
         # A run in --cwd is a run in that folder: its fanfold.toml, as its .mcp.json
         # and agent files.
         choice = choose_model(script, config_path, profile, model, cwd)
-        overrides: dict[str, Any] = {
-            k: v
-            for k, v in {
-                "max_rounds": max_rounds,
-                "max_concurrent": max_concurrent,
-                "max_depth": max_depth,
-                "max_tokens": max_tokens,
-            }.items()
-            if v is not None
-        }
+        overrides: dict[str, Any] = dict(numbers)
         if context_modes is not None:
             overrides["context_modes"] = _context_modes(context_modes)
         limits = choice.retry.apply(Limits(**overrides))
