@@ -10,6 +10,7 @@ from typing import Any
 import click
 import trio
 
+from fanfold.cli.agents_in_effect import agents_in_effect
 from fanfold.cli.database import Target, beside_log, db_option, default_db
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
@@ -21,7 +22,6 @@ from fanfold.cli.mcp_tools import (
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.python_tools import load_tools, tools_option
-from fanfold.cli.run_commands import _agents
 from fanfold.cli.signals import run_trio, stop_signal_receiver
 from fanfold.loopback import new_token
 from fanfold.runtime import Runtime
@@ -87,7 +87,7 @@ def mcp_command(
         python_tools = load_tools(tool_refs)
         choice = choose_model(script, config_path, profile, model, cwd)
         limits = choice.retry.apply(Limits(max_tokens=max_tokens) if max_tokens else Limits())
-        agents = _agents(cwd)
+        agents = agents_in_effect(cwd)
         # The folder's MCP servers' tools are offered to delegated trees too.
         servers = declarations_for(cwd, config_path)
         from fanfold.mcp.client import UNDER_FANFOLD  # the mcp extra: imported late

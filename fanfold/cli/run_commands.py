@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 
-from fanfold.agents import AgentDefinition, load_agents
+from fanfold.agents import AgentDefinition
+from fanfold.cli.agents_in_effect import agents_in_effect
 from fanfold.cli.database import Target, db_option, db_path, default_db
-from fanfold.cli.display import TreeView, printable
+from fanfold.cli.display import TreeView
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
 from fanfold.cli.mcp_tools import (
@@ -208,7 +209,9 @@ def run(
         hint(f"model: {choice.description}; log: {path}", style="dim")
         if system is None:
             system = choice.system_prompt
-        agents = _agents(cwd, dict(choice.model_aliases), [t.spec.name for t in python_tools])
+        agents = agents_in_effect(
+            cwd, dict(choice.model_aliases), [t.spec.name for t in python_tools]
+        )
         servers = declarations_for(cwd, config_path)
         choice = with_server_secrets(choice, servers)
         result = run_trio(
@@ -277,23 +280,6 @@ def _detach(
     click.echo(tree_id)
     where = f" --db {db}" if db is not None else ""
     hint(f"queued; its outcome: fanfold wait {tree_id}{where}", style="dim")
-
-
-def _agents(
-    cwd: Path, model_aliases: dict[str, str] | None = None, tools: Sequence[str] = ()
-) -> tuple[AgentDefinition, ...]:
-    """The agent definitions in effect for a run in ``cwd``, ``model`` names through
-    the configuration's ``[model_aliases]``, ``tools`` the names of ``--tools`` (which
-    rules may name). On stderr, one line each: an invalid
-    file, left out (``fanfold agents`` says more), and every key or tool of a file
-    that is ignored (a warning: the rest of the file is used)."""
-    catalog = load_agents(cwd, model_aliases=model_aliases, tools=tools)
-    for problem in catalog.problems:
-        if problem.warning:
-            hint(f"agent definition: {printable(str(problem))}", style="yellow")
-        else:
-            hint(f"agent definition left out: {printable(str(problem))}", style="yellow")
-    return catalog.agents
 
 
 def _read_task(task_file: Path) -> str:

@@ -165,8 +165,8 @@ def _serve(
     poll: float,
     tool_refs: tuple[str, ...],
 ) -> int:
+    from fanfold.cli.agents_in_effect import agents_in_effect
     from fanfold.cli.models import choose_model
-    from fanfold.cli.run_commands import _agents
     from fanfold.cli.signals import run_trio
     from fanfold.runtime import Runtime
 
@@ -200,7 +200,7 @@ def _serve(
             return choice.retry.apply(spec.make_limits())
 
         def agents_for(cwd: str) -> Any:
-            return _agents(Path(cwd), dict(choice.model_aliases), names)
+            return agents_in_effect(Path(cwd), dict(choice.model_aliases), names)
 
         @asynccontextmanager
         async def open_runtime() -> AsyncIterator[Any]:

@@ -11,13 +11,9 @@ import os
 
 from fanfold.db.errors import CannotOpen
 from fanfold.db.store import Store
+from fanfold.db.targets import URL_SCHEMES, display_target, is_postgres
 
-URL_SCHEMES = ("postgresql://", "postgres://")
-
-
-def is_postgres(target: str | os.PathLike[str]) -> bool:
-    """Whether ``target`` is a PostgreSQL URL (a str: a ``Path`` is always a file)."""
-    return isinstance(target, str) and target.startswith(URL_SCHEMES)
+__all__ = ["URL_SCHEMES", "DatabaseUrl", "display_target", "is_postgres", "open_store"]
 
 
 class DatabaseUrl(str):
@@ -51,23 +47,3 @@ def open_store(target: str | os.PathLike[str], *, read_only: bool = False) -> St
         ) from None
     url = target.secret if isinstance(target, DatabaseUrl) else str(target)
     return PostgresStore.open(url, read_only=read_only)
-
-
-def display_target(target: str | os.PathLike[str]) -> str:
-    """``target`` as it may be printed or logged: a path as it is, a URL without its
-    password or query string."""
-    if not is_postgres(target):
-        return os.fspath(target)
-    from urllib.parse import urlsplit
-
-    text = str(target)
-    try:
-        parts = urlsplit(text)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port is not None else ""
-        user = f"{parts.username}@" if parts.username else ""
-    except ValueError:
-        return f"{text.split('://', 1)[0]}://(unparsable URL)"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{parts.scheme}://{user}{host}{port}{parts.path}"

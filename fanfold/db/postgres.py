@@ -79,8 +79,8 @@ from fanfold.db.errors import (
     SchemaError,
     TreeTakenOver,
 )
-from fanfold.db.factory import display_target
 from fanfold.db.store import Store, _Prepared, _status_text
+from fanfold.db.targets import display_target
 
 if TYPE_CHECKING:
     from fanfold.db.records import Step
