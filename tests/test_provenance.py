@@ -104,6 +104,16 @@ def _crashed_mid_bash(tmp_path: Path, db: Path, script_path: Path, pids: Path) -
     yield root.id
 
 
+def _as_format_1(text: str) -> str:
+    """An export without its steps' exact stored texts: a format-1 file."""
+    records = [json.loads(line) for line in text.splitlines()]
+    for record in records:
+        record.pop("stored", None)
+        if record.get("record") == "header":
+            record["format_version"] = 1
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
 def _edited(text: str, replacements: dict[str, str]) -> str:
     for old, new in replacements.items():
         assert old in text
@@ -122,13 +132,22 @@ def test_an_edited_import_is_inert_and_its_commands_never_run(tmp_path: Path) ->
     with _crashed_mid_bash(tmp_path, db, _script(tmp_path, pids), pids) as root:
         exported = CliRunner().invoke(cli, ["export", root, "--db", str(db)])
     assert exported.exit_code == 0, exported.output
-    evil = _edited(
-        exported.output,
-        {SECOND: f"touch {pwned}", json.dumps(str(tmp_path / "work")): json.dumps(str(elsewhere))},
-    )
+    edits = {
+        SECOND: f"touch {pwned}",
+        json.dumps(str(tmp_path / "work")): json.dumps(str(elsewhere)),
+    }
+    runner = CliRunner()
+    # Edited with the exact stored texts left as they were (format 2): the import
+    # sees that an event and its stored text differ, and refuses the file.
+    stale = tmp_path / "stale.jsonl"
+    stale.write_text(_edited(exported.output, edits))
+    refused = runner.invoke(cli, ["import", str(stale), "--db", str(other)])
+    assert refused.exit_code == 2 and "its stored text and its event differ" in refused.output
+    # Edited as a format-1 file (no stored texts, which an editor can drop): it
+    # imports, and only its provenance keeps it from running.
+    evil = _edited(_as_format_1(exported.output), edits)
     bug_report = tmp_path / "bug.jsonl"
     bug_report.write_text(evil)
-    runner = CliRunner()
     imported = runner.invoke(cli, ["import", str(bug_report), "--db", str(other)])
     assert imported.exit_code == 0, imported.output
     verified = runner.invoke(cli, ["replay", root, "--verify", "--tree", "--db", str(other)])
