@@ -364,12 +364,13 @@ class PostgresStore(Store):
 
     def _check_or_create(self, *, read_only: bool) -> None:
         conn = self._pg
-        if not self._schema_exists():
-            if read_only:
-                raise EmptyLog(
-                    f"{self.path} holds no fanfold log yet (no `{SCHEMA}` schema): nothing "
-                    "was recorded in it (the first `fanfold run --db` sets it up)"
-                )
+        exists = self._schema_exists()
+        if not exists and read_only:
+            raise EmptyLog(
+                f"{self.path} holds no fanfold log yet (no `{SCHEMA}` schema): nothing "
+                "was recorded in it (the first `fanfold run --db` sets it up)"
+            )
+        if not read_only and (not exists or self._versions() != {v for v, _, _ in PG_MIGRATIONS}):
             conn.execute("BEGIN")
             try:
                 conn.execute("SELECT pg_advisory_xact_lock(?)", [_LOCK_KEY])
@@ -382,16 +383,6 @@ class PostgresStore(Store):
                         "CREATE TABLE migrations (version BIGINT PRIMARY KEY,"
                         " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
                     )
-                self._migrate()
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.raw.execute("ROLLBACK")
-                raise
-        elif not read_only and self._versions() != {v for v, _, _ in PG_MIGRATIONS}:
-            conn.execute("BEGIN")
-            try:
-                conn.execute("SELECT pg_advisory_xact_lock(?)", [_LOCK_KEY])
                 self._migrate()
                 conn.execute("COMMIT")
             except BaseException:
