@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from fanfold.cli.mcp_tools import (
 from fanfold.cli.models import ModelChoice, choose_model, model_options
 from fanfold.cli.output import hint
 from fanfold.cli.python_tools import load_tools, missing_message, tools_option
+from fanfold.cli.seconds import FiniteFloatRange
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_result, watch
 from fanfold.cli.worker_commands import dbos_db_option
@@ -39,13 +39,6 @@ from fanfold.tools.registry import unsupplied
 
 # A turn's time limit: up to a year (more is a slip; NaN and infinities never).
 MAX_TURN_SECONDS = 365 * 86400.0
-
-
-def _finite_seconds(value: float | None) -> float | None:
-    # click's FloatRange lets NaN through (every comparison with it is false).
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"must be a finite number of seconds, got {value}")
-    return value
 
 
 @click.command()
@@ -115,8 +108,7 @@ def _finite_seconds(value: float | None) -> float | None:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True, max=MAX_TURN_SECONDS),
-    callback=lambda _ctx, _param, value: _finite_seconds(value),
+    type=FiniteFloatRange(min=0, min_open=True, max=MAX_TURN_SECONDS),
     default=None,
     metavar="SECONDS",
     help="Time limit of each turn: past it the turn ends in error timed_out, its "
