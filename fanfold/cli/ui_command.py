@@ -11,6 +11,7 @@ import trio
 from fanfold.cli.database import Target, db_option, db_path
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.output import console
+from fanfold.cli.seconds import FiniteFloatRange
 from fanfold.cli.show_commands import _show_node, _trusted_config
 from fanfold.db import DatabaseError, Store, open_store
 from fanfold.loopback import new_token
@@ -58,7 +59,7 @@ async def _stop_on_signal(scope: trio.CancelScope) -> None:
     "--poll",
     default=0.5,
     show_default=True,
-    type=click.FloatRange(0.05, 60),
+    type=FiniteFloatRange(0.05, 60),
     help="Seconds between looks at the database for live updates.",
 )
 @click.option(

@@ -23,6 +23,7 @@ from fanfold.cli.logs import open_logs
 from fanfold.cli.models import model_options
 from fanfold.cli.output import hint
 from fanfold.cli.python_tools import load_tools, tools_option
+from fanfold.cli.seconds import FiniteFloatRange
 from fanfold.cli.turns import print_result
 from fanfold.db import DatabaseUrl, EmptyLog, Store, UnknownConversation, open_store
 from fanfold.statemachine import Conversation
@@ -94,14 +95,14 @@ def _first_line(exc: BaseException) -> str:
 )
 @click.option(
     "--lease",
-    type=click.FloatRange(min=0.5),
+    type=FiniteFloatRange(min=0.5),
     default=15.0,
     show_default=True,
     help="Seconds without a renewal after which other workers take this one's trees.",
 )
 @click.option(
     "--poll",
-    type=click.FloatRange(min=0.01, max=10.0),
+    type=FiniteFloatRange(min=0.01, max=10.0),
     default=0.2,
     show_default=True,
     help="Seconds between two looks at the queue.",
@@ -238,7 +239,7 @@ def _serve(
 @click.argument("tree_id")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=None,
     help="Give up after this many seconds (exit 124).",
 )
