@@ -108,6 +108,28 @@ def _first_line(exc: BaseException) -> str:
     help="Seconds between two looks at the queue.",
 )
 @click.option(
+    "--spread-at",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="A step spawning more children than this places them in chunks that any "
+    "worker runs (a PostgreSQL log only).",
+)
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Children per chunk.",
+)
+@click.option(
+    "--chunk-concurrency",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Chunks of other trees' children this worker runs at once.",
+)
+@click.option(
     "--json-log",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -124,6 +146,9 @@ def worker(
     concurrency: int,
     lease: float,
     poll: float,
+    spread_at: int,
+    chunk_size: int,
+    chunk_concurrency: int,
     json_log: Path | None,
     tool_refs: tuple[str, ...],
     db: Target | None,
@@ -142,8 +167,10 @@ def worker(
     open_logs(path, json_log)
     code: int
     try:
+        placing = {"spread_at": spread_at, "chunk": chunk_size,
+                   "chunk_concurrency": chunk_concurrency}  # fmt: skip
         code = _serve(path, url, script, config_path, profile, model, concurrency, lease, poll,
-                      tool_refs)  # fmt: skip
+                      tool_refs, placing)  # fmt: skip
     except click.ClickException as exc:
         exc.show()
         code = exc.exit_code
@@ -165,6 +192,7 @@ def _serve(
     lease: float,
     poll: float,
     tool_refs: tuple[str, ...],
+    placing: dict[str, int],
 ) -> int:
     from fanfold.cli.agents_in_effect import agents_in_effect
     from fanfold.cli.models import choose_model
@@ -188,6 +216,7 @@ def _serve(
             concurrency=concurrency,
             lease=lease,
             poll=poll,
+            **placing,
         )
         executor = settings.executor_id
 

@@ -79,6 +79,7 @@ from fanfold.db.errors import (
     SchemaError,
     TreeTakenOver,
 )
+from fanfold.db.records import Status
 from fanfold.db.store import Store, _Prepared, _status_text
 from fanfold.db.targets import display_target
 
@@ -183,14 +184,36 @@ CREATE TABLE claims (
 );
 """
 
+# Where a big fan-out's children run (issue 25's placement of chunks): each placed
+# child's chunk (a unit of distribution with its own claim) and the ``SpawnSubAgent``
+# its parent issued, in the codec's text; and the cancels a parent sent to children
+# running elsewhere. Not exported: like the claims, the state of a database's workers.
+_V3 = """
+CREATE TABLE placements (
+    child_id TEXT PRIMARY KEY,
+    chunk_id TEXT NOT NULL,
+    root_id TEXT NOT NULL,
+    parent_id TEXT NOT NULL,
+    effect TEXT NOT NULL
+);
+CREATE INDEX placements_by_chunk ON placements (chunk_id);
+CREATE INDEX placements_by_root ON placements (root_id);
+CREATE TABLE cancels (
+    conversation_id TEXT PRIMARY KEY,
+    reason TEXT NOT NULL
+);
+"""
+
 PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (1, "the events-only log (SQLite's migrations 1 to 5)", _V1),
     (2, "per-tree claims (owner, epoch)", _V2),
+    (3, "placements of children in chunks, and their cancels", _V3),
 )
 PG_LATEST = PG_MIGRATIONS[-1][0]
 
-PG_READERS_DO_WITHOUT = frozenset({2})
-"""Migrations a read-only open may find missing: the claims matter to writers only."""
+PG_READERS_DO_WITHOUT = frozenset({2, 3})
+"""Migrations a read-only open may find missing: the claims and placements matter to
+writers (runtimes) only."""
 
 
 def _password(url: str) -> str | None:
@@ -335,6 +358,10 @@ class PostgresStore(Store):
         self._blobs: dict[str, str] = {}
         self._blob_rowid: int | None = 0
         self._seen: dict[str, tuple[int, str]] = {}
+        self.units: dict[str, str] = {}
+        """The unit (a chunk's id) of each conversation a runtime runs for a chunk of
+        placed children; every other conversation's unit is its tree (PostgreSQL's
+        claims are per unit; a file has none)."""
         # This store's identity as a tree's owner, and the epoch of each tree it holds.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
         """Who this store is in the ``claims`` table (host, process, random)."""
@@ -635,7 +662,15 @@ class PostgresStore(Store):
         transaction, the epoch raised past any earlier owner's, whose next batch is
         then refused. Returns the claims taken, recorded once the batch commits.
         """
-        roots = sorted({p.step.state.root_id or p.step.conversation_id for p in prepared})
+        # A conversation's claim is its unit's: its tree's, or the chunk it was placed
+        # in (``units``, set by the runtime that runs the chunk) and its descendants.
+        units = self.units
+        roots = sorted(
+            {
+                units.get(p.step.conversation_id) or p.step.state.root_id or p.step.conversation_id
+                for p in prepared
+            }
+        )
         lost = self._lost.intersection(roots)
         if lost:
             root = min(lost)
@@ -703,6 +738,96 @@ class PostgresStore(Store):
         self._claims[root_id] = int(row[0])
         self._lost.discard(root_id)
         return self._claims[root_id]
+
+    # ------------------------------------------------------------ placement
+
+    def place(self, rows: Sequence[tuple[str, str, str, str, str]]) -> None:
+        """Record placed children: ``(child_id, chunk_id, root_id, parent_id, effect
+        text)`` each, in one transaction; a child recorded already keeps its first
+        row (a placement is decided once: a runtime that placed it again after a
+        restart finds it). Tried again after a lost connection (twice is once)."""
+
+        def write() -> None:
+            with self._transaction("BEGIN IMMEDIATE") as conn:
+                for row in rows:
+                    conn.execute(
+                        "INSERT INTO placements (child_id, chunk_id, root_id, parent_id, effect)"
+                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (child_id) DO NOTHING",
+                        list(row),
+                    )
+
+        self._rewritten(write)
+
+    def placements(self, root_id: str) -> dict[str, str]:
+        """Each placed child of tree ``root_id`` and its chunk."""
+        return {
+            r["child_id"]: r["chunk_id"]
+            for r in self._query(
+                "SELECT child_id, chunk_id FROM placements WHERE root_id = ?", [root_id]
+            )
+        }
+
+    def placed_among(self, ids: Sequence[str]) -> dict[str, str]:
+        """Which of ``ids`` were placed, and in which chunk."""
+        if not ids:
+            return {}
+        return {
+            r["child_id"]: r["chunk_id"]
+            for r in self._query(
+                "SELECT child_id, chunk_id FROM placements WHERE child_id = ANY(?)", [list(ids)]
+            )
+        }
+
+    def chunk(self, chunk_id: str) -> list[tuple[str, str, str, str]]:
+        """A chunk's children in spawn order: ``(child_id, root_id, parent_id, effect
+        text)`` each (none: no such chunk)."""
+        return [
+            (r["child_id"], r["root_id"], r["parent_id"], r["effect"])
+            for r in self._query(
+                "SELECT child_id, root_id, parent_id, effect FROM placements"
+                " WHERE chunk_id = ? ORDER BY child_id",
+                [chunk_id],
+            )
+        ]
+
+    def at_rest_among(self, ids: Sequence[str]) -> list[str]:
+        """Which of ``ids`` are at rest in the log (status not ``running``)."""
+        if not ids:
+            return []
+        return [
+            r["id"]
+            for r in self._query(
+                "SELECT id FROM conversations WHERE id = ANY(?) AND status <> ?",
+                [list(ids), Status.RUNNING.value],
+            )
+        ]
+
+    def request_cancels(self, ids: Sequence[str], reason: str) -> None:
+        """Ask the runtimes running ``ids`` (elsewhere) to cancel them; the first
+        reason asked stands."""
+
+        def write() -> None:
+            with self._transaction("BEGIN IMMEDIATE") as conn:
+                for conversation_id in ids:
+                    conn.execute(
+                        "INSERT INTO cancels (conversation_id, reason) VALUES (?, ?)"
+                        " ON CONFLICT (conversation_id) DO NOTHING",
+                        [conversation_id, reason],
+                    )
+
+        self._rewritten(write)
+
+    def cancels_among(self, ids: Sequence[str]) -> dict[str, str]:
+        """The cancels asked of any of ``ids``: id to reason."""
+        if not ids:
+            return {}
+        return {
+            r["conversation_id"]: r["reason"]
+            for r in self._query(
+                "SELECT conversation_id, reason FROM cancels WHERE conversation_id = ANY(?)",
+                [list(ids)],
+            )
+        }
 
     def damage(self) -> str | None:
         """None: PostgreSQL has no whole-database check like SQLite's

@@ -307,6 +307,10 @@ class Store:
         # ``id -> (last_seq, status)`` of the conversations this store last wrote, so
         # that a batch needs no SELECT to check its seqs (``_write``).
         self._seen: dict[str, tuple[int, str]] = {}
+        self.units: dict[str, str] = {}
+        """The unit (a chunk's id) of each conversation a runtime runs for a chunk of
+        placed children; every other conversation's unit is its tree (PostgreSQL's
+        claims are per unit; a file has none)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1355,6 +1359,11 @@ class Store:
         return bool(
             self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trees'")
         )
+
+    def placements(self, root_id: str) -> dict[str, str]:
+        """Each child of tree ``root_id`` placed in a chunk to run elsewhere, and its
+        chunk: none in a file (placement is a PostgreSQL log's, ``PostgresStore``)."""
+        return {}
 
     def unfinished(self) -> list[ConversationRow]:
         """Conversations with something in flight (status 'running'), in creation order:

@@ -428,6 +428,11 @@ class Actor:
         after a restart (a child it spawns may exist already)."""
         # One dictionary lookup by the effect's class (_EXECUTORS, below the class)
         # instead of a chain of class patterns: a step's effects are started here.
+        placement = self.runtime.placement
+        if placement is not None:
+            # Where children run is the runtime's: a big fan-out's spawns are placed
+            # in chunks for the workers' queue instead (placement.py).
+            effects = placement.take(self, effects, reissued)
         for effect in effects:
             _EXECUTORS[type(effect)](self, effect, reissued)
 

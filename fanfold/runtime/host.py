@@ -15,6 +15,7 @@ from fanfold.db import Step
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.runtime.calls import Calls
 from fanfold.runtime.engine import Engine
+from fanfold.runtime.placement import Placement
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
 from fanfold.statemachine import (
@@ -60,6 +61,7 @@ class Host(Protocol):
     redact: Callable[[str], str]
     step_observers: tuple[StepObserver, ...]
     calls: Calls
+    placement: Placement | None
 
     @property
     def closing(self) -> bool: ...

@@ -10,7 +10,7 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence, Set
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +41,7 @@ from fanfold.runtime.engine import Engine
 from fanfold.runtime.host import StepObserver
 from fanfold.runtime.logging import flush as flush_log_lines
 from fanfold.runtime.logging import library_logger
+from fanfold.runtime.placement import Placement, PlacementSettings, Placer
 from fanfold.runtime.presence import DatabaseInUse, Held, Presence
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter
@@ -407,6 +408,8 @@ class Runtime:
         self._presence: Held | None = None
         self._gc_tuned = False  # the collector's threshold follows what is loaded
         self._gc_counted = 0  # conversations loaded, as counted in the threshold
+        self.placement: Placement | None = None
+        """Where big fan-outs' children run (``use_placement``); None: here."""
         self.resume_damaged: tuple[SkippedTree, ...] = ()
         """The trees the last ``resume()`` skipped because their log cannot be rebuilt
         (each with the reason); they stay unfinished in the log, untouched."""
@@ -1047,6 +1050,8 @@ class Runtime:
         for row in self.store.unfinished():
             if row.root_id in chosen and row.id not in self._actors:
                 by_root.setdefault(row.root_id, []).append(row)
+        for root_id, tree_rows in by_root.items():
+            by_root[root_id] = self._own_unit(root_id, tree_rows)
         loaded: list[tuple[ConversationRow, Conversation, dict[int, float]]] = []
         damaged: list[SkippedTree] = []
         for root_id, tree_rows in by_root.items():
@@ -1075,6 +1080,13 @@ class Runtime:
                 f"cannot edit {unknown[0]!r}: it is not an unfinished conversation of a "
                 "tree being resumed"
             )
+        return self._launch_loaded(loaded, edits)
+
+    def _launch_loaded(
+        self,
+        loaded: list[tuple[ConversationRow, Conversation, dict[int, float]]],
+        edits: Mapping[str, ForkEdited],
+    ) -> list[str]:
         resumed = []
         context = contextvars.copy_context()  # one for all: they share call workers
         for row, state, started in loaded:
@@ -1095,6 +1107,87 @@ class Runtime:
         for conversation_id in resumed:
             self._redeliver_outcomes(self._actors[conversation_id].state)
         return resumed
+
+    def _own_unit(self, root_id: str, rows: list[ConversationRow]) -> list[ConversationRow]:
+        """Of a tree's unfinished ``rows``, those this runtime resumes with the tree.
+
+        Children placed in chunks (``placement.py``) and their descendants are the
+        chunks' own units. A runtime with a placement leaves them to the chunks'
+        runtimes (its parents watch their outcomes in the log). One without (``fanfold
+        resume``) takes them all back: it claims each chunk, so a worker still running
+        one is fenced from then on, and runs them here like any child.
+        """
+        placements = self.store.placements(root_id)
+        if not placements:
+            return rows
+        units = self._units_of(rows, placements)
+        if self.placement is not None:
+            return [row for row in rows if row.id not in units]
+        for chunk in sorted(set(placements.values())):
+            self.store.claim(chunk)
+        self.store.units.update(placements)
+        self.store.units.update(units)
+        return rows
+
+    def _units_of(
+        self, rows: Sequence[ConversationRow], placements: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The chunk of each of ``rows`` that is a placed child or descends from one."""
+        parents = {row.id: row.parent_id for row in rows}
+        units: dict[str, str] = {}
+        for row in rows:
+            at: str | None = row.id
+            while at is not None:
+                if at in placements:
+                    units[row.id] = placements[at]
+                    break
+                if at in parents:
+                    at = parents[at]
+                else:
+                    at = self.store.conversation(at).parent_id
+                    parents[row.id] = at
+        return units
+
+    async def resume_unit(self, root_id: str, chunk: str) -> list[str]:
+        """Resume the unfinished conversations of tree ``root_id`` that chunk
+        ``chunk`` holds (``placement.py``), claiming the chunk first (its previous
+        runtime writes nothing more of them); returns their ids."""
+        self._require_trusted(root_id)
+        self._require_tools(root_id)
+        self.store.claim(chunk)
+        rows = [
+            row
+            for row in self.store.unfinished()
+            if row.root_id == root_id and row.id not in self._actors
+        ]
+        placements = self.store.placements(root_id)
+        units = self._units_of(rows, placements)
+        mine = [row for row in rows if units.get(row.id) == chunk]
+        for row in mine:
+            self.store.units[row.id] = chunk
+        loaded = [
+            (row, self.store.load_state(row.id), self.store.timer_starts(row.id)) for row in mine
+        ]
+        return self._launch_loaded(loaded, {})
+
+    def use_placement(self, placer: Placer, settings: PlacementSettings | None = None) -> None:
+        """Place big fan-outs' children in chunks that ``placer`` puts on the workers'
+        queue (``placement.py``). Needs a PostgreSQL log: the chunks' claims, their
+        rows and cancels are in it."""
+        if not hasattr(self.store, "place"):
+            raise ValueError("placing children in chunks needs a PostgreSQL log")
+        self.placement = Placement(self, placer, settings or PlacementSettings())
+        self._nursery.start_soon(self.placement.run)
+
+    def loaded_ids(self) -> Set[str]:
+        """The ids of the conversations loaded here (work in flight)."""
+        return self._actors.keys()
+
+    async def wait_loaded(self, conversation_id: str) -> None:
+        """Return once ``conversation_id`` is at rest, if it is loaded here."""
+        actor = self._actors.get(conversation_id)
+        if actor is not None:
+            await actor.wait_at_rest()
 
     async def fork(
         self,
@@ -1204,6 +1297,9 @@ class Runtime:
         conversation that is not loaded is a fanfold bug and raises NotRunning.
         """
         if conversation_id not in self._actors:
+            placement = self.placement
+            if placement is not None and placement.forwards(conversation_id, event):
+                return
             try:
                 row = self.store.conversation(conversation_id)
             except UnknownConversation:
@@ -1233,6 +1329,7 @@ class Runtime:
         *,
         reissued: bool = False,
         context: contextvars.Context | None = None,
+        parent_cwd: str | None = None,
     ) -> None:
         """Create and start a child; an existing child is left alone (idempotent).
 
@@ -1245,12 +1342,21 @@ class Runtime:
         Its creation carries what is really at its working directory (symbolic links
         followed): the reducer refuses one outside its parent's or the project.
         ``context``: its parent's (``contextvars``), which it shares (see ``calls.py``).
+        ``parent_cwd``: the parent's working directory, when the parent is not loaded
+        here (a chunk's child: ``placement.py``).
         """
         if effect.child_id in self._actors:
             return
         if reissued and self.store.exists(effect.child_id):
             return
-        parent_cwd = self.state(effect.parent_id).cwd
+        units = self.store.units
+        if units:
+            # A chunk's conversation's children are the chunk's (its claim fences them).
+            unit = units.get(effect.parent_id)
+            if unit is not None:
+                units[effect.child_id] = unit
+        if parent_cwd is None:
+            parent_cwd = self.state(effect.parent_id).cwd
         found = inspect_workdir(effect.cwd, parent_cwd, self.project_cwd(effect.root_id))
         self._create(effect.created_event(found), user_initiated=False, context=context)
 
@@ -1288,6 +1394,9 @@ class Runtime:
         if self._actors.get(conversation_id) is actor:
             del self._actors[conversation_id]
             self._loaded_changed()
+            units = self.store.units
+            if units:
+                units.pop(conversation_id, None)  # it writes nothing more
         # No more call workers than conversations that might call: none once at rest.
         self.calls.trim(len(self._actors))
         if not self._actors:
@@ -1410,6 +1519,8 @@ class Runtime:
             child_id = pending.spec.id
             if not pending.started or child_id in self._actors:
                 continue
+            if self.placement is not None and child_id in self.placement.watched:
+                continue  # placed: its outcome is watched for in the log (placement.py)
             try:
                 child = self.store.load_state(child_id)
             except UnknownConversation:

@@ -43,16 +43,33 @@ from typing import Any
 
 import attrs
 import trio
-from dbos import DBOS, DBOSConfig
+from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions
 
 from fanfold.agents import AgentDefinition
 from fanfold.db import LogUnavailable, UnknownConversation
+from fanfold.db.errors import CodecError
+from fanfold.db.postgres import PostgresStore
+from fanfold.db.provenance import UntrustedTree
 from fanfold.runtime import Runtime
+from fanfold.runtime.placement import PlacementError, PlacementSettings
+from fanfold.runtime.runtime import MissingTools
 from fanfold.statemachine import Limits
 from fanfold.worker.leases import Leases, TreeLocks
-from fanfold.worker.spec import APP_NAME, APP_VERSION, QUEUE, WORKFLOW, SpecError, TreeSpec
+from fanfold.worker.spec import (
+    APP_NAME,
+    APP_VERSION,
+    CHUNK_QUEUE,
+    CHUNK_WORKFLOW,
+    QUEUE,
+    WORKFLOW,
+    SpecError,
+    TreeSpec,
+    chunk_from_input,
+    chunk_input,
+)
 
 STEP = "fanfold.run_to_rest"
+CHUNK_STEP = "fanfold.run_chunk"
 
 EXIT_DRAINED = 0
 EXIT_LEASE_LOST = 3
@@ -71,6 +88,13 @@ class WorkerSettings:
     concurrency: int = 8
     lease: float = 15.0
     poll: float = 0.2
+    chunk_concurrency: int = 8
+    """Chunks of placed children this worker runs at once (the chunks' queue)."""
+    spread_at: int = 32
+    """A step spawning more children than this places them in chunks (a PostgreSQL
+    log only)."""
+    chunk: int = 16
+    """Children per chunk."""
 
 
 def new_executor_id() -> str:
@@ -106,18 +130,29 @@ class _Host:
     async def run_to_rest(self, spec: TreeSpec) -> dict[str, Any]:
         """Claim the tree, resume it if the log holds it, else start it; wait until it
         is at rest, then let it go."""
+        return await self._holding(spec.root_id, f"tree {spec.root_id}", self._run_claimed, spec)
+
+    async def run_chunk(self, chunk: str) -> dict[str, Any]:
+        """Claim a chunk of placed children (``fanfold/runtime/placement.py``), run
+        them here until each is at rest, then let it go."""
+        return await self._holding(chunk, f"chunk {chunk}", self._run_chunk_claimed, chunk)
+
+    async def _holding(
+        self, key: str, what: str, body: Callable[[Any], Awaitable[dict[str, Any]]], arg: Any
+    ) -> dict[str, Any]:
+        """``body(arg)`` while holding ``key``'s lock (a tree's or a chunk's)."""
         told = False
-        while not await self._try_claim(spec.root_id):
+        while not await self._try_claim(key):
             # Another worker holds it: one frozen, or dying, after its lease was taken.
             if not told:
-                self.say(f"waiting for tree {spec.root_id}'s previous worker to let it go")
+                self.say(f"waiting for {what}'s previous worker to let it go")
                 told = True
             await trio.sleep(_CLAIM_RETRY)
         try:
             told = False
             while True:
                 try:
-                    return await self._run_claimed(spec)
+                    return await body(arg)
                 except LogUnavailable as exc:
                     # The log went away (a PostgreSQL restart) while the tree was
                     # being started or resumed: try again once it is back, holding
@@ -126,7 +161,7 @@ class _Host:
                     # test_worker_crash.py). Idempotent: a start that did commit is
                     # found in the log and resumed.
                     if not told:
-                        self.say(f"tree {spec.root_id}: the log is unavailable; retrying")
+                        self.say(f"{what}: the log is unavailable; retrying")
                         told = True
                     if self.draining.is_set():  # the worker stops: hand the tree over
                         raise exc from None
@@ -136,7 +171,14 @@ class _Host:
             # let it go. Not when the worker stops: its trees are being handed over,
             # and the locks go with the connection once the runtime has closed.
             if not self.draining.is_set():
-                self.locks.release(spec.root_id)
+                self.locks.release(key)
+
+    async def _run_chunk_claimed(self, chunk: str) -> dict[str, Any]:
+        placement = self.runtime.placement
+        if placement is None:
+            return {"error": "this worker does not run chunks (its log is not PostgreSQL)"}
+        children = await placement.run_chunk(chunk)
+        return {"chunk_id": chunk, "children": len(children)}
 
     async def _run_claimed(self, spec: TreeSpec) -> dict[str, Any]:
         runtime = self.runtime
@@ -209,6 +251,68 @@ def tree_workflow(data: dict[str, Any]) -> dict[str, Any]:
     return run_to_rest_step(data)
 
 
+@DBOS.step(name=CHUNK_STEP)
+def run_chunk_step(data: dict[str, Any]) -> dict[str, Any]:
+    """A chunk of placed children as one step, run in the worker's Trio runtime."""
+    host = _HOST
+    if host is None or host.draining.is_set():
+        _hold_forever()
+        raise AssertionError("unreachable")  # _hold_forever never returns
+    try:
+        chunk = chunk_from_input(data)
+    except SpecError as exc:
+        return {"error": f"not a chunk this worker can run: {exc}"}
+    try:
+        out: dict[str, Any] = trio.from_thread.run(host.run_chunk, chunk, trio_token=host.token)
+    except (PlacementError, UntrustedTree, MissingTools, CodecError) as exc:
+        # Nothing of it can run here: the workflow ends with the reason (the parent's
+        # child timeouts, if any, then end its wait).
+        return {"error": f"chunk {chunk} cannot run: {exc}"}
+    except BaseException:
+        if host.draining.is_set():
+            _hold_forever()  # the stop interrupted the chunk: nothing to record in DBOS
+        raise
+    return out
+
+
+@DBOS.workflow(name=CHUNK_WORKFLOW)
+def chunk_workflow(data: dict[str, Any]) -> dict[str, Any]:
+    """A chunk of a fan-out's children per workflow (workflow id = the chunk's id)."""
+    return run_chunk_step(data)
+
+
+class DbosPlacer:
+    """Puts chunks on the chunks' queue with a DBOS client (its own connections, and
+    no workflow context: a chunk is a workflow of its own, not a child of the tree's)."""
+
+    def __init__(self, system_url: str) -> None:
+        self._url = system_url
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def enqueue(self, chunks: Sequence[tuple[str, str]]) -> None:
+        """Enqueue each chunk under its id; DBOS keeps one workflow per id, so a chunk
+        enqueued again (after a restart) is the one already there."""
+        with self._lock:
+            if self._client is None:
+                self._client = DBOSClient(system_database_url=self._url, application_name=APP_NAME)
+            for chunk, _root in chunks:
+                options: EnqueueOptions = {
+                    "workflow_name": CHUNK_WORKFLOW,
+                    "queue_name": CHUNK_QUEUE,
+                    "workflow_id": chunk,
+                    "app_version": APP_VERSION,
+                }
+                self._client.enqueue(options, chunk_input(chunk))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                with contextlib.suppress(Exception):
+                    self._client.destroy()
+                self._client = None
+
+
 def _hold_forever() -> None:
     # The worker is stopping: this thread must neither run a tree nor let DBOS record
     # an outcome for it. It waits until the process exits (``serve`` ends with
@@ -231,6 +335,11 @@ def _launch_dbos(settings: WorkerSettings) -> None:
     DBOS.register_queue(
         QUEUE, worker_concurrency=settings.concurrency, polling_interval_sec=settings.poll
     )
+    DBOS.register_queue(
+        CHUNK_QUEUE,
+        worker_concurrency=settings.chunk_concurrency,
+        polling_interval_sec=settings.poll,
+    )
 
 
 def _take_over(leases: Leases, dead: str, say: Callable[[str], None]) -> int:
@@ -239,10 +348,11 @@ def _take_over(leases: Leases, dead: str, say: Callable[[str], None]) -> int:
         status="PENDING", executor_id=dead, load_input=False, load_output=False
     )
     for status in pending:
-        # Back onto the trees' queue: DBOS's default is its internal queue, which has
-        # no per-worker cap, so a worker taking over could hold more than
-        # --concurrency trees.
-        DBOS.resume_workflow(status.workflow_id, queue_name=QUEUE)
+        # Back onto its queue (the trees' or the chunks'): DBOS's default is its
+        # internal queue, which has no per-worker cap, so a worker taking over could
+        # hold more than --concurrency trees.
+        queue = CHUNK_QUEUE if status.name == CHUNK_WORKFLOW else QUEUE
+        DBOS.resume_workflow(status.workflow_id, queue_name=queue)
     leases.forget(dead)
     say(f"took over {len(pending)} tree(s) of worker {dead} (its lease expired)")
     return len(pending)
@@ -311,6 +421,17 @@ async def serve(
                     system_prompt, say, locks,
                 )  # fmt: skip
                 _HOST = host
+                placer: DbosPlacer | None = None
+                if isinstance(runtime.store, PostgresStore):
+                    # Big fan-outs spread over the workers (placement.py); a file log
+                    # has no claims per chunk, so its trees run whole where they run.
+                    placer = DbosPlacer(settings.system_url)
+                    runtime.use_placement(
+                        placer,
+                        PlacementSettings(
+                            spread_at=settings.spread_at, chunk=settings.chunk, poll=settings.poll
+                        ),
+                    )
                 try:
                     async with trio.open_nursery() as nursery:
                         # The lease is renewed from before DBOS launches: a launch takes
@@ -343,6 +464,8 @@ async def serve(
                     )
                     if before_close is not None:
                         await before_close()
+                    if placer is not None:
+                        await trio.to_thread.run_sync(placer.close)
         finally:
             # The runtime is closed (also when the worker stopped on an error, which
             # used to skip this: its lease row then stayed as the claimer left it):

@@ -130,3 +130,26 @@ queued workflow only to a worker of its version. It names the workflow's contrac
 releases share one queue."""
 QUEUE = "fanfold.trees"
 WORKFLOW = "fanfold.tree"
+
+CHUNK_QUEUE = "fanfold.chunks"
+"""The queue of chunks of placed children (``fanfold/runtime/placement.py``): its own,
+so that trees waiting for their chunks never hold the slots the chunks need."""
+CHUNK_WORKFLOW = "fanfold.chunk"
+
+_CHUNK_ID = re.compile(r"chunk:[A-Za-z0-9_.-]{1,200}:[0-9]{1,9}")
+
+
+def chunk_input(chunk_id: str) -> dict[str, Any]:
+    """The chunk workflow's input (plain data)."""
+    return {"version": SPEC_VERSION, "chunk_id": chunk_id}
+
+
+def chunk_from_input(data: object) -> str:
+    """The chunk id of a chunk workflow's input; SpecError if it is not one (the rest
+    of a chunk, its children's spawns, is read from fanfold's log, never the queue)."""
+    if not isinstance(data, dict) or data.get("version") != SPEC_VERSION:
+        raise SpecError("a chunk's input is a mapping of version 1")
+    chunk = data.get("chunk_id")
+    if not isinstance(chunk, str) or not _CHUNK_ID.fullmatch(chunk):
+        raise SpecError("chunk_id: chunk:CHILD:N")
+    return chunk

@@ -1,0 +1,266 @@
+"""Placement: a big fan-out's children run in chunks, on whichever worker takes them.
+
+DESIGN.md, "The unit of distribution", gives the reasons. In short:
+
+- **Where a child runs is the runtime's decision, not the reducer's.** The reducer
+  decides how many children run (``max_concurrent``), which and when: the
+  ``SpawnSubAgent`` effects of a step. When one step issues more than ``spread_at``
+  of them, the runtime that has a placement (``Runtime.use_placement``: ``fanfold
+  worker`` on a PostgreSQL log) does not create them itself: it records each child
+  with the effect its parent issued (``PostgresStore.place``, a ``placements`` row
+  per child) in chunks of up to ``chunk`` children, and puts each chunk on the
+  workers' queue (a ``Placer``). Fewer spawns in a step run where their parent runs.
+- **A chunk is a unit with its own claim.** The runtime that runs a chunk
+  (``run_chunk``) claims the chunk's id in the log (``PostgresStore.claim``) and its
+  conversations' commits are fenced by that claim, not the tree's
+  (``Store.units``); the tree's runtime never writes them. A chunk's children spawn
+  their own children where they run (no placement below a chunk: a chunk never
+  waits for the queue, so the queue cannot deadlock).
+- **Outcomes go through the log.** A child's terminal step is its outcome, committed
+  once. The parent's runtime watches its placed children (``at_rest_among`` every
+  ``poll`` seconds) and delivers each one's outcome to the parent once
+  (``SubAgentFinished``), exactly as a restart re-delivers it.
+- **Cancels go through the log.** A parent's cancel of a placed child is a
+  ``cancels`` row; the chunk's runtime reads them every ``poll`` and delivers
+  ``CancelRequested`` to its children, including those it creates after the row was
+  written (a chunk still queued when its parent was cancelled).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import trio
+
+from fanfold.db.codec import decode_effect, encode_effect
+from fanfold.db.errors import DatabaseError
+from fanfold.statemachine import (
+    CancelReason,
+    CancelRequested,
+    Effect,
+    Event,
+    SpawnSubAgent,
+    SubAgentFinished,
+)
+
+if TYPE_CHECKING:
+    from fanfold.runtime.actor import Actor
+    from fanfold.runtime.runtime import Runtime
+
+
+class Placer(Protocol):
+    """Puts chunks on the workers' queue (``fanfold worker``: a DBOS queue)."""
+
+    def enqueue(self, chunks: Sequence[tuple[str, str]]) -> None:
+        """Enqueue each ``(chunk id, root id)``; one already queued (or done) is left
+        as it is. Blocking: called from a thread."""
+
+
+class PlacementError(ValueError):
+    """A chunk that cannot be run (unknown, or its rows are not what a parent placed)."""
+
+
+@attrs.frozen
+class PlacementSettings:
+    """When and how a runtime places children (see the module)."""
+
+    spread_at: int = 32
+    """A step spawning more children than this places them in chunks."""
+    chunk: int = 16
+    """Children per chunk."""
+    poll: float = 0.2
+    """Seconds between two reads of the log for placed children's outcomes and
+    cancels."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.spread_at < 1 or self.chunk < 1:
+            raise ValueError("spread_at and chunk must be at least 1")
+        if not (math.isfinite(self.poll) and self.poll > 0):
+            raise ValueError("poll must be a finite number of seconds above 0")
+
+
+def chunk_id(first: SpawnSubAgent, last: SpawnSubAgent) -> str:
+    """A chunk's id: its parent and its first and last children's numbers (child ids
+    are ``PARENT.N``). Never a conversation's id (``:`` is in none)."""
+    return f"chunk:{first.child_id}:{last.child_id.rsplit('.', 1)[-1]}"
+
+
+class Placement:
+    """A runtime's placement of children (``Runtime.use_placement``)."""
+
+    def __init__(self, runtime: Runtime, placer: Placer, settings: PlacementSettings) -> None:
+        self._runtime = runtime
+        self._store: Any = runtime.store  # a PostgresStore (checked by use_placement)
+        self._placer = placer
+        self.settings = settings
+        self._placed: dict[str, str] = {}  # child -> chunk, of parents loaded here
+        self.watched: dict[str, str] = {}
+        """Each placed child whose outcome is still due, and its parent."""
+        self._chunks: dict[str, tuple[str, ...]] = {}  # chunks run here -> children
+        self._cancelled: set[str] = set()  # chunk children a cancel was delivered to
+        self._todo: list[tuple[list[tuple[str, str, str, str, str]], list[tuple[str, str]]]] = []
+        self._cancels: list[tuple[list[str], str]] = []
+        self._wake = trio.Event()
+
+    # ------------------------------------------------------------ in the engine
+
+    def take(self, actor: Actor, effects: tuple[Effect, ...], reissued: bool) -> tuple[Effect, ...]:
+        """The effects of a step that the actor still executes itself: the
+        ``SpawnSubAgent`` effects this placement took are gone from them."""
+        spawns = [e for e in effects if type(e) is SpawnSubAgent]
+        if not spawns or actor.state.id in self._store.units:
+            # No spawns, or a chunk's conversation: its children run here.
+            return effects
+        if reissued:
+            # After a restart: children placed before it stay placed (their chunk is
+            # enqueued again: a chunk queued or done is left as it is).
+            placed = self._store.placed_among([s.child_id for s in spawns])
+            if not placed:
+                return effects
+            again = {placed[s.child_id]: s.root_id for s in spawns if s.child_id in placed}
+            for s in spawns:
+                if s.child_id in placed:
+                    self._placed[s.child_id] = placed[s.child_id]
+                    self.watched[s.child_id] = s.parent_id
+            self._todo.append(([], sorted(again.items())))
+            self._wake.set()
+            return tuple(
+                e for e in effects if not (type(e) is SpawnSubAgent and e.child_id in placed)
+            )
+        if len(spawns) <= self.settings.spread_at:
+            return effects
+        size = self.settings.chunk
+        rows: list[tuple[str, str, str, str, str]] = []
+        chunks: list[tuple[str, str]] = []
+        for start in range(0, len(spawns), size):
+            group = spawns[start : start + size]
+            chunk = chunk_id(group[0], group[-1])
+            chunks.append((chunk, group[0].root_id))
+            for s in group:
+                rows.append((s.child_id, chunk, s.root_id, s.parent_id, encode_effect(s)))
+                self._placed[s.child_id] = chunk
+                self.watched[s.child_id] = s.parent_id
+        self._todo.append((rows, chunks))
+        self._wake.set()
+        actor.log.info("children_placed", children=len(spawns), chunks=len(chunks))
+        return tuple(e for e in effects if type(e) is not SpawnSubAgent)
+
+    def forwards(self, conversation_id: str, event: Event) -> bool:
+        """Whether a message to a conversation not loaded here goes through the log
+        instead: a cancel to a placed child (a ``cancels`` row), an outcome to the
+        parent of a chunk's child (the child's terminal step is that outcome; its
+        parent's runtime reads it)."""
+        if type(event) is CancelRequested and conversation_id in self._placed:
+            self._cancels.append(([conversation_id], event.reason.value))
+            self._wake.set()
+            return True
+        return type(event) is SubAgentFinished and event.child_id in self._store.units
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Write placements and cancels, enqueue chunks, deliver placed children's
+        outcomes and chunks' cancels: every ``poll`` seconds, or at once when asked."""
+        log = self._runtime.logger
+        while True:
+            with trio.move_on_after(self.settings.poll):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self._flush()
+                await self._outcomes()
+                await self._deliver_cancels()
+            except DatabaseError as exc:
+                # The log away for now (a restart): what is left is done next time.
+                log.warning("placement_retry", error=str(exc).splitlines()[0][:300])
+
+    async def _flush(self) -> None:
+        while self._todo:
+            rows, chunks = self._todo[0]
+            if rows:
+                await trio.to_thread.run_sync(self._store.place, rows)
+            if chunks:
+                await trio.to_thread.run_sync(self._placer.enqueue, chunks)
+            self._todo.pop(0)
+        while self._cancels:
+            ids, reason = self._cancels[0]
+            await trio.to_thread.run_sync(self._store.request_cancels, ids, reason)
+            self._cancels.pop(0)
+
+    async def _outcomes(self) -> None:
+        if not self.watched:
+            return
+        done = await trio.to_thread.run_sync(self._store.at_rest_among, list(self.watched))
+        for child_id in done:
+            state = await trio.to_thread.run_sync(self._store.load_state, child_id)
+            parent_id = self.watched.pop(child_id, None)
+            self._placed.pop(child_id, None)
+            if parent_id is None or state.outcome is None:
+                continue
+            # Once: the child leaves the watched set as its outcome is handed over.
+            self._runtime.deliver_between(parent_id, SubAgentFinished(child_id, state.outcome))
+
+    async def _deliver_cancels(self) -> None:
+        waiting = [c for ids in self._chunks.values() for c in ids if c not in self._cancelled]
+        if not waiting:
+            return
+        asked = await trio.to_thread.run_sync(self._store.cancels_among, waiting)
+        for conversation_id, reason in asked.items():
+            self._cancelled.add(conversation_id)
+            try:
+                why = CancelReason(reason)
+            except ValueError:
+                why = CancelReason.USER  # a row no fanfold wrote: still a cancel
+            if conversation_id in self._runtime.loaded_ids():
+                self._runtime.deliver(conversation_id, CancelRequested(why))
+
+    # ------------------------------------------------------------ a chunk
+
+    async def run_chunk(self, chunk: str) -> list[str]:
+        """Run chunk ``chunk`` here until each of its children is at rest: claim it,
+        resume its conversations the log has unfinished, create the children not
+        created yet. Returns the chunk's children."""
+        store = self._store
+        rows = await trio.to_thread.run_sync(store.chunk, chunk)
+        if not rows:
+            raise PlacementError(f"no chunk {chunk!r} in the log")
+        root_id = rows[0][1]
+        effects: list[SpawnSubAgent] = []
+        for child_id, root, parent_id, text in rows:
+            effect = decode_effect(text)
+            if (
+                type(effect) is not SpawnSubAgent
+                or effect.child_id != child_id
+                or effect.root_id != root_id
+                or root != root_id
+                or effect.parent_id != parent_id
+            ):
+                raise PlacementError(f"chunk {chunk!r}: its row for {child_id!r} is not a spawn")
+            effects.append(effect)
+        children = tuple(e.child_id for e in effects)
+        runtime = self._runtime
+        for child_id in children:
+            store.units[child_id] = chunk
+        await runtime.resume_unit(root_id, chunk)
+        self._chunks[chunk] = children
+        try:
+            cwds: dict[str, str] = {}
+            for effect in effects:
+                if effect.child_id in runtime.loaded_ids():
+                    continue
+                if await trio.to_thread.run_sync(store.exists, effect.child_id):
+                    continue  # at rest already (an unfinished one was resumed above)
+                parent_cwd = cwds.get(effect.parent_id)
+                if parent_cwd is None:
+                    parent_cwd = cwds[effect.parent_id] = runtime.state(effect.parent_id).cwd
+                runtime.spawn_child(effect, parent_cwd=parent_cwd)
+            self._wake.set()  # cancels asked already reach them at once
+            for child_id in children:
+                await runtime.wait_loaded(child_id)
+        finally:
+            del self._chunks[chunk]
+            self._cancelled.difference_update(children)
+        return list(children)
