@@ -8,7 +8,6 @@ runtime). ``test_worker_dbos.py`` runs the same with worker processes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,11 @@ import pytest
 import trio
 
 from fanfold import replay
-from fanfold.db import TreeTakenOver, open_store
+from fanfold.db import open_store
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import Runtime
 from fanfold.runtime.placement import PlacementError, PlacementSettings
-from fanfold.statemachine import CancelReason, SubAgentFinished
+from fanfold.statemachine import ChildFailed, ErrorKind, SubAgentFinished
 
 
 def _fan_out(n: int, child_latency: float = 0.05) -> dict[str, Any]:
@@ -99,9 +98,7 @@ def _claims(url: str) -> dict[str, tuple[str, int]]:
 def _outcomes_in_parent(url: str, parent: str) -> list[str]:
     with open_store(url, read_only=True) as store:
         return [
-            s.event.child_id
-            for s in store.events(parent)
-            if isinstance(s.event, SubAgentFinished)
+            s.event.child_id for s in store.events(parent) if isinstance(s.event, SubAgentFinished)
         ]
 
 
@@ -163,3 +160,190 @@ async def test_a_small_fan_out_runs_where_its_parent_runs(pg_url: str, tmp_path:
         await a.wait(root)
     assert queue.enqueued == []  # 4 is not more than spread_at
     _check_tree(pg_url, root, 4)
+
+
+async def test_a_cancel_reaches_placed_children_queued_or_running(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # Children that would wait an hour for their model: only a cancel ends them.
+    provider = ScriptedProvider(_fan_out(7, child_latency=3600))
+    queue = _Queue()
+    ran: dict[str, Any] = {}
+    async with (
+        Runtime.open(pg_url, provider, []) as a,
+        Runtime.open(pg_url, provider, []) as b,
+    ):
+        a.use_placement(queue, SETTINGS)
+        b.use_placement(queue, SETTINGS)
+        root = await a.start("fan out", cwd=tmp_path)
+        # The first chunk runs before the cancel; the others are still queued then.
+        first = await queue.receive.receive()
+        assert b.placement is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(b.placement.run_chunk, first)
+            with trio.fail_after(30):
+                while not {f"{root}.1", f"{root}.2", f"{root}.3"} <= set(b.loaded_ids()):
+                    await trio.sleep(0.02)
+            await a.cancel(root)
+            ran[first] = True
+            nursery.start_soon(_serve_chunks, queue, [b], ran)
+            with trio.fail_after(30):
+                result = await a.wait(root)
+            nursery.cancel_scope.cancel()
+        assert result.phase == "Idle"  # a cancelled turn ends; the root takes more
+        assert set(ran) == {first, f"chunk:{root}.4:6", f"chunk:{root}.7:7"}
+    with open_store(pg_url, read_only=True) as store:
+        for i in range(1, 8):
+            child = store.load_state(f"{root}.{i}")
+            assert child.at_rest
+            assert isinstance(child.outcome, ChildFailed), i
+            assert child.outcome.kind == ErrorKind.CANCELLED, i
+    _check_tree(pg_url, root, 7)
+
+
+async def test_a_chunk_taken_over_from_a_stopped_runtime_finishes_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    provider = ScriptedProvider(_fan_out(6, child_latency=0.3))
+    queue = _Queue()
+    async with Runtime.open(pg_url, provider, []) as a:
+        a.use_placement(queue, SETTINGS)
+        root = await a.start("fan out", cwd=tmp_path)
+        chunks = [await queue.receive.receive(), await queue.receive.receive()]
+        # Runtime b takes the first chunk and stops with its children mid-call (as a
+        # worker killed or drained would).
+        async with Runtime.open(pg_url, provider, []) as b:
+            b.use_placement(queue, SETTINGS)
+            assert b.placement is not None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(b.placement.run_chunk, chunks[0])
+                with trio.fail_after(30):
+                    while not {f"{root}.1", f"{root}.2"} <= set(b.loaded_ids()):
+                        await trio.sleep(0.02)
+                nursery.cancel_scope.cancel()
+            late = b.store
+        # Runtime c runs both chunks: the first resumed from the log, under a new claim.
+        async with Runtime.open(pg_url, provider, []) as c:
+            c.use_placement(queue, SETTINGS)
+            assert c.placement is not None
+            async with trio.open_nursery() as nursery:
+                for chunk in chunks:
+                    nursery.start_soon(c.placement.run_chunk, chunk)
+                with trio.fail_after(30):
+                    result = await a.wait(root)
+        assert result.phase == "Idle"
+        owner_c = c.store.owner  # type: ignore[attr-defined]
+    claims = _claims(pg_url)
+    # b's claim (epoch 1), then c's: b's store, had it written again, was fenced.
+    assert claims[chunks[0]] == (owner_c, 2)
+    assert late.owner != owner_c  # type: ignore[attr-defined]
+    with open_store(pg_url, read_only=True) as store:
+        resumed = [type(s.event).__name__ for s in store.events(f"{root}.1")]
+    assert "RuntimeResumed" in resumed
+    _check_tree(pg_url, root, 6)
+
+
+async def test_a_restarted_tree_watches_its_placed_children_and_takes_each_outcome_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    provider = ScriptedProvider(_fan_out(6, child_latency=0.3))
+    queue = _Queue()
+    async with Runtime.open(pg_url, provider, []) as b:
+        b.use_placement(queue, SETTINGS)
+        assert b.placement is not None
+        async with trio.open_nursery() as chunks:
+            # The tree's runtime stops while its chunks run elsewhere.
+            async with Runtime.open(pg_url, provider, []) as a:
+                a.use_placement(queue, SETTINGS)
+                root = await a.start("fan out", cwd=tmp_path)
+                for _ in range(2):
+                    chunks.start_soon(b.placement.run_chunk, await queue.receive.receive())
+            # Meanwhile the first chunk finishes; then another runtime resumes the tree.
+            with trio.fail_after(30):
+                while (
+                    len(
+                        await trio.to_thread.run_sync(
+                            b.store.at_rest_among,  # type: ignore[attr-defined]
+                            [f"{root}.{i}" for i in range(1, 4)],
+                        )
+                    )
+                    < 3
+                ):
+                    await trio.sleep(0.05)
+            async with Runtime.open(pg_url, provider, []) as a2:
+                a2.use_placement(queue, SETTINGS)
+                resumed = await a2.resume([root], claimed=True)
+                assert resumed == [root]  # not the placed children: the chunks' runtime runs them
+                with trio.fail_after(30):
+                    result = await a2.wait(root)
+                assert result.phase == "Idle"
+    # The chunks were enqueued again (the same ids: DBOS keeps the first).
+    assert len(queue.enqueued) == 4
+    _check_tree(pg_url, root, 6)
+
+
+async def test_resume_without_placement_takes_the_chunks_back(pg_url: str, tmp_path: Path) -> None:
+    provider = ScriptedProvider(_fan_out(6, child_latency=0.3))
+    queue = _Queue()
+    async with Runtime.open(pg_url, provider, []) as a:
+        a.use_placement(queue, SETTINGS)
+        root = await a.start("fan out", cwd=tmp_path)
+        first = await queue.receive.receive()
+        async with Runtime.open(pg_url, provider, []) as b:
+            b.use_placement(queue, SETTINGS)
+            assert b.placement is not None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(b.placement.run_chunk, first)
+                with trio.fail_after(30):
+                    while f"{root}.1" not in b.loaded_ids():
+                        await trio.sleep(0.02)
+                nursery.cancel_scope.cancel()
+            late = b.store
+    # `fanfold resume` (no workers): every unfinished conversation of the tree, the
+    # placed ones too, runs here; the chunk's previous runtime is fenced.
+    async with Runtime.open(pg_url, provider, []) as alone:
+        resumed = await alone.resume([root])
+        assert root in resumed and f"{root}.1" in resumed
+        with trio.fail_after(30):
+            assert (await alone.wait(root)).phase == "Idle"
+    claims = _claims(pg_url)
+    assert claims[first][0] != late.owner  # type: ignore[attr-defined]
+    _check_tree(pg_url, root, 6)
+
+
+async def test_a_chunk_whose_rows_are_not_a_parents_spawns_is_refused(
+    pg_url: str, tmp_path: Path
+) -> None:
+    provider = ScriptedProvider(_fan_out(5))
+    queue = _Queue()
+    async with Runtime.open(pg_url, provider, []) as a:
+        a.use_placement(queue, SETTINGS)
+        with pytest.raises(PlacementError, match="no chunk"):
+            assert a.placement is not None
+            await a.placement.run_chunk("chunk:nothing.1:3")
+        root = await a.start("fan out", cwd=tmp_path)
+        chunk = await queue.receive.receive()
+        second = await queue.receive.receive()
+        with psycopg.connect(pg_url) as conn:
+            # Another child's spawn in the first chunk's row: refused, nothing created.
+            other = conn.execute(
+                "SELECT effect FROM fanfold.placements WHERE child_id = %s", (f"{root}.4",)
+            ).fetchone()
+            assert other is not None
+            conn.execute(
+                "UPDATE fanfold.placements SET effect = %s WHERE child_id = %s",
+                (other[0], f"{root}.1"),
+            )
+            conn.execute(
+                "UPDATE fanfold.placements SET effect = %s WHERE chunk_id = %s",
+                ('{"not": "a spawn"}', second),
+            )
+        placement = a.placement
+        assert placement is not None
+        with pytest.raises(PlacementError, match=r"row for '.*\.1' is not a spawn"):
+            await placement.run_chunk(chunk)
+        with pytest.raises(PlacementError, match="is not a spawn"):
+            await placement.run_chunk(second)
+        with open_store(pg_url, read_only=True) as store:
+            assert [row.id for row in store.tree(root)] == [root]
+        await a.cancel(root)

@@ -36,7 +36,7 @@ import attrs
 import trio
 
 from fanfold.db.codec import decode_effect, encode_effect
-from fanfold.db.errors import DatabaseError
+from fanfold.db.errors import CodecError, DatabaseError
 from fanfold.statemachine import (
     CancelReason,
     CancelRequested,
@@ -204,18 +204,27 @@ class Placement:
             self._runtime.deliver_between(parent_id, SubAgentFinished(child_id, state.outcome))
 
     async def _deliver_cancels(self) -> None:
-        waiting = [c for ids in self._chunks.values() for c in ids if c not in self._cancelled]
+        # Only the children loaded here: one that ``run_chunk`` has not created yet
+        # gets its cancel at the next read after its creation.
+        loaded = self._runtime.loaded_ids()
+        waiting = [
+            c
+            for ids in self._chunks.values()
+            for c in ids
+            if c in loaded and c not in self._cancelled
+        ]
         if not waiting:
             return
         asked = await trio.to_thread.run_sync(self._store.cancels_among, waiting)
         for conversation_id, reason in asked.items():
+            if conversation_id not in self._runtime.loaded_ids():
+                continue  # came to rest meanwhile
             self._cancelled.add(conversation_id)
             try:
                 why = CancelReason(reason)
             except ValueError:
                 why = CancelReason.USER  # a row no fanfold wrote: still a cancel
-            if conversation_id in self._runtime.loaded_ids():
-                self._runtime.deliver(conversation_id, CancelRequested(why))
+            self._runtime.deliver(conversation_id, CancelRequested(why))
 
     # ------------------------------------------------------------ a chunk
 
@@ -230,7 +239,12 @@ class Placement:
         root_id = rows[0][1]
         effects: list[SpawnSubAgent] = []
         for child_id, root, parent_id, text in rows:
-            effect = decode_effect(text)
+            try:
+                effect: Any = decode_effect(text)
+            except (CodecError, DatabaseError) as exc:
+                raise PlacementError(
+                    f"chunk {chunk!r}: its row for {child_id!r} is not a spawn ({exc})"
+                ) from None
             if (
                 type(effect) is not SpawnSubAgent
                 or effect.child_id != child_id
