@@ -152,6 +152,28 @@ async def test_a_big_fan_out_runs_in_chunks_on_other_runtimes(pg_url: str, tmp_p
         assert f"item {i}" in answer
 
 
+async def test_a_runtime_running_its_own_trees_chunks_takes_each_outcome_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # One worker that took both the tree and its chunks: a child's outcome reaches its
+    # parent through the parent's watch only, not also in the process (that second
+    # delivery stopped the worker: DuplicateChildOutcome, seen in test_worker_crash.py).
+    provider = ScriptedProvider(_fan_out(10))
+    queue = _Queue()
+    ran: dict[str, Any] = {}
+    async with Runtime.open(pg_url, provider, []) as a:
+        a.use_placement(queue, SETTINGS)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve_chunks, queue, [a], ran)
+            root = await a.start("fan out", cwd=tmp_path)
+            with trio.fail_after(30):
+                result = await a.wait(root)
+            nursery.cancel_scope.cancel()
+        assert result.phase == "Idle"
+        assert len(ran) == 4
+    _check_tree(pg_url, root, 10)
+
+
 async def test_a_small_fan_out_runs_where_its_parent_runs(pg_url: str, tmp_path: Path) -> None:
     queue = _Queue()
     async with Runtime.open(pg_url, ScriptedProvider(_fan_out(4)), []) as a:

@@ -83,6 +83,10 @@ def bench(pg_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     bench.url = bench.log = pg_cluster.url_for("fanfold_crash")
     bench.env["FANFOLD_DBOS_DB"] = bench.url
     bench.script.write_text(json.dumps(_script()))
+    # A fan-out of 10 is placed in chunks of 4 (4, 4, 2) that any worker runs, at most
+    # two at a time each: the fan-outs spread over the workers (DESIGN, "The unit of
+    # distribution"), and a kill or a freeze hits chunks of other workers' trees.
+    bench.worker_args = ("--spread-at", "4", "--chunk-size", "4", "--chunk-concurrency", "2")
     try:
         bench.start_workers("w1", "w2", "w3")
         yield bench
@@ -183,6 +187,18 @@ def _dbos_statuses(bench: Bench, ids: list[str]) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+def _chunk_workflows(bench: Bench) -> dict[str, tuple[str, str]]:
+    """Every chunk's workflow: its status and the executor that ran it last."""
+    import psycopg
+
+    with psycopg.connect(bench.url) as conn:
+        rows = conn.execute(
+            "SELECT workflow_uuid, status, executor_id FROM dbos.workflow_status "
+            "WHERE name = 'fanfold.chunk'"
+        ).fetchall()
+    return {chunk: (status, executor) for chunk, status, executor in rows}
+
+
 def _others_err(bench: Bench, but: str) -> str:
     return "".join(bench.err(name) for name in bench.workers if name != but)
 
@@ -242,8 +258,18 @@ def test_three_workers_survive_a_kill_a_freeze_and_a_postgresql_restart(
     took = _others_err(bench, "w1")
     assert f"of worker {killed_executor}" in took, took
     assert all(f"resumed tree {t}" in took for t in in_flight), took
-    resumed = _resumed_children(bench, list(in_flight))
-    assert resumed, "no child of the killed worker's fan-outs was resumed mid-flight"
+    # Children run in chunks on any worker: some of those the dead and the frozen
+    # workers ran were resumed mid-flight by another (whichever tree they belong to).
+    resumed = _resumed_children(bench, ids)
+    assert resumed, "no child was resumed mid-flight"
+    # The fan-outs spread: each tree's children ran in three chunks, on more than one
+    # worker, and every chunk's workflow ended.
+    chunks = _chunk_workflows(bench)
+    assert len(chunks) == 3 * len(ids), chunks
+    assert all(status == "SUCCESS" for status, _ in chunks.values()), chunks
+    ran_chunks = {executor for _, executor in chunks.values()}
+    assert len(ran_chunks) >= 2, ran_chunks
+    print(f"chunks: {len(chunks)} on {len(ran_chunks)} workers; resumed children: {len(resumed)}")
     # A worker that stopped at the restart does so with one line, exit 2 (a known stop:
     # DESIGN, "Workers ... Tests"); then the others took its trees over.
     for name, (proc, _) in bench.workers.items():

@@ -73,6 +73,8 @@ class Bench:
             "XDG_DATA_HOME": str(folder / "data"),
         }
         self.workers: dict[str, tuple[subprocess.Popen[str], str]] = {}
+        self.worker_args: tuple[str, ...] = ()
+        """More options for every worker this bench starts."""
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -140,7 +142,7 @@ class Bench:
                 started[name] = subprocess.Popen(
                     [sys.executable, "-c", "from fanfold.cli import main; main()", "worker",
                      "--db", self.log, "--script", str(self.script), "--concurrency", "4",
-                     "--lease", str(LEASE), "--poll", "0.05"],
+                     "--lease", str(LEASE), "--poll", "0.05", *self.worker_args],
                     stdout=subprocess.PIPE, stderr=err, text=True, env=self.env,
                     cwd=self.folder,
                 )  # fmt: skip

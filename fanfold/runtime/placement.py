@@ -101,6 +101,7 @@ class Placement:
         """Each placed child whose outcome is still due, and its parent."""
         self._chunks: dict[str, tuple[str, ...]] = {}  # chunks run here -> children
         self._cancelled: set[str] = set()  # chunk children a cancel was delivered to
+        self._run_here: set[str] = set()  # placed children loaded here (by run_chunk)
         self._todo: list[tuple[list[tuple[str, str, str, str, str]], list[tuple[str, str]]]] = []
         self._cancels: list[tuple[list[str], str]] = []
         self._wake = trio.Event()
@@ -157,7 +158,13 @@ class Placement:
             self._cancels.append(([conversation_id], event.reason.value))
             self._wake.set()
             return True
-        return type(event) is SubAgentFinished and event.child_id in self._store.units
+        # Also when the parent is loaded here (this worker runs the tree and took the
+        # chunk too): the parent's watch delivers it, and must be the only one.
+        return type(event) is SubAgentFinished and event.child_id in self._run_here
+
+    def unloaded(self, conversation_id: str) -> None:
+        """A conversation came to rest and was unloaded (its effects all started)."""
+        self._run_here.discard(conversation_id)
 
     # ------------------------------------------------------------ the loop
 
@@ -258,6 +265,7 @@ class Placement:
         runtime = self._runtime
         for child_id in children:
             store.units[child_id] = chunk
+        self._run_here.update(children)
         await runtime.resume_unit(root_id, chunk)
         self._chunks[chunk] = children
         try:
@@ -277,4 +285,6 @@ class Placement:
         finally:
             del self._chunks[chunk]
             self._cancelled.difference_update(children)
+            loaded = runtime.loaded_ids()
+            self._run_here.difference_update([c for c in children if c not in loaded])
         return list(children)

@@ -1296,10 +1296,10 @@ class Runtime:
         at-rest phase anyway: it is dropped, with a log line. A message to an unfinished
         conversation that is not loaded is a fanfold bug and raises NotRunning.
         """
+        placement = self.placement
+        if placement is not None and placement.forwards(conversation_id, event):
+            return
         if conversation_id not in self._actors:
-            placement = self.placement
-            if placement is not None and placement.forwards(conversation_id, event):
-                return
             try:
                 row = self.store.conversation(conversation_id)
             except UnknownConversation:
@@ -1397,6 +1397,8 @@ class Runtime:
             units = self.store.units
             if units:
                 units.pop(conversation_id, None)  # it writes nothing more
+            if self.placement is not None:
+                self.placement.unloaded(conversation_id)
         # No more call workers than conversations that might call: none once at rest.
         self.calls.trim(len(self._actors))
         if not self._actors:
