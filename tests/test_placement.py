@@ -8,6 +8,7 @@ runtime). ``test_worker_dbos.py`` runs the same with worker processes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -268,7 +269,15 @@ async def test_a_chunk_taken_over_from_a_stopped_runtime_finishes_once(
 async def test_a_restarted_tree_watches_its_placed_children_and_takes_each_outcome_once(
     pg_url: str, tmp_path: Path
 ) -> None:
-    provider = ScriptedProvider(_fan_out(6, child_latency=0.3))
+    # The second chunk's children are slower: at the restart the first chunk's are at
+    # rest and the second's still running (the restart's re-delivery of the ended ones
+    # and the watch of the placed ones met there: each outcome was delivered twice).
+    script = _fan_out(6, child_latency=0.3)
+    slower = json.loads(json.dumps(script["agents"][1]))
+    slower["match"] = {"task": "item [345]"}
+    slower["replies"][0]["latency"] = 2.0
+    script["agents"].insert(1, slower)
+    provider = ScriptedProvider(script)
     queue = _Queue()
     async with Runtime.open(pg_url, provider, []) as b:
         b.use_placement(queue, SETTINGS)
@@ -294,6 +303,13 @@ async def test_a_restarted_tree_watches_its_placed_children_and_takes_each_outco
                     await trio.sleep(0.05)
             async with Runtime.open(pg_url, provider, []) as a2:
                 a2.use_placement(queue, SETTINGS)
+                assert (
+                    await trio.to_thread.run_sync(
+                        b.store.at_rest_among,  # type: ignore[attr-defined]
+                        [f"{root}.{i}" for i in range(4, 7)],
+                    )
+                    == []
+                )
                 resumed = await a2.resume([root], claimed=True)
                 assert resumed == [root]  # not the placed children: the chunks' runtime runs them
                 with trio.fail_after(30):

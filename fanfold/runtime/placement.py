@@ -162,6 +162,16 @@ class Placement:
         # chunk too): the parent's watch delivers it, and must be the only one.
         return type(event) is SubAgentFinished and event.child_id in self._run_here
 
+    def placed_before(self, placements: dict[str, str]) -> None:
+        """A tree being resumed placed these children (child to chunk): their
+        outcomes come only through the watch its re-issued spawns start (``take``),
+        never also from the restart's re-delivery (``Runtime._redeliver_outcomes``)."""
+        self._placed.update(placements)
+
+    def is_placed(self, child_id: str) -> bool:
+        """Whether ``child_id`` (of a parent loaded here) runs in a chunk."""
+        return child_id in self._placed
+
     def unloaded(self, conversation_id: str) -> None:
         """A conversation came to rest and was unloaded (its effects all started)."""
         self._run_here.discard(conversation_id)

@@ -1122,6 +1122,7 @@ class Runtime:
             return rows
         units = self._units_of(rows, placements)
         if self.placement is not None:
+            self.placement.placed_before(placements)
             return [row for row in rows if row.id not in units]
         for chunk in sorted(set(placements.values())):
             self.store.claim(chunk)
@@ -1521,7 +1522,7 @@ class Runtime:
             child_id = pending.spec.id
             if not pending.started or child_id in self._actors:
                 continue
-            if self.placement is not None and child_id in self.placement.watched:
+            if self.placement is not None and self.placement.is_placed(child_id):
                 continue  # placed: its outcome is watched for in the log (placement.py)
             try:
                 child = self.store.load_state(child_id)
