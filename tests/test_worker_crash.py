@@ -119,17 +119,6 @@ def _wait_for(what: str, check: Any, timeout: float = 60) -> Any:
         time.sleep(0.05)
 
 
-def _fan_outs_in_flight(bench: Bench, name: str, ids: list[str]) -> dict[str, list[str]]:
-    """The trees worker ``name`` holds whose children are running (in the log)."""
-    executor = bench.workers[name][1]
-
-    def check() -> dict[str, list[str]]:
-        held = _running_on(bench, executor, ids)
-        return {t: kids for t, kids in _children_running(bench, held).items() if kids}
-
-    return dict(_wait_for(f"{name} ran no fan-out", check))
-
-
 def _check_trees(bench: Bench, ids: list[str], children: int) -> None:
     """Each tree at rest; each child's outcome accepted by the root exactly once, and
     each child's result once in the root's fan-in; the log replays identically."""
@@ -187,6 +176,19 @@ def _dbos_statuses(bench: Bench, ids: list[str]) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+def _pending_on(bench: Bench, executor: str) -> list[str]:
+    """The workflows (trees and chunks) DBOS has PENDING on ``executor``."""
+    import psycopg
+
+    with psycopg.connect(bench.url) as conn:
+        rows = conn.execute(
+            "SELECT workflow_uuid FROM dbos.workflow_status "
+            "WHERE status = 'PENDING' AND executor_id = %s",
+            (executor,),
+        ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
 def _chunk_workflows(bench: Bench) -> dict[str, tuple[str, str]]:
     """Every chunk's workflow: its status and the executor that ran it last."""
     import psycopg
@@ -207,17 +209,28 @@ def test_three_workers_survive_a_kill_a_freeze_and_a_postgresql_restart(
     bench: Bench, pg_cluster: Cluster
 ) -> None:
     ids = bench.enqueue(6, "crash-")
-    # 1. kill -9 of w1 while its fan-outs are in flight (children running in the log).
-    killed, killed_executor = bench.workers["w1"]
-    in_flight = _fan_outs_in_flight(bench, "w1", ids)
-    print(f"killed w1 with children running: {in_flight}")
+
+    # 1. kill -9 of a worker while its fan-outs are in flight (children running in the
+    # log): the first seen holding one (DBOS's queue decides which worker takes which).
+    def fan_out_holder() -> tuple[str, dict[str, list[str]]] | None:
+        for name in ("w1", "w2", "w3"):
+            held = _running_on(bench, bench.workers[name][1], ids)
+            running = {t: k for t, k in _children_running(bench, held).items() if k}
+            if running:
+                return name, running
+        return None
+
+    killed_name, in_flight = _wait_for("no worker ran a fan-out", fan_out_holder)
+    killed, killed_executor = bench.workers[killed_name]
+    print(f"killed {killed_name} with children running: {in_flight}")
     killed.send_signal(signal.SIGKILL)
     killed.wait()
 
-    # 2. A frozen worker: one of the others that holds trees, stopped past its lease.
+    # 2. A frozen worker: one of the others that holds trees or chunks, stopped past
+    # its lease.
     def holder() -> str | None:
-        for name in ("w2", "w3"):
-            if _running_on(bench, bench.workers[name][1], ids):
+        for name in ("w1", "w2", "w3"):
+            if name != killed_name and _pending_on(bench, bench.workers[name][1]):
                 return name
         return None
 
@@ -255,7 +268,7 @@ def test_three_workers_survive_a_kill_a_freeze_and_a_postgresql_restart(
     _check_trees(bench, ids, CHILDREN)
     # The killed worker's trees were taken over and resumed from the log, children
     # mid-flight included.
-    took = _others_err(bench, "w1")
+    took = _others_err(bench, killed_name)
     assert f"of worker {killed_executor}" in took, took
     assert all(f"resumed tree {t}" in took for t in in_flight), took
     # Children run in chunks on any worker: some of those the dead and the frozen
@@ -273,7 +286,7 @@ def test_three_workers_survive_a_kill_a_freeze_and_a_postgresql_restart(
     # A worker that stopped at the restart does so with one line, exit 2 (a known stop:
     # DESIGN, "Workers ... Tests"); then the others took its trees over.
     for name, (proc, _) in bench.workers.items():
-        if name not in ("w1", frozen_name) and proc.poll() is not None:
+        if name not in (killed_name, frozen_name) and proc.poll() is not None:
             assert proc.returncode == 2, bench.err(name)
             assert bench.err(name).splitlines()[-1].startswith("error: the worker stopped:")
     if len(_live(bench)) < 2:

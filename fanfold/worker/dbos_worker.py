@@ -216,7 +216,7 @@ class _Host:
         try:
             return await trio.to_thread.run_sync(self.locks.try_claim, root_id)
         except Exception as exc:  # PostgreSQL unreachable: not claimed, try again
-            self.say(f"cannot claim tree {root_id} now ({type(exc).__name__})")
+            self.say(f"cannot claim {root_id} now ({type(exc).__name__})")
             return False
 
 
@@ -354,7 +354,7 @@ def _take_over(leases: Leases, dead: str, say: Callable[[str], None]) -> int:
         queue = CHUNK_QUEUE if status.name == CHUNK_WORKFLOW else QUEUE
         DBOS.resume_workflow(status.workflow_id, queue_name=queue)
     leases.forget(dead)
-    say(f"took over {len(pending)} tree(s) of worker {dead} (its lease expired)")
+    say(f"took over {len(pending)} tree(s) or chunk(s) of worker {dead} (its lease expired)")
     return len(pending)
 
 
