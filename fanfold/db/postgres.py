@@ -802,6 +802,15 @@ class PostgresStore(Store):
             )
         ]
 
+    def created_among(self, ids: Sequence[str]) -> list[str]:
+        """Which of ``ids`` the log holds."""
+        if not ids:
+            return []
+        return [
+            r["id"]
+            for r in self._query("SELECT id FROM conversations WHERE id = ANY(?)", [list(ids)])
+        ]
+
     def request_cancels(self, ids: Sequence[str], reason: str) -> None:
         """Ask the runtimes running ``ids`` (elsewhere) to cancel them; the first
         reason asked stands."""

@@ -276,7 +276,7 @@ class Placement:
         for child_id in children:
             store.units[child_id] = chunk
         self._run_here.update(children)
-        await runtime.resume_unit(root_id, chunk)
+        await runtime.resume_unit(root_id, chunk, children)
         self._chunks[chunk] = children
         try:
             cwds: dict[str, str] = {}
@@ -287,7 +287,9 @@ class Placement:
                     continue  # at rest already (an unfinished one was resumed above)
                 parent_cwd = cwds.get(effect.parent_id)
                 if parent_cwd is None:
-                    parent_cwd = cwds[effect.parent_id] = runtime.state(effect.parent_id).cwd
+                    parent_cwd = cwds[effect.parent_id] = await trio.to_thread.run_sync(
+                        runtime.created_cwd, effect.parent_id
+                    )
                 runtime.spawn_child(effect, parent_cwd=parent_cwd)
             self._wake.set()  # cancels asked already reach them at once
             for child_id in children:

@@ -405,6 +405,7 @@ class Runtime:
         self._actors: dict[str, Actor] = {}  # conversations loaded: work in flight
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
         self._trusted: set[str] = set()  # roots whose provenance mark verified
+        self._tools_supplied: set[tuple[str, tuple[str, ...]]] = set()  # (root, tools)
         self._presence: Held | None = None
         self._gc_tuned = False  # the collector's threshold follows what is loaded
         self._gc_counted = 0  # conversations loaded, as counted in the threshold
@@ -1149,13 +1150,15 @@ class Runtime:
                     parents[row.id] = at
         return units
 
-    async def resume_unit(self, root_id: str, chunk: str) -> list[str]:
+    async def resume_unit(self, root_id: str, chunk: str, children: Sequence[str]) -> list[str]:
         """Resume the unfinished conversations of tree ``root_id`` that chunk
-        ``chunk`` holds (``placement.py``), claiming the chunk first (its previous
-        runtime writes nothing more of them); returns their ids."""
+        ``chunk`` (of placed ``children``) holds (``placement.py``), claiming the chunk
+        first (its previous runtime writes nothing more of them); returns their ids."""
         self._require_trusted(root_id)
         self._require_tools(root_id)
         self.store.claim(chunk)
+        if not self.store.created_among(children):  # type: ignore[attr-defined]
+            return []  # its first run: nothing of it in the log (the common case)
         rows = [
             row
             for row in self.store.unfinished()
@@ -1365,8 +1368,21 @@ class Runtime:
         """The working directory of the tree's root: the project no tool leaves."""
         cwd = self._project_cwds.get(root_id)
         if cwd is None:
-            cwd = self._project_cwds[root_id] = self.state(root_id).cwd
+            cwd = self._project_cwds[root_id] = self.created_cwd(root_id)
         return cwd
+
+    def created_cwd(self, conversation_id: str) -> str:
+        """A conversation's working directory (set at its creation, never changed):
+        its state's if loaded, else its first event's (not its whole state: a chunk
+        of a big fan-out would fold its parent's thousands of events for it)."""
+        actor = self._actors.get(conversation_id)
+        if actor is not None:
+            return actor.state.cwd
+        first = self.store.events(conversation_id, limit=1)
+        event = first[0].event if first else None
+        if not isinstance(event, ConversationCreated):
+            return self.state(conversation_id).cwd  # a fork's first event: fold it
+        return event.cwd
 
     def tool_cwd_problem(self, state: Conversation, cwd: str) -> str | None:
         """Why no tool may run in ``cwd`` for ``state`` (see ``outside_project``)."""
@@ -1459,9 +1475,16 @@ class Runtime:
         return unsupplied(recorded, (spec.name for spec in self.tools.specs()))
 
     def _require_tools(self, root_id: str) -> None:
+        # A tree's tools are those its root recorded: checked once per set of tools
+        # this runtime has (a worker checks for each chunk of a fan-out, and the
+        # root's state is the biggest to load).
+        key = (root_id, tuple(spec.name for spec in self.tools.specs()))
+        if key in self._tools_supplied:
+            return
         missing = self._missing_tools(root_id)
         if missing:
             raise MissingTools(root_id, missing)
+        self._tools_supplied.add(key)
 
     def _at_rest_in_log(self, conversation_id: str) -> bool:
         """Whether the log has the conversation at rest (raises UnknownConversation)."""
