@@ -188,11 +188,15 @@ class Placement:
             self._wake = trio.Event()
             try:
                 await self._flush()
+            except Exception as exc:
+                # The log or the queue away for now (a PostgreSQL restart: DBOS's client
+                # raises its driver's errors): what is left is done next time, in order.
+                log.warning("placement_retry", error=_first_line(exc))
+            try:
                 await self._outcomes()
                 await self._deliver_cancels()
             except DatabaseError as exc:
-                # The log away for now (a restart): what is left is done next time.
-                log.warning("placement_retry", error=str(exc).splitlines()[0][:300])
+                log.warning("placement_retry", error=_first_line(exc))
 
     async def _flush(self) -> None:
         while self._todo:
@@ -300,3 +304,8 @@ class Placement:
             loaded = runtime.loaded_ids()
             self._run_here.difference_update([c for c in children if c not in loaded])
         return list(children)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"

@@ -36,6 +36,7 @@ import os
 import socket
 import sys
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -303,7 +304,12 @@ class DbosPlacer:
                     "workflow_id": chunk,
                     "app_version": APP_VERSION,
                 }
-                self._client.enqueue(options, chunk_input(chunk))
+                try:
+                    self._client.enqueue(options, chunk_input(chunk))
+                except Exception as exc:
+                    # (The placement logs it and tries again: never with the password
+                    # the URL may hold.)
+                    raise PlacementError(_without_password(str(exc), self._url)) from None
 
     def close(self) -> None:
         with self._lock:
@@ -318,6 +324,17 @@ def _hold_forever() -> None:
     # an outcome for it. It waits until the process exits (``serve`` ends with
     # ``os._exit``); the workflow stays PENDING on this executor for a takeover.
     threading.Event().wait()
+
+
+def _without_password(text: str, url: str) -> str:
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        for form in {password, urllib.parse.unquote(password)}:
+            text = text.replace(form, "***")
+    return text
 
 
 def _launch_dbos(settings: WorkerSettings) -> None:
