@@ -157,7 +157,9 @@ def worker(
 
     Every worker on the same database (--db postgresql://..., or --dbos-db beside a
     log file) shares the queue; a worker that dies (or stops renewing its lease) has
-    its trees resumed from the log by another. Ctrl-C, SIGTERM
+    its trees resumed from the log by another. On a PostgreSQL log a step spawning
+    more than --spread-at children puts them on the queue in chunks that any worker
+    runs (a big fan-out spreads over the workers). Ctrl-C, SIGTERM
     or SIGHUP drains it: it stops taking trees, stops its running ones at a step
     boundary and hands them to the other workers at once (exit 0). Exit 3: its lease
     was taken over while it was unreachable or frozen, and it stopped.
