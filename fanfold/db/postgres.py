@@ -79,6 +79,7 @@ from fanfold.db.errors import (
     SchemaError,
     TreeTakenOver,
 )
+from fanfold.db.records import claim_unit
 from fanfold.db.store import Store, _Prepared, _status_text
 from fanfold.db.targets import display_target
 
@@ -635,7 +636,7 @@ class PostgresStore(Store):
         transaction, the epoch raised past any earlier owner's, whose next batch is
         then refused. Returns the claims taken, recorded once the batch commits.
         """
-        roots = sorted({p.step.state.root_id or p.step.conversation_id for p in prepared})
+        roots = sorted({claim_unit(p.step.state) for p in prepared})
         lost = self._lost.intersection(roots)
         if lost:
             root = min(lost)
