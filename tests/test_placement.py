@@ -385,3 +385,46 @@ async def test_a_chunk_whose_rows_are_not_a_parents_spawns_is_refused(
         with open_store(pg_url, read_only=True) as store:
             assert [row.id for row in store.tree(root)] == [root]
         await a.cancel(root)
+
+
+async def test_a_runtime_whose_chunk_is_taken_drops_that_chunk_and_runs_its_others(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from fanfold.runtime import TreeDropped
+
+    provider = ScriptedProvider(_fan_out(6, child_latency=0.5))
+    queue = _Queue()
+    async with (
+        Runtime.open(pg_url, provider, []) as a,
+        Runtime.open(pg_url, provider, []) as b,
+        Runtime.open(pg_url, provider, []) as c,
+    ):
+        for runtime in (a, b, c):
+            runtime.use_placement(queue, SETTINGS)
+        assert b.placement is not None and c.placement is not None
+        root = await a.start("fan out", cwd=tmp_path)
+        first, second = await queue.receive.receive(), await queue.receive.receive()
+        outcome: dict[str, BaseException | list[str]] = {}
+
+        async def run(placement: Any, chunk: str, key: str) -> None:
+            try:
+                outcome[key] = await placement.run_chunk(chunk)
+            except TreeDropped as exc:
+                outcome[key] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, b.placement, first, "b1")
+            nursery.start_soon(run, b.placement, second, "b2")
+            with trio.fail_after(30):
+                while f"{root}.1" not in b.loaded_ids():
+                    await trio.sleep(0.02)
+            # c claims the first chunk while b runs it (as a claim from outside the
+            # workers would): b's next commit of it is refused and b drops it.
+            nursery.start_soon(run, c.placement, first, "c1")
+            with trio.fail_after(30):
+                result = await a.wait(root)
+        assert result.phase == "Idle"
+    assert isinstance(outcome["b1"], TreeDropped), outcome
+    assert outcome["b2"] == [f"{root}.4", f"{root}.5", f"{root}.6"]
+    assert outcome["c1"] == [f"{root}.1", f"{root}.2", f"{root}.3"]
+    _check_tree(pg_url, root, 6)

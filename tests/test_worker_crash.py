@@ -250,9 +250,10 @@ def test_three_workers_survive_a_kill_a_freeze_and_a_postgresql_restart(
     finally:
         frozen.send_signal(signal.SIGCONT)
     # Woken, it stops without writing anything: its renewal finds its lease taken
-    # (exit 3), or, first, its next commit finds its tree's epoch raised by the new
-    # owner (TreeTakenOver) or its log's connection gone with the restart
-    # (LogUnavailable): exit 2, one line. All three seen.
+    # (exit 3), or, first, its next commit finds its log's connection gone with the
+    # restart (LogUnavailable): exit 2, one line. A commit that finds its tree's epoch
+    # raised by the new owner (TreeTakenOver) only drops that tree (it used to stop the
+    # worker, exit 2); the renewal then stops it.
     code = frozen.wait(timeout=60)
     err = bench.err(frozen_name)
     assert (code == 3 and "lease was taken over" in err) or (

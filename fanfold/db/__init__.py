@@ -50,6 +50,7 @@ from fanfold.db.records import (
     Status,
     Step,
     StoredEvent,
+    claim_unit,
     status_of,
 )
 from fanfold.db.store import BUSY_TIMEOUT_MS, Store
@@ -84,6 +85,7 @@ __all__ = [
     "UnknownConversation",
     "UnloggableStep",
     "UnsupportedVersion",
+    "claim_unit",
     "decode",
     "decode_effect",
     "decode_effects",

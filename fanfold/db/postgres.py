@@ -79,7 +79,7 @@ from fanfold.db.errors import (
     SchemaError,
     TreeTakenOver,
 )
-from fanfold.db.records import Status
+from fanfold.db.records import Status, claim_unit
 from fanfold.db.store import Store, _Prepared, _status_text
 from fanfold.db.targets import display_target
 
@@ -665,12 +665,7 @@ class PostgresStore(Store):
         # A conversation's claim is its unit's: its tree's, or the chunk it was placed
         # in (``units``, set by the runtime that runs the chunk) and its descendants.
         units = self.units
-        roots = sorted(
-            {
-                units.get(p.step.conversation_id) or p.step.state.root_id or p.step.conversation_id
-                for p in prepared
-            }
-        )
+        roots = sorted({claim_unit(p.step.state, units) for p in prepared})
         lost = self._lost.intersection(roots)
         if lost:
             root = min(lost)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -88,6 +88,26 @@ class Step:
     snapshot: bool = False
     user_initiated: bool | None = None
     tree: TreeRecord | None = None
+
+
+class InTree(Protocol):
+    """Anything that names a conversation and its tree: a ``Conversation`` (a state)
+    or a ``ConversationRow``."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def root_id(self) -> str: ...
+
+
+def claim_unit(conversation: InTree, units: Mapping[str, str]) -> str:
+    """The id of the unit a conversation is claimed with (a PostgreSQL log's claim,
+    ``TreeTakenOver.root_id``): the chunk it runs in (``units``: ``Store.units``, a
+    placed child and its descendants, ``fanfold/runtime/placement.py``), else its
+    tree's root. The store fences by it and the runtime drops the conversations of a
+    unit taken over by it, so the two agree by construction."""
+    return units.get(conversation.id) or conversation.root_id or conversation.id
 
 
 @attrs.frozen

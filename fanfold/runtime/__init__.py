@@ -17,6 +17,7 @@ from fanfold.runtime.runtime import (
     TurnResult,
     resume_plan,
 )
+from fanfold.runtime.writer import TreeDropped
 
 __all__ = [
     "DatabaseInUse",
@@ -27,6 +28,7 @@ __all__ = [
     "Runtime",
     "SkippedTree",
     "StepObserver",
+    "TreeDropped",
     "TreeNode",
     "TreeStep",
     "TurnResult",

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 import trio
 
-from fanfold.db import Step
+from fanfold.db import Step, TreeTakenOver
 from fanfold.providers.base import (
     CallContext,
     ProviderContractError,
@@ -44,6 +44,7 @@ from fanfold.providers.base import (
 from fanfold.runtime.calls import Call
 from fanfold.runtime.host import Host
 from fanfold.runtime.timers import Timer
+from fanfold.runtime.writer import TreeDropped
 from fanfold.statemachine import (
     AbortCall,
     CallModel,
@@ -90,7 +91,7 @@ class _Submission:
 
     event: Event
     done: trio.Event = attrs.field(factory=trio.Event)
-    error: IllegalTransition | None = None
+    error: IllegalTransition | TreeDropped | None = None
 
 
 # The API submissions of a fold's steps, by the step's index in the fold (None: no
@@ -124,6 +125,7 @@ class Actor:
         "_at_rest_event",
         "_call",
         "_context",
+        "_dropped",
         "_head",
         "_head_seq",
         "_inbox",
@@ -180,6 +182,9 @@ class Actor:
         self.queued = False
         """Whether the engine has this actor in its ready queue (see ``Engine.ready``)."""
         self._unloaded = False
+        # Set when its tree was taken over by another runtime (``drop``): inert from
+        # then on, and ``wait_at_rest`` raises.
+        self._dropped: TreeTakenOver | None = None
         # The call in flight, and, rarely, more: a call started while an aborted one
         # still unwinds (see ``_start``).
         self._call: Call | None = None
@@ -211,6 +216,8 @@ class Actor:
         """Return once the committed state is at rest (a turn or a sub-agent's life
         ended)."""
         while not self.state.at_rest:
+            if self._dropped is not None:
+                raise TreeDropped(self._dropped)
             if self._at_rest_event is None:
                 self._at_rest_event = trio.Event()
             await self._at_rest_event.wait()
@@ -240,6 +247,8 @@ class Actor:
 
     def deliver(self, event: Event) -> None:
         """Queue an event produced by the runtime (results, timers, other conversations)."""
+        if self._dropped is not None:
+            return  # its tree is another runtime's: nothing of it is folded here
         if self._inbox is None:
             self._inbox = [event]
         else:
@@ -247,7 +256,10 @@ class Actor:
         self._wake()
 
     async def submit(self, event: Event) -> None:
-        """Queue an API event and wait until it is committed; re-raise a rejection."""
+        """Queue an API event and wait until it is committed; re-raise a rejection
+        (or TreeDropped)."""
+        if self._dropped is not None:
+            raise TreeDropped(self._dropped)
         submission = _Submission(event)
         if self._inbox is None:
             self._inbox = [submission]
@@ -265,6 +277,8 @@ class Actor:
         """Apply everything queued, in order, and hand the steps to the writer (the
         engine's round). An actor that has nothing left to do is unloaded: at rest,
         every step committed (its effects executed) and nothing queued."""
+        if self._dropped is not None:
+            return
         items = self._inbox
         if items:
             self._inbox = None
@@ -288,8 +302,11 @@ class Actor:
                 self._context.run(self._execute_all, first.effects)
             self._unload_if_settled()
 
+        def on_drop(_: TreeTakenOver) -> None:
+            self._uncommitted -= 1
+
         self._uncommitted += 1
-        self.runtime.writer.submit([first], on_commit)
+        self.runtime.writer.submit([first], on_commit, on_drop)
 
     @property
     def settled(self) -> bool:
@@ -299,6 +316,27 @@ class Actor:
     def _unload_if_settled(self) -> None:
         if self.settled:
             self._unload()
+
+    def drop(self, taken: TreeTakenOver) -> None:
+        """Its tree was taken over by another runtime (``taken``: a commit of it was
+        refused, nothing of the batch written): stop its call, timers and tools, fail
+        whoever waits on it (``TreeDropped``) and let the runtime forget it. Nothing
+        queued or uncommitted is written, and no effect of it runs (write-ahead); the
+        new owner goes on from the log."""
+        if self._dropped is not None:
+            return
+        self._dropped = taken
+        items, self._inbox = self._inbox, None
+        for item in items or ():
+            if isinstance(item, _Submission):
+                item.error = TreeDropped(taken)
+                item.done.set()
+        if self._at_rest_event is not None:
+            self._at_rest_event.set()  # its waiters see the drop
+            self._at_rest_event = None
+        self._unloaded = True
+        self._stop_tasks()
+        self.runtime.unloaded(self.state.id, self)
 
     def _unload(self) -> None:
         """Nothing is in flight at rest: stop any call and timer left, so nothing
@@ -372,8 +410,15 @@ class Actor:
             self._context.run(self._committed, steps, reported, waiting, rests)
             self._unload_if_settled()
 
+        def on_drop(taken: TreeTakenOver) -> None:
+            # Never written (its tree was taken over): its API callers hear why.
+            self._uncommitted -= 1
+            for submission in (waiting or {}).values():
+                submission.error = TreeDropped(taken)
+                submission.done.set()
+
         self._uncommitted += 1
-        self.runtime.writer.submit(steps, on_commit)
+        self.runtime.writer.submit(steps, on_commit, on_drop)
 
     def _committed(
         self, steps: list[Step], reported: Sequence[Any], waiting: _Waiting, rests: list[bool]

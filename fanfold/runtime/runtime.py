@@ -26,7 +26,9 @@ from fanfold.db import (
     Store,
     StoreClosed,
     StoredEvent,
+    TreeTakenOver,
     UnknownConversation,
+    claim_unit,
     is_postgres,
     open_store,
 )
@@ -44,7 +46,7 @@ from fanfold.runtime.logging import library_logger
 from fanfold.runtime.placement import Placement, PlacementSettings, Placer
 from fanfold.runtime.presence import DatabaseInUse, Held, Presence
 from fanfold.runtime.timers import Timers
-from fanfold.runtime.writer import LogWriter
+from fanfold.runtime.writer import LogWriter, TreeDropped
 from fanfold.statemachine import (
     SUB_AGENT_PROMPT,
     CancelReason,
@@ -377,6 +379,7 @@ class Runtime:
         self.provider = provider
         self.tools = tools
         self.writer = writer
+        writer.taken_over = self._taken_over
         self._commits = _Commits()
         self.engine = Engine(writer, flush_log_lines, self._commits.committed)
         """Folds, commits and starts the effects of every ready conversation."""
@@ -406,6 +409,9 @@ class Runtime:
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
         self._trusted: set[str] = set()  # roots whose provenance mark verified
         self._tools_supplied: set[tuple[str, tuple[str, ...]]] = set()  # (root, tools)
+        # Trees (claim units) another runtime took over, which this one dropped, until
+        # it claims one again (``resume``, ``attach``).
+        self._dropped: dict[str, TreeTakenOver] = {}
         self._presence: Held | None = None
         self._gc_tuned = False  # the collector's threshold follows what is loaded
         self._gc_counted = 0  # conversations loaded, as counted in the threshold
@@ -568,7 +574,7 @@ class Runtime:
             elif not memory:
                 presence = Presence(database)
             threaded = not memory if threaded_writes is None else threaded_writes
-            writer = LogWriter(store.append, threaded=threaded)
+            writer = LogWriter(store.append, threaded=threaded, units=store.units)
             async with trio.open_nursery() as nursery:
                 runtime = cls(
                     store,
@@ -785,6 +791,7 @@ class Runtime:
             raise NotAtRest(f"conversation {conversation_id!r} has work in flight: resume it")
         self._require_tools(row.root_id)
         self.store.claim(row.root_id)  # before reading it (see ``resume``)
+        self._dropped.pop(claim_unit(row, self.store.units), None)
         row = self.store.conversation(conversation_id)  # as it is now the tree is ours
         self._launch(
             Actor(self, self.store.load_state(conversation_id), row.last_seq, created=False)
@@ -1044,6 +1051,7 @@ class Runtime:
         # before writes nothing more of it, so what is read here stays the tree's state).
         for root_id in sorted(chosen):
             self.store.claim(root_id)
+            self._dropped.pop(root_id, None)  # ours again, if it was taken from us
         # Each tree is rebuilt on its own, and entirely before any of it runs: a tree
         # whose log cannot be read (a damaged row, a reducer that refuses an event) is
         # skipped and reported, and never stops the others (issue 10.2).
@@ -1157,6 +1165,7 @@ class Runtime:
         self._require_trusted(root_id)
         self._require_tools(root_id)
         self.store.claim(chunk)
+        self._dropped.pop(chunk, None)  # ours again, if it was taken from us
         if not self.store.created_among(children):  # type: ignore[attr-defined]
             return []  # its first run: nothing of it in the log (the common case)
         rows = [
@@ -1423,6 +1432,23 @@ class Runtime:
             # conversations repeat; with none loaded it only keeps ended ones alive.
             clear_memo()
 
+    def _taken_over(self, taken: TreeTakenOver) -> None:
+        """A batch was refused: another runtime claimed the tree ``taken`` names since
+        this one did (a PostgreSQL log's per-tree claim). Drop every loaded
+        conversation of it (``Actor.drop``: calls, timers and tools stopped, waiters
+        told ``TreeDropped``); the writer then commits the batch's other steps. The
+        rest of the runtime goes on: one tree lost to another owner is not a reason to
+        stop the others (a worker holds many)."""
+        unit = taken.root_id
+        self._dropped[unit] = taken
+        units = self.store.units
+        dropped = [a for a in self._actors.values() if claim_unit(a.state, units) == unit]
+        for actor in dropped:
+            actor.drop(taken)
+        self.logger.warning(
+            "tree_dropped", root_id=unit, conversations=len(dropped), reason=_one_line(taken)
+        )
+
     def _loaded_changed(self) -> None:
         """The conversations loaded changed: under the tuned collector policy, the
         young threshold follows how many are loaded (``GC_YOUNG_PER_CONVERSATION``)."""
@@ -1496,6 +1522,9 @@ class Runtime:
             # Raises UnknownConversation; and a tree that may not be continued says so.
             row = self.store.conversation(conversation_id)
             self._require_trusted(row.root_id)
+            taken = self._dropped.get(claim_unit(row, self.store.units))
+            if taken is not None:
+                raise TreeDropped(taken)
             raise NotRunning(
                 f"conversation {conversation_id!r} is not running in this runtime "
                 "(resume() or attach() it)"

@@ -19,6 +19,10 @@ DESIGN.md, "Beyond one machine (issue 25)", gives the reasons; in short:
   re-enqueued (``DBOS.resume_workflow``), as DBOS's open-source library never notices
   a dead executor. A renewal that finds this worker's own row claimed (it was frozen
   past its lease) stops the runtime at once, exit 3.
+- **A tree taken over** (its commit refused, ``TreeTakenOver``): the runtime drops
+  it and goes on; its workflow's step ends with ``DroppedTree``, which DBOS records
+  only if this execution still owns the workflow (see ``DroppedTree``). The worker
+  keeps running its other trees.
 - **Drain** (SIGINT, SIGTERM, SIGHUP): stop taking work (DBOS is shut down first, so
   nothing more is dequeued), close the runtime (its trees stop at a step boundary,
   left ``running`` in the log, exactly as after a crash but with every commit
@@ -51,7 +55,7 @@ from fanfold.db import LogUnavailable, UnknownConversation
 from fanfold.db.errors import CodecError
 from fanfold.db.postgres import PostgresStore
 from fanfold.db.provenance import UntrustedTree
-from fanfold.runtime import Runtime
+from fanfold.runtime import Runtime, TreeDropped
 from fanfold.runtime.placement import PlacementError, PlacementSettings
 from fanfold.runtime.runtime import MissingTools
 from fanfold.statemachine import Limits
@@ -96,6 +100,21 @@ class WorkerSettings:
     log only)."""
     chunk: int = 16
     """Children per chunk."""
+
+
+class DroppedTree(Exception):
+    """Raised out of a tree's workflow step when this worker dropped the tree: another
+    runtime claimed it (``TreeDropped``), its commit here was refused, and the worker
+    goes on with its other trees. A plain exception of one message (DBOS pickles what
+    a step raises, and a ``TreeDropped`` does not unpickle).
+
+    What DBOS records of it (DESIGN.md, "Workers ... leases", "A tree taken over"):
+    nothing, when another execution of the workflow owns it now (the takeover of a
+    worker re-enqueued the workflow and another worker dequeued it): DBOS refuses the
+    step's record from an execution that no longer owns the workflow and parks this
+    one until the owner records the outcome. The step's error and the workflow's
+    ERROR only when this execution still owns the workflow: the claim came from
+    outside DBOS (a program on the log), which holds the tree from then on."""
 
 
 def new_executor_id() -> str:
@@ -154,6 +173,12 @@ class _Host:
             while True:
                 try:
                     return await body(arg)
+                except TreeDropped as exc:
+                    # Another runtime claimed the tree (or chunk) and this one dropped
+                    # it (its commit refused, nothing of it written): the worker goes on
+                    # with its other work; the lock goes below, for the new owner.
+                    self.say(f"{what}: taken over by another runtime; dropped")
+                    raise DroppedTree(str(exc)) from None
                 except LogUnavailable as exc:
                     # The log went away (a PostgreSQL restart) while the tree was
                     # being started or resumed: try again once it is back, holding
