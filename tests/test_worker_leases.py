@@ -96,3 +96,21 @@ def test_a_tree_whose_resume_meets_a_lost_log_is_resumed_once_it_is_back() -> No
     assert trio.run(main) == {"root_id": "t1", "phase": "idle", "resumed": True}
     assert said == ["tree t1: the log is unavailable; retrying", "resumed tree t1"]
     assert Locks.released == ["t1"]
+
+
+def test_a_trees_lock_is_held_until_the_last_execution_here_lets_it_go(pg_url: str) -> None:
+    # Two executions of one tree's workflow in one worker (its own re-enqueued workflow
+    # dequeued again before it noticed) share the lock: the first to end let it go
+    # while the other still ran the tree.
+    from fanfold.worker.leases import TreeLocks
+
+    here, other = TreeLocks(pg_url), TreeLocks(pg_url)
+    try:
+        assert here.try_claim("tree-1") and here.try_claim("tree-1")
+        here.release("tree-1")  # the first execution ends
+        assert not other.try_claim("tree-1")  # still held for the second
+        here.release("tree-1")
+        assert other.try_claim("tree-1")
+    finally:
+        here.close()
+        other.close()

@@ -207,7 +207,7 @@ class TreeLocks:
     def __init__(self, url: str) -> None:
         self.url = url
         self._conn: psycopg.Connection[Any] | None = None
-        self._held: set[str] = set()
+        self._held: dict[str, int] = {}  # tree -> executions here holding it
         self._lock = threading.Lock()
 
     def _lock_tree(self, conn: psycopg.Connection[Any], root_id: str) -> bool:
@@ -244,10 +244,14 @@ class TreeLocks:
         """Take the tree's lock if no other session holds it; True if taken (also if
         this worker holds it already: a second execution of the tree's workflow here)."""
         with self._lock:
+            # Counted per execution: the lock goes only when the last one lets it go
+            # (two executions here shared it, and the first to end released it while
+            # the other still ran the tree).
             if root_id in self._held:
+                self._held[root_id] += 1
                 return True
             if self._lock_tree(self._connection(), root_id):
-                self._held.add(root_id)
+                self._held[root_id] = 1
                 return True
             return False
 
@@ -256,7 +260,10 @@ class TreeLocks:
         with self._lock:
             if root_id not in self._held:
                 return
-            self._held.discard(root_id)
+            self._held[root_id] -= 1
+            if self._held[root_id] > 0:
+                return  # another execution here still runs it
+            del self._held[root_id]
             if self._conn is not None and not self._conn.closed:
                 with contextlib.suppress(psycopg.OperationalError):
                     self._conn.execute(
