@@ -189,3 +189,28 @@ def test_a_stopped_workers_line_names_the_error_inside_a_nursery_group() -> None
         [ExceptionGroup("inner", [LogUnavailable("the connection was lost\nmore")])],
     )
     assert _first_line(group) == "LogUnavailable: the connection was lost"
+
+
+def test_what_a_workflow_step_raises_survives_dboss_pickling() -> None:
+    # DBOS pickles what a step raises and reads it back when the workflow's result is
+    # asked for or the step replayed: an UntrustedTree raised as it is was recorded and
+    # then could not be read (its constructor takes two arguments).
+    import pickle
+
+    pytest.importorskip("dbos", reason="needs the postgres extra: pip install '.[postgres]'")
+    from fanfold.db import SequenceError
+    from fanfold.db.provenance import UntrustedTree
+    from fanfold.worker.dbos_worker import DroppedTree, StepFailed, step_error
+
+    untrusted = UntrustedTree("abc", "imported")
+    with pytest.raises(TypeError):
+        pickle.loads(pickle.dumps(untrusted))
+    for exc in (untrusted, SequenceError("abc.1", 3, 4), ValueError("plain")):
+        raised = step_error(exc)
+        back = pickle.loads(pickle.dumps(raised))
+        assert isinstance(back, StepFailed)
+        assert str(back) == f"{type(exc).__name__}: {exc}"
+    dropped = DroppedTree("tree 'abc' was dropped")
+    assert step_error(dropped) is dropped
+    interrupt = KeyboardInterrupt()
+    assert step_error(interrupt) is interrupt

@@ -117,6 +117,23 @@ class DroppedTree(Exception):
     outside DBOS (a program on the log), which holds the tree from then on."""
 
 
+class StepFailed(Exception):
+    """What a workflow step raises for any other error: its type and message as one
+    plain text. DBOS pickles what a step raises, and many of fanfold's errors (and
+    others') take more than a message and do not unpickle: ``UntrustedTree`` raised out
+    of a step was recorded, then could not be read back (a ``TypeError``)."""
+
+
+def step_error(exc: BaseException) -> BaseException:
+    """``exc`` as a step may raise it: a ``DroppedTree`` or ``StepFailed`` as it is,
+    anything that is not an ``Exception`` (a cancellation, a ``KeyboardInterrupt``) as
+    it is, every other error as a ``StepFailed``."""
+    if isinstance(exc, DroppedTree | StepFailed) or not isinstance(exc, Exception):
+        return exc
+    lines = str(exc).strip().splitlines()
+    return StepFailed(f"{type(exc).__name__}: {lines[0] if lines else ''}")
+
+
 def new_executor_id() -> str:
     """A DBOS executor id unique to this process: host, pid and a random part (DBOS's
     default, "local", is the same for every worker, which would make them one)."""
@@ -264,10 +281,10 @@ def run_to_rest_step(data: dict[str, Any]) -> dict[str, Any]:
         return {"error": f"not a tree this worker can start: {exc}"}
     try:
         out: dict[str, Any] = trio.from_thread.run(host.run_to_rest, spec, trio_token=host.token)
-    except BaseException:
+    except BaseException as exc:
         if host.draining.is_set():
             _hold_forever()  # the stop interrupted the tree: nothing to record in DBOS
-        raise
+        raise step_error(exc) from None
     return out
 
 
@@ -294,10 +311,10 @@ def run_chunk_step(data: dict[str, Any]) -> dict[str, Any]:
         # Nothing of it can run here: the workflow ends with the reason (the parent's
         # child timeouts, if any, then end its wait).
         return {"error": f"chunk {chunk} cannot run: {exc}"}
-    except BaseException:
+    except BaseException as exc:
         if host.draining.is_set():
             _hold_forever()  # the stop interrupted the chunk: nothing to record in DBOS
-        raise
+        raise step_error(exc) from None
     return out
 
 
