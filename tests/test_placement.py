@@ -66,11 +66,17 @@ class _Queue:
     def __init__(self) -> None:
         self.send, self.receive = trio.open_memory_channel[str](1000)
         self.enqueued: list[str] = []
+        self.gone: set[str] = set()  # chunks whose workflow ended (``ended``)
+        self.asked: list[list[str]] = []
 
     def enqueue(self, chunks: Sequence[tuple[str, str]]) -> None:
         for chunk, _root in chunks:
             self.enqueued.append(chunk)
             trio.from_thread.run_sync(self.send.send_nowait, chunk)
+
+    def ended(self, chunks: Sequence[str]) -> list[str]:
+        self.asked.append(list(chunks))
+        return [c for c in chunks if c in self.gone]
 
 
 SETTINGS = PlacementSettings(spread_at=4, chunk=3, poll=0.05)
@@ -427,4 +433,43 @@ async def test_a_runtime_whose_chunk_is_taken_drops_that_chunk_and_runs_its_othe
     assert isinstance(outcome["b1"], TreeDropped), outcome
     assert outcome["b2"] == [f"{root}.4", f"{root}.5", f"{root}.6"]
     assert outcome["c1"] == [f"{root}.1", f"{root}.2", f"{root}.3"]
+    _check_tree(pg_url, root, 6)
+
+
+async def test_a_chunk_no_worker_will_run_is_taken_back_by_its_parents_runtime(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # A worker that cannot run a chunk (the tree is not under its key, or it lacks the
+    # tree's tools) ends its workflow with the reason: its children must not leave
+    # their parent waiting for ever. The parent's runtime asks the queue which chunks
+    # of children still due have ended, and runs those children itself.
+    provider = ScriptedProvider(_fan_out(6, child_latency=0.3))
+    queue = _Queue()
+    settings = PlacementSettings(spread_at=4, chunk=3, poll=0.05, orphans_every=2)
+    async with (
+        Runtime.open(pg_url, provider, []) as a,
+        Runtime.open(pg_url, provider, []) as b,
+    ):
+        a.use_placement(queue, settings)
+        b.use_placement(queue, settings)
+        assert b.placement is not None
+        root = await a.start("fan out", cwd=tmp_path)
+        first, second = await queue.receive.receive(), await queue.receive.receive()
+        async with trio.open_nursery() as nursery:
+            # b runs the first chunk; the second ends unrun (a worker refused it), and
+            # so does the first, later, its run cut short mid-flight.
+            nursery.start_soon(b.placement.run_chunk, first)
+            queue.gone.add(second)
+            with trio.fail_after(30):
+                while f"{root}.1" not in b.loaded_ids():
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+        queue.gone.add(first)
+        with trio.fail_after(30):
+            result = await a.wait(root)
+        assert result.phase == "Idle"
+        assert any(second in asked for asked in queue.asked)
+    claims = _claims(pg_url)
+    owner_a = a.store.owner  # type: ignore[attr-defined]
+    assert claims[second][0] == owner_a and claims[first] == (owner_a, 2)
     _check_tree(pg_url, root, 6)

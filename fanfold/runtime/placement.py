@@ -58,6 +58,10 @@ class Placer(Protocol):
         """Enqueue each ``(chunk id, root id)``; one already queued (or done) is left
         as it is. Blocking: called from a thread."""
 
+    def ended(self, chunks: Sequence[str]) -> list[str]:
+        """Which of ``chunks`` no worker will run any more (their workflow ended, in
+        success or not). Blocking: called from a thread."""
+
 
 class PlacementError(ValueError):
     """A chunk that cannot be run (unknown, or its rows are not what a parent placed)."""
@@ -74,6 +78,9 @@ class PlacementSettings:
     poll: float = 0.2
     """Seconds between two reads of the log for placed children's outcomes and
     cancels."""
+    orphans_every: int = 10
+    """Every this many polls, ask the queue which chunks of children still due have
+    ended: those are taken back (``take_back``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.spread_at < 1 or self.chunk < 1:
@@ -182,6 +189,7 @@ class Placement:
         """Write placements and cancels, enqueue chunks, deliver placed children's
         outcomes and chunks' cancels: every ``poll`` seconds, or at once when asked."""
         log = self._runtime.logger
+        polls = 0
         while True:
             with trio.move_on_after(self.settings.poll):
                 await self._wake.wait()
@@ -197,6 +205,12 @@ class Placement:
                 await self._deliver_cancels()
             except DatabaseError as exc:
                 log.warning("placement_retry", error=_first_line(exc))
+            polls += 1
+            if polls % self.settings.orphans_every == 0 and self.watched:
+                try:
+                    await self._orphans()
+                except Exception as exc:  # the queue away for now: next time
+                    log.warning("placement_retry", error=_first_line(exc))
 
     async def _flush(self) -> None:
         while self._todo:
@@ -224,6 +238,41 @@ class Placement:
             # Once: the child leaves the watched set as its outcome is handed over.
             self._runtime.deliver_between(parent_id, SubAgentFinished(child_id, state.outcome))
 
+    async def _orphans(self) -> None:
+        """Take back the chunks whose workflow ended while children of them are still
+        due: no worker will run those children (a worker that could not run the chunk,
+        its tree's key or tools not its own, ended it with the reason), and a parent
+        must never wait for ever for a child."""
+        chunks = sorted({self._placed[c] for c in self.watched if c in self._placed})
+        if not chunks:
+            return
+        ended = await trio.to_thread.run_sync(self._placer.ended, chunks)
+        for chunk in ended:
+            await self.take_back(chunk)
+
+    async def take_back(self, chunk: str) -> list[str]:
+        """Run a chunk's children still due here, where their parents are: claim the
+        chunk (a runner still at it is fenced), resume those the log has unfinished,
+        create those never created. They then report to their parents in the process;
+        the others, at rest, are still delivered from the log. Returns those run here."""
+        runtime = self._runtime
+        effects = await self._chunk_spawns(chunk)
+        children = [e.child_id for e in effects]
+        for child_id in children:
+            self._store.units[child_id] = chunk
+        await runtime.resume_unit(effects[0].root_id, chunk, children)
+        for effect in effects:
+            if effect.child_id in runtime.loaded_ids():
+                continue
+            if await trio.to_thread.run_sync(self._store.exists, effect.child_id):
+                continue
+            runtime.spawn_child(effect)
+        here = [c for c in children if c in runtime.loaded_ids()]
+        for child_id in here:
+            self.watched.pop(child_id, None)  # it reports to its parent in the process
+        runtime.logger.warning("chunk_taken_back", chunk=chunk, children=len(here))
+        return here
+
     async def _deliver_cancels(self) -> None:
         # Only the children loaded here: one that ``run_chunk`` has not created yet
         # gets its cancel at the next read after its creation.
@@ -249,12 +298,10 @@ class Placement:
 
     # ------------------------------------------------------------ a chunk
 
-    async def run_chunk(self, chunk: str) -> list[str]:
-        """Run chunk ``chunk`` here until each of its children is at rest: claim it,
-        resume its conversations the log has unfinished, create the children not
-        created yet. Returns the chunk's children."""
-        store = self._store
-        rows = await trio.to_thread.run_sync(store.chunk, chunk)
+    async def _chunk_spawns(self, chunk: str) -> list[SpawnSubAgent]:
+        """A chunk's spawns from its rows, each checked to name its row's child,
+        parent and tree (PlacementError if not, or if there is no such chunk)."""
+        rows = await trio.to_thread.run_sync(self._store.chunk, chunk)
         if not rows:
             raise PlacementError(f"no chunk {chunk!r} in the log")
         root_id = rows[0][1]
@@ -275,6 +322,15 @@ class Placement:
             ):
                 raise PlacementError(f"chunk {chunk!r}: its row for {child_id!r} is not a spawn")
             effects.append(effect)
+        return effects
+
+    async def run_chunk(self, chunk: str) -> list[str]:
+        """Run chunk ``chunk`` here until each of its children is at rest: claim it,
+        resume its conversations the log has unfinished, create the children not
+        created yet. Returns the chunk's children."""
+        store = self._store
+        effects = await self._chunk_spawns(chunk)
+        root_id = effects[0].root_id
         children = tuple(e.child_id for e in effects)
         runtime = self._runtime
         for child_id in children:

@@ -353,6 +353,23 @@ class DbosPlacer:
                     # the URL may hold.)
                     raise PlacementError(_without_password(str(exc), self._url)) from None
 
+    def ended(self, chunks: Sequence[str]) -> list[str]:
+        """The chunks among ``chunks`` whose workflow ended (any end: a chunk that
+        could not run here ends in success with the reason as its output)."""
+        with self._lock:
+            if self._client is None:
+                self._client = DBOSClient(system_database_url=self._url, application_name=APP_NAME)
+            try:
+                found = self._client.list_workflows(
+                    workflow_ids=list(chunks),
+                    status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+                    load_input=False,
+                    load_output=False,
+                )
+            except Exception as exc:
+                raise PlacementError(_without_password(str(exc), self._url)) from None
+            return [status.workflow_id for status in found]
+
     def close(self) -> None:
         with self._lock:
             if self._client is not None:
