@@ -302,11 +302,13 @@ class Actor:
                 self._context.run(self._execute_all, first.effects)
             self._unload_if_settled()
 
-        def on_drop(_: TreeTakenOver) -> None:
-            self._uncommitted -= 1
-
         self._uncommitted += 1
-        self.runtime.writer.submit([first], on_commit, on_drop)
+        self.runtime.writer.submit([first], on_commit, self._batch_dropped)
+
+    def _batch_dropped(self, _: TreeTakenOver) -> None:
+        # A batch of it never written (its tree was taken over); a bound method, not a
+        # closure made for every step (a step's cost is counted in instructions).
+        self._uncommitted -= 1
 
     @property
     def settled(self) -> bool:
@@ -410,12 +412,15 @@ class Actor:
             self._context.run(self._committed, steps, reported, waiting, rests)
             self._unload_if_settled()
 
-        def on_drop(taken: TreeTakenOver) -> None:
-            # Never written (its tree was taken over): its API callers hear why.
-            self._uncommitted -= 1
-            for submission in (waiting or {}).values():
-                submission.error = TreeDropped(taken)
-                submission.done.set()
+        on_drop: Callable[[TreeTakenOver], None] = self._batch_dropped
+        if waiting:
+
+            def on_drop(taken: TreeTakenOver) -> None:
+                # Never written (its tree was taken over): its API callers hear why.
+                self._uncommitted -= 1
+                for submission in waiting.values():
+                    submission.error = TreeDropped(taken)
+                    submission.done.set()
 
         self._uncommitted += 1
         self.runtime.writer.submit(steps, on_commit, on_drop)
