@@ -28,9 +28,10 @@ DESIGN.md, "The unit of distribution", gives the reasons. In short:
 
 from __future__ import annotations
 
+import contextvars
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence, Set
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -40,15 +41,51 @@ from fanfold.db.errors import CodecError, DatabaseError
 from fanfold.statemachine import (
     CancelReason,
     CancelRequested,
+    Conversation,
     Effect,
     Event,
     SpawnSubAgent,
     SubAgentFinished,
 )
 
-if TYPE_CHECKING:
-    from fanfold.runtime.actor import Actor
-    from fanfold.runtime.runtime import Runtime
+
+class Spawning(Protocol):
+    """The conversation whose step's effects ``take`` is given (an ``Actor``)."""
+
+    @property
+    def state(self) -> Conversation: ...
+
+    @property
+    def log(self) -> Any: ...
+
+
+class PlacingRuntime(Protocol):
+    """What a placement uses of its runtime (``Runtime``: a protocol here, so that the
+    runtime's modules import each other one way only)."""
+
+    store: Any
+    logger: Any
+
+    def deliver(self, conversation_id: str, event: Event) -> None: ...
+
+    def deliver_between(self, conversation_id: str, event: Event) -> None: ...
+
+    def loaded_ids(self) -> Set[str]: ...
+
+    async def resume_unit(self, root_id: str, chunk: str, children: Sequence[str]) -> list[str]: ...
+
+    def spawn_child(
+        self,
+        effect: SpawnSubAgent,
+        *,
+        reissued: bool = False,
+        context: contextvars.Context | None = None,
+        parent_cwd: str | None = None,
+    ) -> None: ...
+
+    def created_cwd(self, conversation_id: str) -> str: ...
+
+    async def wait_loaded(self, conversation_id: str) -> None: ...
 
 
 class Placer(Protocol):
@@ -98,7 +135,9 @@ def chunk_id(first: SpawnSubAgent, last: SpawnSubAgent) -> str:
 class Placement:
     """A runtime's placement of children (``Runtime.use_placement``)."""
 
-    def __init__(self, runtime: Runtime, placer: Placer, settings: PlacementSettings) -> None:
+    def __init__(
+        self, runtime: PlacingRuntime, placer: Placer, settings: PlacementSettings
+    ) -> None:
         self._runtime = runtime
         self._store: Any = runtime.store  # a PostgresStore (checked by use_placement)
         self._placer = placer
@@ -115,7 +154,9 @@ class Placement:
 
     # ------------------------------------------------------------ in the engine
 
-    def take(self, actor: Actor, effects: tuple[Effect, ...], reissued: bool) -> tuple[Effect, ...]:
+    def take(
+        self, actor: Spawning, effects: tuple[Effect, ...], reissued: bool
+    ) -> tuple[Effect, ...]:
         """The effects of a step that the actor still executes itself: the
         ``SpawnSubAgent`` effects this placement took are gone from them."""
         spawns = [e for e in effects if type(e) is SpawnSubAgent]
