@@ -333,7 +333,13 @@ def path_rules(
     links: None unless ``call`` is a file tool's and the conversation has rules."""
     if permissions is None or call.name not in PATH_TOOLS:
         return None
-    return PathRules(permissions, tuple(sorted(reading_tools(tools))))
+    marked = [spec.name for spec in tools if spec.read_only]
+    # Without read-only specs (the usual case) the sorted built-ins, sorted once.
+    reading = tuple(sorted(READING_TOOLS.union(marked))) if marked else _SORTED_READING_TOOLS
+    return PathRules(permissions, reading)
+
+
+_SORTED_READING_TOOLS = tuple(sorted(READING_TOOLS))
 
 
 def link_refusal(rules: PathRules, call: ToolCall, cwd: str, through: str) -> str | None:
