@@ -2492,6 +2492,7 @@ def _check_model_and_tools(
             and after.offers(run.tool_call.name)
         ):
             _fail("RunTool runs the current, offered, ordinary tool", f"{run}", after)
+        _check_run_decisions(run, after)
     if isinstance(phase, LlmRequesting) and phase.call >= before.next_call and not calls:
         _fail("a new model call is issued", "no CallModel", after)
     if isinstance(phase, ToolExecuting) and phase.call >= before.next_call and not runs:
@@ -2761,6 +2762,30 @@ def _from_parents_history(context: tuple[Message, ...], history: tuple[Message, 
         and isinstance(last, AssistantMessage)
         and not last.tool_calls
     )
+
+
+def _check_run_decisions(run: RunTool, after: Conversation) -> None:
+    """How a RunTool says its call runs follows from the conversation's rules (spelled
+    out here, not asked of ``permissions.py``): confined when some layer allows bash
+    only through patterns; a file tool's call of a conversation with rules carries
+    them, with every tool ``read-only`` stood for."""
+    layers = () if after.permissions is None else after.permissions.layers
+    confined = any(
+        layer.allow is not None
+        and not any(rule.tool == "bash" and rule.pattern is None for rule in layer.allow)
+        for layer in layers
+    )
+    if run.confined != confined:
+        _fail("RunTool is confined as its rules say", f"{run.confined} for {layers}", after)
+    name = run.tool_call.name
+    if after.permissions is None or name not in ("read_file", "write_file", "edit_file"):
+        if run.path_rules is not None:
+            _fail("only a file tool with rules carries them", f"{run.path_rules}", after)
+        return
+    reading = {"read_file", "think", "grep", "glob"} | {t.name for t in after.tools if t.read_only}
+    rules = run.path_rules
+    if rules is None or rules.permissions != after.permissions or set(rules.reading) != reading:
+        _fail("a file tool carries its conversation's rules", f"{rules}", after)
 
 
 def _check_child_permissions(

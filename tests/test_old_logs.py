@@ -255,3 +255,28 @@ def test_a_schema_7_log_from_before_read_only_tool_specs_verifies_identical(
     results = [m.result for m in child.history if isinstance(m, ToolResultMessage)]
     assert [(r.name, r.is_error) for r in results[:2]] == [("peek", True), ("poke", True)]
     assert results[0].content.startswith("peek refused: no allow rule of agent 'reader'")
+
+
+def test_a_schema_7_log_whose_runtime_decided_confinement_verifies_identical(
+    tmp_path: Path,
+) -> None:
+    """``s7-confined.db`` was written by the last fanfold that stored effects, whose
+    runtime decided from the state whether a call was confined and which rules a path's
+    links must pass: the built-in reviewer ran git and read a file, a writer's write
+    through ``docs/link -> ../src`` was refused by the link check. Its stored
+    ``RunTool``s hold neither decision; where the reducer makes them (``RunTool``'s
+    ``confined`` and ``path_rules``, ``NEVER_STORED``), the log still verifies
+    identical."""
+    path = _copy("s7-confined", tmp_path)
+    root = _root(path)
+    with Store.open(path) as store:
+        report = verify(store, root, tree=True)
+        assert report.ok, report
+        reviewer, writer = (store.load_state(f"{root}.{n}") for n in (1, 2))
+    # What the log holds is what today's reducer decides differently from the default.
+    tools = [m.result for m in reviewer.history if isinstance(m, ToolResultMessage)]
+    assert [(r.name, r.is_error) for r in tools[:2]] == [("bash", False), ("read_file", False)]
+    written = [m.result for m in writer.history if isinstance(m, ToolResultMessage)]
+    assert written[0].is_error and written[0].content.endswith(
+        "'docs/link/evil.py' leads to 'src/evil.py' through a symbolic link"
+    )

@@ -638,7 +638,7 @@ async def test_a_runtimes_presence_outlives_the_end_of_its_session(
 OLD_LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 
-@pytest.mark.parametrize("name", ["s1", "s5", "s6-killed", "s7-tools"])
+@pytest.mark.parametrize("name", ["s1", "s5", "s6-killed", "s7-tools", "s7-confined"])
 def test_an_old_log_imports_into_postgresql_and_verifies_as_in_sqlite(
     name: str, tmp_path: Path, pg_url: str, data_home: Path
 ) -> None:

@@ -29,7 +29,11 @@ older than N, and then takes its default; older logs stay readable as they are. 
 field whose metadata also has ``OMITTED_AT_DEFAULT`` is written only when it differs
 from its default, and may be missing at any version: values that existed before it
 encode byte for byte as they did, so the fingerprints of older logs (a digest of the
-state's encoding) still match.
+state's encoding) still match. An effect's field marked ``NEVER_STORED`` as well was
+added after effects stopped being stored: no stored effect holds it, so replay
+compares stored effects with it at its default at every version, and the compact form
+leaves it out at its default when it ends its class (a stored effect imported again is
+written as it was stored).
 
 The class registry is derived once, at import, from ``ALL_EVENTS``,
 ``ALL_EFFECTS``, ``ALL_PHASES`` and ``Conversation`` by following field annotations,
@@ -160,6 +164,14 @@ with ``OMITTED_AT_DEFAULT``, the value left out when encoding, so that they enco
 as they did). ``Limits.context_modes``: ``summary`` is offered by default since
 schema 7, and a log of schema 6 decodes to the two modes it offered."""
 """Field metadata key: the codec writes the field only when it differs from its default."""
+
+NEVER_STORED = "never_stored"
+"""Field metadata key of an effect's field added after the log stopped storing
+effects (the events-only log, issue 21; ``RunTool.confined``, ``RunTool.path_rules``):
+no stored effect has it, whatever its document's version (schema 7 logs stored
+effects before they stopped), so ``as_recorded_by`` gives it its default at every
+version. Such a field is also ``OMITTED_AT_DEFAULT``: a stored effect encodes as it was
+stored."""
 
 _Emitter = Callable[[Any], str]
 _Decoder = Callable[[Any], Any]
@@ -409,17 +421,34 @@ def _compile_compact_emitter(
     *,
     document: bool,
     tagged: bool = True,
+    never_stored: dict[str, Any] | None = None,
 ) -> _Emitter:
     """Compile ``obj -> compact JSON text`` for one class (see "Compact form"): an
     array of the type name (unless not ``tagged``) and every field's value in
     declaration order, after the schema version for a document: ``[6,"Usage",12,7]``;
-    untagged ``[12,7]``."""
+    untagged ``[12,7]``.
+
+    ``never_stored``: the class's last fields, ``NEVER_STORED`` ones, by name, with
+    their defaults: left out when all are at their defaults, so that an effect a log
+    stored before they existed is written again as it was (an import stores what the
+    export holds in this form, and format-5 fingerprints hash that text)."""
     namespace: dict[str, Any] = {}
     items = [f'{SCHEMA_VERSION},"{name}"' if document else f'"{name}"'] if tagged else []
     for index, field in enumerate(names):
         namespace[f"_e{index}"] = emitters[field]
         items.append(f"{{_e{index}(o.{field})}}")
     source = f"def emit(o):\n    return f'[{','.join(items)}]'\n"
+    if never_stored:
+        tests = []
+        for index, (field, default) in enumerate(never_stored.items()):
+            namespace[f"_d{index}"] = default
+            tests.append(f"o.{field} == _d{index}")
+        short = items[: len(items) - len(never_stored)]
+        source = (
+            f"def emit(o):\n    if {' and '.join(tests)}:\n"
+            f"        return f'[{','.join(short)}]'\n"
+            f"    return f'[{','.join(items)}]'\n"
+        )
     kind = "compact document" if document else "compact value" if tagged else "untagged value"
     exec(compile(source, f"<fanfold.db.codec {kind} emitter for {name}>", "exec"), namespace)
     emit: _Emitter = namespace["emit"]
@@ -802,6 +831,7 @@ class _ClassCodec:
         "keys",
         "name",
         "names",
+        "never_stored",
         "omitted",
         "since",
         "stored",
@@ -832,6 +862,12 @@ class _ClassCodec:
             name: default
             for name, (_, default) in self.since.items()
             if attrs.fields_dict(cls)[name].metadata.get(OMITTED_AT_DEFAULT)
+        }
+        # Fields no stored document has (NEVER_STORED): name -> default.
+        self.never_stored: dict[str, Any] = {
+            name: default
+            for name, default in self.omitted.items()
+            if attrs.fields_dict(cls)[name].metadata.get(NEVER_STORED)
         }
         self.emit: _Emitter = _unbuilt
         self.document: _Emitter = _unbuilt
@@ -867,7 +903,13 @@ class _ClassCodec:
         compact = {
             f.name: _field_emitter(hints[f.name], where[f.name], compact=True) for f in fields
         }
-        value = _compile_compact_emitter(self.name, self.names, compact, document=False)
+        # The last fields, if NEVER_STORED, are left out of the compact form at their
+        # defaults (see _compile_compact_emitter).
+        trailing = _trailing_omitted(self.names, self.never_stored)
+        unstored = {n: self.never_stored[n] for n in trailing} or None
+        value = _compile_compact_emitter(
+            self.name, self.names, compact, document=False, never_stored=unstored
+        )
         self.compact = _compact_memo.wrap(value) if self.cls in MEMOISED_TYPES else value
         untagged = _compile_compact_emitter(
             self.name,
@@ -875,6 +917,7 @@ class _ClassCodec:
             compact,
             document=False,
             tagged=False,
+            never_stored=unstored,
         )
         self.untagged = _untagged_memo.wrap(untagged) if self.cls in MEMOISED_TYPES else untagged
         # A blob's text is the value's ordinary (object) text: one text per value,
@@ -884,7 +927,7 @@ class _ClassCodec:
             for n, e in compact.items()
         }
         self.compact_stored = _compile_compact_emitter(
-            self.name, self.names, compact_stored, document=True
+            self.name, self.names, compact_stored, document=True, never_stored=unstored
         )
         self.decoders = tuple(
             (
@@ -1018,7 +1061,8 @@ def as_recorded_by(value: Any, version: int) -> Any:
     (a NotifyParent's outcome, a phase inside a state, the items of a tuple).
 
     Replay compares a recomputed effect with a recorded one this way: an older log
-    lacks the field, which says nothing about its value.
+    lacks the field, which says nothing about its value. A ``NEVER_STORED`` field takes
+    its default at every version: no stored effect ever held it.
     """
     if isinstance(value, tuple):
         return tuple(as_recorded_by(item, version) for item in value)
@@ -1028,7 +1072,7 @@ def as_recorded_by(value: Any, version: int) -> Any:
     changes: dict[str, Any] = {}
     for name in codec.names:
         added = codec.since.get(name)
-        if added is not None and version < added[0]:
+        if added is not None and (version < added[0] or name in codec.never_stored):
             changes[name] = added[1]
             continue
         inner = getattr(value, name)

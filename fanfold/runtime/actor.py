@@ -75,12 +75,7 @@ from fanfold.statemachine import (
     model_request,
     transition,
 )
-from fanfold.statemachine.permissions import (
-    PATH_TOOLS,
-    confines_commands,
-    reading_tools,
-    refusal,
-)
+from fanfold.statemachine.permissions import link_refusal
 from fanfold.statemachine.phases import Completed, Error, Failed
 from fanfold.statemachine.state import tree_path as place_in_tree
 
@@ -758,7 +753,7 @@ class Actor:
         outside = self.runtime.tool_cwd_problem(self.state, effect.cwd)
         if outside is not None:
             return ToolFinished(effect.call, ToolResult(call.id, call.name, outside, True))
-        linked = _refused_through_a_link(self.state, call, effect.cwd)
+        linked = _refused_through_a_link(effect)
         if linked is not None:
             return ToolFinished(effect.call, ToolResult(call.id, call.name, linked, True))
         return None
@@ -772,8 +767,7 @@ class Actor:
         call: ToolCall = effect.tool_call
         started = time.perf_counter()
         try:
-            confined = confines_commands(self.state.permissions)
-            result = self.runtime.answer_tool(call, effect.cwd, confined=confined)
+            result = self.runtime.answer_tool(call, effect.cwd, confined=effect.confined)
         except Exception as exc:
             return self._tool_crashed(effect, started, exc)
         return self._tool_finished(effect, started, result, "ok")
@@ -785,9 +779,10 @@ class Actor:
         call: ToolCall = effect.tool_call
         started = time.perf_counter()
         try:
-            if confines_commands(self.state.permissions):
-                # The agent runs bash through allow patterns only: its git must not
-                # start what the repository's configuration names (git_guard.py).
+            if effect.confined:
+                # The reducer says the agent runs bash through allow patterns only: its
+                # git must not start what the repository's configuration names
+                # (git_guard.py).
                 result = await self.runtime.tools.run(call, effect.cwd, confined=True)
             else:
                 result = await self.runtime.tools.run(call, effect.cwd)
@@ -928,16 +923,21 @@ def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def _refused_through_a_link(state: Conversation, call: ToolCall, cwd: str) -> str | None:
+def _refused_through_a_link(effect: RunTool) -> str | None:
     """Why a file tool's call, permitted by its path as spelled, is refused by the
     path its symbolic links lead to (None: permitted, or no link on the way).
 
     The reducer matches path rules on the spelling alone (it does no I/O), so
     ``write_file(docs/**)`` permits ``docs/link/x.py``; if ``docs/link`` is a link to
-    ``../src``, the file written is ``src/x.py``, which the rule does not permit.
+    ``../src``, the file written is ``src/x.py``, which the rule does not permit. The
+    reducer put on the effect which rules apply (``path_rules``, None: no check);
+    this resolves the links, the one thing it cannot do, and the pure
+    ``link_refusal`` judges the path found.
     """
-    if state.permissions is None or call.name not in PATH_TOOLS:
+    rules = effect.path_rules
+    if rules is None:
         return None
+    call, cwd = effect.tool_call, effect.cwd
     try:
         arguments = call.arguments()
     except ValueError:
@@ -951,9 +951,4 @@ def _refused_through_a_link(state: Conversation, call: ToolCall, cwd: str) -> st
     if os.path.relpath(real, real_cwd) == os.path.relpath(spelled, cwd):
         return None
     # The real path, spelled from the working directory as the reducer spells it.
-    through = os.path.relpath(real, real_cwd)
-    resolved = ToolCall.of(call.id, call.name, {**arguments, "path": through})
-    why = refusal(state.permissions, resolved, state.cwd, reading_tools(state.tools))
-    if why is None:
-        return None
-    return f"{call.name} {why}: {path!r} leads to {through!r} through a symbolic link"
+    return link_refusal(rules, call, cwd, os.path.relpath(real, real_cwd))

@@ -17,7 +17,7 @@ from fanfold.statemachine.errors import CancelReason
 from fanfold.statemachine.events import ConversationCreated, WorkingDirectory
 from fanfold.statemachine.limits import Limits
 from fanfold.statemachine.messages import Message, ToolCall, ToolSpec
-from fanfold.statemachine.permissions import Permissions
+from fanfold.statemachine.permissions import PathRules, Permissions
 
 _AGENTS_FIELD = {"since": 6, "omitted_at_default": True}
 
@@ -41,13 +41,32 @@ class CallModel:
     attempt: int = attrs.field(default=1, metadata={"since": 4})
 
 
+# Fields of RunTool added after the log stopped storing effects (issue 21): no
+# stored effect has them. Written only when not at their default, so an effect that
+# older logs stored encodes as they stored it; NEVER_STORED tells replay to compare a
+# stored effect with the recomputed one's field at its default (codec.as_recorded_by).
+_DECIDED_FIELD = {"since": 7, "omitted_at_default": True, "never_stored": True}
+
+
 @attrs.frozen
 class RunTool:
-    """Run ``tool_call`` in ``cwd``; answer with ToolFinished."""
+    """Run ``tool_call`` in ``cwd``; answer with ToolFinished.
+
+    The reducer decides how the call runs; the runtime only reads it:
+
+    - ``confined``: the conversation's bash runs through allow patterns only
+      (``confines_commands`` of its permissions), so the tool runs it with git's
+      configured programs switched off (``fanfold/tools/git_guard.py``).
+    - ``path_rules``: for a file tool of a conversation with rules, the rules its path
+      must also pass once its symbolic links are resolved (the reducer matched the
+      path as spelled; only the runtime can resolve links). None: no such check.
+    """
 
     call: int
     tool_call: ToolCall
     cwd: str
+    confined: bool = attrs.field(default=False, metadata=_DECIDED_FIELD)
+    path_rules: PathRules | None = attrs.field(default=None, metadata=_DECIDED_FIELD)
 
 
 @attrs.frozen

@@ -312,6 +312,57 @@ def confines_commands(permissions: Permissions | None) -> bool:
     )
 
 
+@attrs.frozen
+class PathRules:
+    """What a file tool's call must also pass where its path really leads: the rules
+    the reducer matched the path against as spelled, and what ``read-only`` stood for
+    then (``reading_tools`` of the conversation's tools, sorted).
+
+    The reducer puts it on the call's ``RunTool`` (``path_rules``); the runtime, which
+    alone can resolve symbolic links, resolves the path and asks ``link_refusal``.
+    """
+
+    permissions: Permissions
+    reading: tuple[str, ...] = ()
+
+
+def path_rules(
+    permissions: Permissions | None, call: ToolCall, tools: tuple[ToolSpec, ...]
+) -> PathRules | None:
+    """The rules a ``RunTool`` of ``call`` carries for the runtime's check of symbolic
+    links: None unless ``call`` is a file tool's and the conversation has rules."""
+    if permissions is None or call.name not in PATH_TOOLS:
+        return None
+    marked = [spec.name for spec in tools if spec.read_only]
+    # Without read-only specs (the usual case) the sorted built-ins, sorted once.
+    reading = tuple(sorted(READING_TOOLS.union(marked))) if marked else _SORTED_READING_TOOLS
+    return PathRules(permissions, reading)
+
+
+_SORTED_READING_TOOLS = tuple(sorted(READING_TOOLS))
+
+
+def link_refusal(rules: PathRules, call: ToolCall, cwd: str, through: str) -> str | None:
+    """Why ``call``, which the rules permitted by its path as spelled, is refused now
+    that its path is known to lead to ``through`` (the real path, spelled relative to
+    ``cwd`` as the reducer spells paths); None if the rules permit that path too.
+
+    Pure: the runtime resolves the links (I/O) and passes what it found.
+    """
+    try:
+        arguments = call.arguments()
+    except ValueError:
+        return None
+    if not isinstance(arguments, dict):
+        return None
+    spelled = arguments.get("path")
+    resolved = ToolCall.of(call.id, call.name, {**arguments, "path": through})
+    why = refusal(rules.permissions, resolved, cwd, frozenset(rules.reading))
+    if why is None:
+        return None
+    return f"{call.name} {why}: {spelled!r} leads to {through!r} through a symbolic link"
+
+
 def _confined_problem(allow: tuple[Rule, ...], call: ToolCall) -> str | None:
     """Why a bash call that an allow pattern matches as text is still refused."""
     if call.name not in COMMAND_TOOLS:

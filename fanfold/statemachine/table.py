@@ -98,7 +98,9 @@ _row(
         "Failed Error",
         "current call: text only ends the turn (root Idle, sub-agent Completed; cut off "
         "at max_tokens: kept, marked truncated); refusal: Failed/Error refused with its "
-        "explanation, nothing run; tool calls run in order (control tools inline); grace "
+        "explanation, nothing run; tool calls run in order (control tools inline; an "
+        "ordinary one: RunTool with how it runs, from the rules: confined, and a file "
+        "tool's path_rules for the runtime's link check); grace "
         "round: submit or Failed/Error iteration_limit; token budget: Failed/Error "
         "budget_exhausted. " + STALE,
         UnknownCall,
@@ -179,7 +181,8 @@ _row(
     RuntimeResumed=_cell(
         _TOOL_TARGETS,
         "the tool gets an 'interrupted' error result (never run twice) unless it is one "
-        "of the event's idempotent_tools (RunTool again, same call); continue as "
+        "of the event's idempotent_tools (RunTool again, same call and decisions); "
+        "continue as "
         "ToolFinished; re-issue SpawnSubAgent/deadlines of running children",
     ),
 )

@@ -125,7 +125,12 @@ from fanfold.statemachine.messages import (
     non_finite_path,
 )
 from fanfold.statemachine.modes import may_start, parse_mode, settle, task_with_earlier
-from fanfold.statemachine.permissions import reading_tools, refusal
+from fanfold.statemachine.permissions import (
+    confines_commands,
+    path_rules,
+    reading_tools,
+    refusal,
+)
 from fanfold.statemachine.phases import (
     AwaitingRetry,
     AwaitingSubAgents,
@@ -964,10 +969,32 @@ def _run_tools(
                     children=children,
                 ),
             )
-            return state, (*effects, RunTool(number, call, state.cwd))
+            return state, (*effects, _run_tool(state, number, call))
     if changes is not None:
         state = state.evolve(**changes)
     return _after(tuple(effects), _tools_done(state, results, children))
+
+
+def _run_tool(state: Conversation, number: int, call: ToolCall) -> RunTool:
+    """The effect that runs ``call`` as tool call ``number``, with how it must run.
+
+    Both are decisions from the state's rules, so they are made here and carried on
+    the effect: the runtime reads them and decides nothing (it cannot run a confined
+    agent's bash unguarded by asking the wrong question, and replay derives the same
+    effect). ``confined``: bash only through allow patterns, so git's configured
+    programs are switched off. ``path_rules``: the rules a file tool's path must pass
+    once the runtime has resolved its symbolic links (I/O the reducer cannot do).
+    """
+    permissions = state.permissions
+    if permissions is None:  # no rules (a root, an unrestricted agent): nothing to carry
+        return RunTool(number, call, state.cwd)
+    return RunTool(
+        number,
+        call,
+        state.cwd,
+        confined=confines_commands(permissions),
+        path_rules=path_rules(permissions, call, state.tools),
+    )
 
 
 def _refused_by_rules(state: Conversation, call: ToolCall) -> str | None:
@@ -1700,7 +1727,7 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
             return state, tuple(effects)
         case ToolExecuting(current=current, call=call) if current.name in event.idempotent_tools:
             # The tool says a second call is harmless: run it again, same call number.
-            effects.append(RunTool(call, current, state.cwd))
+            effects.append(_run_tool(state, call, current))
             return state, tuple(effects)
         case ToolExecuting(
             current=current, remaining=remaining, results=results, children=children
