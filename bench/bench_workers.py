@@ -21,9 +21,22 @@ points interleaved so that the machine's changing load spreads over all of them)
 - waits until every root is at rest by reading fanfold's log (what ``fanfold wait``
   reads), every 0.2 s, then stops the workers (SIGTERM).
 
-Each tree is a scripted fan-out: the root spawns ``--children`` children (no latency),
-each child does ``--rounds`` model rounds of L seconds (``think`` calls, then
-``submit_result``), the root answers. Measured over the window from the first enqueue
+Each tree is a scripted fan-out: the root spawns ``--children`` children (no latency;
+in ``spawn_agents`` calls of at most 10 tasks, the reducer's default
+``max_tasks_per_call``, all in one reply: one step), each child does ``--rounds``
+model rounds of L seconds (``think`` calls, then ``submit_result``), the root
+answers. ``--all-at-once`` sets the trees' ``max_concurrent`` to ``--children`` (the
+reducer's default is 10: the rest of a fan-out queues), the big fan-out that
+placement spreads over workers (``fanfold/runtime/placement.py``).
+
+Placement: ``--spread-at``, ``--chunk-size`` and ``--chunk-concurrency`` go to every
+worker of a point; each takes a comma list, and the lists (one value repeated)
+name the variants measured side by side, e.g. ``--spread-at 100000,32,32
+--chunk-size 16,16,64`` is placement off, chunks of 16 and chunks of 64. A point
+reports how its children were spread: the chunks (``dbos.workflow_status`` rows of
+the ``fanfold.chunk`` workflow) by the worker that ran them (``executor_id``), and
+the share of the children run by their tree's own worker (an unplaced child runs
+there; a placed one where its chunk ran). Measured over the window from the first enqueue
 to the last root at rest: wall time, trees per second, CPU seconds of the workers
 (utime+stime of each worker process and its reaped children, ``/proc``) and of
 PostgreSQL (the postmaster's process tree: the live backends and what the postmaster
@@ -83,16 +96,57 @@ class Settings:
     warm: bool = True
     sqlite: bool = True
     timeout: float = 300.0
+    all_at_once: bool = False
+    """The trees' ``max_concurrent`` is ``children`` (else the reducer's default)."""
+    warm_per_worker: int | None = None
+    """Warm-up trees per worker (None: ``concurrency``)."""
+    placements: tuple[Placing, ...] = ()
+    """Placement variants measured side by side (none: the workers' defaults)."""
+
+
+@attrs.frozen
+class Placing:
+    """The placement options a point's workers get (None: the worker's default)."""
+
+    spread_at: int | None = None
+    chunk_size: int | None = None
+    chunk_concurrency: int | None = None
+
+    def argv(self) -> list[str]:
+        """The worker's options for it."""
+        out: list[str] = []
+        for flag, value in (
+            ("--spread-at", self.spread_at),
+            ("--chunk-size", self.chunk_size),
+            ("--chunk-concurrency", self.chunk_concurrency),
+        ):
+            if value is not None:
+                out += [flag, str(value)]
+        return out
+
+    def label(self) -> str:
+        """Short name in a table: ``spread/chunk/chunk-concurrency``, ``-`` a default."""
+        return "/".join(
+            "-" if v is None else str(v)
+            for v in (self.spread_at, self.chunk_size, self.chunk_concurrency)
+        )
 
 
 def script(latency: float, children: int, rounds: int) -> dict[str, Any]:
     """The scripted fan-out every worker (and the SQLite run) answers with."""
     think = {"name": "think", "arguments": {"thought": "working"}}
     submit = {"name": "submit_result", "arguments": {"result": "done"}}
-    spawn = {
-        "name": "spawn_agents",
-        "arguments": {"tasks": [{"task": f"part {i}"} for i in range(children)]},
-    }
+    # Calls of at most 10 tasks (the reducer's default ``max_tasks_per_call``, which a
+    # detached tree cannot change), all in one reply: every spawn is in one step.
+    spawns = [
+        {
+            "name": "spawn_agents",
+            "arguments": {
+                "tasks": [{"task": f"part {i}"} for i in range(start, min(start + 10, children))]
+            },
+        }
+        for start in range(0, children, 10)
+    ]
     child = [{"tool_calls": [think]} for _ in range(rounds - 1)] + [{"tool_calls": [submit]}]
     return {
         "latency": latency,
@@ -100,7 +154,7 @@ def script(latency: float, children: int, rounds: int) -> dict[str, Any]:
             {
                 "match": {"path": "root"},
                 "replies": [
-                    {"latency": 0, "tool_calls": [spawn]},
+                    {"latency": 0, "tool_calls": spawns},
                     {"latency": 0, "text": "all done"},
                 ],
             },
@@ -156,7 +210,14 @@ def tree_cpu(roots: Sequence[int]) -> float:
 class Workers:
     """N ``fanfold worker`` processes on one database."""
 
-    def __init__(self, folder: Path, url: str, script_file: Path, settings: Settings) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        url: str,
+        script_file: Path,
+        settings: Settings,
+        placing: Placing | None = None,
+    ) -> None:
         self.folder = folder
         self.env = {
             **os.environ,
@@ -170,6 +231,7 @@ class Workers:
         self.env.pop("FANFOLD_DBOS_DB", None)
         self.script_file = script_file
         self.settings = settings
+        self.placing = placing or Placing()
         self.procs: list[subprocess.Popen[str]] = []
         self.argv: list[str] = []
 
@@ -178,7 +240,7 @@ class Workers:
         argv = [
             sys.executable, "-c", "from fanfold.cli import main; main()", "worker",
             "--script", str(self.script_file), "--concurrency", str(self.settings.concurrency),
-            "--poll", str(self.settings.poll),
+            "--poll", str(self.settings.poll), *self.placing.argv(),
         ]  # fmt: skip
         self.argv = argv
         for i in range(n):
@@ -222,7 +284,7 @@ class Workers:
         return codes
 
 
-def _enqueue(url: str, roots: list[str], cwd: str) -> None:
+def _enqueue(url: str, roots: list[str], cwd: str, limits: dict[str, int] | None = None) -> None:
     """What ``run --detach`` does for each tree, through one client."""
     from dbos import DBOSClient, EnqueueOptions
 
@@ -237,7 +299,8 @@ def _enqueue(url: str, roots: list[str], cwd: str) -> None:
                 "workflow_id": root,
                 "app_version": APP_VERSION,
             }
-            client.enqueue(options, TreeSpec(root, f"tree {root}", cwd).to_input())
+            spec = TreeSpec(root, f"tree {root}", cwd, limits=tuple(sorted((limits or {}).items())))
+            client.enqueue(options, spec.to_input())
     finally:
         client.destroy()
 
@@ -252,9 +315,17 @@ def _counters(conn: Any, database: str) -> tuple[int, int]:
 
 
 def postgres_point(
-    cluster: Cluster, settings: Settings, n: int, latency: float, trees: int, tag: str
+    cluster: Cluster,
+    settings: Settings,
+    n: int,
+    latency: float,
+    trees: int,
+    tag: str,
+    placing: Placing | None = None,
 ) -> dict[str, Any]:
     """One point: ``n`` workers, ``trees`` trees at ``latency``; the measured numbers."""
+    placing = placing or Placing()
+    limits = {"max_concurrent": settings.children} if settings.all_at_once else {}
     import psycopg
 
     database = f"bench_{tag}"
@@ -265,7 +336,7 @@ def postgres_point(
         folder = Path(tmp)
         script_file = folder / "script.json"
         script_file.write_text(json.dumps(script(latency, settings.children, settings.rounds)))
-        workers = Workers(folder, url, script_file, settings)
+        workers = Workers(folder, url, script_file, settings, placing)
         try:
             workers.start(n)
             roots = [f"{tag}t{i}" for i in range(trees)]
@@ -276,8 +347,9 @@ def postgres_point(
                     # A full load of trees first (C per worker), outside the window: a
                     # worker's first trees pay for what it loads lazily, which a short
                     # point would count N times.
-                    warm = [f"{tag}w{i}" for i in range(n * settings.concurrency)]
-                    _enqueue(url, warm, str(folder))
+                    per_worker = settings.warm_per_worker or settings.concurrency
+                    warm = [f"{tag}w{i}" for i in range(n * per_worker)]
+                    _enqueue(url, warm, str(folder), limits)
                     _wait_at_rest(conn, warm, workers, settings.timeout, f"{tag} warm-up")
                 # What the idle workers cost (DBOS's queue polls, lease renewals) and
                 # PostgreSQL with them, per second: a part of every point's CPU that
@@ -290,9 +362,10 @@ def postgres_point(
                 idle_pg = (tree_cpu([postmaster]) - idle_pg0) / idle_s
                 load_before = os.getloadavg()[0]
                 xid0, commits0 = _counters(conn, database)
+                rows0 = _table_rows(conn)
                 wcpu0, pgcpu0 = tree_cpu(workers.pids()), tree_cpu([postmaster])
                 t0 = time.monotonic()
-                _enqueue(url, roots, str(folder))
+                _enqueue(url, roots, str(folder), limits)
                 statuses = _wait_at_rest(conn, roots, workers, settings.timeout, tag)
                 wall = time.monotonic() - t0
                 wcpu1, pgcpu1 = tree_cpu(workers.pids()), tree_cpu([postmaster])
@@ -310,6 +383,7 @@ def postgres_point(
                     "WHERE workflow_uuid = ANY(%s)",
                     (roots,),
                 )
+                spread = _spread(conn, roots)
         finally:
             codes = workers.stop()
             # DBOS doubles a queue's polling interval each time a poll meets another
@@ -318,6 +392,13 @@ def postgres_point(
                 (folder / f"w{i}.err").read_text(errors="replace").count("Contention detected")
                 for i in range(len(workers.procs))
             )
+    # Rows written per table over the window (inserts + updates + deletes, from the
+    # statistics, read once the workers have stopped: a backend flushes its counts
+    # when it ends). The drain after the window adds little: nothing runs then.
+    with psycopg.connect(url, autocommit=True) as conn:
+        time.sleep(0.5)
+        rows1 = _table_rows(conn)
+    table_rows = {t: rows1[t] - rows0.get(t, 0) for t in rows1 if rows1[t] != rows0.get(t, 0)}
     with psycopg.connect(cluster.url, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
     return {
@@ -329,6 +410,11 @@ def postgres_point(
         "wall": wall,
         "trees_per_s": trees / wall,
         "worker_cpu": wcpu1 - wcpu0,
+        "children": trees * settings.children,
+        "children_per_s": trees * settings.children / wall,
+        "placing": attrs.asdict(placing),
+        **spread,
+        "table_rows": table_rows,
         "pg_cpu": pgcpu1 - pgcpu0,
         "idle_worker_cpu_per_s": idle_w,
         "idle_pg_cpu_per_s": idle_pg,
@@ -366,6 +452,80 @@ def _wait_at_rest(
         time.sleep(WAIT_POLL)
 
 
+def _spread(conn: Any, roots: list[str]) -> dict[str, Any]:
+    """How the children of ``roots`` were spread over the workers: chunks per worker
+    (DBOS's ``executor_id`` of each chunk's workflow), children placed, the share run
+    by their tree's own worker, and the outcomes each root received."""
+    children = _one(
+        conn,
+        "SELECT count(*) FROM fanfold.conversations WHERE root_id = ANY(%s) "
+        "AND parent_id IS NOT NULL",
+        (roots,),
+    )
+    has_placements = _one(conn, "SELECT to_regclass('fanfold.placements') IS NOT NULL")
+    by_worker: dict[str, int] = {}
+    placed = elsewhere = 0
+    if has_placements:
+        rows = conn.execute(
+            "SELECT w.executor_id, count(DISTINCT p.chunk_id), count(*), "
+            "count(*) FILTER (WHERE w.executor_id IS DISTINCT FROM t.executor_id) "
+            "FROM fanfold.placements p "
+            "LEFT JOIN dbos.workflow_status w ON w.workflow_uuid = p.chunk_id "
+            "LEFT JOIN dbos.workflow_status t ON t.workflow_uuid = p.root_id "
+            "WHERE p.root_id = ANY(%s) GROUP BY w.executor_id",
+            (roots,),
+        ).fetchall()
+        for executor, chunks, kids, away in rows:
+            by_worker[str(executor)] = int(chunks)
+            placed += int(kids)
+            elsewhere += int(away)
+    # Each root's outcomes from its children (its SubAgentFinished events): one per
+    # child, never none, never two.
+    delivered = _one(
+        conn,
+        "SELECT count(*) FROM fanfold.events WHERE conversation_id = ANY(%s) "
+        "AND type = 'SubAgentFinished'",
+        (roots,),
+    )
+    # Where a fan-out's wall time goes (the steps' times in the log, per tree): from
+    # the root's spawning step (its first ModelReplied) to its first child's first
+    # step, the children's span, and from the last child's last step to the root's.
+    timing = conn.execute(
+        "WITH r AS (SELECT conversation_id AS id, "
+        "min(at) FILTER (WHERE type = 'ModelReplied') AS spawn, max(at) AS done "
+        "FROM fanfold.events WHERE conversation_id = ANY(%s) GROUP BY 1), "
+        "k AS (SELECT c.root_id AS id, min(e.at) AS first, max(e.at) AS last "
+        "FROM fanfold.conversations c JOIN fanfold.events e ON e.conversation_id = c.id "
+        "WHERE c.root_id = ANY(%s) AND c.parent_id IS NOT NULL GROUP BY 1) "
+        "SELECT k.first - r.spawn, k.last - k.first, r.done - k.last FROM r JOIN k USING (id)",
+        (roots, roots),
+    ).fetchall()
+    return {
+        "children_run": int(children),
+        "children_placed": placed,
+        "own_worker_share": (int(children) - elsewhere) / max(int(children), 1),
+        "chunks_by_worker": sorted(by_worker.values(), reverse=True),
+        "outcomes_delivered": int(delivered),
+        # Medians over the trees, seconds.
+        "spawn_to_first_child": _median([t[0] for t in timing]),
+        "children_span": _median([t[1] for t in timing]),
+        "last_child_to_root": _median([t[2] for t in timing]),
+    }
+
+
+def _table_rows(conn: Any) -> dict[str, int]:
+    """Rows inserted, updated and deleted so far in each table (the statistics)."""
+    rows = conn.execute(
+        "SELECT schemaname || '.' || relname, n_tup_ins + n_tup_upd + n_tup_del "
+        "FROM pg_stat_user_tables"
+    ).fetchall()
+    return {str(name): int(count) for name, count in rows}
+
+
+def _median(values: list[Any]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
 def _one(conn: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
     """The first column of the first row of ``sql``."""
     return conn.execute(sql, params).fetchone()[0]
@@ -381,7 +541,13 @@ def _has_log(conn: Any) -> bool:
 
 
 def sqlite_run(
-    latency: float, trees: int, children: int, rounds: int, at_once: int, warm: bool = True
+    latency: float,
+    trees: int,
+    children: int,
+    rounds: int,
+    at_once: int,
+    warm: bool = True,
+    all_at_once: bool = False,
 ) -> dict[str, Any]:
     """The same trees in this process: one ``Runtime`` over a new SQLite file, at most
     ``at_once`` trees running, a new one started as soon as one ends."""
@@ -391,7 +557,10 @@ def sqlite_run(
 
     from fanfold.providers.scripted import ScriptedProvider
     from fanfold.runtime import Runtime
+    from fanfold.statemachine import Limits
     from fanfold.tools.registry import ToolSet
+
+    limits = Limits(max_concurrent=children) if all_at_once else None
 
     measured: dict[str, float] = {}
 
@@ -404,7 +573,9 @@ def sqlite_run(
 
                 async def one(i: int) -> None:
                     async with slots:
-                        root = await runtime.start(f"tree {i}", conversation_id=f"{prefix}{i}")
+                        root = await runtime.start(
+                            f"tree {i}", conversation_id=f"{prefix}{i}", limits=limits
+                        )
                         await runtime.wait(root)
 
                 async with trio.open_nursery() as nursery:
@@ -445,6 +616,8 @@ def sqlite_run(
         "trees": trees,
         "wall": wall,
         "trees_per_s": trees / wall,
+        "children": trees * children,
+        "children_per_s": trees * children / wall,
         "worker_cpu": cpu,
         "pg_cpu": 0.0,
         "idle_worker_cpu_per_s": 0.0,
@@ -464,7 +637,8 @@ def sqlite_point(settings: Settings, latency: float, trees: int, at_once: int) -
     """``sqlite_run`` in a fresh process (nothing of DBOS or psycopg loaded in it)."""
     done = subprocess.run(
         [sys.executable, "-m", "bench.bench_workers", "--sqlite-child",
-         json.dumps([latency, trees, settings.children, settings.rounds, at_once, settings.warm])],
+         json.dumps([latency, trees, settings.children, settings.rounds, at_once, settings.warm,
+                     settings.all_at_once])],
         cwd=REPO, capture_output=True, text=True, timeout=settings.timeout, check=False,
     )  # fmt: skip
     if done.returncode != 0:
@@ -486,16 +660,21 @@ def measure(cluster: Cluster, settings: Settings, say: Any = print) -> list[dict
             points: list[tuple[str, int]] = []
             if settings.sqlite:
                 points += [("sqlite", settings.concurrency), ("sqlite", trees)]
+            # Each worker count with each placement variant in turn (the variants of one
+            # worker count side by side).
+            variants = settings.placements or (Placing(),)
             points += [("postgresql", n) for n in settings.workers]
             for backend, n in points:
-                tag = f"r{repeat}l{int(latency * 1000)}n{n}"
-                if backend == "sqlite":
-                    result = sqlite_point(settings, latency, trees, n)
-                else:
-                    result = postgres_point(cluster, settings, n, latency, trees, tag)
-                result["repeat"] = repeat
-                results.append(result)
-                say(row(result))
+                for v, placing in enumerate(variants if backend == "postgresql" else (None,)):
+                    tag = f"r{repeat}l{int(latency * 1000)}n{n}"
+                    if backend == "sqlite":
+                        result = sqlite_point(settings, latency, trees, n)
+                    else:
+                        tag += f"p{v}" if settings.placements else ""
+                        result = postgres_point(cluster, settings, n, latency, trees, tag, placing)
+                    result["repeat"] = repeat
+                    results.append(result)
+                    say(placement_row(result) if settings.placements else row(result))
     return results
 
 
@@ -571,6 +750,88 @@ def summary(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+PLACEMENT_HEADER = (
+    "| spread/chunk/chunk conc. | workers | L | trees x children | wall s | trees/s "
+    "| children/s | worker ms/step | PG ms/step | busy ms/step | write xacts/tree "
+    "| chunks by worker | own worker's share | outcomes/children | first child, children, "
+    "fan-in s | load |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def placement_row(r: dict[str, Any]) -> str:
+    """One markdown table row of a placement point (a PostgreSQL one)."""
+    if r["backend"] != "postgresql":
+        return row(r)
+    w, p = per_step(r)
+    label = Placing(**r["placing"]).label()
+    return (
+        f"| {label} | {r['workers']} | {r['latency']:g} "
+        f"| {r['trees']} x {r['children'] // max(r['trees'], 1)} | {r['wall']:.2f} "
+        f"| {r['trees_per_s']:.2f} | {r['children_per_s']:.1f} | {w:.2f} | {p:.2f} "
+        f"| {busy_per_step(r):.2f} | {r['write_xacts'] / r['trees']:.1f} "
+        f"| {' '.join(str(c) for c in r['chunks_by_worker']) or '-'} "
+        f"| {r['own_worker_share']:.2f} | {r['outcomes_delivered']}/{r['children_run']} "
+        f"| {_seconds(r['spawn_to_first_child'])}, {_seconds(r['children_span'])}, "
+        f"{_seconds(r['last_child_to_root'])} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |"
+    )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def placement_summary(results: list[dict[str, Any]]) -> str:
+    """Per latency and worker count: each placement variant's medians, its wall time
+    as a ratio to the first variant's (placement off, when listed first)."""
+    lines = [
+        "| L | workers | spread/chunk/chunk conc. | median wall s | x first variant "
+        "| median children/s | median CPU ms/step (worker + PG) | median write xacts/tree "
+        "| median own worker's share |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    pg = [r for r in results if r["backend"] == "postgresql"]
+    for latency in sorted({r["latency"] for r in pg}):
+        for n in sorted({r["workers"] for r in pg}):
+            here = [r for r in pg if r["latency"] == latency and r["workers"] == n]
+            labels: list[str] = []
+            for r in here:
+                label = Placing(**r["placing"]).label()
+                if label not in labels:
+                    labels.append(label)
+            first: float | None = None
+            for label in labels:
+                mine = [r for r in here if Placing(**r["placing"]).label() == label]
+                wall = statistics.median(r["wall"] for r in mine)
+                first = wall if first is None else first
+                cps = statistics.median(r["children_per_s"] for r in mine)
+                cpu = statistics.median(sum(per_step(r)) for r in mine)
+                xacts = statistics.median(r["write_xacts"] / r["trees"] for r in mine)
+                own = statistics.median(r["own_worker_share"] for r in mine)
+                lines.append(
+                    f"| {latency:g} | {n} | {label} | {wall:.2f} | {wall / first:.2f} "
+                    f"| {cps:.1f} | {cpu:.2f} | {xacts:.1f} | {own:.2f} |"
+                )
+    return "\n".join(lines)
+
+
+def _ints(text: str | None) -> list[int | None]:
+    """A comma list of integers (``None``: not given)."""
+    return [None] if text is None else [int(x) for x in text.split(",")]
+
+
+def placings(spread_at: str | None, chunk: str | None, conc: str | None) -> tuple[Placing, ...]:
+    """The placement variants of the three comma lists (a one-value list repeats);
+    none when no list is given."""
+    if spread_at is None and chunk is None and conc is None:
+        return ()
+    lists = [_ints(spread_at), _ints(chunk), _ints(conc)]
+    count = max(len(x) for x in lists)
+    if any(len(x) not in (1, count) for x in lists):
+        raise SystemExit("--spread-at, --chunk-size, --chunk-concurrency: lists of one length")
+    return tuple(Placing(*(x[i] if len(x) > 1 else x[0] for x in lists)) for i in range(count))
+
+
 @contextmanager
 def cluster_for(fsync: bool) -> Iterator[Cluster]:
     """A throwaway cluster for the whole benchmark."""
@@ -597,11 +858,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-warm", action="store_true", help="no warm-up trees")
     parser.add_argument("--no-fsync", action="store_true", help="the cluster without fsync")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument(
+        "--spread-at", default=None, help="the workers' --spread-at (a comma list: variants)"
+    )
+    parser.add_argument(
+        "--chunk-size", default=None, help="the workers' --chunk-size (a comma list: variants)"
+    )
+    parser.add_argument(
+        "--chunk-concurrency",
+        default=None,
+        help="the workers' --chunk-concurrency (a comma list: variants)",
+    )
+    parser.add_argument(
+        "--all-at-once",
+        action="store_true",
+        help="the trees' max_concurrent is --children (a big fan-out, all children at once)",
+    )
+    parser.add_argument(
+        "--warm-per-worker",
+        type=int,
+        default=None,
+        help="warm-up trees per worker (default: --concurrency)",
+    )
     parser.add_argument("--sqlite-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.sqlite_child is not None:
-        latency, trees, children, rounds, at_once, warm = json.loads(args.sqlite_child)
-        print(json.dumps(sqlite_run(latency, trees, children, rounds, at_once, warm)))
+        latency, trees, children, rounds, at_once, warm, all_at_once = json.loads(args.sqlite_child)
+        print(json.dumps(sqlite_run(latency, trees, children, rounds, at_once, warm, all_at_once)))
         return 0
     settings = Settings(
         workers=tuple(int(x) for x in args.workers.split(",")),
@@ -615,16 +898,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         idle=args.idle,
         warm=not args.no_warm,
         sqlite=not args.no_sqlite,
+        all_at_once=args.all_at_once,
+        warm_per_worker=args.warm_per_worker,
+        placements=placings(args.spread_at, args.chunk_size, args.chunk_concurrency),
     )
     # SIGTERM (and SIGINT, which a shell's background job ignores) end the run through
     # its finally blocks: the workers stopped, the cluster removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"load average {os.getloadavg()}, {os.cpu_count()} cores, fsync {not args.no_fsync}")
-    print(HEADER)
+    print(PLACEMENT_HEADER if settings.placements else HEADER)
     with cluster_for(not args.no_fsync) as cluster:
         results = measure(cluster, settings)
     print()
     print(summary(results))
+    if settings.placements:
+        print()
+        print(placement_summary(results))
     if args.json is not None:
         args.json.write_text(
             json.dumps({"settings": attrs.asdict(settings), "results": results}, indent=1)

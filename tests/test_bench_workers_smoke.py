@@ -49,3 +49,37 @@ def test_the_worker_benchmark_runs_tiny_trees_on_postgresql_and_sqlite(
     )
     assert len(lines) == 3 and all(line.startswith("| ") for line in lines)
     assert "| 0.05 | postgresql, 1, 8 |" in bench_workers.summary(results)
+
+
+def test_the_worker_benchmark_passes_placement_options_and_reports_the_spread(
+    pg_cluster: Cluster,
+) -> None:
+    from bench import bench_workers
+
+    # Placement off, then on (chunks of 5): one tree of 12 children, all at once (the
+    # root's spawns are two spawn_agents calls in one reply: one step of 12 spawns).
+    off, on = bench_workers.placings("100000,4", "5", None)
+    assert (off.argv(), on.argv()) == (
+        ["--spread-at", "100000", "--chunk-size", "5"],
+        ["--spread-at", "4", "--chunk-size", "5"],
+    )
+    settings = bench_workers.Settings(
+        workers=(1,), latencies=(0.05,), trees=(1,), children=12, rounds=2, repeats=1,
+        idle=0.2, warm=False, sqlite=False, all_at_once=True, placements=(off, on),
+    )  # fmt: skip
+    lines: list[str] = []
+    first, second = bench_workers.measure(pg_cluster, settings, say=lines.append)
+
+    for r in (first, second):
+        assert r["statuses"] == ["idle"], r
+        # Every child ran and the root received each one's outcome once.
+        assert r["children_run"] == r["outcomes_delivered"] == 12
+        assert r["own_worker_share"] == 1.0  # one worker ran everything
+        assert r["worker_exit_codes"] == [0]
+    assert first["steps"] == second["steps"]
+    assert first["children_placed"] == 0 and first["chunks_by_worker"] == []
+    # All 12 spawns in one step, placed as chunks of 5, 5 and 2 on the one worker.
+    assert second["children_placed"] == 12 and second["chunks_by_worker"] == [3]
+    assert second["worker_argv"][0][-4:-2] == ["--spread-at", "4"]
+    assert [line.split(" | ")[0] for line in lines] == ["| 100000/5/-", "| 4/5/-"]
+    assert "| 0.05 | 1 | 4/5/- |" in bench_workers.placement_summary([first, second])

@@ -473,3 +473,40 @@ async def test_a_chunk_no_worker_will_run_is_taken_back_by_its_parents_runtime(
     owner_a = a.store.owner  # type: ignore[attr-defined]
     assert claims[second][0] == owner_a and claims[first] == (owner_a, 2)
     _check_tree(pg_url, root, 6)
+
+
+async def test_outcomes_read_together_reach_their_parent_in_one_commit(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # The tree's runtime reads its placed children's outcomes every second: all ten
+    # children (chunks on another runtime, 50 ms each) are at rest by its first read
+    # after the placement. Their outcomes are then delivered together and the parent's
+    # ten steps committed as one batch; delivered one by one, each read of a child's
+    # state let the parent commit alone (a transaction per outcome: with 128 children
+    # 128 write transactions and 1.3 s of fan-in, bench/README.md).
+    provider = ScriptedProvider(_fan_out(10))
+    queue = _Queue()
+    ran: dict[str, Any] = {}
+    async with (
+        Runtime.open(pg_url, provider, []) as a,
+        Runtime.open(pg_url, provider, []) as b,
+    ):
+        a.use_placement(queue, PlacementSettings(spread_at=4, chunk=3, poll=1.0))
+        b.use_placement(queue, SETTINGS)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve_chunks, queue, [b], ran)
+            root = await a.start("fan out", cwd=tmp_path)
+            with trio.fail_after(30):
+                result = await a.wait(root)
+            nursery.cancel_scope.cancel()
+        assert result.phase == "Idle"
+        assert len(ran) == 4
+    _check_tree(pg_url, root, 10)
+    with psycopg.connect(pg_url) as conn:
+        commits = conn.execute(
+            "SELECT count(DISTINCT xmin::text) FROM fanfold.events "
+            "WHERE conversation_id = %s AND type = 'SubAgentFinished'",
+            (root,),
+        ).fetchone()
+    # One read found them all (two if a child came to rest just after it).
+    assert commits is not None and commits[0] <= 2, commits

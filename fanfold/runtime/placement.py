@@ -270,8 +270,18 @@ class Placement:
         if not self.watched:
             return
         done = await trio.to_thread.run_sync(self._store.at_rest_among, list(self.watched))
-        for child_id in done:
-            state = await trio.to_thread.run_sync(self._store.load_state, child_id)
+        if not done:
+            return
+        # Every finished child's state first, then every delivery with no checkpoint
+        # between them: the parents' steps for these outcomes are then one batch, one
+        # commit. (Read and delivered one by one, each delivery was committed alone
+        # while the next child was read: a fan-out of 128 placed children spent 128
+        # write transactions and some 1.3 s on its fan-in; bench/README.md,
+        # "Placement of chunks".) A read that fails delivers nothing: all are read
+        # again at the next poll.
+        store = self._store
+        states = await trio.to_thread.run_sync(lambda: [store.load_state(c) for c in done])
+        for child_id, state in zip(done, states, strict=True):
             parent_id = self.watched.pop(child_id, None)
             self._placed.pop(child_id, None)
             if parent_id is None or state.outcome is None:
