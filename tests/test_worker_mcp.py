@@ -137,3 +137,61 @@ def test_a_worker_offers_its_own_mcp_servers_and_never_the_trees_folders(
     # The tree's folder's own server was never started.
     assert not (marks / "started-ok").exists()
     assert not any(marks.iterdir())
+
+
+def _worker(pg_url: str, folder: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    with open(folder / "worker.err", "w") as stderr:
+        return subprocess.Popen(
+            [*FANFOLD, "worker", "--db", pg_url, "--lease", "1", "--poll", "0.05", *extra],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=folder,
+        )  # fmt: skip
+
+
+def test_a_worker_whose_servers_start_slower_than_its_lease_keeps_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The servers start before the worker's lease is renewed for the first time: a
+    start longer than the lease had the running worker claim the starting one's lease,
+    which then stopped (exit 3) at its first renewal, before taking a tree."""
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("FANFOLD_DB", "FANFOLD_CONFIG")},
+        "FANFOLD_KEY_FILE": str(tmp_path / "key"),
+        "FANFOLD_TRUST_FILE": str(tmp_path / "trust.json"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    }
+    running, starting = tmp_path / "running", tmp_path / "starting"
+    for folder in (running, starting):
+        folder.mkdir()
+    go = tmp_path / "go"  # the slow server answers once this file exists
+    config = starting / "worker.toml"
+    config.write_text(
+        f"[mcp_servers.slow]\ncommand = {json.dumps(sys.executable)}\n"
+        f"args = {json.dumps([str(SERVER), 'ok', str(starting)])}\n"
+        f"env = {{ WAIT_FOR = {json.dumps(str(go))} }}\n"
+    )
+    procs = [_worker(pg_url, running, env)]
+    try:
+        first = procs[0]
+        assert first.stdout is not None
+        assert " ready " in first.stdout.readline(), (running / "worker.err").read_text()
+        procs.append(_worker(pg_url, starting, {**env, "FANFOLD_CONFIG": str(config)}))
+        second = procs[1]
+        _until("the slow server's start", (starting / "started-ok").exists)
+        # Three leases and more: the running worker claims a lease not renewed by then.
+        time.sleep(3.5)
+        go.touch()
+        assert second.stdout is not None
+        line = second.stdout.readline()
+        assert " ready " in line, (line, (starting / "worker.err").read_text())
+        time.sleep(1.5)  # past a lease: its renewals go on
+        assert second.poll() is None, (starting / "worker.err").read_text()
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0, (starting / "worker.err").read_text()
+        assert first.wait(timeout=30) == 0, (running / "worker.err").read_text()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
