@@ -159,7 +159,10 @@ def worker(
     log file) shares the queue; a worker that dies (or stops renewing its lease) has
     its trees resumed from the log by another. On a PostgreSQL log a step spawning
     more than --spread-at children puts them on the queue in chunks that any worker
-    runs (a big fan-out spreads over the workers). Ctrl-C, SIGTERM
+    runs (a big fan-out spreads over the workers). The MCP servers declared for this
+    folder and configuration (as for run; a project's once trusted) start with the
+    worker and serve every tree it runs; a tree's own folder's are never started.
+    Ctrl-C, SIGTERM
     or SIGHUP drains it: it stops taking trees, stops its running ones at a step
     boundary and hands them to the other workers at once (exit 0). Exit 3: its lease
     was taken over while it was unreachable or frozen, and it stopped.
