@@ -195,3 +195,79 @@ def test_a_worker_whose_servers_start_slower_than_its_lease_keeps_it(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_tree_taken_over_by_a_worker_lacking_its_server_gets_error_results(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The recorded MCP tools are bound by name on the worker that takes a tree over:
+    one without that server answers the tree's calls with an error result naming the
+    tool (as a ``resume`` whose server is gone), and the tree goes on."""
+    from fanfold.db import open_store
+    from fanfold.statemachine import ToolResultMessage
+    from fanfold.worker.client import enqueue_tree
+    from fanfold.worker.spec import TreeSpec
+
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("FANFOLD_DB", "FANFOLD_CONFIG")},
+        "FANFOLD_KEY_FILE": str(tmp_path / "key"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    }
+    served, lacking = tmp_path / "served", tmp_path / "lacking"
+    for folder in (served, lacking):
+        folder.mkdir()
+    config = served / "worker.toml"
+    config.write_text(
+        f"[mcp_servers.srv]\ncommand = {json.dumps(sys.executable)}\n"
+        f"args = {json.dumps([str(SERVER), 'ok', str(served)])}\n"
+    )
+    # The first worker's model never answers in time: it holds the tree until killed.
+    holding = {"agents": [{"match": {"path": "root"}, "replies": [reply("", latency=60)]}]}
+    (served / "script.json").write_text(json.dumps(holding))
+    (lacking / "script.json").write_text(json.dumps(SCRIPT))
+    first = _worker(
+        pg_url, served, {**env, "FANFOLD_CONFIG": str(config)},
+        "--script", str(served / "script.json"),
+    )  # fmt: skip
+    procs = [first]
+    try:
+        assert first.stdout is not None
+        assert " ready " in first.stdout.readline(), (served / "worker.err").read_text()
+        root = f"taken{os.getpid()}"
+        enqueue_tree(pg_url, TreeSpec(root, "use the server", str(tmp_path)))
+        with open_store(pg_url, read_only=True) as store:
+
+            def started() -> bool:
+                try:
+                    return store.conversation(root) is not None
+                except Exception:
+                    return False
+
+            _until("the tree's start", started)
+        second = _worker(pg_url, lacking, env, "--script", str(lacking / "script.json"))
+        procs.append(second)
+        assert second.stdout is not None
+        assert " ready " in second.stdout.readline(), (lacking / "worker.err").read_text()
+        first.kill()
+        first.wait()
+        waited = subprocess.run(
+            [*FANFOLD, "wait", root, "--db", pg_url, "--timeout", "30"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        assert waited.returncode == 0, (waited.stdout, waited.stderr)
+        with open_store(pg_url, read_only=True) as store:
+            state = store.load_state(root)
+        # Recorded by the first worker, which served it.
+        assert "mcp__srv__echo" in {t.name for t in state.tools}
+        results = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+        assert [(r.name, r.is_error) for r in results] == [("mcp__srv__echo", True)]
+        assert "unknown tool 'mcp__srv__echo'" in results[0].content, results[0].content
+        assert "answer: unknown tool 'mcp__srv__echo'" in waited.stdout, waited.stdout
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0, (lacking / "worker.err").read_text()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
