@@ -57,6 +57,20 @@ def _until(what: str, check: Any, timeout: float = 30) -> Any:
         time.sleep(0.05)
 
 
+def _processes_naming(text: str) -> list[int]:
+    """The processes whose command line holds ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
 def test_a_worker_offers_its_own_mcp_servers_and_never_the_trees_folders(
     pg_url: str, tmp_path: Path
 ) -> None:
@@ -111,6 +125,7 @@ def test_a_worker_offers_its_own_mcp_servers_and_never_the_trees_folders(
         assert " ready " in line, (line, err.read_text())
         # Started once, with the worker, before any tree.
         assert (home / "started-ok").exists(), err.read_text()
+        assert _processes_naming(f"{SERVER} ok {home}")  # the server, its supervisor
         root = f"mcp{os.getpid()}"
         enqueue_tree(pg_url, TreeSpec(root, "use the server", str(tree)))
         waited = subprocess.run(
@@ -130,6 +145,8 @@ def test_a_worker_offers_its_own_mcp_servers_and_never_the_trees_folders(
         assert "github" in said and "helper" in said, said
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, err.read_text()
+        # Stopped with the worker.
+        assert _processes_naming(f"{SERVER} ok {home}") == []
     finally:
         if proc.poll() is None:
             proc.kill()
