@@ -56,6 +56,53 @@ async def mcp_tools(
         yield tools
 
 
+@asynccontextmanager
+async def worker_tools(
+    declarations: Sequence[Any], cwd: Path, env_policy: EnvPolicy, base: Any
+) -> AsyncIterator[Any]:
+    """For ``fanfold worker``: ``base`` (its tool runner) plus the tools of the servers
+    declared for the worker's own folder and configuration, started now, once, and
+    stopped on exit (each problem, such as a server waiting for trust, one yellow
+    line). Every tree the worker starts is offered them; a tree it resumes (taken over
+    from another worker) has its recorded MCP tools bound by name to this worker's
+    servers (``ServedTools.bind``); one of a server this worker lacks is an unknown
+    tool, whose calls get error results naming it. ``base`` as it is when none are
+    declared: nothing of the MCP SDK is imported then."""
+    if not declarations:
+        yield base
+        return
+    from fanfold.mcp.client import McpHub
+    from fanfold.runtime.served import ServedTools
+
+    async with McpHub.open(declarations, cwd=cwd, env_policy=env_policy, environ=os.environ) as hub:
+        served = ServedTools(base, hub)
+        for problem in await served.discover():
+            hint(f"MCP: {printable(problem)}", style="yellow")
+        yield served
+
+
+def unserved_agent_servers(
+    agents: Sequence[Any], declarations: Sequence[Any], cwd: str
+) -> list[str]:
+    """For ``fanfold worker``: one line per agent definition of a tree's folder that
+    names MCP servers the worker does not run (a worker never starts a tree's folder's
+    servers, its agent files' included)."""
+    served = {d.name for d in declarations}
+    lines = []
+    for agent in agents:
+        missing = [name for name in agent.mcp_servers if name not in served]
+        if missing:
+            names = ", ".join(repr(name) for name in missing)
+            lines.append(
+                printable(
+                    f"MCP: agent {agent.name!r} of {cwd} names server {names}, which this "
+                    "worker does not run (a worker starts only its own folder's servers): "
+                    "not offered"
+                )
+            )
+    return lines
+
+
 def scoped_to_agents(
     agents: tuple[Any, ...], tools: Sequence[Any]
 ) -> tuple[tuple[Any, ...], list[Any]]:

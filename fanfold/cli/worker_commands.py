@@ -159,7 +159,10 @@ def worker(
     log file) shares the queue; a worker that dies (or stops renewing its lease) has
     its trees resumed from the log by another. On a PostgreSQL log a step spawning
     more than --spread-at children puts them on the queue in chunks that any worker
-    runs (a big fan-out spreads over the workers). Ctrl-C, SIGTERM
+    runs (a big fan-out spreads over the workers). The MCP servers declared for this
+    folder and configuration (as for run; a project's once trusted) start with the
+    worker and serve every tree it runs; a tree's own folder's are never started.
+    Ctrl-C, SIGTERM
     or SIGHUP drains it: it stops taking trees, stops its running ones at a step
     boundary and hands them to the other workers at once (exit 0). Exit 3: its lease
     was taken over while it was unreachable or frozen, and it stopped.
@@ -197,6 +200,12 @@ def _serve(
     placing: dict[str, int],
 ) -> int:
     from fanfold.cli.agents_in_effect import agents_in_effect
+    from fanfold.cli.mcp_tools import (
+        declarations_for,
+        unserved_agent_servers,
+        with_server_secrets,
+        worker_tools,
+    )
     from fanfold.cli.models import choose_model
     from fanfold.cli.signals import run_trio
     from fanfold.runtime import Runtime
@@ -209,7 +218,13 @@ def _serve(
 
     with user_errors(path):
         python_tools = load_tools(tool_refs)
-        choice = choose_model(script, config_path, profile, model, Path.cwd())
+        home = Path.cwd()
+        choice = choose_model(script, config_path, profile, model, home)
+        # The worker's own MCP servers: those `fanfold run` would start here with this
+        # --config, under the same trust rules; never a tree's folder's (its
+        # .mcp.json, its agent files' servers), which whoever enqueued it chose.
+        servers = declarations_for(home, config_path)
+        choice = with_server_secrets(choice, servers)
         names = [t.spec.name for t in python_tools]
         settings = dbos_worker.WorkerSettings(
             log=path,
@@ -232,7 +247,10 @@ def _serve(
             return choice.retry.apply(spec.make_limits())
 
         def agents_for(cwd: str) -> Any:
-            return agents_in_effect(Path(cwd), dict(choice.model_aliases), names)
+            agents = agents_in_effect(Path(cwd), dict(choice.model_aliases), names)
+            for line in unserved_agent_servers(agents, servers, cwd):
+                hint(line, style="yellow")
+            return agents
 
         @asynccontextmanager
         async def open_runtime() -> AsyncIterator[Any]:
@@ -240,12 +258,15 @@ def _serve(
             # take slots in a table of the queue's database (providers/pg_slots.py).
             from fanfold.providers.pg_slots import shared_slots
 
+            base = choice.tools(python_tools)
             async with (
                 shared_slots(choice.provider, url),
+                # Started once, before the runtime opens; stopped after it closes.
+                worker_tools(servers, home, choice.env_policy, base) as tools,
                 Runtime.open(
                     path,
                     choice.provider,
-                    choice.tools(python_tools),
+                    tools,
                     redact=choice.redactor(),
                     provider_description=choice.recorded,
                 ) as runtime,

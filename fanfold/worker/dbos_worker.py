@@ -492,6 +492,14 @@ async def serve(
     with trio.open_signal_receiver(*stop) if stop else _no_receiver() as signals:
         try:
             async with open_runtime() as runtime:
+                # Opening the runtime can take longer than a lease: the worker's MCP
+                # servers start there (up to their startup_timeout), and a lease that
+                # ran out meanwhile was claimed by a running worker, which made this one
+                # stop at its first renewal (exit 3). So the lease is taken afresh now.
+                # Safe: DBOS is not launched yet, so this executor owns no workflow a
+                # claimer could have re-enqueued, and the upsert clears a claim (the
+                # claimer's delete then matches nothing).
+                await trio.to_thread.run_sync(leases.register, os.getpid())
                 host = _Host(
                     runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
                     system_prompt, say, locks,
