@@ -71,11 +71,24 @@ if PROFILE == "mutation":
 def _record_examples(path: str) -> None:
     """Write, at the end of the session, a digest of every example each property test
     generated (its printed form) to ``path``: ``tests/test_hypothesis_determinism.py``
-    compares two processes' digests."""
+    compares two processes' digests.
+
+    Hypothesis traces the coverage of every example once a callback is registered;
+    on Python 3.11 (``sys.settrace``) that made the recorded run four to five times
+    slower (the determinism test took over 30 s under load). The digest needs only
+    the printed examples, and tracing does not change what is generated, so it is
+    switched off (Hypothesis documents ``_should_trace`` reading this attribute as
+    one to monkeypatch; the environment variable for it would also write every
+    observation to ``.hypothesis/observed``)."""
+    from hypothesis.internal import observability
     from hypothesis.internal.observability import (
         Observation,
         add_observability_callback,
     )
+
+    if not hasattr(observability, "OBSERVABILITY_COLLECT_COVERAGE"):
+        raise RuntimeError("hypothesis no longer has OBSERVABILITY_COLLECT_COVERAGE")
+    observability.OBSERVABILITY_COLLECT_COVERAGE = False
 
     seen: dict[str, list[str]] = {}
 
