@@ -857,9 +857,11 @@ def campaign(
     env["FANFOLD_KEY_FILE"] = str(base / "fanfold.key")
     env.pop("FANFOLD_DB", None)
     # Hundreds of CLI processes: let them share compiled bytecode (kept in the campaign's
-    # folder, not in the source tree) even where the environment turns caching off.
+    # folder, not in the source tree) even where the environment turns caching off. A
+    # prefix the caller chose is kept (the test suite's, already warm: a fresh one
+    # compiles every module the processes import, the libraries' too, once per campaign).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
+    env.setdefault("PYTHONPYCACHEPREFIX", str(base / "pycache"))
     if args.workload == "mcp":
         # The user's configuration file for every run and resume of the campaign: its
         # servers start as they are (no trust record needed, as for a user's own file).

@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,31 @@ settings.register_profile(
 )
 PROFILE = "ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "default")
 settings.load_profile(PROFILE)
+
+
+def share_bytecode() -> None:
+    """Where the environment turns bytecode caching off (``PYTHONDONTWRITEBYTECODE``),
+    let this session and the Python processes its tests start (``fanfold`` CLI runs,
+    workers, MCP servers: hundreds) keep compiled bytecode in a cache of their own
+    outside the source tree (``PYTHONPYCACHEPREFIX``: ``$XDG_CACHE_HOME/fanfold/test-pycache``),
+    as ``bench/kill9_campaign.py`` does: otherwise every one of them compiled fanfold's
+    sources again, a quarter of the CPU time of a ``fanfold`` start. Nothing is changed
+    where caching is on, a prefix is already chosen, or the cache cannot be made."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    cache = cache / "fanfold" / "test-pycache"
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+    sys.pycache_prefix = str(cache)
+    sys.dont_write_bytecode = False
+
+
+share_bytecode()
 
 
 def freeze_local_constants() -> None:
@@ -71,11 +97,24 @@ if PROFILE == "mutation":
 def _record_examples(path: str) -> None:
     """Write, at the end of the session, a digest of every example each property test
     generated (its printed form) to ``path``: ``tests/test_hypothesis_determinism.py``
-    compares two processes' digests."""
+    compares two processes' digests.
+
+    Hypothesis traces the coverage of every example once a callback is registered;
+    on Python 3.11 (``sys.settrace``) that made the recorded run four to five times
+    slower (the determinism test took over 30 s under load). The digest needs only
+    the printed examples, and tracing does not change what is generated, so it is
+    switched off (Hypothesis documents ``_should_trace`` reading this attribute as
+    one to monkeypatch; the environment variable for it would also write every
+    observation to ``.hypothesis/observed``)."""
+    from hypothesis.internal import observability
     from hypothesis.internal.observability import (
         Observation,
         add_observability_callback,
     )
+
+    if not hasattr(observability, "OBSERVABILITY_COLLECT_COVERAGE"):
+        raise RuntimeError("hypothesis no longer has OBSERVABILITY_COLLECT_COVERAGE")
+    observability.OBSERVABILITY_COLLECT_COVERAGE = False
 
     seen: dict[str, list[str]] = {}
 

@@ -4,6 +4,7 @@ at that moment, continued by ``resume``, the source untouched."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -71,15 +72,36 @@ def run(*args: str | Path) -> Result:
     return result
 
 
-def ran(folder: Path) -> tuple[Path, str, Path]:
-    script = folder / "script.json"
-    script.write_text(json.dumps(TWO_CHILDREN))
-    db = folder / "log.db"
-    done = run("run", "--db", db, "--script", script, "--cwd", folder, "go")
+@pytest.fixture(scope="module")
+def two_children(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding ``log.db`` with one finished TWO_CHILDREN tree and its script.
+
+    Run once for the module (root/1's reply waits 0.5 s, and two dozen tests start from
+    this tree); each test forks a copy of its own (``ran``). A module fixture is set up
+    before the autouse ones of conftest, so it names the session's key file itself (the
+    copies must verify under the key the tests run with) and a trust record of its own.
+    """
+    folder = tmp_path_factory.mktemp("two-children")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FANFOLD_KEY_FILE", str(tmp_path_factory.getbasetemp() / "provenance.key"))
+        patch.setenv("FANFOLD_TRUST_FILE", str(folder / "trusted.json"))
+        script = folder / "script.json"
+        script.write_text(json.dumps(TWO_CHILDREN))
+        done = run("run", "--db", folder / "log.db", "--script", script, "--cwd", folder, "go")
     assert done.exit_code == 0, done.output
+    return folder
+
+
+def ran(folder: Path, template: Path) -> tuple[Path, str, Path]:
+    """A copy of ``template``'s log and script in ``folder`` (the tree's working
+    directory stays the template's): the log, its root's id, the script."""
+    for path in template.iterdir():
+        if path.name.startswith(("log.db", "script.json")):
+            shutil.copy2(path, folder / path.name)
+    db = folder / "log.db"
     with Store.open(db) as store:
         (root,) = store.list_roots()
-    return db, root.id, script
+    return db, root.id, folder / "script.json"
 
 
 def events_of(db: Path, root: str) -> list[tuple[Any, ...]]:
@@ -102,8 +124,10 @@ def show(db: Path, conversation_id: str) -> dict[str, Any]:
     return node
 
 
-def test_a_sub_agent_forked_mid_tool_forks_its_tree_and_resumes(tmp_path: Path) -> None:
-    db, root, _ = ran(tmp_path)
+def test_a_sub_agent_forked_mid_tool_forks_its_tree_and_resumes(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
     before = events_of(db, root)
     forked = run("fork", root, "--agent", "root/1", "--at", "1", "--id", "fk", "--db", db)
     assert forked.exit_code == 0, forked.output
@@ -137,8 +161,10 @@ def test_a_sub_agent_forked_mid_tool_forks_its_tree_and_resumes(tmp_path: Path) 
     assert events_of(db, root) == before
 
 
-def test_a_root_forked_as_it_delegates_spawns_its_children_again(tmp_path: Path) -> None:
-    db, root, _ = ran(tmp_path)
+def test_a_root_forked_as_it_delegates_spawns_its_children_again(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
     before = events_of(db, root)
     # Seq 2: the model asked for two sub-agents; none existed yet at that moment.
     assert run("fork", root, "--at", "2", "--id", "fr", "--db", db).exit_code == 0
@@ -153,8 +179,10 @@ def test_a_root_forked_as_it_delegates_spawns_its_children_again(tmp_path: Path)
     assert events_of(db, root) == before
 
 
-def test_a_tree_from_elsewhere_is_forked_only_at_its_roots_rest(tmp_path: Path) -> None:
-    db, root, _ = ran(tmp_path)
+def test_a_tree_from_elsewhere_is_forked_only_at_its_roots_rest(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
     exported = tmp_path / "tree.jsonl"
     assert run("export", root, "-o", exported, "--db", db).exit_code == 0
     other = tmp_path / "other.db"
@@ -276,8 +304,8 @@ def go_on_script(folder: Path) -> Path:
     return script
 
 
-def test_an_edited_reply_runs_its_tool_live_in_the_fork(tmp_path: Path) -> None:
-    db, root, _ = ran(tmp_path)
+def test_an_edited_reply_runs_its_tool_live_in_the_fork(tmp_path: Path, two_children: Path) -> None:
+    db, root, _ = ran(tmp_path, two_children)
     before = events_of(db, root)
     reply = tmp_path / "reply.json"
     calls = [{"name": "bash", "arguments": {"command": "echo 99"}}]
@@ -311,8 +339,8 @@ def test_an_edited_reply_runs_its_tool_live_in_the_fork(tmp_path: Path) -> None:
     assert events_of(db, root) == before
 
 
-def test_an_edited_tool_result_and_an_edited_task(tmp_path: Path) -> None:
-    db, root, _ = ran(tmp_path)
+def test_an_edited_tool_result_and_an_edited_task(tmp_path: Path, two_children: Path) -> None:
+    db, root, _ = ran(tmp_path, two_children)
     result = tmp_path / "result.txt"
     result.write_text("edited result")
     script = go_on_script(tmp_path)
@@ -332,8 +360,10 @@ def test_an_edited_tool_result_and_an_edited_task(tmp_path: Path) -> None:
         assert run("replay", fork, "--verify", "--tree", "--db", db).exit_code == 0
 
 
-def test_a_new_system_prompt_for_a_root_at_rest_is_recorded_at_once(tmp_path: Path) -> None:
-    db, root, _ = ran(tmp_path)
+def test_a_new_system_prompt_for_a_root_at_rest_is_recorded_at_once(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
     prompt = tmp_path / "prompt.md"
     prompt.write_text("be terse \x1b[2J")
     done = run("fork", root, "--at", "5", "--id", "p", "--system-file", prompt, "--db", db)
@@ -370,9 +400,9 @@ def test_a_new_system_prompt_for_a_root_at_rest_is_recorded_at_once(tmp_path: Pa
     ],
 )
 def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
-    tmp_path: Path, args: list[str], message: str
+    tmp_path: Path, two_children: Path, args: list[str], message: str
 ) -> None:
-    db, root, _ = ran(tmp_path)
+    db, root, _ = ran(tmp_path, two_children)
     reply = tmp_path / "reply.txt"
     reply.write_text("hello")
     limits = tmp_path / "limits.json"
@@ -386,8 +416,8 @@ def test_an_edit_that_does_not_fit_is_one_line_and_writes_nothing(
     assert roots(db) == before
 
 
-def test_a_limits_edit_goes_on_under_the_new_limits(tmp_path: Path) -> None:
-    db, root, script = ran(tmp_path)
+def test_a_limits_edit_goes_on_under_the_new_limits(tmp_path: Path, two_children: Path) -> None:
+    db, root, script = ran(tmp_path, two_children)
     before = events_of(db, root)
     # root/1 before its first reply, allowed one round: its second is the grace round.
     args = ["--agent", "1", "--at", "0", "--limit", "max_rounds=1", "--limit", "max_tokens=none"]
@@ -407,8 +437,10 @@ def test_a_limits_edit_goes_on_under_the_new_limits(tmp_path: Path) -> None:
     assert events_of(db, root) == before
 
 
-def test_a_limits_file_for_a_root_at_rest_is_recorded_at_once(tmp_path: Path) -> None:
-    db, root, _ = ran(tmp_path)
+def test_a_limits_file_for_a_root_at_rest_is_recorded_at_once(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
     limits = tmp_path / "limits.toml"
     limits.write_text('max_rounds = 3\nchild_timeout = "none"\ncontext_modes = ["task_only"]\n')
     args: list[str | Path] = ["--at", "5", "--limits", limits, "--limit", "max_rounds=4"]
@@ -431,8 +463,10 @@ def _slow_then(result_latency: float) -> dict[str, Any]:
     return script
 
 
-def test_a_killed_continuation_of_an_edited_fork_resumes_like_any_tree(tmp_path: Path) -> None:
-    db, root, _ = ran(tmp_path)
+def test_a_killed_continuation_of_an_edited_fork_resumes_like_any_tree(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
     before = events_of(db, root)
     runs = tmp_path / "runs.txt"
     reply = tmp_path / "reply.json"

@@ -166,7 +166,10 @@ class Receiver(BaseHTTPRequestHandler):
 def receiver() -> Iterator[tuple[str, type[Receiver]]]:
     handler = type("Handler", (Receiver,), {"received": [], "status": 200})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # Polled every 10 ms, not serve_forever's 0.5 s: shutdown() waits for the next poll.
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", handler
@@ -480,7 +483,9 @@ class HugeBody(BaseHTTPRequestHandler):
 
 def serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+    ).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
