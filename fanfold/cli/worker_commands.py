@@ -110,7 +110,7 @@ def _first_line(exc: BaseException) -> str:
 @click.option(
     "--spread-at",
     type=click.IntRange(min=1),
-    default=32,
+    default=1000,
     show_default=True,
     help="A step spawning more children than this places them in chunks that any "
     "worker runs (a PostgreSQL log only).",
@@ -118,16 +118,16 @@ def _first_line(exc: BaseException) -> str:
 @click.option(
     "--chunk-size",
     type=click.IntRange(min=1),
-    default=16,
+    default=64,
     show_default=True,
     help="Children per chunk.",
 )
 @click.option(
     "--chunk-concurrency",
     type=click.IntRange(min=1),
-    default=8,
+    default=32,
     show_default=True,
-    help="Chunks of other trees' children this worker runs at once.",
+    help="Chunks of placed children this worker runs at once.",
 )
 @click.option(
     "--json-log",

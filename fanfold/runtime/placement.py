@@ -108,9 +108,9 @@ class PlacementError(ValueError):
 class PlacementSettings:
     """When and how a runtime places children (see the module)."""
 
-    spread_at: int = 32
+    spread_at: int = 1000
     """A step spawning more children than this places them in chunks."""
-    chunk: int = 16
+    chunk: int = 64
     """Children per chunk."""
     poll: float = 0.2
     """Seconds between two reads of the log for placed children's outcomes and

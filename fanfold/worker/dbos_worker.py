@@ -93,12 +93,12 @@ class WorkerSettings:
     concurrency: int = 8
     lease: float = 15.0
     poll: float = 0.2
-    chunk_concurrency: int = 8
+    chunk_concurrency: int = 32
     """Chunks of placed children this worker runs at once (the chunks' queue)."""
-    spread_at: int = 32
+    spread_at: int = 1000
     """A step spawning more children than this places them in chunks (a PostgreSQL
     log only)."""
-    chunk: int = 16
+    chunk: int = 64
     """Children per chunk."""
 
 
