@@ -279,11 +279,26 @@ def run_to_rest_step(data: dict[str, Any]) -> dict[str, Any]:
     except (SpecError, ValueError, TypeError) as exc:
         # Nothing to run and nothing in the log: the workflow ends with the reason.
         return {"error": f"not a tree this worker can start: {exc}"}
+    return _in_runtime(host, host.run_to_rest, spec)
+
+
+def _in_runtime(
+    host: _Host,
+    body: Callable[[Any], Awaitable[dict[str, Any]]],
+    arg: Any,
+    cannot_run: tuple[type[Exception], ...] = (),
+) -> dict[str, Any]:
+    """``body(arg)`` in the worker's Trio runtime, from a workflow's thread. An error of
+    ``cannot_run`` ends the workflow with its reason; a stop of the worker holds the
+    thread (nothing recorded in DBOS: the workflow stays PENDING for a takeover); any
+    other error is raised as DBOS can keep it (``step_error``)."""
     try:
-        out: dict[str, Any] = trio.from_thread.run(host.run_to_rest, spec, trio_token=host.token)
+        out: dict[str, Any] = trio.from_thread.run(body, arg, trio_token=host.token)
+    except cannot_run as exc:
+        return {"error": f"cannot run here: {exc}"}
     except BaseException as exc:
         if host.draining.is_set():
-            _hold_forever()  # the stop interrupted the tree: nothing to record in DBOS
+            _hold_forever()
         raise step_error(exc) from None
     return out
 
@@ -305,17 +320,11 @@ def run_chunk_step(data: dict[str, Any]) -> dict[str, Any]:
         chunk = chunk_from_input(data)
     except SpecError as exc:
         return {"error": f"not a chunk this worker can run: {exc}"}
-    try:
-        out: dict[str, Any] = trio.from_thread.run(host.run_chunk, chunk, trio_token=host.token)
-    except (PlacementError, UntrustedTree, MissingTools, CodecError) as exc:
-        # Nothing of it can run here: the workflow ends with the reason (the parent's
-        # child timeouts, if any, then end its wait).
-        return {"error": f"chunk {chunk} cannot run: {exc}"}
-    except BaseException as exc:
-        if host.draining.is_set():
-            _hold_forever()  # the stop interrupted the chunk: nothing to record in DBOS
-        raise step_error(exc) from None
-    return out
+    # Nothing of a chunk that cannot run here runs: its workflow ends with the reason,
+    # and the parent's runtime takes the chunk back (``Placement.take_back``).
+    return _in_runtime(
+        host, host.run_chunk, chunk, (PlacementError, UntrustedTree, MissingTools, CodecError)
+    )
 
 
 @DBOS.workflow(name=CHUNK_WORKFLOW)
