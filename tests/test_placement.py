@@ -510,3 +510,34 @@ async def test_outcomes_read_together_reach_their_parent_in_one_commit(
         ).fetchone()
     # One read found them all (two if a child came to rest just after it).
     assert commits is not None and commits[0] <= 2, commits
+
+
+async def test_a_cancel_reaches_children_taken_back_before_or_after_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # Children that would wait an hour: only a cancel ends them. The first chunk is
+    # taken back before the parent is cancelled (the cancel must reach its children
+    # in the process, not a row nobody reads), the second after (the rows written
+    # while it was placed must reach them).
+    provider = ScriptedProvider(_fan_out(6, child_latency=3600))
+    queue = _Queue()
+    settings = PlacementSettings(spread_at=4, chunk=3, poll=0.05, orphans_every=2)
+    async with Runtime.open(pg_url, provider, []) as a:
+        a.use_placement(queue, settings)
+        root = await a.start("fan out", cwd=tmp_path)
+        first, second = await queue.receive.receive(), await queue.receive.receive()
+        queue.gone.add(first)
+        with trio.fail_after(30):
+            while f"{root}.1" not in a.loaded_ids():
+                await trio.sleep(0.02)
+        await a.cancel(root)
+        queue.gone.add(second)
+        with trio.fail_after(30):
+            result = await a.wait(root)
+        assert result.phase == "Idle"
+    with open_store(pg_url, read_only=True) as store:
+        for i in range(1, 7):
+            child = store.load_state(f"{root}.{i}")
+            assert isinstance(child.outcome, ChildFailed), i
+            assert child.outcome.kind == ErrorKind.CANCELLED, i
+    _check_tree(pg_url, root, 6)

@@ -320,7 +320,13 @@ class Placement:
             runtime.spawn_child(effect)
         here = [c for c in children if c in runtime.loaded_ids()]
         for child_id in here:
-            self.watched.pop(child_id, None)  # it reports to its parent in the process
+            # It reports to its parent in the process, and a cancel reaches it here.
+            self.watched.pop(child_id, None)
+            self._placed.pop(child_id, None)
+        # Cancels its parent asked for while it was placed: nobody else reads them now.
+        asked = await trio.to_thread.run_sync(self._store.cancels_among, here)
+        for conversation_id, reason in asked.items():
+            runtime.deliver(conversation_id, CancelRequested(_reason(reason)))
         runtime.logger.warning("chunk_taken_back", chunk=chunk, children=len(here))
         return here
 
@@ -341,11 +347,7 @@ class Placement:
             if conversation_id not in self._runtime.loaded_ids():
                 continue  # came to rest meanwhile
             self._cancelled.add(conversation_id)
-            try:
-                why = CancelReason(reason)
-            except ValueError:
-                why = CancelReason.USER  # a row no fanfold wrote: still a cancel
-            self._runtime.deliver(conversation_id, CancelRequested(why))
+            self._runtime.deliver(conversation_id, CancelRequested(_reason(reason)))
 
     # ------------------------------------------------------------ a chunk
 
@@ -416,3 +418,10 @@ class Placement:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def _reason(text: str) -> CancelReason:
+    try:
+        return CancelReason(text)
+    except ValueError:
+        return CancelReason.USER  # a row no fanfold wrote: still a cancel
