@@ -96,6 +96,20 @@ async def _serve_chunks(queue: _Queue, runtimes: Sequence[Runtime], ran: dict[st
             nursery.start_soon(placement.run_chunk, chunk)
 
 
+async def _served_fan_out(
+    tree: Runtime, queue: _Queue, runners: Sequence[Runtime], ran: dict[str, Any], tmp: Path
+) -> tuple[str, str]:
+    """Start a fan-out on ``tree`` while ``runners`` run its chunks; return its root and
+    the phase it came to rest in."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_serve_chunks, queue, runners, ran)
+        root = await tree.start("fan out", cwd=tmp)
+        with trio.fail_after(30):
+            result = await tree.wait(root)
+        nursery.cancel_scope.cancel()
+    return root, result.phase
+
+
 def _claims(url: str) -> dict[str, tuple[str, int]]:
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT root_id, owner, epoch FROM fanfold.claims").fetchall()
@@ -130,12 +144,8 @@ async def test_a_big_fan_out_runs_in_chunks_on_other_runtimes(pg_url: str, tmp_p
     ):
         for runtime in (a, b, c):
             runtime.use_placement(queue, SETTINGS)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_serve_chunks, queue, [b, c], ran)
-            root = await a.start("fan out", cwd=tmp_path)
-            result = await a.wait(root)
-            nursery.cancel_scope.cancel()
-        assert result.phase == "Idle"
+        root, phase = await _served_fan_out(a, queue, [b, c], ran, tmp_path)
+        assert phase == "Idle"
         # 10 children in chunks of 3: 4 chunks, none of the children run by the tree's
         # runtime, each chunk's conversations claimed by the runtime that ran it.
         assert queue.enqueued == [
@@ -170,13 +180,8 @@ async def test_a_runtime_running_its_own_trees_chunks_takes_each_outcome_once(
     ran: dict[str, Any] = {}
     async with Runtime.open(pg_url, provider, []) as a:
         a.use_placement(queue, SETTINGS)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_serve_chunks, queue, [a], ran)
-            root = await a.start("fan out", cwd=tmp_path)
-            with trio.fail_after(30):
-                result = await a.wait(root)
-            nursery.cancel_scope.cancel()
-        assert result.phase == "Idle"
+        root, phase = await _served_fan_out(a, queue, [a], ran, tmp_path)
+        assert phase == "Idle"
         assert len(ran) == 4
     _check_tree(pg_url, root, 10)
 
@@ -493,13 +498,8 @@ async def test_outcomes_read_together_reach_their_parent_in_one_commit(
     ):
         a.use_placement(queue, PlacementSettings(spread_at=4, chunk=3, poll=1.0))
         b.use_placement(queue, SETTINGS)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_serve_chunks, queue, [b], ran)
-            root = await a.start("fan out", cwd=tmp_path)
-            with trio.fail_after(30):
-                result = await a.wait(root)
-            nursery.cancel_scope.cancel()
-        assert result.phase == "Idle"
+        root, phase = await _served_fan_out(a, queue, [b], ran, tmp_path)
+        assert phase == "Idle"
         assert len(ran) == 4
     _check_tree(pg_url, root, 10)
     with psycopg.connect(pg_url) as conn:
