@@ -214,3 +214,37 @@ def test_what_a_workflow_step_raises_survives_dboss_pickling() -> None:
     assert step_error(dropped) is dropped
     interrupt = KeyboardInterrupt()
     assert step_error(interrupt) is interrupt
+
+
+def test_a_wide_fan_out_can_be_asked_for_on_the_command_line(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # A spawn_agents call gives at most 10 tasks by default, and neither `run` nor a
+    # detached tree could raise it: a fan-out big enough to be placed in chunks took a
+    # model a hundred calls in one reply.
+    tasks = [f"part {i}" for i in range(12)]
+    script = tmp_path / "s.json"
+    script.write_text(
+        json.dumps(
+            {
+                "agents": [
+                    {
+                        "match": {"path": "root"},
+                        "replies": [reply("", spawn(*tasks)), reply("{{last_tool_result}}")],
+                    },
+                    {"match": {"depth": 1}, "replies": [reply("", submit("ok"))]},
+                ]
+            }
+        )
+    )
+    monkeypatch.setenv("FANFOLD_KEY_FILE", str(tmp_path / "key"))
+    db = str(tmp_path / "log.db")
+    base = ["run", "--no-live", "--script", str(script), "--db", db, "--max-concurrent", "12"]
+    refused = CliRunner().invoke(cli, [*base, "go"])
+    assert "at most 10" in refused.output, refused.output
+    done = CliRunner().invoke(cli, [*base, "--max-tasks-per-call", "12", "go"])
+    assert done.exit_code == 0, done.output
+    assert done.output.count("ok") >= 12, done.output
+    spec = TreeSpec("abc", "t", "/x", limits=(("max_tasks_per_call", 12),))
+    assert TreeSpec.from_input(json.loads(json.dumps(spec.to_input()))) == spec
+    assert spec.make_limits().max_tasks_per_call == 12

@@ -70,6 +70,12 @@ MAX_TURN_SECONDS = 365 * 86400.0
     help="Sub-agents of one parent running at once.",
 )
 @click.option(
+    "--max-tasks-per-call",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tasks one spawn_agents call may give (a wide fan-out needs more than 10).",
+)
+@click.option(
     "--max-depth",
     type=click.IntRange(min=0),
     default=None,
@@ -134,6 +140,7 @@ def run(
     cwd: Path,
     max_rounds: int | None,
     max_concurrent: int | None,
+    max_tasks_per_call: int | None,
     max_depth: int | None,
     max_tokens: int | None,
     json_log: Path | None,
@@ -170,6 +177,7 @@ def run(
         for k, v in {
             "max_rounds": max_rounds,
             "max_concurrent": max_concurrent,
+            "max_tasks_per_call": max_tasks_per_call,
             "max_depth": max_depth,
             "max_tokens": max_tokens,
         }.items()

@@ -21,7 +21,7 @@ from fanfold.statemachine import Limits
 SPEC_VERSION = 1
 """The shape of the input: a worker refuses an input of another version."""
 
-LIMIT_FIELDS = ("max_rounds", "max_concurrent", "max_depth", "max_tokens")
+LIMIT_FIELDS = ("max_rounds", "max_concurrent", "max_tasks_per_call", "max_depth", "max_tokens")
 """The limits a detached run may set (``fanfold run``'s options)."""
 
 MAX_TIMEOUT = 365 * 86400.0
