@@ -1151,11 +1151,9 @@ class Runtime:
                 if at in placements:
                     units[row.id] = placements[at]
                     break
-                if at in parents:
-                    at = parents[at]
-                else:
-                    at = self.store.conversation(at).parent_id
-                    parents[row.id] = at
+                if at not in parents:  # an ancestor at rest: read its row once
+                    parents[at] = self.store.conversation(at).parent_id
+                at = parents[at]
         return units
 
     async def resume_unit(self, root_id: str, chunk: str, children: Sequence[str]) -> list[str]:
