@@ -248,3 +248,14 @@ def test_a_wide_fan_out_can_be_asked_for_on_the_command_line(
     spec = TreeSpec("abc", "t", "/x", limits=(("max_tasks_per_call", 12),))
     assert TreeSpec.from_input(json.loads(json.dumps(spec.to_input()))) == spec
     assert spec.make_limits().max_tasks_per_call == 12
+
+
+def test_every_password_scrubber_is_the_one_of_the_log_targets() -> None:
+    # The CLI's, the log's and the workers' placer cut the same forms: the user part's
+    # password as written, decoded and encoded, and a ``password=`` query.
+    from fanfold.db.targets import without_password
+
+    url = "postgresql://u:p%40ss@h/db?password=q%2Fw"
+    said = "p%40ss p@ss q/w q%2Fw kept"
+    assert without_password(said, url) == "*** *** *** *** kept"
+    assert scrubbed(said, url) == without_password(said, url)

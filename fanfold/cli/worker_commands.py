@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import click
 
@@ -26,6 +26,7 @@ from fanfold.cli.python_tools import load_tools, tools_option
 from fanfold.cli.seconds import FiniteFloatRange
 from fanfold.cli.turns import print_result
 from fanfold.db import DatabaseUrl, EmptyLog, Store, UnknownConversation, open_store
+from fanfold.db.targets import without_password
 from fanfold.statemachine import Conversation
 
 EXIT_TIMEOUT = 124
@@ -64,14 +65,7 @@ def system_url(dbos_db: str | None, log: Target | None = None) -> str:
 
 def scrubbed(text: str, url: str) -> str:
     """``text`` without the URL's password (an error from a driver may quote it)."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        for form in {password, unquote(password)}:
-            text = text.replace(form, "***")
-    return text
+    return without_password(text, url)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -61,7 +61,6 @@ import secrets
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -81,7 +80,7 @@ from fanfold.db.errors import (
 )
 from fanfold.db.records import Status, claim_unit
 from fanfold.db.store import Store, _Prepared, _status_text
-from fanfold.db.targets import display_target
+from fanfold.db.targets import display_target, without_password
 
 if TYPE_CHECKING:
     from fanfold.db.records import Step
@@ -216,29 +215,16 @@ PG_READERS_DO_WITHOUT = frozenset({2, 3})
 writers (runtimes) only."""
 
 
-def _password(url: str) -> str | None:
-    try:
-        parts = urllib.parse.urlsplit(url)
-        secret = parts.password
-        query = urllib.parse.parse_qs(parts.query).get("password", [])
-    except ValueError:
-        return None
-    return secret or (query[0] if query else None)
-
-
 class _Scrubbed:
     """Turns psycopg's errors into fanfold's, naming the database by ``shown`` and
     with the password (if any) cut out of every message."""
 
     def __init__(self, url: str) -> None:
         self.shown = display_target(url)
-        self._secrets = [s for s in {_password(url), urllib.parse.quote(_password(url) or "")} if s]
+        self._url = url
 
     def text(self, exc: BaseException) -> str:
-        message = " ".join(str(exc).split())
-        for secret in self._secrets:
-            message = message.replace(secret, "***")
-        return message
+        return without_password(" ".join(str(exc).split()), self._url)
 
     def unavailable(self, exc: BaseException) -> LogUnavailable:
         return LogUnavailable(f"the PostgreSQL log {self.shown} is unavailable: {self.text(exc)}")

@@ -40,7 +40,6 @@ import os
 import socket
 import sys
 import threading
-import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -55,6 +54,7 @@ from fanfold.db import LogUnavailable, UnknownConversation
 from fanfold.db.errors import CodecError
 from fanfold.db.postgres import PostgresStore
 from fanfold.db.provenance import UntrustedTree
+from fanfold.db.targets import without_password
 from fanfold.runtime import Runtime, TreeDropped
 from fanfold.runtime.placement import PlacementError, PlacementSettings
 from fanfold.runtime.runtime import MissingTools
@@ -360,7 +360,7 @@ class DbosPlacer:
                 except Exception as exc:
                     # (The placement logs it and tries again: never with the password
                     # the URL may hold.)
-                    raise PlacementError(_without_password(str(exc), self._url)) from None
+                    raise PlacementError(without_password(str(exc), self._url)) from None
 
     def ended(self, chunks: Sequence[str]) -> list[str]:
         """The chunks among ``chunks`` whose workflow ended (any end: a chunk that
@@ -376,7 +376,7 @@ class DbosPlacer:
                     load_output=False,
                 )
             except Exception as exc:
-                raise PlacementError(_without_password(str(exc), self._url)) from None
+                raise PlacementError(without_password(str(exc), self._url)) from None
             return [status.workflow_id for status in found]
 
     def close(self) -> None:
@@ -392,17 +392,6 @@ def _hold_forever() -> None:
     # an outcome for it. It waits until the process exits (``serve`` ends with
     # ``os._exit``); the workflow stays PENDING on this executor for a takeover.
     threading.Event().wait()
-
-
-def _without_password(text: str, url: str) -> str:
-    try:
-        password = urllib.parse.urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        for form in {password, urllib.parse.unquote(password)}:
-            text = text.replace(form, "***")
-    return text
 
 
 def _launch_dbos(settings: WorkerSettings) -> None:
