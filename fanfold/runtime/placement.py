@@ -308,17 +308,8 @@ class Placement:
         the others, at rest, are still delivered from the log. Returns those run here."""
         runtime = self._runtime
         effects = await self._chunk_spawns(chunk)
-        children = [e.child_id for e in effects]
-        for child_id in children:
-            self._store.units[child_id] = chunk
-        await runtime.resume_unit(effects[0].root_id, chunk, children)
-        for effect in effects:
-            if effect.child_id in runtime.loaded_ids():
-                continue
-            if await trio.to_thread.run_sync(self._store.exists, effect.child_id):
-                continue
-            runtime.spawn_child(effect)
-        here = [c for c in children if c in runtime.loaded_ids()]
+        await self._bring_up(chunk, effects)
+        here = [e.child_id for e in effects if e.child_id in runtime.loaded_ids()]
         for child_id in here:
             # It reports to its parent in the process, and a cancel reaches it here.
             self.watched.pop(child_id, None)
@@ -377,33 +368,39 @@ class Placement:
             effects.append(effect)
         return effects
 
+    async def _bring_up(self, chunk: str, effects: Sequence[SpawnSubAgent]) -> None:
+        """Load a chunk's work here under its claim: resume the conversations the log
+        has unfinished, create the children never created (each a conversation of the
+        chunk's unit, ``Store.units``, and so are their own children)."""
+        store, runtime = self._store, self._runtime
+        children = [e.child_id for e in effects]
+        for child_id in children:
+            store.units[child_id] = chunk
+        await runtime.resume_unit(effects[0].root_id, chunk, children)
+        cwds: dict[str, str] = {}
+        for effect in effects:
+            if effect.child_id in runtime.loaded_ids():
+                continue
+            if await trio.to_thread.run_sync(store.exists, effect.child_id):
+                continue  # at rest already (an unfinished one was resumed above)
+            parent_cwd = cwds.get(effect.parent_id)
+            if parent_cwd is None:
+                parent_cwd = cwds[effect.parent_id] = await trio.to_thread.run_sync(
+                    runtime.created_cwd, effect.parent_id
+                )
+            runtime.spawn_child(effect, parent_cwd=parent_cwd)
+
     async def run_chunk(self, chunk: str) -> list[str]:
         """Run chunk ``chunk`` here until each of its children is at rest: claim it,
         resume its conversations the log has unfinished, create the children not
         created yet. Returns the chunk's children."""
-        store = self._store
         effects = await self._chunk_spawns(chunk)
-        root_id = effects[0].root_id
         children = tuple(e.child_id for e in effects)
         runtime = self._runtime
-        for child_id in children:
-            store.units[child_id] = chunk
         self._run_here.update(children)
-        await runtime.resume_unit(root_id, chunk, children)
         self._chunks[chunk] = children
         try:
-            cwds: dict[str, str] = {}
-            for effect in effects:
-                if effect.child_id in runtime.loaded_ids():
-                    continue
-                if await trio.to_thread.run_sync(store.exists, effect.child_id):
-                    continue  # at rest already (an unfinished one was resumed above)
-                parent_cwd = cwds.get(effect.parent_id)
-                if parent_cwd is None:
-                    parent_cwd = cwds[effect.parent_id] = await trio.to_thread.run_sync(
-                        runtime.created_cwd, effect.parent_id
-                    )
-                runtime.spawn_child(effect, parent_cwd=parent_cwd)
+            await self._bring_up(chunk, effects)
             self._wake.set()  # cancels asked already reach them at once
             for child_id in children:
                 await runtime.wait_loaded(child_id)
