@@ -177,8 +177,9 @@ _PG_DATABASES = itertools.count()
 @pytest.fixture
 def pg_url(pg_cluster: Cluster) -> Iterator[str]:
     """The URL of a new, empty database of the session's cluster (``pg_cluster``), for
-    one test: ``CREATE DATABASE`` takes some 40 ms, far less than a cluster."""
-    import psycopg
+    one test: ``CREATE DATABASE`` takes some 40 ms, far less than a cluster. Skipped,
+    saying so, without the postgres extra (psycopg)."""
+    psycopg = pytest.importorskip("psycopg", reason="the postgres extra is not installed")
 
     name = f"t{os.getpid()}_{next(_PG_DATABASES)}"
     with psycopg.connect(pg_cluster.conninfo, autocommit=True) as conn:

@@ -194,6 +194,7 @@ def test_a_two_point_mcp_campaign_kills_with_mcp_servers_running(tmp_path: Path)
     """The MCP workload: agents call tools of two real stdio MCP servers (one tool
     idempotent, one not); kills land while the servers run. Nothing lost or run twice,
     no server left behind."""
+    pytest.importorskip("mcp", reason="the MCP workload needs the mcp extra: pip install '.[mcp]'")
     out = tmp_path / "report.json"
     command = [sys.executable, str(CAMPAIGN), "--workload", "mcp", "--points", "2"]
     command += ["--jobs", "2", "--seed", "7", "--window", "2.5", "--grace", "0.5"]

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 import pytest
 import trio
 
@@ -23,6 +22,11 @@ from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import Runtime
 from fanfold.runtime.placement import PlacementError, PlacementSettings
 from fanfold.statemachine import ChildFailed, ErrorKind, SubAgentFinished
+
+if TYPE_CHECKING:
+    import psycopg
+else:
+    psycopg = pytest.importorskip("psycopg", reason="the postgres extra is not installed")
 
 
 def _fan_out(n: int, child_latency: float = 0.05) -> dict[str, Any]:

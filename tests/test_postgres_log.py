@@ -17,9 +17,8 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import Driver, fan_out
@@ -36,9 +35,15 @@ from fanfold.db import (
     TreeTakenOver,
     open_store,
 )
-from fanfold.db.postgres import PostgresStore
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import DatabaseInUse, Runtime
+
+if TYPE_CHECKING:
+    import psycopg
+else:
+    psycopg = pytest.importorskip("psycopg", reason="the postgres extra is not installed")
+
+from fanfold.db.postgres import PostgresStore  # imports psycopg: after the skip above
 
 FAN_OUT = {
     "latency": 0.01,
