@@ -203,3 +203,31 @@ async def test_refusal_cut_off_and_truncated_children_reach_the_parent_typed(
     ]
     assert users.count("cut my call") == 1  # fatal: never retried
     assert server.unmatched == []
+
+
+async def test_a_root_cut_at_max_tokens_in_spawn_agents_runs_nothing(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    """Issue 33, item 11, as llama-server's Messages endpoint answered (not streamed):
+    ``tool_use`` ``spawn_agents`` with ``input: {}`` and ``stop_reason: max_tokens``.
+    fanfold ran ``spawn_agents({})`` every round; now the turn ends ``output_truncated``
+    after one request, and no tool ran."""
+    from fakeserver import anthropic_message
+
+    cut = anthropic_message(
+        tool_calls=[ToolCall.of("toolu_1", "spawn_agents", {})],
+        stop_reason="max_tokens",
+        usage=(1200, 256),
+    )
+    server.when(first_user_contains("fan out"), cut)
+    provider = AnthropicProvider(base_url=server.url, model="local", stream=False)
+    async with provider, open_runtime(tmp_path, provider, limits=LIMITS) as runtime:
+        root = await runtime.start("fan out over the files", cwd=tmp_path)
+        result = await runtime.wait(root)
+        state = runtime.state(root)
+    assert result.outcome == "error"
+    assert "output_truncated" in result.text and "spawn_agents" in result.text
+    assert not any(isinstance(m, ToolResultMessage) for m in state.history)
+    assert state.usage_input == 1200 and state.usage_output == 256
+    assert len(server.requests) == 1
+    assert server.unmatched == []

@@ -753,3 +753,35 @@ async def test_a_stream_cut_in_a_tool_call_keeps_its_billed_tokens(server: FakeS
     caught = await failure(make("openai", server.url, stream=True))
     assert caught.error.kind is ErrorKind.OUTPUT_TRUNCATED
     assert caught.error.usage == Usage(1435, 200)
+
+
+def _cut_after_a_whole_tool_call(api: Api, stream: bool) -> Reply:
+    """A reply whose tool call parsed whole but whose stop reason says the output was
+    cut at the token limit, as llama-server's Messages endpoint answered: a
+    ``tool_use`` block with ``input: {}`` and ``stop_reason: max_tokens``."""
+    call = ToolCall.of("toolu_cut", "spawn_agents", {})
+    if api == "openai":
+        if stream:
+            return openai_stream("", (call,), finish_reason="length", usage=(900, 64))
+        reply = openai_completion("", (call,), finish_reason="length", usage=(900, 64))
+        return reply
+    if stream:
+        return anthropic_stream("", (call,), stop_reason="max_tokens", usage=(900, 64))
+    return anthropic_message("", (call,), stop_reason="max_tokens", usage=(900, 64))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("api", APIS)
+async def test_a_tool_call_in_a_reply_cut_at_max_tokens_is_never_run(
+    server: FakeServer, api: Api, stream: bool
+) -> None:
+    """Issue 33, item 11: a reply stopped at the output token limit must not run its
+    last tool call, even when the call's arguments parse (``{}`` here, cut before the
+    model wrote them): OUTPUT_TRUNCATED, fatal, with the tokens billed."""
+    server.enqueue(_cut_after_a_whole_tool_call(api, stream))
+    caught = await failure(make(api, server.url, stream=stream))
+    assert caught.error.kind is ErrorKind.OUTPUT_TRUNCATED
+    assert not caught.error.kind.retryable
+    assert "spawn_agents" in caught.error.message and "raise max_tokens" in caught.error.message
+    assert caught.error.usage == Usage(900, 64)
+    assert len(server.requests) == 1

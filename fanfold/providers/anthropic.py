@@ -17,7 +17,9 @@ The wire format, both ways:
 Replies: text blocks are concatenated; ``tool_use`` blocks become tool calls (input
 stored as canonical JSON); other blocks (thinking, server tools) are ignored. Input
 tokens count cache writes and reads too. A stream must end with ``message_stop`` and
-every ``tool_use`` block must be closed with valid JSON, else MALFORMED_RESPONSE.
+every ``tool_use`` block must be closed with valid JSON, else MALFORMED_RESPONSE. A
+reply with tool calls whose ``stop_reason`` is ``max_tokens`` is OUTPUT_TRUNCATED (its
+last call was cut, even if its input parses), streamed or not.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from fanfold.providers.wire import (
     finite_json,
     load_event_json,
     malformed,
+    refuse_cut_tool_calls,
     snippet,
     tool_call,
 )
@@ -341,13 +344,14 @@ def _parse_anthropic_response(data: Any) -> ModelReply:
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     assert isinstance(usage, dict)
     stop = data.get("stop_reason")
-    return ModelReply(
+    reply = ModelReply(
         text="".join(texts),
         tool_calls=tuple(calls),
         usage=_usage_of(usage),
         stop_reason=stop if isinstance(stop, str) else ("tool_use" if calls else "end_turn"),
         stop_details=_details(data.get("stop_details")),
     )
+    return refuse_cut_tool_calls(reply, what)
 
 
 def _details(raw: Any) -> str:
@@ -494,13 +498,14 @@ class AnthropicStreamAssembler:
                 texts.append("".join(block.parts))
             elif block.kind == "tool_use":
                 calls.append(self._call(index, block, what))
-        return ModelReply(
+        reply = ModelReply(
             text="".join(texts),
             tool_calls=tuple(calls),
             usage=_usage_of(self._usage),
             stop_reason=self._stop or ("tool_use" if calls else "end_turn"),
             stop_details=self._details,
         )
+        return refuse_cut_tool_calls(reply, what)
 
     def _call(self, index: int, block: _Block, what: str) -> ToolCall:
         if not block.id or not block.name:

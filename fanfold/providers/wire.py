@@ -31,7 +31,14 @@ from typing import Any
 import attrs
 
 from fanfold.providers.base import ProviderError
-from fanfold.statemachine import ErrorKind, ModelError, Usage, canonical_json
+from fanfold.statemachine import (
+    STOP_MAX_TOKENS,
+    ErrorKind,
+    ModelError,
+    ModelReply,
+    Usage,
+    canonical_json,
+)
 from fanfold.statemachine.messages import ToolCall, non_finite_path
 
 # ------------------------------------------------------------------ secrets
@@ -270,6 +277,25 @@ def cut_off_tool_call(what: str, name: str) -> ProviderError:
         ErrorKind.OUTPUT_TRUNCATED,
         f"{what}: the reply was cut off at the output token limit inside the arguments "
         f"of tool {name!r}; {TRUNCATED_ADVICE}",
+    )
+
+
+def refuse_cut_tool_calls(reply: ModelReply, what: str) -> ModelReply:
+    """``reply``, unless it stopped at the output token limit (stop reason
+    ``max_tokens``, OpenAI's ``length``) with tool calls: then OUTPUT_TRUNCATED.
+
+    The last call of such a reply was being written when the limit struck: its
+    arguments may parse and still be cut (llama-server sent a ``tool_use`` with
+    ``input: {}`` and ``stop_reason: max_tokens``), so no call of it runs, whether its
+    arguments parsed or not, streamed or not (issue 33, item 11)."""
+    if reply.stop_reason != STOP_MAX_TOKENS or not reply.tool_calls:
+        return reply
+    name = reply.tool_calls[-1].name
+    raise fail(
+        ErrorKind.OUTPUT_TRUNCATED,
+        f"{what}: the reply was cut off at the output token limit while it called tool "
+        f"{name!r} (its arguments may be incomplete, so no call of it is run); "
+        f"{TRUNCATED_ADVICE}",
     )
 
 
