@@ -19,7 +19,8 @@ stored as canonical JSON); other blocks (thinking, server tools) are ignored. In
 tokens count cache writes and reads too. A stream must end with ``message_stop`` and
 every ``tool_use`` block must be closed with valid JSON, else MALFORMED_RESPONSE. A
 reply with tool calls whose ``stop_reason`` is ``max_tokens`` is OUTPUT_TRUNCATED (its
-last call was cut, even if its input parses), streamed or not.
+last call was cut, even if its input parses), streamed or not. An ``event: error`` in
+a stream is classified from its data, whatever that data's ``type`` says.
 """
 
 from __future__ import annotations
@@ -423,9 +424,17 @@ class AnthropicStreamAssembler:
                 self._tokens = self._usage["output_tokens"]
 
     def feed(self, event: SSEEvent) -> None:
-        """Take one event (its type comes from the JSON ``type``, else ``event:``)."""
+        """Take one event (its type comes from the JSON ``type``, else ``event:``).
+
+        An ``event: error`` is an error whatever its data's ``type`` says:
+        llama-server sends its error object there (``{"code": 500, "message": ...,
+        "type": "server_error"}``), which is classified as the same body would be on
+        an HTTP error or in an OpenAI stream (issue 33, item 12)."""
         if self._done or not event.data.strip():
             return
+        if event.event == "error":
+            # Its data as it is: an object, or text that is the message.
+            raise ProviderError(classify_stream_error(API, event.data))
         data = load_event_json(event, f"{API} stream")
         kind = data.get("type", event.event)
         what = f"{API} stream"

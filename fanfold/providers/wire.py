@@ -13,7 +13,8 @@ function is tested with plain data. The rules, in one place:
   credit is gone (``insufficient_quota``, ``billing_error``) is quota exhausted, also
   on a 429. An error that arrives *inside* a 200 stream is mapped to
   the status it stands for, then classified by the same table, so streaming and
-  non-streaming calls classify identically.
+  non-streaming calls classify identically (an Anthropic stream's error is the
+  ``event: error`` line, whatever its data's ``type``).
 - Error messages pass through ``redact`` before they leave a provider: API keys never
   reach an error, an event log or a log line.
 """
