@@ -8,13 +8,15 @@ function is tested with plain data. The rules, in one place:
 - HTTP status decides first (429 rate limit, 5xx server error, 401/403 auth, 408
   timeout, 413 context exhausted, 402 quota exhausted, other 4xx invalid request,
   unless the body says the context window is exceeded; a 5xx whose body says so in
-  words that mean nothing else, as llama.cpp's and Ollama's do, is context exhausted
-  too, never a retried server error). A body that says the quota or
-  credit is gone (``insufficient_quota``, ``billing_error``) is quota exhausted, also
-  on a 429. An error that arrives *inside* a 200 stream is mapped to
-  the status it stands for, then classified by the same table, so streaming and
-  non-streaming calls classify identically (an Anthropic stream's error is the
-  ``event: error`` line, whatever its data's ``type``).
+  words that mean nothing else, as Ollama's does, is context exhausted too, never a
+  retried server error; llama.cpp's 500 "Context size has been exceeded." is not one
+  of them: its slots' shared context was full of other requests, a server error). A
+  body that says the quota or credit is gone (``insufficient_quota``,
+  ``billing_error``) is quota exhausted, also on a 429. An error that arrives
+  *inside* a 200 stream is mapped to the status it stands for, then classified by
+  the same table, so streaming and non-streaming calls classify identically (an
+  Anthropic stream's error is the ``event: error`` line, whatever its data's
+  ``type``).
 - Error messages pass through ``redact`` before they leave a provider: API keys never
   reach an error, an event log or a log line.
 """
@@ -432,9 +434,8 @@ def retry_after(headers: Mapping[str, str], now: float) -> float | None:
 # ------------------------------------------------------------------ classification
 
 # Phrases that can only mean "the prompt does not fit the context window". They win
-# over any status, 5xx included: llama.cpp answers an overflow with a 500
-# ("Context size has been exceeded."), also inside a 200 stream, and Ollama's runner
-# may too; retrying the same prompt can never succeed.
+# over any status, 5xx included: Ollama's runner may answer an overflow with a 500;
+# retrying the same prompt can never succeed.
 _OVERFLOW_PATTERNS = (
     "context_length_exceeded",  # OpenAI code
     "maximum context length",  # OpenAI, vLLM ("This model's maximum context length is")
@@ -448,12 +449,25 @@ _OVERFLOW_PATTERNS = (
     "prompt too long",  # Ollama
     "exceed_context_size",  # llama.cpp type
     "exceeds the available context size",  # llama.cpp
-    "context size has been exceeded",  # llama.cpp, as a 500 and inside a stream
     "prompt is too long",  # Anthropic
+)
+# llama.cpp's 500 (as the status and inside a 200 stream) when decoding finds no room
+# in the KV cache. Its slots share one context (``kv_unified``), and a request that
+# alone does not fit is refused first with the 400 ``exceed_context_size_error``: so
+# this one means the other requests in flight filled the context, and the same
+# request succeeds sent again when they are done (issue 33, item 13). A server error
+# then, retried with back-off (each conversation's jitter its own); on a 4xx it is
+# still an overflow.
+_SHARED_CONTEXT_FULL = "context size has been exceeded"
+SHARED_CONTEXT_ADVICE = (
+    "llama-server: the context its parallel slots share was full of other requests in "
+    "flight, sent again it may fit; -c and -np bound a fan-out, see the README's "
+    "llama.cpp recipe"
 )
 # Looser phrases, trusted only on a 4xx (a client error that names the context).
 _CONTEXT_PATTERNS = (
     *_OVERFLOW_PATTERNS,
+    _SHARED_CONTEXT_FULL,
     "context window",
     "context limit",  # Anthropic: "... exceed context limit"
     "input is too long",
@@ -625,7 +639,15 @@ def classify_http_error(
         location = headers.get("location") or headers.get("Location") or "?"
         message += f" (redirect to {snippet(location, 120)}; check base_url)"
     hint = retry_after(headers, now) if kind.retryable else None
-    return ModelError(kind, message, hint)
+    return ModelError(kind, _advised(message, kind, error), hint)
+
+
+def _advised(message: str, kind: ErrorKind, error: ErrorBody) -> str:
+    """``message``, and for llama.cpp's shared context found full (a server error)
+    what it means and what bounds it."""
+    if kind is ErrorKind.SERVER_ERROR and _SHARED_CONTEXT_FULL in (error.message or "").lower():
+        return f"{message} ({SHARED_CONTEXT_ADVICE})"
+    return message
 
 
 def classify_stream_error(api: str, payload: Any) -> ModelError:
@@ -633,4 +655,5 @@ def classify_stream_error(api: str, payload: Any) -> ModelError:
     error = parse_error_body(payload)
     status = status_for(error)
     kind = kind_for_status(status, error)
-    return ModelError(kind, f"{api} stream error: {error.describe() or 'no details'}")
+    message = f"{api} stream error: {error.describe() or 'no details'}"
+    return ModelError(kind, _advised(message, kind, error))
