@@ -15,6 +15,8 @@
   DIR/headers (one JSON line); while
   DIR/http-status holds a number, every request is answered with that HTTP status
   instead; while DIR/http-hang exists, every request waits for ever.
+- ``sse``: as ``http``, over the older HTTP+SSE transport (the SDK's ``sse_app``, the
+  stream at ``/sse``).
 - ``many``: 129 tools, one more than fanfold takes (``fanfold.mcp.client.MAX_TOOLS``;
   each tool costs the SDK's server some 5 ms to build at start).
 - With $WAIT_FOR set (any mode), the server waits until that file exists before it
@@ -181,7 +183,7 @@ def served() -> None:
         """The value of the variable the declaration passed."""
         return os.environ.get("PASSED", "unset") + " " + os.environ.get("OTHER_TOKEN", "absent")
 
-    if MODE == "http":
+    if MODE in ("http", "sse"):
         http(server)
         return
     anyio.run(server.run_stdio_async)
@@ -196,7 +198,7 @@ def http(server: Any) -> None:
 
     import uvicorn
 
-    app = server.streamable_http_app()
+    app = server.sse_app() if MODE == "sse" else server.streamable_http_app()
 
     async def recorded(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":

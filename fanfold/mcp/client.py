@@ -243,6 +243,18 @@ class McpServer:
         hooks = dict(client.event_hooks)
         hooks["response"] = [*hooks.get("response", []), on_response]
         client.event_hooks = hooks
+        if self.declaration.sse:
+            from mcp.client.sse import sse_client
+
+            # The SDK's HTTP+SSE client (``type = "sse"``), on the same HTTP client:
+            # it opens (and closes) the client it is given.
+            def same_client(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+                return client
+
+            url = self.declaration.url or ""
+            async with sse_client(url, httpx_client_factory=same_client) as (read, write):
+                yield read, write
+            return
         async with (
             client,
             streamable_http_client(self.declaration.url or "", http_client=client) as (
