@@ -17,8 +17,9 @@
   instead; while DIR/http-hang exists, every request waits for ever.
 - ``sse``: as ``http``, over the older HTTP+SSE transport (the SDK's ``sse_app``, the
   stream at ``/sse``).
-- ``many``: 129 tools, one more than fanfold takes (``fanfold.mcp.client.MAX_TOOLS``;
-  each tool costs the SDK's server some 5 ms to build at start).
+- ``many``: 129 tools (``$MANY_TOOLS`` if set), ``tool_0``, ``tool_1``...: one more
+  than fanfold takes (``fanfold.mcp.client.MAX_TOOLS``; each tool costs the SDK's
+  server some 5 ms to build at start).
 - With $WAIT_FOR set (any mode), the server waits until that file exists before it
   answers anything (at most 20 s, then exits).
 - ``noinit``: reads requests and never answers.
@@ -107,7 +108,7 @@ def served() -> None:
     server = MCPServer("test", log_level="ERROR")
 
     if MODE == "many":
-        for i in range(129):
+        for i in range(int(os.environ.get("MANY_TOOLS", "129"))):
 
             def tool_n(x: int) -> int:
                 return x

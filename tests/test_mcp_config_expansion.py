@@ -230,3 +230,63 @@ async def test_an_sse_server_of_an_mcp_json_is_served_over_sse(tmp_path: Path) -
     sent = [json.loads(line) for line in (tmp_path / "headers").read_text().splitlines()]
     assert {h["(method)"] for h in sent} >= {"GET", "POST"}
     assert all(h.get("x-token") == "tok-123" for h in sent)
+
+
+# ------------------------------------------------------------------ tool filters (item 5)
+
+
+def test_include_and_exclude_tools_are_read_from_both_files(tmp_path: Path) -> None:
+    """Issue 33, item 5: per-server ``include_tools``/``exclude_tools`` (names or
+    globs), in fanfold.toml and as extension keys of ``.mcp.json`` (camel case too)."""
+    toml = tmp_path / "fanfold.toml"
+    toml.write_text(
+        '[mcp_servers.gh]\ncommand = "gh-mcp"\ninclude_tools = ["get_*", "list_issues"]\n'
+        'exclude_tools = ["get_secret*"]\n'
+    )
+    (gh,) = servers_of(toml, {})
+    assert (gh.include_tools, gh.exclude_tools) == (("get_*", "list_issues"), ("get_secret*",))
+    offered = [
+        t for t in ("get_issue", "get_secret_key", "list_issues", "delete_repo") if gh.offers(t)
+    ]
+    assert offered == ["get_issue", "list_issues"]
+    (js,) = servers_of(_write(tmp_path, {"gh": {"command": "x", "excludeTools": ["delete_*"]}}), {})
+    assert js.offers("get_issue") and not js.offers("delete_repo") and js.include_tools == ()
+    (snake,) = servers_of(_write(tmp_path, {"gh": {"command": "x", "include_tools": ["a?"]}}), {})
+    assert snake.offers("ab") and not snake.offers("abc") and not snake.offers("A b")
+    bad = _write(tmp_path, {"gh": {"command": "x", "includeTools": "get_*"}})
+    with pytest.raises(ConfigError, match="include_tools must be a list of tool names or globs"):
+        servers_of(bad, {})
+
+
+def _many(where: Path, name: str, count: int, **filters: list[str]) -> dict[str, Any]:
+    return {
+        "command": sys.executable,
+        "args": [str(SERVER), "many", str(where)],
+        "env": {"MANY_TOOLS": str(count)},
+        **filters,
+    }
+
+
+@pytest.mark.slow
+async def test_a_server_of_300_tools_is_offered_what_its_filter_keeps(tmp_path: Path) -> None:
+    """A server with more than 128 tools was refused whole; its filter now chooses
+    what is offered, and the limit counts only that (a real SDK server, 300 tools;
+    the same server unfiltered, started beside it, is still refused)."""
+    servers = {
+        "chosen": _many(
+            tmp_path, "chosen", 300, includeTools=["tool_1*"], excludeTools=["tool_19?"]
+        ),
+        "whole": _many(tmp_path, "whole", 300),
+    }
+    chosen, whole = servers_of(_write(tmp_path, servers), {})
+    async with McpHub.open([chosen, whole], cwd=tmp_path) as hub:
+        tools, problems = await hub.discover()
+        names = sorted(t.tool for t in tools)
+        # tool_1, tool_10..19, tool_100..199 (111), less tool_190..199.
+        assert len(names) == 101 and "tool_1" in names and "tool_189" in names
+        assert "tool_190" not in names and "tool_2" not in names
+        assert {t.server.name for t in tools} == {"chosen"}
+        out = await next(t for t in tools if t.tool == "tool_150").run({"x": 7}, ".")
+        assert (out.content, out.is_error) == ("7", False)
+    (problem,) = problems
+    assert "'whole' offers more than 128 tools" in problem and "include_tools" in problem

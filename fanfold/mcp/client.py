@@ -459,11 +459,14 @@ class McpServer:
             while True:
                 params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
                 page = await session.list_tools(params=params)
-                tools += page.tools
+                # The limit counts what is offered: the declaration's include_tools
+                # and exclude_tools choose first.
+                tools += [t for t in page.tools if self.declaration.offers(str(t.name))]
                 if len(tools) > MAX_TOOLS:
                     raise ServerUnavailable(
                         f"MCP server {self.name!r} offers more than {MAX_TOOLS} tools: refused "
-                        "(a tool list that long would fill the model's context)"
+                        "(a tool list that long would fill the model's context; choose its "
+                        "tools with include_tools or exclude_tools)"
                     )
                 cursor = page.next_cursor
                 if not cursor:

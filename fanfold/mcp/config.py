@@ -3,8 +3,9 @@
 Three places declare servers:
 
 - the configuration file (``[mcp_servers.NAME]``: ``command``, ``args``, ``env``,
-  ``cwd``, or ``url`` and ``headers``; and fanfold's own keys ``idempotent_tools``,
-  ``timeout``, ``startup_timeout``);
+  ``cwd``, or ``url`` and ``headers``; ``type``; and fanfold's own keys
+  ``idempotent_tools``, ``include_tools``, ``exclude_tools``, ``timeout``,
+  ``startup_timeout``);
 - a project's ``.mcp.json`` (``{"mcpServers": {NAME: {...}}}``, Claude Code's format,
   the same keys in camel case where it has them);
 - agent files' front matter (``mcpServers:``, the same keys), in the folders
@@ -37,6 +38,7 @@ import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,19 @@ class ServerDeclaration:
     sse: bool = False
     """``type = "sse"``: the URL speaks the HTTP+SSE transport, not Streamable HTTP."""
     written: ServerLaunch | None = None
+    include_tools: tuple[str, ...] = ()
+    """Names or globs (``fnmatch``, case-sensitive) of the server's tools to offer;
+    empty: all of them."""
+    exclude_tools: tuple[str, ...] = ()
+    """Names or globs of the server's tools never offered (they win over
+    ``include_tools``)."""
+
+    def offers(self, tool: str) -> bool:
+        """Whether the server's tool named ``tool`` passes ``include_tools`` and
+        ``exclude_tools`` (its own name, not ``mcp__SERVER__TOOL``)."""
+        if self.include_tools and not any(fnmatchcase(tool, p) for p in self.include_tools):
+            return False
+        return not any(fnmatchcase(tool, p) for p in self.exclude_tools)
 
     @property
     def transport(self) -> str:
@@ -385,11 +400,18 @@ _TOML_KEYS = {
     "url",
     "headers",
     "idempotent_tools",
+    "include_tools",
+    "exclude_tools",
     "timeout",
     "startup_timeout",
     "type",
 }
-_JSON_ALIASES = {"idempotentTools": "idempotent_tools", "startupTimeout": "startup_timeout"}
+_JSON_ALIASES = {
+    "idempotentTools": "idempotent_tools",
+    "startupTimeout": "startup_timeout",
+    "includeTools": "include_tools",
+    "excludeTools": "exclude_tools",
+}
 
 
 def _declaration(
@@ -446,6 +468,16 @@ def _declaration(
     idempotent = body.get("idempotent_tools", [])
     if not isinstance(idempotent, list) or not all(isinstance(t, str) for t in idempotent):
         raise fail("idempotent_tools must be a list of tool names")
+    filters = {}
+    for key in ("include_tools", "exclude_tools"):
+        patterns = body.get(key, [])
+        if (
+            not isinstance(patterns, list)
+            or len(patterns) > 1000
+            or not all(isinstance(p, str) and 0 < len(p) <= 200 for p in patterns)
+        ):
+            raise fail(f'{key} must be a list of tool names or globs (such as "get_*")')
+        filters[key] = tuple(patterns)
     timeouts = {}
     for key, default in (
         ("timeout", DEFAULT_TIMEOUT),
@@ -471,6 +503,8 @@ def _declaration(
         needs_trust=needs_trust,
         sse=transport == "sse",
         written=written if written != launch else None,
+        include_tools=filters["include_tools"],
+        exclude_tools=filters["exclude_tools"],
     )
 
 
