@@ -842,3 +842,14 @@ def test_an_error_event_with_text_data_keeps_the_text() -> None:
         assembler.feed(SSEEvent("error", "upstream model crashed"))
     assert caught.value.error.kind is ErrorKind.SERVER_ERROR
     assert "upstream model crashed" in caught.value.error.message
+
+
+def test_a_reply_cut_at_the_context_window_runs_no_tool_call() -> None:
+    """Anthropic's ``model_context_window_exceeded`` stop reason is a cut too."""
+    from fanfold.providers.anthropic import parse_anthropic_response
+
+    body = anthropic_message("", (CALL,), stop_reason="model_context_window_exceeded").body
+    with pytest.raises(ProviderError) as caught:
+        parse_anthropic_response(body)
+    assert caught.value.error.kind is ErrorKind.OUTPUT_TRUNCATED
+    assert parse_anthropic_response(anthropic_message("", (CALL,)).body).tool_calls == (CALL,)

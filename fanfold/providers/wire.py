@@ -283,6 +283,10 @@ def cut_off_tool_call(what: str, name: str) -> ProviderError:
     )
 
 
+# Stop reasons that say the output was cut before the model ended it.
+_CUT_STOP_REASONS = frozenset({STOP_MAX_TOKENS, "model_context_window_exceeded"})
+
+
 def refuse_cut_tool_calls(reply: ModelReply, what: str) -> ModelReply:
     """``reply``, unless it stopped at the output token limit (stop reason
     ``max_tokens``, OpenAI's ``length``) with tool calls: then OUTPUT_TRUNCATED.
@@ -290,8 +294,10 @@ def refuse_cut_tool_calls(reply: ModelReply, what: str) -> ModelReply:
     The last call of such a reply was being written when the limit struck: its
     arguments may parse and still be cut (llama-server sent a ``tool_use`` with
     ``input: {}`` and ``stop_reason: max_tokens``), so no call of it runs, whether its
-    arguments parsed or not, streamed or not (issue 33, item 11)."""
-    if reply.stop_reason != STOP_MAX_TOKENS or not reply.tool_calls:
+    arguments parsed or not, streamed or not (issue 33, item 11). Anthropic's
+    ``model_context_window_exceeded`` (the reply was cut where the context window
+    ended) is such a cut too."""
+    if reply.stop_reason not in _CUT_STOP_REASONS or not reply.tool_calls:
         return reply
     name = reply.tool_calls[-1].name
     raise fail(
