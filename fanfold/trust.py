@@ -13,7 +13,13 @@ is a JSON file in the user's configuration folder
                   "sha256": "9f2c...", "trusted_at": "2026-11-27T23:40:00+00:00"}]}
 
 A file is trusted by its resolved path and the sha256 of its bytes: a changed file
-(a ``git pull``) is no longer trusted until the user trusts it again. The record is
+(a ``git pull``) is no longer trusted until the user trusts it again. An MCP server
+whose ``command``, ``args`` or ``url`` names environment variables is trusted with
+what they expanded to as well: the entry's optional ``"launches"`` maps such a
+server's name to the sha256 of its expanded launch (``fanfold.mcp.config.
+ServerLaunch.digest``), so a variable cannot change what runs under an earlier trust.
+The key is written only when there is such a server (a record without one is read by
+older fanfold versions as before). The record is
 replaced atomically (a temporary file, ``fsync``, ``rename``) under an exclusive
 ``flock`` of a lock file beside it, so concurrent ``trust``/``revoke`` lose nothing;
 a record that is not one fanfold wrote is refused (``TrustFileError``), never
@@ -59,11 +65,13 @@ class TrustFileError(Exception):
 @attrs.frozen
 class TrustedFile:
     """One trusted file: its resolved path, the sha256 of its bytes when trusted, and
-    when (ISO 8601, UTC)."""
+    when (ISO 8601, UTC); ``launches``: (server name, sha256 of its expanded launch)
+    for each MCP server of the file whose launch names environment variables."""
 
     path: str
     sha256: str
     trusted_at: str
+    launches: tuple[tuple[str, str], ...] = ()
 
 
 def file_digest(data: bytes) -> str:
@@ -88,6 +96,26 @@ def canonical(path: str | os.PathLike[str]) -> str:
     return str(Path(path).expanduser().resolve())
 
 
+def _hex_digest(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == 64
+        and all(ch in "0123456789abcdef" for ch in value)
+    )
+
+
+def _entry_json(entry: TrustedFile) -> dict[str, Any]:
+    """An entry as the record writes it: ``launches`` only when it has any."""
+    written: dict[str, Any] = {
+        "path": entry.path,
+        "sha256": entry.sha256,
+        "trusted_at": entry.trusted_at,
+    }
+    if entry.launches:
+        written["launches"] = dict(entry.launches)
+    return written
+
+
 @attrs.frozen
 class TrustStore:
     """The trust record at ``path`` (see the module docstring). Reads it afresh on
@@ -110,6 +138,15 @@ class TrustStore:
         where = canonical(path)
         return any(e.path == where and e.sha256 == digest for e in self._read())
 
+    def trusted_launch(self, path: str | os.PathLike[str], server: str) -> str | None:
+        """The digest of MCP server ``server``'s expanded launch that ``path`` was
+        trusted with (None if none was recorded)."""
+        where = canonical(path)
+        for entry in self._read():
+            if entry.path == where:
+                return dict(entry.launches).get(server)
+        return None
+
     def trusted_digest(self, path: str | os.PathLike[str]) -> str | None:
         """The sha256 ``path`` was trusted with (None if never): tells "changed since"
         from "never trusted"."""
@@ -128,16 +165,22 @@ class TrustStore:
             raise TrustFileError(f"{path} is larger than {_MAX_TRUSTED_BYTES} bytes")
         return data
 
-    def trust(self, path: str | os.PathLike[str], data: bytes | None = None) -> TrustedFile:
+    def trust(
+        self,
+        path: str | os.PathLike[str],
+        data: bytes | None = None,
+        launches: Mapping[str, str] | None = None,
+    ) -> TrustedFile:
         """Trust the file at ``path`` with the content ``data`` (default: its bytes
-        now; pass the bytes you showed the user), replacing an earlier entry of the
-        same path. TrustFileError if it cannot be read (it must be a regular file) or
-        the record cannot be written."""
+        now; pass the bytes you showed the user) and ``launches`` (server name: digest
+        of its expanded launch, for the servers whose launch names variables),
+        replacing an earlier entry of the same path. TrustFileError if it cannot be
+        read (it must be a regular file) or the record cannot be written."""
         where = canonical(path)
         if data is None:
             data = self.read(where)
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        entry = TrustedFile(where, file_digest(data), now)
+        entry = TrustedFile(where, file_digest(data), now, tuple(sorted((launches or {}).items())))
         with self._locked():
             kept = [e for e in self._read() if e.path != where]
             self._write((*kept, entry))
@@ -187,18 +230,28 @@ class TrustStore:
             raise self._malformed('"trusted" is not a list')
         entries = []
         for index, item in enumerate(items):
+            launches = item.get("launches", {}) if isinstance(item, dict) else None
             if (
                 not isinstance(item, dict)
-                or set(item) != {"path", "sha256", "trusted_at"}
-                or not all(isinstance(value, str) for value in item.values())
+                or set(item) - {"launches"} != {"path", "sha256", "trusted_at"}
+                or not all(isinstance(item[key], str) for key in ("path", "sha256", "trusted_at"))
                 or not os.path.isabs(item["path"])
-                or len(item["sha256"]) != 64
-                or any(ch not in "0123456789abcdef" for ch in item["sha256"])
+                or not _hex_digest(item["sha256"])
+                or not isinstance(launches, dict)
+                or not all(isinstance(k, str) and _hex_digest(v) for k, v in launches.items())
             ):
                 raise self._malformed(
-                    f"entry {index} is not {{path (absolute), sha256 (64 hex digits), trusted_at}}"
+                    f"entry {index} is not {{path (absolute), sha256 (64 hex digits), "
+                    "trusted_at, launches (optional: server name -> 64 hex digits)}"
                 )
-            entries.append(TrustedFile(item["path"], item["sha256"], item["trusted_at"]))
+            entries.append(
+                TrustedFile(
+                    item["path"],
+                    item["sha256"],
+                    item["trusted_at"],
+                    tuple(sorted(launches.items())),
+                )
+            )
         return tuple(entries)
 
     def _check_owner(self, info: os.stat_result) -> None:
@@ -241,7 +294,7 @@ class TrustStore:
             os.close(fd)
 
     def _write(self, entries: tuple[TrustedFile, ...]) -> None:
-        document = {"version": _VERSION, "trusted": [attrs.asdict(e) for e in entries]}
+        document = {"version": _VERSION, "trusted": [_entry_json(e) for e in entries]}
         text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
         temp: str | None = None
         try:

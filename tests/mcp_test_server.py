@@ -15,8 +15,11 @@
   DIR/headers (one JSON line); while
   DIR/http-status holds a number, every request is answered with that HTTP status
   instead; while DIR/http-hang exists, every request waits for ever.
-- ``many``: 129 tools, one more than fanfold takes (``fanfold.mcp.client.MAX_TOOLS``;
-  each tool costs the SDK's server some 5 ms to build at start).
+- ``sse``: as ``http``, over the older HTTP+SSE transport (the SDK's ``sse_app``, the
+  stream at ``/sse``).
+- ``many``: 129 tools (``$MANY_TOOLS`` if set), ``tool_0``, ``tool_1``...: one more
+  than fanfold takes (``fanfold.mcp.client.MAX_TOOLS``; each tool costs the SDK's
+  server some 5 ms to build at start).
 - With $WAIT_FOR set (any mode), the server waits until that file exists before it
   answers anything (at most 20 s, then exits).
 - ``noinit``: reads requests and never answers.
@@ -105,7 +108,7 @@ def served() -> None:
     server = MCPServer("test", log_level="ERROR")
 
     if MODE == "many":
-        for i in range(129):
+        for i in range(int(os.environ.get("MANY_TOOLS", "129"))):
 
             def tool_n(x: int) -> int:
                 return x
@@ -181,7 +184,7 @@ def served() -> None:
         """The value of the variable the declaration passed."""
         return os.environ.get("PASSED", "unset") + " " + os.environ.get("OTHER_TOKEN", "absent")
 
-    if MODE == "http":
+    if MODE in ("http", "sse"):
         http(server)
         return
     anyio.run(server.run_stdio_async)
@@ -196,7 +199,7 @@ def http(server: Any) -> None:
 
     import uvicorn
 
-    app = server.streamable_http_app()
+    app = server.sse_app() if MODE == "sse" else server.streamable_http_app()
 
     async def recorded(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":

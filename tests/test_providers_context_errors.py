@@ -1,10 +1,11 @@
 """Context-window overflow as local servers report it (llama.cpp, vLLM, Ollama).
 
-The bodies in ``tests/fixtures/local`` are those servers' own error shapes (see the
-fixtures README). Each must classify as CONTEXT_EXHAUSTED, which is not retried:
-sending the same prompt again can never fit. llama.cpp reports an overflow found while
-decoding as a 500, both as the HTTP status and as an error event inside a 200 stream;
-a 5xx like that must not become a retried SERVER_ERROR.
+The bodies in ``tests/fixtures/local`` are those servers' own error shapes. Each
+overflow of one request must classify as CONTEXT_EXHAUSTED, which is not retried:
+sending the same prompt again can never fit. llama.cpp's 500 "Context size has been
+exceeded." is another thing (issue 33, item 13): found while decoding, when the
+context its parallel slots share is full of *other* requests; the same request sent
+again alone succeeds, so it is a SERVER_ERROR, retried with back-off.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ REQUEST = ModelRequest("Be brief.", (UserMessage("Summarise the repository."),),
 OVERFLOWS = [
     ("llamacpp-context-400.json", 400),
     ("llamacpp-context-400-older.json", 400),
-    ("llamacpp-context-500.json", 500),
     ("vllm-context-400.json", 400),
     ("vllm-context-400-newer.json", 400),
     ("vllm-decoder-prompt-400.json", 400),
@@ -88,12 +88,34 @@ async def test_overflow_over_loopback(
     assert len(server.requests) == 1
 
 
-async def test_llamacpp_in_stream_overflow_is_context_exhausted(server: FakeServer) -> None:
-    # llama.cpp streams some text, then reports the overflow as code 500 inside the
-    # 200 stream: this used to be a SERVER_ERROR, retried by every agent in lockstep.
+def test_llamacpp_shared_context_full_is_a_retried_server_error() -> None:
+    """llama-server's 500 "Context size has been exceeded." (found while decoding,
+    the slots' shared context full of other requests) is retried, and says why and
+    what bounds it; its 400 ``exceed_context_size_error`` (this request alone does not
+    fit) stays CONTEXT_EXHAUSTED, fatal."""
+    error = classify_http_error("openai", 500, body("llamacpp-context-500.json"), {}, NOW)
+    assert error.kind is ErrorKind.SERVER_ERROR and error.kind.retryable
+    assert error.message.startswith("openai HTTP 500: server_error: Context size has been")
+    assert "slots share" in error.message and "-np" in error.message
+    streamed = classify_stream_error("anthropic", json.loads(body("llamacpp-context-500.json")))
+    assert streamed.kind is ErrorKind.SERVER_ERROR and "-np" in streamed.message
+    alone = classify_http_error("openai", 400, body("llamacpp-context-400.json"), {}, NOW)
+    assert alone.kind is ErrorKind.CONTEXT_EXHAUSTED and "-np" not in alone.message
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_llamacpp_shared_context_full_over_loopback(server: FakeServer, stream: bool) -> None:
+    server.enqueue(Json(json.loads(body("llamacpp-context-500.json")), status=500))
+    caught = await failure(provider(server, stream=stream))
+    assert caught.error.kind is ErrorKind.SERVER_ERROR
+
+
+async def test_llamacpp_in_stream_overflow_is_a_server_error(server: FakeServer) -> None:
+    # llama.cpp streams some text, then reports the shared context full as code 500
+    # inside the 200 stream: retried (each conversation's back-off has its own jitter).
     server.enqueue(sse_file(LOCAL / "llamacpp-stream-context-exceeded.sse", chunk_size=37))
     caught = await failure(provider(server, stream=True))
-    assert caught.error.kind is ErrorKind.CONTEXT_EXHAUSTED
+    assert caught.error.kind is ErrorKind.SERVER_ERROR
     assert "Context size has been exceeded" in caught.error.message
 
 

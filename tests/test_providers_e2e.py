@@ -203,3 +203,100 @@ async def test_refusal_cut_off_and_truncated_children_reach_the_parent_typed(
     ]
     assert users.count("cut my call") == 1  # fatal: never retried
     assert server.unmatched == []
+
+
+async def test_a_root_cut_at_max_tokens_in_spawn_agents_runs_nothing(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    """Issue 33, item 11, as llama-server's Messages endpoint answered (not streamed):
+    ``tool_use`` ``spawn_agents`` with ``input: {}`` and ``stop_reason: max_tokens``.
+    fanfold ran ``spawn_agents({})`` every round; now the turn ends ``output_truncated``
+    after one request, and no tool ran."""
+    from fakeserver import anthropic_message
+
+    cut = anthropic_message(
+        tool_calls=[ToolCall.of("toolu_1", "spawn_agents", {})],
+        stop_reason="max_tokens",
+        usage=(1200, 256),
+    )
+    server.when(first_user_contains("fan out"), cut)
+    provider = AnthropicProvider(base_url=server.url, model="local", stream=False)
+    async with provider, open_runtime(tmp_path, provider, limits=LIMITS) as runtime:
+        root = await runtime.start("fan out over the files", cwd=tmp_path)
+        result = await runtime.wait(root)
+        state = runtime.state(root)
+    assert result.outcome == "error"
+    assert "output_truncated" in result.text and "spawn_agents" in result.text
+    assert not any(isinstance(m, ToolResultMessage) for m in state.history)
+    assert state.usage_input == 1200 and state.usage_output == 256
+    assert len(server.requests) == 1
+    assert server.unmatched == []
+
+
+LLAMA_FULL = {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_a_fan_out_over_a_full_shared_context_is_retried(
+    tmp_path: Path, server: FakeServer, api: str
+) -> None:
+    """Issue 33, item 13: llama-server's parallel slots share one context; children
+    of one fan-out sent together got HTTP 500 "Context size has been exceeded." (as
+    the status, and inside a 200 stream), each succeeding when sent again. They are
+    retried with back-off and complete; a child whose own prompt does not fit (the 400
+    ``exceed_context_size_error``) fails ``context_exhausted`` after one request."""
+    from fakeserver import Json
+
+    alone = {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 5000,
+        "n_ctx": 4096,
+    }
+    if api == "openai":
+        streamed, answer = Sse(f"data: {json.dumps({'error': LLAMA_FULL})}\n\n"), openai_stream
+    else:
+        start = anthropic_stream("Reading").body
+        assert isinstance(start, str)
+        head = start[: start.index("event: content_block_stop")]
+        streamed = Sse(head + f"event: error\ndata: {json.dumps(LLAMA_FULL)}\n\n")
+        answer = anthropic_stream
+    server.when(
+        first_user_contains("split"),
+        answer(tool_calls=[spawn_call("one: a", "two: b", "three: c")]),
+        answer(text="two of three"),
+    )
+    server.when(
+        first_user_contains("one: a"),
+        Json({"error": LLAMA_FULL}, status=500),
+        streamed,
+        answer(tool_calls=[submit("a done")]),
+    )
+    server.when(first_user_contains("two: b"), streamed, answer(tool_calls=[submit("b done")]))
+    server.when(first_user_contains("three: c"), Json({"error": alone}, status=400))
+    provider: OpenAIProvider | AnthropicProvider
+    if api == "openai":
+        provider = OpenAIProvider(base_url=server.url + "/v1", model="local")
+    else:
+        provider = AnthropicProvider(base_url=server.url, model="local")
+    async with provider, open_runtime(tmp_path, provider, limits=LIMITS) as runtime:
+        root = await runtime.start("split the work", cwd=tmp_path)
+        result = await runtime.wait(root)
+        children = fan_in(runtime.state(root).history)
+    assert result.text == "two of three"
+    assert [(c["status"], c.get("error_kind")) for c in children] == [
+        ("completed", None),
+        ("completed", None),
+        ("failed", "context_exhausted"),
+    ]
+
+    def task(request: Any) -> str:
+        messages = request.json["messages"]
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        return json.dumps(first)
+
+    tasks = [task(r) for r in server.requests]
+    assert [sum("one: a" in t for t in tasks), sum("two: b" in t for t in tasks)] == [3, 2]
+    assert sum("three: c" in t for t in tasks) == 1
+    assert server.unmatched == []

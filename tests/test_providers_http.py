@@ -753,3 +753,103 @@ async def test_a_stream_cut_in_a_tool_call_keeps_its_billed_tokens(server: FakeS
     caught = await failure(make("openai", server.url, stream=True))
     assert caught.error.kind is ErrorKind.OUTPUT_TRUNCATED
     assert caught.error.usage == Usage(1435, 200)
+
+
+def _cut_after_a_whole_tool_call(api: Api, stream: bool) -> Reply:
+    """A reply whose tool call parsed whole but whose stop reason says the output was
+    cut at the token limit, as llama-server's Messages endpoint answered: a
+    ``tool_use`` block with ``input: {}`` and ``stop_reason: max_tokens``."""
+    call = ToolCall.of("toolu_cut", "spawn_agents", {})
+    if api == "openai":
+        if stream:
+            return openai_stream("", (call,), finish_reason="length", usage=(900, 64))
+        reply = openai_completion("", (call,), finish_reason="length", usage=(900, 64))
+        return reply
+    if stream:
+        return anthropic_stream("", (call,), stop_reason="max_tokens", usage=(900, 64))
+    return anthropic_message("", (call,), stop_reason="max_tokens", usage=(900, 64))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("api", APIS)
+async def test_a_tool_call_in_a_reply_cut_at_max_tokens_is_never_run(
+    server: FakeServer, api: Api, stream: bool
+) -> None:
+    """Issue 33, item 11: a reply stopped at the output token limit must not run its
+    last tool call, even when the call's arguments parse (``{}`` here, cut before the
+    model wrote them): OUTPUT_TRUNCATED, fatal, with the tokens billed."""
+    server.enqueue(_cut_after_a_whole_tool_call(api, stream))
+    caught = await failure(make(api, server.url, stream=stream))
+    assert caught.error.kind is ErrorKind.OUTPUT_TRUNCATED
+    assert not caught.error.kind.retryable
+    assert "spawn_agents" in caught.error.message and "raise max_tokens" in caught.error.message
+    assert caught.error.usage == Usage(900, 64)
+    assert len(server.requests) == 1
+
+
+def _anthropic_stream_then_error(payload: dict[str, Any]) -> Sse:
+    """An Anthropic stream that starts, writes some text, then reports an error as
+    llama-server's Messages endpoint does: an ``event: error`` line whose data is the
+    server's error object (its ``type`` is the error's, not ``"error"``)."""
+    started = anthropic_stream("Let me look at the files").body
+    assert isinstance(started, str)
+    # Keep the beginning (up to the text's last delta), drop the end of the message.
+    head = started[: started.index("event: content_block_stop")]
+    return Sse(head + f"event: error\ndata: {json.dumps(payload)}\n\n", chunk_size=41)
+
+
+@pytest.mark.parametrize(
+    ("payload", "kind"),
+    [
+        ({"code": 400, "message": "too long", "type": "exceed_context_size_error"}, "context"),
+        ({"code": 503, "message": "Loading model", "type": "unavailable_error"}, "server"),
+        ({"code": 401, "message": "Invalid API Key", "type": "authentication_error"}, "auth"),
+        ({"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}, ""),
+    ],
+)
+async def test_an_error_event_in_an_anthropic_stream_is_the_servers_error(
+    server: FakeServer, payload: dict[str, Any], kind: str
+) -> None:
+    """Issue 33, item 12: the stream parser took an event's type from its JSON's
+    ``type`` ("server_error"), never saw the error, and reported a malformed stream
+    (retried, the server's message lost). The ``event:`` line names it: the error
+    carries the server's message and is classified as the same error on the OpenAI
+    endpoint (and as an HTTP error of that status) is."""
+    server.enqueue(_anthropic_stream_then_error(payload))
+    caught = await failure(make("anthropic", server.url, stream=True))
+    assert caught.error.kind is not ErrorKind.MALFORMED_RESPONSE
+    assert payload["message"] in caught.error.message
+    server.enqueue(Sse(f"data: {json.dumps({'error': payload})}\n\n"))
+    on_openai = await failure(make("openai", server.url, stream=True))
+    assert caught.error.kind is on_openai.error.kind
+    expected = {
+        "context": ErrorKind.CONTEXT_EXHAUSTED,
+        "server": ErrorKind.SERVER_ERROR,
+        "auth": ErrorKind.AUTH,
+    }
+    if kind:
+        assert caught.error.kind is expected[kind]
+
+
+def test_an_error_event_with_text_data_keeps_the_text() -> None:
+    """An ``event: error`` whose data is not JSON is still the server's error, its
+    text the message (not "invalid JSON in stream event")."""
+    from fanfold.providers.anthropic import AnthropicStreamAssembler
+    from fanfold.providers.wire import SSEEvent
+
+    assembler = AnthropicStreamAssembler()
+    with pytest.raises(ProviderError) as caught:
+        assembler.feed(SSEEvent("error", "upstream model crashed"))
+    assert caught.value.error.kind is ErrorKind.SERVER_ERROR
+    assert "upstream model crashed" in caught.value.error.message
+
+
+def test_a_reply_cut_at_the_context_window_runs_no_tool_call() -> None:
+    """Anthropic's ``model_context_window_exceeded`` stop reason is a cut too."""
+    from fanfold.providers.anthropic import parse_anthropic_response
+
+    body = anthropic_message("", (CALL,), stop_reason="model_context_window_exceeded").body
+    with pytest.raises(ProviderError) as caught:
+        parse_anthropic_response(body)
+    assert caught.value.error.kind is ErrorKind.OUTPUT_TRUNCATED
+    assert parse_anthropic_response(anthropic_message("", (CALL,)).body).tool_calls == (CALL,)

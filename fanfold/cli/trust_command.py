@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import click
@@ -62,11 +61,16 @@ def _trust(store: TrustStore, target: Path) -> None:
         servers = servers_in(data, target)
     except ConfigError as exc:
         raise CliError(f"not trusted: {exc}") from None
-    entry = store.trust(target, data)
+    # A server whose command, args or url names variables is trusted as they expand
+    # now (the launch shown): a variable changed later makes it wait for trust again.
+    launches = {s.name: s.launch.digest() for s in servers if s.written is not None}
+    entry = store.trust(target, data, launches)
     hint(f"trusted {printable(entry.path)} (sha256 {entry.sha256[:16]}...)")
     for server in servers:
-        what = shlex.join([server.command, *server.args]) if server.command else server.url
-        hint(f"  MCP server {printable(server.name)} runs: {printable(what or '')}")
+        verb = "reaches" if server.command is None else "runs"
+        hint(f"  MCP server {printable(server.name)} {verb}: {printable(server.launch.shown())}")
+        if server.written is not None:
+            hint(f"    (as written: {printable(server.written.shown())})")
     if config is None:
         return
     for profile in config.profiles:

@@ -243,6 +243,18 @@ class McpServer:
         hooks = dict(client.event_hooks)
         hooks["response"] = [*hooks.get("response", []), on_response]
         client.event_hooks = hooks
+        if self.declaration.sse:
+            from mcp.client.sse import sse_client
+
+            # The SDK's HTTP+SSE client (``type = "sse"``), on the same HTTP client:
+            # it opens (and closes) the client it is given.
+            def same_client(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+                return client
+
+            url = self.declaration.url or ""
+            async with sse_client(url, httpx_client_factory=same_client) as (read, write):
+                yield read, write
+            return
         async with (
             client,
             streamable_http_client(self.declaration.url or "", http_client=client) as (
@@ -447,11 +459,14 @@ class McpServer:
             while True:
                 params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
                 page = await session.list_tools(params=params)
-                tools += page.tools
+                # The limit counts what is offered: the declaration's include_tools
+                # and exclude_tools choose first.
+                tools += [t for t in page.tools if self.declaration.offers(str(t.name))]
                 if len(tools) > MAX_TOOLS:
                     raise ServerUnavailable(
                         f"MCP server {self.name!r} offers more than {MAX_TOOLS} tools: refused "
-                        "(a tool list that long would fill the model's context)"
+                        "(a tool list that long would fill the model's context; choose its "
+                        "tools with include_tools or exclude_tools)"
                     )
                 cursor = page.next_cursor
                 if not cursor:

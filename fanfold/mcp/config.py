@@ -3,8 +3,9 @@
 Three places declare servers:
 
 - the configuration file (``[mcp_servers.NAME]``: ``command``, ``args``, ``env``,
-  ``cwd``, or ``url`` and ``headers``; and fanfold's own keys ``idempotent_tools``,
-  ``timeout``, ``startup_timeout``);
+  ``cwd``, or ``url`` and ``headers``; ``type``; and fanfold's own keys
+  ``idempotent_tools``, ``include_tools``, ``exclude_tools``, ``timeout``,
+  ``startup_timeout``);
 - a project's ``.mcp.json`` (``{"mcpServers": {NAME: {...}}}``, Claude Code's format,
   the same keys in camel case where it has them);
 - agent files' front matter (``mcpServers:``, the same keys), in the folders
@@ -17,18 +18,27 @@ has trusted that file's bytes (``fanfold trust PATH``, the record
 of ``fanfold.trust``). Servers of the user's own configuration, ``$FANFOLD_CONFIG`` or
 an explicit ``--config`` start as they are.
 
-Values in ``env`` and ``headers`` may name environment variables (``${GITHUB_TOKEN}``,
-also inside a value as in ``Bearer ${GITHUB_TOKEN}``, or a whole ``$GITHUB_TOKEN``):
-they are read from fanfold's environment when the server starts, never stored, logged
-or shown (``fanfold tools`` shows the names).
+Values in ``command``, ``args``, ``url``, ``env`` and ``headers`` may name environment
+variables, as Claude Code reads them: ``${VAR}`` (also inside a value, as in ``Bearer
+${GITHUB_TOKEN}``), ``${VAR:-default}`` (the default when ``VAR`` is unset or empty),
+or a whole ``$VAR``. Those in ``env`` and ``headers`` are secrets: read from fanfold's
+environment when the server starts, never stored, logged or shown (``fanfold tools``
+shows the names). Those in ``command``, ``args`` and ``url`` say what runs (or where
+the headers go): they are expanded when the servers are declared, and a project's
+server starts only if they expand as they did when the user trusted its file (the
+trust record keeps a digest of the expansion, ``ServerDeclaration.launch_digest``):
+a variable cannot change, under an earlier trust, what runs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +59,10 @@ from fanfold.trust import TrustFileError, TrustStore, file_digest
 __all__ = [
     "DEFAULT_TIMEOUT",
     "MCP_JSON",
+    "TRANSPORTS",
     "Declarations",
     "ServerDeclaration",
+    "ServerLaunch",
     "declared_servers",
     "expand",
     "secret_variables",
@@ -65,15 +77,43 @@ DEFAULT_STARTUP_TIMEOUT = 30.0
 """Seconds a server has to start and answer ``initialize`` and ``tools/list``."""
 _NAME = re.compile(r"^[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*$")
 _VARIABLE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
-_BRACED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# ``${VAR}`` or ``${VAR:-default}`` (a default holds no ``}``).
+_BRACED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _MAX_FILE = 1024 * 1024
+
+
+TRANSPORTS = ("stdio", "http", "sse")
+"""The ``type`` of a server: a program on stdin/stdout, Streamable HTTP, or the older
+HTTP+SSE transport (the SDK's ``mcp.client.sse``)."""
+
+
+@attrs.frozen
+class ServerLaunch:
+    """What a server's declaration says to run or reach: ``command`` and ``args`` (a
+    stdio server) or ``url``."""
+
+    command: str | None
+    args: tuple[str, ...]
+    url: str | None
+
+    def digest(self) -> str:
+        """The sha256 of this launch (canonical JSON), as the trust record keeps it."""
+        text = json.dumps([self.command, list(self.args), self.url], ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def shown(self) -> str:
+        """The command line (shell-quoted) or the URL."""
+        return shlex.join([self.command, *self.args]) if self.command else self.url or ""
 
 
 @attrs.frozen
 class ServerDeclaration:
-    """One declared server. ``env`` and ``headers`` hold the values as written (an
-    ``${VAR}`` is expanded only when the server starts). ``needs_trust``: declared by
-    the project, and its file's bytes are not trusted."""
+    """One declared server. ``command``, ``args`` and ``url`` are what runs, their
+    environment references expanded (``written``: the launch as the file wrote it,
+    when it named variables; None when it named none). ``env`` and ``headers`` hold
+    the values as written (an ``${VAR}`` is expanded only when the server starts).
+    ``needs_trust``: declared by the project, and its file's bytes (or the expansion
+    of its launch) are not trusted."""
 
     name: str
     source: str
@@ -91,10 +131,34 @@ class ServerDeclaration:
     private: bool = False
     """Declared in an agent file's ``mcpServers``: it serves the agents whose
     definitions name it, not the whole run (``AgentDefinition.own_tools``)."""
+    sse: bool = False
+    """``type = "sse"``: the URL speaks the HTTP+SSE transport, not Streamable HTTP."""
+    written: ServerLaunch | None = None
+    include_tools: tuple[str, ...] = ()
+    """Names or globs (``fnmatch``, case-sensitive) of the server's tools to offer;
+    empty: all of them."""
+    exclude_tools: tuple[str, ...] = ()
+    """Names or globs of the server's tools never offered (they win over
+    ``include_tools``)."""
+
+    def offers(self, tool: str) -> bool:
+        """Whether the server's tool named ``tool`` passes ``include_tools`` and
+        ``exclude_tools`` (its own name, not ``mcp__SERVER__TOOL``)."""
+        if self.include_tools and not any(fnmatchcase(tool, p) for p in self.include_tools):
+            return False
+        return not any(fnmatchcase(tool, p) for p in self.exclude_tools)
 
     @property
     def transport(self) -> str:
-        return "stdio" if self.command is not None else "http"
+        """``stdio``, ``http`` (Streamable HTTP) or ``sse``."""
+        if self.command is not None:
+            return "stdio"
+        return "sse" if self.sse else "http"
+
+    @property
+    def launch(self) -> ServerLaunch:
+        """What runs (or is reached), expanded."""
+        return ServerLaunch(self.command, self.args, self.url)
 
 
 @attrs.frozen
@@ -118,20 +182,35 @@ def secret_variables(declarations: Iterable[ServerDeclaration]) -> frozenset[str
 
 def _referenced(value: str) -> list[str]:
     whole = _VARIABLE.match(value.strip())
-    return [whole.group(1)] if whole else _BRACED.findall(value)
+    return [whole.group(1)] if whole else [m.group(1) for m in _BRACED.finditer(value)]
 
 
 def expand(value: str, environ: Mapping[str, str], where: str) -> str:
-    """``value`` with its environment references (``${VAR}`` anywhere, as in
-    ``Bearer ${TOKEN}``, or a whole ``$VAR``) replaced by the variables' values; raises
-    ``ConfigError`` naming the variable (never a value) if one is not set."""
-    for name in _referenced(value):
-        if name not in environ:
-            raise ConfigError(f"needs ${name}, which is not set", path=where)
+    """``value`` with its environment references replaced by the variables' values:
+    ``${VAR}`` anywhere (as in ``Bearer ${TOKEN}``), ``${VAR:-default}`` (``default``
+    when ``VAR`` is unset or empty, as the shell reads it), or a whole ``$VAR``.
+    Raises ``ConfigError`` naming the variable (never a value) if one without a
+    default is not set."""
     whole = _VARIABLE.match(value.strip())
     if whole is not None:
+        if whole.group(1) not in environ:
+            raise ConfigError(f"needs ${whole.group(1)}, which is not set", path=where)
         return environ[whole.group(1)]
-    return _BRACED.sub(lambda m: environ[m.group(1)], value)
+    for match in _BRACED.finditer(value):
+        if match.group(2) is None and match.group(1) not in environ:
+            raise ConfigError(f"needs ${match.group(1)}, which is not set", path=where)
+
+    def value_of(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if default is not None and not environ.get(name):
+            return default
+        return environ[name]
+
+    return _BRACED.sub(value_of, value)
+
+
+def _names_variables(value: str) -> bool:
+    return bool(_referenced(value))
 
 
 def declared_servers(
@@ -199,24 +278,59 @@ def declared_servers(
                 )
                 continue
             try:
-                declared = _declaration(name, body, str(path), kind, project, needs_trust)
+                declared = _declaration(name, body, str(path), kind, project, needs_trust, env)
             except ConfigError as exc:
                 problems.append(str(exc))
                 continue
+            if project and not needs_trust and declared.written is not None:
+                # The file is trusted; what its variables made of the launch must be
+                # too: an environment variable may not change what runs under it.
+                changed = _launch_not_trusted(store, path, declared)
+                if changed is not None:
+                    problems.append(changed)
+                    declared = attrs.evolve(declared, needs_trust=True)
             found[name] = attrs.evolve(declared, private=True) if kind == "agent" else declared
     return Declarations(tuple(found.values()), tuple(problems))
 
 
-def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
+def _launch_not_trusted(store: TrustStore, path: Path, declared: ServerDeclaration) -> str | None:
+    """None if the trust record of ``path`` holds the digest of ``declared``'s launch
+    as expanded now; else the problem, one line (never a variable's value: the
+    launch as written names the variables)."""
+    try:
+        recorded = store.trusted_launch(path, declared.name)
+    except TrustFileError as exc:
+        return f"{path}: {exc}"
+    if recorded == declared.launch.digest():
+        return None
+    assert declared.written is not None
+    why = (
+        "was trusted before fanfold recorded what its variables expand to"
+        if recorded is None
+        else "expands differently than when the file was trusted (an environment variable changed)"
+    )
+    return (
+        f"{path}: MCP server {declared.name!r} ({declared.written.shown()}) {why}: it waits "
+        f"for trust; run `fanfold trust {path}` to trust what it runs now"
+    )
+
+
+def servers_in(
+    data: bytes, path: Path, environ: Mapping[str, str] | None = None
+) -> list[ServerDeclaration]:
     """The servers a file's bytes declare (``.mcp.json`` by its name, an agent file by
-    its ``.md``, else TOML), for
-    ``fanfold trust`` to show what it is trusting; ``ConfigError`` if one is invalid."""
+    its ``.md``, else TOML), their launch expanded in ``environ`` (default: fanfold's),
+    for ``fanfold trust`` to show (and record) what it is trusting; ``ConfigError`` if
+    one is invalid or names a variable that is not set."""
+    env = os.environ if environ is None else environ
     kind = "json" if path.name == MCP_JSON else "agent" if path.suffix == ".md" else "toml"
     table = _servers_table(data, path, kind)
-    return [_declaration(n, b, str(path), kind, True, False) for n, b in table.items()]
+    return [_declaration(n, b, str(path), kind, True, False, env) for n, b in table.items()]
 
 
-def servers_of(path: str | os.PathLike[str]) -> tuple[ServerDeclaration, ...]:
+def servers_of(
+    path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+) -> tuple[ServerDeclaration, ...]:
     """The servers one file declares, for a program (``Runtime.open(mcp_servers=PATH)``):
     a fanfold configuration's ``[mcp_servers]``, a ``.mcp.json``'s ``mcpServers``
     (told apart by the ``.json`` suffix). The program names the file, as ``--config``
@@ -231,7 +345,8 @@ def servers_of(path: str | os.PathLike[str]) -> tuple[ServerDeclaration, ...]:
         raise ConfigError(f"larger than {_MAX_FILE} bytes: not read", path=str(target))
     kind = "json" if target.suffix == ".json" else "toml"
     table = _servers_table(data, target, kind)
-    return tuple(_declaration(n, b, str(target), kind, False, False) for n, b in table.items())
+    env = os.environ if environ is None else environ
+    return tuple(_declaration(n, b, str(target), kind, False, False, env) for n, b in table.items())
 
 
 def _servers_table(data: bytes, path: Path, kind: str) -> dict[str, Any]:
@@ -285,15 +400,28 @@ _TOML_KEYS = {
     "url",
     "headers",
     "idempotent_tools",
+    "include_tools",
+    "exclude_tools",
     "timeout",
     "startup_timeout",
     "type",
 }
-_JSON_ALIASES = {"idempotentTools": "idempotent_tools", "startupTimeout": "startup_timeout"}
+_JSON_ALIASES = {
+    "idempotentTools": "idempotent_tools",
+    "startupTimeout": "startup_timeout",
+    "includeTools": "include_tools",
+    "excludeTools": "exclude_tools",
+}
 
 
 def _declaration(
-    name: str, body: Any, source: str, kind: str, project: bool, needs_trust: bool
+    name: str,
+    body: Any,
+    source: str,
+    kind: str,
+    project: bool,
+    needs_trust: bool,
+    environ: Mapping[str, str],
 ) -> ServerDeclaration:
     where = f"mcp_servers.{name}" if kind == "toml" else f"mcpServers.{name}"
     if not isinstance(name, str):
@@ -316,16 +444,22 @@ def _declaration(
     command = body.get("command")
     url = body.get("url")
     if (command is None) == (url is None):
-        raise fail("give command (a stdio server) or url (Streamable HTTP), one of them")
+        raise fail("give command (a stdio server) or url (Streamable HTTP or SSE), one of them")
     if command is not None and (not isinstance(command, str) or not command.strip()):
         raise fail("command must be a non-empty string")
-    if url is not None and (
-        not isinstance(url, str) or not url.startswith(("http://", "https://"))
-    ):
+    if url is not None and not isinstance(url, str):
         raise fail("url must be an http:// or https:// URL")
     args = body.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise fail("args must be a list of strings")
+    transport = _transport(body.get("type"), command is not None, fail)
+    written = ServerLaunch(command, tuple(args), url)
+    launch = _expanded_launch(written, environ, f"{source}: {where}")
+    command, args, url = launch.command, list(launch.args), launch.url
+    if command is not None and not command.strip():
+        raise fail("command must be a non-empty string (it expands to nothing)")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise fail("url must be an http:// or https:// URL")
     env = _string_table(body.get("env", {}), fail, "env")
     headers = _string_table(body.get("headers", {}), fail, "headers")
     cwd = body.get("cwd")
@@ -334,6 +468,16 @@ def _declaration(
     idempotent = body.get("idempotent_tools", [])
     if not isinstance(idempotent, list) or not all(isinstance(t, str) for t in idempotent):
         raise fail("idempotent_tools must be a list of tool names")
+    filters = {}
+    for key in ("include_tools", "exclude_tools"):
+        patterns = body.get(key, [])
+        if (
+            not isinstance(patterns, list)
+            or len(patterns) > 1000
+            or not all(isinstance(p, str) and 0 < len(p) <= 200 for p in patterns)
+        ):
+            raise fail(f'{key} must be a list of tool names or globs (such as "get_*")')
+        filters[key] = tuple(patterns)
     timeouts = {}
     for key, default in (
         ("timeout", DEFAULT_TIMEOUT),
@@ -357,7 +501,40 @@ def _declaration(
         startup_timeout=timeouts["startup_timeout"],
         project=project,
         needs_trust=needs_trust,
+        sse=transport == "sse",
+        written=written if written != launch else None,
+        include_tools=filters["include_tools"],
+        exclude_tools=filters["exclude_tools"],
     )
+
+
+def _transport(value: Any, stdio: bool, fail: Any) -> str:
+    """The ``type`` as given (Claude Code's ``stdio``, ``http``, ``sse``; fanfold
+    also reads ``streamable-http``), checked against ``command``/``url``."""
+    if value is None:
+        return "stdio" if stdio else "http"
+    if value == "streamable-http":
+        value = "http"
+    if value not in TRANSPORTS:
+        raise fail(
+            f"type must be one of {', '.join(TRANSPORTS)} (and streamable-http), not "
+            f"{repr(value)[:40]}"
+        )
+    if (value == "stdio") != stdio:
+        needs = "command" if value == "stdio" else "url"
+        raise fail(f"type {value!r} needs {needs}")
+    return str(value)
+
+
+def _expanded_launch(written: ServerLaunch, environ: Mapping[str, str], where: str) -> ServerLaunch:
+    """``written`` with the environment references of its command, args and url
+    expanded; ConfigError naming a variable that is not set."""
+    command = expand(written.command, environ, f"{where}.command") if written.command else None
+    args = tuple(
+        expand(arg, environ, f"{where}.args[{index}]") for index, arg in enumerate(written.args)
+    )
+    url = expand(written.url, environ, f"{where}.url") if written.url is not None else None
+    return ServerLaunch(command if written.command is not None else None, args, url)
 
 
 def _string_table(value: Any, fail: Any, key: str) -> tuple[tuple[str, str], ...]:

@@ -17,7 +17,10 @@ The wire format, both ways:
 Replies: text blocks are concatenated; ``tool_use`` blocks become tool calls (input
 stored as canonical JSON); other blocks (thinking, server tools) are ignored. Input
 tokens count cache writes and reads too. A stream must end with ``message_stop`` and
-every ``tool_use`` block must be closed with valid JSON, else MALFORMED_RESPONSE.
+every ``tool_use`` block must be closed with valid JSON, else MALFORMED_RESPONSE. A
+reply with tool calls whose ``stop_reason`` is ``max_tokens`` is OUTPUT_TRUNCATED (its
+last call was cut, even if its input parses), streamed or not. An ``event: error`` in
+a stream is classified from its data, whatever that data's ``type`` says.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from fanfold.providers.wire import (
     finite_json,
     load_event_json,
     malformed,
+    refuse_cut_tool_calls,
     snippet,
     tool_call,
 )
@@ -341,13 +345,14 @@ def _parse_anthropic_response(data: Any) -> ModelReply:
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     assert isinstance(usage, dict)
     stop = data.get("stop_reason")
-    return ModelReply(
+    reply = ModelReply(
         text="".join(texts),
         tool_calls=tuple(calls),
         usage=_usage_of(usage),
         stop_reason=stop if isinstance(stop, str) else ("tool_use" if calls else "end_turn"),
         stop_details=_details(data.get("stop_details")),
     )
+    return refuse_cut_tool_calls(reply, what)
 
 
 def _details(raw: Any) -> str:
@@ -419,9 +424,17 @@ class AnthropicStreamAssembler:
                 self._tokens = self._usage["output_tokens"]
 
     def feed(self, event: SSEEvent) -> None:
-        """Take one event (its type comes from the JSON ``type``, else ``event:``)."""
+        """Take one event (its type comes from the JSON ``type``, else ``event:``).
+
+        An ``event: error`` is an error whatever its data's ``type`` says:
+        llama-server sends its error object there (``{"code": 500, "message": ...,
+        "type": "server_error"}``), which is classified as the same body would be on
+        an HTTP error or in an OpenAI stream (issue 33, item 12)."""
         if self._done or not event.data.strip():
             return
+        if event.event == "error":
+            # Its data as it is: an object, or text that is the message.
+            raise ProviderError(classify_stream_error(API, event.data))
         data = load_event_json(event, f"{API} stream")
         kind = data.get("type", event.event)
         what = f"{API} stream"
@@ -494,13 +507,14 @@ class AnthropicStreamAssembler:
                 texts.append("".join(block.parts))
             elif block.kind == "tool_use":
                 calls.append(self._call(index, block, what))
-        return ModelReply(
+        reply = ModelReply(
             text="".join(texts),
             tool_calls=tuple(calls),
             usage=_usage_of(self._usage),
             stop_reason=self._stop or ("tool_use" if calls else "end_turn"),
             stop_details=self._details,
         )
+        return refuse_cut_tool_calls(reply, what)
 
     def _call(self, index: int, block: _Block, what: str) -> ToolCall:
         if not block.id or not block.name:

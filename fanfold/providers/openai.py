@@ -15,8 +15,9 @@ Works with OpenAI and with local servers that speak the same API (llama.cpp's
 Replies: ``finish_reason`` is normalised to fanfold's stop reasons (``stop`` ->
 ``end_turn``, ``tool_calls`` -> ``tool_use``, ``length`` -> ``max_tokens``; others pass
 through). A refusal (the ``refusal`` field) makes the stop reason ``refusal``, the
-refusal its ``stop_details`` (and the text, if there is none). A reply cut off by
-``length`` inside a tool call's arguments is OUTPUT_TRUNCATED, not malformed. Tool
+refusal its ``stop_details`` (and the text, if there is none). A reply with tool
+calls cut off by ``length`` is OUTPUT_TRUNCATED, not malformed, even when the last
+call's arguments parse (they may be cut). Tool
 arguments are checked and stored as canonical JSON; invalid JSON is MALFORMED_RESPONSE.
 A stream must end with ``data: [DONE]``; usage comes from its last chunk
 (``stream_options.include_usage``).
@@ -51,6 +52,7 @@ from fanfold.providers.wire import (
     decode_sse,
     load_event_json,
     malformed,
+    refuse_cut_tool_calls,
     snippet,
     tool_call,
 )
@@ -302,7 +304,9 @@ def _parse_openai_response(data: Any) -> ModelReply:
     finish = choice.get("finish_reason")
     finish = finish if isinstance(finish, str) else None
     calls = tuple(_tool_call(raw, what, cut_off=finish == "length") for raw in raw_calls)
-    return _reply(text, refusal, calls, _usage(data.get("usage")), finish)
+    return refuse_cut_tool_calls(
+        _reply(text, refusal, calls, _usage(data.get("usage")), finish), what
+    )
 
 
 def _reply(
@@ -448,13 +452,14 @@ class OpenAIStreamAssembler:
             )
             calls.append(call)
         refusal = "".join(self._refusal)
-        return _reply(
+        reply = _reply(
             "".join(self._text),
             refusal.strip() and refusal,
             tuple(calls),
             self._usage,
             self._finish,
         )
+        return refuse_cut_tool_calls(reply, what)
 
 
 def parse_openai_stream(body: bytes | str) -> ModelReply:

@@ -8,12 +8,15 @@ function is tested with plain data. The rules, in one place:
 - HTTP status decides first (429 rate limit, 5xx server error, 401/403 auth, 408
   timeout, 413 context exhausted, 402 quota exhausted, other 4xx invalid request,
   unless the body says the context window is exceeded; a 5xx whose body says so in
-  words that mean nothing else, as llama.cpp's and Ollama's do, is context exhausted
-  too, never a retried server error). A body that says the quota or
-  credit is gone (``insufficient_quota``, ``billing_error``) is quota exhausted, also
-  on a 429. An error that arrives *inside* a 200 stream is mapped to
-  the status it stands for, then classified by the same table, so streaming and
-  non-streaming calls classify identically.
+  words that mean nothing else, as Ollama's does, is context exhausted too, never a
+  retried server error; llama.cpp's 500 "Context size has been exceeded." is not one
+  of them: its slots' shared context was full of other requests, a server error). A
+  body that says the quota or credit is gone (``insufficient_quota``,
+  ``billing_error``) is quota exhausted, also on a 429. An error that arrives
+  *inside* a 200 stream is mapped to the status it stands for, then classified by
+  the same table, so streaming and non-streaming calls classify identically (an
+  Anthropic stream's error is the ``event: error`` line, whatever its data's
+  ``type``).
 - Error messages pass through ``redact`` before they leave a provider: API keys never
   reach an error, an event log or a log line.
 """
@@ -31,7 +34,14 @@ from typing import Any
 import attrs
 
 from fanfold.providers.base import ProviderError
-from fanfold.statemachine import ErrorKind, ModelError, Usage, canonical_json
+from fanfold.statemachine import (
+    STOP_MAX_TOKENS,
+    ErrorKind,
+    ModelError,
+    ModelReply,
+    Usage,
+    canonical_json,
+)
 from fanfold.statemachine.messages import ToolCall, non_finite_path
 
 # ------------------------------------------------------------------ secrets
@@ -273,6 +283,31 @@ def cut_off_tool_call(what: str, name: str) -> ProviderError:
     )
 
 
+# Stop reasons that say the output was cut before the model ended it.
+_CUT_STOP_REASONS = frozenset({STOP_MAX_TOKENS, "model_context_window_exceeded"})
+
+
+def refuse_cut_tool_calls(reply: ModelReply, what: str) -> ModelReply:
+    """``reply``, unless it stopped at the output token limit (stop reason
+    ``max_tokens``, OpenAI's ``length``) with tool calls: then OUTPUT_TRUNCATED.
+
+    The last call of such a reply was being written when the limit struck: its
+    arguments may parse and still be cut (llama-server sent a ``tool_use`` with
+    ``input: {}`` and ``stop_reason: max_tokens``), so no call of it runs, whether its
+    arguments parsed or not, streamed or not (issue 33, item 11). Anthropic's
+    ``model_context_window_exceeded`` (the reply was cut where the context window
+    ended) is such a cut too."""
+    if reply.stop_reason not in _CUT_STOP_REASONS or not reply.tool_calls:
+        return reply
+    name = reply.tool_calls[-1].name
+    raise fail(
+        ErrorKind.OUTPUT_TRUNCATED,
+        f"{what}: the reply was cut off at the output token limit while it called tool "
+        f"{name!r} (its arguments may be incomplete, so no call of it is run); "
+        f"{TRUNCATED_ADVICE}",
+    )
+
+
 def tool_arguments_or_cut_off(raw: str | None, what: str, name: str, cut_off: bool) -> str:
     """``tool_arguments``; when the reply stopped at the token limit (``cut_off``),
     arguments that do not parse are reported as ``cut_off_tool_call``."""
@@ -405,9 +440,8 @@ def retry_after(headers: Mapping[str, str], now: float) -> float | None:
 # ------------------------------------------------------------------ classification
 
 # Phrases that can only mean "the prompt does not fit the context window". They win
-# over any status, 5xx included: llama.cpp answers an overflow with a 500
-# ("Context size has been exceeded."), also inside a 200 stream, and Ollama's runner
-# may too; retrying the same prompt can never succeed.
+# over any status, 5xx included: Ollama's runner may answer an overflow with a 500;
+# retrying the same prompt can never succeed.
 _OVERFLOW_PATTERNS = (
     "context_length_exceeded",  # OpenAI code
     "maximum context length",  # OpenAI, vLLM ("This model's maximum context length is")
@@ -421,12 +455,25 @@ _OVERFLOW_PATTERNS = (
     "prompt too long",  # Ollama
     "exceed_context_size",  # llama.cpp type
     "exceeds the available context size",  # llama.cpp
-    "context size has been exceeded",  # llama.cpp, as a 500 and inside a stream
     "prompt is too long",  # Anthropic
+)
+# llama.cpp's 500 (as the status and inside a 200 stream) when decoding finds no room
+# in the KV cache. Its slots share one context (``kv_unified``), and a request that
+# alone does not fit is refused first with the 400 ``exceed_context_size_error``: so
+# this one means the other requests in flight filled the context, and the same
+# request succeeds sent again when they are done (issue 33, item 13). A server error
+# then, retried with back-off (each conversation's jitter its own); on a 4xx it is
+# still an overflow.
+_SHARED_CONTEXT_FULL = "context size has been exceeded"
+SHARED_CONTEXT_ADVICE = (
+    "llama-server: the context its parallel slots share was full of other requests in "
+    "flight, sent again it may fit; -c and -np bound a fan-out, see the README's "
+    "llama.cpp recipe"
 )
 # Looser phrases, trusted only on a 4xx (a client error that names the context).
 _CONTEXT_PATTERNS = (
     *_OVERFLOW_PATTERNS,
+    _SHARED_CONTEXT_FULL,
     "context window",
     "context limit",  # Anthropic: "... exceed context limit"
     "input is too long",
@@ -598,7 +645,15 @@ def classify_http_error(
         location = headers.get("location") or headers.get("Location") or "?"
         message += f" (redirect to {snippet(location, 120)}; check base_url)"
     hint = retry_after(headers, now) if kind.retryable else None
-    return ModelError(kind, message, hint)
+    return ModelError(kind, _advised(message, kind, error), hint)
+
+
+def _advised(message: str, kind: ErrorKind, error: ErrorBody) -> str:
+    """``message``, and for llama.cpp's shared context found full (a server error)
+    what it means and what bounds it."""
+    if kind is ErrorKind.SERVER_ERROR and _SHARED_CONTEXT_FULL in (error.message or "").lower():
+        return f"{message} ({SHARED_CONTEXT_ADVICE})"
+    return message
 
 
 def classify_stream_error(api: str, payload: Any) -> ModelError:
@@ -606,4 +661,5 @@ def classify_stream_error(api: str, payload: Any) -> ModelError:
     error = parse_error_body(payload)
     status = status_for(error)
     kind = kind_for_status(status, error)
-    return ModelError(kind, f"{api} stream error: {error.describe() or 'no details'}")
+    message = f"{api} stream error: {error.describe() or 'no details'}"
+    return ModelError(kind, _advised(message, kind, error))

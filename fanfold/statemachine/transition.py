@@ -757,8 +757,8 @@ def _on_model_failed(state: Conversation, phase: LlmRequesting, error: ModelErro
 def _on_model_replied(state: Conversation, phase: LlmRequesting, event: ModelReplied) -> Transition:
     reply = event.reply
     # A plain-text reply cut off at the output token limit is kept, marked: the user
-    # and the parent see that the answer or result is cut (a cut-off tool call never
-    # gets here: its provider reports output_truncated instead).
+    # and the parent see that the answer or result is cut (a reply with tool calls cut
+    # off never gets here from the HTTP providers: they report output_truncated).
     truncated = reply.stop_reason == STOP_MAX_TOKENS and not reply.tool_calls
     # One copy of the state (this is every round's path): not _count_usage + evolve.
     usage = reply.usage
