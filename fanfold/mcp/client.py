@@ -577,11 +577,15 @@ def _tool(server: McpServer, tool: Any) -> McpTool | str:
             f"MCP server {server.name!r}: tool {str(tool.name)[:80]!r} left out: {name[:100]!r} "
             "is not a name a model can call (1-64 letters, digits, '_' or '-')"
         )
-    schema = _simplified(tool.input_schema)
+    # The schema as the server gave it (pydantic's ``$defs``/``$ref``/``anyOf``,
+    # ``format``, ``pattern``...): what the model is offered and what the call's
+    # arguments are checked against; only a schema that is not valid JSON Schema, or
+    # not an object's (MCP's rule for a tool's input), is refused.
+    schema = tool.input_schema
     try:
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise SchemaError("its input schema is not an object schema")
-        check_schema(schema, name)
+        check_schema(schema, "its input schema")
     except SchemaError as exc:
         return f"MCP server {server.name!r}: tool {tool.name!r} left out: {exc}"
     description = (tool.description or "").strip() or f"{tool.name} (MCP server {server.name})"
@@ -589,37 +593,6 @@ def _tool(server: McpServer, tool: Any) -> McpTool | str:
     read_only = bool(annotations is not None and annotations.read_only_hint)
     spec = ToolSpec.from_schema(name, description[:4000], schema, read_only=read_only)
     return McpTool(server, str(tool.name), spec)
-
-
-_ANNOTATION_KEYS = frozenset({"title", "description", "default", "examples"})
-
-
-def _simplified(schema: Any) -> Any:
-    """``schema`` with each ``anyOf`` of plain typed branches (pydantic's spelling of an
-    optional argument: ``{"anyOf": [{"type": "string"}, {"type": "null"}]}``) written
-    as a type list (``{"type": ["string", "null"]}``), which the checked subset has;
-    anything else as it is (``check_schema`` decides)."""
-    if isinstance(schema, list):
-        return [_simplified(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: _simplified(value) for key, value in schema.items()}
-    branches = out.get("anyOf")
-    if (
-        isinstance(branches, list)
-        and branches
-        and "type" not in out
-        and all(
-            isinstance(b, dict)
-            and isinstance(b.get("type"), str)
-            and set(b) <= {"type"} | _ANNOTATION_KEYS
-            for b in branches
-        )
-    ):
-        del out["anyOf"]
-        kinds = list(dict.fromkeys(b["type"] for b in branches))
-        out["type"] = kinds[0] if len(kinds) == 1 else kinds
-    return out
 
 
 def _output(result: Any) -> ToolOutput:

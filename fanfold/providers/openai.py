@@ -51,6 +51,7 @@ from fanfold.providers.wire import (
     decode_sse,
     load_event_json,
     malformed,
+    provider_schema,
     snippet,
     tool_call,
 )
@@ -125,14 +126,15 @@ def to_openai_messages(system: str, messages: Sequence[Message]) -> list[dict[st
 
 
 def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    """Tool specs as Chat Completions function tools."""
+    """Tool specs as Chat Completions function tools; each schema as the tool gave it,
+    or the copy ``provider_schema`` makes when its top level has what the API refuses."""
     return [
         {
             "type": "function",
             "function": {
                 "name": tool.name,
                 "description": tool.description,
-                "parameters": tool.input_schema(),
+                "parameters": provider_schema(tool.input_schema()),
             },
         }
         for tool in tools
