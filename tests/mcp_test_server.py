@@ -3,7 +3,7 @@
 ``python mcp_test_server.py MODE [DIR]``; DIR is where the tools leave traces.
 
 - ``ok``: the SDK's ``MCPServer`` with tools ``echo`` (read-only), ``add`` (structured
-  result), ``fail`` (an ``isError`` result), ``image``, ``big`` (50 MB of text),
+  result), ``fail`` (an ``isError`` result), ``image``, ``big`` (50 MB of text, or ``mb``),
   ``die`` (exits mid-call), ``slow`` (sleeps; touches DIR/slow-started, writes
   ``cancelled`` to DIR when the client cancels it), ``count`` (appends a line to
   DIR/count), ``bash`` (a built-in's name), ``spawn`` (starts a grandchild
@@ -212,9 +212,9 @@ def served() -> None:
         return Image(data=b"\x89PNG" + b"0" * 300, format="png")
 
     @server.tool()
-    def big() -> str:
-        """50 MB of text."""
-        return "x" * (50 * 1024 * 1024)
+    def big(mb: int = 50) -> str:
+        """MB megabytes of text (50 by default), "<start>" first and "<end>" last."""
+        return "<start>" + "x" * (mb * 1024 * 1024) + "<end>"
 
     @server.tool()
     def die() -> str:
