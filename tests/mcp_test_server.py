@@ -24,8 +24,8 @@
   ``date``, ``AnyUrl``): their schemas hold ``$defs``/``$ref``, ``anyOf``, ``format``,
   ``pattern``, ``maxLength`` and ``additionalProperties`` schemas. Each call appends its
   tool's name to DIR/calls and answers with its arguments as JSON.
-- ``banner``: as ``ok``, after printing two lines that are not JSON-RPC on stdout
-  (a banner) before it reads anything.
+- ``banner``: as ``ok``, after printing lines that are not JSON-RPC on stdout (a
+  banner) before it reads anything: two, or $BANNER_LINES.
 - ``noinit``: reads requests and never answers.
 - ``garbage``: answers every line with a line that is not JSON.
 - ``badschema``: hand-written JSON-RPC: one tool whose schema uses ``$ref`` (outside
@@ -323,7 +323,8 @@ def http(server: Any) -> None:
 
 if MODE == "banner":
     print("Welcome to the banner server v1.0", flush=True)
-    print("(logging to stdout, as some servers do)", flush=True)
+    for i in range(int(os.environ.get("BANNER_LINES", "2")) - 1):
+        print(f"(logging to stdout, as some servers do: line {i + 2})", flush=True)
     MODE = "ok"
 if MODE in ("noinit", "garbage", "badschema", "stringschema"):
     raw()

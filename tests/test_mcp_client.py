@@ -130,6 +130,17 @@ async def test_a_banner_on_stdout_is_skipped_and_kept_in_the_stderr_tail(
         assert "(on stdout, not JSON-RPC) Welcome to the banner server v1.0" in server.stderr_tail()
 
 
+async def test_a_server_printing_more_than_50_lines_that_are_not_json_rpc_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Bounded: the 51st such line ends the connection, with what it printed.
+    declaration = _declaration("banner", tmp_path, env=(("BANNER_LINES", "60"),))
+    async with McpHub.open([declaration], cwd=tmp_path) as hub:
+        tools, problems = await hub.discover()
+    assert tools == [] and len(problems) == 1
+    assert "wrote 51 lines that are not JSON-RPC (the first: 'Welcome to the banner" in problems[0]
+
+
 @pytest.mark.parametrize(
     ("mode", "problem"),
     [
