@@ -3,7 +3,7 @@
 ``python mcp_test_server.py MODE [DIR]``; DIR is where the tools leave traces.
 
 - ``ok``: the SDK's ``MCPServer`` with tools ``echo`` (read-only), ``add`` (structured
-  result), ``fail`` (an ``isError`` result), ``image``, ``big`` (50 MB of text),
+  result), ``fail`` (an ``isError`` result), ``image``, ``big`` (50 MB of text, or ``mb``),
   ``die`` (exits mid-call), ``slow`` (sleeps; touches DIR/slow-started, writes
   ``cancelled`` to DIR when the client cancels it), ``count`` (appends a line to
   DIR/count), ``bash`` (a built-in's name), ``spawn`` (starts a grandchild
@@ -22,6 +22,13 @@
   server some 5 ms to build at start).
 - With $WAIT_FOR set (any mode), the server waits until that file exists before it
   answers anything (at most 20 s, then exits).
+- ``typed``: the SDK's ``MCPServer`` with tools typed as users type them with pydantic
+  (``X | None`` (Optional), ``Literal``, ``Field`` constraints, nested models, ``dict[str, int]``,
+  ``date``, ``AnyUrl``): their schemas hold ``$defs``/``$ref``, ``anyOf``, ``format``,
+  ``pattern``, ``maxLength`` and ``additionalProperties`` schemas. Each call appends its
+  tool's name to DIR/calls and answers with its arguments as JSON.
+- ``banner``: as ``ok``, after printing lines that are not JSON-RPC on stdout (a
+  banner) before it reads anything: two, or $BANNER_LINES.
 - ``noinit``: reads requests and never answers.
 - ``garbage``: answers every line with a line that is not JSON.
 - ``badschema``: hand-written JSON-RPC: one tool whose schema uses ``$ref`` (outside
@@ -98,6 +105,76 @@ def raw() -> None:
         sys.stdout.flush()
 
 
+def typed() -> None:
+    import datetime
+    from typing import Annotated, Literal
+
+    import anyio
+    from mcp.server.mcpserver import MCPServer
+    from pydantic import AnyUrl, BaseModel, Field
+
+    server = MCPServer("typed", log_level="ERROR")
+
+    class Address(BaseModel):
+        street: str = Field(max_length=20, description="Street and number")
+        zip: str = Field(pattern=r"^[0-9]{5}$", description="Five digits")
+
+    class Person(BaseModel):
+        name: str
+        home: Address
+        work: Address | None = None
+        tags: list[str] = []
+
+    def answer(tool: str, **arguments: Any) -> str:
+        with open(DIR / "calls", "a") as f:
+            f.write(tool + "\n")
+        return json.dumps(arguments, sort_keys=True, default=str)
+
+    @server.tool()
+    def tag(items: list[str] | None = None) -> str:
+        """Tags, or none."""
+        return answer("tag", items=items)
+
+    @server.tool()
+    def pick(mode: Literal["fast", "slow"], level: Literal["a", "b"] | None = None) -> str:
+        """A mode and maybe a level."""
+        return answer("pick", mode=mode, level=level)
+
+    @server.tool()
+    def short(text: Annotated[str, Field(max_length=5, description="At most 5")]) -> str:
+        """A short text."""
+        return answer("short", text=text)
+
+    @server.tool()
+    def register(person: Person) -> str:
+        """A person with addresses (nested models)."""
+        return answer("register", person=person.model_dump())
+
+    @server.tool()
+    def scores(values: dict[str, int]) -> str:
+        """Named whole numbers."""
+        return answer("scores", values=values)
+
+    @server.tool()
+    def ranged(
+        n: Annotated[int, Field(ge=1, le=10)], ratio: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    ) -> str:
+        """Numbers in ranges."""
+        return answer("ranged", n=n, ratio=ratio)
+
+    @server.tool()
+    def when(day: datetime.date) -> str:
+        """A day."""
+        return answer("when", day=day)
+
+    @server.tool()
+    def link(url: AnyUrl) -> str:
+        """A URL."""
+        return answer("link", url=str(url))
+
+    anyio.run(server.run_stdio_async)
+
+
 def served() -> None:
     import anyio
     from mcp.server.mcpserver import MCPServer
@@ -138,9 +215,9 @@ def served() -> None:
         return Image(data=b"\x89PNG" + b"0" * 300, format="png")
 
     @server.tool()
-    def big() -> str:
-        """50 MB of text."""
-        return "x" * (50 * 1024 * 1024)
+    def big(mb: int = 50) -> str:
+        """MB megabytes of text (50 by default), "<start>" first and "<end>" last."""
+        return "<start>" + "x" * (mb * 1024 * 1024) + "<end>"
 
     @server.tool()
     def die() -> str:
@@ -247,7 +324,14 @@ def http(server: Any) -> None:
     asyncio.run(serve())
 
 
+if MODE == "banner":
+    print("Welcome to the banner server v1.0", flush=True)
+    for i in range(int(os.environ.get("BANNER_LINES", "2")) - 1):
+        print(f"(logging to stdout, as some servers do: line {i + 2})", flush=True)
+    MODE = "ok"
 if MODE in ("noinit", "garbage", "badschema", "stringschema"):
     raw()
+elif MODE == "typed":
+    typed()
 else:
     served()

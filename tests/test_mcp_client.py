@@ -103,19 +103,54 @@ async def test_a_server_dying_mid_call_is_restarted_once_then_named_with_its_std
         assert "restarted once already" in final.content and "dying now" in final.content
 
 
-async def test_a_50_mb_answer_is_an_error_result_and_the_server_restarts(tmp_path: Path) -> None:
+async def test_big_answers_arrive_cut_and_the_server_lives_on(tmp_path: Path) -> None:
+    # A 5 MB text is a line of over 10 MB (the SDK's server repeats it as structured
+    # content); it used to end the connection ("larger than 8 MiB") and use up the
+    # server's one restart, so the second was lost. Each now arrives cut to the
+    # model's limit, counted once, and the server is never restarted; 50 MB as well.
     async with McpHub.open([_declaration("ok", tmp_path)], cwd=tmp_path) as hub:
         tools = await _tools(hub)
-        out = await tools["big"].run({}, ".")
-        assert out.is_error and "sent a message larger than 8 MiB" in out.content
+        for mb in (5, 5, 50):
+            out = await tools["big"].run({"mb": mb}, ".")
+            assert not out.is_error, out.content[:300]
+            assert out.content.startswith("<start>xxx") and out.content.endswith("xxx<end>")
+            assert 20_000 < len(out.content) <= 31_000  # cut once, not text and copy
         assert (await tools["echo"].run({"text": "ok"}, ".")).content == "echo: ok"
+        assert hub.servers["ok"].starts == 1
+
+
+async def test_a_banner_on_stdout_is_skipped_and_kept_in_the_stderr_tail(
+    tmp_path: Path,
+) -> None:
+    async with McpHub.open([_declaration("banner", tmp_path)], cwd=tmp_path) as hub:
+        tools = await _tools(hub)  # no problem: the server is offered
+        assert (await tools["echo"].run({"text": "hi"}, ".")).content == "echo: hi"
+        server = hub.servers["banner"]
+        assert server.noise_lines == 2 and server.starts == 1
+        assert "(on stdout, not JSON-RPC) Welcome to the banner server v1.0" in server.stderr_tail()
+
+
+async def test_a_server_printing_more_than_50_lines_that_are_not_json_rpc_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Bounded: the 51st such line ends the connection, with what it printed.
+    declaration = _declaration("banner", tmp_path, env=(("BANNER_LINES", "60"),))
+    async with McpHub.open([declaration], cwd=tmp_path) as hub:
+        tools, problems = await hub.discover()
+    assert tools == [] and len(problems) == 1
+    assert "wrote 51 lines that are not JSON-RPC (the first: 'Welcome to the banner" in problems[0]
 
 
 @pytest.mark.parametrize(
     ("mode", "problem"),
     [
         ("noinit", "did not answer initialize within 2 s"),
-        ("garbage", "wrote a line that is not JSON-RPC: 'this is not json-rpc'"),
+        # Never speaks JSON-RPC: refused, with what it printed.
+        (
+            "garbage",
+            "did not answer initialize within 2 s; it wrote 1 line(s) on stdout that are not "
+            "JSON-RPC, the first: 'this is not json-rpc'",
+        ),
         ("many", "offers more than 128 tools: refused"),
         # The SDK refuses the whole list (pydantic: inputSchema.type must be 'object').
         ("stringschema", "tools/list failed: 1 validation error for ListToolsResult"),
@@ -124,7 +159,8 @@ async def test_a_50_mb_answer_is_an_error_result_and_the_server_restarts(tmp_pat
 async def test_broken_servers_are_one_clear_problem(
     tmp_path: Path, mode: str, problem: str
 ) -> None:
-    declaration = _declaration(mode, tmp_path, startup_timeout=2 if mode == "noinit" else 60)
+    timeout = 2 if mode in ("noinit", "garbage") else 60
+    declaration = _declaration(mode, tmp_path, startup_timeout=timeout)
     async with McpHub.open([declaration, _declaration("ok", tmp_path)], cwd=tmp_path) as hub:
         tools, problems = await hub.discover()
     assert len(problems) == 1

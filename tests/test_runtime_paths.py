@@ -238,14 +238,18 @@ async def test_scripted_latency_wakes_in_deadline_order_and_cancels(
 
 
 def test_the_fast_argument_check_never_accepts_what_validation_refuses() -> None:
-    tools = ToolSet.default()
+    tools = ToolSet.default(web_domains=["example.com"])
+    specs = {spec.name: spec for spec in tools.specs()}
     values: list[Any] = [None, True, 0, 1.5, "", "x", [], {}, ["a"], {"a": 1}]
+    # The bounds and enums the fast check now takes (bash's timeout, read_file's
+    # offset, grep's output_mode), on both sides of each edge.
+    values += [1, 2.0, -1, 600, 600.5, 601, float("nan"), float("inf"), "count", "lines"]
     keys = ["thought", "command", "timeout", "path", "content", "old_string", "new_string"]
-    keys += ["replace_all", "limit", "offset", "other"]
+    keys += ["replace_all", "limit", "offset", "other", "pattern", "output_mode", "url"]
     dice = random.Random(7)
     accepted = 0
     for name in tools.names:
-        schema = tools._schemas[name]
+        schema = specs[name].input_schema()
         check = _compile_check(schema)
         for _ in range(3000):
             arguments: Any = {k: dice.choice(values) for k in dice.sample(keys, dice.randint(0, 4))}
@@ -254,7 +258,10 @@ def test_the_fast_argument_check_never_accepts_what_validation_refuses() -> None
             if check(arguments):
                 accepted += 1
                 assert validate(schema, arguments) == [], (name, arguments)
-    assert _compile_check(tools._schemas["think"])({"thought": "hmm"})
+    assert _compile_check(specs["think"].input_schema())({"thought": "hmm"})
+    grep = _compile_check(specs["grep"].input_schema())
+    assert grep({"pattern": "x", "output_mode": "count"})
+    assert _compile_check(specs["bash"].input_schema())({"command": "x", "timeout": 5})
     assert accepted > 0
 
 

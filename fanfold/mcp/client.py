@@ -14,9 +14,11 @@ however fanfold dies, SIGKILL included). Its environment is fanfold's with secre
 variables removed (as for bash), plus its declared ``env``.
 
 The transport is fanfold's own line reader (not the SDK's ``stdio_client``) for two
-reasons: the process must be the supervisor's, and a line is capped (``MAX_MESSAGE``):
-a server that writes 50 MB in one message, or a line that is not JSON-RPC, is a broken
-server (its calls end with an error result saying so), not a hung or swollen fanfold.
+reasons: the process must be the supervisor's, and what it holds is bounded
+(``MAX_MESSAGE``): a line past it is read on with its long strings cut as they stream
+in (``fanfold.mcp.shrink``), so a 50 MB result arrives cut, as every result is, without
+ending the connection; a line that is not JSON-RPC (a banner) is kept in the stderr tail
+and skipped, up to ``MAX_NOISE_LINES`` per connection.
 The session on top is the SDK's ``ClientSession``.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -35,6 +38,7 @@ import anyio
 import trio
 
 from fanfold.mcp.config import ServerDeclaration, expand
+from fanfold.mcp.shrink import Shrinker
 from fanfold.providers.config import ConfigError
 from fanfold.statemachine import ToolSpec
 from fanfold.statemachine.messages import thawed_json
@@ -56,6 +60,10 @@ __all__ = [
 SUPERVISOR = Path(__file__).resolve().parent.parent / "tools" / "supervisor.py"
 MAX_MESSAGE = 8 * 1024 * 1024
 """Bytes one JSON-RPC message (one line) from a server may take."""
+MAX_NOISE_LINES = 50
+"""Lines that are not JSON-RPC (a banner, a stray print) a stdio server may write on
+stdout per connection; each is kept in its stderr tail and skipped. One more ends the
+connection: a server that never speaks JSON-RPC is refused with what it printed."""
 MAX_TOOLS = 128
 """Tools one server may offer; a server offering more is refused whole."""
 MAX_OUTPUT_CHARS = 30_000
@@ -131,6 +139,9 @@ class McpServer:
         call can tell whether one came while it waited)."""
         self.http_error: str | None = None
         """The last of them, ``HTTP 503 Service Unavailable``."""
+        self.noise_lines = 0
+        """Lines on the current connection's stdout that were not JSON-RPC (skipped)."""
+        self.first_noise: str | None = None
         self._lock = trio.Lock()
         self._wake: trio.Event | None = None
 
@@ -170,6 +181,11 @@ class McpServer:
                     await self.hub.nursery.start(self._serve)
             except trio.TooSlowError:
                 self.failure = f"did not answer initialize within {timeout:g} s"
+                if self.noise_lines:
+                    self.failure += (
+                        f"; it wrote {self.noise_lines} line(s) on stdout that are not "
+                        f"JSON-RPC, the first: {self.first_noise!r}"
+                    )
                 raise self._unavailable(self.failure) from None
             except ServerUnavailable:
                 raise
@@ -184,6 +200,7 @@ class McpServer:
 
         wake = self._wake = trio.Event()
         self.failure = None
+        self.noise_lines, self.first_noise = 0, None
         started = False
         session: Any = None
         try:
@@ -310,36 +327,38 @@ class McpServer:
         stdout, stdin, stderr = process.stdout, process.stdin, process.stderr
 
         async def reader() -> None:
-            import mcp_types
-
             buffer = bytearray()
+            # A line past MAX_MESSAGE is read on through a Shrinker (its long strings
+            # cut as they stream in) or, if even its structure is too large, drained
+            # to its end: neither ends the connection (_deliver).
+            long_line: Shrinker | _Drain | None = None
             try:
                 async with read_send:
                     while True:
-                        chunk = await stdout.receive_some(65536)
+                        chunk = bytes(await stdout.receive_some(65536))
                         if not chunk:
                             break
+                        if long_line is not None:
+                            end = chunk.find(b"\n")
+                            long_line.feed(chunk if end < 0 else chunk[:end])
+                            if isinstance(long_line, Shrinker) and long_line.size() > MAX_MESSAGE:
+                                long_line = _Drain(long_line.text()[:4096], long_line.size())
+                            if end < 0:
+                                continue
+                            if not await self._deliver(long_line, read_send):
+                                return
+                            long_line = None
+                            chunk = chunk[end + 1 :]
                         buffer += chunk
                         while (end := buffer.find(b"\n")) >= 0:
-                            line = bytes(buffer[:end]).strip()
+                            line = bytes(buffer[:end])
                             del buffer[: end + 1]
-                            if not line:
-                                continue
-                            if len(line) > MAX_MESSAGE:
-                                self.failure = _too_large(len(line))
+                            if not await self._deliver(line, read_send):
                                 return
-                            try:
-                                message = mcp_types.jsonrpc_message_adapter.validate_json(
-                                    line, by_name=False
-                                )
-                            except ValueError:
-                                shown = line[:80].decode("utf-8", "backslashreplace")
-                                self.failure = f"wrote a line that is not JSON-RPC: {shown!r}"
-                                return
-                            await read_send.send(SessionMessage(message))
                         if len(buffer) > MAX_MESSAGE:
-                            self.failure = _too_large(len(buffer))
-                            return
+                            long_line = Shrinker()
+                            long_line.feed(bytes(buffer))
+                            buffer.clear()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, trio.ClosedResourceError):
                 pass
             finally:
@@ -385,6 +404,70 @@ class McpServer:
                     else f"status {report['code']}"
                 )
                 self.failure = f"exited ({how})"
+
+    async def _deliver(self, line: bytes | Shrinker | _Drain, read_send: Any) -> bool:
+        """Hand one line from a stdio server's stdout to the session; False when the
+        connection must end (``self.failure`` says why).
+
+        A line over ``MAX_MESSAGE`` arrives with its long strings cut (``Shrinker``:
+        a result of a few MB, whose text the SDK's servers send twice, reaches the
+        model cut to its head and tail as any result is); one whose structure alone is
+        too large is answered, for its request, with an error in its place. Neither
+        ends the connection: a result's size is not a broken server. A line that is
+        not JSON-RPC (a banner, a print) is kept in the stderr tail and skipped, up to
+        ``MAX_NOISE_LINES`` per connection."""
+        import mcp_types
+        from mcp.shared.message import SessionMessage
+
+        if isinstance(line, _Drain):
+            return await self._refuse_oversized(line, read_send)
+        if isinstance(line, Shrinker):
+            line = line.text()
+        line = line.strip()
+        if not line:
+            return True
+        if len(line) > MAX_MESSAGE:
+            shrinker = Shrinker()
+            shrinker.feed(line)
+            line = shrinker.text()
+            if len(line) > MAX_MESSAGE:
+                return await self._refuse_oversized(_Drain(line[:4096], len(line)), read_send)
+        try:
+            message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except ValueError:
+            self.noise_lines += 1
+            shown = line[:200].decode("utf-8", "backslashreplace")
+            self.first_noise = self.first_noise or shown[:80]
+            self.stderr.feed(f"(on stdout, not JSON-RPC) {shown}\n".encode())
+            if self.noise_lines > MAX_NOISE_LINES:
+                self.failure = (
+                    f"wrote {self.noise_lines} lines that are not JSON-RPC "
+                    f"(the first: {self.first_noise!r})"
+                )
+                return False
+            return True
+        await read_send.send(SessionMessage(message))
+        return True
+
+    async def _refuse_oversized(self, drained: _Drain, read_send: Any) -> bool:
+        """Answer the request of a message too large to read, even cut, with an error
+        in its place (its id is in its first bytes, where JSON-RPC writes it)."""
+        import mcp_types
+        from mcp.shared.message import SessionMessage
+
+        found = _ID.search(drained.head)
+        why = (
+            f"answered with a message larger than {MAX_MESSAGE // (1024 * 1024)} MiB even with "
+            f"its long texts cut ({drained.size} bytes or more): not read"
+        )
+        if found is None:
+            self.stderr.feed(f"(on stdout) a message without an id: {why}\n".encode())
+            return True
+        error = f'{{"jsonrpc":"2.0","id":{found.group(1).decode()},"error":'
+        error += json.dumps({"code": -32603, "message": why}) + "}"
+        message = mcp_types.jsonrpc_message_adapter.validate_json(error, by_name=False)
+        await read_send.send(SessionMessage(message))
+        return True
 
     async def stop(self) -> None:
         """Ask the server to stop (its task closes the session and the process)."""
@@ -592,11 +675,15 @@ def _tool(server: McpServer, tool: Any) -> McpTool | str:
             f"MCP server {server.name!r}: tool {str(tool.name)[:80]!r} left out: {name[:100]!r} "
             "is not a name a model can call (1-64 letters, digits, '_' or '-')"
         )
-    schema = _simplified(tool.input_schema)
+    # The schema as the server gave it (pydantic's ``$defs``/``$ref``/``anyOf``,
+    # ``format``, ``pattern``...): what the model is offered and what the call's
+    # arguments are checked against; only a schema that is not valid JSON Schema, or
+    # not an object's (MCP's rule for a tool's input), is refused.
+    schema = tool.input_schema
     try:
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise SchemaError("its input schema is not an object schema")
-        check_schema(schema, name)
+        check_schema(schema, "its input schema")
     except SchemaError as exc:
         return f"MCP server {server.name!r}: tool {tool.name!r} left out: {exc}"
     description = (tool.description or "").strip() or f"{tool.name} (MCP server {server.name})"
@@ -604,37 +691,6 @@ def _tool(server: McpServer, tool: Any) -> McpTool | str:
     read_only = bool(annotations is not None and annotations.read_only_hint)
     spec = ToolSpec.from_schema(name, description[:4000], schema, read_only=read_only)
     return McpTool(server, str(tool.name), spec)
-
-
-_ANNOTATION_KEYS = frozenset({"title", "description", "default", "examples"})
-
-
-def _simplified(schema: Any) -> Any:
-    """``schema`` with each ``anyOf`` of plain typed branches (pydantic's spelling of an
-    optional argument: ``{"anyOf": [{"type": "string"}, {"type": "null"}]}``) written
-    as a type list (``{"type": ["string", "null"]}``), which the checked subset has;
-    anything else as it is (``check_schema`` decides)."""
-    if isinstance(schema, list):
-        return [_simplified(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: _simplified(value) for key, value in schema.items()}
-    branches = out.get("anyOf")
-    if (
-        isinstance(branches, list)
-        and branches
-        and "type" not in out
-        and all(
-            isinstance(b, dict)
-            and isinstance(b.get("type"), str)
-            and set(b) <= {"type"} | _ANNOTATION_KEYS
-            for b in branches
-        )
-    ):
-        del out["anyOf"]
-        kinds = list(dict.fromkeys(b["type"] for b in branches))
-        out["type"] = kinds[0] if len(kinds) == 1 else kinds
-    return out
 
 
 def _output(result: Any) -> ToolOutput:
@@ -699,8 +755,23 @@ async def _stop(process: trio.Process, lifeline_w: int) -> None:
         await process.wait()
 
 
-def _too_large(size: int) -> str:
-    return f"sent a message larger than {MAX_MESSAGE // (1024 * 1024)} MiB ({size} bytes or more)"
+class _Drain:
+    """A line too large to read even cut: its first bytes (for its id) and its size,
+    the rest dropped as it streams in."""
+
+    def __init__(self, head: bytes, size: int) -> None:
+        self.head = head
+        self.size = size
+
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+
+
+# A JSON-RPC message's id, written before its result or error (as the SDK's servers
+# write it): a number or a string.
+_ID = re.compile(
+    rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")'
+)
 
 
 def _report(status_r: int) -> dict[str, str]:

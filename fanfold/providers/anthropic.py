@@ -53,6 +53,7 @@ from fanfold.providers.wire import (
     finite_json,
     load_event_json,
     malformed,
+    provider_schema,
     refuse_cut_tool_calls,
     snippet,
     tool_call,
@@ -150,9 +151,14 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 
 def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    """Tool specs as Messages API tools."""
+    """Tool specs as Messages API tools; each schema as the tool gave it, or the copy
+    ``provider_schema`` makes when its top level has what the API refuses."""
     return [
-        {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema()}
+        {
+            "name": tool.name,
+            "description": tool.description,
+            "input_schema": provider_schema(tool.input_schema()),
+        }
         for tool in tools
     ]
 

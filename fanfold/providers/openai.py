@@ -52,6 +52,7 @@ from fanfold.providers.wire import (
     decode_sse,
     load_event_json,
     malformed,
+    provider_schema,
     refuse_cut_tool_calls,
     snippet,
     tool_call,
@@ -127,14 +128,15 @@ def to_openai_messages(system: str, messages: Sequence[Message]) -> list[dict[st
 
 
 def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    """Tool specs as Chat Completions function tools."""
+    """Tool specs as Chat Completions function tools; each schema as the tool gave it,
+    or the copy ``provider_schema`` makes when its top level has what the API refuses."""
     return [
         {
             "type": "function",
             "function": {
                 "name": tool.name,
                 "description": tool.description,
-                "parameters": tool.input_schema(),
+                "parameters": provider_schema(tool.input_schema()),
             },
         }
         for tool in tools

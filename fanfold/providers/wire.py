@@ -663,3 +663,33 @@ def classify_stream_error(api: str, payload: Any) -> ModelError:
     kind = kind_for_status(status, error)
     message = f"{api} stream error: {error.describe() or 'no details'}"
     return ModelError(kind, _advised(message, kind, error))
+
+
+PROVIDER_TOP_LEVEL_REFUSED = ("oneOf", "anyOf", "allOf", "enum", "const", "not")
+"""Keywords both providers refuse at the top of a tool's schema (OpenAI: "schema must
+have type 'object' and not have 'oneOf'/'anyOf'/'allOf'/'enum'/'not' at the top level";
+Anthropic: "input_schema does not support oneOf, allOf, or anyOf at the top level")."""
+
+
+def provider_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` as a provider takes it: unchanged unless its top level has a keyword
+    both OpenAI's and Anthropic's APIs refuse there (``PROVIDER_TOP_LEVEL_REFUSED``: a
+    server's "one of these arguments" rule, say). Then a copy without them, with the
+    properties its ``anyOf``/``oneOf``/``allOf`` branches describe merged into its own
+    (so the model still sees every argument) and ``type: object``. fanfold still
+    validates calls against the whole schema: a call breaking the dropped rule gets an
+    error result saying so."""
+    if schema.get("type") == "object" and not any(k in schema for k in PROVIDER_TOP_LEVEL_REFUSED):
+        return schema
+    out = {k: v for k, v in schema.items() if k not in PROVIDER_TOP_LEVEL_REFUSED}
+    out["type"] = "object"
+    properties = dict(out.get("properties", {})) if isinstance(out.get("properties"), dict) else {}
+    for key in ("anyOf", "oneOf", "allOf"):
+        branches = schema.get(key)
+        for branch in branches if isinstance(branches, list) else ():
+            if isinstance(branch, dict) and isinstance(branch.get("properties"), dict):
+                for name, sub in branch["properties"].items():
+                    properties.setdefault(name, sub)
+    if properties or "properties" in out:
+        out["properties"] = properties
+    return out

@@ -19,8 +19,7 @@ A typed function, sync or async, becomes a tool::
   ``Parameters``, reST ``:param x:``) or from ``Annotated[int, "the number"]``. A
   parameter without a type or a description, ``*args``/``**kwargs``, or a type outside
   that list is refused when the tool is made (:class:`ToolDefinitionError`), so what
-  the model is offered always stays inside the schema subset ``check_schema``
-  enforces.
+  the model is offered is always a schema the tool set can enforce.
 - The **arguments** are validated by the tool set against that schema, then
   converted to the annotated types by cattrs (an ``Enum``, a tuple, an attrs class).
 - A **sync function** runs in a worker thread (``trio.to_thread.run_sync``) that a
@@ -288,7 +287,7 @@ def function_tool(
     }
     try:
         check_schema(input_schema, tool_name)
-    except SchemaError as exc:  # a bug of _schema's: it must stay inside the subset
+    except SchemaError as exc:  # a bug of _schema's: it must write valid JSON Schema
         raise ToolDefinitionError(str(exc)) from None
     spec = ToolSpec.from_schema(
         tool_name, " ".join(text.split()), input_schema, read_only=read_only
@@ -332,8 +331,8 @@ _SCALARS: dict[Any, str] = {
 
 
 def _schema(hint: Any, where: str, outer: frozenset[type] = frozenset()) -> dict[str, Any]:
-    """The JSON schema (inside ``check_schema``'s subset) of a type hint; ``outer``:
-    the records (attrs classes, dataclasses) being described around it."""
+    """The JSON schema of a type hint (plain types, lists of types, no references);
+    ``outer``: the records (attrs classes, dataclasses) being described around it."""
     hint, _ = _unannotated(hint)
     if hint in _SCALARS:
         return {"type": _SCALARS[hint]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from fanfold.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from fanfold.tools.function import function_tool
 from fanfold.tools.output import HeadTailBuffer
 from fanfold.tools.paths import PathPolicy
-from fanfold.tools.schema import check_schema, validate_arguments
+from fanfold.tools.schema import check_schema, validate_spec_arguments
 from fanfold.tools.search import GlobTool, GrepTool
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.think import ThinkTool
@@ -53,10 +54,10 @@ class ToolSet:
         ``@fanfold.tool`` would. Raises ``ValueError`` on duplicate or control-tool
         names, on a name a model cannot call, on a tool whose name is a built-in's
         (``bash`` and the rest of ``BUILT_IN_NAMES``) unless it is that built-in, and
-        :class:`~fanfold.tools.schema.SchemaError` on an unsupported schema."""
+        :class:`~fanfold.tools.schema.SchemaError` on a schema that is not a valid JSON
+        Schema (fanfold's own tools' schemas are fixed, and checked by the tests)."""
         self._tools: dict[str, Tool] = {}
         self._specs: dict[str, ToolSpec] = {}
-        self._schemas: dict[str, dict[str, Any]] = {}  # parsed once, read-only
         self._conforms: dict[str, Callable[[object], bool]] = {}
         # The tools that answer in-process (``InProcess``): their ``answer``, by name.
         self._answers: dict[str, Callable[[Mapping[str, Any], str], ToolOutput]] = {}
@@ -83,10 +84,13 @@ class ToolSet:
                 # in ``READING_TOOLS``: their specs stay as older logs hold them.
                 spec = attrs.evolve(spec, read_only=True)
             schema = spec.input_schema()
-            check_schema(schema, spec.name)
+            if not own:
+                # (fanfold's own schemas are not re-checked at every start: checking
+                # loads ``jsonschema``, and a run whose calls pass the fast check
+                # below never needs it.)
+                check_schema(schema, spec.name)
             self._tools[spec.name] = tool
             self._specs[spec.name] = spec
-            self._schemas[spec.name] = schema
             self._conforms[spec.name] = _compile_check(schema)
             if isinstance(tool, InProcess):
                 self._answers[spec.name] = tool.answer
@@ -199,7 +203,8 @@ class ToolSet:
         if isinstance(arguments, ToolOutput):
             return arguments
         if not self._conforms[call.name](arguments):
-            problem = validate_arguments(call.name, self._schemas[call.name], arguments)
+            schema_json = self._specs[call.name].input_schema_json
+            problem = validate_spec_arguments(call.name, schema_json, arguments)
             if problem is not None:
                 return ToolOutput.error(problem)
         return tool, arguments
@@ -278,28 +283,25 @@ def _as_tool(given: Tool | Callable[..., Any]) -> Tool:
 
 
 def _compile_check(schema: dict[str, Any]) -> Callable[[object], bool]:
-    """A fast test that is True only for arguments ``validate`` would find no problem
-    with. It covers the common shape (an object of string and boolean properties);
-    for anything else, and whenever it says False, the full validator decides (and
-    writes the messages)."""
+    """A fast test that is True only for arguments the full validator would find no
+    problem with. It covers the built-ins' shape (an object of string, boolean, integer
+    and number properties with simple bounds, and string enums); for anything else, and
+    whenever it says False, the full validator decides (and writes the messages), so a
+    run whose calls are all well formed never loads ``jsonschema``."""
     never: Callable[[object], bool] = lambda _: False  # noqa: E731
     if not set(schema) <= _ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}:
         return never
     if schema.get("type", "object") != "object":
         return never
+    if not isinstance(schema.get("additionalProperties", True), bool):
+        return never
     properties = schema.get("properties", {})
-    checks: dict[str, tuple[type, int]] = {}
+    checks: dict[str, Callable[[object], bool]] = {}
     for name, sub in properties.items():
-        if not isinstance(sub, dict) or not set(sub) <= _ANNOTATIONS | {"type", "minLength"}:
+        check = _property_check(sub)
+        if check is None:
             return never
-        kind = sub.get("type")
-        min_length = sub.get("minLength", 0)
-        if kind == "string" and type(min_length) is int:
-            checks[name] = (str, min_length)
-        elif kind == "boolean" and "minLength" not in sub:
-            checks[name] = (bool, 0)
-        else:
-            return never
+        checks[name] = check
     required = tuple(schema.get("required", ()))
     closed = schema.get("additionalProperties", True) is False
 
@@ -315,14 +317,59 @@ def _compile_check(schema: dict[str, Any]) -> Callable[[object], bool]:
                 if closed:
                     return False
                 continue
-            kind, min_length = check
-            if not isinstance(value, kind):
-                return False
-            if min_length and len(value) < min_length:  # type: ignore[arg-type]
+            if not check(value):
                 return False
         return True
 
     return conforms
+
+
+_BOUND_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def _property_check(sub: object) -> Callable[[object], bool] | None:
+    """A fast test of one property's value, or None when its schema is not one of the
+    simple shapes (the full validator decides then)."""
+    if not isinstance(sub, dict):
+        return None
+    keys = set(sub) - _ANNOTATIONS
+    kind = sub.get("type")
+    if kind == "string" and keys <= {"type", "minLength"}:
+        min_length = sub.get("minLength", 0)
+        if type(min_length) is not int:
+            return None
+        return lambda v: isinstance(v, str) and len(v) >= min_length
+    if kind == "boolean" and keys == {"type"}:
+        return lambda v: isinstance(v, bool)
+    if kind in ("integer", "number") and keys <= {"type"} | _BOUND_KEYS:
+        bounds = {k: sub[k] for k in keys & _BOUND_KEYS}
+        if not all(type(b) in (int, float) and math.isfinite(b) for b in bounds.values()):
+            return None
+        low, high = bounds.get("minimum"), bounds.get("maximum")
+        above, below = bounds.get("exclusiveMinimum"), bounds.get("exclusiveMaximum")
+        integral = kind == "integer"
+
+        def number(v: object) -> bool:
+            # Exact types only: a bool is not a number, a float that is whole (an
+            # integer for the schema) or not finite goes to the full validator.
+            if type(v) is not int and (integral or type(v) is not float or not math.isfinite(v)):
+                return False
+            n: float = v
+            return (
+                (low is None or n >= low)
+                and (high is None or n <= high)
+                and (above is None or n > above)
+                and (below is None or n < below)
+            )
+
+        return number
+    if keys == {"enum"} or (keys == {"enum", "type"} and kind == "string"):
+        choices = sub["enum"]
+        if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+            return None
+        allowed = frozenset(choices)
+        return lambda v: isinstance(v, str) and v in allowed
+    return None
 
 
 def _parse(call: ToolCall) -> dict[str, Any] | ToolOutput:
