@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import textwrap
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -596,3 +597,106 @@ def test_a_record_used_twice_side_by_side_is_not_recursive() -> None:
     start, end = (schema_of(segment)["properties"][k] for k in ("start", "end"))
     assert start.pop("description") == "One end." and end.pop("description") == "The other."
     assert start == end and start["required"] == ["x"]
+
+
+# ---------------------------------------------------------------- asyncio tools (issue 33, 7)
+
+
+async def test_an_asyncio_tool_runs_on_the_shared_asyncio_loop_thread() -> None:
+    """asyncio.sleep, asyncio.gather and an asyncio.Queue work in a tool marked
+    ``runs_on="asyncio"`` (on Trio they raise at the first await); every call runs on
+    the same loop, so asyncio objects kept between calls stay usable."""
+    import asyncio
+
+    loops: list[Any] = []
+
+    @fanfold.tool(runs_on="asyncio")
+    async def gather(n: Annotated[int, "how many"]) -> list[int]:
+        """Gather n sleeps through a queue."""
+        queue: asyncio.Queue[int] = asyncio.Queue()
+
+        async def put(i: int) -> None:
+            await asyncio.sleep(0.01 * (n - i))
+            await queue.put(i)
+
+        await asyncio.gather(*(put(i) for i in range(n)))
+        loops.append((asyncio.get_running_loop(), threading.current_thread().name))
+        return [queue.get_nowait() for _ in range(n)]
+
+    @fanfold.tool
+    async def on_trio() -> str:
+        """Where am I?"""
+        await trio.sleep(0)
+        return threading.current_thread().name
+
+    assert (gather.runs_on, on_trio.runs_on) == ("asyncio", "trio")
+    tools = ToolSet([gather, on_trio])
+    assert await call(tools, "gather", {"n": 4}) == ("[3, 2, 1, 0]", False)
+    assert await call(tools, "gather", {"n": 2}) == ("[1, 0]", False)
+    assert loops[0] == loops[1] and loops[0][1] == "fanfold-asyncio"
+    assert await call(tools, "on_trio", {}) == (threading.current_thread().name, False)
+
+
+async def test_cancelling_an_asyncio_tool_cancels_its_asyncio_task() -> None:
+    """A Trio cancel (here a tool timeout, and a cancelled scope) reaches the asyncio
+    task: the coroutine sees CancelledError at its await and its cleanup has run by the
+    time the call has ended."""
+    import asyncio
+
+    seen: list[str] = []
+
+    @fanfold.tool(runs_on="asyncio", timeout=0.5)
+    async def hangs(label: Annotated[str, "a label"]) -> str:
+        """Hangs."""
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # cleanup that awaits: waited for
+            seen.append(f"{label} cancelled")
+            raise
+        return "never"
+
+    tools = ToolSet([hangs])
+    with trio.fail_after(30):
+        assert await call(tools, "hangs", {"label": "a"}) == ("hangs: timed out after 0.5 s", True)
+        assert seen == ["a cancelled"]
+        with trio.move_on_after(0.3) as scope:
+            await call(tools, "hangs", {"label": "b"})
+        assert scope.cancelled_caught
+        assert seen == ["a cancelled", "b cancelled"]
+
+
+def test_runs_on_auto_follows_the_module_s_imports() -> None:
+    """``runs_on="auto"``: a module that imports asyncio (or aiohttp-style ``aio*``)
+    and not trio gets the asyncio loop; one that imports trio, or neither, Trio."""
+
+    def made(source: str) -> Any:
+        namespace: dict[str, Any] = {}
+        exec(textwrap.dedent(source), namespace)  # the test's own code
+        return fanfold.tool(namespace["f"]).runs_on
+
+    body = '''
+    async def f() -> str:
+        """F."""
+        return "f"
+    '''
+    assert made("import asyncio\n" + textwrap.dedent(body)) == "asyncio"
+    assert made("from asyncio import sleep\n" + textwrap.dedent(body)) == "asyncio"
+    assert made("import trio\n" + textwrap.dedent(body)) == "trio"
+    assert made("import asyncio, trio\n" + textwrap.dedent(body)) == "trio"
+    assert made(textwrap.dedent(body)) == "trio"
+    with pytest.raises(ToolDefinitionError, match="runs_on must be 'auto', 'trio' or 'asyncio'"):
+        fanfold.tool(runs_on="curio")(_ok)  # type: ignore[call-overload]
+
+
+async def test_asyncio_code_awaited_on_trio_says_how_to_run_it() -> None:
+    import asyncio
+
+    @fanfold.tool(runs_on="trio")
+    async def wrong() -> str:
+        """asyncio on Trio."""
+        await asyncio.sleep(0.01)
+        return "never"
+
+    content, is_error = await call(ToolSet([wrong]), "wrong", {})
+    assert is_error and 'declare @fanfold.tool(runs_on="asyncio")' in content, content

@@ -27,6 +27,11 @@ A typed function, sync or async, becomes a tool::
   cancellation abandons: the call ends at once, the thread finishes on its own and
   its result is dropped (a thread cannot be killed; a function that must not be
   abandoned should be async and handle ``trio.Cancelled``).
+- An **async function** runs on Trio, fanfold's loop, or, when it is asyncio code,
+  on one shared asyncio loop thread (:mod:`fanfold.tools.aio`), where a cancellation
+  cancels its asyncio task. ``@tool(runs_on="asyncio" | "trio")`` says which;
+  ``"auto"`` (the default) reads the function's module: asyncio when it imports
+  ``asyncio`` or an ``aio*`` package (aiohttp...) and not ``trio``.
 - An **exception** becomes an error result with its type and message; the output
   (a ``str`` as it is, ``None`` as ``ok``, anything else as JSON) is capped at
   ``max_output_chars`` like bash's.
@@ -42,7 +47,7 @@ import json
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import attrs
 import cattrs
@@ -50,12 +55,18 @@ import trio
 
 from fanfold.statemachine import ToolSpec
 from fanfold.statemachine.messages import thawed_json
+from fanfold.tools.aio import run_on_asyncio
 from fanfold.tools.output import HeadTailBuffer
 from fanfold.tools.schema import SchemaError, check_schema
 from fanfold.tools.tool import ToolOutput, valid_tool_name
 
 MAX_OUTPUT_CHARS = 30_000
 """A function tool's output beyond this is cut to its head and tail (as bash's)."""
+
+
+RunsOn = Literal["auto", "trio", "asyncio"]
+"""Where an async function tool's coroutines run (``@tool(runs_on=...)``); ``"auto"``
+decides from the function's module (:func:`_library_of`)."""
 
 
 class ToolDefinitionError(TypeError):
@@ -80,6 +91,10 @@ class FunctionTool:
     timeout: float | None = None
     max_output_chars: int = MAX_OUTPUT_CHARS
     _types: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    runs_on: Literal["trio", "asyncio"] = "trio"
+    """Where its coroutines run: on fanfold's Trio loop, or on the shared asyncio loop
+    thread (:mod:`fanfold.tools.aio`). A sync function runs in a worker thread either
+    way; this applies to what it returns if that is awaitable."""
 
     @property
     def name(self) -> str:
@@ -111,19 +126,30 @@ class FunctionTool:
         except Exception as exc:
             # The function's own failure: the model sees its type and message, as a
             # Python user would in a traceback's last line.
-            return ToolOutput.error(f"{self.name}: {type(exc).__name__}: {_one_line(exc)}")
+            text = f"{self.name}: {type(exc).__name__}: {_one_line(exc)}"
+            if self.runs_on == "trio" and _asyncio_on_trio(exc):
+                # The model cannot fix that; the one reading the log can.
+                text += ' (asyncio code awaited on Trio: declare @fanfold.tool(runs_on="asyncio"))'
+            return ToolOutput.error(text)
         if isinstance(result, ToolOutput):
             return ToolOutput(self._cap(result.content), result.is_error)
         return ToolOutput.ok(self._cap(_text(result)))
 
     async def _call(self, kwargs: dict[str, Any]) -> Any:
         if inspect.iscoroutinefunction(self.function):
-            return await self.function(**kwargs)
+            return await self._awaited(self.function(**kwargs))
         call = functools.partial(self.function, **kwargs)
         result = await trio.to_thread.run_sync(call, abandon_on_cancel=True)
         if inspect.isawaitable(result):  # a sync wrapper returning a coroutine
-            return await result
+            return await self._awaited(result)
         return result
+
+    async def _awaited(self, awaitable: Any) -> Any:
+        if self.runs_on == "asyncio":
+            if not inspect.iscoroutine(awaitable):
+                awaitable = _as_coroutine(awaitable)
+            return await run_on_asyncio(awaitable)
+        return await awaitable
 
     def _cap(self, text: str) -> str:
         if len(text) <= self.max_output_chars:
@@ -171,6 +197,7 @@ def tool(
     idempotent: bool = False,
     timeout: float | None = None,
     max_output_chars: int = MAX_OUTPUT_CHARS,
+    runs_on: RunsOn = "auto",
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -184,14 +211,17 @@ def tool(
     idempotent: bool = False,
     timeout: float | None = None,
     max_output_chars: int = MAX_OUTPUT_CHARS,
+    runs_on: RunsOn = "auto",
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Make a tool of a typed function: ``@tool`` or ``@tool(name=..., ...)``.
 
     ``name`` defaults to the function's name, ``description`` to its docstring's text
     before its sections. ``read_only``: the function changes nothing; ``idempotent``:
     calling it twice with the same arguments is harmless. ``timeout`` (seconds) ends a
-    call that takes longer with an error result. Raises :class:`ToolDefinitionError`
-    when the function cannot be described to a model.
+    call that takes longer with an error result. ``runs_on``: where an async
+    function's coroutine runs, ``"trio"`` or ``"asyncio"`` (``"auto"``: asyncio when
+    its module imports asyncio or an ``aio*`` package and not trio). Raises
+    :class:`ToolDefinitionError` when the function cannot be described to a model.
     """
 
     def make(fn: Callable[..., Any]) -> FunctionTool:
@@ -203,6 +233,7 @@ def tool(
             idempotent=idempotent,
             timeout=timeout,
             max_output_chars=max_output_chars,
+            runs_on=runs_on,
         )
 
     if function is not None:
@@ -219,6 +250,7 @@ def function_tool(
     idempotent: bool = False,
     timeout: float | None = None,
     max_output_chars: int = MAX_OUTPUT_CHARS,
+    runs_on: RunsOn = "auto",
 ) -> FunctionTool:
     """The constructor behind ``@tool`` (same arguments)."""
     if isinstance(function, FunctionTool):
@@ -239,6 +271,11 @@ def function_tool(
         raise ToolDefinitionError(f"tool {tool_name!r}: timeout must be a number of seconds > 0")
     if max_output_chars < 100:
         raise ToolDefinitionError(f"tool {tool_name!r}: max_output_chars must be at least 100")
+    if runs_on not in ("auto", "trio", "asyncio"):
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}: runs_on must be 'auto', 'trio' or 'asyncio', not {runs_on!r}"
+        )
+    loop: Literal["trio", "asyncio"] = runs_on if runs_on != "auto" else _library_of(function)
     doc = inspect.getdoc(function) or ""
     summary, documented = parse_docstring(doc)
     text = description if description is not None else summary
@@ -301,7 +338,58 @@ def function_tool(
         timeout=timeout,
         max_output_chars=max_output_chars,
         types=kinds,
+        runs_on=loop,
     )
+
+
+# Packages whose async code needs a running asyncio loop: asyncio itself, and the
+# asyncio-only libraries most tools use (by custom their names start with "aio").
+_ASYNCIO_PACKAGES = frozenset({"asyncio", "asyncpg", "motor", "uvloop", "websockets"})
+
+
+def _library_of(function: Callable[..., Any]) -> Literal["trio", "asyncio"]:
+    """``runs_on="auto"``: ``"asyncio"`` when the module defining ``function`` uses
+    asyncio (it imported ``asyncio``, a package named ``aio...`` such as aiohttp, or
+    one of ``_ASYNCIO_PACKAGES``, or a name from one) and not Trio; else ``"trio"``,
+    which also runs anyio and sniffio-aware libraries (httpx, the OpenAI and Anthropic
+    SDKs). A sync function's module is read too: it matters only if the function
+    returns a coroutine."""
+    namespace = getattr(inspect.unwrap(function), "__globals__", {})
+    uses: set[str] = set()
+    for value in list(namespace.values()):
+        try:
+            module = value.__name__ if isinstance(value, types.ModuleType) else None
+            if module is None:
+                module = getattr(value, "__module__", None)
+        except Exception:  # a proxy object that answers nothing
+            continue
+        if not isinstance(module, str):
+            continue
+        package = module.partition(".")[0]
+        if package == "trio" or package.startswith("trio_"):
+            uses.add("trio")
+        elif package in _ASYNCIO_PACKAGES or package.startswith("aio"):
+            uses.add("asyncio")
+    return "asyncio" if uses == {"asyncio"} else "trio"
+
+
+def _asyncio_on_trio(exc: Exception) -> bool:
+    """Whether ``exc`` is what asyncio code raises when awaited on Trio: asyncio's
+    "no running event loop", Trio's refusal of an asyncio future, sniffio's
+    "unknown async library"."""
+    text = str(exc)
+    return (
+        (isinstance(exc, RuntimeError) and "event loop" in text)
+        or (isinstance(exc, TypeError) and "unrecognized yield message" in text)
+        or type(exc).__name__ == "AsyncLibraryNotFoundError"
+    )
+
+
+def _as_coroutine(awaitable: Any) -> Any:
+    async def wrapped() -> Any:
+        return await awaitable
+
+    return wrapped()
 
 
 def _jsonable(value: Any) -> bool:
