@@ -46,6 +46,7 @@ import inspect
 import json
 import types
 import typing
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, overload
 
@@ -55,6 +56,7 @@ import trio
 
 from fanfold.statemachine import ToolSpec
 from fanfold.statemachine.messages import thawed_json
+from fanfold.tools import pydantic_types
 from fanfold.tools.aio import run_on_asyncio
 from fanfold.tools.output import HeadTailBuffer
 from fanfold.tools.schema import SchemaError, check_schema
@@ -70,8 +72,13 @@ decides from the function's module (:func:`_library_of`)."""
 
 
 class ToolDefinitionError(TypeError):
-    """A function cannot be made a tool (a type the schema cannot express, a missing
-    description...): raised when the tool is made, never while a model uses it."""
+    """A function cannot be made a tool (a type the schema cannot express, no
+    docstring...): raised when the tool is made, never while a model uses it."""
+
+
+class ToolDefinitionWarning(UserWarning):
+    """A tool was made with something a model may use badly (a parameter without a
+    description): warned when the tool is made."""
 
 
 @attrs.frozen(eq=False)
@@ -91,6 +98,8 @@ class FunctionTool:
     timeout: float | None = None
     max_output_chars: int = MAX_OUTPUT_CHARS
     _types: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    # The parameters pydantic describes and converts: their ``TypeAdapter``s.
+    _adapters: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
     runs_on: Literal["trio", "asyncio"] = "trio"
     """Where its coroutines run: on fanfold's Trio loop, or on the shared asyncio loop
     thread (:mod:`fanfold.tools.aio`). A sync function runs in a worker thread either
@@ -101,18 +110,40 @@ class FunctionTool:
         """The tool's name, as the model calls it."""
         return self.spec.name
 
+    @property
+    def validates_arguments(self) -> bool:
+        """Whether pydantic checks (some of) its arguments, against the very types its
+        schema was made from: then that schema is pydantic's (``$defs``, ``anyOf``,
+        ``format``...), outside the subset a ``ToolSet`` validates, and the tool set
+        lets it through (DESIGN.md, "Tools from outside")."""
+        return bool(self._adapters)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.function(*args, **kwargs)
 
     async def run(self, args: Mapping[str, Any], cwd: str) -> ToolOutput:
         """Convert ``args`` (already valid against the schema) and call the function."""
+        # Plain copies: the function may change what it is given, and ``args`` are
+        # the call's kept arguments, read-only (ToolCall.arguments).
+        kwargs: dict[str, Any] = {}
+        problems: list[str] = []
+        for name, value in args.items():
+            if name not in self._adapters:
+                continue
+            try:  # every pydantic parameter's problems, not only the first one's
+                kwargs[name] = pydantic_types.convert(
+                    self._adapters[name], thawed_json(value), name
+                )
+            except pydantic_types.BadArgument as exc:
+                problems.append(str(exc))
+        if problems:
+            return ToolOutput.error(f"{self.name}: {'; '.join(problems)}")
         try:
-            kwargs = {
-                # A plain copy: the function may change what it is given, and ``args``
-                # are the call's kept arguments, read-only (ToolCall.arguments).
-                name: _CONVERTER.structure(thawed_json(value), self._types[name])
+            kwargs.update(
+                (name, _CONVERTER.structure(thawed_json(value), self._types[name]))
                 for name, value in args.items()
-            }
+                if name not in self._adapters
+            )
         except Exception as exc:  # the schema let through what the type refuses
             return ToolOutput.error(f"{self.name}: bad arguments: {_one_line(exc)}")
         try:
@@ -169,9 +200,19 @@ def _text(result: Any) -> str:
     if result is None:
         return "ok"
     try:
-        return json.dumps(_CONVERTER.unstructure(result), ensure_ascii=False, default=str)
+        return json.dumps(_CONVERTER.unstructure(result), ensure_ascii=False, default=_json_of)
     except (TypeError, ValueError):
         return str(result)
+
+
+def _json_of(value: Any) -> Any:
+    """What ``json.dumps`` cannot write itself: a pydantic model through its own
+    ``model_dump(mode="json")``, a date as ISO text (pydantic's rules when it is
+    installed), else the value's ``str``."""
+    try:
+        return pydantic_types.jsonable(value)
+    except Exception:
+        return str(value)
 
 
 def _converter() -> cattrs.Converter:
@@ -293,6 +334,7 @@ def function_tool(
     properties: dict[str, Any] = {}
     required: list[str] = []
     kinds: dict[str, Any] = {}
+    adapters: dict[str, Any] = {}  # the parameters pydantic describes: their TypeAdapters
     for parameter in inspect.signature(function).parameters.values():
         where = f"tool {tool_name!r}, parameter {parameter.name!r}"
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -303,16 +345,29 @@ def function_tool(
             raise ToolDefinitionError(f"{where}: no type annotation")
         hint = hints[parameter.name]
         base, note = _unannotated(hint)
-        schema = _schema(base, where)
+        schema = _described(hint, base, where)
+        if schema is None:  # pydantic's: its schema comes below, with the others'
+            adapters[parameter.name] = _pydantic_adapter(hint, base, where)
+            schema = {}
         described = note or documented.get(parameter.name, "")
-        if not described.strip():
-            raise ToolDefinitionError(
-                f"{where}: no description: document it in the docstring (an 'Args:' "
-                f"section) or annotate it as Annotated[..., 'what it is']"
+        if described.strip():
+            schema = {"description": " ".join(described.split()), **schema}
+        else:
+            # Both SDKs named in issue 33 take such a tool (the model reads the name
+            # and the type); fanfold says so once, where the tool is made.
+            warnings.warn(
+                ToolDefinitionWarning(
+                    f"{where}: no description (document it in the docstring's 'Args:' "
+                    "section, or annotate it as Annotated[..., 'what it is'])"
+                ),
+                stacklevel=3,
             )
-        schema = {"description": " ".join(described.split()), **schema}
         if parameter.default is parameter.empty:
             required.append(parameter.name)
+        elif parameter.name in adapters:
+            default = _pydantic_default(adapters[parameter.name], parameter.default)
+            if default is not _NO_DEFAULT:
+                schema["default"] = default
         elif _jsonable(parameter.default):
             schema["default"] = _CONVERTER.unstructure(parameter.default)
         properties[parameter.name] = schema
@@ -323,10 +378,19 @@ def function_tool(
         "required": required,
         "additionalProperties": False,
     }
-    try:
-        check_schema(input_schema, tool_name)
-    except SchemaError as exc:  # a bug of _schema's: it must stay inside the subset
-        raise ToolDefinitionError(str(exc)) from None
+    if adapters:
+        offered, definitions = pydantic_types.schemas(adapters)
+        for name, schema in offered.items():
+            # What the signature and docstring say (description, default) wins over
+            # what pydantic repeats of them.
+            properties[name] = {**schema, **properties[name]}
+        if definitions:
+            input_schema["$defs"] = definitions
+    else:
+        try:
+            check_schema(input_schema, tool_name)
+        except SchemaError as exc:  # a bug of _schema's: it must stay inside the subset
+            raise ToolDefinitionError(str(exc)) from None
     spec = ToolSpec.from_schema(
         tool_name, " ".join(text.split()), input_schema, read_only=read_only
     )
@@ -339,6 +403,7 @@ def function_tool(
         max_output_chars=max_output_chars,
         types=kinds,
         runs_on=loop,
+        adapters=adapters,
     )
 
 
@@ -392,6 +457,58 @@ def _as_coroutine(awaitable: Any) -> Any:
     return wrapped()
 
 
+def _described(hint: Any, base: Any, where: str) -> dict[str, Any] | None:
+    """The schema fanfold's own description gives a parameter, or None when pydantic
+    is to describe it: a type outside fanfold's list, or ``Annotated`` metadata that
+    constrains it (``Field(ge=0)``), when pydantic is installed. Without pydantic a
+    type outside the list is refused naming the install, and constraints are ignored
+    as they always were."""
+    if _constrained(hint) and pydantic_types.available():
+        return None
+    try:
+        return _schema(base, where)
+    except ToolDefinitionError as exc:
+        if pydantic_types.available():
+            return None
+        raise ToolDefinitionError(
+            f"{exc}; with pydantic installed, pydantic types, TypedDicts, unions, dates "
+            f"and the like are described too ({pydantic_types.INSTALL})"
+        ) from None
+
+
+def _pydantic_adapter(hint: Any, base: Any, where: str) -> Any:
+    try:
+        return pydantic_types.adapter(hint)
+    except pydantic_types.PydanticRefused as exc:
+        try:
+            _schema(base, where)
+        except ToolDefinitionError as own:  # fanfold's reason first: it names the part
+            raise ToolDefinitionError(f"{own}; nor can pydantic: {exc}") from None
+        raise ToolDefinitionError(f"{where}: pydantic cannot describe it: {exc}") from None
+
+
+_NO_DEFAULT = object()
+
+
+def _pydantic_default(made: Any, value: Any) -> Any:
+    """A pydantic-typed parameter's default as JSON, or ``_NO_DEFAULT`` when it has
+    none (a default the type refuses, or one JSON cannot carry, is not shown)."""
+    try:
+        dumped = made.dump_python(value, mode="json")
+        json.dumps(dumped, allow_nan=False)
+    except Exception:
+        return _NO_DEFAULT
+    return dumped
+
+
+def _constrained(hint: Any) -> bool:
+    """Whether ``Annotated`` metadata other than text (a ``Field(...)``, an
+    ``annotated_types`` constraint) is on ``hint``'s outer level."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return any(not isinstance(extra, str) for extra in typing.get_args(hint)[1:])
+    return False
+
+
 def _jsonable(value: Any) -> bool:
     try:
         json.dumps(_CONVERTER.unstructure(value), allow_nan=False)
@@ -401,10 +518,14 @@ def _jsonable(value: Any) -> bool:
 
 
 def _unannotated(hint: Any) -> tuple[Any, str]:
-    """``Annotated[X, "text", ...]`` as (X, "text"); anything else as (hint, "")."""
+    """``Annotated[X, "text", ...]`` (or ``Field(description="text")``) as (X,
+    "text"); anything else as (hint, "")."""
     if typing.get_origin(hint) is typing.Annotated:
         base, *extras = typing.get_args(hint)
-        note = next((e for e in extras if isinstance(e, str)), "")
+        # Text, or a pydantic ``Field(description=...)`` (anything with a text
+        # ``description``).
+        notes = [e if isinstance(e, str) else getattr(e, "description", None) for e in extras]
+        note = next((n for n in notes if isinstance(n, str) and n.strip()), "")
         return base, note
     return hint, ""
 

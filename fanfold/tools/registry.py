@@ -53,7 +53,9 @@ class ToolSet:
         ``@fanfold.tool`` would. Raises ``ValueError`` on duplicate or control-tool
         names, on a name a model cannot call, on a tool whose name is a built-in's
         (``bash`` and the rest of ``BUILT_IN_NAMES``) unless it is that built-in, and
-        :class:`~fanfold.tools.schema.SchemaError` on an unsupported schema."""
+        :class:`~fanfold.tools.schema.SchemaError` on an unsupported schema (unless
+        the tool's true ``validates_arguments`` says it checks its arguments itself:
+        a function tool with pydantic-typed parameters)."""
         self._tools: dict[str, Tool] = {}
         self._specs: dict[str, ToolSpec] = {}
         self._schemas: dict[str, dict[str, Any]] = {}  # parsed once, read-only
@@ -83,7 +85,11 @@ class ToolSet:
                 # in ``READING_TOOLS``: their specs stay as older logs hold them.
                 spec = attrs.evolve(spec, read_only=True)
             schema = spec.input_schema()
-            check_schema(schema, spec.name)
+            if not getattr(tool, "validates_arguments", False):
+                check_schema(schema, spec.name)
+            # else: the tool checks its arguments itself against the types its schema
+            # was made from (a function tool's pydantic parameters), so its schema may
+            # go past the subset; ``validate`` still applies what it knows of it.
             self._tools[spec.name] = tool
             self._specs[spec.name] = spec
             self._schemas[spec.name] = schema

@@ -206,12 +206,33 @@ def describe_arguments(schema: Mapping[str, Any]) -> str:
     required = set(schema.get("required", []))
     parts = []
     for name, sub in schema.get("properties", {}).items():
-        kind = sub.get("type", "any")
-        part = f"{name}: {' | '.join(kind) if isinstance(kind, list) else kind}"
+        part = f"{name}: {_kind(sub)}"
         if name in required:
             part += " (required)"
         parts.append(part)
     return ", ".join(parts) or "none"
+
+
+def _kind(schema: object) -> str:
+    """What a property takes, in a word or a few: ``integer``, ``string | null``,
+    ``"red" | "blue"`` (an enum read "any" before), ``Address`` (a ``$ref``)."""
+    if not isinstance(schema, Mapping):
+        return "any"
+    if "enum" in schema and isinstance(schema["enum"], list):
+        choices = " | ".join(_show(c) for c in schema["enum"][:6])
+        return choices + (" | ..." if len(schema["enum"]) > 6 else "")
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " | ".join(str(k) for k in kind)
+    if isinstance(kind, str):
+        return kind
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        return ref.rpartition("/")[2] or "any"
+    branches = schema.get("anyOf", schema.get("oneOf"))
+    if isinstance(branches, list) and branches:
+        return " | ".join(_kind(b) for b in branches)
+    return "any"
 
 
 def validate_arguments(tool: str, schema: Mapping[str, Any], arguments: object) -> str | None:
