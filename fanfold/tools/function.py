@@ -16,13 +16,17 @@ A typed function, sync or async, becomes a tool::
   ``list[X]``, ``tuple[X, ...]``, ``set[X]``, ``dict[str, X]``, ``Literal[...]``, an
   ``enum.Enum``, ``X | None``, ``Any``, and attrs classes or dataclasses of those as
   nested objects), its description comes from the docstring (Google ``Args:``, NumPy
-  ``Parameters``, reST ``:param x:``) or from ``Annotated[int, "the number"]``. A
-  parameter without a type or a description, ``*args``/``**kwargs``, or a type outside
-  that list is refused when the tool is made (:class:`ToolDefinitionError`), so what
-  the model is offered always stays inside the schema subset ``check_schema``
-  enforces.
+  ``Parameters``, reST ``:param x:``) or from ``Annotated[int, "the number"]`` (or
+  ``Field(description=...)``); a parameter without one is a
+  :class:`ToolDefinitionWarning`. A type outside that list (a pydantic model, a
+  ``TypedDict``, ``Union[int, str]``, a ``date``), or ``Annotated`` constraints
+  (``Field(ge=1)``), are described by pydantic when it is installed
+  (:mod:`fanfold.tools.pydantic_types`). A parameter without a type,
+  ``*args``/``**kwargs``, or a type neither can describe is refused when the tool is
+  made (:class:`ToolDefinitionError`).
 - The **arguments** are validated by the tool set against that schema, then
-  converted to the annotated types by cattrs (an ``Enum``, a tuple, an attrs class).
+  converted to the annotated types by cattrs (an ``Enum``, a tuple, an attrs class),
+  or by pydantic for the parameters it described (it validates those itself).
 - A **sync function** runs in a worker thread (``trio.to_thread.run_sync``) that a
   cancellation abandons: the call ends at once, the thread finishes on its own and
   its result is dropped (a thread cannot be killed; a function that must not be
@@ -33,8 +37,8 @@ A typed function, sync or async, becomes a tool::
   ``"auto"`` (the default) reads the function's module: asyncio when it imports
   ``asyncio`` or an ``aio*`` package (aiohttp...) and not ``trio``.
 - An **exception** becomes an error result with its type and message; the output
-  (a ``str`` as it is, ``None`` as ``ok``, anything else as JSON) is capped at
-  ``max_output_chars`` like bash's.
+  (a ``str`` as it is, ``None`` as ``ok``, anything else as JSON, a pydantic model
+  through ``model_dump(mode="json")``) is capped at ``max_output_chars`` like bash's.
 """
 
 from __future__ import annotations
