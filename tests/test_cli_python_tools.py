@@ -238,3 +238,107 @@ def test_fanfold_tools_lists_the_python_tools_given_and_read_only_agents_get_rea
     assert tools["bash"]["source"] == "built-in"
     bad = CliRunner().invoke(cli, ["tools", "--tools", "no_such_module_x:f"], env=env)
     assert bad.exit_code == 2 and bad.stderr.startswith("error: --tools "), bad.output
+
+
+ASYNCIO_TOOLS = textwrap.dedent(
+    '''
+    import asyncio
+    import os
+    import threading
+    from pathlib import Path
+
+    import fanfold
+
+
+    @fanfold.tool
+    async def fetch_all(count: int) -> str:
+        """Fetch pages concurrently (asyncio code, as an aiohttp user writes it).
+
+        Args:
+            count: How many.
+        """
+        queue = asyncio.Queue()
+
+        async def fetch(i):
+            await asyncio.sleep(0.01 * (count - i))
+            await queue.put(i)
+
+        await asyncio.gather(*(fetch(i) for i in range(count)))
+        got = [queue.get_nowait() for _ in range(count)]
+        return f"{got} on {threading.current_thread().name}"
+
+
+    @fanfold.tool
+    async def wait_long(name: str) -> str:
+        """Wait a long time.
+
+        Args:
+            name: Anything.
+        """
+        Path(os.environ["STARTED"]).write_text(name)
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            Path(os.environ["STARTED"] + ".cancelled").write_text("CancelledError")
+            raise
+        return "waited"
+
+
+    TOOLS = [fetch_all, wait_long]
+    '''
+)
+
+
+async def test_an_asyncio_tool_runs_in_a_scripted_tree_and_a_stop_cancels_its_task(
+    tmp_path: Path,
+) -> None:
+    """A tools file written with asyncio (asyncio.gather, asyncio.Queue, asyncio.sleep)
+    runs through ``fanfold run`` without any marking (its module imports asyncio); a
+    SIGTERM while one of its calls waits cancels the run cleanly and the asyncio task
+    sees CancelledError. Before issue 33 both calls failed with "no running event loop"."""
+    (tmp_path / "aiotools.py").write_text(ASYNCIO_TOOLS)
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps(
+            {
+                "agents": [
+                    {
+                        "match": {"path": "root"},
+                        "replies": [
+                            {"tool_calls": [{"name": "fetch_all", "arguments": {"count": 3}}]},
+                            {"tool_calls": [{"name": "wait_long", "arguments": {"name": "x"}}]},
+                            {"text": "done"},
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    db = tmp_path / "t.db"
+    started = tmp_path / "started"
+    env = {**os.environ, "STARTED": str(started)}
+    run = subprocess.Popen(
+        [
+            *FANFOLD,
+            *("run", "go", "--script", str(script), "--db", str(db), "--no-live"),
+            *("--tools", str(tmp_path / "aiotools.py") + ":TOOLS"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    await _until(lambda: started.exists() or run.poll() is not None)
+    assert run.poll() is None, run.stderr.read() if run.stderr else ""
+    run.send_signal(signal.SIGTERM)
+    with trio.fail_after(60):
+        code = await trio.to_thread.run_sync(run.wait)
+    assert code == 143, run.stderr.read() if run.stderr else ""
+    assert (tmp_path / "started.cancelled").read_text() == "CancelledError"
+    with Store.open(db, read_only=True) as store:
+        (row,) = store.list_roots()
+    results = _results(db, row.id)
+    assert results == [
+        ("fetch_all", "[2, 1, 0] on fanfold-asyncio", False),
+        ("wait_long", "cancelled: the conversation was cancelled while this tool ran", True),
+    ]

@@ -54,7 +54,7 @@ def test_property_testing_example_catches_the_wrong_check_as_the_readme_says() -
 
 async def test_the_python_tool_example_runs_and_makes_the_tool_it_describes() -> None:
     namespace: dict[str, Any] = {"__name__": "readme"}
-    exec(_compiled(_block("@fanfold.tool"), "<README.md: adding tools>"), namespace)
+    exec(_compiled(_block("def lookup_issue"), "<README.md: adding tools>"), namespace)
     from fanfold.statemachine import ToolCall
 
     tools = namespace["tools"]
@@ -64,6 +64,29 @@ async def test_the_python_tool_example_runs_and_makes_the_tool_it_describes() ->
     assert (result.content, result.is_error) == ("issue 23: any state", False)
     bad = await tools.run(ToolCall("c", "lookup_issue", '{"number": 1, "state": "x"}'), "/")
     assert bad.is_error and "argument 'state' must be one of" in bad.content
+
+
+async def test_the_pydantic_tool_example_runs_as_the_readme_says(monkeypatch: Any) -> None:
+    import sys
+    import types
+
+    # A module of its own, as a user's file is: pydantic resolves a model's
+    # annotations through sys.modules[its __module__].
+    module = types.ModuleType("readme_pydantic_tool")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(_compiled(_block("def book("), "<README.md: pydantic tool>"), module.__dict__)
+    namespace = module.__dict__
+    from fanfold.statemachine import ToolCall
+    from fanfold.tools import ToolSet
+
+    tools = ToolSet([namespace["book"]])
+    good = '{"to": {"city": "Oslo", "zip": "0150"}, "day": "2026-12-24"}'
+    result = await tools.run(ToolCall("c", "book", good), "/")
+    assert (result.content, result.is_error) == ('{"city": "Oslo", "zip": "0150"}', False)
+    bad = '{"to": {"city": "Oslo", "zip": "015000"}, "day": "2026-12-24"}'
+    result = await tools.run(ToolCall("c", "book", bad), "/")
+    assert result.is_error
+    assert "argument 'to.zip' must be at most 5 characters long" in result.content
 
 
 def test_runtime_example_runs(tmp_path: Path, monkeypatch: Any) -> None:

@@ -101,7 +101,7 @@ def test_all_problems_are_reported_together_with_the_expected_arguments() -> Non
         "demo: missing required argument 'name'; argument 'count' must be an integer, got a "
         "string (\"3\"); argument 'flag' must be a boolean, got an integer (1). Expected "
         "arguments: name: string (required), count: integer (required), ratio: number, "
-        "flag: boolean, mode: string, tags: array, nested: object"
+        'flag: boolean, mode: "fast" | "slow", tags: array, nested: object'
     )
 
 

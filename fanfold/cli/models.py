@@ -95,15 +95,33 @@ def choose_model(
 ) -> ModelChoice:
     """The model a command runs: ``--script``'s, or the configuration's
     (``config_path``, else ``$FANFOLD_CONFIG``, the ``fanfold.toml`` of ``cwd`` (the
-    run's folder, default the process's), the user's own file)."""
+    run's folder, default the process's), the user's own file).
+
+    A ``--script`` run takes everything of that configuration but its model profiles:
+    retries, the system prompt, ``[model_aliases]``, ``[tools.web_fetch]`` domains,
+    ``[tools.bash] pass_env`` (and, through the caller, its MCP servers), as
+    ``fanfold agents`` and ``fanfold tools`` show them in effect."""
     if script is not None:
-        if config_path or profile or model:
+        if profile or model:
             raise CliError(
-                "--script runs offline: it cannot be combined with --config, --profile or --model"
+                "--script runs offline: it cannot be combined with --profile or --model "
+                "(they choose a model)"
             )
         provider = ScriptedProvider.from_file(script)
         recorded = ProviderDescription(SCRIPT, script=FileDigest.of(script))
-        return ModelChoice(provider, f"scripted ({script})", recorded)
+        config = load_config(config_path, cwd=cwd)
+        settings = "" if config.source in ("built-in", "environment") else config.source
+        return ModelChoice(
+            provider,
+            f"scripted ({script})" + (f"; settings of {settings}" if settings else ""),
+            recorded,
+            config.retry,  # the file's [retry]; a profile's own retry is the profile's
+            # Its profiles' key variables stay hidden from bash, as in a run on them.
+            EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env)),
+            config.system_prompt,
+            config.web_domains,
+            config.model_aliases,
+        )
     config = load_config(config_path, cwd=cwd).with_overrides(
         profile=profile, model=model, origin="--profile/--model"
     )

@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import sys
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,7 +49,32 @@ def load_tools(refs: Iterable[str]) -> list[Any]:
     """The tools ``refs`` name (``MODULE:ATTR`` or ``FILE.py:ATTR``), each checked as a
     ``ToolSet`` would (schema, name, clash with a built-in); ``CliError`` (one line)
     for anything wrong. An exception raised by the module while it is imported is the
-    user's code failing: reported in one line, with its type and message."""
+    user's code failing: reported in one line, with its type and message. A
+    ``ToolDefinitionWarning`` (a parameter without a description) is one line on
+    stderr, ``warning: --tools: ...``."""
+    from fanfold.tools.function import ToolDefinitionWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ToolDefinitionWarning)
+        try:
+            return _load(refs)
+        finally:
+            for warning in caught:
+                if issubclass(warning.category, ToolDefinitionWarning):
+                    # One line each, as the CLI's other warnings (no source line).
+                    click.echo(f"warning: --tools: {warning.message}", err=True)
+                else:  # somebody else's: shown as it would have been
+                    warnings.showwarning(
+                        warning.message,
+                        warning.category,
+                        warning.filename,
+                        warning.lineno,
+                        warning.file,
+                        warning.line,
+                    )
+
+
+def _load(refs: Iterable[str]) -> list[Any]:
     from fanfold.tools.registry import ToolSet  # the tools' libraries: only when used
 
     tools: list[Any] = []

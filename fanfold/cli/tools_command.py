@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -57,8 +59,12 @@ def tools_command(
         # Tool descriptions come from agent files and MCP servers: escaped as `agents`.
         click.echo(json_printable(json.dumps(listing, indent=2, ensure_ascii=False)))
         return
+    # A tool's name is what a user copies into an agent file's rules: never folded
+    # across lines (it was, at the 80 columns rich assumes when stdout is not a
+    # terminal); the other columns give way.
+    longest = max((len(t["name"]) for t in listing["tools"]), default=4)
     table = Table(
-        Column("tool", overflow="fold"),
+        Column("tool", no_wrap=True, min_width=longest),
         Column("source", overflow="fold"),
         "reads only",
         Column("agents allowed", overflow="fold"),
@@ -72,7 +78,15 @@ def tools_command(
             Text(printable(", ".join(tool["agents"]) or "none")),
             Text(short(tool["description"], 60)),
         )
-    console.print(table)
+    out = console
+    if not console.is_terminal:
+        # Into a pipe or a file: the table at its natural width, one line per tool
+        # (rich folded it into the 80 columns it assumes, a tool's name over several
+        # lines), for grep and the like; --json for programs. A console of its own:
+        # print(width=) cannot go past the console's width.
+        wide = console.options.update_width(1000)
+        out = Console(width=max(80, Measurement.get(console, wide, table).maximum))
+    out.print(table)
     for agent, problems in listing["agents_left_out"].items():
         hint(f"agent definition left out: {printable(agent)}: {printable(problems)}", style="red")
     for server in listing["mcp_servers"]:

@@ -372,9 +372,14 @@ def _alternatives(
 
 def describe(schema: object) -> str:
     """A short name of what ``schema`` takes: ``string``, ``integer | null``,
-    ``Address`` (a reference's last part), ``any``."""
+    ``"red" | "blue"`` (an enum's choices), ``Address`` (a reference's last part),
+    ``any``."""
     if not isinstance(schema, Mapping):
         return "any"
+    if "enum" in schema and isinstance(schema["enum"], list):
+        # The choices themselves (an enum read "enum", and before that "any").
+        choices = " | ".join(_show(c) for c in schema["enum"][:6])
+        return choices + (" | ..." if len(schema["enum"]) > 6 else "")
     kind = schema.get("type")
     if isinstance(kind, str):
         return kind
@@ -387,8 +392,6 @@ def describe(schema: object) -> str:
         branches = schema.get(key)
         if isinstance(branches, list) and branches:
             return " | ".join(dict.fromkeys(describe(b) for b in branches))
-    if "enum" in schema:
-        return "enum"
     return "any"
 
 
