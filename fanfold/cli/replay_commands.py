@@ -382,9 +382,7 @@ def fork_command(
             if script or config_path or profile or model:
                 override = choose_model(script, config_path, profile, model)
             python_tools = tuple(load_tools(tool_refs))
-            code = run_trio(
-                _resume_main, log_path, override, config_path, forked, made.edits, python_tools
-            )
+            code = run_trio(_resume_main, log_path, override, config_path, forked, python_tools)
         if code:
             raise SystemExit(code)
         return
