@@ -1065,8 +1065,9 @@ class Runtime:
         damaged: list[SkippedTree] = []
         for root_id, tree_rows in by_root.items():
             try:
+                back = self._clock_set_back(root_id)
                 rebuilt = [
-                    (row, self.store.load_state(row.id), self.store.timer_starts(row.id))
+                    (row, self.store.load_state(row.id), self._timer_starts(row.id, back))
                     for row in tree_rows
                 ]
             except (DatabaseError, sqlite3.DatabaseError) as exc:
@@ -1083,6 +1084,31 @@ class Runtime:
             for root_id in dict.fromkeys(row.root_id for row, _, _ in loaded):
                 self.store.record_provider(root_id, description)
         return self._launch_loaded(loaded)
+
+    def _clock_set_back(self, root_id: str) -> float:
+        """How far this runtime's clock reads earlier than the latest time tree
+        ``root_id``'s log holds (0: not earlier).
+
+        A resumed timer that counts downtime (a time limit, a back-off) keeps what it
+        ran before the restart: ``now - started``, ``started`` being the ``at`` of the
+        step that first started it. A wall clock set back while the tree was down makes
+        that negative, and the limit would start over (issue 32.12). Downtime is never
+        negative: a clock that reads earlier than the log's latest step is taken as
+        reading that step's time, so the timer keeps what the log shows it ran, and the
+        downtime counts as none. A clock set forward cannot be told from real downtime
+        (the log holds no clock of its own): it counts as downtime. See DESIGN.md, "The
+        runtime", on restarts and time limits."""
+        latest = max((row.updated_at for row in self.store.tree(root_id)), default=0.0)
+        return max(0.0, latest - self.now())
+
+    def _timer_starts(self, conversation_id: str, back: float) -> dict[int, float]:
+        """``store.timer_starts``, moved ``back`` seconds earlier: the clock was set
+        back that far (``_clock_set_back``), so measured against it each timer has run
+        what it ran until the log's latest step, and from now on what the clock says."""
+        starts = self.store.timer_starts(conversation_id)
+        if not back:
+            return starts
+        return {number: at - back for number, at in starts.items()}
 
     def _pending_edit(self, row: ConversationRow) -> ForkEdited | None:
         """The edit a fork's conversation still at its seq 0 was written with (its
@@ -1182,8 +1208,9 @@ class Runtime:
         mine = [row for row in rows if units.get(row.id) == chunk]
         for row in mine:
             self.store.units[row.id] = chunk
+        back = self._clock_set_back(root_id)
         loaded = [
-            (row, self.store.load_state(row.id), self.store.timer_starts(row.id)) for row in mine
+            (row, self.store.load_state(row.id), self._timer_starts(row.id, back)) for row in mine
         ]
         return self._launch_loaded(loaded)
 
