@@ -833,6 +833,33 @@ def test_ls_tells_a_killed_run_from_a_live_one_and_a_cancelled_turn_from_an_answ
     assert (by_id[orphan]["status"], by_id[orphan]["runtime_open"]) == ("running", False)
 
 
+def test_a_run_that_cannot_start_a_thread_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Issue 32.14: under a memory limit too low for a thread's stack (``ulimit -v``),
+    ``run`` ended in a traceback ("can't start new thread"). Made certain here: each
+    thread's stack is as large as the stack limit (glibc's default), 1 GB, under a
+    700 MB address-space limit, so every thread the run starts fails, and nothing else."""
+    import resource
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 30, 1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (700 << 20, 700 << 20))
+
+    script = _write(tmp_path / "s.json", FAST_SCRIPT)
+    args = ["run", "--no-live", "--db", str(tmp_path / "t.db"), "--script", str(script), "go"]
+    done = subprocess.run(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=limits,
+    )
+    assert (done.returncode, "Traceback" in done.stderr) == (2, False), done.stderr
+    hint, line = done.stderr.strip().splitlines()  # "model: ...; log: ...", the error
+    assert hint.startswith("model: scripted")
+    assert line.startswith("error: out of memory: could not get a thread"), line
+    assert "can't start new thread" in line and "fanfold resume" in line
+
+
 def test_printable_escapes_terminal_and_bidirectional_controls_and_keeps_the_rest() -> None:
     assert printable("ok\tline\r\nnext\u00e9") == "ok\tline\nnext\u00e9"
     assert printable("a\x1b[2Jb\x9b\x07\rc") == "a\\x1b[2Jb\\x9b\\x07\\x0dc"

@@ -69,13 +69,42 @@ def user_errors(db: Path | str | None = None) -> Iterator[None]:
         raise CliError(str(exc)) from None
     except sqlite3.DatabaseError as exc:
         raise CliError(sqlite_message(exc, db)) from None
+    except (MemoryError, RuntimeError) as exc:
+        if not exhausted(exc):
+            raise
+        raise CliError(exhausted_message(exc, db)) from None
     except BaseExceptionGroup as group:
         leaves = _leaves(group)
         if leaves and all(isinstance(leaf, USER_ERRORS) for leaf in leaves):
             raise CliError(str(leaves[0])) from None
         if leaves and all(isinstance(leaf, sqlite3.DatabaseError) for leaf in leaves):
             raise CliError(sqlite_message(leaves[0], db)) from None
+        # Out of memory or threads: the cause of whatever else failed with it (the
+        # tasks the failure cancelled).
+        for leaf in leaves:
+            if exhausted(leaf):
+                raise CliError(exhausted_message(leaf, db)) from None
         raise
+
+
+def exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` says the process ran out of memory or of threads (a ``ulimit
+    -v`` too low for a thread's stack: "can't start new thread")."""
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+
+
+def exhausted_message(exc: BaseException, db: Path | str | None = None) -> str:
+    """One line for running out of memory or threads (``exhausted``): the run stopped,
+    and what it committed is in the log for ``fanfold resume``."""
+    what = "a thread" if isinstance(exc, RuntimeError) else "memory"
+    where = f" ({db})" if db is not None else ""
+    return (
+        f"out of memory: could not get {what} ({type(exc).__name__}: "
+        f"{str(exc) or 'no details'}); a memory limit (ulimit -v) may be too low. The "
+        f"log{where} keeps every committed step: `fanfold resume` goes on from there"
+    )
 
 
 def sqlite_message(exc: BaseException, db: Path | str | None = None) -> str:
