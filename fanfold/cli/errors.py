@@ -14,6 +14,7 @@ from rich.text import Text
 from fanfold.cli.display import printable
 from fanfold.cli.output import err_console
 from fanfold.db import DatabaseError
+from fanfold.db.store import read_again
 from fanfold.providers.config import ConfigError
 from fanfold.providers.scripted import ScriptError
 from fanfold.runtime import DatabaseInUse, NotRunning, UnknownConversation
@@ -110,6 +111,24 @@ def exhausted_message(exc: BaseException, db: Path | str | None = None) -> str:
 def sqlite_message(exc: BaseException, db: Path | str | None = None) -> str:
     """One line for an error SQLite raised reading or writing the log ``db``."""
     where = f" {db}" if db is not None else ""
+    if str(exc).startswith("Could not decode to UTF-8"):
+        # Python's sqlite3 could not read a text column: the bytes SQLite holds there
+        # are not UTF-8 (fanfold writes ASCII-only JSON), a damaged row rather than a
+        # failed read or write. SQLite's message quotes the whole value: left out.
+        column = str(exc).split(" with text ", 1)[0].removeprefix("Could not decode to UTF-8")
+        return (
+            f"the event log{where} is damaged: a row holds text that is not UTF-8 "
+            f"({column.strip() or 'a column'}); fanfold writes only UTF-8, so the row was "
+            "changed outside fanfold"
+        )
+    if (
+        isinstance(db, Path)
+        and not isinstance(exc, sqlite3.OperationalError)
+        and "malformed" in str(exc)
+    ):
+        misread = read_again(str(db))
+        if misread is not None:
+            return misread
     if str(exc).startswith(("no such table", "no such column")):
         # A table or column fanfold made is gone: the file was changed by hand.
         return f"the event log{where} is damaged: {exc} (not fanfold's tables any more)"
