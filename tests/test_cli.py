@@ -769,6 +769,97 @@ def test_show_gives_no_answer_for_a_turn_that_was_cancelled(tmp_path: Path) -> N
     )
 
 
+def _running_root(db: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """``fanfold run ARGS`` in a process, once its root's model call is logged (the
+    tree ``running``): the process and the root's id."""
+    before = set()
+    if db.exists():
+        with Store.open(db, read_only=True) as store:
+            before = {row.id for row in store.list_roots()}
+    process = _cli_process("run", "--no-live", "--db", str(db), *args)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception), Store.open(db, read_only=True) as store:
+            new = [row for row in store.list_roots() if row.id not in before]
+            if new and new[0].status == "running":
+                return process, new[0].id
+        time.sleep(0.05)
+    process.kill()
+    pytest.fail("the run never logged its model call")
+
+
+def test_ls_tells_a_killed_run_from_a_live_one_and_a_cancelled_turn_from_an_answer(
+    tmp_path: Path,
+) -> None:
+    """Issue 32.14: a tree whose process was killed was listed ``running`` like a live
+    one, with no hint to resume it; a root cancelled by Ctrl-C was ``idle`` like an
+    answered one."""
+    script = _write(
+        tmp_path / "slow.json",
+        {
+            "latency": 0.01,
+            "agents": [{"match": {"path": "root"}, "replies": [{"text": "late", "latency": 60}]}],
+        },
+    )
+    db = tmp_path / "ls.db"
+    common = ["--script", str(script), "--cwd", str(tmp_path)]
+    fast = ["--script", str(_write(tmp_path / "fast.json", FAST_SCRIPT)), "--cwd", str(tmp_path)]
+    assert CliRunner().invoke(cli, ["run", "--db", str(db), *fast, "answered"]).exit_code == 0
+
+    def statuses() -> dict[str, str]:
+        listed = CliRunner(env={"COLUMNS": "250"}).invoke(cli, ["ls", "--db", str(db)])
+        assert listed.exit_code == 0, listed.output
+        return {
+            cells[1]: cells[2]
+            for line in listed.output.splitlines()
+            if len(cells := [c.strip() for c in line.split("│")]) > 3
+        }
+
+    live, cancelled = _running_root(db, *common, "to cancel")
+    assert statuses()[cancelled] == "running"  # its runtime is alive
+    live.send_signal(signal.SIGINT)
+    out, err = live.communicate(timeout=30)
+    assert live.returncode == 130, (out, err)
+    killed, orphan = _running_root(db, *common, "to kill")
+    killed.kill()
+    killed.communicate(timeout=30)
+    shown = statuses()
+    assert shown[cancelled] == "idle (cancelled)", shown
+    assert shown[orphan] == "running (no runtime: fanfold resume)"
+    assert list(shown.values()).count("idle") == 1  # the answered root
+    as_json = json.loads(CliRunner().invoke(cli, ["ls", "--json", "--db", str(db)]).output)
+    by_id = {item["id"]: item for item in as_json}
+    assert (by_id[cancelled]["status"], by_id[cancelled]["last_turn"]) == ("idle", "cancelled")
+    assert (by_id[orphan]["status"], by_id[orphan]["runtime_open"]) == ("running", False)
+
+
+def test_a_run_that_cannot_start_a_thread_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Issue 32.14: under a memory limit too low for a thread's stack (``ulimit -v``),
+    ``run`` ended in a traceback ("can't start new thread"). Made certain here: each
+    thread's stack is as large as the stack limit (glibc's default), 1 GB, under a
+    700 MB address-space limit, so every thread the run starts fails, and nothing else."""
+    import resource
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 30, 1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (700 << 20, 700 << 20))
+
+    script = _write(tmp_path / "s.json", FAST_SCRIPT)
+    args = ["run", "--no-live", "--db", str(tmp_path / "t.db"), "--script", str(script), "go"]
+    done = subprocess.run(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=limits,
+    )
+    assert (done.returncode, "Traceback" in done.stderr) == (2, False), done.stderr
+    hint, line = done.stderr.strip().splitlines()  # "model: ...; log: ...", the error
+    assert hint.startswith("model: scripted")
+    assert line.startswith("error: out of memory: could not get a thread"), line
+    assert "can't start new thread" in line and "fanfold resume" in line
+
+
 def test_printable_escapes_terminal_and_bidirectional_controls_and_keeps_the_rest() -> None:
     assert printable("ok\tline\r\nnext\u00e9") == "ok\tline\nnext\u00e9"
     assert printable("a\x1b[2Jb\x9b\x07\rc") == "a\\x1b[2Jb\\x9b\\x07\\x0dc"

@@ -72,3 +72,25 @@ def test_an_unknown_log_level_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--log-level", "chatty", "ls", "--db", str(tmp_path / "x")])
     assert result.exit_code == 2
     assert "--log-level" in result.output
+
+
+def test_a_command_that_fails_its_checks_leaves_no_json_log(tmp_path: Path) -> None:
+    """Issue 32.14: the JSON log is created at its first line, so a run refused before
+    it logs anything (here a script that does not parse) leaves no empty
+    ``X.log.jsonl`` behind; a folder that cannot take it is still refused at once
+    (``test_cli.py::test_unreadable_task_files_and_log_places_are_one_line``)."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"agents": 5}')
+    args = ["run", "--db", str(tmp_path / "a.db"), "--script", str(bad), "go"]
+    done = subprocess.run(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, "Traceback" in done.stderr) == (2, False), done
+    assert "agents: expected a list" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]

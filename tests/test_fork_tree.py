@@ -27,7 +27,18 @@ from fanfold.cli import cli
 from fanfold.db import Step, Store
 from fanfold.db.provenance import UserKey
 from fanfold.replay.fork import fork_tree
-from fanfold.statemachine import ForkEdited, Limits, LimitsEdit, UserMessage, transition
+from fanfold.statemachine import (
+    ConversationForked,
+    ForkEdited,
+    IllegalTransition,
+    Limits,
+    LimitsEdit,
+    SystemPromptEdit,
+    TaskEdit,
+    UserMessage,
+    start,
+    transition,
+)
 from fanfold.statemachine.control_tools import GRACE_PROMPT
 from fanfold.statemachine.transition import limits_edit_problem
 
@@ -510,6 +521,74 @@ def test_a_killed_continuation_of_an_edited_fork_resumes_like_any_tree(
     assert run("replay", "e", "--verify", "--tree", "--db", db).exit_code == 0
     assert runs.read_text().split() == ["edited"]  # the edited tool ran once, in the fork
     assert events_of(db, root) == before
+
+
+# ``fanfold fork`` in a process that kills itself (SIGKILL) the moment the fork goes
+# on: after ``fork_at`` wrote the fork, before its resume delivered anything.
+_KILLED_AS_IT_GOES_ON = """
+import os, signal, sys
+import fanfold.cli.resume_command as resume_command
+def _killed(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+resume_command._resume_main = _killed
+from fanfold.cli import main
+sys.argv[0] = "fanfold"
+main()
+"""
+
+
+def test_a_fork_killed_before_its_edit_ran_resumes_with_the_edit(
+    tmp_path: Path, two_children: Path
+) -> None:
+    # Issue 32.2: the fork was written first and its edit recorded only once the fork
+    # ran; a kill between left a fork that ``resume`` ran unedited (the reply the user
+    # replaced ran its command). The fork and its edit are one transaction now.
+    db, root, _ = ran(tmp_path, two_children)
+    before = events_of(db, root)
+    runs = tmp_path / "runs.txt"
+    reply = tmp_path / "reply.json"
+    edited = f"echo edited >> {runs}; echo 99"
+    reply.write_text(
+        json.dumps({"tool_calls": [{"name": "bash", "arguments": {"command": edited}}]})
+    )
+    args = ["fork", root, "--agent", "1", "--at", "0", "--id", "e", "--reply", str(reply)]
+    args += ["--continue", "--script", str(go_on_script(tmp_path)), "--db", str(db)]
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_AS_IT_GOES_ON, *map(str, args)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert killed.returncode == -9, killed.stderr
+    # The model, asked again on resume, would answer with the original command.
+    script: dict[str, Any] = json.loads(json.dumps(GO_ON))
+    original = {"name": "bash", "arguments": {"command": f"echo original >> {runs}; echo 1"}}
+    script["agents"][1]["replies"][0] = {"tool_calls": [original]}
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps(script))
+    resumed = run("resume", "--script", again, "--db", db)
+    assert resumed.exit_code == 0, resumed.output
+    assert runs.read_text().split() == ["edited"]  # the edit's reply ran, never the original
+    with Store.open(db) as store:
+        assert store.load_state("e.1").outcome.result.startswith("99")  # type: ignore[union-attr]
+        assert store.load_state("e").at_rest
+    assert run("replay", "e", "--verify", "--tree", "--db", db).exit_code == 0
+    assert events_of(db, root) == before
+
+
+def test_a_fork_carrying_an_edit_its_state_refuses_is_refused_by_the_reducer(
+    tmp_path: Path, two_children: Path
+) -> None:
+    # The edit waits in the fork's ConversationForked: ``start`` checks it fits, so no
+    # log can hold a fork whose resume would then fail on its edit.
+    db, root, _ = ran(tmp_path, two_children)
+    before = roots(db)
+    with Store.open(db) as store:
+        with pytest.raises(IllegalTransition, match="its edit does not fit its state"):
+            fork_tree(store, f"{root}.1", 1, new_id="x", key=UserKey.load(), edit=TaskEdit("t"))
+        state = store.load_state(root)
+        with pytest.raises(IllegalTransition, match="takes its edit as a ForkEdited"):
+            start(ConversationForked("y", root, 5, state, SystemPromptEdit("p")))
+    assert roots(db) == before
 
 
 def test_an_enum_value_equal_to_the_root_id_is_not_renamed(tmp_path: Path) -> None:

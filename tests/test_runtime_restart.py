@@ -187,6 +187,48 @@ async def test_a_resumed_childs_time_limit_counts_from_its_start_not_the_restart
     assert isinstance(child, Failed) and child.reason is CancelReason.TIMEOUT, child
 
 
+@pytest.mark.parametrize(
+    ("jump", "expected"),
+    [(-3600.0, 60.0), (-30.0, 60.0), (3600.0, 0.0)],
+    ids=["back-an-hour", "back-past-the-log", "forward-an-hour"],
+)
+async def test_a_clock_jump_while_down_never_restarts_a_time_limit(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, jump: float, expected: float
+) -> None:
+    """Issue 32.12. A child with a 100 s limit started at t = 1; its sibling's outcome
+    is recorded at t = 41; the runtime stops at t = 61. The wall clock is then set
+    ``jump`` seconds away from what it was. Set back, the child's limit counts what the
+    log holds (40 s ran by its latest step, so 60 s are left), never restarts (a
+    resume's downtime is never negative: 100 s were left on 6da5079). Set forward, the
+    jump is downtime like any other (the log cannot tell them apart): the limit is up."""
+    offset = [1_000_000.0]
+
+    def wall_clock() -> float:
+        return offset[0] + trio.current_time()
+
+    provider = script(
+        1.0,
+        root=[reply("", spawn("slow", "quick")), reply("done")],
+        c1=[reply("", submit("never"), latency=10_000.0)],
+        c2=[reply("", submit("quick"), latency=40.0)],
+    )
+    limits = Limits(child_timeout=100.0)
+    async with open_runtime(tmp_path, provider, limits=limits, clock=wall_clock) as first:
+        root = await first.start("go", cwd=tmp_path)
+        await trio.sleep(61.0)
+    offset[0] += jump
+    async with open_runtime(tmp_path, provider, limits=limits, clock=wall_clock) as second:
+        assert sorted(await second.resume()) == [root, f"{root}.1"]
+        resumed_at = trio.current_time()
+        await second.wait(f"{root}.1")
+        took = trio.current_time() - resumed_at
+        assert (await second.wait(root)).text == "done"
+    assert took == pytest.approx(expected, abs=0.01)
+    with Store.open(tmp_path / "log.db") as store:
+        child = store.load_state(f"{root}.1").phase
+    assert isinstance(child, Failed) and child.reason is CancelReason.TIMEOUT, child
+
+
 async def test_an_outcome_redelivered_on_resume_carries_the_childs_tokens(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -108,6 +108,16 @@ def main() -> NoReturn:
         code = exc.exit_code
     except SystemExit as exc:
         code = exc.code
+    except (MemoryError, RuntimeError) as exc:
+        # Out of memory or threads outside a command's own error handling (loading a
+        # command's modules): one line too, never a traceback.
+        from fanfold.cli.errors import CliError, exhausted, exhausted_message
+
+        if not exhausted(exc):
+            raise
+        error = CliError(exhausted_message(exc))
+        error.show()
+        code = error.exit_code
     for signum in stop_signals():
         signal.signal(signum, signal.SIG_IGN)
     sys.exit(code)

@@ -14,6 +14,7 @@ from rich.text import Text
 from fanfold.cli.display import printable
 from fanfold.cli.output import err_console
 from fanfold.db import DatabaseError
+from fanfold.db.store import read_again
 from fanfold.providers.config import ConfigError
 from fanfold.providers.scripted import ScriptError
 from fanfold.runtime import DatabaseInUse, NotRunning, UnknownConversation
@@ -69,18 +70,65 @@ def user_errors(db: Path | str | None = None) -> Iterator[None]:
         raise CliError(str(exc)) from None
     except sqlite3.DatabaseError as exc:
         raise CliError(sqlite_message(exc, db)) from None
+    except (MemoryError, RuntimeError) as exc:
+        if not exhausted(exc):
+            raise
+        raise CliError(exhausted_message(exc, db)) from None
     except BaseExceptionGroup as group:
         leaves = _leaves(group)
         if leaves and all(isinstance(leaf, USER_ERRORS) for leaf in leaves):
             raise CliError(str(leaves[0])) from None
         if leaves and all(isinstance(leaf, sqlite3.DatabaseError) for leaf in leaves):
             raise CliError(sqlite_message(leaves[0], db)) from None
+        # Out of memory or threads: the cause of whatever else failed with it (the
+        # tasks the failure cancelled).
+        for leaf in leaves:
+            if exhausted(leaf):
+                raise CliError(exhausted_message(leaf, db)) from None
         raise
+
+
+def exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` says the process ran out of memory or of threads (a ``ulimit
+    -v`` too low for a thread's stack: "can't start new thread")."""
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+
+
+def exhausted_message(exc: BaseException, db: Path | str | None = None) -> str:
+    """One line for running out of memory or threads (``exhausted``): the run stopped,
+    and what it committed is in the log for ``fanfold resume``."""
+    what = "a thread" if isinstance(exc, RuntimeError) else "memory"
+    where = f" ({db})" if db is not None else ""
+    return (
+        f"out of memory: could not get {what} ({type(exc).__name__}: "
+        f"{str(exc) or 'no details'}); a memory limit (ulimit -v) may be too low. The "
+        f"log{where} keeps every committed step: `fanfold resume` goes on from there"
+    )
 
 
 def sqlite_message(exc: BaseException, db: Path | str | None = None) -> str:
     """One line for an error SQLite raised reading or writing the log ``db``."""
     where = f" {db}" if db is not None else ""
+    if str(exc).startswith("Could not decode to UTF-8"):
+        # Python's sqlite3 could not read a text column: the bytes SQLite holds there
+        # are not UTF-8 (fanfold writes ASCII-only JSON), a damaged row rather than a
+        # failed read or write. SQLite's message quotes the whole value: left out.
+        column = str(exc).split(" with text ", 1)[0].removeprefix("Could not decode to UTF-8")
+        return (
+            f"the event log{where} is damaged: a row holds text that is not UTF-8 "
+            f"({column.strip() or 'a column'}); fanfold writes only UTF-8, so the row was "
+            "changed outside fanfold"
+        )
+    if (
+        isinstance(db, Path)
+        and not isinstance(exc, sqlite3.OperationalError)
+        and "malformed" in str(exc)
+    ):
+        misread = read_again(str(db))
+        if misread is not None:
+            return misread
     if str(exc).startswith(("no such table", "no such column")):
         # A table or column fanfold made is gone: the file was changed by hand.
         return f"the event log{where} is damaged: {exc} (not fanfold's tables any more)"

@@ -59,8 +59,9 @@ OneLineError = CliError
 
 
 @contextmanager
-def _errors() -> Iterator[None]:
-    """Turn every failure into a one-line error (exit code 2)."""
+def _errors(db: Target | None = None) -> Iterator[None]:
+    """Turn every failure into a one-line error (exit code 2). ``db``: the log read,
+    named in SQLite's errors (and read again to tell a failed read from damage)."""
     try:
         yield
     except OneLineError:
@@ -73,7 +74,7 @@ def _errors() -> Iterator[None]:
     except sqlite3.Error as exc:
         # SQLite quotes the whole unreadable value ("Could not decode to UTF-8 column
         # 'payload' with text '...'"): a damaged row, named in a line of bounded length.
-        raise OneLineError(_one_line(sqlite_message(exc), limit=300)) from None
+        raise OneLineError(_one_line(sqlite_message(exc, _named(db)), limit=300)) from None
     except (
         replay.ReplayFailure,
         DatabaseError,
@@ -86,6 +87,15 @@ def _errors() -> Iterator[None]:
             f"unexpected {type(exc).__name__}: {_one_line(str(exc))} (a bug in fanfold: "
             "please report it)"
         ) from None
+
+
+def _named(db: Target | None) -> Path | None:
+    """The SQLite file ``--db`` chose, if it is one (for error messages)."""
+    try:
+        path = db_path(db)
+    except Exception:
+        return None
+    return path if isinstance(path, Path) else None
 
 
 def _one_line(text: str, limit: int | None = None) -> str:
@@ -155,12 +165,12 @@ def replay_command(
             raise OneLineError("give --verify or --step (see fanfold replay --help)")
         walk = True
     if check:
-        with _errors(), open_store(db, read_only=True) as store:
+        with _errors(db), open_store(db, read_only=True) as store:
             started = time.perf_counter()
             report = replay.verify(store, conversation_id, tree=tree)
             elapsed = time.perf_counter() - started
         raise SystemExit(_show_report(report, elapsed))
-    with _errors(), open_store(db, read_only=True) as store:
+    with _errors(db), open_store(db, read_only=True) as store:
         _show_steps(store, conversation_id, at=at, until=until, tree=tree, full=full)
 
 
@@ -382,9 +392,7 @@ def fork_command(
             if script or config_path or profile or model:
                 override = choose_model(script, config_path, profile, model)
             python_tools = tuple(load_tools(tool_refs))
-            code = run_trio(
-                _resume_main, log_path, override, config_path, forked, made.edits, python_tools
-            )
+            code = run_trio(_resume_main, log_path, override, config_path, forked, python_tools)
         if code:
             raise SystemExit(code)
         return

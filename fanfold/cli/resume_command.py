@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from fanfold.providers.config import ConfigError
 from fanfold.providers.description import DescriptionError, ProviderDescription
 from fanfold.providers.scripted import ScriptError
 from fanfold.runtime import Runtime, SkippedTree, resume_plan
-from fanfold.statemachine import Conversation, Error, ForkEdited
+from fanfold.statemachine import Conversation, Error
 from fanfold.tools.registry import ToolSet, unsupplied
 from fanfold.tools.secrets import EnvPolicy
 
@@ -76,7 +75,7 @@ def resume(
         if script or config_path or profile or model:
             override = choose_model(script, config_path, profile, model)
         python_tools = load_tools(tool_refs)
-        code = run_trio(_resume_main, path, override, config_path, None, None, tuple(python_tools))
+        code = run_trio(_resume_main, path, override, config_path, None, tuple(python_tools))
     if code:
         raise SystemExit(code)
 
@@ -140,11 +139,10 @@ async def _resume_main(
     override: ModelChoice | None,
     config_path: Path | None,
     only: str | None = None,
-    edits: Mapping[str, ForkEdited] | None = None,
     python_tools: tuple[Any, ...] = (),
 ) -> int:
-    """Resume and wait for every unfinished tree (``only``: that tree alone, with
-    ``edits`` delivered in place of RuntimeResumed: ``fork --continue``).
+    """Resume and wait for every unfinished tree (``only``: that tree alone, as
+    ``fork --continue`` does; a fork's edit, in its log, is delivered by ``resume``).
 
     A stop signal (Ctrl-C, SIGTERM, SIGHUP) stops this process, not the work: the
     runtime closes (model calls and bash commands are cancelled, nothing is left
@@ -240,7 +238,7 @@ async def _resume_main(
                     provider_description=override.recorded if override is not None else None,
                 ) as runtime,
             ):
-                ids = await runtime.resume(chosen, edits=edits) if chosen else []
+                ids = await runtime.resume(chosen) if chosen else []
                 for damaged in runtime.resume_damaged:
                     _say_skipped(damaged)
                 unbuildable += len(runtime.resume_damaged)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -14,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from fanfold.cli.database import Target, db_option, open_store
+from fanfold.cli.database import Target, db_option, db_path, open_store
 from fanfold.cli.display import (
     CUT_OFF_NOTE,
     clip,
@@ -28,7 +30,7 @@ from fanfold.cli.errors import user_errors
 from fanfold.cli.models import recorded_config
 from fanfold.cli.output import console, hint
 from fanfold.cli.turns import last_answer
-from fanfold.db import ConversationRow, EmptyLog, Store
+from fanfold.db import ConversationRow, DatabaseError, EmptyLog, Status, Store
 from fanfold.db.provenance import Origin, UserKey, refusal
 from fanfold.providers.config import Config
 from fanfold.replay.render import Refusal, model_refusal
@@ -42,6 +44,7 @@ from fanfold.statemachine import (
     Idle,
     ToolCall,
     ToolResultMessage,
+    TurnOutcome,
     UserMessage,
     spawn_order,
 )
@@ -76,6 +79,15 @@ def list_conversations(as_json: bool, db: Target | None) -> None:
             listed = [_listed(store, row) for row in store.list_roots()]
         finally:
             store.close()
+        # A tree running in the log while no runtime has the file open was left by a
+        # process that died (kill -9, a crash): it goes on only with `fanfold resume`.
+        # (A PostgreSQL log's trees are run by workers: not known from here.)
+        from fanfold.runtime.presence import runtime_open
+
+        path = db_path(db)
+        live = runtime_open(path) if isinstance(path, Path) else None
+        for item in listed:
+            item["runtime_open"] = live if item["status"] == "running" else None
     if as_json:
         # ensure_ascii: ids and tasks are anyone's text (see show --json).
         click.echo(json.dumps(listed, indent=2, ensure_ascii=True))
@@ -86,7 +98,7 @@ def list_conversations(as_json: bool, db: Target | None) -> None:
         # comes from the log (an imported one is anyone's text).
         table.add_row(
             Text(printable(item["id"])),
-            item["status"],
+            _status_cell(item),
             _when(item["created_at"]),
             str(item["sub_agents"]),
             Text(_origin_cell(item)),
@@ -95,16 +107,34 @@ def list_conversations(as_json: bool, db: Target | None) -> None:
     console.print(table)
 
 
+def _status_cell(item: dict[str, Any]) -> str:
+    if item["status"] == "running" and item["runtime_open"] is False:
+        return "running (no runtime: fanfold resume)"
+    if item["status"] == "idle" and item["last_turn"] == TurnOutcome.CANCELLED:
+        return "idle (cancelled)"
+    return str(item["status"])
+
+
 def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
     """A root as ``ls --json`` gives it. ``origin``: ``run`` (started here), ``fork``
     (``forked_from``/``forked_at_seq`` name its source) or ``imported`` (from the file
-    ``imported_from``; an imported fork keeps its source's id when the file had it)."""
+    ``imported_from``; an imported fork keeps its source's id when the file had it).
+    ``last_turn``: for a root at rest, how its latest turn ended (``answered``,
+    ``cancelled``: Ctrl-C or ``cancel``; ``error``), None if none did. ``runtime_open``
+    (set by the caller): for a running tree, whether a runtime has its database open
+    (False: its process died, ``fanfold resume`` goes on with it; None: not known)."""
     record = store.tree_record(row.id)
     imported = record is not None and record.origin == Origin.IMPORTED
     origin = "imported" if imported else "fork" if row.forked_from is not None else "run"
+    turn = None
+    if row.status in (Status.IDLE, Status.ERROR):
+        # A damaged log: ``verify`` names it; the list still shows the tree.
+        with contextlib.suppress(DatabaseError):
+            turn = store.last_turn(row.id)
     return {
         "id": row.id,
         "status": str(row.status),
+        "last_turn": None if turn is None else str(turn.outcome),
         "created_at": row.created_at,
         "sub_agents": len(store.tree(row.id)) - 1,
         "origin": origin,

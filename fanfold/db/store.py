@@ -100,8 +100,44 @@ CHECKPOINT_BYTES = 4_000_000
 a background thread. (SQLite's automatic checkpoint, which runs inside a commit every
 1000 pages, is off for a Store's own connection.)"""
 
+_SQLITE_CORRUPT = 11
 _SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
+
+
+def read_again(name: str) -> str | None:
+    """After SQLite called the log ``name`` malformed: whether that was a read that
+    failed rather than damage (issue 32.14).
+
+    A read that fails with EIO partway through a B-tree page is reported by SQLite as
+    "database disk image is malformed" in many places, the same words as a flipped
+    byte. So the file is read again, whole, through a new read-only connection
+    (``PRAGMA integrity_check``, indexes against their tables included: a damaged index
+    page can fail a lookup while every B-tree is well formed): if it checks out now, it
+    was read wrongly before, and the
+    cause is an I/O error (a failing disk, a network filesystem), not damage; returns a
+    line saying so. None: it is damaged, or the check could not tell (it failed too).
+    Costs a read of the whole file, on an error's path only.
+    """
+    try:
+        uri = pathlib.Path(name).resolve().as_uri()
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, isolation_level=None)
+    except (sqlite3.Error, OSError, ValueError):
+        return None
+    try:
+        rows = conn.execute("PRAGMA integrity_check").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    if rows != [("ok",)]:
+        return None
+    return (
+        f"an I/O error reading {name}: SQLite found it malformed, but read again it "
+        "checks out (PRAGMA integrity_check), so a read of the file failed (a failing disk "
+        "or a network filesystem?) and the log is not damaged; try again"
+    )
+
 
 _IN_CHUNK = 500  # ids per "WHERE id IN (...)": well under SQLite's variable limit
 _SEEN_LIMIT = 200_000  # conversations whose (last_seq, status) a store remembers
@@ -422,7 +458,8 @@ class Store:
             code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
             if code == _SQLITE_NOTADB:
                 raise CannotOpen(f"{name} is not an SQLite database") from None
-            error = CannotOpen(f"cannot open {name} as a database: {exc}")
+            misread = read_again(name) if code == _SQLITE_CORRUPT else None
+            error = CannotOpen(misread or f"cannot open {name} as a database: {exc}")
             error.cannot_open_file = code == _SQLITE_CANTOPEN
             raise error from None
         except BaseException:

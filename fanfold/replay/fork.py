@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -54,9 +53,16 @@ def fork(
     new_id: str | None = None,
     now: float | None = None,
     key: UserKey | None = None,
+    edit: Edit | None = None,
 ) -> str:
     """Fork ``conversation_id`` after its event ``at_seq``; returns the new root's id
     (``new_id`` or a fresh one).
+
+    ``edit``: an edit of ``conversation_id``, written in the fork's own transaction
+    (a fork is never in the log without it): for a root at rest as a ``ForkEdited``
+    event at the fork's seq 1, for a tree fork in that conversation's
+    ``ConversationForked`` (delivered as the fork goes on; ``fork_tree``). The caller
+    checks it first (``fork_at``); the reducer refuses one that does not fit.
 
     A root at rest there: a new root conversation whose state is the source's (below).
     Anything else, for a tree this user's key marks (``key``): the whole tree as it
@@ -96,7 +102,7 @@ def fork(
                 conversation_id=conversation_id,
                 seq=at_seq,
             )
-        return fork_tree(store, conversation_id, at_seq, new_id=new_id, now=now, key=key)
+        return fork_tree(store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit)
     state: Conversation | None = None
     at_rest: list[int] = []
     for outcome in replay_conversation(store, conversation_id):
@@ -117,7 +123,7 @@ def fork(
     if state is None:  # pragma: no cover - the row's last_seq bounds at_seq
         raise NoSuchStep(conversation_id, at_seq, row.last_seq)
     if not _at_rest(state) and own:
-        return fork_tree(store, conversation_id, at_seq, new_id=new_id, now=now, key=key)
+        return fork_tree(store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit)
     if not _at_rest(state):
         before = max((s for s in at_rest if s < at_seq), default=None)
         after = min((s for s in at_rest if s > at_seq), default=None)
@@ -137,7 +143,14 @@ def fork(
     forked, effects = start(event)
     stamp = time.time() if now is None else now
     tree = TreeRecord(fork_id, Origin.RUNTIME, mark=key.mark(store.instance_id, fork_id))
-    store.append([Step(fork_id, 0, event, effects, forked, stamp, user_initiated=True, tree=tree)])
+    written = [Step(fork_id, 0, event, effects, forked, stamp, user_initiated=True, tree=tree)]
+    if edit is not None:
+        # At rest: nothing in flight, so the edit takes effect from the next turn on,
+        # recorded at seq 1 in the same transaction as the fork.
+        edited, edit_effects = transition(forked, ForkEdited(edit))
+        assert edit_effects == ()  # at rest: nothing to re-issue, nothing to run
+        written.append(Step(fork_id, 1, ForkEdited(edit), (), edited, stamp, snapshot=True))
+    store.append(written)
     return fork_id
 
 
@@ -148,14 +161,12 @@ class Forked:
     ``fork_id`` is the new tree's root; ``edited_id`` the picked conversation's id in
     the fork. ``goes_on``: the fork has work in flight (a tree fork), continued by
     ``resume``; False for a root forked at rest, continued by a new user message.
-    ``edits``: the ``ForkEdited`` to deliver in place of a conversation's
-    ``RuntimeResumed`` as the fork goes on (``Runtime.resume(edits=...)``); empty if
-    there is no edit or it was recorded at once (a root at rest)."""
+    The edit, if any, is in the log with the fork (``fork``): ``resume`` of the fork
+    delivers it."""
 
     fork_id: str
     edited_id: str
     goes_on: bool
-    edits: Mapping[str, ForkEdited]
 
 
 def fork_at(
@@ -179,10 +190,10 @@ def fork_at(
     itself (the transition table's ``ForkEdited`` column): one it refuses raises
     EditRefused naming where it is legal, before anything is written. A root at rest
     is forked alone (``fork``) and its edit recorded at once, at the fork's seq 1.
-    Anything else forks the whole tree (``fork_tree``) and the edit takes effect as
-    the fork goes on (returned in ``edits``): that needs ``going_on`` (the caller
-    continues the fork at once), else EditRefused and nothing is written, since a
-    later resume could not tell the edit's live work from what a crash interrupted.
+    Anything else forks the whole tree (``fork_tree``) and the edit, written in the
+    fork's transaction, takes effect as the fork goes on (``resume`` delivers it in
+    place of that conversation's ``RuntimeResumed``): that needs ``going_on`` (the
+    caller continues the fork at once), else EditRefused and nothing is written.
     Raises what ``fork`` raises, and LookupError for an ``agent`` not in the tree.
     """
     target = agent_id(store, conversation_id, agent)
@@ -204,26 +215,13 @@ def fork_at(
                 seq=at_seq,
             )
     source_root = store.conversation(target).root_id
-    forked = fork(store, target, at_seq, new_id=new_id, now=now, key=key)
+    # The fork and its edit are one transaction (issue 32.2): a fork written first and
+    # its edit only once it ran could be killed between, and then resumed unedited,
+    # running the very reply the user replaced.
+    forked = fork(store, target, at_seq, new_id=new_id, now=now, key=key, edit=edit)
     goes_on = len(store.tree(forked)) > 1 or not store.load_state(forked).at_rest
     edited_id = forked + target[len(source_root) :]
-    edits: dict[str, ForkEdited] = {}
-    if edit is not None and goes_on:
-        edits[edited_id] = ForkEdited(edit)
-    elif edit is not None:
-        _record_edit(store, forked, edit, now)
-    return Forked(forked, edited_id, goes_on, edits)
-
-
-def _record_edit(store: Store, conversation_id: str, edit: Edit, now: float | None) -> None:
-    """Record ``edit`` of a root forked at rest, at its seq 1: nothing is in flight,
-    so it takes effect from the next turn on."""
-    state = store.load_state(conversation_id)
-    event = ForkEdited(edit)
-    after, effects = transition(state, event)
-    assert effects == ()  # at rest: nothing in flight to re-issue, nothing to run
-    stamp = time.time() if now is None else now
-    store.append([Step(conversation_id, 1, event, effects, after, stamp, snapshot=True)])
+    return Forked(forked, edited_id, goes_on)
 
 
 def _exists(store: Store, conversation_id: str) -> bool:
@@ -242,9 +240,15 @@ def fork_tree(
     new_id: str | None = None,
     now: float | None = None,
     key: UserKey | None = None,
+    edit: Edit | None = None,
 ) -> str:
     """Fork the tree of ``conversation_id`` at the moment its event ``at_seq`` was
     taken; returns the new root's id.
+
+    ``edit``: an edit of ``conversation_id`` as the fork goes on, written in its copy's
+    ``ConversationForked`` (the fork's transaction); ``Runtime.resume`` delivers it as
+    ``ForkEdited`` in place of that copy's ``RuntimeResumed``. The reducer's ``start``
+    refuses (IllegalTransition) an edit its state does not admit.
 
     The moment is a place in the tree's interleaved log (``steps(tree=True)``: by
     recorded time, then write order): every conversation of the tree created by then
@@ -296,7 +300,8 @@ def fork_tree(
         source_seq, state = states[source_id]
         copied = _renamed(state, rename)
         assert isinstance(copied, Conversation)
-        event = ConversationForked(copied.id, source_id, source_seq, copied)
+        pending = edit if source_id == conversation_id else None
+        event = ConversationForked(copied.id, source_id, source_seq, copied, pending)
         forked, effects = start(event)
         is_root = forked.parent_id is None
         written.append(

@@ -43,9 +43,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import json.encoder
 import logging
+import os
 import sys
 import threading
 import time
@@ -67,7 +69,7 @@ _LEVELS = {
     "debug": logging.DEBUG,
 }
 
-_file: IO[str] | None = None  # the JSON file of the last configure(), closed by the next
+_file: _CreatedOnFirstLine | None = None  # the JSON file of the last configure()
 _MAX_BUFFERED = 256  # lines held before they are written without waiting for flush()
 
 
@@ -154,11 +156,50 @@ class _Route:
         return event
 
 
+class _CreatedOnFirstLine:
+    """The JSON log file, opened for appending once it is first written to (issue
+    32.14): a command that stops before it logs a line (an option, a script or a
+    configuration that does not pass its checks) leaves no empty log behind. A file that
+    exists already is opened at once; for one to be created, whether its folder takes
+    it is checked at once (``OSError`` naming the folder), so a place that cannot hold
+    the log is still refused before anything runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+        if path.exists():
+            self._open()
+        elif not os.access(path.parent, os.W_OK | os.X_OK):
+            folder = path.parent
+            code = errno.EACCES
+            with contextlib.suppress(OSError):
+                if os.statvfs(folder).f_flag & os.ST_RDONLY:
+                    code = errno.EROFS
+            raise OSError(code, os.strerror(code), str(folder))
+
+    def _open(self) -> IO[str]:
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (kept open)
+        return self._file
+
+    def write(self, text: str) -> int:
+        return self._open().write(text)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 class _Sink:
     """The JSON file's lines not written yet: buffered, then written and flushed
     together (``flush``). Safe to use from several threads."""
 
-    def __init__(self, file: IO[str]) -> None:
+    def __init__(self, file: _CreatedOnFirstLine) -> None:
         self.file = file
         self.lines: list[str] = []
         self.lock = threading.Lock()
@@ -334,7 +375,7 @@ def configure(
         _sink = None
     if json_file is not None:
         Path(json_file).parent.mkdir(parents=True, exist_ok=True)
-        _file = open(json_file, "a", encoding="utf-8")  # noqa: SIM115  (kept open: the log)
+        _file = _CreatedOnFirstLine(Path(json_file))
         _sink = _Sink(_file)
     levels = [level for level, on in ((file_level, _file), (console_level, console)) if on]
     stamp, render = _Timestamp(), _JsonLine()

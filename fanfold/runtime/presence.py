@@ -43,11 +43,39 @@ class DatabaseInUse(RuntimeError):
     live work, not orphans of a crash."""
 
 
+def lock_file(database: str | os.PathLike[str]) -> str:
+    """The lock file of the runtimes on SQLite file ``database``."""
+    return f"{os.fspath(database)}-runtimes"
+
+
+def runtime_open(database: str | os.PathLike[str]) -> bool:
+    """Whether some runtime, in any process, has SQLite file ``database`` open now.
+
+    For views (``fanfold ls``): a tree ``running`` in the log while no runtime has its
+    database open was left by a process that died, and waits for ``fanfold resume``.
+    Asks for the lock exclusively without waiting and lets go at once; creates nothing
+    (no lock file: no runtime ever opened it). Holding it for that moment cannot make a
+    ``resume`` refuse wrongly: a runtime holds its shared lock from its start, so the
+    two are never held at once.
+    """
+    try:
+        fd = os.open(lock_file(database), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock if it was taken
+    return False
+
+
 class Presence:
     """This runtime's shared lock on ``<database>-runtimes``; ``close()`` releases it."""
 
     def __init__(self, database: str | os.PathLike[str]) -> None:
-        self.path = f"{os.fspath(database)}-runtimes"
+        self.path = lock_file(database)
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_SH)

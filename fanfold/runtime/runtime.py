@@ -992,7 +992,6 @@ class Runtime:
         self,
         roots: Sequence[str] | None = None,
         *,
-        edits: Mapping[str, ForkEdited] | None = None,
         claimed: bool = False,
     ) -> list[str]:
         """Resume the unfinished conversations of trees this runtime may continue
@@ -1013,11 +1012,12 @@ class Runtime:
         database page) is left as it is, logged (``resume_damaged``) and listed in
         ``resume_damaged`` with the reason; the other trees are resumed all the same.
 
-        ``edits``: for a forked tree (``replay.fork``), the ``ForkEdited`` each named
-        conversation gets instead of its RuntimeResumed: it goes on with the edit in
-        place of what was in flight, and what the edit starts (an edited reply's tool
-        calls) runs live. Each must name an unfinished conversation being resumed,
-        else ValueError, before anything is resumed.
+        A forked conversation still at its seq 0 whose ``ConversationForked`` holds an
+        edit (``replay.fork_at``, written with the fork) gets ``ForkEdited(edit)``
+        instead of its RuntimeResumed: it goes on with the edit in place of what was in
+        flight, and what the edit starts (an edited reply's tool calls) runs live. So
+        the edit takes effect whenever the fork first goes on, ``fork --continue`` or a
+        ``resume`` after that was killed.
 
         Raises DatabaseInUse, and resumes nothing, while another runtime (in this
         process or another) has the database open: its unfinished conversations may be
@@ -1065,8 +1065,9 @@ class Runtime:
         damaged: list[SkippedTree] = []
         for root_id, tree_rows in by_root.items():
             try:
+                back = self._clock_set_back(root_id)
                 rebuilt = [
-                    (row, self.store.load_state(row.id), self.store.timer_starts(row.id))
+                    (row, self.store.load_state(row.id), self._timer_starts(row.id, back))
                     for row in tree_rows
                 ]
             except (DatabaseError, sqlite3.DatabaseError) as exc:
@@ -1082,23 +1083,54 @@ class Runtime:
         if description is not None:
             for root_id in dict.fromkeys(row.root_id for row, _, _ in loaded):
                 self.store.record_provider(root_id, description)
-        edits = dict(edits or {})
-        unknown = sorted(set(edits) - {row.id for row, _, _ in loaded})
-        if unknown:
-            raise ValueError(
-                f"cannot edit {unknown[0]!r}: it is not an unfinished conversation of a "
-                "tree being resumed"
-            )
-        return self._launch_loaded(loaded, edits)
+        return self._launch_loaded(loaded)
+
+    def _clock_set_back(self, root_id: str) -> float:
+        """How far this runtime's clock reads earlier than the latest time tree
+        ``root_id``'s log holds (0: not earlier).
+
+        A resumed timer that counts downtime (a time limit, a back-off) keeps what it
+        ran before the restart: ``now - started``, ``started`` being the ``at`` of the
+        step that first started it. A wall clock set back while the tree was down makes
+        that negative, and the limit would start over (issue 32.12). Downtime is never
+        negative: a clock that reads earlier than the log's latest step is taken as
+        reading that step's time, so the timer keeps what the log shows it ran, and the
+        downtime counts as none. A clock set forward cannot be told from real downtime
+        (the log holds no clock of its own): it counts as downtime. See DESIGN.md, "The
+        runtime", on restarts and time limits."""
+        latest = max((row.updated_at for row in self.store.tree(root_id)), default=0.0)
+        return max(0.0, latest - self.now())
+
+    def _timer_starts(self, conversation_id: str, back: float) -> dict[int, float]:
+        """``store.timer_starts``, moved ``back`` seconds earlier: the clock was set
+        back that far (``_clock_set_back``), so measured against it each timer has run
+        what it ran until the log's latest step, and from now on what the clock says."""
+        starts = self.store.timer_starts(conversation_id)
+        if not back:
+            return starts
+        return {number: at - back for number, at in starts.items()}
+
+    def _pending_edit(self, row: ConversationRow) -> ForkEdited | None:
+        """The edit a fork's conversation still at its seq 0 was written with (its
+        ``ConversationForked``), to deliver in place of its RuntimeResumed."""
+        if row.forked_from is None or row.last_seq != 0:
+            return None
+        (first,) = self.store.events(row.id, limit=1)
+        event = first.event
+        if isinstance(event, ConversationForked) and event.edit is not None:
+            return ForkEdited(event.edit)
+        return None
 
     def _launch_loaded(
-        self,
-        loaded: list[tuple[ConversationRow, Conversation, dict[int, float]]],
-        edits: Mapping[str, ForkEdited],
+        self, loaded: list[tuple[ConversationRow, Conversation, dict[int, float]]]
     ) -> list[str]:
         resumed = []
+        edits: dict[str, ForkEdited] = {}
         context = contextvars.copy_context()  # one for all: they share call workers
         for row, state, started in loaded:
+            pending = self._pending_edit(row)
+            if pending is not None:
+                edits[row.id] = pending
             self._launch(
                 Actor(
                     self,
@@ -1176,10 +1208,11 @@ class Runtime:
         mine = [row for row in rows if units.get(row.id) == chunk]
         for row in mine:
             self.store.units[row.id] = chunk
+        back = self._clock_set_back(root_id)
         loaded = [
-            (row, self.store.load_state(row.id), self.store.timer_starts(row.id)) for row in mine
+            (row, self.store.load_state(row.id), self._timer_starts(row.id, back)) for row in mine
         ]
-        return self._launch_loaded(loaded, {})
+        return self._launch_loaded(loaded)
 
     def use_placement(self, placer: Placer, settings: PlacementSettings | None = None) -> None:
         """Place big fan-outs' children in chunks that ``placer`` puts on the workers'
@@ -1256,7 +1289,7 @@ class Runtime:
             key=self.key,
         )
         if go_on and made.goes_on:
-            await self.resume([made.fork_id], edits=made.edits)
+            await self.resume([made.fork_id])
         return made.fork_id
 
     # ---------------------------------------------------------------- for actors and the engine

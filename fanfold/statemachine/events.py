@@ -85,14 +85,23 @@ class ConversationForked:
     """A conversation was forked from ``source_id`` at ``source_seq`` for debugging.
 
     Folded by ``start`` like ConversationCreated: the new conversation begins with
-    ``state`` (the source's state at that step) under its own id. Only a root at rest
-    (Idle or Error) can be forked, so nothing is in flight and no child is pending.
+    ``state`` (the source's state at that step) under its own id. A root at rest is
+    forked alone; any other state is one conversation of a tree forked with it, already
+    under the fork's ids (see ``start``).
+
+    ``edit``: the user's edit of this conversation, recorded with the fork in its one
+    transaction and taken as the fork goes on: the runtime delivers
+    ``ForkEdited(edit)`` in place of this conversation's first ``RuntimeResumed``
+    (while the conversation is still at this seq 0), so a fork whose run was killed
+    before the edit took effect still goes on edited. ``start`` refuses an edit the
+    state does not admit. None: no edit (every fork before it, and most).
     """
 
     conversation_id: str
     source_id: str
     source_seq: int
     state: Conversation
+    edit: Edit | None = attrs.field(default=None, metadata={"since": 7, "omitted_at_default": True})
 
 
 @attrs.frozen

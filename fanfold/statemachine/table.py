@@ -356,11 +356,12 @@ def markdown_table() -> str:
         "plus StartTimer for its time limit), or → Failed `invalid_cwd` + NotifyParent "
         "when the runtime found its working directory (links followed) outside its "
         "parent's or the project, or no directory. `start(ConversationForked)`: a root at "
-        "rest → the source's state under the new id; any other state (a sub-agent, work in "
-        "flight: its tree forked with it) → that state as it is, no effects, if it is "
-        "already under the fork's ids (its id the fork's, its root id matching its place), "
-        "else raise; RuntimeResumed then re-issues its work. Either event in any "
-        "phase: raise."
+        "rest → the source's state under the new id (an `edit` raises: its edit is a "
+        "ForkEdited at seq 1); any other state (a sub-agent, work in flight: its tree "
+        "forked with it) → that state as it is, no effects, if it is already under the "
+        "fork's ids (its id the fork's, its root id matching its place) and its `edit`, if "
+        "any, is a ForkEdited the state admits, else raise; RuntimeResumed (or, for an "
+        "`edit`, that ForkEdited) then re-issues its work. Either event in any phase: raise."
     )
     return "\n".join(lines)
 

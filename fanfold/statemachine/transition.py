@@ -254,7 +254,12 @@ def workdir_problem(cwd: str, workdir: WorkingDirectory) -> str | None:
 def _fork(forked: ConversationForked) -> Transition:
     source = forked.state
     if not source.is_sub_agent and isinstance(source.phase, Idle | Error):
-        # A root at rest: a new tree of one conversation, under the fork's id.
+        # A root at rest: a new tree of one conversation, under the fork's id. Nothing
+        # is in flight, so its edit is an event of its own (seq 1), not a pending one.
+        if forked.edit is not None:
+            raise IllegalTransition(
+                source, forked, "a root forked at rest takes its edit as a ForkEdited event"
+            )
         state = attrs.evolve(
             source, id=forked.conversation_id, root_id=forked.conversation_id, written_off=()
         )
@@ -274,6 +279,15 @@ def _fork(forked: ConversationForked) -> Transition:
         )
     if source.is_sub_agent == (source.root_id == source.id):
         raise IllegalTransition(source, forked, "its root id does not match its place")
+    if forked.edit is not None:
+        # The edit waits in the log for the fork to go on (the runtime delivers it as
+        # ForkEdited): it must be one the state admits, or that resume would fail.
+        try:
+            transition(source, ForkEdited(forked.edit))
+        except IllegalTransition as exc:
+            raise IllegalTransition(
+                source, forked, f"its edit does not fit its state: {exc.reason}"
+            ) from None
     return source, ()
 
 
