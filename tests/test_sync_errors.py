@@ -7,7 +7,8 @@ strace makes ``fdatasync``/``fsync`` of the log's files return EIO in a real
 - during the run (a commit's sync of the WAL): the run stops with exit 2 and that
   error; every command that ran has its step in the log (the failed batch's effects
   never started);
-- at open (the sync of the log's folder): exit 2 before anything runs.
+- at open (the sync of the log's folder): exit 2 before anything runs;
+- in a background checkpoint: the next commit refuses with that error.
 
 And the writer's rule, without a database: a batch whose append raised SyncFailed runs
 none of its callbacks (where the effects start), and the error stops its caller.
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -46,10 +48,11 @@ pl = _load()
 
 
 def _run(
-    folder: Path, children: int, strace: list[str]
+    folder: Path, children: int, strace: list[str], setup: str = ""
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """``fanfold run`` of the power-loss script in ``folder`` (its log made before),
-    under ``strace`` with these options; the run and the markers its commands wrote."""
+    under ``strace`` with these options (after the Python statement ``setup``); the
+    run and the markers its commands wrote."""
     folder.mkdir()
     (folder / "s.json").write_text(json.dumps(pl.script(children, 1)))
     Store.open(folder / pl.DB).close()
@@ -65,7 +68,9 @@ def _run(
             "-o",
             str(folder / "trace.txt"),
             *strace,
-            *pl.fanfold_command(),
+            sys.executable,
+            "-c",
+            f"{setup}\nimport sys\nfrom fanfold.cli import main\nsys.exit(main())",
             "run",
             "go",
             "--script",
@@ -133,6 +138,26 @@ def test_a_failed_sync_of_a_commit_stops_the_run_before_its_effects(tmp_path: Pa
     assert 0 < len(ran) < 9, ran
     assert pl.lost(folder, frozenset(ran)) == []
     assert len(ran) == len(set(ran))
+
+
+@needs_strace
+def test_a_failed_sync_of_a_background_checkpoint_stops_the_run(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoint"
+    db = folder / pl.DB
+    # A checkpoint after every commit (the threshold is 4 MB; set to a byte in the
+    # run's own process); every sync of the database file fails (only checkpoints
+    # make them). The failure happens in the checkpoint's thread; the next commit
+    # reports it, and the close does not report it again.
+    done, ran = _run(
+        folder,
+        6,
+        ["-P", str(db), "-e", "trace=fdatasync", "-e", "inject=fdatasync:error=EIO"],
+        setup="import fanfold.db.store\nfanfold.db.store.CHECKPOINT_BYTES = 1",
+    )
+    assert "INJECTED" in (folder / "trace.txt").read_text()
+    _one_error_line(done, db, "a checkpoint", "nothing more is written")
+    assert len(ran) < 9, ran  # stopped before its end
+    assert pl.lost(folder, frozenset(ran)) == []
 
 
 @needs_strace

@@ -78,6 +78,7 @@ class SyncFailed(DatabaseError):
 
     def __init__(self, path: str | None, detail: str, when: str) -> None:
         self.path = path
+        self.parts = (detail, when)
         super().__init__(f"could not sync the event log {path} to disk {when}: {detail}")
 
 

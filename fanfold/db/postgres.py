@@ -360,6 +360,7 @@ class PostgresStore(Store):
         self.path = shown
         self.read_only = read_only
         self._private_copy = None
+        self._failed = None
         self._checksums = True
         self._blobs: dict[str, str] = {}
         self._blob_rowid: int | None = 0

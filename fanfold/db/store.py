@@ -331,6 +331,9 @@ class Store:
         self.read_only = read_only
         """True if opened with ``read_only=True``: every write raises ReadOnlyStore."""
         self._private_copy: str | None = None  # a folder removed on close (read-only media)
+        # A sync of this store's that failed and was reported (SyncFailed raised): no
+        # more writes on this connection's word, and close does not report it again.
+        self._failed: SyncFailed | None = None
         # Whether the log has the row checksums (migration 3): a read-only open of an
         # older log reads its rows unchecked.
         self._checksums = True
@@ -551,7 +554,9 @@ class Store:
                 self._checkpointer.close()
                 failure = self._checkpointer.failure
                 self._checkpointer = None
-                if self._conn is not None and failure is None:
+                if self._failed is not None:
+                    failure = None  # reported already; nothing more on its word
+                elif self._conn is not None and failure is None:
                     try:
                         # PASSIVE: waits for no reader; SQLite's checkpoint on close
                         # then finds nothing left to copy.
@@ -610,9 +615,10 @@ class Store:
                 with suppress(sqlite3.Error):
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
-                raise SyncFailed(
+                self._failed = SyncFailed(
                     self.path, str(exc), "(a commit: none of its steps were taken)"
-                ) from None
+                )
+                raise self._failed from None
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Run one SELECT under the lock and return every row."""
@@ -640,10 +646,12 @@ class Store:
         if not steps:
             return []
         checkpointer = self._checkpointer
-        if checkpointer is not None and checkpointer.failure is not None:
-            raise SyncFailed(
+        if self._failed is None and checkpointer is not None and checkpointer.failure is not None:
+            self._failed = SyncFailed(
                 self.path, str(checkpointer.failure), "(a checkpoint: nothing more is written)"
             )
+        if self._failed is not None:
+            raise SyncFailed(self._failed.path, *self._failed.parts)
         blobs: dict[str, str] = {}
         prepared = [_Prepared(step, blobs) for step in steps]
         snapshots: dict[str, Step] = {}
