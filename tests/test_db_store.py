@@ -80,7 +80,7 @@ def test_open_creates_the_schema_with_the_pragmas(sqlite_store: Store) -> None:
     assert pragma(store, "journal_mode") == "wal"
     assert pragma(store, "busy_timeout") == 5000
     assert pragma(store, "foreign_keys") == 1
-    assert pragma(store, "synchronous") == 1  # NORMAL
+    assert pragma(store, "synchronous") == 2  # FULL: each commit syncs the WAL (issue 32)
     schema = {r["name"]: r["sql"] for r in store._query("SELECT name, sql FROM sqlite_master")}
     for table in TABLES:
         assert schema[table].endswith("STRICT"), table

@@ -871,3 +871,19 @@ def test_a_claim_a_provider_record_and_a_snapshot_cut_short_are_done_again(
         ]
         assert store.conversation("r").snapshot_seq == root[-1].seq
         assert store.load_state("r") == root[-1].state
+
+
+def test_the_log_commits_durably_where_the_server_would_not(pg_url: str) -> None:
+    # Issue 32, item 1: a batch's effects start once its COMMIT returns, so the commit
+    # must be flushed by then. The test cluster runs with synchronous_commit = off.
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    with open_store(pg_url) as store:
+        assert isinstance(store, PostgresStore)
+        raw = store._pg.raw
+        assert raw.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        store._reconnect()  # a lost connection's replacement too
+        assert store._pg.raw.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    with open_store(pg_url, read_only=True) as reader:  # a reader commits nothing
+        assert isinstance(reader, PostgresStore)
+        assert reader._pg.raw.execute("SHOW synchronous_commit").fetchone() == ("off",)

@@ -66,6 +66,22 @@ class StoreClosed(DatabaseError):
     """The Store was used after ``close()``."""
 
 
+class SyncFailed(DatabaseError):
+    """The operating system failed to put the log on stable storage: an ``fsync`` or
+    ``fdatasync`` of the database, its WAL or their folder returned an error (EIO, a
+    failing disk). The message names the database. Raised by the commit whose sync
+    failed (the steps of that batch count as not taken: the runtime starts none of
+    their effects and stops), by the first write after a failed background checkpoint,
+    and by ``close`` when the final checkpoint's sync failed. After a failed sync the
+    kernel may have dropped the unsynced pages and report the next sync as fine, so
+    nothing more is written on that connection's word."""
+
+    def __init__(self, path: str | None, detail: str, when: str) -> None:
+        self.path = path
+        self.parts = (detail, when)
+        super().__init__(f"could not sync the event log {path} to disk {when}: {detail}")
+
+
 class UnknownConversation(DatabaseError, LookupError):
     """No conversation with this id is stored."""
 

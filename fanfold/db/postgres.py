@@ -306,9 +306,29 @@ def connect(url: str, *, read_only: bool = False) -> psycopg.Connection[Any]:
     if "connect_timeout" not in url:
         extra["connect_timeout"] = CONNECT_TIMEOUT_S
     try:
-        return psycopg.connect(url, **extra)
+        conn = psycopg.connect(url, **extra)
+        if not read_only:
+            _durable_commits(conn)
+        return conn
     except psycopg.Error as exc:
         raise scrub.unavailable(exc) from None
+
+
+def _durable_commits(conn: psycopg.Connection[Any]) -> None:
+    """Make the connection's COMMIT wait for the server's WAL flush.
+
+    The runtime starts a batch's effects once its COMMIT returns (write-ahead), so a
+    commit must be on the server's stable storage by then. PostgreSQL's default,
+    ``synchronous_commit = on``, does that; ``off`` (set for the server, the database,
+    the role, or in the URL's ``options``) returns before the flush, and a crash of
+    the server's machine could take back steps whose commands already ran. So ``off``
+    is turned back ``on`` for this session; every other value (``local``,
+    ``remote_write``, ``remote_apply``: at least the local flush) is kept. What this
+    cannot fix: a server run with ``fsync = off``, whose flushes reach no disk.
+    """
+    row = conn.execute("SHOW synchronous_commit").fetchone()
+    if row is not None and row[0] == "off":
+        conn.execute("SET synchronous_commit = on")
 
 
 class PostgresStore(Store):
@@ -340,6 +360,7 @@ class PostgresStore(Store):
         self.path = shown
         self.read_only = read_only
         self._private_copy = None
+        self._failed = None
         self._checksums = True
         self._blobs: dict[str, str] = {}
         self._blob_rowid: int | None = 0

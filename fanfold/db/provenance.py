@@ -215,6 +215,19 @@ def _create(target: Path) -> None:
             raise KeyFileError(f"cannot create the key file {target}: {exc.strerror}") from None
     finally:
         Path(temp).unlink(missing_ok=True)
+    # The link is on stable storage before any tree is marked with the key: after a
+    # power loss a missing key would make every tree of the log untrusted (inert).
+    try:
+        folder = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise KeyFileError(
+                f"cannot sync the key file's folder {target.parent}: {exc.strerror}"
+            ) from None
 
 
 def refusal(record: TreeRecord | None, key: UserKey, instance_id: str, root_id: str) -> str | None:

@@ -23,6 +23,7 @@ so no commit waits for the disk syncs a checkpoint makes.
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import shutil
@@ -32,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import TracebackType
 from typing import Any
 
@@ -62,6 +63,7 @@ from fanfold.db.errors import (
     SchemaError,
     SequenceError,
     StoreClosed,
+    SyncFailed,
     UnknownConversation,
     UnloggableStep,
 )
@@ -103,6 +105,30 @@ a background thread. (SQLite's automatic checkpoint, which runs inside a commit 
 _SQLITE_CORRUPT = 11
 _SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
+_SQLITE_SYNC_ERRORS = (sqlite3.SQLITE_IOERR_FSYNC, sqlite3.SQLITE_IOERR_DIR_FSYNC)
+
+
+def _sync_failed(exc: sqlite3.Error) -> bool:
+    """Whether SQLite raised ``exc`` because an fsync/fdatasync returned an error."""
+    return getattr(exc, "sqlite_errorcode", 0) in _SQLITE_SYNC_ERRORS
+
+
+def _sync_folder(path: str) -> None:
+    """Sync the folder of ``path``, so that the log's files (the WAL, made at open) are
+    found after a power loss. SQLite syncs it when it creates the WAL but ignores an
+    error there; a folder that cannot be synced at all (EINVAL: some file systems)
+    is taken as it is."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return  # unreadable folder: SQLite opened the file, nothing more to learn
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+            raise SyncFailed(path, exc.strerror or str(exc), "(its folder)") from None
+    finally:
+        os.close(fd)
 
 
 def read_again(name: str) -> str | None:
@@ -155,12 +181,13 @@ class _Checkpointer:
     """Copies a file database's WAL back into the database, in a daemon thread on a
     connection of its own, once ``CHECKPOINT_BYTES`` have been appended.
 
-    With ``synchronous = NORMAL`` a checkpoint is the only time SQLite syncs to disk.
-    SQLite's automatic checkpoint runs inside the commit that crosses its threshold and
-    stalls that commit (and every step waiting for it) for as long as the sync takes;
-    here commits go on meanwhile. The checkpoint is PASSIVE: it never waits for, nor
-    blocks, readers or writers, and copies what it can. Durability is unchanged: a
-    commit is in the WAL either way.
+    A checkpoint syncs the WAL, copies its pages into the database file and syncs
+    that. SQLite's automatic checkpoint runs inside the commit that crosses its
+    threshold and stalls that commit (and every step waiting for it) for as long as
+    the copy and its syncs take; here commits go on meanwhile. The checkpoint is
+    PASSIVE: it never waits for, nor blocks, readers or writers, and copies what it
+    can. Durability does not depend on it: each commit syncs the WAL itself
+    (``synchronous = FULL``, see ``Store._initialise``).
     """
 
     def __init__(self, path: str) -> None:
@@ -171,6 +198,8 @@ class _Checkpointer:
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._lock = threading.Lock()
+        self.failure: sqlite3.Error | None = None
+        """A sync of the checkpoint that failed (the store raises SyncFailed for it)."""
 
     def wrote(self, nbytes: int) -> None:
         """Count bytes just committed; past the threshold, start a checkpoint."""
@@ -198,8 +227,12 @@ class _Checkpointer:
                     isolation_level=None,
                 )
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        except sqlite3.Error:
-            pass  # the WAL grows until the next attempt; nothing is lost
+        except sqlite3.Error as exc:
+            # The WAL grows until the next attempt; nothing is lost (the WAL was synced
+            # at each commit, and a checkpoint that failed does not shorten it). A
+            # failed sync, though, says the disk is failing: the store stops writing.
+            if _sync_failed(exc):
+                self.failure = exc
 
     def close(self) -> None:
         """Wait for a running checkpoint and close its connection (the store's own
@@ -333,6 +366,9 @@ class Store:
         self.read_only = read_only
         """True if opened with ``read_only=True``: every write raises ReadOnlyStore."""
         self._private_copy: str | None = None  # a folder removed on close (read-only media)
+        # A sync of this store's that failed and was reported (SyncFailed raised): no
+        # more writes on this connection's word, and close does not report it again.
+        self._failed: SyncFailed | None = None
         # Whether the log has the row checksums (migration 3): a read-only open of an
         # older log reads its rows unchecked.
         self._checksums = True
@@ -499,13 +535,21 @@ class Store:
                 self._refuse_foreign()
                 if wal:
                     self._db.enable_wal()
-                self._connection().execute("PRAGMA synchronous = NORMAL")
+                # FULL: every COMMIT syncs the WAL (one fdatasync) before it returns,
+                # so a step is on stable storage before the writer starts its effects.
+                # A batch of steps is one transaction: one sync per batch, however
+                # many steps. (NORMAL synced only at checkpoints: a power loss could
+                # take back committed steps whose commands had already run.)
+                self._connection().execute("PRAGMA synchronous = FULL")
                 migrate(self._db)
                 if wal and self.path is not None:
                     self._connection().execute("PRAGMA wal_autocheckpoint = 0")
                     self._checkpointer = _Checkpointer(self.path)
+                    _sync_folder(self.path)
                 return
             except sqlite3.OperationalError as exc:
+                if _sync_failed(exc):
+                    raise SyncFailed(self.path, str(exc), "(setting it up)") from None
                 busy = (exc.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
                 if not busy or time.monotonic() + delay > deadline:
                     raise
@@ -532,17 +576,38 @@ class Store:
             )
 
     def close(self) -> None:
-        """Close the connection. Idempotent; any later use raises StoreClosed."""
+        """Close the connection. Idempotent; any later use raises StoreClosed.
+
+        A file log is checkpointed first (its WAL copied into the database file, both
+        synced): ``SyncFailed`` if a sync failed, then or in an earlier background
+        checkpoint, after everything is closed. (SQLite's own checkpoint on close
+        ignores errors: a run ended with exit 0 and no word.) Its WAL then stays
+        beside the file, synced at each commit: nothing committed is lost.
+        """
+        failure: sqlite3.Error | None = None
         with self._lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
+                failure = self._checkpointer.failure
                 self._checkpointer = None
+                if self._failed is not None:
+                    failure = None  # reported already; nothing more on its word
+                elif self._conn is not None and failure is None:
+                    try:
+                        # PASSIVE: waits for no reader; SQLite's checkpoint on close
+                        # then finds nothing left to copy.
+                        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    except sqlite3.Error as exc:
+                        if _sync_failed(exc):
+                            failure = exc
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
             if self._private_copy is not None:
                 shutil.rmtree(self._private_copy, ignore_errors=True)
                 self._private_copy = None
+        if failure is not None:
+            raise SyncFailed(self.path, str(failure), "while closing it (its WAL is kept)")
 
     def __enter__(self) -> Store:
         return self
@@ -574,7 +639,22 @@ class Store:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if not _sync_failed(exc):
+                    raise
+                # The WAL frames were written but not synced: the transaction did not
+                # happen for this store (its effects never start). SQLite may keep it
+                # in the WAL, where a later open finds it: a step in flight, which
+                # resume re-issues as after a crash.
+                with suppress(sqlite3.Error):
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                self._failed = SyncFailed(
+                    self.path, str(exc), "(a commit: none of its steps were taken)"
+                )
+                raise self._failed from None
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Run one SELECT under the lock and return every row."""
@@ -601,6 +681,13 @@ class Store:
             raise ReadOnlyStore(f"{self.path} was opened read-only; nothing was written")
         if not steps:
             return []
+        checkpointer = self._checkpointer
+        if self._failed is None and checkpointer is not None and checkpointer.failure is not None:
+            self._failed = SyncFailed(
+                self.path, str(checkpointer.failure), "(a checkpoint: nothing more is written)"
+            )
+        if self._failed is not None:
+            raise SyncFailed(self._failed.path, *self._failed.parts)
         blobs: dict[str, str] = {}
         prepared = [_Prepared(step, blobs) for step in steps]
         snapshots: dict[str, Step] = {}
@@ -630,7 +717,6 @@ class Store:
             seen.clear()
         for cid, step in last.items():
             seen[cid] = (step.seq, statuses[cid])
-        checkpointer = self._checkpointer
         if checkpointer is not None:
             checkpointer.wrote(sum(p.size for p in prepared) + sum(snapshot_sizes.values()))
         return [
