@@ -39,6 +39,7 @@ from typing import Any
 import attrs
 from sqlite_utils import Database
 
+from fanfold.db import highwater
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
 from fanfold.db.codec import (
     column_text,
@@ -292,6 +293,7 @@ class Store:
         self._db = Database(conn)
         self._lock = threading.Lock()
         self._checkpointer: _Checkpointer | None = None
+        self._mark: highwater.Writer | None = None  # a file's high-water mark (open())
         self.path = path
         """The database file, or None for an in-memory store."""
         self.read_only = read_only
@@ -341,7 +343,16 @@ class Store:
                 isolation_level=None,  # no implicit transactions: we BEGIN explicitly
                 timeout=BUSY_TIMEOUT_MS / 1000,
             )
-            return cls._setup(conn, name, wal=True)
+            try:
+                # Before anything is written (migrating a log whose WAL is gone would
+                # make it a new, empty one): a log that lost committed steps is refused.
+                highwater.check(conn, name)
+            except BaseException:
+                conn.close()
+                raise
+            store = cls._setup(conn, name, wal=True)
+            store._mark = highwater.Writer(name, highwater.instance_of(conn))
+            return store
         except sqlite3.DatabaseError as exc:
             code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
             if code == _SQLITE_NOTADB:
@@ -405,6 +416,7 @@ class Store:
             store._refuse_foreign()
             if not store._db.table("migrations").exists():
                 if not store._db.table_names():
+                    highwater.check(conn, name)  # an empty log that was not empty
                     raise EmptyLog(
                         f"{name} is an empty log: nothing was recorded in it (a run stopped "
                         "before its first write leaves one; the next `fanfold run --db` "
@@ -497,6 +509,9 @@ class Store:
     def close(self) -> None:
         """Close the connection. Idempotent; any later use raises StoreClosed."""
         with self._lock:
+            if self._mark is not None:
+                self._mark.close()
+                self._mark = None
             if self._checkpointer is not None:
                 self._checkpointer.close()
                 self._checkpointer = None
@@ -593,6 +608,7 @@ class Store:
             seen.clear()
         for cid, step in last.items():
             seen[cid] = (step.seq, statuses[cid])
+        self._mark_committed()
         checkpointer = self._checkpointer
         if checkpointer is not None:
             checkpointer.wrote(sum(p.size for p in prepared) + sum(snapshot_sizes.values()))
@@ -688,6 +704,25 @@ class Store:
                 )
         self._fenced(fence)  # committed
         return statuses
+
+    def _mark_committed(self) -> None:
+        """Move the file's high-water mark to the log's last event, now committed
+        (``fanfold.db.highwater``)."""
+        mark = self._mark
+        if mark is not None:
+            with self._lock:
+                if self._conn is not None:
+                    mark.committed(self._conn)
+
+    def check_committed(self) -> None:
+        """Raise ``LostSteps`` if this log file holds fewer steps than its high-water
+        mark says were committed (a WAL deleted, cut or damaged). A store opened to
+        write was checked when it opened; ``replay.verify`` checks every file."""
+        with self._lock:
+            conn = self._connection()
+            # A file's log only (a PostgreSQL log has no WAL file to lose).
+            if self.path is not None and isinstance(conn, sqlite3.Connection):
+                highwater.check(conn, self.path)
 
     def _fence(self, conn: Any, prepared: list[_Prepared]) -> Any:
         """Check (or take) this store's claim on the trees of a batch, inside its

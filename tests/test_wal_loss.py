@@ -1,0 +1,154 @@
+"""A WAL deleted, cut or damaged after a crash is a loss the log reports (issue 32.6).
+
+A real ``fanfold run`` whose root runs one bash command per round (each appends a
+marker line) is killed with SIGKILL mid-run: every step is in ``<db>-wal`` (nothing
+checkpointed yet). Then the WAL is damaged the ways a disk or a user can: a flipped
+byte (early and late), cut short, deleted. SQLite reads what is left as an older, fully
+consistent log, so before the high-water mark ``resume`` ran the lost steps' commands
+again (marker lines twice), ``replay --verify`` called the log identical and a
+deleted WAL made the tree vanish as "an empty log". Now both refuse with the loss
+(exit 2, naming the database), and no marker runs twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HANG_GUARD = 60
+ROUNDS = 40
+KILL_AFTER = 10  # markers written before the kill
+WAL_HEADER, FRAME_HEADER, PAGE = 32, 24, 4096
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        cwd=cwd,
+    )
+
+
+def _script(markers: Path) -> dict[str, object]:
+    command = "echo m{i} >> " + str(markers) + "; sleep 0.02"
+    replies: list[dict[str, object]] = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": command.format(i=i)}}]}
+        for i in range(ROUNDS)
+    ]
+    replies.append({"text": "done"})
+    return {"latency": 0.01, "agents": [{"match": {"path": "root"}, "replies": replies}]}
+
+
+def kill_a_run(where: Path, after: int) -> str:
+    """Run a tree in ``where`` and kill it with SIGKILL after ``after`` markers; its
+    log (``x.db``, ``x.db-wal``, its companions), the script and ``markers.kill`` (the
+    markers at the kill) stay there. Returns the root's id."""
+    (where / "s.json").write_text(json.dumps(_script(where / "markers.txt")))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from fanfold.cli import main; main()", "run", "go",
+         "--script", "s.json", "--db", "x.db", "--no-live", "--max-rounds", str(ROUNDS + 1)],
+        cwd=where, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    markers = where / "markers.txt"
+    deadline = time.monotonic() + HANG_GUARD
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if markers.exists() and len(markers.read_text().split()) >= after:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    shutil.copy2(markers, where / "markers.kill")
+    assert (where / "x.db-wal").stat().st_size > 4 * PAGE
+    # Read before any damage (a tree may be gone after it).
+    return str(json.loads(_cli("ls", "--db", "x.db", "--json", cwd=where).stdout)[0]["id"])
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The folder of a run killed after KILL_AFTER markers, and its root's id."""
+    where = tmp_path_factory.mktemp("killed")
+    return where, kill_a_run(where, KILL_AFTER)
+
+
+def copy_run(killed: Path, to: Path) -> Path:
+    """A copy of the killed run's files in ``to``, with its own markers file ``m.txt``
+    (as it was at the kill) which its script's commands append to."""
+    to.mkdir()
+    for name in os.listdir(killed):
+        if name.startswith("x."):
+            shutil.copy2(killed / name, to / name)
+    script = (killed / "s.json").read_text().replace(str(killed / "markers.txt"), str(to / "m.txt"))
+    (to / "s.json").write_text(script)
+    shutil.copy2(killed / "markers.kill", to / "m.txt")
+    return to
+
+
+def resume(folder: Path) -> subprocess.CompletedProcess[str]:
+    """``fanfold resume`` with the copy's own script (a lost step's command, asked of
+    the model again, appends to the copy's markers)."""
+    return _cli("resume", "--db", "x.db", "--script", "s.json", cwd=folder)
+
+
+def _frames(wal: Path) -> int:
+    return (wal.stat().st_size - WAL_HEADER) // (FRAME_HEADER + PAGE)
+
+
+def _flip(wal: Path, frame: int) -> None:
+    with open(wal, "r+b") as file:
+        file.seek(WAL_HEADER + frame * (FRAME_HEADER + PAGE) + FRAME_HEADER + 100)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0xFF]))
+
+
+def damage(folder: Path, how: str) -> None:
+    wal = folder / "x.db-wal"
+    frames = _frames(wal)
+    if how == "flip early":
+        _flip(wal, 1)
+    elif how == "flip late":
+        _flip(wal, frames * 3 // 4)
+    elif how == "cut":
+        os.truncate(wal, WAL_HEADER + (frames // 2) * (FRAME_HEADER + PAGE) + 1000)
+    else:
+        wal.unlink()
+        (folder / "x.db-shm").unlink(missing_ok=True)
+
+
+DAMAGE = ["flip early", "flip late", "cut", "delete"]
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_lost_wal_is_reported_and_nothing_runs_twice(
+    killed: tuple[Path, str], tmp_path: Path, how: str
+) -> None:
+    where, root = killed
+    folder = copy_run(where, tmp_path / "case")
+    damage(folder, how)
+    before = (folder / "m.txt").read_text().split()
+
+    verify = _cli("replay", root, "--verify", "--tree", "--db", "x.db", cwd=folder)
+    assert verify.returncode == 2, verify.stdout + verify.stderr
+    assert "lost committed steps" in verify.stderr
+    assert "x.db" in verify.stderr
+
+    resumed = resume(folder)
+    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+    assert "lost committed steps" in resumed.stderr, resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    after = (folder / "m.txt").read_text().split()
+    assert after == before  # no marker ran (twice or at all)
+    assert len(after) == len(set(after))
