@@ -8,27 +8,28 @@ again every command whose step was lost (issue 32, item 6). Nothing in the log i
 can tell: the loss took the evidence with it.
 
 So the log keeps its evidence beside it: ``<db>-committed`` (next to the database's
-resolved path, so a symlink to it finds the same file), one fixed-length line
-rewritten in place after every commit of ``Store.append``::
+resolved path, so a symlink to it finds the same file), one line rewritten in place
+after every commit of ``Store.append``::
 
-    fanfold-committed 1 <instance id> <rowid> <row crc> <line crc>
+    fanfold-committed 2 <instance id> <seq> <conversation id as JSON> <line crc>
 
-the database's ``instance_id`` (from its ``meta`` table, made once per database), the
-highest rowid of ``events`` after the commit, and a CRC of the ``(conversation_id,
-seq)`` of that row. Events are never deleted, so rowids only grow, and the mark only
-ever names a committed row. ``check`` (run when a store opens the file to write, when
-a reader finds it empty, and by ``replay.verify``) asks the database for that row: if
-it is not there, or is another step, the log lost committed steps, and ``LostSteps``
-says so (the CLI: exit 2) before anything runs. Later steps do not hide the loss: the
-row at the mark's rowid is checked, not a count.
+the database's ``instance_id`` (from its ``meta`` table, made once per database) and
+the last step of the batch just committed. A WAL loses a suffix of its commits (SQLite
+reads frames up to the first one that is missing or fails its checksum), so when it
+loses any, it loses the last one, which the mark names. ``check`` (run when a store
+opens the file to write, when a reader finds it empty, and by ``replay.verify``) asks
+the database for that step: if it is not there, the log lost committed steps, and
+``LostSteps`` says so (the CLI: exit 2) before anything runs. Later steps cannot hide
+the loss, since every writer is refused first (a mark is moved only by a store that
+opened the log, after checking it).
 
 Why this is sound: the mark is written after the commit it names (a crash between the
 two leaves an older mark, which is still true); several writers may race to write it
-(each writes a value it read after its own commit: still a committed row, at worst
-an older one). A mark of another database (its instance id differs: the file was
-replaced) is ignored and overwritten. The mark is not synced: a power loss may leave
-an older one (an older mark never accuses the log), or a mark newer than the synced
-log, which is the loss it is there to report.
+(each names a step of its own commit: a committed step, at worst an older one). It
+costs no SQL statement: one ``pwrite`` per batch. A mark of another database (its
+instance id differs: the file was replaced) is ignored and overwritten. The mark is
+not synced: a power loss may leave an older one (an older mark never accuses the log),
+or a mark newer than the synced log, which is the loss it is there to report.
 
 What it cannot see (DESIGN, "Failure model"): a loss together with its mark (the
 whole folder restored from a backup, the database copied without ``-committed``); a
@@ -40,6 +41,7 @@ PostgreSQL logs, which have no WAL file to lose.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import zlib
@@ -51,7 +53,7 @@ from fanfold.db.errors import LostSteps
 SUFFIX = "-committed"
 """The mark's file: ``<resolved database path>-committed``."""
 
-_MAGIC = "fanfold-committed 1"
+_MAGIC = "fanfold-committed 2"
 
 
 def mark_path(database: str) -> str:
@@ -61,47 +63,44 @@ def mark_path(database: str) -> str:
 
 @attrs.frozen
 class Mark:
-    """A mark as read back: the database it belongs to and its last committed event."""
+    """A mark as read back: the database it belongs to and its last committed step."""
 
     instance: str
-    rowid: int
-    row: int  # crc32 of "<conversation_id>\0<seq>" of the event at ``rowid``
+    conversation_id: str
+    seq: int
 
     def line(self) -> bytes:
-        """The mark's fixed-length line (the same length for every mark: it is
-        rewritten in place, never truncated)."""
-        body = f"{_MAGIC} {self.instance} {self.rowid:020d} {self.row:08x}"
+        """The mark's line. It is rewritten in place, never truncated: a longer line
+        written before may follow it in the file, after its newline (only the first
+        line is read)."""
+        body = f"{_MAGIC} {self.instance} {self.seq} {json.dumps(self.conversation_id)}"
         return f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
 
     @classmethod
     def parse(cls, data: bytes) -> Mark | None:
-        """The mark ``data`` holds; None if it is not a whole, intact mark."""
-        try:
-            text = data.decode("ascii")
-        except UnicodeDecodeError:
-            return None
-        body, _, crc = text.rstrip("\n").rpartition(" ")
-        parts = body.split(" ")
-        if len(parts) != 5 or " ".join(parts[:2]) != _MAGIC:
+        """The mark at the start of ``data``; None if it is not a whole, intact mark."""
+        first, newline, _ = data.partition(b"\n")
+        if not newline:
             return None
         try:
+            body, _, crc = first.decode("ascii").rpartition(" ")
             if int(crc, 16) != zlib.crc32(body.encode()):
                 return None
-            return cls(parts[2], int(parts[3]), int(parts[4], 16))
-        except ValueError:
+            parts = body.split(" ", 4)
+            if len(parts) != 5 or " ".join(parts[:2]) != _MAGIC:
+                return None
+            cid = json.loads(parts[4])
+            seq = int(parts[3])
+        except (UnicodeDecodeError, ValueError):
             return None
-
-
-def row_crc(conversation_id: str, seq: int) -> int:
-    """What a mark keeps of the step it names."""
-    return zlib.crc32(f"{conversation_id}\0{seq}".encode())
+        return cls(parts[2], cid, seq) if isinstance(cid, str) and seq >= 0 else None
 
 
 def read(database: str) -> Mark | None:
     """The database's mark, or None if there is none (or none intact)."""
     try:
         with open(mark_path(database), "rb") as file:
-            return Mark.parse(file.read(4096))
+            return Mark.parse(file.read(65536))
     except OSError:
         return None
 
@@ -115,15 +114,10 @@ def instance_of(conn: sqlite3.Connection) -> str | None:
     return None if row is None else str(row[0])
 
 
-def last_event(conn: sqlite3.Connection) -> tuple[int, str, int] | None:
-    """``(rowid, conversation_id, seq)`` of the last event written; None if none."""
-    try:
-        row = conn.execute(
-            "SELECT rowid, conversation_id, seq FROM events ORDER BY rowid DESC LIMIT 1"
-        ).fetchone()
-    except sqlite3.OperationalError:  # no events table
-        return None
-    return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
+_REMEDY = (
+    "Nothing was run: resuming would run the lost steps' commands again. To accept the "
+    "log as it is (those commands may run again), remove {0}."
+)
 
 
 def check(conn: sqlite3.Connection, database: str) -> None:
@@ -132,49 +126,50 @@ def check(conn: sqlite3.Connection, database: str) -> None:
     mark = read(database)
     if mark is None:
         return
+    where = mark_path(database)
+    step = f"step {mark.seq} of conversation {mark.conversation_id}"
     instance = instance_of(conn)
     if instance is None:
         # The mark was written after a commit of this path's log, and the file is
-        # here, not empty, with no log in it: its WAL (everything never checkpointed,
-        # the log's tables included) is gone. A zero-byte file never held one (WAL
-        # mode writes the file's first page): a new log at a path whose old one was
-        # removed, mark left behind.
+        # here, not empty, with no table in it: its WAL (everything never
+        # checkpointed, the log's tables included) is gone. A zero-byte file never
+        # held one (WAL mode writes the file's first page): a new log at a path whose
+        # old one was removed, mark left behind. A file with tables but no instance
+        # id is another database (a log older than instance ids, another program's).
         try:
             empty = os.path.getsize(database) == 0
-        except OSError:
-            empty = True
-        if empty:
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        except (OSError, sqlite3.DatabaseError):
+            return
+        if empty or tables:
             return
         raise LostSteps(
-            f"the log {database} lost committed steps: it holds no log at all, but "
-            f"{mark_path(database)} says {mark.rowid} steps were committed to it (its WAL "
-            f"file {database}-wal was deleted or damaged). {_REMEDY.format(database)}"
+            f"the log {database} lost committed steps: it holds no log at all, but {where} "
+            f"says {step} was committed to it (its WAL file {database}-wal was deleted or "
+            f"damaged). {_REMEDY.format(where)}"
         )
     if instance != mark.instance:
         return  # the mark of another database once at this path
     try:
-        row = conn.execute(
-            "SELECT conversation_id, seq FROM events WHERE rowid = ?", (mark.rowid,)
+        found = conn.execute(
+            "SELECT 1 FROM events WHERE conversation_id = ? AND seq = ?",
+            (mark.conversation_id, mark.seq),
+        ).fetchone()
+        last = conn.execute(
+            "SELECT last_seq FROM conversations WHERE id = ?", (mark.conversation_id,)
         ).fetchone()
     except sqlite3.OperationalError:
-        row = None
-    if row is not None and row_crc(str(row[0]), int(row[1])) == mark.row:
+        found = last = None
+    if found is not None:
         return
-    last = last_event(conn)
-    end = 0 if last is None else last[0]
-    lost = f"at least {mark.rowid - end}" if end < mark.rowid else "some"
-    raise LostSteps(
-        f"the log {database} lost committed steps: it ends at step #{end}, but "
-        f"{mark_path(database)} says step #{mark.rowid} was committed ({lost} steps lost: "
-        f"its WAL file {database}-wal was cut, damaged or deleted). "
-        f"{_REMEDY.format(database)}"
+    held = (
+        "the conversation is gone" if last is None else f"the conversation ends at step {last[0]}"
     )
-
-
-_REMEDY = (
-    "Nothing was run: resuming would run the lost steps' commands again. To accept the "
-    "log as it is (those commands may run again), remove {0}-committed."
-)
+    raise LostSteps(
+        f"the log {database} lost committed steps: {where} says {step} was committed, "
+        f"and {held} (its WAL file {database}-wal was cut, damaged or deleted). "
+        f"{_REMEDY.format(where)}"
+    )
 
 
 class Writer:
@@ -188,15 +183,11 @@ class Writer:
         self._fd: int | None = None
         self._broken = instance is None
 
-    def committed(self, conn: sqlite3.Connection) -> None:
-        """Record the log's last event, read on ``conn`` after a commit."""
+    def committed(self, conversation_id: str, seq: int) -> None:
+        """Record the last step of a batch just committed."""
         if self._broken or self._instance is None:
             return
-        last = last_event(conn)
-        if last is None:
-            return
-        rowid, cid, seq = last
-        line = Mark(self._instance, rowid, row_crc(cid, seq)).line()
+        line = Mark(self._instance, conversation_id, seq).line()
         try:
             if self._fd is None:
                 self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)

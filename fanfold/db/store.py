@@ -282,6 +282,9 @@ class Store:
     _integrity_errors: tuple[type[Exception], ...] = (sqlite3.IntegrityError,)
     """What the connection raises when a row breaks a key (a subclass's driver's)."""
 
+    _mark: highwater.Writer | None = None
+    """A file's high-water mark (``open``): None for memory and PostgreSQL."""
+
     _column_text = staticmethod(column_text)
     """A text copied into a column for listing (a task), as the database can hold it."""
 
@@ -293,7 +296,6 @@ class Store:
         self._db = Database(conn)
         self._lock = threading.Lock()
         self._checkpointer: _Checkpointer | None = None
-        self._mark: highwater.Writer | None = None  # a file's high-water mark (open())
         self.path = path
         """The database file, or None for an in-memory store."""
         self.read_only = read_only
@@ -608,7 +610,9 @@ class Store:
             seen.clear()
         for cid, step in last.items():
             seen[cid] = (step.seq, statuses[cid])
-        self._mark_committed()
+        if self._mark is not None:  # a file's high-water mark: this batch is committed
+            last_step = prepared[-1].step
+            self._mark.committed(last_step.conversation_id, last_step.seq)
         checkpointer = self._checkpointer
         if checkpointer is not None:
             checkpointer.wrote(sum(p.size for p in prepared) + sum(snapshot_sizes.values()))
@@ -704,15 +708,6 @@ class Store:
                 )
         self._fenced(fence)  # committed
         return statuses
-
-    def _mark_committed(self) -> None:
-        """Move the file's high-water mark to the log's last event, now committed
-        (``fanfold.db.highwater``)."""
-        mark = self._mark
-        if mark is not None:
-            with self._lock:
-                if self._conn is not None:
-                    mark.committed(self._conn)
 
     def check_committed(self) -> None:
         """Raise ``LostSteps`` if this log file holds fewer steps than its high-water
