@@ -37,12 +37,20 @@ sub-agent's in a fan-out (issue 21):
   buffer holds ``_MAX_BUFFERED`` lines, when the runtime closes, at ``configure()``
   and at exit. A process killed with SIGKILL loses the lines of the round it was in;
   the SQLite log, not this file, is the record of what happened.
+
+A line that cannot be written (a full disk, a quota, an I/O error: issue 32, item 8)
+never stops the work: the database is the record. The first failure prints one line on
+stderr (``warning: cannot write the JSON log ...``) and every later line is dropped
+(a line cut by the failure may be left at the end of the file). The file is written
+unbuffered, through ``os.write`` in effect, so no bytes wait in a Python buffer to fail
+again when it closes.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import json.encoder
 import logging
@@ -67,7 +75,7 @@ _LEVELS = {
     "debug": logging.DEBUG,
 }
 
-_file: IO[str] | None = None  # the JSON file of the last configure(), closed by the next
+_file: IO[bytes] | None = None  # the JSON file of the last configure(), closed by the next
 _MAX_BUFFERED = 256  # lines held before they are written without waiting for flush()
 
 
@@ -155,13 +163,15 @@ class _Route:
 
 
 class _Sink:
-    """The JSON file's lines not written yet: buffered, then written and flushed
-    together (``flush``). Safe to use from several threads."""
+    """The JSON file's lines not written yet: buffered, then written together
+    (``flush``). Safe to use from several threads. After a write fails, lines are
+    dropped (``failed``): one warning, and the run goes on."""
 
-    def __init__(self, file: IO[str]) -> None:
+    def __init__(self, file: IO[bytes]) -> None:
         self.file = file
         self.lines: list[str] = []
         self.lock = threading.Lock()
+        self.failed = False
 
     def add(self, line: str) -> None:
         with self.lock:
@@ -177,9 +187,32 @@ class _Sink:
             if not lines:
                 return
             self.lines = []
+            if self.failed:
+                return  # dropped: the file could not be written
             lines.append("")
-            self.file.write("\n".join(lines))
-            self.file.flush()
+            data = memoryview("\n".join(lines).encode("utf-8", "backslashreplace"))
+            try:
+                while data:  # an unbuffered file may take part of it
+                    written = self.file.write(data)
+                    if not written:  # None: a non-blocking file that would block
+                        raise BlockingIOError(errno.EAGAIN, "the file took no bytes")
+                    data = data[written:]
+            except OSError as exc:
+                self.failed = True
+                _warn(f"cannot write the JSON log {self.file.name}: {exc.strerror or exc}")
+
+
+def _warn(text: str) -> None:
+    """One line on stderr: the JSON log's lines are dropped from here on."""
+    stream = sys.stderr
+    if stream is None:  # pythonw, a daemon: nowhere to write
+        return
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(
+            f"warning: {text}; its lines are dropped from here on (the run goes on: the "
+            "database is the record)\n"
+        )
+        stream.flush()
 
 
 class _SinkLogger:
@@ -334,7 +367,9 @@ def configure(
         _sink = None
     if json_file is not None:
         Path(json_file).parent.mkdir(parents=True, exist_ok=True)
-        _file = open(json_file, "a", encoding="utf-8")  # noqa: SIM115  (kept open: the log)
+        # Unbuffered: each flush() is one write, and nothing is left in a buffer to
+        # fail again at close after a full disk.
+        _file = open(json_file, "ab", buffering=0)  # noqa: SIM115  (kept open: the log)
         _sink = _Sink(_file)
     levels = [level for level, on in ((file_level, _file), (console_level, console)) if on]
     stamp, render = _Timestamp(), _JsonLine()
