@@ -21,10 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from click.testing import CliRunner
+from db_scenarios import Driver, copied_mid_run, fan_out
 
 from fanfold.cli import cli
+from fanfold.db import LostSteps, Step, Store, highwater
 
 HANG_GUARD = 60
 ROUNDS = 40
@@ -161,3 +164,62 @@ def test_a_lost_wal_is_reported_and_nothing_runs_twice(
     after = (folder / "m.txt").read_text().split()
     assert after == before  # no marker ran (twice or at all)
     assert len(after) == len(set(after))
+
+
+# The mark's rules, in-process on Store (fast).
+
+
+def _live_copy(tmp_path: Path) -> tuple[Path, list[Step]]:
+    """A log whose second batch is still in the WAL of an open store, copied with its
+    mark while open (as a crash leaves it); returns the copy and the steps."""
+    driver = Driver(snapshot_every=3)
+    fan_out(driver)
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    copied_mid_run(driver.steps, live, copy)
+    shutil.copy2(live / "log.db-committed", copy / "log.db-committed")
+    return copy / "log.db", driver.steps
+
+
+def test_a_writer_refuses_a_log_whose_wal_was_cut_and_the_mark_names_the_step(
+    tmp_path: Path,
+) -> None:
+    db, steps = _live_copy(tmp_path)
+    with Store.open(db, read_only=True) as store:  # intact: nothing to report
+        store.check_committed()
+    os.truncate(f"{db}-wal", WAL_HEADER + FRAME_HEADER + PAGE)  # one frame left
+    before = db.read_bytes()
+    last = steps[-1]
+    with pytest.raises(LostSteps, match=f"step {last.seq} of conversation {last.conversation_id}"):
+        Store.open(db)
+    assert db.read_bytes() == before  # nothing migrated or written
+    with Store.open(db, read_only=True) as store, pytest.raises(LostSteps):
+        store.check_committed()
+    Path(f"{db}-committed").unlink()  # the user accepts the log as it is
+    Store.open(db).close()
+
+
+def test_a_mark_of_another_database_or_a_damaged_mark_accuses_nothing(tmp_path: Path) -> None:
+    db, steps = _live_copy(tmp_path)
+    mark = Path(f"{db}-committed")
+    text = mark.read_bytes()
+    # A new log at the path (the old one removed, its mark left): another instance id.
+    for name in ("log.db", "log.db-wal"):
+        (db.parent / name).unlink()
+    with Store.open(db) as store:
+        store.append(steps[:1])
+    assert mark.read_bytes() != text  # overwritten by the new log's
+    # A damaged mark is no evidence.
+    mark.write_bytes(text.replace(b"committed 2", b"committed 3"))
+    Store.open(db).close()
+    # Through a symlink to the log, the same mark (at the resolved path) is found: one
+    # naming a step this log does not hold is a loss.
+    mark.write_bytes(text)
+    Store.open(db).close()  # another database's mark: ignored
+    with Store.open(db) as store:
+        store.append(steps[1:2])
+    current = highwater.read(str(db))
+    assert current is not None and current.seq == steps[1].seq
+    mark.write_bytes(attrs.evolve(current, seq=99).line())
+    os.symlink(db, tmp_path / "link.db")
+    with pytest.raises(LostSteps, match="step 99 of conversation"):
+        Store.open(tmp_path / "link.db")
