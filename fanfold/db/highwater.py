@@ -73,8 +73,7 @@ class Mark:
         """The mark's line. It is rewritten in place, never truncated: a longer line
         written before may follow it in the file, after its newline (only the first
         line is read)."""
-        body = f"{_MAGIC} {self.instance} {self.seq} {json.dumps(self.conversation_id)}"
-        return f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
+        return _line(f"{_MAGIC} {self.instance} ", self.conversation_id, self.seq)
 
     @classmethod
     def parse(cls, data: bytes) -> Mark | None:
@@ -94,6 +93,12 @@ class Mark:
         except (UnicodeDecodeError, ValueError):
             return None
         return cls(parts[2], cid, seq) if isinstance(cid, str) and seq >= 0 else None
+
+
+def _line(head: str, conversation_id: str, seq: int) -> bytes:
+    """A mark's line: ``head`` (magic and instance id, then a space), the step, a CRC."""
+    body = f"{head}{seq} {json.dumps(conversation_id)}".encode()
+    return b"%s %08x\n" % (body, zlib.crc32(body))
 
 
 def read(database: str) -> Mark | None:
@@ -179,15 +184,15 @@ class Writer:
 
     def __init__(self, database: str, instance: str | None) -> None:
         self._path = mark_path(database)
-        self._instance = instance
+        self._head = f"{_MAGIC} {instance} "
         self._fd: int | None = None
         self._broken = instance is None
 
     def committed(self, conversation_id: str, seq: int) -> None:
         """Record the last step of a batch just committed."""
-        if self._broken or self._instance is None:
+        if self._broken:
             return
-        line = Mark(self._instance, conversation_id, seq).line()
+        line = _line(self._head, conversation_id, seq)  # about 3 µs, and 3 µs of pwrite
         try:
             if self._fd is None:
                 self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
