@@ -133,7 +133,13 @@ def _reseal_rows(conn: Any) -> None:
 
 def edit(path: Path, *statements: str | tuple[str, Sequence[Any]], sealed: bool = True) -> None:
     """Run SQL on the database file directly, as a user (or a disk) could; then, unless
-    ``sealed`` is False, recompute the row checksums (see ``reseal``)."""
+    ``sealed`` is False, recompute the row checksums (see ``reseal``).
+
+    The edit is taken as the log's content: the file's high-water mark
+    (``<path>-committed``) is removed, since a step deleted by hand would otherwise be
+    reported as lost (``fanfold.db.highwater``; tests/test_wal_loss.py tests that)
+    before the damage these tests look for."""
+    Path(f"{os.path.realpath(path)}-committed").unlink(missing_ok=True)
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         for statement in statements:

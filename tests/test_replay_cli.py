@@ -235,7 +235,7 @@ def test_export_errors_name_the_output_not_a_temporary_file(db: Path, tmp_path: 
     ]:
         line = one_error_line(run("export", "r", "-o", output, "--db", db))
         assert line == f"error: cannot write {output}: {reason}"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "log.db"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "log.db", "log.db-committed"]
 
 
 def test_import_errors_are_one_line(tmp_path: Path) -> None:

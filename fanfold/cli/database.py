@@ -116,7 +116,7 @@ def beside_log(db: Target, suffix: str) -> Path:
     return data_dir() / f"fanfold-pg-{digest}{suffix}"
 
 
-LOG_COMPANIONS = ("", "-wal", "-shm", "-journal", "-runtimes", ".mcp-delegations")
+LOG_COMPANIONS = ("", "-wal", "-shm", "-journal", "-runtimes", "-committed", ".mcp-delegations")
 """Suffixes of the database's own files (SQLite's and the runtimes' lock file)."""
 
 

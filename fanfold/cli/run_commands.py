@@ -30,7 +30,7 @@ from fanfold.cli.seconds import FiniteFloatRange
 from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
 from fanfold.cli.turns import print_result, watch
 from fanfold.cli.worker_commands import dbos_db_option
-from fanfold.db import open_store
+from fanfold.db import is_postgres, open_store
 from fanfold.regular_files import read_regular
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Limits
@@ -279,6 +279,9 @@ def _detach(
         ) from None
     click.echo(tree_id)
     where = f" --db {db}" if db is not None else ""
+    if not is_postgres(db if db is not None else default_db()):
+        # wait asks the queue about a tree not in the log yet (else: an unknown id).
+        where += " --dbos-db URL (or $FANFOLD_DBOS_DB, as here)"
     hint(f"queued; its outcome: fanfold wait {tree_id}{where}", style="dim")
 
 

@@ -1,7 +1,8 @@
 """``fanfold worker`` and ``fanfold wait``: trees on DBOS (issue 25).
 
 The ``postgres`` extra (DBOS, psycopg) is imported only when ``worker`` runs (and by
-``run --detach``); ``wait`` reads fanfold's log and needs neither.
+``run --detach``); ``wait`` reads fanfold's log, and asks DBOS's queue only when a tree
+is not in the log (is it queued, or is the id wrong?) and a queue is given.
 """
 
 from __future__ import annotations
@@ -289,19 +290,70 @@ def _serve(
     default=None,
     help="Give up after this many seconds (exit 124).",
 )
+@dbos_db_option
 @db_option
-def wait(tree_id: str, timeout: float | None, db: Target | None) -> None:
+def wait(tree_id: str, timeout: float | None, dbos_db: str | None, db: Target | None) -> None:
     """Wait until the tree TREE_ID (fanfold run --detach printed it) is at rest,
     reading the log, and print its outcome as run does (exit 1 if it ended in
-    error). A tree not in the log yet is waited for: it is queued until a worker
-    starts it."""
+    error). A tree not in the log yet is waited for if it is on the workers' queue
+    (the log's own database, or --dbos-db beside a log file); an id in neither is an
+    error (exit 2)."""
+    if not tree_id.strip():
+        raise click.UsageError("TREE_ID is empty: give the id `fanfold run --detach` printed")
     path = db or default_db()
-    with user_errors(path):
-        state = wait_at_rest(path, tree_id, timeout, lambda: hint(
+    queue = path.secret if isinstance(path, DatabaseUrl) else dbos_db
+    if isinstance(path, Path) and not path.exists() and not queue:
+        # No log, and no queue a worker could start the tree from (and make the log).
+        raise CliError(f"no database at {path} (run `fanfold run` first, or pass --db)")
+
+    def absent() -> None:
+        if not queue:
+            raise CliError(
+                f"{tree_id} is not in the log {path}, and no queue is given that a worker "
+                "could start it from (--dbos-db or $FANFOLD_DBOS_DB beside a log file)"
+            )
+        if not _queued(queue, tree_id):
+            where = "" if isinstance(path, DatabaseUrl) else " (--dbos-db)"
+            raise CliError(
+                f"{tree_id} is neither in the log {path} nor on the workers' queue{where}"
+            )
+        hint(
             f"{tree_id} is not in the log {path} yet: waiting for a worker to start it",
             style="dim",
-        ))  # fmt: skip
+        )
+
+    with user_errors(path):
+        state = wait_at_rest(path, tree_id, timeout, absent)
     print_result(tree_id, state, None, db=path)
+
+
+def _queued(url: str, tree_id: str) -> bool:
+    """Whether DBOS's queue at ``url`` holds the tree ``tree_id`` (its workflow, in any
+    state). A database no worker has set up holds none."""
+    try:
+        from dbos import DBOSClient
+
+        from fanfold.worker.spec import APP_NAME
+    except ImportError:
+        raise CliError(f"fanfold wait on a queue {POSTGRES_EXTRA}") from None
+    try:
+        client = DBOSClient(system_database_url=url, application_name=APP_NAME)
+    except Exception as exc:
+        raise CliError(
+            f"cannot read the workers' queue: {scrubbed(_first_line(exc), url)}"
+        ) from None
+    try:
+        found = client.list_workflows(workflow_ids=[tree_id], load_input=False, load_output=False)
+    except Exception as exc:
+        if "does not exist" in str(exc):  # no dbos schema: nothing was ever queued
+            return False
+        raise CliError(
+            f"cannot read the workers' queue: {scrubbed(_first_line(exc), url)}"
+        ) from None
+    finally:
+        with contextlib.suppress(Exception):
+            client.destroy()
+    return bool(found)
 
 
 def wait_at_rest(

@@ -58,6 +58,12 @@ class EmptyLog(CannotOpen):
     only read show it as a log without conversations; one that writes sets it up."""
 
 
+class LostSteps(DatabaseError):
+    """The log file holds fewer steps than were committed to it: its WAL was deleted,
+    cut or damaged (``fanfold.db.highwater``). Raised before anything is written or
+    run, so no lost step's command runs again."""
+
+
 class ReadOnlyStore(DatabaseError):
     """A write was asked of a Store opened with ``read_only=True``; nothing was written."""
 

@@ -40,6 +40,7 @@ from typing import Any
 import attrs
 from sqlite_utils import Database
 
+from fanfold.db import highwater
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
 from fanfold.db.codec import (
     column_text,
@@ -350,6 +351,9 @@ class Store:
     _integrity_errors: tuple[type[Exception], ...] = (sqlite3.IntegrityError,)
     """What the connection raises when a row breaks a key (a subclass's driver's)."""
 
+    _mark: highwater.Writer | None = None
+    """A file's high-water mark (``open``): None for memory and PostgreSQL."""
+
     _column_text = staticmethod(column_text)
     """A text copied into a column for listing (a task), as the database can hold it."""
 
@@ -413,7 +417,16 @@ class Store:
                 isolation_level=None,  # no implicit transactions: we BEGIN explicitly
                 timeout=BUSY_TIMEOUT_MS / 1000,
             )
-            return cls._setup(conn, name, wal=True)
+            try:
+                # Before anything is written (migrating a log whose WAL is gone would
+                # make it a new, empty one): a log that lost committed steps is refused.
+                highwater.check(conn, name)
+            except BaseException:
+                conn.close()
+                raise
+            store = cls._setup(conn, name, wal=True)
+            store._mark = highwater.Writer(name, highwater.instance_of(conn))
+            return store
         except sqlite3.DatabaseError as exc:
             code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
             if code == _SQLITE_NOTADB:
@@ -477,6 +490,7 @@ class Store:
             store._refuse_foreign()
             if not store._db.table("migrations").exists():
                 if not store._db.table_names():
+                    highwater.check(conn, name)  # an empty log that was not empty
                     raise EmptyLog(
                         f"{name} is an empty log: nothing was recorded in it (a run stopped "
                         "before its first write leaves one; the next `fanfold run --db` "
@@ -586,6 +600,9 @@ class Store:
         """
         failure: sqlite3.Error | None = None
         with self._lock:
+            if self._mark is not None:
+                self._mark.close()
+                self._mark = None
             if self._checkpointer is not None:
                 self._checkpointer.close()
                 failure = self._checkpointer.failure
@@ -717,6 +734,9 @@ class Store:
             seen.clear()
         for cid, step in last.items():
             seen[cid] = (step.seq, statuses[cid])
+        if self._mark is not None:  # a file's high-water mark: this batch is committed
+            last_step = prepared[-1].step
+            self._mark.committed(last_step.conversation_id, last_step.seq)
         if checkpointer is not None:
             checkpointer.wrote(sum(p.size for p in prepared) + sum(snapshot_sizes.values()))
         return [
@@ -811,6 +831,16 @@ class Store:
                 )
         self._fenced(fence)  # committed
         return statuses
+
+    def check_committed(self) -> None:
+        """Raise ``LostSteps`` if this log file holds fewer steps than its high-water
+        mark says were committed (a WAL deleted, cut or damaged). A store opened to
+        write was checked when it opened; ``replay.verify`` checks every file."""
+        with self._lock:
+            conn = self._connection()
+            # A file's log only (a PostgreSQL log has no WAL file to lose).
+            if self.path is not None and isinstance(conn, sqlite3.Connection):
+                highwater.check(conn, self.path)
 
     def _fence(self, conn: Any, prepared: list[_Prepared]) -> Any:
         """Check (or take) this store's claim on the trees of a batch, inside its

@@ -26,13 +26,16 @@ def verify(store: Store, conversation_id: str, *, tree: bool = False) -> VerifyR
     ``Divergence``), or at the first problem in the log itself (a ``Finding``: gap,
     truncation, undecodable payload, an event the reducer refuses...). Nothing is
     executed and nothing is written. Raises UnknownConversation if there is no such
-    conversation; every problem of the log is in the report.
+    conversation, and ``LostSteps`` if the log file lost steps it had committed (its
+    WAL deleted, cut or damaged: what is left would verify, but it is not the whole
+    log); every other problem of the log is in the report.
 
     Each conversation is first replayed the cheap way (``replay_quickly``: the state's
     whole-state digest compared only after its snapshot and last events, its phase
     and counters at every step); only if that finds anything off is it replayed step
     by step with every check, which locates and reports the first difference.
     """
+    store.check_committed()
     logs = subtree_logs(store, conversation_id) if tree else [store.raw_log(conversation_id)]
     results = tuple(_verify_one(log) for log in logs)
     if any(r.divergence is not None for r in results):

@@ -37,6 +37,13 @@ sub-agent's in a fan-out (issue 21):
   buffer holds ``_MAX_BUFFERED`` lines, when the runtime closes, at ``configure()``
   and at exit. A process killed with SIGKILL loses the lines of the round it was in;
   the SQLite log, not this file, is the record of what happened.
+
+A line that cannot be written (a full disk, a quota, an I/O error: issue 32, item 8)
+never stops the work: the database is the record. The first failure prints one line on
+stderr (``warning: cannot write the JSON log ...``) and every later line is dropped
+(a line cut by the failure may be left at the end of the file). The file is written
+unbuffered, through ``os.write`` in effect, so no bytes wait in a Python buffer to fail
+again when it closes.
 """
 
 from __future__ import annotations
@@ -166,7 +173,8 @@ class _CreatedOnFirstLine:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file: IO[str] | None = None
+        self.name = str(path)
+        self._file: IO[bytes] | None = None
         if path.exists():
             self._open()
         elif not os.access(path.parent, os.W_OK | os.X_OK):
@@ -177,13 +185,16 @@ class _CreatedOnFirstLine:
                     code = errno.EROFS
             raise OSError(code, os.strerror(code), str(folder))
 
-    def _open(self) -> IO[str]:
+    def _open(self) -> IO[bytes]:
         if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (kept open)
+            # Unbuffered: each write is one system call, so nothing is left in a buffer
+            # to fail again at close after a full disk.
+            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115  (kept open)
         return self._file
 
-    def write(self, text: str) -> int:
-        return self._open().write(text)
+    def write(self, data: memoryview) -> int | None:
+        """Write what the file takes of ``data`` (an unbuffered file may take part)."""
+        return self._open().write(data)
 
     def flush(self) -> None:
         if self._file is not None:
@@ -196,13 +207,15 @@ class _CreatedOnFirstLine:
 
 
 class _Sink:
-    """The JSON file's lines not written yet: buffered, then written and flushed
-    together (``flush``). Safe to use from several threads."""
+    """The JSON file's lines not written yet: buffered, then written together
+    (``flush``). Safe to use from several threads. After a write fails, lines are
+    dropped (``failed``): one warning, and the run goes on."""
 
     def __init__(self, file: _CreatedOnFirstLine) -> None:
         self.file = file
         self.lines: list[str] = []
         self.lock = threading.Lock()
+        self.failed = False
 
     def add(self, line: str) -> None:
         with self.lock:
@@ -218,9 +231,32 @@ class _Sink:
             if not lines:
                 return
             self.lines = []
+            if self.failed:
+                return  # dropped: the file could not be written
             lines.append("")
-            self.file.write("\n".join(lines))
-            self.file.flush()
+            data = memoryview("\n".join(lines).encode("utf-8", "backslashreplace"))
+            try:
+                while data:  # an unbuffered file may take part of it
+                    written = self.file.write(data)
+                    if not written:  # None: a non-blocking file that would block
+                        raise BlockingIOError(errno.EAGAIN, "the file took no bytes")
+                    data = data[written:]
+            except OSError as exc:
+                self.failed = True
+                _warn(f"cannot write the JSON log {self.file.name}: {exc.strerror or exc}")
+
+
+def _warn(text: str) -> None:
+    """One line on stderr: the JSON log's lines are dropped from here on."""
+    stream = sys.stderr
+    if stream is None:  # pythonw, a daemon: nowhere to write
+        return
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(
+            f"warning: {text}; its lines are dropped from here on (the run goes on: the "
+            "database is the record)\n"
+        )
+        stream.flush()
 
 
 class _SinkLogger:
@@ -375,6 +411,8 @@ def configure(
         _sink = None
     if json_file is not None:
         Path(json_file).parent.mkdir(parents=True, exist_ok=True)
+        # Unbuffered (each flush() is one write, and nothing is left in a buffer to
+        # fail again at close after a full disk), and created at its first line.
         _file = _CreatedOnFirstLine(Path(json_file))
         _sink = _Sink(_file)
     levels = [level for level, on in ((file_level, _file), (console_level, console)) if on]
