@@ -13,9 +13,13 @@ Three places declare servers:
 A server declared by the project (``./fanfold.toml`` found in the folder, its
 ``.mcp.json``, or an agent file in its ``.claude/agents`` or ``.fanfold/agents``) is
 code the repository chose to run on the user's machine: it starts only once the user
-has trusted that file's bytes (``fanfold trust PATH``, the record
-of ``fanfold.trust``). Servers of the user's own configuration, ``$FANFOLD_CONFIG`` or
-an explicit ``--config`` start as they are.
+has trusted that file's bytes as found in this folder (``fanfold trust PATH``, the
+record of ``fanfold.trust``: a link to a file trusted elsewhere is not trusted here),
+and the files its command runs from the folder (``run_files``: ``srv.py`` of
+``python srv.py``) are those the trust recorded, byte for byte. A project's server
+starts in the folder its files were checked in (its ``cwd`` made absolute), whatever
+the runtime's own folder. Servers of the user's own configuration, ``$FANFOLD_CONFIG``
+or an explicit ``--config`` start as they are.
 
 Values in ``env`` and ``headers`` may name environment variables (``${GITHUB_TOKEN}``,
 also inside a value as in ``Bearer ${GITHUB_TOKEN}``, or a whole ``$GITHUB_TOKEN``):
@@ -25,6 +29,7 @@ or shown (``fanfold tools`` shows the names).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -44,7 +49,7 @@ from fanfold.providers.config import (
     load_toml,
 )
 from fanfold.regular_files import read_regular
-from fanfold.trust import TrustFileError, TrustStore, file_digest
+from fanfold.trust import TrustedFile, TrustFileError, TrustStore, file_digest
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -53,6 +58,7 @@ __all__ = [
     "ServerDeclaration",
     "declared_servers",
     "expand",
+    "run_files",
     "secret_variables",
     "servers_in",
     "servers_of",
@@ -166,6 +172,7 @@ def declared_servers(
         if folder.is_dir():
             for file in sorted(folder.glob("*.md")):
                 sources.append((file, "agent", folder in project_folders))
+    started_in = os.path.realpath(cwd)  # where a project's servers start
     for path, kind, project in sources:
         try:
             data = read_regular(path, limit=_MAX_FILE)
@@ -175,13 +182,12 @@ def declared_servers(
         if len(data) > _MAX_FILE:
             problems.append(f"{path}: larger than {_MAX_FILE} bytes: not read")
             continue
-        needs_trust = False
+        entry: TrustedFile | None = None
         if project:
             try:
-                needs_trust = not store.is_trusted(path, file_digest(data))
+                entry = store.entry(path, file_digest(data))
             except TrustFileError as exc:
                 problems.append(f"{path}: {exc}")
-                needs_trust = True
         try:
             table = _servers_table(data, path, kind)
         except ConfigError as exc:
@@ -199,12 +205,65 @@ def declared_servers(
                 )
                 continue
             try:
-                declared = _declaration(name, body, str(path), kind, project, needs_trust)
+                declared = _declaration(name, body, str(path), kind, project, False)
             except ConfigError as exc:
                 problems.append(str(exc))
                 continue
+            if project:
+                # It starts where its files were checked (the hub's own folder may be
+                # another: a resume of trees from several folders), and only if the
+                # file and every file its command runs from there are trusted.
+                declared = attrs.evolve(
+                    declared, cwd=os.path.normpath(os.path.join(started_in, declared.cwd or ""))
+                )
+                runs = run_files(declared, started_in)
+                trusted = entry is not None and entry.runs_trusted(runs)
+                declared = attrs.evolve(declared, needs_trust=not trusted)
             found[name] = attrs.evolve(declared, private=True) if kind == "agent" else declared
     return Declarations(tuple(found.values()), tuple(problems))
+
+
+def run_files(declaration: ServerDeclaration, folder: str | os.PathLike[str]) -> dict[str, str]:
+    """The files a stdio server's command runs from ``folder`` (where it starts), each
+    with the sha256 of its bytes now: its command when that is a relative path
+    (``./serve``), each relative argument naming a file there (``srv.py`` of ``python
+    srv.py``, ``-m srv``'s ``srv.py`` or ``srv/__main__.py``). What trust records
+    besides the declaring file, so that the same declaration in another checkout (a
+    link to a trusted ``.mcp.json``) does not run that checkout's program. Not seen:
+    files a program opens by itself (an import, a configuration it reads)."""
+    if declaration.command is None:
+        return {}
+    base = os.path.join(os.fspath(folder), declaration.cwd or "")
+    names: list[str] = []
+    command = declaration.command
+    if "/" in command and not os.path.isabs(command):
+        names.append(command)
+    module = False
+    for arg in declaration.args:
+        if module:
+            stem = arg.replace(".", "/")
+            names += [f"{stem}.py", f"{stem}/__main__.py", f"{stem}/__init__.py"]
+        elif arg and not arg.startswith("-") and not os.path.isabs(arg):
+            names.append(arg)
+        module = arg == "-m"
+    found: dict[str, str] = {}
+    for name in names:
+        path = os.path.normpath(os.path.join(base, name))
+        if os.path.isfile(path):
+            found[path] = _file_sha256(path)
+    return found
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        # Unreadable now: a digest no trusted file has, so the server is not trusted.
+        return hashlib.sha256(f"unreadable: {exc.errno}".encode()).hexdigest()
+    return digest.hexdigest()
 
 
 def servers_in(data: bytes, path: Path) -> list[ServerDeclaration]:
