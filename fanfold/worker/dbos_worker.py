@@ -266,12 +266,20 @@ class _Host:
         return {"root_id": spec.root_id, "phase": result.phase, "resumed": known}
 
     async def known(self, root_id: str) -> bool:
-        """Whether the log holds the tree ``root_id``."""
-        try:
-            self.runtime.store.conversation(root_id)
-        except UnknownConversation:
-            return False
-        return True
+        """Whether the log holds the tree ``root_id``. A log that is unavailable (a
+        PostgreSQL restart) is asked again until it is back: raised out of the
+        admission step, the workflow would end in ERROR for good (as in ``_holding``)."""
+        while True:
+            try:
+                self.runtime.store.conversation(root_id)
+            except UnknownConversation:
+                return False
+            except LogUnavailable:
+                if self.draining.is_set():
+                    raise
+                await trio.sleep(_CLAIM_RETRY)
+                continue
+            return True
 
     async def _try_claim(self, root_id: str) -> bool:
         try:
@@ -306,7 +314,14 @@ def admit_step(data: dict[str, Any]) -> dict[str, Any]:
         # Nothing to run and nothing in the log: the workflow ends with the reason.
         host.say(f"refused a queued tree: {exc}")
         return {"error": f"not a tree this worker can start: {exc}"}
-    existed = trio.from_thread.run(host.known, spec.root_id, trio_token=host.token)
+    try:
+        existed = trio.from_thread.run(host.known, spec.root_id, trio_token=host.token)
+    except BaseException as exc:
+        # As for the tree's step: a stop of the worker records nothing in DBOS (the
+        # workflow stays PENDING for a takeover); any other error as DBOS can keep it.
+        if host.draining.is_set():
+            _hold_forever()
+        raise step_error(exc) from None
     if existed and not settings.allow_existing_root:
         host.say(f"refused tree {spec.root_id}: the log holds it already")
         return {
