@@ -288,9 +288,11 @@ def _enqueue(url: str, roots: list[str], cwd: str, limits: dict[str, int] | None
     """What ``run --detach`` does for each tree, through one client."""
     from dbos import DBOSClient, EnqueueOptions
 
+    from fanfold.worker.serialization import SERIALIZER
     from fanfold.worker.spec import APP_NAME, APP_VERSION, QUEUE, WORKFLOW, TreeSpec
 
-    client = DBOSClient(system_database_url=url, application_name=APP_NAME)
+    # JSON, as run --detach writes: a worker refuses a pickled input.
+    client = DBOSClient(system_database_url=url, application_name=APP_NAME, serializer=SERIALIZER)
     try:
         for root in roots:
             options: EnqueueOptions = {

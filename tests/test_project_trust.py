@@ -177,11 +177,17 @@ def test_the_cli_lists_and_revokes(project: Path) -> None:
     ("text", "problem"),
     [
         ("{", "not JSON"),
-        ("[]", '"version": 1'),
-        ('{"version": 2, "trusted": []}', "version 2"),
+        ("[]", '"version": 2'),
+        ('{"version": 3, "trusted": []}', "version 3"),
         ('{"version": 1, "trusted": {}}', "not a list"),
         (
             '{"version": 1, "trusted": [{"path": "rel", "sha256": "00", "trusted_at": ""}]}',
+            "entry 0",
+        ),
+        (  # version 2: a path of runs that is not absolute
+            '{"version": 2, "trusted": [{"path": "/a", "target": "/a", "sha256": "'
+            + "0" * 64
+            + '", "trusted_at": "", "runs": {"srv.py": "00"}}]}',
             "entry 0",
         ),
         ("[" * 100_000, "not JSON"),

@@ -125,6 +125,7 @@ def _start_two_and_claim_one(
     from fanfold.db import open_store
     from fanfold.db.postgres import PostgresStore
     from fanfold.worker.client import enqueue_tree
+    from fanfold.worker.serialization import SERIALIZER
     from fanfold.worker.spec import APP_NAME, QUEUE, TreeSpec
 
     taken, kept = f"{prefix}a{os.getpid()}", f"{prefix}b{os.getpid()}"
@@ -139,7 +140,9 @@ def _start_two_and_claim_one(
 
         _until("both trees' children", children_waiting)
         if requeue:
-            client = DBOSClient(system_database_url=worker.url, application_name=APP_NAME)
+            client = DBOSClient(
+                system_database_url=worker.url, application_name=APP_NAME, serializer=SERIALIZER
+            )
             try:
                 client.resume_workflow(taken, queue_name=QUEUE)
             finally:

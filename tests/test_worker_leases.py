@@ -114,3 +114,36 @@ def test_a_trees_lock_is_held_until_the_last_execution_here_lets_it_go(pg_url: s
     finally:
         here.close()
         other.close()
+
+
+def test_the_admission_asks_a_lost_log_again_until_it_is_back() -> None:
+    # The admission step asks whether the log holds the tree: a PostgreSQL restart at
+    # that moment, raised out of the step, would end the workflow in ERROR for good.
+    pytest.importorskip("dbos", reason="needs the postgres extra: pip install '.[postgres]'")
+    import trio
+
+    from fanfold.db import LogUnavailable, UnknownConversation
+    from fanfold.worker.dbos_worker import _Host
+
+    class Store:
+        asked = 0
+
+        def conversation(self, root: str) -> object:
+            self.asked += 1
+            if self.asked < 3:
+                raise LogUnavailable("the PostgreSQL log postgresql://h/db is unavailable")
+            raise UnknownConversation(root)
+
+    class Runtime:
+        store = Store()
+
+    async def main() -> bool:
+        fake: Any = Runtime()
+        host = _Host(
+            fake, trio.lowlevel.current_trio_token(), lambda _s: fake, lambda _c: (),
+            "", lambda _t: None, fake,
+        )  # fmt: skip
+        return await host.known("t1")
+
+    assert trio.run(main) is False
+    assert Runtime.store.asked == 3

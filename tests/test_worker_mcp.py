@@ -116,7 +116,7 @@ def test_a_worker_offers_its_own_mcp_servers_and_never_the_trees_folders(
     with open(err, "w") as stderr:
         proc = subprocess.Popen(
             [*FANFOLD, "worker", "--db", pg_url, "--script", str(script),
-             "--lease", "2.5", "--poll", "0.05"],
+             "--lease", "2.5", "--poll", "0.05", "--allow-cwd", str(tree)],
             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=home,
         )  # fmt: skip
     try:
@@ -159,7 +159,9 @@ def test_a_worker_offers_its_own_mcp_servers_and_never_the_trees_folders(
 def _worker(pg_url: str, folder: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     with open(folder / "worker.err", "w") as stderr:
         return subprocess.Popen(
-            [*FANFOLD, "worker", "--db", pg_url, "--lease", "1", "--poll", "0.05", *extra],
+            # The trees run in the test's folder, above the worker's own.
+            [*FANFOLD, "worker", "--db", pg_url, "--lease", "1", "--poll", "0.05",
+             "--allow-cwd", str(folder.parent), *extra],
             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=folder,
         )  # fmt: skip
 

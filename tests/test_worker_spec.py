@@ -4,6 +4,7 @@ errors of ``run --detach``: no worker, no DBOS runtime needed (issue 25)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -259,3 +260,62 @@ def test_every_password_scrubber_is_the_one_of_the_log_targets() -> None:
     said = "p%40ss p@ss q/w q%2Fw kept"
     assert without_password(said, url) == "*** *** *** *** kept"
     assert scrubbed(said, url) == without_password(said, url)
+
+
+def test_a_trees_folder_must_be_an_existing_folder_inside_an_allowed_one(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "homex").mkdir()  # shares the name's beginning, not the folder
+    (home / "out").symlink_to(tmp_path / "outside")  # inside by name, outside in fact
+    (tmp_path / "in").symlink_to(home / "sub")  # outside by name, inside in fact
+    allowed = (os.path.realpath(home),)
+
+    def admitted(cwd: str) -> str:
+        return TreeSpec("t1", "task", cwd).admitted_cwd(allowed)
+
+    assert admitted(str(home)) == os.path.realpath(home)
+    assert admitted(str(tmp_path / "in")) == os.path.realpath(home / "sub")
+    for cwd, reason in [
+        ("sub", "an absolute path"),
+        (str(home / "missing"), "is not a folder"),
+        (str(home) + "\0", "NUL"),
+        (str(home / "out"), "outside the folders"),
+        (str(tmp_path), "outside the folders"),
+        (str(home) + "x", "outside the folders"),
+        ("/", "outside the folders"),
+    ]:
+        with pytest.raises(SpecError, match=reason):
+            admitted(cwd)
+
+
+def test_dbos_refuses_a_pickled_row_once_fanfold_refuses_pickle(tmp_path: Path) -> None:
+    pytest.importorskip("dbos", reason="needs the postgres extra: pip install '.[postgres]'")
+    import base64
+    import pickle
+
+    from dbos._serialization import deserialize_args, deserialize_exception, deserialize_value
+
+    from fanfold.worker.serialization import (
+        SERIALIZER,
+        PickleRefused,
+        check_pickle_refused,
+        refuse_pickle,
+    )
+
+    proof = tmp_path / "proof"
+
+    class Proof:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (open, (str(proof), "w"))
+
+    refuse_pickle()
+    assert check_pickle_refused() is None
+    row = base64.b64encode(pickle.dumps(Proof())).decode()
+    for decode in (deserialize_args, deserialize_value, deserialize_exception):
+        with pytest.raises(PickleRefused):
+            decode(row, "py_pickle", SERIALIZER)
+    assert not proof.exists()
+    # What fanfold writes is JSON, read back as it was written.
+    text = SERIALIZER.serialize({"version": 1, "cwd": "/x"})
+    assert SERIALIZER.deserialize(text) == {"version": 1, "cwd": "/x"}

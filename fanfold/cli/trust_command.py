@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -9,9 +10,9 @@ import click
 from fanfold.cli.display import printable
 from fanfold.cli.errors import CliError
 from fanfold.cli.output import console, hint
-from fanfold.mcp.config import MCP_JSON, servers_in
+from fanfold.mcp.config import MCP_JSON, run_files, servers_in
 from fanfold.providers.config import ConfigError, parse_config_bytes
-from fanfold.trust import TrustFileError, TrustStore, file_digest
+from fanfold.trust import TrustFileError, TrustStore, canonical, file_digest, project_folder
 
 
 @click.command(name="trust")
@@ -29,7 +30,12 @@ def trust_command(path: Path | None, as_list: bool, revoke: bool) -> None:
     your own configuration does not name, or passes variables to bash commands, is
     refused until you trust it. Trust is kept by path and content (sha256) in
     ~/.config/fanfold/trusted.json ($FANFOLD_TRUST_FILE): a changed file needs
-    trusting again.
+    trusting again. A file is trusted where it is found: a symbolic link to it from
+    another project is another file, and a link you trust is trusted while it leads
+    where it led. The files the servers run from the project (srv.py of "python
+    srv.py") are trusted with it, by content: another srv.py is not. Each server's
+    command, folder, env and headers are shown as written (a ${VARIABLE} there is
+    handed to the server when it starts).
     """
     store = TrustStore.default()
     try:
@@ -61,16 +67,31 @@ def _trust(store: TrustStore, target: Path) -> None:
         servers = servers_in(data, target)
     except ConfigError as exc:
         raise CliError(f"not trusted: {exc}") from None
-    # A server whose command, args or url names variables is trusted as they expand
-    # now (the launch shown): a variable changed later makes it wait for trust again.
+    # The files the servers run, from the folder that uses this file (where `fanfold
+    # run` starts them): trusted with it, by content. A server whose command, args or
+    # url names variables is trusted as they expand now (the launch shown): a variable
+    # changed later makes it wait for trust again.
+    folder = os.path.realpath(project_folder(target))
+    per_server = [run_files(server, folder) for server in servers]
+    runs = {path: digest for files in per_server for path, digest in files.items()}
     launches = {s.name: s.launch.digest() for s in servers if s.written is not None}
-    entry = store.trust(target, data, launches)
+    entry = store.trust(target, data, runs, launches)
     hint(f"trusted {printable(entry.path)} (sha256 {entry.sha256[:16]}...)")
-    for server in servers:
+    if entry.target != entry.path:
+        hint(f"  a link to {printable(canonical(target))}: trusted while it leads there")
+    for server, files in zip(servers, per_server, strict=True):
         verb = "reaches" if server.command is None else "runs"
         hint(f"  MCP server {printable(server.name)} {verb}: {printable(server.launch.shown())}")
         if server.written is not None:
             hint(f"    (as written: {printable(server.written.shown())})")
+        where = os.path.normpath(os.path.join(folder, server.cwd or ""))
+        if server.command:
+            hint(f"    in {printable(where)}")
+        for key, pairs in (("env", server.env), ("headers", server.headers)):
+            for name, value in pairs:
+                hint(f"    {key} {printable(name)}={printable(value)}")
+        for path, digest in sorted(files.items()):
+            hint(f"    runs {printable(path)} (sha256 {digest[:16]}...)")
     if config is None:
         return
     for profile in config.profiles:
@@ -94,6 +115,8 @@ def _list(store: TrustStore) -> None:
         except TrustFileError:
             current = None
         state = "" if current == entry.sha256 else (" (gone)" if current is None else " (changed)")
+        if not state and entry.target and canonical(entry.path) != entry.target:
+            state = " (a link that leads elsewhere now)"
         console.print(
             f"{printable(entry.path)}  sha256 {entry.sha256[:16]}...  {entry.trusted_at}{state}",
             highlight=False,

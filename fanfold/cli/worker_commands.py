@@ -130,6 +130,20 @@ def _first_line(exc: BaseException) -> str:
     default=None,
     help="Write structured JSON logs here (default: next to the database).",
 )
+@click.option(
+    "--allow-cwd",
+    "allow_cwd",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A folder (and those below it) a queued tree may run in; repeatable. "
+    "Default: the worker's own folder. A tree asking for another is refused.",
+)
+@click.option(
+    "--allow-existing-root",
+    is_flag=True,
+    help="Run a queued tree whose id names a tree the log holds already (resume it, "
+    "taking it over). Default: refused.",
+)
 @tools_option
 @db_option
 def worker(
@@ -145,6 +159,8 @@ def worker(
     chunk_size: int,
     chunk_concurrency: int,
     json_log: Path | None,
+    allow_cwd: tuple[Path, ...],
+    allow_existing_root: bool,
     tool_refs: tuple[str, ...],
     db: Target | None,
 ) -> None:
@@ -157,10 +173,13 @@ def worker(
     runs (a big fan-out spreads over the workers). The MCP servers declared for this
     folder and configuration (as for run; a project's once trusted) start with the
     worker and serve every tree it runs; a tree's own folder's are never started.
-    Ctrl-C, SIGTERM
-    or SIGHUP drains it: it stops taking trees, stops its running ones at a step
-    boundary and hands them to the other workers at once (exit 0). Exit 3: its lease
-    was taken over while it was unreachable or frozen, and it stopped.
+    Whoever can write to the queue chooses a tree's task and folder: a tree runs only
+    in a folder under --allow-cwd (default: the worker's own), never takes over a
+    tree the log holds already (unless --allow-existing-root), and a pickled queue
+    entry is refused, never unpickled. Ctrl-C, SIGTERM or SIGHUP drains it: it
+    stops taking trees, stops its running ones at a step boundary and hands them to
+    the other workers at once (exit 0). Exit 3: its lease was taken over while it
+    was unreachable or frozen, and it stopped.
     """
     path = db or default_db()
     url = system_url(dbos_db, path)
@@ -169,8 +188,10 @@ def worker(
     try:
         placing = {"spread_at": spread_at, "chunk": chunk_size,
                    "chunk_concurrency": chunk_concurrency}  # fmt: skip
+        folders = tuple(os.path.realpath(f) for f in allow_cwd or (Path.cwd(),))
+        admission = {"allow_cwd": folders, "allow_existing_root": allow_existing_root}
         code = _serve(path, url, script, config_path, profile, model, concurrency, lease, poll,
-                      tool_refs, placing)  # fmt: skip
+                      tool_refs, placing, admission)  # fmt: skip
     except click.ClickException as exc:
         exc.show()
         code = exc.exit_code
@@ -192,7 +213,8 @@ def _serve(
     lease: float,
     poll: float,
     tool_refs: tuple[str, ...],
-    placing: dict[str, int],
+    placing: dict[str, Any],
+    admission: dict[str, Any],
 ) -> int:
     from fanfold.cli.agents_in_effect import agents_in_effect
     from fanfold.cli.mcp_tools import (
@@ -229,6 +251,7 @@ def _serve(
             lease=lease,
             poll=poll,
             **placing,
+            **admission,
         )
         executor = settings.executor_id
 

@@ -14,9 +14,13 @@ Three places declare servers:
 A server declared by the project (``./fanfold.toml`` found in the folder, its
 ``.mcp.json``, or an agent file in its ``.claude/agents`` or ``.fanfold/agents``) is
 code the repository chose to run on the user's machine: it starts only once the user
-has trusted that file's bytes (``fanfold trust PATH``, the record
-of ``fanfold.trust``). Servers of the user's own configuration, ``$FANFOLD_CONFIG`` or
-an explicit ``--config`` start as they are.
+has trusted that file's bytes as found in this folder (``fanfold trust PATH``, the
+record of ``fanfold.trust``: a link to a file trusted elsewhere is not trusted here),
+and the files its command runs from the folder (``run_files``: ``srv.py`` of
+``python srv.py``) are those the trust recorded, byte for byte. A project's server
+starts in the folder its files were checked in (its ``cwd`` made absolute), whatever
+the runtime's own folder. Servers of the user's own configuration, ``$FANFOLD_CONFIG``
+or an explicit ``--config`` start as they are.
 
 Values in ``command``, ``args``, ``url``, ``env`` and ``headers`` may name environment
 variables, as Claude Code reads them: ``${VAR}`` (also inside a value, as in ``Bearer
@@ -54,7 +58,7 @@ from fanfold.providers.config import (
     load_toml,
 )
 from fanfold.regular_files import read_regular
-from fanfold.trust import TrustFileError, TrustStore, file_digest
+from fanfold.trust import TrustedFile, TrustFileError, TrustStore, file_digest
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -65,6 +69,7 @@ __all__ = [
     "ServerLaunch",
     "declared_servers",
     "expand",
+    "run_files",
     "secret_variables",
     "servers_in",
     "servers_of",
@@ -245,6 +250,7 @@ def declared_servers(
         if folder.is_dir():
             for file in sorted(folder.glob("*.md")):
                 sources.append((file, "agent", folder in project_folders))
+    started_in = os.path.realpath(cwd)  # where a project's servers start
     for path, kind, project in sources:
         try:
             data = read_regular(path, limit=_MAX_FILE)
@@ -254,13 +260,12 @@ def declared_servers(
         if len(data) > _MAX_FILE:
             problems.append(f"{path}: larger than {_MAX_FILE} bytes: not read")
             continue
-        needs_trust = False
+        entry: TrustedFile | None = None
         if project:
             try:
-                needs_trust = not store.is_trusted(path, file_digest(data))
+                entry = store.entry(path, file_digest(data))
             except TrustFileError as exc:
                 problems.append(f"{path}: {exc}")
-                needs_trust = True
         try:
             table = _servers_table(data, path, kind)
         except ConfigError as exc:
@@ -278,29 +283,36 @@ def declared_servers(
                 )
                 continue
             try:
-                declared = _declaration(name, body, str(path), kind, project, needs_trust, env)
+                declared = _declaration(name, body, str(path), kind, project, False, env)
             except ConfigError as exc:
                 problems.append(str(exc))
                 continue
-            if project and not needs_trust and declared.written is not None:
-                # The file is trusted; what its variables made of the launch must be
-                # too: an environment variable may not change what runs under it.
-                changed = _launch_not_trusted(store, path, declared)
-                if changed is not None:
-                    problems.append(changed)
-                    declared = attrs.evolve(declared, needs_trust=True)
+            if project:
+                # It starts where its files were checked (the hub's own folder may be
+                # another: a resume of trees from several folders), and only if the
+                # file and every file its command runs from there are trusted, and what
+                # its variables made of the launch too: an environment variable may not
+                # change what runs under an earlier trust.
+                declared = attrs.evolve(
+                    declared, cwd=os.path.normpath(os.path.join(started_in, declared.cwd or ""))
+                )
+                runs = run_files(declared, started_in)
+                trusted = entry is not None and entry.runs_trusted(runs)
+                if trusted and entry is not None and declared.written is not None:
+                    changed = _launch_not_trusted(entry, path, declared)
+                    if changed is not None:
+                        problems.append(changed)
+                        trusted = False
+                declared = attrs.evolve(declared, needs_trust=not trusted)
             found[name] = attrs.evolve(declared, private=True) if kind == "agent" else declared
     return Declarations(tuple(found.values()), tuple(problems))
 
 
-def _launch_not_trusted(store: TrustStore, path: Path, declared: ServerDeclaration) -> str | None:
-    """None if the trust record of ``path`` holds the digest of ``declared``'s launch
+def _launch_not_trusted(entry: TrustedFile, path: Path, declared: ServerDeclaration) -> str | None:
+    """None if the trust ``entry`` of ``path`` holds the digest of ``declared``'s launch
     as expanded now; else the problem, one line (never a variable's value: the
     launch as written names the variables)."""
-    try:
-        recorded = store.trusted_launch(path, declared.name)
-    except TrustFileError as exc:
-        return f"{path}: {exc}"
+    recorded = dict(entry.launches).get(declared.name)
     if recorded == declared.launch.digest():
         return None
     assert declared.written is not None
@@ -313,6 +325,49 @@ def _launch_not_trusted(store: TrustStore, path: Path, declared: ServerDeclarati
         f"{path}: MCP server {declared.name!r} ({declared.written.shown()}) {why}: it waits "
         f"for trust; run `fanfold trust {path}` to trust what it runs now"
     )
+
+
+def run_files(declaration: ServerDeclaration, folder: str | os.PathLike[str]) -> dict[str, str]:
+    """The files a stdio server's command runs from ``folder`` (where it starts), each
+    with the sha256 of its bytes now: its command when that is a relative path
+    (``./serve``), each relative argument naming a file there (``srv.py`` of ``python
+    srv.py``, ``-m srv``'s ``srv.py`` or ``srv/__main__.py``). What trust records
+    besides the declaring file, so that the same declaration in another checkout (a
+    link to a trusted ``.mcp.json``) does not run that checkout's program. Not seen:
+    files a program opens by itself (an import, a configuration it reads)."""
+    if declaration.command is None:
+        return {}
+    base = os.path.join(os.fspath(folder), declaration.cwd or "")
+    names: list[str] = []
+    command = declaration.command
+    if "/" in command and not os.path.isabs(command):
+        names.append(command)
+    module = False
+    for arg in declaration.args:
+        if module:
+            stem = arg.replace(".", "/")
+            names += [f"{stem}.py", f"{stem}/__main__.py", f"{stem}/__init__.py"]
+        elif arg and not arg.startswith("-") and not os.path.isabs(arg):
+            names.append(arg)
+        module = arg == "-m"
+    found: dict[str, str] = {}
+    for name in names:
+        path = os.path.normpath(os.path.join(base, name))
+        if os.path.isfile(path):
+            found[path] = _file_sha256(path)
+    return found
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        # Unreadable now: a digest no trusted file has, so the server is not trusted.
+        return hashlib.sha256(f"unreadable: {exc.errno}".encode()).hexdigest()
+    return digest.hexdigest()
 
 
 def servers_in(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dbos import DBOSClient, EnqueueOptions
 
+from fanfold.worker.serialization import SERIALIZER, refuse_pickle
 from fanfold.worker.spec import APP_NAME, APP_VERSION, QUEUE, WORKFLOW, TreeSpec
 
 
@@ -12,7 +13,10 @@ def enqueue_tree(system_url: str, spec: TreeSpec) -> str:
 
     DBOS keeps one workflow per id: enqueueing the same id again returns the existing
     one (the first spec stands)."""
-    client = DBOSClient(system_database_url=system_url, application_name=APP_NAME)
+    refuse_pickle()  # this client reads nothing back, but never a pickle if it did
+    client = DBOSClient(
+        system_database_url=system_url, application_name=APP_NAME, serializer=SERIALIZER
+    )
     try:
         options: EnqueueOptions = {
             "workflow_name": WORKFLOW,

@@ -60,6 +60,7 @@ from fanfold.runtime.placement import PlacementError, PlacementSettings
 from fanfold.runtime.runtime import MissingTools
 from fanfold.statemachine import Limits
 from fanfold.worker.leases import Leases, TreeLocks
+from fanfold.worker.serialization import SERIALIZER, check_pickle_refused, refuse_pickle
 from fanfold.worker.spec import (
     APP_NAME,
     APP_VERSION,
@@ -74,6 +75,7 @@ from fanfold.worker.spec import (
 )
 
 STEP = "fanfold.run_to_rest"
+ADMIT_STEP = "fanfold.admit_tree"
 CHUNK_STEP = "fanfold.run_chunk"
 
 EXIT_DRAINED = 0
@@ -100,6 +102,12 @@ class WorkerSettings:
     log only)."""
     chunk: int = 64
     """Children per chunk."""
+    allow_cwd: tuple[str, ...] = ()
+    """The folders (resolved) a queued tree's ``cwd`` must be inside (``--allow-cwd``;
+    the CLI's default: the worker's own folder)."""
+    allow_existing_root: bool = False
+    """Whether a queued tree may name a tree the log holds already (``resume`` it:
+    take it over). Off: only a workflow's own tree is resumed, after a recovery."""
 
 
 class DroppedTree(Exception):
@@ -152,8 +160,10 @@ class _Host:
         system_prompt: str,
         say: Callable[[str], None],
         locks: TreeLocks,
+        settings: WorkerSettings | None = None,
     ) -> None:
         self.runtime = runtime
+        self.settings = settings
         self.locks = locks
         self.token = token
         self.make_limits = make_limits
@@ -255,6 +265,22 @@ class _Host:
         result = await runtime.wait(spec.root_id)
         return {"root_id": spec.root_id, "phase": result.phase, "resumed": known}
 
+    async def known(self, root_id: str) -> bool:
+        """Whether the log holds the tree ``root_id``. A log that is unavailable (a
+        PostgreSQL restart) is asked again until it is back: raised out of the
+        admission step, the workflow would end in ERROR for good (as in ``_holding``)."""
+        while True:
+            try:
+                self.runtime.store.conversation(root_id)
+            except UnknownConversation:
+                return False
+            except LogUnavailable:
+                if self.draining.is_set():
+                    raise
+                await trio.sleep(_CLAIM_RETRY)
+                continue
+            return True
+
     async def _try_claim(self, root_id: str) -> bool:
         try:
             return await trio.to_thread.run_sync(self.locks.try_claim, root_id)
@@ -266,20 +292,62 @@ class _Host:
 _HOST: _Host | None = None
 
 
-@DBOS.step(name=STEP)
-def run_to_rest_step(data: dict[str, Any]) -> dict[str, Any]:
-    """The whole tree as one step, run in the worker's Trio runtime."""
+@DBOS.step(name=ADMIT_STEP)
+def admit_step(data: dict[str, Any]) -> dict[str, Any]:
+    """Whether this worker runs the queued tree: ``{"cwd": resolved folder, "existed":
+    bool}``, or ``{"error": why not}``. Recorded by DBOS, so a recovery of the workflow
+    reads the first execution's answer: ``existed`` tells the workflow's own tree (it
+    started it, then was interrupted) from a tree the queue writer named."""
     host = _HOST
     if host is None or host.draining.is_set():
         _hold_forever()
         raise AssertionError("unreachable")  # _hold_forever never returns
+    settings = host.settings or WorkerSettings("", "", "")
     try:
         spec = TreeSpec.from_input(data)
         spec.make_limits()  # the reducer's own checks of the limits, before anything
+        if spec.root_id != DBOS.workflow_id:
+            # Another workflow's id naming this root: it would take over that tree.
+            raise SpecError(f"root_id {spec.root_id!r} is not the workflow's id")
+        cwd = spec.admitted_cwd(settings.allow_cwd)
     except (SpecError, ValueError, TypeError) as exc:
         # Nothing to run and nothing in the log: the workflow ends with the reason.
+        host.say(f"refused a queued tree: {exc}")
         return {"error": f"not a tree this worker can start: {exc}"}
-    return _in_runtime(host, host.run_to_rest, spec)
+    try:
+        existed = trio.from_thread.run(host.known, spec.root_id, trio_token=host.token)
+    except BaseException as exc:
+        # As for the tree's step: a stop of the worker records nothing in DBOS (the
+        # workflow stays PENDING for a takeover); any other error as DBOS can keep it.
+        if host.draining.is_set():
+            _hold_forever()
+        raise step_error(exc) from None
+    if existed and not settings.allow_existing_root:
+        host.say(f"refused tree {spec.root_id}: the log holds it already")
+        return {
+            "error": f"not a tree this worker can start: the log holds {spec.root_id} "
+            "already, and this worker does not take over trees it was not given "
+            "(fanfold worker --allow-existing-root)"
+        }
+    return {"cwd": cwd, "existed": existed}
+
+
+@DBOS.step(name=STEP)
+def run_to_rest_step(data: dict[str, Any]) -> dict[str, Any]:
+    """The whole tree as one step, run in the worker's Trio runtime, once admitted."""
+    host = _HOST
+    if host is None or host.draining.is_set():
+        _hold_forever()
+        raise AssertionError("unreachable")  # _hold_forever never returns
+    spec = TreeSpec.from_input(data)
+    try:
+        # Checked again, not taken from the admission's record: a record in the system
+        # database is only as good as whoever could write there.
+        cwd = spec.admitted_cwd((host.settings or WorkerSettings("", "", "")).allow_cwd)
+    except SpecError as exc:
+        host.say(f"refused tree {spec.root_id}: {exc}")
+        return {"error": f"not a tree this worker can start: {exc}"}
+    return _in_runtime(host, host.run_to_rest, attrs.evolve(spec, cwd=cwd))
 
 
 def _in_runtime(
@@ -305,7 +373,10 @@ def _in_runtime(
 
 @DBOS.workflow(name=WORKFLOW)
 def tree_workflow(data: dict[str, Any]) -> dict[str, Any]:
-    """A tree per workflow (workflow id = the tree's root id)."""
+    """A tree per workflow (workflow id = the tree's root id): admitted, then run."""
+    admitted = admit_step(data)
+    if "error" in admitted:
+        return admitted
     return run_to_rest_step(data)
 
 
@@ -347,7 +418,9 @@ class DbosPlacer:
         enqueued again (after a restart) is the one already there."""
         with self._lock:
             if self._client is None:
-                self._client = DBOSClient(system_database_url=self._url, application_name=APP_NAME)
+                self._client = DBOSClient(
+                    system_database_url=self._url, application_name=APP_NAME, serializer=SERIALIZER
+                )
             for chunk, _root in chunks:
                 options: EnqueueOptions = {
                     "workflow_name": CHUNK_WORKFLOW,
@@ -367,7 +440,9 @@ class DbosPlacer:
         could not run here ends in success with the reason as its output)."""
         with self._lock:
             if self._client is None:
-                self._client = DBOSClient(system_database_url=self._url, application_name=APP_NAME)
+                self._client = DBOSClient(
+                    system_database_url=self._url, application_name=APP_NAME, serializer=SERIALIZER
+                )
             try:
                 found = self._client.list_workflows(
                     workflow_ids=list(chunks),
@@ -402,7 +477,16 @@ def _launch_dbos(settings: WorkerSettings) -> None:
         "application_version": APP_VERSION,
         "log_level": "WARNING",
         "notification_listener_polling_interval_sec": settings.poll,
+        # JSON in and out; a pickled row is refused, never unpickled (serialization.py).
+        "serializer": SERIALIZER,
     }
+    refuse_pickle()
+    why = check_pickle_refused()
+    if why is not None:
+        raise RuntimeError(
+            f"this DBOS release would unpickle what a queue writer wrote ({why}): the "
+            "worker does not start"
+        )
     DBOS(config=config)
     DBOS.launch()
     # Queues are rows of the system database in DBOS 3: registered once it is up.
@@ -500,7 +584,7 @@ async def serve(
                 await trio.to_thread.run_sync(leases.register, os.getpid())
                 host = _Host(
                     runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
-                    system_prompt, say, locks,
+                    system_prompt, say, locks, settings,
                 )  # fmt: skip
                 _HOST = host
                 placer: DbosPlacer | None = None

@@ -11,7 +11,9 @@ names what to do, the worker decides what runs it (DESIGN.md, "run --detach").
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -110,6 +112,29 @@ class TreeSpec:
             timeout=float(timeout) if timeout is not None else None,
         )
 
+    def admitted_cwd(self, allowed: Sequence[str]) -> str:
+        """The tree's folder, every symbolic link resolved, if it is an existing folder
+        inside one of ``allowed`` (the worker's ``--allow-cwd`` folders, resolved);
+        SpecError otherwise. Whoever can write to the queue chooses ``cwd``: a tree's
+        bash commands run there and their output lands in the log that writer may
+        read, so a worker runs trees only in the folders its own configuration names.
+        """
+        cwd = self.cwd
+        if "\0" in cwd:
+            raise SpecError("cwd: a path holds no NUL character")
+        if not os.path.isabs(cwd):
+            raise SpecError(f"cwd: an absolute path, not {cwd!r}")
+        resolved = os.path.realpath(cwd)
+        if not os.path.isdir(resolved):
+            raise SpecError(f"cwd: {cwd!r} is not a folder on this worker")
+        for folder in allowed:
+            if os.path.commonpath([resolved, folder]) == folder:
+                return resolved
+        raise SpecError(
+            f"cwd: {cwd!r} is outside the folders this worker runs trees in "
+            f"({', '.join(allowed)}; fanfold worker --allow-cwd DIR adds one)"
+        )
+
     def limit_overrides(self) -> dict[str, Any]:
         """The keyword arguments of ``Limits`` this spec sets."""
         overrides: dict[str, Any] = dict(self.limits)
@@ -123,11 +148,12 @@ class TreeSpec:
 
 
 APP_NAME = "fanfold"
-APP_VERSION = "fanfold-tree-1"
+APP_VERSION = "fanfold-tree-2"
 """DBOS's application version of every worker and every enqueued tree: DBOS hands a
 queued workflow only to a worker of its version. It names the workflow's contract
-(``TreeSpec`` version 1, one step), not fanfold's release, so that workers of two
-releases share one queue."""
+(``TreeSpec`` version 1 in DBOS's portable JSON, an admission step then the tree's
+step), not fanfold's release, so that workers of two releases share one queue.
+("fanfold-tree-1" was pickled inputs and one step: its workflows are not run.)"""
 QUEUE = "fanfold.trees"
 WORKFLOW = "fanfold.tree"
 
