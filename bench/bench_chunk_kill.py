@@ -55,13 +55,14 @@ def main() -> int:
             bench = Bench(folder, cluster, "postgresql")
             bench.url = bench.log = cluster.url_for(f"chunk_kill_{run}")
             bench.env["FANFOLD_DBOS_DB"] = bench.url
-            marks = folder / "marks.txt"
-            bench.script.write_text(json.dumps(script(args.children, marks)))
+            bench.script.write_text(json.dumps(script(args.children)))
             bench.worker_args = worker_args(args.chunk, args.chunk_concurrency)
             try:
                 bench.start_workers(*(f"w{i}" for i in range(1, args.workers + 1)))
                 started = time.monotonic()
-                counts = kill_one(bench, f"ck{run}", args.children, rng, marks=marks, timeout=90)
+                counts = kill_one(
+                    bench, f"ck{run}", args.children, rng, cwd=folder / "tree", timeout=90
+                )
                 counts["run_seconds"] = round(time.monotonic() - started, 1)
             finally:
                 bench.stop_all()

@@ -6,9 +6,10 @@ Workers (``fanfold worker`` processes, ``test_worker_dbos.Bench``) share fanfold
 and DBOS's queue in one database of a ``pg_cluster``. A tree fans out to ``children``
 children at once (``max_concurrent`` = ``max_tasks_per_call`` = ``children``), placed in
 chunks of ``chunk`` (``--spread-at`` below the fan-out): the chunks spread over the
-workers. Each child thinks, appends its task to a marker file with ``bash`` (a command
-that must run once), thinks again and submits. Once a worker that does not run the root
-holds chunks, it is killed with SIGKILL at a random moment; nobody is restarted.
+workers. Each child thinks, appends its task to ``marks.txt`` in the tree's folder with
+``bash`` (a command that must run once), thinks again and submits. Once a worker that
+does not run the root holds chunks, it is killed with SIGKILL at a random moment; nobody
+is restarted.
 ``kill_one`` then waits for the root and counts what the issue counts.
 """
 
@@ -26,7 +27,7 @@ from runtime_helpers import reply, spawn, submit, think
 LATENCY = 0.2  # per model call; a child makes four
 
 
-def script(children: int, marks: Path) -> dict[str, Any]:
+def script(children: int) -> dict[str, Any]:
     return {
         "latency": LATENCY,
         "agents": [
@@ -41,7 +42,7 @@ def script(children: int, marks: Path) -> dict[str, Any]:
                 "match": {"depth": 1},
                 "replies": [
                     reply("", think()),
-                    reply("", ("bash", {"command": f"echo '{{{{task}}}}' >> {marks}"})),
+                    reply("", ("bash", {"command": "echo '{{task}}' >> marks.txt"})),
                     reply("", think()),
                     reply("", submit("done {{task}}.")),
                 ],
@@ -86,7 +87,7 @@ def kill_one(
     children: int,
     rng: random.Random,
     *,
-    marks: Path,
+    cwd: Path,
     delay: float = 1.5,
     timeout: float = 60,
 ) -> dict[str, Any]:
@@ -97,7 +98,8 @@ def kill_one(
     from fanfold.worker.spec import TreeSpec
 
     limits = (("max_concurrent", children), ("max_tasks_per_call", children))
-    enqueue_tree(bench.url, TreeSpec(tree_id, "fan out", str(bench.folder), limits=limits))
+    cwd.mkdir(parents=True, exist_ok=True)
+    enqueue_tree(bench.url, TreeSpec(tree_id, "fan out", str(cwd), limits=limits))
     live = {n: e for n, (p, e) in bench.workers.items() if p.poll() is None}
     root_worker = _wait_for(
         "no worker took the tree",
@@ -123,7 +125,7 @@ def kill_one(
     proc.wait()
     start = time.monotonic()
     finished = _wait_root(bench.log, tree_id, timeout)
-    counts = count(bench.log, tree_id, children, marks)
+    counts = count(bench.log, tree_id, children, cwd / "marks.txt")
     counts.update(
         victim=victim,
         root_worker=root_worker,
