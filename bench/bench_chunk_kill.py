@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -32,6 +33,16 @@ from test_worker_crash import _fanfold_processes  # noqa: E402
 from test_worker_dbos import Bench  # noqa: E402
 
 
+def _workflows(url: str) -> list[list[str]]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT workflow_uuid, name, status, executor_id FROM dbos.workflow_status ORDER BY 1"
+        ).fetchall()
+    return [[str(v) for v in row] for row in rows]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -40,6 +51,9 @@ def main() -> int:
     parser.add_argument("--chunk-concurrency", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="where to keep a hung run's worker output"
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     rng = random.Random(seed)
@@ -64,6 +78,14 @@ def main() -> int:
                     bench, f"ck{run}", args.children, rng, cwd=folder / "tree", timeout=90
                 )
                 counts["run_seconds"] = round(time.monotonic() - started, 1)
+                if not counts["finished"] and args.keep is not None:
+                    # What the workers said, and who holds what, for a hang's post-mortem.
+                    kept = args.keep / f"run{run}"
+                    kept.mkdir(parents=True, exist_ok=True)
+                    for err in folder.glob("*.err"):
+                        shutil.copy(err, kept / err.name)
+                    (kept / "workflows.json").write_text(json.dumps(_workflows(bench.url)))
+                    counts["kept"] = str(kept)
             finally:
                 bench.stop_all()
             for proc, _ in bench.workers.values():

@@ -100,7 +100,7 @@ def kill_one(
     limits = (("max_concurrent", children), ("max_tasks_per_call", children))
     cwd.mkdir(parents=True, exist_ok=True)
     enqueue_tree(bench.url, TreeSpec(tree_id, "fan out", str(cwd), limits=limits))
-    live = {n: e for n, (p, e) in bench.workers.items() if p.poll() is None}
+    live: dict[str, str] = {n: e for n, (p, e) in bench.workers.items() if p.poll() is None}
     root_worker = _wait_for(
         "no worker took the tree",
         lambda: next((n for n, e in live.items() if _pending(bench.url, e, "fanfold.tree")), None),
@@ -109,7 +109,7 @@ def kill_one(
     def holder() -> str | None:
         for name, executor in live.items():
             if name != root_worker and _pending(bench.url, executor, "fanfold.chunk"):
-                return name
+                return str(name)
         return None
 
     victim = _wait_for("no other worker took a chunk", holder)
