@@ -1,16 +1,18 @@
 """Issue 32 item 3's campaign: kill -9 a worker holding chunks of a placed fan-out.
 
 Not a feature: nothing in ``fanfold`` imports this. ``python -m bench.bench_chunk_kill
-[--runs N] [--children C] [--chunk K] [--workers W] [--seed S]`` starts a throwaway
-PostgreSQL cluster (``tests/pg_cluster.py``) and, per run, a fresh database (fanfold's
-log and DBOS's queue), W ``fanfold worker`` processes (lease 2.5 s, poll 0.05 s), and one
-tree fanning out to C children at once placed in chunks of K (``tests/chunk_kill.py``:
-each child runs one ``bash`` command appending its task to a marker file). Once a
-worker that does not run the root holds chunks, it is killed with SIGKILL a random
-0-1.5 s later; nobody is restarted. Per run: whether the root came to rest within 90 s,
+[--runs N] [--children C] [--chunk K] [--chunk-concurrency J] [--workers W] [--lease S]
+[--seed R] [--keep DIR]`` starts a throwaway PostgreSQL cluster (``tests/pg_cluster.py``)
+and, per run, a fresh database (fanfold's log and DBOS's queue), W ``fanfold worker``
+processes (lease S, 8 s by default; poll 0.05 s) and one tree fanning out to C children
+at once, placed in chunks of K (``tests/chunk_kill.py``: each child runs one ``bash``
+command appending its task to a marker file). Once a worker that does not run the root
+holds chunks and children are coming to rest, it is killed with SIGKILL a random 0-1.5 s
+later; nobody is restarted. Per run: whether the root came to rest within 90 s,
 children at rest whose outcome the root never took (lost), outcomes taken twice
 (duplicated), marker lines written twice (commands twice), ``replay.verify`` of the
-tree, and processes left with the run's environment after the workers were stopped.
+tree, survivors that stopped, and processes left with the run's environment after the
+workers were stopped. ``--keep`` keeps a hung run's worker output there.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def main() -> int:
     parser.add_argument("--chunk-concurrency", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--lease", type=float, default=8.0, help="the workers' --lease")
     parser.add_argument(
         "--keep", type=Path, default=None, help="where to keep a hung run's worker output"
     )
@@ -70,7 +73,14 @@ def main() -> int:
             bench.url = bench.log = cluster.url_for(f"chunk_kill_{run}")
             bench.env["FANFOLD_DBOS_DB"] = bench.url
             bench.script.write_text(json.dumps(script(args.children)))
-            bench.worker_args = worker_args(args.chunk, args.chunk_concurrency)
+            # The last --lease given wins: the bench's own over the tests' 2.5 s, which
+            # a root's worker placing hundreds of children overran at a load of 15-20
+            # (its lease claimed, exit 3, nobody left to finish the tree).
+            bench.worker_args = (
+                *worker_args(args.chunk, args.chunk_concurrency),
+                "--lease",
+                str(args.lease),
+            )
             try:
                 bench.start_workers(*(f"w{i}" for i in range(1, args.workers + 1)))
                 started = time.monotonic()
@@ -100,6 +110,7 @@ def main() -> int:
     total["runs"] = len(results)
     total["hung"] = sum(1 for r in results if not r["finished"])
     total["verify_failures"] = sum(1 for r in results if not r["verify_ok"])
+    total["survivors_stopped"] = sum(1 for r in results if r["survivors_stopped"])
     print("total", json.dumps(total), flush=True)
     return 0
 

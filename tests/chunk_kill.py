@@ -134,6 +134,11 @@ def kill_one(
         children_at_rest_at_kill=at_rest_before,
         finished=finished,
         seconds_after_kill=round(time.monotonic() - start, 1),
+        # A survivor that stopped (its lease claimed: a worker starved of CPU past its
+        # lease is taken for dead) leaves nobody to finish the tree: not this fault.
+        survivors_stopped={
+            n: p.returncode for n, (p, _) in bench.workers.items() if n != victim and p.poll()
+        },
     )
     return counts
 
