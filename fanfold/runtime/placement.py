@@ -347,9 +347,22 @@ class Placement:
             # A cancel reaches it here, in the process, no longer through a row.
             self._placed.pop(child_id, None)
         # Cancels its parent asked for while it was placed: nobody else reads them now.
+        # Also those asked while it was being brought up (still placed then, so they
+        # became rows) that the loop has not written yet: read from the queue before the
+        # rows, as the loop drops an entry only once it is written. (Read from the rows
+        # alone, such a cancel could be missed and its child wait for ever; found by
+        # reading the code after a hang of
+        # test_a_cancel_reaches_children_taken_back_before_or_after_it at a load of 20,
+        # whose cause was not confirmed.)
+        queued = [(ids, reason) for ids, reason in self._cancels]
         asked = await trio.to_thread.run_sync(self._store.cancels_among, here)
+        for ids, reason in queued:
+            for conversation_id in ids:
+                if conversation_id in here:
+                    asked.setdefault(conversation_id, reason)
         for conversation_id, reason in asked.items():
-            runtime.deliver(conversation_id, CancelRequested(_reason(reason)))
+            if conversation_id in runtime.loaded_ids():  # not come to rest meanwhile
+                runtime.deliver(conversation_id, CancelRequested(_reason(reason)))
         runtime.logger.warning("chunk_taken_back", chunk=chunk, children=len(here))
         return here
 
