@@ -118,6 +118,10 @@ def kill_one(
     _wait_for("no child came to rest", lambda: _at_rest_children(bench.log, tree_id))
     wait = rng.uniform(0, delay)
     time.sleep(wait)
+    if not _pending(bench.url, bench.workers[victim][1], "fanfold.chunk"):
+        # Its chunks ended meanwhile (a light load runs them fast): the next worker seen
+        # holding one, at once, if the fan-out still has chunks to run.
+        victim = _wait_for("no worker held chunks any more", holder, timeout=30)
     proc, executor = bench.workers[victim]
     held = _pending(bench.url, executor, "fanfold.chunk")
     at_rest_before = _at_rest_children(bench.log, tree_id)
@@ -137,7 +141,9 @@ def kill_one(
         # A survivor that stopped (its lease claimed: a worker starved of CPU past its
         # lease is taken for dead) leaves nobody to finish the tree: not this fault.
         survivors_stopped={
-            n: p.returncode for n, (p, _) in bench.workers.items() if n != victim and p.poll()
+            n: p.returncode
+            for n, (p, _) in bench.workers.items()
+            if n in live and n != victim and p.poll() is not None
         },
     )
     return counts
