@@ -545,3 +545,52 @@ async def test_a_cancel_reaches_children_taken_back_before_or_after_it(
             assert isinstance(child.outcome, ChildFailed), i
             assert child.outcome.kind == ErrorKind.CANCELLED, i
     _check_tree(pg_url, root, 6)
+
+
+async def test_a_chunk_taken_over_by_its_trees_runtime_delivers_the_outcomes_its_runner_left(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # Issue 32 item 3. Runtime b runs both chunks; two children of the first and the
+    # whole second come to rest there, then b stops (as a worker killed) with the third
+    # child mid-call. The tree's runtime, whose watch has not read the log since (its
+    # poll is long), takes the first chunk over (a worker whose takeover re-enqueued the
+    # dead one's chunk dequeues it). The outcomes the runner left in the log must reach
+    # the parent: the chunk's runner here left them to the watch, and the watch's
+    # delivery was swallowed as the chunk runner's own (``forwards``): the root never
+    # ended (77 and 196 of 1,500 outcomes lost in the issue's run).
+    script = _fan_out(6)
+    slow = json.loads(json.dumps(script["agents"][1]))
+    slow["match"] = {"task": "item 2"}
+    slow["replies"][0]["latency"] = 2.0
+    script["agents"].insert(1, slow)
+    provider = ScriptedProvider(script)
+    queue = _Queue()
+    async with Runtime.open(pg_url, provider, []) as a:
+        # The tree's watch reads the log only when woken: by a placement, a chunk run
+        # here, or an outcome of a child run here.
+        a.use_placement(queue, PlacementSettings(spread_at=4, chunk=3, poll=60.0))
+        assert a.placement is not None
+        root = await a.start("fan out", cwd=tmp_path)
+        first, second = await queue.receive.receive(), await queue.receive.receive()
+        async with Runtime.open(pg_url, provider, []) as b:
+            b.use_placement(queue, SETTINGS)
+            assert b.placement is not None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(b.placement.run_chunk, first)
+                nursery.start_soon(b.placement.run_chunk, second)
+                ended = [f"{root}.{i}" for i in (1, 2, 4, 5, 6)]
+                with trio.fail_after(30):
+                    while len(await trio.to_thread.run_sync(b.store.at_rest_among, ended)) < 5:  # type: ignore[attr-defined]
+                        await trio.sleep(0.02)
+                nursery.cancel_scope.cancel()
+        assert a.placement.watched  # none delivered yet: the watch slept
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.placement.run_chunk, first)
+            with trio.fail_after(20):
+                result = await a.wait(root)
+        assert result.phase == "Idle"
+        assert a.placement.watched == {}
+    with open_store(pg_url, read_only=True) as store:
+        resumed = [type(s.event).__name__ for s in store.events(f"{root}.3")]
+    assert "RuntimeResumed" in resumed  # the third child was mid-call when b stopped
+    _check_tree(pg_url, root, 6)

@@ -316,6 +316,32 @@ def test_a_postgresql_restart_loses_no_tree(bench: Bench, pg_cluster: Cluster) -
     assert len(live) >= 2
 
 
+def test_postgresql_down_longer_than_the_lease_pushes_no_worker_out(
+    bench: Bench, pg_cluster: Cluster
+) -> None:
+    # Issue 32 item 10: the server away for longer than the workers' leases (a slow
+    # restart). Nobody could renew meanwhile, so when it came back every lease had run
+    # out, and the first worker to look claimed the others': a healthy worker pushed out
+    # (exit 3), its trees taken over. Now each gets a lease from the server's return.
+    ids = bench.enqueue(2, "down-")
+    deadline = time.monotonic() + 60
+    while not _running(bench, ids):
+        assert time.monotonic() < deadline, "no tree began"
+        time.sleep(0.05)
+    live = _live(bench)
+    said = {name: len(bench.err(name)) for name in live}
+    pg_cluster.stop()
+    time.sleep(LEASE + 1.0)
+    pg_cluster.start()
+    bench.wait_all(ids)
+    _check_logs(bench, ids)
+    for name in live:
+        assert bench.workers[name][0].poll() is None, bench.err(name)
+    since = "".join(bench.err(name)[said[name] :] for name in live)
+    assert not any(f"of worker {bench.workers[name][1]}" in since for name in live), since
+    assert "lease renewal failed" in since, since
+
+
 def _live(bench: Bench) -> list[str]:
     return [name for name, (proc, _) in bench.workers.items() if proc.poll() is None]
 

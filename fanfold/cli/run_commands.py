@@ -262,11 +262,14 @@ def _detach(
     except ValueError as exc:
         raise CliError(f"limits: {exc}") from None
     try:
-        from fanfold.worker.client import enqueue_tree
+        from fanfold.worker.client import QueueNotReady, enqueue_tree
     except ImportError:
         raise CliError(f"fanfold run --detach {POSTGRES_EXTRA}") from None
     try:
         tree_id = enqueue_tree(url, spec)
+    except QueueNotReady as exc:
+        # Workers still setting the database up were waited for (a bounded time).
+        raise CliError(f"could not queue the tree: {scrubbed(str(exc), url)}") from None
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         if "dbos.workflow_status" in first and "does not exist" in first:

@@ -206,9 +206,14 @@ class Placement:
             self._cancels.append(([conversation_id], event.reason.value))
             self._wake.set()
             return True
-        # Also when the parent is loaded here (this worker runs the tree and took the
-        # chunk too): the parent's watch delivers it, and must be the only one.
-        return type(event) is SubAgentFinished and event.child_id in self._run_here
+        if type(event) is SubAgentFinished and event.child_id in self._run_here:
+            # Also when the parent is loaded here (this worker runs the tree and took
+            # the chunk too, or took it back): the parent's watch delivers it, from the
+            # log, and must be the only one. Woken now, so that it reads at once.
+            if event.child_id in self.watched:
+                self._wake.set()
+            return True
+        return False
 
     def placed_before(self, placements: dict[str, str]) -> None:
         """A tree being resumed placed these children (child to chunk): their
@@ -279,15 +284,33 @@ class Placement:
         # write transactions and some 1.3 s on its fan-in; bench/README.md,
         # "Placement of chunks".) A read that fails delivers nothing: all are read
         # again at the next poll.
-        store = self._store
+        store, runtime = self._store, self._runtime
         states = await trio.to_thread.run_sync(lambda: [store.load_state(c) for c in done])
+        loaded = runtime.loaded_ids()
         for child_id, state in zip(done, states, strict=True):
-            parent_id = self.watched.pop(child_id, None)
-            self._placed.pop(child_id, None)
-            if parent_id is None or state.outcome is None:
+            parent_id = self.watched.get(child_id)
+            if parent_id is None:
+                continue  # delivered meanwhile (never: one watch per runtime; defensive)
+            outcome = state.outcome
+            if outcome is None:
+                # At rest with no outcome: not a sub-agent's end. Kept watched (dropping
+                # it, as this once did, would leave its parent waiting for ever) and said.
+                runtime.logger.warning("placed_child_without_outcome", child=child_id)
                 continue
-            # Once: the child leaves the watched set as its outcome is handed over.
-            self._runtime.deliver_between(parent_id, SubAgentFinished(child_id, state.outcome))
+            del self.watched[child_id]
+            self._placed.pop(child_id, None)
+            if parent_id not in loaded:
+                # The parent is no longer this runtime's (its tree was taken over and
+                # dropped here: the new owner's re-issued spawns watch the child), or
+                # it ended. Nothing to hand over here.
+                runtime.logger.info("placed_outcome_not_here", child=child_id, parent=parent_id)
+                continue
+            # Once: the child leaves the watched set as its outcome is handed over. Not
+            # through ``deliver_between``: its ``forwards`` takes an outcome of a child
+            # run here for the in-process one and swallows it, and then nobody delivered
+            # it (issue 32: a chunk taken over by the tree's own worker lost the outcomes
+            # its dead runner had committed).
+            runtime.deliver(parent_id, SubAgentFinished(child_id, outcome))
 
     async def _orphans(self) -> None:
         """Take back the chunks whose workflow ended while children of them are still
@@ -304,20 +327,42 @@ class Placement:
     async def take_back(self, chunk: str) -> list[str]:
         """Run a chunk's children still due here, where their parents are: claim the
         chunk (a runner still at it is fenced), resume those the log has unfinished,
-        create those never created. They then report to their parents in the process;
-        the others, at rest, are still delivered from the log. Returns those run here."""
+        create those never created. Every outcome of the chunk, of those run here
+        too, reaches its parent through the watch (from the log, once); a cancel
+        reaches those run here in the process. Returns those run here."""
         runtime = self._runtime
         effects = await self._chunk_spawns(chunk)
-        await self._bring_up(chunk, effects)
-        here = [e.child_id for e in effects if e.child_id in runtime.loaded_ids()]
+        children = [e.child_id for e in effects]
+        # Their outcomes still come through the watch, from the log, like those of a
+        # chunk run here (``forwards``): one that ends while it is brought up would
+        # otherwise reach its parent in the process and again from the watch.
+        self._run_here.update(children)
+        try:
+            await self._bring_up(chunk, effects)
+        finally:
+            loaded = runtime.loaded_ids()
+            self._run_here.difference_update([c for c in children if c not in loaded])
+        here = [c for c in children if c in runtime.loaded_ids()]
         for child_id in here:
-            # It reports to its parent in the process, and a cancel reaches it here.
-            self.watched.pop(child_id, None)
+            # A cancel reaches it here, in the process, no longer through a row.
             self._placed.pop(child_id, None)
         # Cancels its parent asked for while it was placed: nobody else reads them now.
+        # Also those asked while it was being brought up (still placed then, so they
+        # became rows) that the loop has not written yet: read from the queue before the
+        # rows, as the loop drops an entry only once it is written. (Read from the rows
+        # alone, such a cancel could be missed and its child wait for ever; found by
+        # reading the code after a hang of
+        # test_a_cancel_reaches_children_taken_back_before_or_after_it at a load of 20,
+        # whose cause was not confirmed.)
+        queued = [(ids, reason) for ids, reason in self._cancels]
         asked = await trio.to_thread.run_sync(self._store.cancels_among, here)
+        for ids, reason in queued:
+            for conversation_id in ids:
+                if conversation_id in here:
+                    asked.setdefault(conversation_id, reason)
         for conversation_id, reason in asked.items():
-            runtime.deliver(conversation_id, CancelRequested(_reason(reason)))
+            if conversation_id in runtime.loaded_ids():  # not come to rest meanwhile
+                runtime.deliver(conversation_id, CancelRequested(_reason(reason)))
         runtime.logger.warning("chunk_taken_back", chunk=chunk, children=len(here))
         return here
 

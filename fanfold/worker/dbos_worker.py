@@ -84,6 +84,10 @@ EXIT_LEASE_LOST = 3
 # How long a worker waits between two tries of a tree's lock that another holds.
 _CLAIM_RETRY = 0.5
 
+RENEW_RETRY = 0.25
+"""Seconds between two tries of a lease renewal that failed (the server away): at most
+a third of the lease."""
+
 
 @attrs.frozen
 class WorkerSettings:
@@ -527,6 +531,7 @@ async def _keep_lease(
     """Renew this worker's lease, and once DBOS is up (``launched``) take over expired
     ones; set ``lost`` if this worker's own lease was claimed by another (it was taken
     for dead)."""
+    told = False
     while True:
         try:
             if not await trio.to_thread.run_sync(leases.renew):
@@ -542,8 +547,21 @@ async def _keep_lease(
             )
             for dead in expired:
                 await trio.to_thread.run_sync(_take_over, leases, dead, say)
-        except Exception as exc:  # PostgreSQL unreachable for now: try again next time
-            say(f"lease renewal failed ({type(exc).__name__}); retrying")
+        except Exception as exc:
+            # PostgreSQL unreachable for now (a restart, a network cut): tried again at
+            # once and often, not a third of the lease later. Two renewals cut short in
+            # a row put the next at the very end of the lease, where a worker looking
+            # for expired leases took this one for dead (issue 32: a healthy worker
+            # pushed out by a 3 s restart, exit 3). Nobody can claim the lease while
+            # the server is away, so the first renewal that reaches it wins.
+            if not told:
+                say(f"lease renewal failed ({type(exc).__name__}); retrying")
+                told = True
+            await trio.sleep(min(settings.lease / 3, RENEW_RETRY))
+            continue
+        if told:
+            say("lease renewed again")
+            told = False
         await trio.sleep(settings.lease / 3)
 
 

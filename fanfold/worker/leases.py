@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS fanfold.workers (
     started_at timestamptz NOT NULL DEFAULT now(),
     pid integer
 );
+ALTER TABLE fanfold.workers ADD COLUMN IF NOT EXISTS lease_s double precision;
 """
 
 
@@ -86,11 +87,11 @@ class Leases:
             conn.execute("SELECT pg_advisory_xact_lock(7303654721)")
             conn.execute(SCHEMA)
         self._execute(
-            "INSERT INTO fanfold.workers (executor_id, lease_until, taken_by, pid) "
-            "VALUES (%s, now() + make_interval(secs => %s), NULL, %s) "
+            "INSERT INTO fanfold.workers (executor_id, lease_until, taken_by, pid, lease_s) "
+            "VALUES (%s, now() + make_interval(secs => %s), NULL, %s, %s) "
             "ON CONFLICT (executor_id) DO UPDATE SET lease_until = EXCLUDED.lease_until, "
-            "taken_by = NULL, pid = EXCLUDED.pid, started_at = now()",
-            (self.executor_id, self.lease, pid),
+            "taken_by = NULL, pid = EXCLUDED.pid, started_at = now(), lease_s = EXCLUDED.lease_s",
+            (self.executor_id, self.lease, pid, self.lease),
         )
 
     def renew(self) -> bool:
@@ -105,12 +106,25 @@ class Leases:
 
     def claim_expired(self) -> list[str]:
         """Claim the rows of workers whose lease expired (a claim is a lease of this
-        worker's length); returns their executor ids."""
+        worker's length); returns their executor ids.
+
+        Not within a lease of the server's start (``pg_postmaster_start_time()``): no
+        worker could renew while the server was away, so a lease that ran out during a
+        restart says nothing about its worker. Claimed at once when the server came
+        back, it pushed a healthy worker out (issue 32: a 3 s restart, leases of
+        2.5 s, exit 3 for a worker that was only waiting for the server). Every worker
+        gets its own lease (``lease_s``; a row without one, of an older worker, this
+        worker's) from the server's return to renew; a worker that died meanwhile is
+        claimed that much later. A lease ended by ``release`` has ``lease_s`` 0: its
+        worker stopped and renews nothing, its work is taken at once."""
         rows = self._execute(
             "UPDATE fanfold.workers SET taken_by = %s, "
             "lease_until = now() + make_interval(secs => %s) "
-            "WHERE executor_id <> %s AND lease_until < now() RETURNING executor_id",
-            (self.executor_id, self.lease, self.executor_id),
+            "WHERE executor_id <> %s AND lease_until < now() "
+            "AND pg_postmaster_start_time() "
+            "< now() - make_interval(secs => coalesce(lease_s, %s)) "
+            "RETURNING executor_id",
+            (self.executor_id, self.lease, self.executor_id, self.lease),
         )
         return sorted(str(r[0]) for r in rows)
 
@@ -134,10 +148,10 @@ class Leases:
         claimer re-enqueues only what is still PENDING on this executor.
         """
         self._execute(
-            "INSERT INTO fanfold.workers (executor_id, lease_until, taken_by, pid) "
-            "VALUES (%s, now() - interval '1 second', NULL, NULL) "
+            "INSERT INTO fanfold.workers (executor_id, lease_until, taken_by, pid, lease_s) "
+            "VALUES (%s, now() - interval '1 second', NULL, NULL, 0) "
             "ON CONFLICT (executor_id) DO UPDATE SET lease_until = EXCLUDED.lease_until, "
-            "taken_by = NULL",
+            "taken_by = NULL, lease_s = 0",
             (self.executor_id,),
         )
 
