@@ -789,7 +789,7 @@ def _running_root(db: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
 
 
 def test_ls_tells_a_killed_run_from_a_live_one_and_a_cancelled_turn_from_an_answer(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 32.14: a tree whose process was killed was listed ``running`` like a live
     one, with no hint to resume it; a root cancelled by Ctrl-C was ``idle`` like an
@@ -806,8 +806,14 @@ def test_ls_tells_a_killed_run_from_a_live_one_and_a_cancelled_turn_from_an_answ
     fast = ["--script", str(_write(tmp_path / "fast.json", FAST_SCRIPT)), "--cwd", str(tmp_path)]
     assert CliRunner().invoke(cli, ["run", "--db", str(db), *fast, "answered"]).exit_code == 0
 
+    # The console's width is fixed when it is made (rich reads COLUMNS then: an earlier
+    # test may have made it), so set it: a status must not wrap in its cell.
+    from fanfold.cli import output
+
+    monkeypatch.setattr(output.console, "width", 250)
+
     def statuses() -> dict[str, str]:
-        listed = CliRunner(env={"COLUMNS": "250"}).invoke(cli, ["ls", "--db", str(db)])
+        listed = CliRunner().invoke(cli, ["ls", "--db", str(db)])
         assert listed.exit_code == 0, listed.output
         return {
             cells[1]: cells[2]

@@ -277,9 +277,19 @@ def test_three_workers_survive_a_kill_a_freeze_and_a_postgresql_restart(
     resumed = _resumed_children(bench, ids)
     assert resumed, "no child was resumed mid-flight"
     # The fan-outs spread: each tree's children ran in three chunks, on more than one
-    # worker, and every chunk's workflow ended.
+    # worker, and every chunk's workflow ended. A tree whose worker died after its
+    # spawning step committed and before the placement rows were written runs its
+    # children unplaced, where the tree runs (DESIGN, "Placing": a crash before the
+    # rows); its children were checked above like the others'. (Chunk ids are
+    # ``chunk:FIRST_CHILD:LAST``, a child's id ``TREE.N``.)
     chunks = _chunk_workflows(bench)
-    assert len(chunks) == 3 * len(ids), chunks
+    per_tree = {t: 0 for t in ids}
+    for chunk in chunks:
+        per_tree[chunk.split(":")[1].rsplit(".", 1)[0]] += 1
+    assert all(n in (0, 3) for n in per_tree.values()), per_tree
+    unplaced = [t for t, n in per_tree.items() if n == 0]
+    assert len(unplaced) < len(ids), per_tree
+    print(f"trees whose crash came before their placement rows (ran unplaced): {unplaced}")
     assert all(status == "SUCCESS" for status, _ in chunks.values()), chunks
     ran_chunks = {executor for _, executor in chunks.values()}
     assert len(ran_chunks) >= 2, ran_chunks
