@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from fanfold.cli import cli
 from fanfold.cli.display import printable
+from fanfold.cli.worker_commands import EXIT_TIMEOUT
 from fanfold.db import Store
 from fanfold.statemachine import ErrorKind, Failed, Idle
 
@@ -823,6 +824,10 @@ def test_ls_tells_a_killed_run_from_a_live_one_and_a_cancelled_turn_from_an_answ
 
     live, cancelled = _running_root(db, *common, "to cancel")
     assert statuses()[cancelled] == "running"  # its runtime is alive
+    # `wait` on a tree in the log but not at rest gives up after its timeout (exit 124).
+    waited = CliRunner().invoke(cli, ["wait", cancelled, "--db", str(db), "--timeout", "0.3"])
+    assert waited.exit_code == EXIT_TIMEOUT, waited.output
+    assert f"{cancelled} was not at rest after 0.3 s" in waited.output
     live.send_signal(signal.SIGINT)
     out, err = live.communicate(timeout=30)
     assert live.returncode == 130, (out, err)
