@@ -51,6 +51,7 @@ the bytes once, hash them, parse them).
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
@@ -404,6 +405,17 @@ class TrustStore:
                 os.fsync(out.fileno())
             os.replace(temp, self.path)
             temp = None
+            # The rename is on stable storage before `fanfold trust` says it is done:
+            # after a power loss the record would otherwise be the old one (a grant or
+            # a revocation lost).
+            folder = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+                    raise
+            finally:
+                os.close(folder)
         except OSError as exc:
             raise TrustFileError(
                 f"cannot write the trust record {self.path}: {exc.strerror or exc}"

@@ -160,6 +160,35 @@ def test_trust_list_revoke(tmp_path: Path, trust_record: Path) -> None:
     assert store.entries() == ()
 
 
+def test_a_grant_and_a_revocation_are_synced_with_their_folder(
+    tmp_path: Path, trust_record: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The record is replaced by a rename: until its folder is synced, a power loss may
+    # bring back the old record (found by issue 32's power-loss work: a grant, or a
+    # revocation, lost). Every write syncs the file, then after the rename its folder.
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        events.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "a.toml"
+    target.write_text("x = 1\n")
+    store = TrustStore.default()
+    store.trust(target)
+    assert events == ["fsync file", "rename", "fsync folder"]
+    events.clear()
+    assert store.revoke(target)
+    assert events == ["fsync file", "rename", "fsync folder"]
+
+
 def test_the_cli_lists_and_revokes(project: Path) -> None:
     project_file(project, "http://127.0.0.1:8080/v1")
     assert invoke("trust", "--list").output.startswith("no trusted files")
