@@ -28,8 +28,9 @@ two leaves an older mark, which is still true); several writers may race to writ
 (each names a step of its own commit: a committed step, at worst an older one). It
 costs no SQL statement: one ``pwrite`` per batch. A mark of another database (its
 instance id differs: the file was replaced) is ignored and overwritten. The mark is
-not synced: a power loss may leave an older one (an older mark never accuses the log),
-or a mark newer than the synced log, which is the loss it is there to report.
+not synced: a power loss may leave an older one, and an older mark never accuses the
+log. It cannot leave one newer than the log on disk: each commit's WAL is synced before
+the commit returns (``synchronous = FULL``), and the mark is written after that.
 
 What it cannot see (DESIGN, "Failure model"): a loss together with its mark (the
 whole folder restored from a backup, the database copied without ``-committed``); a
