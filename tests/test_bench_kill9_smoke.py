@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_bench
 
 from fanfold.providers.scripted import ScriptedProvider
 from fanfold.runtime import Runtime
@@ -22,15 +21,7 @@ ROOT = Path(__file__).parent.parent
 CAMPAIGN = ROOT / "bench" / "kill9_campaign.py"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kill9_campaign", CAMPAIGN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-k9 = _load()
+k9 = load_bench("kill9_campaign")
 
 
 def test_judge_finds_lost_duplicated_and_stray_outcomes() -> None:

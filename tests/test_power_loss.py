@@ -11,25 +11,13 @@ run no command a second time.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_bench
 
-ROOT = Path(__file__).parent.parent
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("power_loss", ROOT / "bench" / "power_loss.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pl = _load()
+pl = load_bench("power_loss")
 
 needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 

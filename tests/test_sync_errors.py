@@ -16,35 +16,24 @@ none of its callbacks (where the effects start), and the error stops its caller.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_bench
 
 from fanfold.db import Step, Store, SyncFailed
 from fanfold.runtime.writer import LogWriter
 from fanfold.statemachine import ConversationCreated, start
 
-ROOT = Path(__file__).parent.parent
-
 needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("power_loss", ROOT / "bench" / "power_loss.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pl = _load()
+pl = load_bench("power_loss")
 
 
 def _run(
