@@ -141,6 +141,7 @@ from fanfold.statemachine import (
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
 from fanfold.statemachine.children import Mode, PendingChild, Summary, spawn_order
+from fanfold.statemachine.control_tools import MAX_TASK_CHARS
 from fanfold.statemachine.delegation import SUMMARY_HEADER
 from fanfold.statemachine.limits import CONTEXT_MODES
 from fanfold.statemachine.modes import may_start
@@ -1533,7 +1534,8 @@ ExpectedChild = tuple[str, str, float | None, int, str | None]
 def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None:
     """The child a ``spawn_agents`` task entry must give, or None if it must be refused.
 
-    Refused: anything but an object, a missing or blank ``task``, an unknown field, a
+    Refused: anything but an object, a missing, blank or too long (``MAX_TASK_CHARS``)
+    ``task``, an unknown field, a
     field of the wrong type (``true`` is no number), a ``cwd`` that leaves the parent's
     by its spelling, a ``timeout`` <= 0, a ``max_iterations`` < 1, an empty ``model``,
     an ``agent`` the parent's catalogue does not define, a ``context`` (its own or its
@@ -1544,7 +1546,7 @@ def _expected_child(entry: object, parent: Conversation) -> ExpectedChild | None
         return None
     task, cwd, timeout = entry.get("task"), entry.get("cwd"), entry.get("timeout")
     rounds, model = entry.get("max_iterations"), entry.get("model")
-    if not (isinstance(task, str) and task.strip()):
+    if not (isinstance(task, str) and task.strip()) or len(task) > MAX_TASK_CHARS:
         return None
     where = parent.cwd
     if cwd is not None:

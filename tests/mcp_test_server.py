@@ -33,7 +33,8 @@
 - ``garbage``: answers every line with a line that is not JSON.
 - ``badschema``: hand-written JSON-RPC: one tool whose schema uses ``$ref`` (outside
   the subset fanfold checks), one fine, one (``weird``) answering a malformed result;
-  ``stringschema``: a schema that is not an object.
+  ``stringschema``: a schema that is not an object; ``dupes``: two tools named
+  ``fine`` (described ``first`` and ``second``) and ``weird``.
 """
 
 import json
@@ -81,7 +82,9 @@ def raw() -> None:
         elif method == "tools/list":
             result = {
                 "tools": [
-                    {"name": "stringy", "inputSchema": {"type": "string"}}
+                    {"name": "fine", "description": "first", "inputSchema": {"type": "object"}}
+                    if MODE == "dupes"
+                    else {"name": "stringy", "inputSchema": {"type": "string"}}
                     if MODE == "stringschema"
                     else {
                         "name": "refy",
@@ -90,7 +93,11 @@ def raw() -> None:
                             "properties": {"x": {"$ref": "#/$defs/X"}},
                         },
                     },
-                    {"name": "fine", "inputSchema": {"type": "object", "properties": {}}},
+                    {
+                        "name": "fine",
+                        "description": "second" if MODE == "dupes" else "",
+                        "inputSchema": {"type": "object", "properties": {}},
+                    },
                     {"name": "weird", "inputSchema": {"type": "object", "properties": {}}},
                 ]
             }
@@ -329,7 +336,7 @@ if MODE == "banner":
     for i in range(int(os.environ.get("BANNER_LINES", "2")) - 1):
         print(f"(logging to stdout, as some servers do: line {i + 2})", flush=True)
     MODE = "ok"
-if MODE in ("noinit", "garbage", "badschema", "stringschema"):
+if MODE in ("noinit", "garbage", "badschema", "stringschema", "dupes"):
     raw()
 elif MODE == "typed":
     typed()

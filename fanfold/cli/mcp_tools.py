@@ -13,7 +13,7 @@ import attrs
 
 from fanfold.cli.display import printable
 from fanfold.cli.models import ModelChoice
-from fanfold.cli.output import hint
+from fanfold.cli.output import hint, quietly
 from fanfold.tools.secrets import EnvPolicy
 
 
@@ -38,6 +38,12 @@ def declarations_for(cwd: Path, config_path: Path | None) -> tuple[Any, ...]:
     return declared.servers
 
 
+def _say_failure(line: str) -> None:
+    """A server's failure during a call, for the user: one yellow line with the last
+    lines of its stderr (the model's error result has the message alone)."""
+    quietly(lambda: hint(f"MCP: {printable(line)}", style="yellow"))
+
+
 @asynccontextmanager
 async def mcp_tools(
     declarations: Sequence[Any], cwd: Path, env_policy: EnvPolicy
@@ -50,6 +56,7 @@ async def mcp_tools(
     from fanfold.mcp.client import McpHub
 
     async with McpHub.open(declarations, cwd=cwd, env_policy=env_policy, environ=os.environ) as hub:
+        hub.on_failure = _say_failure
         tools, problems = await hub.discover()
         for problem in problems:
             hint(f"MCP: {printable(problem)}", style="yellow")
@@ -75,6 +82,7 @@ async def worker_tools(
     from fanfold.runtime.served import ServedTools
 
     async with McpHub.open(declarations, cwd=cwd, env_policy=env_policy, environ=os.environ) as hub:
+        hub.on_failure = _say_failure
         served = ServedTools(base, hub)
         for problem in await served.discover():
             hint(f"MCP: {printable(problem)}", style="yellow")
@@ -176,6 +184,7 @@ async def recorded_mcp_tools(
     async with McpHub.open(
         declarations, cwd=first, env_policy=env_policy, environ=os.environ
     ) as hub:
+        hub.on_failure = _say_failure
         names: set[str] = set()
         tools = []
         for _, specs in trees:

@@ -35,6 +35,7 @@ from fanfold.providers.description import DescriptionError, ProviderDescription
 from fanfold.providers.scripted import ScriptError
 from fanfold.runtime import Runtime, SkippedTree, resume_plan
 from fanfold.statemachine import Conversation, Error
+from fanfold.statemachine.permissions import mcp_server_of
 from fanfold.tools.registry import ToolSet, unsupplied
 from fanfold.tools.secrets import EnvPolicy
 
@@ -119,6 +120,54 @@ def _recorded_tools(store: Store, root_id: str) -> tuple[str, tuple[Any, ...]]:
     return state.cwd, recorded_specs(state)
 
 
+def _declarations(
+    roots: tuple[str, ...],
+    recorded_tools: list[tuple[str, tuple[Any, ...]]],
+    chosen: list[str],
+    choices_of: dict[str, ModelChoice],
+    config_path: Path | None,
+) -> tuple[Any, ...]:
+    """The MCP servers the resumed trees' recorded tools are bound to: those of
+    ``--config`` when given; else, for each tree, those of the configuration file
+    recorded for it (a ``run --script ... --config F`` tree's F, as ``run`` read its
+    servers), or of the usual lookup when none is recorded. A name is the first
+    tree's."""
+    if config_path is not None or not choices_of:
+        return recorded_declarations(recorded_tools, config_path)
+    groups: dict[Path | None, list[tuple[str, tuple[Any, ...]]]] = {}
+    for root_id, tree in zip(roots, recorded_tools, strict=True):
+        if root_id in chosen:
+            recorded = choices_of[root_id].recorded.config
+            groups.setdefault(recorded.local_path() if recorded else None, []).append(tree)
+    declared: dict[str, Any] = {}
+    for path, trees in groups.items():
+        for declaration in recorded_declarations(trees, path):
+            declared.setdefault(declaration.name, declaration)
+    return tuple(declared.values())
+
+
+def _say_undeclared(
+    roots: tuple[str, ...],
+    recorded_tools: list[tuple[str, tuple[Any, ...]]],
+    chosen: list[str],
+    servers: tuple[Any, ...],
+) -> None:
+    """One yellow line per resumed tree whose recorded MCP tools name a server that is
+    not declared now: each of their calls will be an error result naming it."""
+    declared = {d.name for d in servers}
+    for root_id, (_, specs) in zip(roots, recorded_tools, strict=True):
+        names = {mcp_server_of(s.name) for s in specs} - {None} - declared
+        if root_id in chosen and names:
+            listed = ", ".join(repr(n) for n in sorted(n for n in names if n))
+            hint(
+                printable(
+                    f"MCP: tree {root_id} recorded tools of server {listed}, not declared "
+                    "now: each call of one will be an error result naming it"
+                ),
+                style="yellow",
+            )
+
+
 def _print_answers(finished: dict[str, Conversation], path: Target) -> None:
     """Each resumed tree's outcome as ``run`` prints it: its answer, or its error."""
 
@@ -187,6 +236,7 @@ async def _resume_main(
         unbuildable += 1
     ready = [r for r in plan.roots if r not in lacking]
     chosen = list(ready)
+    choices_of: dict[str, ModelChoice] = {}  # each tree's rebuilt choice
     if override is None:
         chosen = []
         for root_id in ready:
@@ -201,11 +251,13 @@ async def _resume_main(
                 assert recorded is not None
                 choices[recorded] = choice
             per_tree.by_root[root_id] = choice.provider
+            choices_of[root_id] = choice
             chosen.append(root_id)
     used = [override] if override is not None else list(choices.values())
     # The MCP servers the trees' recorded tools name: the variables their env and
     # headers take are kept from bash and redacted, like key variables.
-    servers = recorded_declarations(recorded_tools, config_path)
+    servers = _declarations(plan.roots, recorded_tools, chosen, choices_of, config_path)
+    _say_undeclared(plan.roots, recorded_tools, chosen, servers)
     server_secrets = secret_variables(servers)
     policy = EnvPolicy(
         frozenset().union(*(c.env_policy.key_variables for c in used)) | server_secrets,

@@ -4,8 +4,10 @@
 started when a tree first needs it: ``discover()`` (before a tree starts, to list its
 tools for the tree's recorded tool set) or the first call of one of its tools (a
 resumed tree). It is then shared by every conversation of the runtime, restarted once
-after it dies (a later death leaves its tools answering error results that name the
-server and end with its stderr), and stopped when the hub closes.
+after it dies (an HTTP server: connected to again up to ``HTTP_RECONNECTS`` times,
+with back-off), and stopped when the hub closes. A later death leaves its tools
+answering error results that name the server and say why; the last lines of its
+stderr go to the log and the user (``on_failure``), never into the model's context.
 
 A stdio server runs under the ``bash`` tool's supervisor in serve mode
 (``fanfold/tools/supervisor.py --serve``): its own session, every process it starts
@@ -29,12 +31,13 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import anyio
+import structlog
 import trio
 
 from fanfold.mcp.config import ServerDeclaration, expand
@@ -57,6 +60,8 @@ __all__ = [
     "split_tool_name",
 ]
 
+_log = structlog.get_logger("fanfold.mcp")
+
 SUPERVISOR = Path(__file__).resolve().parent.parent / "tools" / "supervisor.py"
 MAX_MESSAGE = 8 * 1024 * 1024
 """Bytes one JSON-RPC message (one line) from a server may take."""
@@ -70,6 +75,14 @@ MAX_OUTPUT_CHARS = 30_000
 STDERR_TAIL = 2_000
 SHUTDOWN_GRACE = 2.0
 """Seconds a server has to exit after its stdin closes, before it is killed."""
+HTTP_RECONNECTS = 5
+"""Times a Streamable HTTP or SSE server is connected to again after its connection
+was lost, per run (a stdio server is restarted once): it may be back, restarted by
+its user; each attempt counts, whether it connects or not."""
+RECONNECT_BACKOFF = 0.5
+"""Seconds after the loss before the first reconnection; doubled for each later one."""
+MAX_RECONNECT_WAIT = 8.0
+"""The longest wait before a reconnection."""
 PREFIX = "mcp__"
 UNDER_FANFOLD = "FANFOLD_MCP_PARENT"
 """Set in a stdio server's environment: a ``fanfold mcp`` seeing it starts no servers."""
@@ -90,7 +103,16 @@ def split_tool_name(name: str) -> tuple[str, str] | None:
 
 
 class ServerUnavailable(Exception):
-    """The server cannot be used; the message names it and says why."""
+    """The server cannot be used; the message names it and says why.
+
+    ``message`` is what the model is told (an error result); ``str()`` adds the last
+    lines of the server's stderr (``stderr``), for the user (a problem line, the log):
+    a traceback there may be another call's, and is no business of the model's."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(f"{message}; its stderr ends: {stderr}" if stderr else message)
+        self.message = message
+        self.stderr = stderr
 
 
 class McpTool:
@@ -142,15 +164,31 @@ class McpServer:
         self.noise_lines = 0
         """Lines on the current connection's stdout that were not JSON-RPC (skipped)."""
         self.first_noise: str | None = None
+        self.lost_at: float | None = None
+        """When (``trio.current_time``) the last connection was lost or failed: an
+        HTTP reconnection waits out its back-off from then."""
+        self._reported: set[str] = set()
         self._lock = trio.Lock()
         self._wake: trio.Event | None = None
 
     # -- lifecycle
 
     def _unavailable(self, what: str) -> ServerUnavailable:
-        tail = self.stderr_tail()
-        more = f"; its stderr ends: {tail}" if tail else ""
-        return ServerUnavailable(f"MCP server {self.name!r} {what}{more}")
+        return ServerUnavailable(f"MCP server {self.name!r} {what}", self.stderr_tail())
+
+    def _failed(self, tool: str, exc: ServerUnavailable) -> ToolOutput:
+        """The error result of a call the server could not answer: its message only.
+        The server's stderr tail goes to fanfold's log (a ``mcp_call_failed``
+        warning) and, once per distinct failure, to the hub's ``on_failure`` (the
+        CLI's yellow line), never into the model's context."""
+        _log.warning(
+            "mcp_call_failed", server=self.name, tool=tool, error=exc.message, stderr=exc.stderr
+        )
+        said = str(exc)
+        if self.hub.on_failure is not None and said not in self._reported:
+            self._reported.add(said)
+            self.hub.on_failure(said)
+        return ToolOutput.error(exc.message)
 
     def stderr_tail(self) -> str:
         text = self.stderr.text().strip()
@@ -170,9 +208,21 @@ class McpServer:
                 )
             if self.hub.closed:
                 raise ServerUnavailable(f"MCP server {self.name!r}: fanfold is shutting down")
-            if self.starts >= 2:
+            http = self.declaration.command is None
+            if not http and self.starts >= 2:
                 why = self.failure or "stopped"
                 raise self._unavailable(f"{why}, and was restarted once already")
+            if http and self.starts > HTTP_RECONNECTS:
+                why = self.failure or "stopped"
+                raise self._unavailable(
+                    f"{why}, and was reconnected {HTTP_RECONNECTS} times already"
+                )
+            if http and self.starts and self.lost_at is not None:
+                # An HTTP server is someone else's process: it may be back in a moment
+                # (restarted, redeployed). Each reconnection waits longer after the
+                # loss, so the bounded attempts span some seconds, not one burst.
+                wait = min(RECONNECT_BACKOFF * 2 ** (self.starts - 1), MAX_RECONNECT_WAIT)
+                await trio.sleep_until(self.lost_at + wait)
             self.starts += 1
             timeout = self.declaration.startup_timeout
             http_errors = self.http_errors
@@ -180,6 +230,7 @@ class McpServer:
                 with trio.fail_after(timeout):
                     await self.hub.nursery.start(self._serve)
             except trio.TooSlowError:
+                self.lost_at = trio.current_time()
                 self.failure = f"did not answer initialize within {timeout:g} s"
                 if self.noise_lines:
                     self.failure += (
@@ -188,8 +239,10 @@ class McpServer:
                     )
                 raise self._unavailable(self.failure) from None
             except ServerUnavailable:
+                self.lost_at = trio.current_time()
                 raise
             except Exception as exc:  # the SDK's MCPError, a closed stream, OSError
+                self.lost_at = trio.current_time()
                 status = f"answered {self.http_error}: " if self.http_errors > http_errors else ""
                 self.failure = self.failure or f"failed to start: {status}{_one_line(exc)}"
                 raise self._unavailable(self.failure) from None
@@ -231,6 +284,7 @@ class McpServer:
             if self._wake is wake:  # (not if a newer connection has replaced this one)
                 self.failure = self.failure or f"ended: {_one_line(exc)}"
         finally:
+            self.lost_at = trio.current_time()
             # A connection dropped by a call (``_lost``) may still be saying goodbye
             # when the next call has started a new one: only our own session is ours
             # to clear.
@@ -397,7 +451,11 @@ class McpServer:
         finally:
             report = _report(status_r)
             os.close(status_r)
-            if self.failure == "died" and ("code" in report or "signal" in report):
+            if report.get("end") == "error" and report.get("error"):
+                # The supervisor could not start the command: say what it said
+                # ("cannot start nope: No such file or directory"), not "died".
+                self.failure = report["error"]
+            elif self.failure == "died" and ("code" in report or "signal" in report):
                 how = (
                     f"signal {report['signal']}"
                     if "signal" in report
@@ -491,7 +549,7 @@ class McpServer:
         try:
             session = await self.ensure()
         except ServerUnavailable as exc:
-            return ToolOutput.error(str(exc))
+            return self._failed(tool, exc)
         timeout = self.declaration.timeout
         http_errors = self.http_errors
         with trio.move_on_after(timeout) as scope:
@@ -500,7 +558,7 @@ class McpServer:
             except MCPError as exc:
                 if self.session is None or self.failure is not None:
                     why = self.failure or "closed the connection"
-                    return ToolOutput.error(str(self._unavailable(f"{why} during the call")))
+                    return self._failed(tool, self._unavailable(f"{why} during the call"))
                 if exc.code == CONNECTION_CLOSED:
                     # The SDK's word for a connection gone under the call: over
                     # Streamable HTTP a server that died (its stream ended without an
@@ -511,14 +569,12 @@ class McpServer:
                     # as a restarted stdio server would be.
                     self.failure = f"closed the connection ({_one_line(exc)})"
                     await self._lost(session)
-                    return ToolOutput.error(
-                        str(self._unavailable(f"{self.failure} during the call"))
-                    )
+                    return self._failed(tool, self._unavailable(f"{self.failure} during the call"))
                 status = f"answered {self.http_error}: " if self.http_errors > http_errors else ""
                 return ToolOutput.error(f"MCP server {self.name!r}: {status}{_one_line(exc)}")
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 why = self.failure or _one_line(exc)
-                return ToolOutput.error(str(self._unavailable(f"{why} during the call")))
+                return self._failed(tool, self._unavailable(f"{why} during the call"))
             except Exception as exc:  # an answer the SDK cannot read (pydantic, ...)
                 return ToolOutput.error(
                     f"MCP server {self.name!r}: {tool} answered with something that is not "
@@ -574,6 +630,10 @@ class McpHub:
         self.environ = environ
         self.closed = False
         self.servers = {d.name: McpServer(d, self) for d in declarations}
+        self.on_failure: Callable[[str], None] | None = None
+        """Called with each distinct failure of a call (the server's message and the
+        last lines of its stderr), for the user: the CLI prints it as a yellow line.
+        The model's error result holds the message alone."""
 
     @classmethod
     @asynccontextmanager
@@ -639,7 +699,19 @@ class McpHub:
                 server.problem = answer
                 problems.append(answer)
                 continue
+            seen: set[str] = set()
             for tool in answer:
+                if str(tool.name) in seen:
+                    # Two tools of one name: the first is kept, as the server listed
+                    # them (a tool set takes a name once: this failed every run).
+                    twice = (
+                        f"MCP server {server.name!r}: tool {str(tool.name)[:80]!r} left out: "
+                        "the server offers another tool of that name (the first is kept)"
+                    )
+                    server.left_out.append(twice)
+                    problems.append(twice)
+                    continue
+                seen.add(str(tool.name))
                 made = _tool(server, tool)
                 if isinstance(made, str):
                     server.left_out.append(made)

@@ -36,6 +36,7 @@ from fanfold.db.records import Status
 from fanfold.regular_files import kind, read_regular
 from fanfold.runtime import Runtime
 from fanfold.statemachine import CancelReason, Limits
+from fanfold.statemachine.control_tools import MAX_TASK_CHARS
 from fanfold.statemachine.phases import Error
 
 __all__ = ["CANCEL_GRACE", "DelegationError", "DelegationLedger", "DelegationService"]
@@ -175,6 +176,13 @@ class DelegationService:
             cap = budget if limits.max_tokens is None else min(budget, limits.max_tokens)
             limits = Limits(**{**_limits_fields(limits), "max_tokens": cap})
         text = task if not context or not context.strip() else f"{context.strip()}\n\n{task}"
+        if len(text) > MAX_TASK_CHARS:
+            # Refused before anything is written: the model gets an error result.
+            with_context = " with its context" if text is not task else ""
+            raise DelegationError(
+                f"the task is too long ({len(text)} characters{with_context}, at most "
+                f"{MAX_TASK_CHARS}): give the agent the gist, or a file to read"
+            )
         root_id = await self.runtime.start(
             text,
             cwd=self.cwd,

@@ -301,6 +301,8 @@ def parse_task(entry: object, context_modes: tuple[str, ...] = CONTEXT_MODES) ->
     task = entry.get("task")
     if not isinstance(task, str) or not task.strip():
         return "'task' must be a non-empty string"
+    if len(task) > MAX_TASK_CHARS:
+        return f"'task' is too long ({len(task)} characters, at most {MAX_TASK_CHARS})"
     unknown = set(entry) - {
         "task",
         "cwd",
@@ -353,6 +355,13 @@ def one_of(modes: tuple[str, ...]) -> str:
     """``task_only, full or summary``."""
     return modes[0] if len(modes) == 1 else ", ".join(modes[:-1]) + " or " + modes[-1]
 
+
+MAX_TASK_CHARS = 1_000_000
+"""The longest task a sub-agent may be given (``spawn_agents``' ``task``, ``fanfold
+mcp``'s ``delegate_task`` with its ``context``): about 250,000 tokens, more than most
+models' whole context. A task is stored with its conversation and sent with each of
+its model calls (a 50 MB ``delegate_task`` grew the database by 420 MB); a longer one
+is an error result naming this limit."""
 
 MAX_CWD_CHARS = 1024
 """The longest ``cwd`` a task may give (Linux allows 4096 bytes for a whole path)."""

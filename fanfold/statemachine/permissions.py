@@ -292,7 +292,17 @@ def refusal(
             if problem is not None:
                 return f"refused: {problem} (a command allowed by a pattern{whose})"
             allowed = ", ".join(str(r) for r in layer.allow) or "nothing"
-            return f"refused: no allow rule{whose} matches this call (allowed: {allowed})"
+            why = f"refused: no allow rule{whose} matches this call (allowed: {allowed})"
+            server = mcp_server_of(call.name)
+            if server is not None and any(rule.tool == READ_ONLY for rule in layer.allow):
+                # Say why read-only does not take it: the server's own word is missing.
+                # (Only for MCP tools: other tools' refusals keep the wording older
+                # logs recorded, so that they still verify.)
+                why += (
+                    f"; read-only takes an MCP tool only if its server marks it "
+                    f"readOnlyHint, and server {server!r} does not mark {call.name!r}"
+                )
+            return why
     return None
 
 

@@ -40,6 +40,7 @@ from fanfold.statemachine.children import (
 from fanfold.statemachine.control_tools import (
     CONTROL_TOOLS,
     GRACE_PROMPT,
+    MAX_TASK_CHARS,
     ROOT_GRACE_PROMPT,
     SPAWN_AGENTS,
     SUBMIT_ERROR,
@@ -1097,6 +1098,10 @@ def _spawn(
     for index, entry in enumerate(tasks):
         text = entry.get("task", "") if isinstance(entry, dict) else ""
         text = text if isinstance(text, str) else json.dumps(text)
+        if len(text) > MAX_TASK_CHARS:
+            # Refused by parse_task; its fan-in entry names it by its start, not a
+            # second copy of the whole (the call's arguments hold it once).
+            text = f"{text[:200]}... [{len(text)} characters]"
         if index >= limits.max_tasks_per_call:
             rejected.append(
                 RejectedTask(

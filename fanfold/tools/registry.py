@@ -195,6 +195,14 @@ class ToolSet:
         call that no tool runs (unknown tool, arguments that are not valid)."""
         tool = self._tools.get(call.name)
         if tool is None:
+            server = mcp_server_of(call.name)
+            if server is not None:
+                # A recorded MCP tool (a resumed tree's) whose server is not declared
+                # now: declared ones are bound, and answer for themselves.
+                return ToolOutput.error(
+                    f"MCP server {server!r} is not declared in this run's configuration; "
+                    f"its tool {call.name!r} cannot run"
+                )
             available = ", ".join(self._tools) or "none"
             return ToolOutput.error(f"unknown tool {call.name!r}. Available tools: {available}")
         if confined and isinstance(tool, Confinable):
