@@ -161,3 +161,45 @@ def test_resume_warns_of_a_recorded_server_not_declared_now(
     err = capsys.readouterr().err
     assert err.count("MCP: ") == 1  # t2 is not resumed
     assert "tree t1 recorded tools of server 'gone', not declared now" in err
+
+
+def test_fanfold_run_prints_the_servers_stderr_and_records_the_message_alone(
+    tmp_path: Path,
+) -> None:
+    """The user's view of a server dying mid-call: ``run`` prints one yellow line with
+    the last lines of its stderr (and the JSON log has them), while the tool result in
+    the log, what the model read, holds the message alone."""
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+    from fanfold.db import Store
+    from fanfold.statemachine import ToolResultMessage
+
+    config = tmp_path / "servers.toml"
+    args = json.dumps([str(SERVER), "ok", str(tmp_path)])
+    config.write_text(f"[mcp_servers.ok]\ncommand = {json.dumps(sys.executable)}\nargs = {args}\n")
+    script = tmp_path / "script.json"
+    calls = [{"tool_calls": [{"name": "mcp__ok__die", "arguments": {}}]}, {"text": "ok"}]
+    script.write_text(json.dumps({"agents": [{"match": {"path": "root"}, "replies": calls}]}))
+    db = tmp_path / "d.db"
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    ran = CliRunner().invoke(
+        cli,
+        [
+            *("run", "go", "--no-live", "--cwd", str(tmp_path), "--script", str(script)),
+            *("--config", str(config), "--db", str(db)),
+        ],
+        env=env,
+    )
+    assert ran.exit_code == 0, ran.output
+    said = " ".join(ran.stderr.split())
+    assert "MCP: MCP server 'ok' died during the call; its stderr ends:" in said
+    assert "dying now" in said
+    with Store.open(db, read_only=True) as store:
+        (root,) = store.list_roots()
+        state = store.load_state(root.id)
+    (result,) = [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    assert result.is_error and result.content == "MCP server 'ok' died during the call"
+    logged = [json.loads(line) for line in db.with_suffix(".log.jsonl").read_text().splitlines()]
+    (failed,) = [line for line in logged if line["event"] == "mcp_call_failed"]
+    assert "dying now" in failed["stderr"] and failed["tool"] == "die"
