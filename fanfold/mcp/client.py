@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import structlog
 import trio
 
 from fanfold.mcp.config import ServerDeclaration, expand
 from fanfold.mcp.shrink import Shrinker
 from fanfold.providers.config import ConfigError
+from fanfold.runtime.logging import library_logger
 from fanfold.statemachine import ToolSpec
 from fanfold.statemachine.messages import thawed_json
 from fanfold.tools.output import HeadTailBuffer
@@ -59,8 +59,6 @@ __all__ = [
     "mcp_tool_name",
     "split_tool_name",
 ]
-
-_log = structlog.get_logger("fanfold.mcp")
 
 SUPERVISOR = Path(__file__).resolve().parent.parent / "tools" / "supervisor.py"
 MAX_MESSAGE = 8 * 1024 * 1024
@@ -181,7 +179,9 @@ class McpServer:
         The server's stderr tail goes to fanfold's log (a ``mcp_call_failed``
         warning) and, once per distinct failure, to the hub's ``on_failure`` (the
         CLI's yellow line), never into the model's context."""
-        _log.warning(
+        # fanfold's logger (the CLI's JSON log; stderr in a program that configured
+        # none, never its stdout).
+        library_logger().warning(
             "mcp_call_failed", server=self.name, tool=tool, error=exc.message, stderr=exc.stderr
         )
         said = str(exc)
