@@ -108,24 +108,39 @@ def choose_model(
                 "(they choose a model)"
             )
         provider = ScriptedProvider.from_file(script)
-        recorded = ProviderDescription(SCRIPT, script=FileDigest.of(script))
         config = load_config(config_path, cwd=cwd)
-        settings = "" if config.source in ("built-in", "environment") else config.source
-        return ModelChoice(
-            provider,
-            f"scripted ({script})" + (f"; settings of {settings}" if settings else ""),
-            recorded,
-            config.retry,  # the file's [retry]; a profile's own retry is the profile's
-            # Its profiles' key variables stay hidden from bash, as in a run on them.
-            EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env)),
-            config.system_prompt,
-            config.web_domains,
-            config.model_aliases,
+        from_file = config.source not in ("built-in", "environment")
+        # The settings' file is recorded beside the script (its sha256 too): a resume
+        # rebuilds the same settings from it (``rebuilt_choice``), servers included.
+        recorded = ProviderDescription(
+            SCRIPT,
+            script=FileDigest.of(script),
+            config=FileDigest.of(config.source) if from_file else None,
         )
+        return _scripted_choice(provider, script, config, recorded)
     config = load_config(config_path, cwd=cwd).with_overrides(
         profile=profile, model=model, origin="--profile/--model"
     )
     return _model_choice(config, model, DEFAULT_SCRIPT)
+
+
+def _scripted_choice(
+    provider: Provider, script: Path, config: Config, recorded: ProviderDescription
+) -> ModelChoice:
+    """A ``--script`` run's choice: the script's replies with everything of ``config``
+    but its model profiles (``choose_model``)."""
+    settings = "" if config.source in ("built-in", "environment") else config.source
+    return ModelChoice(
+        provider,
+        f"scripted ({script})" + (f"; settings of {settings}" if settings else ""),
+        recorded,
+        config.retry,  # the file's [retry]; a profile's own retry is the profile's
+        # Its profiles' key variables stay hidden from bash, as in a run on them.
+        EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env)),
+        config.system_prompt,
+        config.web_domains,
+        config.model_aliases,
+    )
 
 
 def _model_choice(config: Config, model: str | None, demo_script: Path) -> ModelChoice:
@@ -174,7 +189,14 @@ def rebuilt_choice(recorded: ProviderDescription) -> ModelChoice:
     if recorded.kind == SCRIPT:
         assert recorded.script is not None
         path = recorded.script.local_path()
-        return ModelChoice(ScriptedProvider.from_file(path), f"scripted ({path})", recorded)
+        if recorded.config is None:
+            # Recorded without settings (none were found, or by a fanfold that did
+            # not record them): the script alone, as before.
+            return ModelChoice(ScriptedProvider.from_file(path), f"scripted ({path})", recorded)
+        # The settings it ran with (``run --script ... --config F``), as ``run`` used
+        # them: the file's retries, prompt, aliases, web_fetch domains, pass_env.
+        config = load_config(recorded.config.local_path())
+        return _scripted_choice(ScriptedProvider.from_file(path), path, config, recorded)
     config = load_config(recorded.config.local_path() if recorded.config else None)
     found = config.source not in ("built-in", "environment")
     if recorded.config is None and found:
