@@ -33,6 +33,7 @@ from fanfold.cli.turns import last_answer
 from fanfold.db import ConversationRow, DatabaseError, EmptyLog, Status, Store
 from fanfold.db.provenance import Origin, UserKey, refusal
 from fanfold.providers.config import Config
+from fanfold.replay.lineage import lineage
 from fanfold.replay.render import Refusal, model_refusal
 from fanfold.statemachine import (
     AssistantMessage,
@@ -125,7 +126,8 @@ def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
     (False: its process died, ``fanfold resume`` goes on with it; None: not known)."""
     record = store.tree_record(row.id)
     imported = record is not None and record.origin == Origin.IMPORTED
-    origin = "imported" if imported else "fork" if row.forked_from is not None else "run"
+    source = lineage(store, row)
+    origin = "imported" if imported else "fork" if source is not None else "run"
     turn = None
     if row.status in (Status.IDLE, Status.ERROR):
         # A damaged log: ``verify`` names it; the list still shows the tree.
@@ -138,8 +140,8 @@ def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
         "created_at": row.created_at,
         "sub_agents": len(store.tree(row.id)) - 1,
         "origin": origin,
-        "forked_from": row.forked_from,
-        "forked_at_seq": row.forked_at_seq,
+        "forked_from": None if source is None else source.source_id,
+        "forked_at_seq": None if source is None else source.seq,
         "imported_from": record.source if imported and record is not None else None,
         "task": row.task,
     }
@@ -477,15 +479,14 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
     state = store.load_state(conversation_id)
     inherited = 0
     forked = None
-    base = _fork_base(store, conversation_id) if row.forked_from is not None else None
-    if base is not None:
+    source = lineage(store, row)
+    base = _fork_base(store, conversation_id) if source is not None else None
+    if base is not None and source is not None:
         # The fork's history begins with its source's, fan-in results of the source's
         # children included; its counts include the source's spend. Only what came
         # after the fork is its own.
         inherited = len(base.history)
-        forked = ForkedFrom(
-            str(row.forked_from), int(row.forked_at_seq or 0), base.usage.total, base.tokens_spent
-        )
+        forked = ForkedFrom(source.source_id, source.seq, base.usage.total, base.tokens_spent)
         state = _since(state, base)
     cost = None
     # The model its calls asked for: the configured one (the profile's, as the router

@@ -17,6 +17,7 @@ only ever be compared, never run. No network, no model, no tools.
   ``fork_at``: the same at any agent's step, with an edit (``fanfold fork``,
   ``Runtime.fork``).
 - ``export_jsonl`` / ``import_jsonl``: a tree's log as portable JSON Lines.
+- ``lineage(store, row)``: where a fork came from, its source stored here or not.
 """
 
 from fanfold.replay.errors import (
@@ -30,6 +31,7 @@ from fanfold.replay.errors import (
     VersionRefused,
 )
 from fanfold.replay.fork import Forked, fork, fork_at, fork_tree
+from fanfold.replay.lineage import Lineage, lineage
 from fanfold.replay.portable import (
     FORMAT,
     FORMAT_VERSION,
@@ -60,6 +62,7 @@ __all__ = [
     "ForkRefused",
     "Forked",
     "ImportRefused",
+    "Lineage",
     "LogCorrupt",
     "LogDiverged",
     "NoSuchStep",
@@ -72,6 +75,7 @@ __all__ = [
     "fork_at",
     "fork_tree",
     "import_jsonl",
+    "lineage",
     "state_at",
     "steps",
     "verify",

@@ -1,0 +1,75 @@
+"""What-ifs on trees from elsewhere and what a fork says about itself (issue 34).
+
+An imported fork keeps its lineage through export and import; a fork's copies name
+the fork's agents; an imported tree is forked at any step into a tree of the
+receiver's; ``replay --agent``; ``ls`` and ``diff`` name the forked agent, its seq and
+the edit. Real SQLite files and the CLI, from the two-children tree of
+``test_fork_tree`` (run once per module).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from test_fork_tree import go_on_script, ran, run, show, two_children
+
+from fanfold.db import Store
+
+__all__ = ["two_children"]  # the module fixture, used here by name
+
+
+def export(db: Path, conversation_id: str, out: Path) -> bytes:
+    done = run("export", conversation_id, "-o", out, "--db", db)
+    assert done.exit_code == 0, done.output
+    return out.read_bytes()
+
+
+def imported(db: Path, file: Path) -> str:
+    done = run("import", file, "--db", db)
+    assert done.exit_code == 0, done.output
+    return done.stdout.strip()
+
+
+def diff_json(db: Path, a: str, b: str) -> dict[str, Any]:
+    done = run("diff", a, b, "--json", "--db", db)
+    assert done.exit_code == 0, done.output
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def listed(db: Path) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in json.loads(run("ls", "--json", "--db", db).stdout)}
+
+
+def test_an_imported_fork_keeps_its_lineage_through_export_and_import(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
+    args = ["--agent", "1", "--at", "1", "--id", "fk", "--continue"]
+    done = run("fork", root, *args, "--script", go_on_script(tmp_path), "--db", db)
+    assert done.exit_code == 0, done.output
+    fork_file = export(db, "fk", tmp_path / "fork.jsonl")
+    export(db, root, tmp_path / "source.jsonl")
+    # The fork comes in first, its source later (or never): its rows cannot link to a
+    # source that is not there, yet it goes on naming it.
+    other = tmp_path / "other.db"
+    assert imported(other, tmp_path / "fork.jsonl") == "fk"
+    alone = tmp_path / "alone.db"
+    imported(alone, tmp_path / "fork.jsonl")
+    assert imported(other, tmp_path / "source.jsonl") == root
+    for where in (other, alone):
+        assert export(where, "fk", tmp_path / "again.jsonl") == fork_file
+        shown = run("show", "fk", "--db", where).stdout
+        assert f"fork of {root}@3" in shown and f"fork of {root}.1@1" in shown
+        assert (show(where, "fk")["forked_from"], show(where, "fk")["forked_at_seq"]) == (root, 3)
+        item = listed(where)["fk"]
+        assert (item["forked_from"], item["forked_at_seq"]) == (root, 3)
+        told = run("transcript", "fk", "--agent", "1", "--db", where).stdout
+        assert f"forked from: {root}.1@1" in told
+    # The same two trees, the same numbers, in both databases.
+    assert diff_json(other, root, "fk") == diff_json(db, root, "fk")
+    with Store.open(other) as store:
+        row = store.conversation("fk")
+        assert (row.forked_from, row.forked_at_seq) == (None, 3)  # no key to a later import
