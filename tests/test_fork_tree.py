@@ -35,6 +35,7 @@ from fanfold.statemachine import (
     LimitsEdit,
     SystemPromptEdit,
     TaskEdit,
+    ToolResultMessage,
     UserMessage,
     start,
     transition,
@@ -207,6 +208,21 @@ def test_a_tree_from_elsewhere_is_forked_only_at_its_roots_rest(
     assert unknown.exit_code == 2 and f"no agent 'root/7' in the tree of '{root}'" in unknown.stderr
 
 
+def _fan_in_ids_as(history: Any, root: str, fork: str) -> tuple[Any, ...]:
+    """``history`` with the agent ids of its fan-in results under ``fork``'s id."""
+    return tuple(
+        ToolResultMessage(
+            attrs.evolve(
+                m.result,
+                content=m.result.content.replace(f'"agent_id":"{root}.', f'"agent_id":"{fork}.'),
+            )
+        )
+        if isinstance(m, ToolResultMessage) and m.result.name == "spawn_agents"
+        else m
+        for m in history
+    )
+
+
 def _moments(store: Store, root: str) -> list[tuple[str, int]]:
     return [(s.conversation_id, s.seq) for s in replay.steps(store, root, tree=True)]
 
@@ -259,7 +275,8 @@ def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
                 testing.check_invariants(forked)
                 assert forked.outcome == state.outcome  # finished ones keep theirs
                 assert (forked.phase == state.phase) or state.children is not None
-                assert forked.history == state.history
+                # As recorded, but that a fan-in result names the fork's agents.
+                assert forked.history == _fan_in_ids_as(state.history, root, "f")
             # The picked conversation goes on with one of its limits changed, if the
             # new value admits it as it is: the step keeps every invariant, and the
             # fork with it in its log still verifies.

@@ -15,7 +15,9 @@ from typing import Any
 
 from test_fork_tree import go_on_script, ran, run, show, two_children
 
+from fanfold import replay
 from fanfold.db import Store
+from fanfold.statemachine import ToolResultMessage
 
 __all__ = ["two_children"]  # the module fixture, used here by name
 
@@ -73,3 +75,35 @@ def test_an_imported_fork_keeps_its_lineage_through_export_and_import(
     with Store.open(other) as store:
         row = store.conversation("fk")
         assert (row.forked_from, row.forked_at_seq) == (None, 3)  # no key to a later import
+
+
+def test_a_forks_records_name_the_forks_agents(tmp_path: Path, two_children: Path) -> None:
+    db, root, _ = ran(tmp_path, two_children)
+    # The root's step after its fan-in: both children finished before it, and the
+    # result naming them is in its history as the model's next call waits.
+    with Store.open(db) as store:
+        seq = next(
+            step.seq
+            for step in replay.steps(store, root)
+            if not step.after_state.at_rest
+            and any(
+                isinstance(m, ToolResultMessage) and m.result.name == "spawn_agents"
+                for m in step.after_state.history
+            )
+        )
+    assert run("fork", root, "--at", seq, "--id", "fi", "--db", db).exit_code == 0
+    with Store.open(db) as store:
+        (fan_in,) = [
+            json.loads(m.result.content)
+            for m in store.load_state("fi").history
+            if isinstance(m, ToolResultMessage) and m.result.name == "spawn_agents"
+        ]
+        assert [e["agent_id"] for e in fan_in["sub_agent_results"]] == ["fi.1", "fi.2"]
+        assert [c.id for c in store.children("fi")] == ["fi.1", "fi.2"]
+    told = run("transcript", "fi", "--json", "--db", db).stdout
+    assert '\\"agent_id\\":\\"fi.1\\"' in told and f'\\"agent_id\\":\\"{root}.1\\"' not in told
+    assert run("replay", "fi", "--verify", "--tree", "--db", db).exit_code == 0
+    # As far as the fork goes, the same as its source for diff (ids compared as <root>):
+    # they part only where the source's next reply is and the unresumed fork has none.
+    parting = diff_json(db, root, "fi")["agents"][0]["parting"]
+    assert parting["b"] is None and parting["a"]["kind"] == "assistant", parting

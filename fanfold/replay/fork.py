@@ -10,6 +10,7 @@ flight); nothing is written to the source. See DESIGN.md, "Time travel".
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -24,6 +25,7 @@ from fanfold.replay.errors import EditRefused, ForkRefused, LogCorrupt, LogDiver
 from fanfold.replay.report import Divergence, Finding
 from fanfold.replay.stepping import state_at, steps
 from fanfold.replay.transcript import agent_id
+from fanfold.statemachine.messages import canonical_json
 from fanfold.statemachine import (
     Conversation,
     ConversationForked,
@@ -32,9 +34,11 @@ from fanfold.statemachine import (
     ForkEdited,
     Idle,
     IllegalTransition,
+    Message,
     Roster,
     ToolCall,
     ToolResult,
+    ToolResultMessage,
     spawn_order,
     start,
     transition,
@@ -365,7 +369,9 @@ def _renamed(value: Any, rename: Any) -> Any:
         return rename(value)
     if isinstance(value, tuple | Roster):  # a Roster comes back a tuple: Children converts it
         return tuple(_renamed(item, rename) for item in value)
-    if isinstance(value, ToolCall | ToolResult):
+    if isinstance(value, ToolResult):
+        return _fan_in_renamed(value, rename)
+    if isinstance(value, ToolCall):
         return value  # a call's id is the provider's, not a conversation's
     if attrs.has(type(value)):
         changes = {
@@ -373,6 +379,46 @@ def _renamed(value: Any, rename: Any) -> Any:
             for field in attrs.fields(type(value))
             if field.name not in _TEXT_FIELDS
         }
+        if isinstance(value, Conversation):
+            changes["history"] = _history_renamed(value.history, rename)
         changed = {k: v for k, v in changes.items() if v is not getattr(value, k)}
         return attrs.evolve(value, **changed) if changed else value
     return value
+
+
+def _history_renamed(history: tuple[Message, ...], rename: Any) -> tuple[Message, ...]:
+    """``history`` with the fan-in results it holds naming the fork's agents; every
+    other message (model, user and tool words) as recorded. The same tuple if nothing
+    changed."""
+    renamed = tuple(
+        ToolResultMessage(_fan_in_renamed(m.result, rename))
+        if isinstance(m, ToolResultMessage)
+        else m
+        for m in history
+    )
+    return history if renamed == history else renamed
+
+
+def _fan_in_renamed(result: ToolResult, rename: Any) -> ToolResult:
+    """A ``spawn_agents`` fan-in result (the reducer's own JSON, ``fan_in_result``)
+    with each ``agent_id`` that is an id of the source tree replaced by the fork's;
+    any other result as it is (issue 34: a fork's conversations name the fork's agents,
+    as the conversations it goes on with do)."""
+    if result.name != "spawn_agents":
+        return result
+    try:
+        payload = json.loads(result.content)
+    except ValueError:
+        return result  # an error result in words: no ids to rename
+    entries = payload.get("sub_agent_results") if isinstance(payload, dict) else None
+    if not isinstance(entries, list):
+        return result
+    changed = False
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("agent_id"), str):
+            new = rename(entry["agent_id"])
+            changed = changed or new != entry["agent_id"]
+            entry["agent_id"] = new
+    if not changed:
+        return result
+    return attrs.evolve(result, content=canonical_json(payload))
