@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_fork_tree import go_on_script, ran, run, show, two_children
 
 from fanfold import replay
@@ -91,7 +92,7 @@ def test_a_forks_records_name_the_forks_agents(tmp_path: Path, two_children: Pat
                 for m in step.after_state.history
             )
         )
-    assert run("fork", root, "--at", seq, "--id", "fi", "--db", db).exit_code == 0
+    assert run("fork", root, "--at", str(seq), "--id", "fi", "--db", db).exit_code == 0
     with Store.open(db) as store:
         (fan_in,) = [
             json.loads(m.result.content)
@@ -107,3 +108,57 @@ def test_a_forks_records_name_the_forks_agents(tmp_path: Path, two_children: Pat
     # they part only where the source's next reply is and the unresumed fork has none.
     parting = diff_json(db, root, "fi")["agents"][0]["parting"]
     assert parting["b"] is None and parting["a"]["kind"] == "assistant", parting
+
+
+def test_replay_takes_an_agent_as_transcript_and_fork_do(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
+    stepped = run("replay", root, "--agent", "root/1", "--at", "1", "--db", db)
+    assert stepped.exit_code == 0, stepped.output
+    assert "seq 1" in stepped.stdout and "ToolExecuting" in stepped.stdout
+    assert stepped.stdout == run("replay", f"{root}.1", "--at", "1", "--db", db).stdout
+    verified = run("replay", root, "--agent", "2", "--verify", "--db", db)
+    assert verified.exit_code == 0 and "identical" in verified.stdout
+    unknown = run("replay", root, "--agent", "root/7", "--verify", "--db", db)
+    assert unknown.exit_code == 2 and f"no agent 'root/7' in the tree of '{root}'" in unknown.stderr
+
+
+def test_ls_and_diff_name_the_forked_agent_its_seq_and_the_edit(
+    tmp_path: Path, two_children: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
+    reply = tmp_path / "reply.json"
+    reply.write_text(
+        json.dumps({"tool_calls": [{"name": "bash", "arguments": {"command": "echo 9"}}]})
+    )
+    args: list[str | Path] = ["--agent", "1", "--at", "0", "--id", "a0", "--reply", reply]
+    args.append("--continue")
+    done = run("fork", root, *args, "--script", go_on_script(tmp_path), "--db", db)
+    assert done.exit_code == 0, done.output
+    assert run("fork", root, "--agent", "1", "--at", "1", "--id", "a1", "--db", db).exit_code == 0
+    items = listed(db)
+    assert (items["a0"]["forked_agent"], items["a0"]["forked_agent_seq"]) == ("root/1", 0)
+    assert (items["a1"]["forked_agent"], items["a1"]["forked_agent_seq"]) == ("root/1", 1)
+    assert items["a0"]["edit"] == "reply: calls bash" and items["a1"]["edit"] is None
+    from fanfold.cli import output
+
+    monkeypatch.setattr(output.console, "width", 250)
+    lines = {
+        line.split("│")[1].strip(): line
+        for line in run("ls", "--db", db).stdout.splitlines()
+        if "│" in line
+    }
+    assert "root/1@0, edit reply: calls bash" in lines["a0"]
+    assert "root/1@1" in lines["a1"] and "edit" not in lines["a1"]
+    report = diff_json(db, root, "a0")
+    assert report["a_fork"] is None
+    assert report["b_fork"] == {
+        "source": root,
+        "source_seq": items["a0"]["forked_at_seq"],
+        "agent": "root/1",
+        "agent_seq": 0,
+        "edit": "reply: calls bash",
+    }
+    said = run("diff", root, "a0", "--db", db).stdout
+    assert "B is a fork of" in said and "made at root/1 seq 0, edited: reply: calls bash" in said

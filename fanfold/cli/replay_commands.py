@@ -137,6 +137,13 @@ def _print_diff(divergence: Divergence) -> None:
 @click.option("--until", type=click.IntRange(min=0), help="Show the steps up to SEQ.")
 @click.option("--tree", is_flag=True, help="Include every sub-agent, interleaved by time.")
 @click.option("--full", is_flag=True, help="With --at: long texts of the state in full.")
+@click.option(
+    "--agent",
+    "path",
+    default=None,
+    help="The conversation of the tree to replay: root, root/1, 1/2 or an id "
+    "(default: CONVERSATION_ID).",
+)
 @db_option
 def replay_command(
     conversation_id: str,
@@ -146,14 +153,18 @@ def replay_command(
     until: int | None,
     tree: bool,
     full: bool,
+    path: str | None,
     db: Target | None,
 ) -> None:
     """Replay a conversation's recorded log through today's reducer; nothing is executed.
 
     --verify exits 0 if every recorded effect and state is reproduced, 1 on a
     divergence (with a diff), 2 if the log itself is damaged. --step shows each
-    transition: event, phase before -> after, effects and state.
+    transition: event, phase before -> after, effects and state. --agent picks a
+    conversation of CONVERSATION_ID's tree by its place (as transcript and fork do).
     """
+    from fanfold.replay.transcript import agent_id
+
     if check and walk:
         raise OneLineError("give one of --verify and --step")
     if at is not None and until is not None:
@@ -167,10 +178,12 @@ def replay_command(
     if check:
         with _errors(db), open_store(db, read_only=True) as store:
             started = time.perf_counter()
+            conversation_id = agent_id(store, conversation_id, path)
             report = replay.verify(store, conversation_id, tree=tree)
             elapsed = time.perf_counter() - started
         raise SystemExit(_show_report(report, elapsed))
     with _errors(db), open_store(db, read_only=True) as store:
+        conversation_id = agent_id(store, conversation_id, path)
         _show_steps(store, conversation_id, at=at, until=until, tree=tree, full=full)
 
 

@@ -25,7 +25,6 @@ from fanfold.replay.errors import EditRefused, ForkRefused, LogCorrupt, LogDiver
 from fanfold.replay.report import Divergence, Finding
 from fanfold.replay.stepping import state_at, steps
 from fanfold.replay.transcript import agent_id
-from fanfold.statemachine.messages import canonical_json
 from fanfold.statemachine import (
     Conversation,
     ConversationForked,
@@ -43,6 +42,7 @@ from fanfold.statemachine import (
     start,
     transition,
 )
+from fanfold.statemachine.messages import canonical_json
 
 
 def _at_rest(state: Conversation) -> bool:
@@ -304,8 +304,9 @@ def fork_tree(
         source_seq, state = states[source_id]
         copied = _renamed(state, rename)
         assert isinstance(copied, Conversation)
-        pending = edit if source_id == conversation_id else None
-        event = ConversationForked(copied.id, source_id, source_seq, copied, pending)
+        picked = source_id == conversation_id
+        pending = edit if picked else None
+        event = ConversationForked(copied.id, source_id, source_seq, copied, pending, picked)
         forked, effects = start(event)
         is_root = forked.parent_id is None
         written.append(
