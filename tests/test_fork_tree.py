@@ -191,19 +191,19 @@ def test_a_root_forked_as_it_delegates_spawns_its_children_again(
     assert events_of(db, root) == before
 
 
-def test_a_tree_from_elsewhere_is_forked_only_at_its_roots_rest(
-    tmp_path: Path, two_children: Path
-) -> None:
+def test_a_tree_from_elsewhere_is_forked_at_any_step(tmp_path: Path, two_children: Path) -> None:
+    # Issue 34: it was forked only at its root's rest; now at any step where no tool
+    # call its log decided would start (test_fork_whatif.py has the refusals).
     db, root, _ = ran(tmp_path, two_children)
     exported = tmp_path / "tree.jsonl"
     assert run("export", root, "-o", exported, "--db", db).exit_code == 0
     other = tmp_path / "other.db"
     imported = run("import", exported, "--db", other).stdout.strip()
-    refused = run("fork", imported, "--agent", "1", "--at", "1", "--db", other)
-    assert refused.exit_code == 2
-    assert "sub-agent of a tree this runtime did not write" in refused.stderr
-    mid = run("fork", imported, "--at", "2", "--db", other)
-    assert mid.exit_code == 2 and "can be forked only at rest" in mid.stderr
+    sub = run("fork", imported, "--agent", "1", "--at", "1", "--id", "s", "--db", other)
+    assert sub.exit_code == 0 and "was not written by this runtime" in sub.stderr
+    mid = run("fork", imported, "--at", "2", "--id", "m", "--db", other)
+    assert mid.exit_code == 0, mid.output
+    assert [c["id"] for c in show(other, "s")["children"]] == ["s.1", "s.2"]
     unknown = run("fork", root, "--agent", "root/7", "--at", "0", "--db", db)
     assert unknown.exit_code == 2 and f"no agent 'root/7' in the tree of '{root}'" in unknown.stderr
 

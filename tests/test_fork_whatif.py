@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_fork_tree import go_on_script, ran, run, show, two_children
+from db_scenarios import BASH, Driver
+from replay_helpers import write
+from test_fork_tree import events_of, go_on_script, ran, run, show, two_children
 
 from fanfold import replay
 from fanfold.db import Store
-from fanfold.statemachine import ToolResultMessage
+from fanfold.statemachine import ConversationCreated, ToolCall, ToolResultMessage, UserMessaged
 
 __all__ = ["two_children"]  # the module fixture, used here by name
 
@@ -162,3 +164,68 @@ def test_ls_and_diff_name_the_forked_agent_its_seq_and_the_edit(
     }
     said = run("diff", root, "a0", "--db", db).stdout
     assert "B is a fork of" in said and "made at root/1 seq 0, edited: reply: calls bash" in said
+
+
+def test_an_imported_tree_is_forked_at_a_sub_agent_and_goes_on_here(
+    tmp_path: Path, two_children: Path
+) -> None:
+    db, root, _ = ran(tmp_path, two_children)
+    export(db, root, tmp_path / "bug.jsonl")
+    other = tmp_path / "other.db"
+    assert imported(other, tmp_path / "bug.jsonl") == root
+    before = events_of(other, root)
+    script = go_on_script(tmp_path)
+    # root/1 at seq 1: its recorded `echo 42` was running. The fork goes on with this
+    # user's script; the recorded call is not run again (the interrupted result).
+    args: list[str | Path] = ["--agent", "1", "--at", "1", "--id", "w", "--continue"]
+    args += ["--script", script]
+    done = run("fork", root, *args, "--db", other)
+    assert done.exit_code == 0, done.output
+    assert "was not written by this runtime" in done.stderr
+    # A what-if: root/1's first reply replaced; its tool runs live, here.
+    reply = tmp_path / "reply.json"
+    calls = [{"name": "bash", "arguments": {"command": "echo 77"}}]
+    reply.write_text(json.dumps({"tool_calls": calls}))
+    args = ["--agent", "1", "--at", "0", "--id", "v", "--reply", reply, "--continue"]
+    done = run("fork", root, *args, "--script", script, "--db", other)
+    assert done.exit_code == 0, done.output
+    with Store.open(other) as store:
+        interrupted = store.load_state("w.1").outcome
+        assert interrupted is not None and "interrupted" in interrupted.result  # type: ignore[union-attr]
+        assert "42" not in interrupted.result  # type: ignore[union-attr]
+        edited = store.load_state("v.1").outcome
+        assert edited is not None and edited.result.startswith("77")  # type: ignore[union-attr]
+        record = store.tree_record(root)
+        assert record is not None and record.origin.value == "imported"  # still inert
+    for fork in ("w", "v"):
+        assert run("replay", fork, "--verify", "--tree", "--db", other).exit_code == 0
+    assert events_of(other, root) == before
+    refused = run("send", root, "more", "--script", script, "--db", other)
+    assert refused.exit_code != 0  # the import itself is never continued
+
+
+def test_a_fork_of_a_tree_from_elsewhere_never_starts_a_call_its_log_decided(
+    tmp_path: Path,
+) -> None:
+    # Two calls in one reply, written without a mark (a log from elsewhere): going on
+    # from the first one's step would run the second with no model asked.
+    driver = Driver()
+    driver.create(ConversationCreated("x", cwd=str(tmp_path), tools=(BASH,)))
+    driver.feed("x", UserMessaged("go"))
+    first = ToolCall.of("x-b1", "bash", {"command": "true"})
+    second = ToolCall.of("x-b2", "bash", {"command": "touch planted"})
+    driver.reply("x", "two calls", first, second)
+    db = tmp_path / "log.db"
+    write(db, driver.steps)
+    with Store.open(db) as store:
+        last = store.conversation("x").last_seq
+    refused = run("fork", "x", "--at", str(last), "--db", db)
+    assert refused.exit_code == 2
+    assert "would run tool calls its log decided: root bash (x-b2)" in refused.stderr
+    # The step before the reply (the model's call awaited) forks, into a tree of this
+    # user's that records no provider: it goes on only with one this user names.
+    assert run("fork", "x", "--at", str(last - 1), "--id", "y", "--db", db).exit_code == 0
+    with Store.open(db) as store:
+        record = store.tree_record("y")
+        assert record is not None and record.provider is None and record.mark is not None
+        assert sorted(r.id for r in store.list_roots()) == ["x", "y"]

@@ -356,8 +356,10 @@ def fork_command(
     A root at rest there is forked alone: continue it with `fanfold send NEW_ID
     "message"`. Any other step (a sub-agent's, or one with work in flight) forks the
     whole tree as it was at that moment: --continue goes on with it at once (with
-    --script/--config/--profile/--model, else the source's provider), or later
-    `fanfold resume`. At most one edit (--reply, --tool-result, --task,
+    --script/--config/--profile/--model, else the source's provider; for a tree from
+    elsewhere, an imported one, your configuration), or later `fanfold resume`. In a
+    tree from elsewhere no tool call its log decided runs (a fork that would start one
+    is refused). At most one edit (--reply, --tool-result, --task,
     --system-file, --limit/--limits) changes the picked conversation as it goes on.
     Prints the new root's id. The source is untouched.
     """
@@ -393,6 +395,14 @@ def fork_command(
         cwd = store.load_state(forked).cwd
         path_text = store.path  # a URL without its password
     click.echo(forked)
+    if foreign is not None:
+        # The fork is this user's tree now, but its working directory, system prompt
+        # and history are what the source's log says: someone else's words.
+        hint(
+            f"note: {conversation_id} was not written by this runtime; the fork keeps its "
+            f"working directory ({printable(cwd)}), system prompt and history: check them "
+            f"(fanfold replay {forked} --at 0 --db {path_text}) before sending to it",
+        )
     if whole_tree and go_on:
         from fanfold.cli.logs import open_logs
         from fanfold.cli.models import choose_model
@@ -402,7 +412,9 @@ def fork_command(
         log_path = db_path(db)  # (a URL's secret too: ``store.path`` has no password)
         open_logs(log_path, None)
         with user_errors(log_path):
-            if script or config_path or profile or model:
+            # A fork of a tree from elsewhere records no provider: it goes on with
+            # this user's (the one named, else this user's configuration).
+            if script or config_path or profile or model or foreign is not None:
                 override = choose_model(script, config_path, profile, model)
             python_tools = tuple(load_tools(tool_refs))
             code = run_trio(_resume_main, log_path, override, config_path, forked, python_tools)
@@ -411,18 +423,15 @@ def fork_command(
         return
     if go_on and not whole_tree:
         hint(f"{forked} is at rest: nothing to go on with; send it a message")
-    if foreign is not None:
-        # The fork is this user's tree now, but its working directory, system prompt
-        # and history are what the source's log says: someone else's words.
-        hint(
-            f"note: {conversation_id} was not written by this runtime; the fork keeps its "
-            f"working directory ({printable(cwd)}), system prompt and history: check them "
-            f"(fanfold replay {forked} --at 0 --db {path_text}) before sending to it",
-        )
     if whole_tree:
+        provider = (
+            "with your provider: --script/--config/--profile"
+            if foreign is not None
+            else "with the source's provider, or --script/--profile"
+        )
         hint(
             f"forked the tree of {printable(target)} at its seq {at_seq} as {forked}; "
-            "continue it (with the source's provider, or --script/--profile) with:\n"
+            f"continue it ({provider}) with:\n"
             f"  fanfold resume --db {path_text}",
         )
         return
