@@ -16,11 +16,21 @@ from typing import Any
 import pytest
 from db_scenarios import BASH, Driver
 from replay_helpers import write
+from runtime_helpers import open_runtime
 from test_fork_tree import events_of, go_on_script, ran, run, show, two_children
+from test_mcp_durability import SCRIPT, CountingTool
 
 from fanfold import replay
 from fanfold.db import Store
-from fanfold.statemachine import ConversationCreated, ToolCall, ToolResultMessage, UserMessaged
+from fanfold.providers.scripted import ScriptedProvider
+from fanfold.statemachine import (
+    ConversationCreated,
+    ToolCall,
+    ToolExecuting,
+    ToolResultMessage,
+    UserMessaged,
+)
+from fanfold.tools.registry import ToolSet
 
 __all__ = ["two_children"]  # the module fixture, used here by name
 
@@ -229,3 +239,26 @@ def test_a_fork_of_a_tree_from_elsewhere_never_starts_a_call_its_log_decided(
         record = store.tree_record("y")
         assert record is not None and record.provider is None and record.mark is not None
         assert sorted(r.id for r in store.list_roots()) == ["x", "y"]
+
+
+async def test_a_forks_running_call_is_never_run_again_even_if_idempotent(tmp_path: Path) -> None:
+    # A tool that declares a second call harmless is run again after a crash; in a
+    # fork its running call is the source's (maybe a tree from elsewhere): never again.
+    calls: list[str] = []
+    async with open_runtime(tmp_path, ScriptedProvider(SCRIPT)) as runtime:
+        runtime.tools = ToolSet([CountingTool(True, calls, block=False)])
+        root = await runtime.start("go", cwd=tmp_path)
+        await runtime.wait(root)
+        (running,) = [
+            s.seq
+            for s in replay.steps(runtime.store, root)
+            if isinstance(s.after_state.phase, ToolExecuting)
+        ]
+        assert calls == ["call"]
+        fork = await runtime.fork(root, running, new_id="g", go_on=True)
+        await runtime.wait(fork)
+        (result,) = [
+            m.result for m in runtime.state(fork).history if isinstance(m, ToolResultMessage)
+        ]
+    assert calls == ["call"]
+    assert result.is_error and result.content.startswith("interrupted:")
