@@ -35,6 +35,7 @@ from fanfold.statemachine import (
     LimitsEdit,
     SystemPromptEdit,
     TaskEdit,
+    ToolResultMessage,
     UserMessage,
     start,
     transition,
@@ -190,21 +191,36 @@ def test_a_root_forked_as_it_delegates_spawns_its_children_again(
     assert events_of(db, root) == before
 
 
-def test_a_tree_from_elsewhere_is_forked_only_at_its_roots_rest(
-    tmp_path: Path, two_children: Path
-) -> None:
+def test_a_tree_from_elsewhere_is_forked_at_any_step(tmp_path: Path, two_children: Path) -> None:
+    # Issue 34: it was forked only at its root's rest; now at any step where no tool
+    # call its log decided would start (test_fork_whatif.py has the refusals).
     db, root, _ = ran(tmp_path, two_children)
     exported = tmp_path / "tree.jsonl"
     assert run("export", root, "-o", exported, "--db", db).exit_code == 0
     other = tmp_path / "other.db"
     imported = run("import", exported, "--db", other).stdout.strip()
-    refused = run("fork", imported, "--agent", "1", "--at", "1", "--db", other)
-    assert refused.exit_code == 2
-    assert "sub-agent of a tree this runtime did not write" in refused.stderr
-    mid = run("fork", imported, "--at", "2", "--db", other)
-    assert mid.exit_code == 2 and "can be forked only at rest" in mid.stderr
+    sub = run("fork", imported, "--agent", "1", "--at", "1", "--id", "s", "--db", other)
+    assert sub.exit_code == 0 and "was not written by this runtime" in sub.stderr
+    mid = run("fork", imported, "--at", "2", "--id", "m", "--db", other)
+    assert mid.exit_code == 0, mid.output
+    assert [c["id"] for c in show(other, "s")["children"]] == ["s.1", "s.2"]
     unknown = run("fork", root, "--agent", "root/7", "--at", "0", "--db", db)
     assert unknown.exit_code == 2 and f"no agent 'root/7' in the tree of '{root}'" in unknown.stderr
+
+
+def _fan_in_ids_as(history: Any, root: str, fork: str) -> tuple[Any, ...]:
+    """``history`` with the agent ids of its fan-in results under ``fork``'s id."""
+    return tuple(
+        ToolResultMessage(
+            attrs.evolve(
+                m.result,
+                content=m.result.content.replace(f'"agent_id":"{root}.', f'"agent_id":"{fork}.'),
+            )
+        )
+        if isinstance(m, ToolResultMessage) and m.result.name == "spawn_agents"
+        else m
+        for m in history
+    )
 
 
 def _moments(store: Store, root: str) -> list[tuple[str, int]]:
@@ -259,7 +275,8 @@ def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
                 testing.check_invariants(forked)
                 assert forked.outcome == state.outcome  # finished ones keep theirs
                 assert (forked.phase == state.phase) or state.children is not None
-                assert forked.history == state.history
+                # As recorded, but that a fan-in result names the fork's agents.
+                assert forked.history == _fan_in_ids_as(state.history, root, "f")
             # The picked conversation goes on with one of its limits changed, if the
             # new value admits it as it is: the step keeps every invariant, and the
             # fork with it in its log still verifies.

@@ -124,8 +124,8 @@ def test_verify_of_a_damaged_log_exits_2_naming_the_seq(db: Path) -> None:
         (["replay", "r", "--verify", "--at", "1"], "--at and --until go with --step"),
         (["replay", "r", "--at", "1", "--until", "2"], "give one of --at and --until"),
         (["replay", "r", "--at", "99"], "has no event 99: its events are 0 to 6"),
-        (["fork", "r", "--at", "3"], "the nearest seqs where it can be are 0 and 6"),
-        (["fork", "r.1", "--at", "0"], "it is a sub-agent"),
+        (["fork", "r", "--agent", "root/9", "--at", "0"], "no agent 'root/9' in the tree"),
+        (["replay", "r", "--agent", "root/9", "--verify"], "no agent 'root/9' in the tree"),
         (["export", "nope"], "no conversation 'nope'"),
     ],
 )

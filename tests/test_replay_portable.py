@@ -237,7 +237,8 @@ def test_a_fork_exports_without_its_source(tmp_path: Path) -> None:
     with Store.memory() as other:
         assert replay.import_jsonl(other, text.splitlines()) == fork
         row = other.conversation(fork)
-        assert (row.forked_from, row.forked_at_seq) == (None, None)  # "c" is not here
+        assert (row.forked_from, row.forked_at_seq) == (None, 5)  # "c" is not here
+        assert replay.lineage(other, row) == replay.Lineage("c", 5)  # its seq 0 names it
         assert replay.verify(other, fork).ok
 
 

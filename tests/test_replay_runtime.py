@@ -188,12 +188,14 @@ async def test_a_fork_continues_with_a_new_message_and_the_source_is_untouched(
         rest = [s.seq for s in replay.steps(store, source) if isinstance(s.after_state.phase, Idle)]
         assert rest == [0, 2, 4]
         # Seq 3 has a model call in flight: this user's own tree is forked whole there
-        # (issue 24), a tree to be resumed; only a tree from elsewhere is refused.
+        # (issue 24), a tree to be resumed; a tree from elsewhere too (issue 34), into
+        # a tree that records no provider: it goes on with its user's.
         mid = replay.fork(store, source, 3, new_id="mid")
         assert isinstance(store.load_state(mid).phase, LlmRequesting)
         foreign = UserKey.generate()  # another user's
-        with pytest.raises(replay.ForkRefused, match="nearest seqs where it can be are 2 and 4"):
-            replay.fork(store, source, 3, key=foreign)
+        theirs = replay.fork(store, source, 3, key=foreign, new_id="theirs")
+        record = store.tree_record(theirs)
+        assert record is not None and record.provider is None
         fork = replay.fork(store, source, 2, new_id="forked")
         row = store.conversation(fork)
         assert (row.forked_from, row.forked_at_seq, row.root_id) == (source, 2, fork)

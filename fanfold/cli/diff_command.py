@@ -22,6 +22,7 @@ from fanfold.cli.replay_commands import _errors
 from fanfold.cli.show_commands import ShowNode, _show_node, _trusted_config
 from fanfold.db import Store
 from fanfold.replay.compare import AgentPair, Said, compare
+from fanfold.replay.lineage import ForkOrigin, fork_origin
 
 
 @click.command(name="diff")
@@ -40,15 +41,32 @@ def diff_command(a: str, b: str, as_json: bool, db: Target | None) -> None:
         nodes = _nodes(store, a) | _nodes(store, b)
         pairs = compare(store, a, b)
         roots = (store.conversation(a).root_id, store.conversation(b).root_id)
+        made = [fork_origin(store, root) for root in roots]
     report = {
         "a": roots[0],
         "b": roots[1],
         "agents": [_pair_json(pair, nodes) for pair in pairs],
+        # Where each tree was forked, if it is a fork: the agent picked, its seq in
+        # its source, and the edit (issue 34).
+        "a_fork": _fork_json(made[0]),
+        "b_fork": _fork_json(made[1]),
     }
     if as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=True))
         return
     _show(report)
+
+
+def _fork_json(made: ForkOrigin | None) -> dict[str, Any] | None:
+    if made is None:
+        return None
+    return {
+        "source": made.source.source_id,
+        "source_seq": made.source.seq,
+        "agent": made.agent,
+        "agent_seq": made.seq,
+        "edit": made.edit_text,
+    }
 
 
 def _nodes(store: Store, conversation_id: str) -> dict[str, ShowNode]:
@@ -127,6 +145,15 @@ def _show(report: dict[str, Any]) -> None:
         soft_wrap=True,
         highlight=False,
     )
+    for side in ("a", "b"):
+        made = report[f"{side}_fork"]
+        if made is not None:
+            edit = f", edited: {made['edit']}" if made["edit"] else ", no edit"
+            said = (
+                f"{side.upper()} is a fork of {made['source']}@{made['source_seq']}, "
+                f"made at {made['agent']} seq {made['agent_seq']}{edit}"
+            )
+            console.print(Text(printable(said), style="dim"), soft_wrap=True, highlight=False)
     table = Table("agent", "outcome", "rounds", "tokens", "cost", "parts at")
     for agent in report["agents"]:
         table.add_row(

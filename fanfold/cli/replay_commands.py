@@ -137,6 +137,13 @@ def _print_diff(divergence: Divergence) -> None:
 @click.option("--until", type=click.IntRange(min=0), help="Show the steps up to SEQ.")
 @click.option("--tree", is_flag=True, help="Include every sub-agent, interleaved by time.")
 @click.option("--full", is_flag=True, help="With --at: long texts of the state in full.")
+@click.option(
+    "--agent",
+    "path",
+    default=None,
+    help="The conversation of the tree to replay: root, root/1, 1/2 or an id "
+    "(default: CONVERSATION_ID).",
+)
 @db_option
 def replay_command(
     conversation_id: str,
@@ -146,14 +153,18 @@ def replay_command(
     until: int | None,
     tree: bool,
     full: bool,
+    path: str | None,
     db: Target | None,
 ) -> None:
     """Replay a conversation's recorded log through today's reducer; nothing is executed.
 
     --verify exits 0 if every recorded effect and state is reproduced, 1 on a
     divergence (with a diff), 2 if the log itself is damaged. --step shows each
-    transition: event, phase before -> after, effects and state.
+    transition: event, phase before -> after, effects and state. --agent picks a
+    conversation of CONVERSATION_ID's tree by its place (as transcript and fork do).
     """
+    from fanfold.replay.transcript import agent_id
+
     if check and walk:
         raise OneLineError("give one of --verify and --step")
     if at is not None and until is not None:
@@ -167,10 +178,12 @@ def replay_command(
     if check:
         with _errors(db), open_store(db, read_only=True) as store:
             started = time.perf_counter()
+            conversation_id = agent_id(store, conversation_id, path)
             report = replay.verify(store, conversation_id, tree=tree)
             elapsed = time.perf_counter() - started
         raise SystemExit(_show_report(report, elapsed))
     with _errors(db), open_store(db, read_only=True) as store:
+        conversation_id = agent_id(store, conversation_id, path)
         _show_steps(store, conversation_id, at=at, until=until, tree=tree, full=full)
 
 
@@ -343,8 +356,10 @@ def fork_command(
     A root at rest there is forked alone: continue it with `fanfold send NEW_ID
     "message"`. Any other step (a sub-agent's, or one with work in flight) forks the
     whole tree as it was at that moment: --continue goes on with it at once (with
-    --script/--config/--profile/--model, else the source's provider), or later
-    `fanfold resume`. At most one edit (--reply, --tool-result, --task,
+    --script/--config/--profile/--model, else the source's provider; for a tree from
+    elsewhere, an imported one, your configuration), or later `fanfold resume`. In a
+    tree from elsewhere no tool call its log decided runs (a fork that would start one
+    is refused). At most one edit (--reply, --tool-result, --task,
     --system-file, --limit/--limits) changes the picked conversation as it goes on.
     Prints the new root's id. The source is untouched.
     """
@@ -380,6 +395,14 @@ def fork_command(
         cwd = store.load_state(forked).cwd
         path_text = store.path  # a URL without its password
     click.echo(forked)
+    if foreign is not None:
+        # The fork is this user's tree now, but its working directory, system prompt
+        # and history are what the source's log says: someone else's words.
+        hint(
+            f"note: {conversation_id} was not written by this runtime; the fork keeps its "
+            f"working directory ({printable(cwd)}), system prompt and history: check them "
+            f"(fanfold replay {forked} --at 0 --db {path_text}) before sending to it",
+        )
     if whole_tree and go_on:
         from fanfold.cli.logs import open_logs
         from fanfold.cli.models import choose_model
@@ -389,7 +412,9 @@ def fork_command(
         log_path = db_path(db)  # (a URL's secret too: ``store.path`` has no password)
         open_logs(log_path, None)
         with user_errors(log_path):
-            if script or config_path or profile or model:
+            # A fork of a tree from elsewhere records no provider: it goes on with
+            # this user's (the one named, else this user's configuration).
+            if script or config_path or profile or model or foreign is not None:
                 override = choose_model(script, config_path, profile, model)
             python_tools = tuple(load_tools(tool_refs))
             code = run_trio(_resume_main, log_path, override, config_path, forked, python_tools)
@@ -398,18 +423,15 @@ def fork_command(
         return
     if go_on and not whole_tree:
         hint(f"{forked} is at rest: nothing to go on with; send it a message")
-    if foreign is not None:
-        # The fork is this user's tree now, but its working directory, system prompt
-        # and history are what the source's log says: someone else's words.
-        hint(
-            f"note: {conversation_id} was not written by this runtime; the fork keeps its "
-            f"working directory ({printable(cwd)}), system prompt and history: check them "
-            f"(fanfold replay {forked} --at 0 --db {path_text}) before sending to it",
-        )
     if whole_tree:
+        provider = (
+            "with your provider: --script/--config/--profile"
+            if foreign is not None
+            else "with the source's provider, or --script/--profile"
+        )
         hint(
             f"forked the tree of {printable(target)} at its seq {at_seq} as {forked}; "
-            "continue it (with the source's provider, or --script/--profile) with:\n"
+            f"continue it ({provider}) with:\n"
             f"  fanfold resume --db {path_text}",
         )
         return

@@ -33,6 +33,7 @@ from fanfold.cli.turns import last_answer
 from fanfold.db import ConversationRow, DatabaseError, EmptyLog, Status, Store
 from fanfold.db.provenance import Origin, UserKey, refusal
 from fanfold.providers.config import Config
+from fanfold.replay.lineage import fork_origin, lineage
 from fanfold.replay.render import Refusal, model_refusal
 from fanfold.statemachine import (
     AssistantMessage,
@@ -59,8 +60,9 @@ from fanfold.statemachine.permissions import mcp_server_of
 def list_conversations(as_json: bool, db: Target | None) -> None:
     """List root conversations (sub-agents are shown by `fanfold show`).
 
-    The origin column marks forks (`fork of ID@SEQ`) and imported trees (inert
-    records, never resumed); it is empty for a tree started here.
+    The origin column marks forks (`fork of ID@SEQ`, the root's seq; for a fork made
+    at a sub-agent also its place and seq, `root/3@1`; and the edit, if any) and
+    imported trees (inert records, never resumed); it is empty for a tree started here.
     """
     columns = ("id", "status", "created", "sub-agents", "origin", "task")
     with user_errors():
@@ -119,13 +121,18 @@ def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
     """A root as ``ls --json`` gives it. ``origin``: ``run`` (started here), ``fork``
     (``forked_from``/``forked_at_seq`` name its source) or ``imported`` (from the file
     ``imported_from``; an imported fork keeps its source's id when the file had it).
+    ``forked_agent``/``forked_agent_seq``: for a fork, the agent it was made at (its
+    place, ``root`` for a root forked at rest) and that agent's step; ``edit``: a short
+    description of its edit (None: none).
     ``last_turn``: for a root at rest, how its latest turn ended (``answered``,
     ``cancelled``: Ctrl-C or ``cancel``; ``error``), None if none did. ``runtime_open``
     (set by the caller): for a running tree, whether a runtime has its database open
     (False: its process died, ``fanfold resume`` goes on with it; None: not known)."""
     record = store.tree_record(row.id)
     imported = record is not None and record.origin == Origin.IMPORTED
-    origin = "imported" if imported else "fork" if row.forked_from is not None else "run"
+    source = lineage(store, row)
+    origin = "imported" if imported else "fork" if source is not None else "run"
+    made = fork_origin(store, row.id) if source is not None else None
     turn = None
     if row.status in (Status.IDLE, Status.ERROR):
         # A damaged log: ``verify`` names it; the list still shows the tree.
@@ -138,19 +145,28 @@ def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
         "created_at": row.created_at,
         "sub_agents": len(store.tree(row.id)) - 1,
         "origin": origin,
-        "forked_from": row.forked_from,
-        "forked_at_seq": row.forked_at_seq,
+        "forked_from": None if source is None else source.source_id,
+        "forked_at_seq": None if source is None else source.seq,
+        # The agent the fork was made at (its place, `root` for a root at rest), its
+        # seq in the source, and the edit (issue 34: the root's seq alone told forks
+        # of root/3 at seq 1 and 2 apart from nothing).
+        "forked_agent": None if made is None else made.agent,
+        "forked_agent_seq": None if made is None else made.seq,
+        "edit": None if made is None else made.edit_text,
         "imported_from": record.source if imported and record is not None else None,
         "task": row.task,
     }
 
 
 def _origin_cell(item: dict[str, Any]) -> str:
-    fork = (
-        f"fork of {printable(item['forked_from'])}@{item['forked_at_seq']}"
-        if item["forked_from"] is not None
-        else ""
-    )
+    fork = ""
+    if item["forked_from"] is not None:
+        fork = f"fork of {printable(item['forked_from'])}@{item['forked_at_seq']}"
+        if item.get("forked_agent") not in (None, "root"):
+            # The root's seq is the moment in its log; the agent's is the step picked.
+            fork += f", {printable(item['forked_agent'])}@{item['forked_agent_seq']}"
+        if item.get("edit"):
+            fork += f", edit {printable(item['edit'])}"
     if item["origin"] == "imported":
         return "imported" + (f", {fork}" if fork else "")
     return fork
@@ -477,15 +493,14 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
     state = store.load_state(conversation_id)
     inherited = 0
     forked = None
-    base = _fork_base(store, conversation_id) if row.forked_from is not None else None
-    if base is not None:
+    source = lineage(store, row)
+    base = _fork_base(store, conversation_id) if source is not None else None
+    if base is not None and source is not None:
         # The fork's history begins with its source's, fan-in results of the source's
         # children included; its counts include the source's spend. Only what came
         # after the fork is its own.
         inherited = len(base.history)
-        forked = ForkedFrom(
-            str(row.forked_from), int(row.forked_at_seq or 0), base.usage.total, base.tokens_spent
-        )
+        forked = ForkedFrom(source.source_id, source.seq, base.usage.total, base.tokens_spent)
         state = _since(state, base)
     cost = None
     # The model its calls asked for: the configured one (the profile's, as the router

@@ -145,8 +145,10 @@ class ConversationRow:
     ``last_seq`` is the seq of its latest event; ``snapshot_seq`` the seq its stored
     snapshot was taken after (None: no snapshot, replay starts at seq 0).
     ``forked_from``/``forked_at_seq`` name the conversation and seq a fork was made
-    from (its ConversationForked event); None for every other conversation, and for a
-    fork imported into a database that does not hold its source.
+    from (its ConversationForked event); None for every other conversation. A fork
+    imported into a database that does not hold its source has ``forked_at_seq`` and
+    no ``forked_from`` (a key of the table): ``replay.lineage`` reads the source's id
+    from its seq 0 (before issue 34 both were None there).
     """
 
     id: str

@@ -986,8 +986,9 @@ class Store:
         log recorded by another version of the reducer keeps its recorded fingerprints
         and effects. The caller checks that the rows and events are consistent. Rows
         are inserted parents first; a ``forked_from`` naming a conversation that is
-        neither stored nor imported here is dropped (with ``forked_at_seq``): the
-        fork's ConversationForked event still names its source. Raises
+        neither stored nor imported here is left out (it is a key of the table), its
+        ``forked_at_seq`` kept: the fork's ConversationForked event still names its
+        source, and ``replay.lineage`` reads it there for such a row. Raises
         ConversationExists if an id is already stored, InvalidStep if the rows break
         a key (an unknown parent, an event of no imported conversation); nothing is
         written then. ``tree`` is the provenance record of the imported root, written
@@ -1055,7 +1056,10 @@ class Store:
                         conversation.snapshot_json,
                         row.snapshot_seq if conversation.snapshot_json is not None else None,
                         row.forked_from if linked else None,
-                        row.forked_at_seq if linked else None,
+                        # Kept unlinked too: it marks a fork whose source's id is read
+                        # from its seq 0 (``replay.lineage``), so an export of it names
+                        # its source as the file it came from did (issue 34).
+                        row.forked_at_seq if row.forked_from is not None else None,
                         snapshot_checksum(row.id, row.snapshot_seq, conversation.snapshot_json)
                         if conversation.snapshot_json is not None and row.snapshot_seq is not None
                         else None,

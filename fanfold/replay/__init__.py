@@ -17,6 +17,8 @@ only ever be compared, never run. No network, no model, no tools.
   ``fork_at``: the same at any agent's step, with an edit (``fanfold fork``,
   ``Runtime.fork``).
 - ``export_jsonl`` / ``import_jsonl``: a tree's log as portable JSON Lines.
+- ``lineage(store, row)``: where a fork came from, its source stored here or not;
+  ``fork_origin(store, root)``: the agent picked, its seq and the edit.
 """
 
 from fanfold.replay.errors import (
@@ -30,6 +32,7 @@ from fanfold.replay.errors import (
     VersionRefused,
 )
 from fanfold.replay.fork import Forked, fork, fork_at, fork_tree
+from fanfold.replay.lineage import ForkOrigin, Lineage, describe_edit, fork_origin, lineage
 from fanfold.replay.portable import (
     FORMAT,
     FORMAT_VERSION,
@@ -57,9 +60,11 @@ __all__ = [
     "ExportSummary",
     "Finding",
     "FindingKind",
+    "ForkOrigin",
     "ForkRefused",
     "Forked",
     "ImportRefused",
+    "Lineage",
     "LogCorrupt",
     "LogDiverged",
     "NoSuchStep",
@@ -67,11 +72,14 @@ __all__ = [
     "ReplayStep",
     "VerifyReport",
     "VersionRefused",
+    "describe_edit",
     "export_jsonl",
     "fork",
     "fork_at",
+    "fork_origin",
     "fork_tree",
     "import_jsonl",
+    "lineage",
     "state_at",
     "steps",
     "verify",

@@ -20,6 +20,7 @@ import attrs
 from fanfold.db import RawLog, Store, UnknownConversation
 from fanfold.replay.core import replay_log
 from fanfold.replay.errors import LogCorrupt
+from fanfold.replay.lineage import lineage
 from fanfold.replay.report import Finding, ReplayStep
 from fanfold.replay.stepping import steps
 from fanfold.statemachine import AssistantMessage, Message, ToolResultMessage, UserMessage
@@ -103,7 +104,7 @@ def _checked(log: RawLog) -> Iterator[ReplayStep]:
 def _ancestry(store: Store, root: str) -> set[str]:
     """``root`` and the roots of the trees it was forked from, and theirs."""
     found = {root}
-    source = store.conversation(root).forked_from
+    source = _source_of(store, root)
     while source is not None and source not in found:
         found.add(source)
         try:
@@ -111,8 +112,15 @@ def _ancestry(store: Store, root: str) -> set[str]:
         except UnknownConversation:
             break  # a fork imported without its source: its id is all there is
         found.add(row.root_id)
-        source = store.conversation(row.root_id).forked_from
+        source = _source_of(store, row.root_id)
     return found
+
+
+def _source_of(store: Store, conversation_id: str) -> str | None:
+    # The lineage, not the row's column: an imported fork's source may have come in
+    # later (issue 34), and its column stays empty.
+    source = lineage(store, store.conversation(conversation_id))
+    return None if source is None else source.source_id
 
 
 def _items(seq: int, message: Message, own_ids: re.Pattern[str]) -> Iterator[Said]:

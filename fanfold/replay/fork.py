@@ -10,6 +10,7 @@ flight); nothing is written to the source. See DESIGN.md, "Time travel".
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -32,13 +33,18 @@ from fanfold.statemachine import (
     ForkEdited,
     Idle,
     IllegalTransition,
+    Message,
     Roster,
     ToolCall,
+    ToolExecuting,
     ToolResult,
+    ToolResultMessage,
     spawn_order,
     start,
     transition,
 )
+from fanfold.statemachine.messages import canonical_json
+from fanfold.statemachine.state import tree_path
 
 
 def _at_rest(state: Conversation) -> bool:
@@ -65,8 +71,8 @@ def fork(
     checks it first (``fork_at``); the reducer refuses one that does not fit.
 
     A root at rest there: a new root conversation whose state is the source's (below).
-    Anything else, for a tree this user's key marks (``key``): the whole tree as it
-    was at the moment of that step (see ``fork_tree``).
+    Anything else: the whole tree as it was at the moment of that step (see
+    ``fork_tree``).
 
     The fork's seq 0 is ``ConversationForked`` holding that state, and its row links
     to the source (``forked_from``, ``forked_at_seq``). The source is not touched. A
@@ -76,11 +82,12 @@ def fork(
     source's provenance: a root at rest has nothing in flight, so nothing of the
     source's log runs without the model being asked first.
 
-    A tree another user or machine wrote (or an imported one) is forked only at a
-    root's rest: otherwise raises ForkRefused naming the nearest seqs where it can be
-    (its work in flight would run, tools included, with no model asked first). Also
-    raises NoSuchStep, UnknownConversation, LogCorrupt or LogDiverged (the state at
-    ``at_seq`` must replay identically), and ForkRefused if ``new_id`` is taken.
+    A tree another user or machine wrote (or an imported one) is forked at any step
+    too, into a tree of this user's whose live part starts at the fork (``fork_tree``
+    with ``own=False``: nothing its log decided runs; ForkRefused where a recorded
+    tool call would). Also raises NoSuchStep, UnknownConversation, LogCorrupt or
+    LogDiverged (the state at ``at_seq`` must replay identically), and ForkRefused if
+    ``new_id`` is taken.
     """
     row = store.conversation(conversation_id)
     if not 0 <= at_seq <= row.last_seq:
@@ -94,17 +101,10 @@ def fork(
     key = key if key is not None else UserKey.load()
     own = refusal(store.tree_record(row.root_id), key, store.instance_id, row.root_id) is None
     if row.is_sub_agent:
-        if not own:
-            raise ForkRefused(
-                f"cannot fork {conversation_id!r}: it is a sub-agent of a tree this "
-                f"runtime did not write (root {row.root_id!r}); such a tree is forked only "
-                "at its root's rest",
-                conversation_id=conversation_id,
-                seq=at_seq,
-            )
-        return fork_tree(store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit)
+        return fork_tree(
+            store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit, own=own
+        )
     state: Conversation | None = None
-    at_rest: list[int] = []
     for outcome in replay_conversation(store, conversation_id):
         if isinstance(outcome, Finding):
             if state is None:
@@ -114,29 +114,14 @@ def fork(
             if state is None:
                 raise LogDiverged(Divergence.of(outcome))
             break
-        if _at_rest(outcome.after_state):
-            at_rest.append(outcome.seq)
         if outcome.seq == at_seq:
             state = outcome.after_state
-            if _at_rest(state):
-                break
+            break
     if state is None:  # pragma: no cover - the row's last_seq bounds at_seq
         raise NoSuchStep(conversation_id, at_seq, row.last_seq)
-    if not _at_rest(state) and own:
-        return fork_tree(store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit)
     if not _at_rest(state):
-        before = max((s for s in at_rest if s < at_seq), default=None)
-        after = min((s for s in at_rest if s > at_seq), default=None)
-        nearest = " and ".join(str(s) for s in (before, after) if s is not None)
-        hint = f"the nearest seqs where it can be are {nearest}" if nearest else "none can be"
-        raise ForkRefused(
-            f"cannot fork {conversation_id!r} at seq {at_seq}: it is "
-            f"{type(state.phase).__name__} there, with work in flight; a conversation can "
-            f"be forked only at rest (Idle or Error): {hint}",
-            conversation_id=conversation_id,
-            seq=at_seq,
-            before=before,
-            after=after,
+        return fork_tree(
+            store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit, own=own
         )
     fork_id = new_id or uuid.uuid4().hex[:12]
     event = ConversationForked(fork_id, conversation_id, at_seq, state)
@@ -241,9 +226,21 @@ def fork_tree(
     now: float | None = None,
     key: UserKey | None = None,
     edit: Edit | None = None,
+    own: bool = True,
 ) -> str:
     """Fork the tree of ``conversation_id`` at the moment its event ``at_seq`` was
     taken; returns the new root's id.
+
+    ``own``: the source is a tree this user's key marks. False for a tree from
+    elsewhere (imported, copied): the fork is still this user's tree, but it records
+    no provider (it goes on only with the one the user names: ``fork --continue
+    --script/--config/...`` or ``resume --script ...``), and it is refused
+    (ForkRefused, nothing written) where one of its conversations would start a tool
+    call the log decided: a round's calls after the running one
+    (``recorded_calls_that_would_run``). A running call gets the interrupted result as
+    in every fork (``Runtime`` never runs it again); a model call in flight is asked
+    again of the user's provider. So what runs is what the user's edit and the user's
+    model decide from the fork on (issue 34; DESIGN, "Security model").
 
     ``edit``: an edit of ``conversation_id`` as the fork goes on, written in its copy's
     ``ConversationForked`` (the fork's transaction); ``Runtime.resume`` delivers it as
@@ -284,13 +281,31 @@ def fork_tree(
             conversation_id=conversation_id,
             seq=at_seq,
         )
+    if not own:
+        would_run = [
+            (source_id, call)
+            for source_id, (_, state) in states.items()
+            for call in recorded_calls_that_would_run(state)
+        ]
+        if would_run:
+            named = ", ".join(
+                f"{tree_path(cid, root)} {call.name} ({call.id})" for cid, call in would_run
+            )
+            raise ForkRefused(
+                f"cannot fork {conversation_id!r} at seq {at_seq}: the tree was not written "
+                f"by this runtime, and going on from that moment would run tool calls its "
+                f"log decided: {named}; fork the step before the reply that asked for them "
+                "(with --reply, or --continue to ask the model again)",
+                conversation_id=conversation_id,
+                seq=at_seq,
+            )
     rename = _renamer(root, fork_id)
     stamp = time.time() if now is None else now
     key = key if key is not None else UserKey.load()
     # The fork goes on with its source's provider unless `resume` is told another:
     # the source is this user's own tree (``fork`` checks), so its record is trusted.
     source_record = store.tree_record(root)
-    provider = source_record.provider if source_record is not None else None
+    provider = source_record.provider if source_record is not None and own else None
     tree = TreeRecord(
         fork_id, Origin.RUNTIME, mark=key.mark(store.instance_id, fork_id), provider=provider
     )
@@ -300,8 +315,9 @@ def fork_tree(
         source_seq, state = states[source_id]
         copied = _renamed(state, rename)
         assert isinstance(copied, Conversation)
-        pending = edit if source_id == conversation_id else None
-        event = ConversationForked(copied.id, source_id, source_seq, copied, pending)
+        picked = source_id == conversation_id
+        pending = edit if picked else None
+        event = ConversationForked(copied.id, source_id, source_seq, copied, pending, picked)
         forked, effects = start(event)
         is_root = forked.parent_id is None
         written.append(
@@ -318,6 +334,16 @@ def fork_tree(
         )
     store.append(written)
     return fork_id
+
+
+def recorded_calls_that_would_run(state: Conversation) -> tuple[ToolCall, ...]:
+    """The tool calls of ``state`` that going on from it would start without a model
+    asked: a round's calls after the running one (``RuntimeResumed`` runs them in
+    order, as after a crash; an edit of the conversation too, but a reply edit, which
+    replaces the round). The running call is not among them: a fork's copy still at
+    its seq 0 gets the interrupted result for it (``Runtime``)."""
+    phase = state.phase
+    return phase.remaining if isinstance(phase, ToolExecuting) else ()
 
 
 def _renamer(root: str, fork_id: str) -> Any:
@@ -365,7 +391,9 @@ def _renamed(value: Any, rename: Any) -> Any:
         return rename(value)
     if isinstance(value, tuple | Roster):  # a Roster comes back a tuple: Children converts it
         return tuple(_renamed(item, rename) for item in value)
-    if isinstance(value, ToolCall | ToolResult):
+    if isinstance(value, ToolResult):
+        return _fan_in_renamed(value, rename)
+    if isinstance(value, ToolCall):
         return value  # a call's id is the provider's, not a conversation's
     if attrs.has(type(value)):
         changes = {
@@ -373,6 +401,46 @@ def _renamed(value: Any, rename: Any) -> Any:
             for field in attrs.fields(type(value))
             if field.name not in _TEXT_FIELDS
         }
+        if isinstance(value, Conversation):
+            changes["history"] = _history_renamed(value.history, rename)
         changed = {k: v for k, v in changes.items() if v is not getattr(value, k)}
         return attrs.evolve(value, **changed) if changed else value
     return value
+
+
+def _history_renamed(history: tuple[Message, ...], rename: Any) -> tuple[Message, ...]:
+    """``history`` with the fan-in results it holds naming the fork's agents; every
+    other message (model, user and tool words) as recorded. The same tuple if nothing
+    changed."""
+    renamed = tuple(
+        ToolResultMessage(_fan_in_renamed(m.result, rename))
+        if isinstance(m, ToolResultMessage)
+        else m
+        for m in history
+    )
+    return history if renamed == history else renamed
+
+
+def _fan_in_renamed(result: ToolResult, rename: Any) -> ToolResult:
+    """A ``spawn_agents`` fan-in result (the reducer's own JSON, ``fan_in_result``)
+    with each ``agent_id`` that is an id of the source tree replaced by the fork's;
+    any other result as it is (issue 34: a fork's conversations name the fork's agents,
+    as the conversations it goes on with do)."""
+    if result.name != "spawn_agents":
+        return result
+    try:
+        payload = json.loads(result.content)
+    except ValueError:
+        return result  # an error result in words: no ids to rename
+    entries = payload.get("sub_agent_results") if isinstance(payload, dict) else None
+    if not isinstance(entries, list):
+        return result
+    changed = False
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("agent_id"), str):
+            new = rename(entry["agent_id"])
+            changed = changed or new != entry["agent_id"]
+            entry["agent_id"] = new
+    if not changed:
+        return result
+    return attrs.evolve(result, content=canonical_json(payload))

@@ -25,6 +25,11 @@ later field of the same schema version lacks it; today's encoder writes it). The
 importer stores that text after checking it decodes to the object document's value.
 Format 1 files (no ``stored``) are imported as before: re-encoded.
 
+A fork's rows name their source (``forked_from``, ``forked_at_seq``) whether or not
+the source is in the database exported from: a fork imported without its source keeps
+that lineage (``replay.lineage``), so export -> import -> export gives the same bytes.
+Files written before (where such rows had both null) import as they are.
+
 An imported tree is an inert record: its provenance record says ``imported`` (with
 the file's name, sha256 and the time) and carries no mark, so no runtime ever
 continues it (see ``fanfold.db.provenance``); view, replay, verify or fork it.
@@ -61,6 +66,7 @@ from fanfold.db.checksum import snapshot_checksum
 from fanfold.db.provenance import Origin, TreeRecord
 from fanfold.replay.core import damaged_row
 from fanfold.replay.errors import ImportRefused, LogCorrupt, VersionRefused
+from fanfold.replay.lineage import lineage
 from fanfold.replay.report import Finding, FindingKind
 from fanfold.statemachine import ConversationCreated, ConversationForked
 
@@ -119,6 +125,11 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
         line: dict[str, Any] = {"record": "conversation"}
         line.update({name: getattr(row, name) for name in ConversationRow.COLUMNS})
         line["status"] = row.status.value
+        source = lineage(store, row)
+        if source is not None:
+            # An imported fork whose source is not in this database still names it
+            # (its seq 0 does): the export is the file it was imported from.
+            line["forked_from"], line["forked_at_seq"] = source.source_id, source.seq
         line["snapshot"] = snapshot_doc
         lines.append(_dumps(line))
         _check_contiguous(log)

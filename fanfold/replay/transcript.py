@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import attrs
 
 from fanfold.db import Store, UnknownConversation
+from fanfold.replay.lineage import lineage
 from fanfold.replay.report import ReplayStep
 from fanfold.replay.stepping import steps
 from fanfold.statemachine import (
@@ -133,6 +134,7 @@ def transcript(store: Store, conversation_id: str) -> Transcript:
         last = step.after_state
     assert last is not None  # seq 0 always exists for a stored conversation
     entries.extend(_ending(last))
+    source = lineage(store, row)
     return Transcript(
         conversation_id=conversation_id,
         root_id=row.root_id,
@@ -147,8 +149,8 @@ def transcript(store: Store, conversation_id: str) -> Transcript:
         output_tokens=last.usage_output,
         cached_input_tokens=last.usage_cached,
         tree_tokens=last.tokens_spent,
-        forked_from=row.forked_from,
-        forked_at_seq=row.forked_at_seq,
+        forked_from=None if source is None else source.source_id,
+        forked_at_seq=None if source is None else source.seq,
         entries=tuple(entries),
         diverged_at=diverged,
     )

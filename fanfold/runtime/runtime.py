@@ -1126,11 +1126,19 @@ class Runtime:
     ) -> list[str]:
         resumed = []
         edits: dict[str, ForkEdited] = {}
+        copies: set[str] = set()
         context = contextvars.copy_context()  # one for all: they share call workers
         for row, state, started in loaded:
             pending = self._pending_edit(row)
             if pending is not None:
                 edits[row.id] = pending
+            if row.last_seq == 0 and (row.forked_from is not None or row.forked_at_seq is not None):
+                # A fork's copy going on for the first time: a tool its source had
+                # running is never run again here, not even one declared idempotent:
+                # the fork's source may be a tree from elsewhere, whose log decided the
+                # call (issue 34), and a fork re-running a call unasked is what the
+                # fork rules exclude (DESIGN, "Time travel").
+                copies.add(row.id)
             self._launch(
                 Actor(
                     self,
@@ -1144,7 +1152,8 @@ class Runtime:
             resumed.append(row.id)
         again = self._idempotent_tools()
         for conversation_id in resumed:
-            self.deliver(conversation_id, edits.get(conversation_id) or RuntimeResumed(again))
+            resumed_event = RuntimeResumed(() if conversation_id in copies else again)
+            self.deliver(conversation_id, edits.get(conversation_id) or resumed_event)
         for conversation_id in resumed:
             self._redeliver_outcomes(self._actors[conversation_id].state)
         return resumed

@@ -95,6 +95,12 @@ class ConversationForked:
     (while the conversation is still at this seq 0), so a fork whose run was killed
     before the edit took effect still goes on edited. ``start`` refuses an edit the
     state does not admit. None: no edit (every fork before it, and most).
+
+    ``picked``: this is the conversation the user forked at (``fanfold fork --agent``)
+    in a tree fork, where ``source_seq`` is the step picked; the other copies hold
+    their state at that moment. Information for the views (``ls``, ``diff`` name the
+    forked agent and its seq); the reducer does not read it. False in every fork
+    written before issue 34, and for a root forked at rest (it is alone).
     """
 
     conversation_id: str
@@ -102,6 +108,7 @@ class ConversationForked:
     source_seq: int
     state: Conversation
     edit: Edit | None = attrs.field(default=None, metadata={"since": 7, "omitted_at_default": True})
+    picked: bool = attrs.field(default=False, metadata={"since": 7, "omitted_at_default": True})
 
 
 @attrs.frozen

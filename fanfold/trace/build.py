@@ -18,6 +18,7 @@ from fanfold.replay import render
 from fanfold.replay.compare import Said, compare, differing_lines
 from fanfold.replay.core import replay_log, subtree_logs
 from fanfold.replay.errors import ReplayFailure
+from fanfold.replay.lineage import lineage
 from fanfold.replay.report import Divergence, Finding, ReplayStep
 from fanfold.statemachine import (
     AbortCall,
@@ -158,16 +159,16 @@ def build_trace(store: Store, conversation_id: str, *, vs: str | None = None) ->
 def _fork(store: Store, conversation_id: str) -> dict[str, Any] | None:
     """Where ``conversation_id`` was forked from: the source conversation and seq, and
     the source's tree (None when that tree is not in this store: an imported fork)."""
-    row = store.conversation(conversation_id)
-    if row.forked_from is None:
+    source = lineage(store, store.conversation(conversation_id))
+    if source is None:
         return None
     try:
-        source_tree: str | None = store.conversation(row.forked_from).root_id
+        source_tree: str | None = store.conversation(source.source_id).root_id
     except UnknownConversation:
         source_tree = None
     return {
-        "source": row.forked_from,
-        "seq": row.forked_at_seq,
+        "source": source.source_id,
+        "seq": source.seq,
         "source_tree": source_tree,
         # The original's page as `fanfold trace` names it, for a file's link (a file
         # name of safe characters only; `fanfold ui` links its own route instead).
