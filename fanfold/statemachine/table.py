@@ -216,10 +216,10 @@ _row(
         *_CHILD_REFUSALS,
     ),
     TimerFired=_cell(
-        "AwaitingSubAgents LlmRequesting CancellingSubAgents",
+        "AwaitingSubAgents LlmRequesting CancellingSubAgents Failed Error",
         "child deadline: write child off; summary retry timer: CallModel of its next "
         "attempt (with no budget left: the waiting children end failed); own time "
-        "limit: cancel; " + STALE,
+        "limit: cancel (as CancelRequested: with no child running, it ends at once); " + STALE,
         UnknownCall,
     ),
     # Children waiting for a summary have not started: with nothing running (only
