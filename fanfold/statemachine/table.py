@@ -1,7 +1,8 @@
 """The transition table: every phase x every event, as data.
 
 ``transition`` is the implementation; this table is its specification, checked both
-ways by tests/test_transition_table.py:
+ways by ``fanfold.testing.table_report`` (for fanfold's reducer or a user's rule; run
+for fanfold's by tests/test_transition_table.py):
 
 - every step the reducer takes lands in its cell: an accepted event leads to one of the
   cell's ``targets``, a refused one raises one of the cell's ``refusals`` (exact type);
