@@ -1,19 +1,24 @@
 """Property-test fanfold's reducer: Hypothesis strategies and invariant checks.
 
-Use this module to test the reducer, or a transition you add to it::
+Use this module to test the reducer, or a rule you add to it (a reducer of your own
+wrapping ``fanfold.statemachine.transition``)::
 
     from hypothesis import given
 
     from fanfold import testing
 
 
-    @given(testing.event_sequences())
-    def test_my_transition_keeps_every_invariant(trace: testing.Trace) -> None:
-        testing.check_start(trace.created, *trace.start())
-        for before, event, after, effects in trace.steps():
-            testing.check_transition(before, event, after, effects)
+    @given(testing.event_sequences(transition=my_transition))
+    def test_my_rule_keeps_every_invariant(trace: testing.Trace) -> None:
+        testing.check_trace(trace)
 
-Strategies (all generate values the reducer can be fed):
+Every strategy and every check that runs a reducer takes the reducer under test as
+``transition=`` (fanfold's by default): the strategies draw only events it accepts,
+from the states it reaches, and drop (and count, ``refused_draws``) those it refuses;
+if it refuses everything they can draw in a state that has not ended, they raise
+``NothingAccepted`` naming the state instead of spinning.
+
+Strategies (all generate values the reducer under test can be fed):
 
 - ``limits()``, ``conversation_created()``: small limits, so that queues, retries,
   grace rounds and budgets are reached in a few steps;
@@ -23,14 +28,16 @@ Strategies (all generate values the reducer can be fed):
   Hypothesis (for seeded walks);
 - ``plausible_events(state)``: an event that could really arrive next (a reply to
   the call in flight, a result of the running tool, an outcome of a running child,
-  a timer that is set, a cancel, a restart notice, a late result of an earlier call);
+  a timer that is set, a cancel, a restart notice, a late result of an earlier call
+  or of a written-off child);
 - ``stale_events(state)`` (when ``has_stale_events(state)``): late results the reducer
   must absorb without effects;
 - ``rejections(state)`` / ``rejected_events(state)``: events it must refuse, each
   with the exception expected;
 - ``event_sequences()``: a ``Trace`` of accepted events from ``start`` (its repr is
   runnable Python, ready to paste into a regression test);
-- ``conversations()``, ``terminal_conversations()``: reachable states.
+- ``conversations()``, ``terminal_conversations()``: reachable states (sub-agents still
+  at work, children being cancelled and written off, come often).
 
 To drive a state step by step instead, draw ``plausible_events(state)`` with
 ``st.data()`` and check each step with ``check_transition``.
@@ -39,7 +46,12 @@ Checks (each raises ``AssertionError`` naming the broken invariant):
 
 - ``check_invariants(state)``: what holds in every reachable state;
 - ``check_start(created, state, effects)``: what ``start`` must produce;
-- ``check_transition(before, event, after, effects)``: what holds for every step.
+- ``check_transition(before, event, after, effects)``: what holds for every step;
+- ``check_rejections(state)``: every event of ``rejections(state)`` is refused;
+- ``check_late_events(state)``: every event of ``late_events(state)`` is absorbed;
+- ``check_trace(trace)``: all of the above over a whole trace (the recipe);
+- ``check_table()`` / ``table_report()``: which (phase, event type) cells the reducer
+  handles and which it refuses, against the documented table (DESIGN.md).
 
 The checks take tool call ids to be unique within one model reply (providers
 guarantee it, and reject requests that break it); ``live_numbers(state)`` and
@@ -51,6 +63,7 @@ never imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import json
@@ -61,9 +74,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import attrs
+from hypothesis import event as _record_event
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from fanfold.statemachine import (
+    ALL_PHASES,
     CONTROL_TOOLS,
     SPAWN_AGENTS,
     STOP_MAX_TOKENS,
@@ -137,23 +153,32 @@ from fanfold.statemachine import (
     WorkingDirectory,
     canonical_json,
     start,
-    transition,
 )
+from fanfold.statemachine import transition as _fanfold_transition
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
 from fanfold.statemachine.children import Mode, PendingChild, Summary, spawn_order
 from fanfold.statemachine.control_tools import MAX_TASK_CHARS
 from fanfold.statemachine.delegation import SUMMARY_HEADER
 from fanfold.statemachine.limits import CONTEXT_MODES
 from fanfold.statemachine.modes import may_start
+from fanfold.statemachine.table import TABLE
 from fanfold.statemachine.transition import model_request
 
 __all__ = [
     "ORDINARY_TOOLS",
+    "NothingAccepted",
+    "Reducer",
     "Rejected",
     "Step",
+    "TableReport",
+    "TableStep",
     "Trace",
     "check_invariants",
+    "check_late_events",
+    "check_rejections",
     "check_start",
+    "check_table",
+    "check_trace",
     "check_transition",
     "child_outcomes",
     "conversation_created",
@@ -161,14 +186,18 @@ __all__ = [
     "each_plausible_event",
     "event_sequences",
     "has_stale_events",
+    "late_events",
     "limits",
     "live_numbers",
     "model_errors",
     "model_replies",
+    "observe_step",
     "plausible_events",
+    "refused_draws",
     "rejected_events",
     "rejections",
     "stale_events",
+    "table_report",
     "terminal_conversations",
 ]
 
@@ -685,8 +714,21 @@ def _own_deadline(dice: _Dice, state: Conversation) -> Event:
     return TimerFired(state.deadline_timer)
 
 
+def _late_child_result(dice: _Dice, state: Conversation) -> Event:
+    # A child the parent stopped waiting for (its deadline, the cancel grace, a race's
+    # quorum) reports after all: the race between a cancel and a child's result.
+    return SubAgentFinished(dice.pick(state.written_off), _child_outcome(dice))
+
+
 def _progress_makers(state: Conversation) -> list[_Maker]:
-    """Events that move the conversation forward, most usual first."""
+    """Events that move the conversation forward, most usual first.
+
+    Besides progress, the hard cases come often here (issue 34): a late result of a
+    written-off child, the cancel grace running out while children are cancelled,
+    the conversation's own time limit during a fan-in, and a user message to a busy
+    conversation or to a sub-agent (which fanfold refuses: a generator drawing for
+    fanfold's reducer drops it and draws again, counting it; a reducer that accepts
+    it has the step checked)."""
     if state.is_terminal:
         return []
     makers: list[_Maker] = []
@@ -700,6 +742,10 @@ def _progress_makers(state: Conversation) -> list[_Maker]:
             makers.append(_retry_fires)
         case ToolExecuting():
             makers += [_tool_result, _tool_result]
+    if state.is_sub_agent or not isinstance(phase, Idle | Error):
+        makers.append(_user_message)
+    if state.written_off:
+        makers.append(_late_child_result)
     children = state.children
     if children is not None:
         if children.summary is not None and children.summary.call is not None:
@@ -712,12 +758,17 @@ def _progress_makers(state: Conversation) -> list[_Maker]:
                 # A restart must re-issue each running child with its share.
                 makers.append(_resume)
         if any(p.deadline_timer is not None for p in children.pending):
-            makers.append(_child_deadline)
+            makers += [_child_deadline, _child_deadline]
+        if state.deadline_timer is not None:
+            # The conversation's own time limit runs out during the fan-in.
+            makers.append(_own_deadline)
         if isinstance(phase, CancellingSubAgents):
-            makers.append(_grace_fires)
+            # As likely as a child's acknowledgement: the children it writes off
+            # are the ones whose late results come next.
+            makers += [_grace_fires, _grace_fires, _grace_fires]
         elif children.pending:
             # Cancels matter most while children run: make them common here.
-            makers.append(_cancel)
+            makers += [_cancel, _cancel, _cancel]
     return makers
 
 
@@ -751,14 +802,16 @@ def _stale_event(dice: _Dice, state: Conversation) -> Event:
 
 
 @st.composite
-def stale_events(draw: st.DrawFn, state: Conversation) -> Event:
+def stale_events(draw: st.DrawFn, state: Conversation, transition: Reducer | None = None) -> Event:
     """A late event the reducer must absorb: a result or firing of a call or timer
     issued earlier but no longer awaited, or an outcome of a written-off child.
 
-    Use only when ``has_stale_events(state)``.
+    Use only when ``has_stale_events(state)``. ``transition``: the reducer under test
+    (fanfold's by default); an event it refuses is not drawn (see ``plausible_events``).
     """
     assert has_stale_events(state), "nothing can be stale in this state"
-    return _stale_event(_Dice(draw), state)
+    dice = _Dice(draw)
+    return _accepted(dice, state, transition, lambda: _stale_event(dice, state))[0]
 
 
 def has_stale_events(state: Conversation) -> bool:
@@ -772,28 +825,130 @@ def _plausible_event(dice: _Dice, state: Conversation, stale: bool) -> Event:
     return dice.pick(_rare_makers(state, stale))(dice, state)
 
 
-def each_plausible_event(state: Conversation, seed: bytes) -> list[Event]:
+# ----------------------------------------------------------------- the reducer under test
+
+Reducer = Callable[[Conversation, Event], tuple[Conversation, Effects]]
+"""A reducer under test: fanfold's ``transition``, or a rule of your own around it
+(``def my_transition(state, event): ...``, returning ``(state, effects)`` and raising the
+``IllegalTransition`` family for what it refuses)."""
+
+
+def _reducer(transition: Reducer | None) -> Reducer:
+    return _fanfold_transition if transition is None else transition
+
+
+_TRIES = 12
+"""Events drawn in one state before the generator tries one of each kind in turn."""
+
+_REFUSED: dict[str, int] = {}
+
+
+def refused_draws(reset: bool = False) -> dict[str, int]:
+    """How many drawn events the reducers under test refused since the last reset,
+    by ``"<event> in <phase>"``: the generators drop a refused event and draw again
+    (each refusal is also a Hypothesis ``event``, shown by
+    ``pytest --hypothesis-show-statistics``). ``reset`` empties the count."""
+    counts = dict(_REFUSED)
+    if reset:
+        _REFUSED.clear()
+    return counts
+
+
+class NothingAccepted(AssertionError):
+    """The reducer under test refused every event a generator could draw in a state
+    that has not ended: no conversation there could ever move on."""
+
+
+def _count_refusal(state: Conversation, event: Event) -> str:
+    key = f"{type(event).__name__} in {type(state.phase).__name__}"
+    _REFUSED[key] = _REFUSED.get(key, 0) + 1
+    # (Outside a Hypothesis test, as in each_plausible_event, there is nothing to tell.)
+    with contextlib.suppress(InvalidArgument):
+        _record_event(f"refused by the reducer under test: {key}")
+    return key
+
+
+def _accepted(
+    dice: _Dice, state: Conversation, transition: Reducer | None, draw: Callable[[], Event]
+) -> tuple[Event, Conversation, Effects]:
+    """An event from ``draw`` that ``transition`` accepts in ``state``, with the step it
+    takes. Refused ones are counted and drawn again; after ``_TRIES`` refusals, one of
+    each kind the generators make is tried in turn; if every one is refused,
+    ``NothingAccepted`` names the state and what was refused, rather than spinning."""
+    reducer = _reducer(transition)
+    refused: list[str] = []
+    for _ in range(_TRIES):
+        event = draw()
+        try:
+            after, effects = reducer(state, event)
+        except IllegalTransition as error:
+            refused.append(f"{_count_refusal(state, event)}: {error.reason}")
+            continue
+        return event, after, effects
+    makers = _progress_makers(state) + _rare_makers(state, True)
+    for make in dict.fromkeys(makers):
+        event = make(dice, state)
+        try:
+            after, effects = reducer(state, event)
+        except IllegalTransition as error:
+            refused.append(f"{_count_refusal(state, event)}: {error.reason}")
+            continue
+        return event, after, effects
+    kinds = sorted(set(refused))
+    raise NothingAccepted(
+        f"invariant 'a conversation that has not ended accepts some plausible event' broken: "
+        f"the reducer under test refused all {len(refused)} events drawn "
+        f"({'; '.join(kinds)}){_where(state)}"
+    )
+
+
+def _drawer(dice: _Dice, state: Conversation, stale: bool) -> Callable[[], Event]:
+    return lambda: _plausible_event(dice, state, stale)
+
+
+def each_plausible_event(
+    state: Conversation, seed: bytes, transition: Reducer | None = None
+) -> list[Event]:
     """One event of each kind ``plausible_events(state)`` may draw (progress, and rare
-    ones: cancels, restarts, time limits, late results), its choices read from ``seed``
-    (repeated as needed). Without Hypothesis: for seeded walks, such as the transition
-    table's coverage check, which so reach every event a generator makes.
+    ones: cancels, restarts, time limits, late results) that ``transition`` (fanfold's
+    by default) accepts, its choices read from ``seed`` (repeated as needed). Without
+    Hypothesis: for seeded walks, such as the transition table's check
+    (``table_report``), which so reach every event a generator makes.
     """
     chunk = (seed or b"\0") * (16 // max(1, len(seed)) + 1)
     dice = _Dice(lambda _: chunk[:16])
     makers = _progress_makers(state) + _rare_makers(state, True)
-    return [make(dice, state) for make in dict.fromkeys(makers)]
+    reducer = _reducer(transition)
+    found = []
+    for make in dict.fromkeys(makers):
+        event = make(dice, state)
+        try:
+            reducer(state, event)
+        except IllegalTransition:
+            _count_refusal(state, event)
+            continue
+        found.append(event)
+    return found
 
 
 @st.composite
-def plausible_events(draw: st.DrawFn, state: Conversation, stale: bool = True) -> Event:
-    """An event that could really arrive next in ``state``; the reducer accepts it.
+def plausible_events(
+    draw: st.DrawFn, state: Conversation, stale: bool = True, transition: Reducer | None = None
+) -> Event:
+    """An event that could really arrive next in ``state`` and that ``transition`` (the
+    reducer under test, fanfold's by default) accepts.
 
     Mostly progress: a reply or failure of the model call in flight, the running
     tool's result, a running child's outcome, a timer that is set, and (while
-    children run) a cancel. About one in sixteen is a cancel, a restart notice, the
-    conversation's own time limit or (``stale=True``) a late result.
+    children run) a cancel; often the hard cases (a written-off child's late result,
+    the cancel grace running out, a time limit during a fan-in). About one in sixteen
+    is a cancel, a restart notice, the conversation's own time limit or
+    (``stale=True``) a late result. An event the reducer refuses (a user message to a
+    busy conversation, or whatever a rule of yours refuses) is dropped and counted
+    (``refused_draws``), and another drawn; ``NothingAccepted`` if none is accepted.
     """
-    return _plausible_event(_Dice(draw), state, stale)
+    dice = _Dice(draw)
+    return _accepted(dice, state, transition, _drawer(dice, state, stale))[0]
 
 
 @attrs.frozen
@@ -870,6 +1025,105 @@ def rejected_events(state: Conversation) -> st.SearchStrategy[Rejected]:
     return st.sampled_from(rejections(state))
 
 
+def check_rejections(state: Conversation, *, transition: Reducer | None = None) -> None:
+    """Assert that ``transition`` (the reducer under test, fanfold's by default) refuses
+    every event of ``rejections(state)`` with the exception expected: a user message
+    to a busy conversation or a sub-agent, numbers never issued, unknown, duplicate or
+    queued children's outcomes, a second creation, fork edits that do not apply."""
+    reducer = _reducer(transition)
+    for rejected in rejections(state):
+        try:
+            after, _ = reducer(state, rejected.event)
+        except rejected.error:
+            continue
+        except IllegalTransition as other:
+            _fail(
+                "events that must be refused are refused, as documented",
+                f"{rejected.event!r} raised {type(other).__name__}, not {rejected.error.__name__}",
+                state,
+            )
+        _fail(
+            "events that must be refused are refused",
+            f"{rejected.event!r} was accepted (-> {type(after.phase).__name__})",
+            state,
+        )
+
+
+def late_events(state: Conversation) -> tuple[Event, ...]:
+    """Events that must leave ``state`` exactly as it is, with no effect: late results
+    and firings of the last calls and timers no longer awaited, a late outcome of each
+    of the last written-off children (a cancelled child answering after all), and, with
+    nothing to stop (at rest, or ended), a cancel; once ended, a restart notice too."""
+    stale = _stale_numbers(state)[-2:]
+    found: list[Event] = []
+    for number in stale:
+        found += [
+            TimerFired(number),
+            ModelReplied(number, ModelReply("late", usage=Usage(3, 2))),
+            ModelFailed(number, ModelError(ErrorKind.NETWORK, "late", usage=Usage(1, 0))),
+            ToolFinished(number, ToolResult("late", "bash", "late")),
+        ]
+    for child in state.written_off[-3:]:
+        found += [
+            SubAgentFinished(child, ChildSucceeded("late result", 7, True)),
+            SubAgentFinished(child, ChildFailed("late", ErrorKind.CANCELLED, CancelReason.PARENT)),
+        ]
+    if state.is_terminal or isinstance(state.phase, Idle | Error):
+        found += [CancelRequested(reason) for reason in CancelReason]
+    if state.is_terminal:
+        found.append(RuntimeResumed())
+    return tuple(found)
+
+
+def check_late_events(state: Conversation, *, transition: Reducer | None = None) -> None:
+    """Assert that ``transition`` (the reducer under test, fanfold's by default) absorbs
+    every event of ``late_events(state)``: the same state, no effect."""
+    reducer = _reducer(transition)
+    for event in late_events(state):
+        try:
+            after, effects = reducer(state, event)
+        except IllegalTransition as error:
+            _fail("late events are absorbed", f"{event!r} was refused: {error.reason}", state)
+        if state.is_terminal and not (after == state and effects == ()):
+            _fail(
+                "terminal phases are terminal",
+                f"{type(event).__name__} led to {type(after.phase).__name__} with effects "
+                f"{effects}",
+                state,
+            )
+        _absorbed(state, after, effects, f"{event!r} came late")
+
+
+def check_trace(
+    trace: Trace,
+    *,
+    transition: Reducer | None = None,
+    meaning: Callable[[Event], Event] | None = None,
+) -> None:
+    """Run every shipped check over a trace: ``check_start``; before each step and
+    after the last, ``check_rejections`` and ``check_late_events``; each step with
+    ``check_transition``. The reducer is ``transition`` if given, else the trace's own
+    (the one ``event_sequences(transition=...)`` generated it with). ``meaning``: for
+    a rule that gives an event a new meaning (a user's "/stop" is a cancel), the
+    event each step is checked as. The recipe::
+
+        @given(testing.event_sequences(transition=my_transition))
+        def test_my_rule_keeps_every_invariant(trace: testing.Trace) -> None:
+            testing.check_trace(trace)
+    """
+    reducer = trace.transition if transition is None else transition
+    state, effects = start(trace.created)
+    check_start(trace.created, state, effects)
+    for event in trace.events:
+        check_rejections(state, transition=reducer)
+        check_late_events(state, transition=reducer)
+        after, effects = reducer(state, event)
+        check_transition(state, event if meaning is None else meaning(event), after, effects)
+        state = after
+    check_rejections(state, transition=reducer)
+    check_late_events(state, transition=reducer)
+
+
 # --------------------------------------------------------------------------- traces
 
 
@@ -877,11 +1131,14 @@ def rejected_events(state: Conversation) -> st.SearchStrategy[Rejected]:
 class Trace:
     """A conversation's creation and the events it accepted, replayable.
 
-    The default attrs repr is runnable Python: paste a shrunk failure into a test.
+    ``transition`` is the reducer that accepted them (fanfold's by default), the one
+    ``steps`` and ``final`` re-run. The default attrs repr leaves it out and is
+    runnable Python: paste a shrunk failure into a test (and pass your reducer).
     """
 
     created: ConversationCreated
     events: tuple[Event, ...]
+    transition: Reducer = attrs.field(default=_fanfold_transition, repr=False, eq=False)
 
     def start(self) -> tuple[Conversation, Effects]:
         return start(self.created)
@@ -890,29 +1147,53 @@ class Trace:
         """Re-run the reducer over the events: ``(before, event, after, effects)``."""
         state, _ = start(self.created)
         for event in self.events:
-            after, effects = transition(state, event)
+            after, effects = self.transition(state, event)
             yield state, event, after, effects
             state = after
 
     def final(self) -> Conversation:
         state, _ = start(self.created)
         for event in self.events:
-            state, _ = transition(state, event)
+            state, _ = self.transition(state, event)
         return state
 
 
 def _walk(
-    dice: _Dice, created: ConversationCreated, max_steps: int, stale: bool
+    dice: _Dice,
+    created: ConversationCreated,
+    max_steps: int,
+    stale: bool,
+    transition: Reducer | None,
+    live: bool = False,
 ) -> tuple[Trace, Conversation]:
+    """A walk of accepted events. ``live``: a step that would end a sub-agent is
+    taken only one time in four (the walk stops before it), so the states drawn are
+    more often sub-agents still at work (issue 34: 15 of 300 were)."""
     state, _ = start(created)
     events: list[Event] = []
     for _ in range(dice.pick(range(max_steps + 1))):
         if state.is_terminal:
             break
-        event = _plausible_event(dice, state, stale)
-        state, _ = transition(state, event)
+        event, after, _ = _accepted(dice, state, transition, _drawer(dice, state, stale))
+        if live and after.is_terminal and not dice.one_in(4):
+            break
+        state = after
         events.append(event)
-    return Trace(created, tuple(events)), state
+        if live and _hard(state) and dice.one_in(3):
+            break  # stay in a hard state: it passes in a step or two
+    return Trace(created, tuple(events), _reducer(transition)), state
+
+
+def _hard(state: Conversation) -> bool:
+    """A state the checks need often and walks pass through quickly: children being
+    cancelled and not answered yet, children written off (their late results may
+    come), a live sub-agent waiting for children of its own."""
+    phase = state.phase
+    return (
+        (isinstance(phase, CancellingSubAgents) and bool(phase.children.pending))
+        or (bool(state.written_off) and not state.is_terminal)
+        or (state.is_sub_agent and isinstance(phase, AwaitingSubAgents))
+    )
 
 
 @st.composite
@@ -923,32 +1204,47 @@ def event_sequences(
     sub_agent: bool | None = None,
     max_steps: int = 40,
     stale: bool = True,
+    transition: Reducer | None = None,
 ) -> Trace:
-    """A trace of up to ``max_steps`` plausible events, from ``created`` (or a generated
-    root or sub-agent). It stops early once the conversation reached a terminal phase.
+    """A trace of up to ``max_steps`` plausible events accepted by ``transition`` (the
+    reducer under test, fanfold's by default), from ``created`` (or a generated root
+    or sub-agent). It stops early once the conversation reached a terminal phase.
+    Check it whole with ``check_trace``.
     """
     dice = _Dice(draw)
     if created is None:
         created = _created(dice, sub_agent, None)
-    trace, _ = _walk(dice, created, max_steps, stale)
+    trace, _ = _walk(dice, created, max_steps, stale, transition)
     return trace
 
 
 @st.composite
 def conversations(
-    draw: st.DrawFn, *, sub_agent: bool | None = None, max_steps: int = 40, stale: bool = True
+    draw: st.DrawFn,
+    *,
+    sub_agent: bool | None = None,
+    max_steps: int = 40,
+    stale: bool = True,
+    transition: Reducer | None = None,
 ) -> Conversation:
-    """A state reachable from ``start`` through plausible events."""
+    """A state reachable from ``start`` through plausible events accepted by
+    ``transition`` (the reducer under test, fanfold's by default). Sub-agents still
+    at work come often: a walk stops before most steps that would end a sub-agent."""
     dice = _Dice(draw)
-    _, state = _walk(dice, _created(dice, sub_agent, None), max_steps, stale)
+    created = _created(dice, sub_agent, None)
+    _, state = _walk(dice, created, max_steps, stale, transition, live=True)
     return state
 
 
 @st.composite
-def terminal_conversations(draw: st.DrawFn, max_steps: int = 20) -> Conversation:
-    """A sub-agent that reached Completed or Failed, by any route."""
+def terminal_conversations(
+    draw: st.DrawFn, max_steps: int = 20, transition: Reducer | None = None
+) -> Conversation:
+    """A sub-agent that reached Completed or Failed, by any route ``transition`` (the
+    reducer under test, fanfold's by default) takes."""
     dice = _Dice(draw)
-    _, state = _walk(dice, _created(dice, True, None), max_steps, True)
+    reducer = _reducer(transition)
+    _, state = _walk(dice, _created(dice, True, None), max_steps, True, transition)
     # Up to three tries as the dice say (a submission may be malformed: the round goes
     # on), then a cancel and, if it waits for children, its grace timer: both end it.
     for attempt in range(5):
@@ -962,7 +1258,7 @@ def terminal_conversations(draw: st.DrawFn, max_steps: int = 20) -> Conversation
             event = TimerFired(phase.grace_timer)
         else:
             event = CancelRequested(dice.pick(_REASONS))
-        state, _ = transition(state, event)
+        state, _ = reducer(state, event)
     assert state.is_terminal, f"could not end {state.phase!r}"
     return state
 
@@ -2072,7 +2368,12 @@ def _check_no_duplicate_numbers(state: Conversation, effects: Effects, first_fre
 
 
 def check_transition(
-    before: Conversation, event: Event, after: Conversation, effects: Effects
+    before: Conversation,
+    event: Event,
+    after: Conversation,
+    effects: Effects,
+    *,
+    transition: Reducer | None = None,
 ) -> None:
     """Assert every invariant of one accepted step ``transition(before, event)``.
 
@@ -2093,8 +2394,22 @@ def check_transition(
     runs and gets an error result;
     fan-in only moves children from pending to finished, and a finished round gives
     each spawn_agents call one result listing each of its children once; late events
-    are absorbed; RuntimeResumed re-issues everything in flight.
+    are absorbed; a timer that fires is no longer awaited (but for the conversation's
+    own time limit while its cancel waits for children); RuntimeResumed re-issues
+    everything in flight.
+
+    ``transition``: the reducer under test, when the step is to be re-run: it must
+    give the same state and effects again (a reducer is a function of the state and
+    the event, which replay relies on).
     """
+    if transition is not None:
+        again = transition(before, event)
+        if again != (after, effects):
+            _fail(
+                "the reducer is a function of the state and the event",
+                f"{type(event).__name__} gave another step when run again",
+                after,
+            )
     check_invariants(after)
     _check_fixed(_as_edited(before, event), after)
     numbered = event
@@ -3113,6 +3428,14 @@ def _check_event_rules(
         case TimerFired(timer=n):
             if n not in live:
                 _absorbed(before, after, effects, f"timer {n} not set")
+            elif n in live_numbers(after) and not (
+                n == before.deadline_timer and isinstance(after.phase, CancellingSubAgents)
+            ):
+                _fail(
+                    "a timer that fires is acted on",
+                    f"{live[n]} ({n}) fired and is still awaited",
+                    after,
+                )
         case SubAgentFinished(child_id=child):
             if child in before.written_off:
                 _absorbed(before, after, effects, f"{child} was written off")
@@ -3260,3 +3583,173 @@ def _check_resume(before: Conversation, after: Conversation, effects: Effects) -
         and CancelSubAgents(phase.children.pending_ids(), CancelReason.PARENT) not in effects
     ):
         _fail("a restart repeats the cancel", f"{effects}", after)
+
+
+# --------------------------------------------------------------------------- the table
+
+TableStep = tuple[str, str, str]
+"""One observed step: ``(phase, event type, outcome)``; the outcome is the phase it led
+to, or the name of the exception it raised."""
+
+
+@attrs.frozen
+class TableReport:
+    """What a reducer did, cell by cell, against the documented table
+    (``fanfold.statemachine.table.TABLE``, rendered in DESIGN.md).
+
+    ``observed``: every step seen; ``unlisted``: steps the table does not list (a rule
+    that refuses where the table accepts, or leads where it says nothing leads);
+    ``unreached``: targets and refusals the table lists that no step took (a rule that
+    leaves a cell out). ``cells()`` says of each (phase, event type) seen whether it
+    was handled, raised, or both.
+    """
+
+    observed: frozenset[TableStep]
+    unlisted: tuple[TableStep, ...]
+    unreached: tuple[TableStep, ...]
+
+    def cells(self) -> dict[tuple[str, str], str]:
+        """``"handled"``, ``"raises"`` or ``"handled or raises"`` for each cell seen."""
+        phases = {phase.__name__ for phase in ALL_PHASES}
+        found: dict[tuple[str, str], set[str]] = {}
+        for phase, event, outcome in self.observed:
+            found.setdefault((phase, event), set()).add(
+                "handled" if outcome in phases else "raises"
+            )
+        return {cell: " or ".join(sorted(kinds)) for cell, kinds in sorted(found.items())}
+
+    @property
+    def agrees(self) -> bool:
+        return not self.unlisted and not self.unreached
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.observed)} steps observed"]
+        lines += [f"not in the table: {p} x {e} -> {o}" for p, e, o in self.unlisted]
+        lines += [f"listed, never taken: {p} x {e} -> {o}" for p, e, o in self.unreached]
+        return "\n".join(lines)
+
+
+def _table_outcome(reducer: Reducer, state: Conversation, event: Event) -> tuple[str, Any]:
+    try:
+        after, _ = reducer(state, event)
+    except IllegalTransition as error:
+        return type(error).__name__, None
+    return type(after.phase).__name__, after
+
+
+def observe_step(
+    state: Conversation, event: Event, seen: set[TableStep], transition: Reducer | None = None
+) -> Conversation | None:
+    """Run one step of ``transition`` (fanfold's by default), add what it did to
+    ``seen``, and return the state after it (None if refused). An awaited reply or the
+    running tool's result is also tried as the fork edit that stands for it."""
+    reducer = _reducer(transition)
+    result, after = _table_outcome(reducer, state, event)
+    phase = state.phase
+    seen.add((type(phase).__name__, type(event).__name__, result))
+    mirrored: Event | None = None
+    match event:
+        case ModelReplied(call=n, reply=reply) if isinstance(phase, LlmRequesting) and (
+            phase.call == n
+        ):
+            mirrored = ForkEdited(ReplyEdit(reply))
+        case ToolFinished(call=n, result=tool_result) if isinstance(phase, ToolExecuting) and (
+            phase.call == n
+        ):
+            mirrored = ForkEdited(ToolResultEdit(tool_result))
+    if mirrored is not None:
+        edited, _ = _table_outcome(reducer, state, mirrored)
+        seen.add((type(phase).__name__, "ForkEdited", edited))
+    return after if isinstance(after, Conversation) else None
+
+
+def _probe_table(state: Conversation, seen: set[TableStep], reducer: Reducer) -> None:
+    """Try, without moving on, the events that leave ``state`` rarely: every refusal,
+    late results of each kind, outcomes of written-off children, cancels, restarts,
+    fork edits."""
+    probes: list[Event] = [r.event for r in rejections(state)]
+    probes += [CancelRequested(reason) for reason in CancelReason]
+    probes.append(RuntimeResumed())
+    probes += late_events(state)
+    probes += [ForkEdited(SystemPromptEdit("edited")), ForkEdited(TaskEdit("edited task"))]
+    probes.append(UserMessaged("hi"))
+    for event in probes:
+        observe_step(state, event, seen, reducer)
+
+
+def table_report(
+    transition: Reducer | None = None,
+    *,
+    walks: int = 200,
+    steps: int = 60,
+    extra: frozenset[TableStep] | set[TableStep] = frozenset(),
+) -> TableReport:
+    """Which (phase, event type) cells ``transition`` (the reducer under test, fanfold's
+    by default) handles and which it refuses, against the documented table.
+
+    Seeded walks (``walks`` of up to ``steps`` steps, half of them sub-agents, their
+    creations drawn as ``conversation_created()`` draws them) try one event of each
+    kind the generators make and move on with one accepted, and, in every state, try
+    each refusal of
+    ``rejections``, the late events of ``late_events``, cancels, restarts, fork edits
+    and a user message. Deterministic: the same reducer gives the same report.
+    ``extra``: steps observed elsewhere (``observe_step``), added before comparing.
+    """
+    reducer = _reducer(transition)
+    seen: set[TableStep] = set(extra)
+    for walk in range(walks):
+        dice = _seeded_dice(f"table:{walk}".encode())
+        created = _created(dice, walk % 2 == 1, None)
+        state, _ = start(created)
+        for _ in range(steps):
+            _probe_table(state, seen, reducer)
+            if state.is_terminal:
+                break
+            makers = dict.fromkeys(_progress_makers(state) + _rare_makers(state, True))
+            moved = [observe_step(state, make(dice, state), seen, reducer) for make in makers]
+            accepted = [after for after in moved if after is not None]
+            if not accepted:
+                break
+            state = dice.pick(accepted)
+    return _compare_table(frozenset(seen))
+
+
+def _seeded_dice(seed: bytes) -> _Dice:
+    """Dice reading a stream of bytes made from ``seed`` (BLAKE2b in counter mode)."""
+    counter = iter(range(1 << 62))
+
+    def chunk(_: object) -> bytes:
+        block = next(counter).to_bytes(8, "big")
+        return hashlib.blake2b(seed + block, digest_size=16).digest()
+
+    return _Dice(chunk)
+
+
+def _compare_table(observed: frozenset[TableStep]) -> TableReport:
+    def allows(phase: str, event: str, outcome: str) -> bool:
+        cell = TABLE.get((phase, event))
+        return cell is not None and (
+            outcome in cell.targets or outcome in {e.__name__ for e in cell.refusals}
+        )
+
+    unlisted = tuple(sorted(step for step in observed if not allows(*step)))
+    unreached = tuple(
+        sorted(
+            (phase, event, outcome)
+            for (phase, event), cell in TABLE.items()
+            for outcome in (*cell.targets, *(e.__name__ for e in cell.refusals))
+            if (phase, event, outcome) not in observed
+        )
+    )
+    return TableReport(observed, unlisted, unreached)
+
+
+def check_table(transition: Reducer | None = None, **options: Any) -> TableReport:
+    """Assert that ``table_report(transition, **options)`` agrees with the documented
+    table both ways; return the report. A rule you add fails it naming each cell it
+    changes: update ``fanfold/statemachine/table.py`` (DESIGN.md, "Adding a
+    transition")."""
+    report = table_report(transition, **options)
+    if not report.agrees:
+        raise AssertionError(f"invariant 'the transition table is the reducer's' broken:\n{report}")
+    return report

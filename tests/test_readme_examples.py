@@ -31,6 +31,7 @@ def test_property_testing_example_runs() -> None:
     namespace: dict[str, Any] = {}
     exec(_compiled(_block("def my_transition"), "<README.md: property testing>"), namespace)
     namespace["test_stop_keeps_every_invariant"]()
+    namespace["test_my_reducer_keeps_every_invariant"]()
 
 
 def test_property_testing_example_catches_the_wrong_check_as_the_readme_says() -> None:

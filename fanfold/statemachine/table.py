@@ -1,7 +1,8 @@
 """The transition table: every phase x every event, as data.
 
 ``transition`` is the implementation; this table is its specification, checked both
-ways by tests/test_transition_table.py:
+ways by ``fanfold.testing.table_report`` (for fanfold's reducer or a user's rule; run
+for fanfold's by tests/test_transition_table.py):
 
 - every step the reducer takes lands in its cell: an accepted event leads to one of the
   cell's ``targets``, a refused one raises one of the cell's ``refusals`` (exact type);
@@ -216,10 +217,10 @@ _row(
         *_CHILD_REFUSALS,
     ),
     TimerFired=_cell(
-        "AwaitingSubAgents LlmRequesting CancellingSubAgents",
+        "AwaitingSubAgents LlmRequesting CancellingSubAgents Failed Error",
         "child deadline: write child off; summary retry timer: CallModel of its next "
         "attempt (with no budget left: the waiting children end failed); own time "
-        "limit: cancel; " + STALE,
+        "limit: cancel (as CancelRequested: with no child running, it ends at once); " + STALE,
         UnknownCall,
     ),
     # Children waiting for a summary have not started: with nothing running (only
