@@ -316,6 +316,13 @@ def _show_steps(
     is_flag=True,
     help="Go on with the forked tree at once (live, like resume), with the edit if any.",
 )
+@click.option(
+    "--rerun-siblings",
+    is_flag=True,
+    help="The conversations other than the picked one and its ancestors go on live from "
+    "the moment too (default: they take their recorded results from the source, up to "
+    "where the edit can reach them).",
+)
 @model_options
 @tools_option
 @db_option
@@ -331,6 +338,7 @@ def fork_command(
     limit_texts: tuple[str, ...],
     limits_file: Path | None,
     go_on: bool,
+    rerun_siblings: bool,
     script: Path | None,
     config_path: Path | None,
     profile: str | None,
@@ -344,7 +352,9 @@ def fork_command(
     "message"`. Any other step (a sub-agent's, or one with work in flight) forks the
     whole tree as it was at that moment: --continue goes on with it at once (with
     --script/--config/--profile/--model, else the source's provider), or later
-    `fanfold resume`. At most one edit (--reply, --tool-result, --task,
+    `fanfold resume`. Only the picked conversation and its ancestors go on live; the
+    others take their recorded results from the source until the edit can reach them
+    (--rerun-siblings: they go on live too). At most one edit (--reply, --tool-result, --task,
     --system-file, --limit/--limits) changes the picked conversation as it goes on.
     Prints the new root's id. The source is untouched.
     """
@@ -375,6 +385,7 @@ def fork_command(
             new_id=new_id,
             going_on=go_on,
             key=key,
+            rerun_siblings=rerun_siblings,
         )
         forked, whole_tree = made.fork_id, made.goes_on
         cwd = store.load_state(forked).cwd

@@ -25,14 +25,18 @@ from fanfold.replay.report import Divergence, Finding
 from fanfold.replay.stepping import state_at, steps
 from fanfold.replay.transcript import agent_id
 from fanfold.statemachine import (
+    CancelReason,
+    CancelRequested,
     Conversation,
     ConversationForked,
     Edit,
     Error,
+    Event,
     ForkEdited,
     Idle,
     IllegalTransition,
     Roster,
+    SubAgentFinished,
     ToolCall,
     ToolResult,
     spawn_order,
@@ -54,6 +58,7 @@ def fork(
     now: float | None = None,
     key: UserKey | None = None,
     edit: Edit | None = None,
+    rerun_siblings: bool = False,
 ) -> str:
     """Fork ``conversation_id`` after its event ``at_seq``; returns the new root's id
     (``new_id`` or a fresh one).
@@ -66,7 +71,9 @@ def fork(
 
     A root at rest there: a new root conversation whose state is the source's (below).
     Anything else, for a tree this user's key marks (``key``): the whole tree as it
-    was at the moment of that step (see ``fork_tree``).
+    was at the moment of that step, the conversations off the picked one's chain
+    taking their recorded future from the source unless ``rerun_siblings`` (see
+    ``fork_tree``).
 
     The fork's seq 0 is ``ConversationForked`` holding that state, and its row links
     to the source (``forked_from``, ``forked_at_seq``). The source is not touched. A
@@ -102,7 +109,16 @@ def fork(
                 conversation_id=conversation_id,
                 seq=at_seq,
             )
-        return fork_tree(store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit)
+        return fork_tree(
+            store,
+            conversation_id,
+            at_seq,
+            new_id=new_id,
+            now=now,
+            key=key,
+            edit=edit,
+            rerun_siblings=rerun_siblings,
+        )
     state: Conversation | None = None
     at_rest: list[int] = []
     for outcome in replay_conversation(store, conversation_id):
@@ -123,7 +139,16 @@ def fork(
     if state is None:  # pragma: no cover - the row's last_seq bounds at_seq
         raise NoSuchStep(conversation_id, at_seq, row.last_seq)
     if not _at_rest(state) and own:
-        return fork_tree(store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit)
+        return fork_tree(
+            store,
+            conversation_id,
+            at_seq,
+            new_id=new_id,
+            now=now,
+            key=key,
+            edit=edit,
+            rerun_siblings=rerun_siblings,
+        )
     if not _at_rest(state):
         before = max((s for s in at_rest if s < at_seq), default=None)
         after = min((s for s in at_rest if s > at_seq), default=None)
@@ -180,6 +205,7 @@ def fork_at(
     going_on: bool = False,
     now: float | None = None,
     key: UserKey | None = None,
+    rerun_siblings: bool = False,
 ) -> Forked:
     """Fork the tree of ``conversation_id`` after step ``at_seq`` of its conversation
     ``agent`` (a place, ``root/1/2`` or ``1/2``, or an id of that tree; None:
@@ -194,6 +220,8 @@ def fork_at(
     fork's transaction, takes effect as the fork goes on (``resume`` delivers it in
     place of that conversation's ``RuntimeResumed``): that needs ``going_on`` (the
     caller continues the fork at once), else EditRefused and nothing is written.
+    ``rerun_siblings``: the conversations off the picked one's chain go on live from
+    the moment too, instead of taking their recorded future from the source.
     Raises what ``fork`` raises, and LookupError for an ``agent`` not in the tree.
     """
     target = agent_id(store, conversation_id, agent)
@@ -218,7 +246,16 @@ def fork_at(
     # The fork and its edit are one transaction (issue 32.2): a fork written first and
     # its edit only once it ran could be killed between, and then resumed unedited,
     # running the very reply the user replaced.
-    forked = fork(store, target, at_seq, new_id=new_id, now=now, key=key, edit=edit)
+    forked = fork(
+        store,
+        target,
+        at_seq,
+        new_id=new_id,
+        now=now,
+        key=key,
+        edit=edit,
+        rerun_siblings=rerun_siblings,
+    )
     goes_on = len(store.tree(forked)) > 1 or not store.load_state(forked).at_rest
     edited_id = forked + target[len(source_root) :]
     return Forked(forked, edited_id, goes_on)
@@ -241,6 +278,7 @@ def fork_tree(
     now: float | None = None,
     key: UserKey | None = None,
     edit: Edit | None = None,
+    rerun_siblings: bool = False,
 ) -> str:
     """Fork the tree of ``conversation_id`` at the moment its event ``at_seq`` was
     taken; returns the new root's id.
@@ -254,29 +292,31 @@ def fork_tree(
     recorded time, then write order): every conversation of the tree created by then
     is copied in its state then, under the fork's ids (the root's id replaced by the
     new one, ``R.1.2`` -> ``F.1.2``), each with a seq 0 ``ConversationForked`` naming
-    its source and the source's seq. Ancestors are copied waiting as they were;
-    siblings as they were: a finished one keeps its outcome (delivered to its parent
-    on resume if the parent had not accepted it yet), a running one is continued. A
-    child its parent had asked for but that did not exist yet is created when the
-    fork is resumed. The source is not touched.
+    its source and the source's seq. The picked conversation and its ancestors (the
+    chain) are copied as they were then: they go on live. Every other conversation
+    (siblings, their sub-agents, the picked one's own children) takes its recorded
+    future from the source (``_copied_states``): it is copied in its state at the
+    last step of the source that the edit cannot have changed (``forked_at_seq``
+    names it), so a sibling whose tool finished after the moment keeps that result
+    and a sibling that finished keeps its outcome (delivered to its parent on resume
+    if the parent had not accepted it yet); the sub-agents such a sibling started
+    after the moment are copied too. ``rerun_siblings``: every conversation is
+    copied as it was at the moment instead, and what it had in flight runs again
+    live. A child its parent had asked for but that did not exist yet is created
+    when the fork is resumed. The source is not touched.
 
     The fork continues through the runtime's ``resume`` (``RuntimeResumed`` re-issues
     each conversation's work in flight: model calls, sub-agents, tools not started;
-    a tool that was running gets the interrupted result, as after a crash). Raises
-    LogCorrupt or LogDiverged if the tree up to that moment does not replay
+    a tool that was running there, with no result taken from the source, is not run
+    again: its result says so, ``FORKED_TOOL_RESULT``). Raises LogCorrupt or
+    LogDiverged if the tree up to that moment (or a copied future) does not replay
     identically, NoSuchStep, UnknownConversation.
     """
     row = store.conversation(conversation_id)
     if not 0 <= at_seq <= row.last_seq:
         raise NoSuchStep(conversation_id, at_seq, row.last_seq)
     root = row.root_id
-    states: dict[str, tuple[int, Conversation]] = {}
-    for step in steps(store, root, tree=True):
-        if not step.matches:
-            raise LogDiverged(Divergence.of(step))
-        states[step.conversation_id] = (step.seq, step.after_state)
-        if step.conversation_id == conversation_id and step.seq == at_seq:
-            break
+    states = _copied_states(store, root, conversation_id, at_seq, rerun_siblings=rerun_siblings)
     fork_id = new_id or uuid.uuid4().hex[:12]
     if new_id is not None and _exists(store, new_id):
         raise ForkRefused(
@@ -318,6 +358,91 @@ def fork_tree(
         )
     store.append(written)
     return fork_id
+
+
+def _copied_states(
+    store: Store, root: str, picked: str, at_seq: int, *, rerun_siblings: bool
+) -> dict[str, tuple[int, Conversation]]:
+    """Each conversation the fork copies, by source id: the seq and state it is copied
+    in.
+
+    Up to the moment (``picked``'s step ``at_seq`` in the tree's interleaved log)
+    every conversation's state then. After it, unless ``rerun_siblings``, the source's
+    recorded future of every conversation off the chain (``picked`` and its
+    ancestors, which go on live), step by step in the same order, as long as nothing
+    that goes on live can have reached it. Only two events reach a conversation from
+    outside itself: a cancel from its parent, and the outcome of one of its children.
+    So a conversation's future stops (it goes on live from there) at the first cancel
+    whose sender goes on live (its parent, unless the cancel is the user's own), or
+    at the first outcome of a child that goes on live. A sub-agent created after the
+    moment is copied if its parent's copied state had started it (the parent on the
+    chain at the moment, or still copied then): its creation carries out a decision
+    taken before the edit could reach the parent; one started later by a parent that
+    goes on live is made again by it. The chain goes on live from the moment: the
+    picked conversation is edited there, and each ancestor waits for the outcome of a
+    child that goes on live.
+    """
+    states: dict[str, tuple[int, Conversation]] = {}
+    live: set[str] | None = None  # None: the moment is not reached yet
+    for step in steps(store, root, tree=True):
+        if not step.matches:
+            raise LogDiverged(Divergence.of(step))
+        cid = step.conversation_id
+        if live is None:
+            states[cid] = (step.seq, step.after_state)
+            if cid == picked and step.seq == at_seq:
+                if rerun_siblings:
+                    break
+                live = _chain(states, picked)
+            continue
+        if cid in live:
+            continue
+        if step.seq == 0:
+            parent = step.after_state.parent_id
+            if parent is not None and parent in states and _started(states[parent][1], cid):
+                states[cid] = (0, step.after_state)
+            else:
+                live.add(cid)  # started by a live decision after the moment: made again
+            continue
+        if cid not in states or _reached_by(step.event, states[cid][1], live):
+            live.add(cid)
+            continue
+        states[cid] = (step.seq, step.after_state)
+    return states
+
+
+def _started(parent: Conversation, child: str) -> bool:
+    """Whether ``parent`` (its state copied into the fork) had started ``child``: the
+    child's creation carries out a decision taken in that state, not after it."""
+    children = parent.children
+    return children is not None and any(
+        pending.started and pending.spec.id == child for pending in children.pending
+    )
+
+
+def _chain(states: dict[str, tuple[int, Conversation]], picked: str) -> set[str]:
+    """``picked`` and its ancestors (source ids)."""
+    chain: set[str] = set()
+    current: str | None = picked
+    while current is not None and current not in chain and current in states:
+        chain.add(current)
+        current = states[current][1].parent_id
+    return chain
+
+
+def _reached_by(event: Event, state: Conversation, live: set[str]) -> bool:
+    """Whether ``event`` of a conversation in ``state`` came from one that goes on
+    live (so the fork cannot take it, nor what follows it, from the source)."""
+    match event:
+        case CancelRequested(reason=reason):
+            # A sub-agent is cancelled by its parent (its time limit, its own cancel,
+            # a failed sequential step); the user's own cancel is the source's fact.
+            return reason is not CancelReason.USER and (
+                state.parent_id is None or state.parent_id in live
+            )
+        case SubAgentFinished(child_id=child):
+            return child in live
+    return False
 
 
 def _renamer(root: str, fork_id: str) -> Any:
