@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from click.testing import CliRunner, Result
 from db_scenarios import Driver, fan_out
@@ -294,3 +295,26 @@ def test_a_forked_first_going_on_is_encoded_only_when_set_and_says_fork() -> Non
         assert [m.result.content for m in after.history if isinstance(m, ToolResultMessage)] == [
             text
         ]
+
+
+def test_a_later_step_today_s_reducer_does_not_reproduce_ends_the_copy_there(
+    tmp_path: Path,
+) -> None:
+    # A fork at an earlier moment is still made (as before recorded futures): the
+    # sibling's copy stops before the step that diverges and goes on live from there.
+    driver = Driver()
+    first, second = fan_out(driver, "c", ("result", "text"), finish=False)
+    replied = driver.reply(second, "looking", ToolCall.of("b", "bash", {"command": "ls"})).seq
+    finished = driver.finish_tool(second, "README.md")
+    driver.run_child(first, "result")
+    steps = [
+        attrs.evolve(s, state=attrs.evolve(s.state, rounds=99)) if s is finished else s
+        for s in driver.steps
+    ]
+    db = tmp_path / "log.db"
+    write(db, steps)
+    with Store.open(db) as store:
+        assert not replay.verify(store, "c", tree=True).ok
+        fork = fork_tree(store, first, 0, new_id="f", key=UserKey.load())
+        assert replay.verify(store, fork, tree=True).ok
+        assert store.conversation("f.2").forked_at_seq == replied

@@ -383,31 +383,37 @@ def _copied_states(
     child that goes on live.
     """
     states: dict[str, tuple[int, Conversation]] = {}
-    live: set[str] | None = None  # None: the moment is not reached yet
-    for step in steps(store, root, tree=True):
+    replayed = steps(store, root, tree=True)
+    for step in replayed:
         if not step.matches:
             raise LogDiverged(Divergence.of(step))
-        cid = step.conversation_id
-        if live is None:
-            states[cid] = (step.seq, step.after_state)
-            if cid == picked and step.seq == at_seq:
-                if rerun_siblings:
-                    break
-                live = _chain(states, picked)
-            continue
-        if cid in live:
-            continue
-        if step.seq == 0:
-            parent = step.after_state.parent_id
-            if parent is not None and parent in states and _started(states[parent][1], cid):
-                states[cid] = (0, step.after_state)
+        states[step.conversation_id] = (step.seq, step.after_state)
+        if step.conversation_id == picked and step.seq == at_seq:
+            break
+    if rerun_siblings:
+        return states
+    live = _chain(states, picked)
+    try:
+        for step in replayed:
+            cid = step.conversation_id
+            if cid in live:
+                continue
+            if not step.matches:
+                # Today's reducer does not reproduce this step: the copy stops before
+                # it (a fork's state must replay identically), and it goes on live.
+                live.add(cid)
+            elif step.seq == 0:
+                parent = step.after_state.parent_id
+                if parent is not None and parent in states and _started(states[parent][1], cid):
+                    states[cid] = (0, step.after_state)
+                else:
+                    live.add(cid)  # started by a live decision after the moment: made again
+            elif cid not in states or _reached_by(step.event, states[cid][1], live):
+                live.add(cid)
             else:
-                live.add(cid)  # started by a live decision after the moment: made again
-            continue
-        if cid not in states or _reached_by(step.event, states[cid][1], live):
-            live.add(cid)
-            continue
-        states[cid] = (step.seq, step.after_state)
+                states[cid] = (step.seq, step.after_state)
+    except LogCorrupt:
+        pass  # a damaged log after the moment: what was copied so far is sound
     return states
 
 
