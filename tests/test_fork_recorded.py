@@ -145,7 +145,13 @@ def test_an_edit_that_changes_nothing_leaves_every_agent_the_same(
     db, root, script = copied(tmp_path, fanned)
     # At the fork moment root/2's bash is running in the source (it finished later).
     with Store.open(db) as store:
-        shown = [s for s in store.events(f"{root}.2")]
+        then = {}
+        for step in replay.steps(store, root, tree=True):
+            then[step.conversation_id] = step.after_state
+            if (step.conversation_id, step.seq) == (f"{root}.1", int(MOMENT)):
+                break
+        assert type(then[f"{root}.2"].phase).__name__ == "ToolExecuting"
+        shown = store.events(f"{root}.2")
         assert any(type(s.event).__name__ == "ToolFinished" for s in shown)
     done = fork_same_reply(tmp_path, db, root, script)
     assert done.exit_code == 0, done.output
