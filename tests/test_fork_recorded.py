@@ -200,6 +200,8 @@ def test_rerun_siblings_runs_them_live_and_says_why_a_tool_has_no_result(
     results = tool_results(db, "f.2")
     assert len(results) == 1 and FORKED_TOOL_RESULT in results[0], results
     assert "restarted" not in results[0]
+    told = run("transcript", "f", "--agent", "2", "--db", db).stdout
+    assert "the fork went on (no restart" in told and "runtime resumed" not in told
     with Store.open(db) as store:
         at = store.conversation("f.2").forked_at_seq
         assert at is not None and at < store.conversation(f"{root}.2").last_seq
