@@ -178,8 +178,13 @@ def test_a_root_forked_as_it_delegates_spawns_its_children_again(
 ) -> None:
     db, root, _ = ran(tmp_path, two_children)
     before = events_of(db, root)
-    # Seq 2: the model asked for two sub-agents; none existed yet at that moment.
-    assert run("fork", root, "--at", "2", "--id", "fr", "--db", db).exit_code == 0
+    # Seq 2: the model asked for two sub-agents; none existed yet at that moment. By
+    # default they take their recorded runs from the source (the root had started them
+    # before anything could change); --rerun-siblings makes them again, live.
+    assert run("fork", root, "--at", "2", "--id", "fd", "--db", db).exit_code == 0
+    assert [c["outcome"] for c in show(db, "fd")["children"]] == ["42", "b done"]
+    forked = run("fork", root, "--at", "2", "--id", "fr", "--rerun-siblings", "--db", db)
+    assert forked.exit_code == 0
     assert [c["id"] for c in show(db, "fr")["children"]] == []
     assert run("resume", "--db", db).exit_code == 0
     report = json.loads(run("diff", root, "fr", "--json", "--db", db).stdout)
@@ -238,6 +243,7 @@ LIMIT_FIELDS = [field.name for field in attrs.fields(Limits)]
     pick=st.integers(min_value=0),
     new_limits=testing.limits(),
     field=st.sampled_from(LIMIT_FIELDS),
+    rerun=st.booleans(),
 )
 def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
     plans: list[Any],
@@ -246,6 +252,7 @@ def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
     pick: int,
     new_limits: Limits,
     field: str,
+    rerun: bool,
 ) -> None:
     driver = Driver(snapshot_every=2)
     root = "c" if cancelled else "r"
@@ -260,23 +267,39 @@ def test_a_fork_at_any_step_verifies_and_loses_no_outcome(
             moments = _moments(store, root)
             cid, seq = moments[pick % len(moments)]
             before = events_of(db, root)
-            fork = fork_tree(store, cid, seq, new_id="f", key=UserKey.load())
+            fork = fork_tree(store, cid, seq, new_id="f", key=UserKey.load(), rerun_siblings=rerun)
             assert replay.verify(store, fork, tree=True).ok
-            # Each conversation created by then is in the fork, in its state then.
+            # Each conversation created by then is in the fork, in its state then
+            # (rerun: every one; else the picked one and its ancestors, the others
+            # in their state at a later step of the source, never an earlier one).
             then: dict[str, Any] = {}
             for step in replay.steps(store, root, tree=True):
-                then[step.conversation_id] = step.after_state
+                then[step.conversation_id] = (step.seq, step.after_state)
                 if (step.conversation_id, step.seq) == (cid, seq):
                     break
+            chain, up = {cid}, then[cid][1].parent_id
+            while up is not None:
+                chain.add(up)
+                up = then[up][1].parent_id
             copied = {row.id for row in store.tree(fork)}
-            assert copied == {"f" + c[len(root) :] for c in then}
-            for source_id, state in then.items():
-                forked = store.load_state("f" + source_id[len(root) :])
+            assert {"f" + c[len(root) :] for c in then} <= copied
+            if rerun:
+                assert copied == {"f" + c[len(root) :] for c in then}
+            for row in store.tree(fork):
+                forked = store.load_state(row.id)
                 testing.check_invariants(forked)
-                assert forked.outcome == state.outcome  # finished ones keep theirs
-                assert (forked.phase == state.phase) or state.children is not None
+                source_id = root + row.id[1:]
+                at = row.forked_at_seq
+                assert at is not None
+                source = replay.state_at(store, source_id, at)
+                if source_id in then and (rerun or source_id in chain):
+                    assert at == then[source_id][0]
+                elif source_id in then:
+                    assert at >= then[source_id][0]
+                assert forked.outcome == source.outcome  # finished ones keep theirs
+                assert (forked.phase == source.phase) or source.children is not None
                 # As recorded, but that a fan-in result names the fork's agents.
-                assert forked.history == _fan_in_ids_as(state.history, root, "f")
+                assert forked.history == _fan_in_ids_as(source.history, root, "f")
             # The picked conversation goes on with one of its limits changed, if the
             # new value admits it as it is: the step keeps every invariant, and the
             # fork with it in its log still verifies.
@@ -356,7 +379,8 @@ def test_an_edited_reply_runs_its_tool_live_in_the_fork(tmp_path: Path, two_chil
     with Store.open(db) as store:
         child = store.load_state("e.1")
         assert child.outcome is not None and child.outcome.result.startswith("99")  # type: ignore[union-attr]
-        assert store.load_state("e.2").outcome.result == "b again"  # type: ignore[union-attr]
+        # The sibling, started by the root before the moment, keeps its recorded run.
+        assert store.load_state("e.2").outcome.result == "b done"  # type: ignore[union-attr]
     assert run("replay", "e", "--verify", "--tree", "--db", db).exit_code == 0
     told = run("transcript", "e", "--agent", "1", "--db", db).stdout
     assert "seq 1 · edit: the awaited model reply given by the user" in told

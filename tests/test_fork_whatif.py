@@ -30,6 +30,7 @@ from fanfold.statemachine import (
     ToolResultMessage,
     UserMessaged,
 )
+from fanfold.statemachine.transition import FORKED_TOOL_RESULT
 from fanfold.tools.registry import ToolSet
 
 __all__ = ["two_children"]  # the module fixture, used here by name
@@ -186,7 +187,7 @@ def test_an_imported_tree_is_forked_at_a_sub_agent_and_goes_on_here(
     before = events_of(other, root)
     script = go_on_script(tmp_path)
     # root/1 at seq 1: its recorded `echo 42` was running. The fork goes on with this
-    # user's script; the recorded call is not run again (the interrupted result).
+    # user's script; the recorded call is not run again (the fork's own result).
     args: list[str | Path] = ["--agent", "1", "--at", "1", "--id", "w", "--continue"]
     args += ["--script", script]
     done = run("fork", root, *args, "--db", other)
@@ -201,7 +202,7 @@ def test_an_imported_tree_is_forked_at_a_sub_agent_and_goes_on_here(
     assert done.exit_code == 0, done.output
     with Store.open(other) as store:
         interrupted = store.load_state("w.1").outcome
-        assert interrupted is not None and "interrupted" in interrupted.result  # type: ignore[union-attr]
+        assert interrupted is not None and FORKED_TOOL_RESULT in interrupted.result  # type: ignore[union-attr]
         assert "42" not in interrupted.result  # type: ignore[union-attr]
         edited = store.load_state("v.1").outcome
         assert edited is not None and edited.result.startswith("77")  # type: ignore[union-attr]
@@ -231,7 +232,7 @@ def test_a_fork_of_a_tree_from_elsewhere_never_starts_a_call_its_log_decided(
         last = store.conversation("x").last_seq
     refused = run("fork", "x", "--at", str(last), "--db", db)
     assert refused.exit_code == 2
-    assert "would run tool calls its log decided: root bash (x-b2)" in refused.stderr
+    assert "its log decided and has no result for: root bash (x-b2)" in refused.stderr
     # The step before the reply (the model's call awaited) forks, into a tree of this
     # user's that records no provider: it goes on only with one this user names.
     assert run("fork", "x", "--at", str(last - 1), "--id", "y", "--db", db).exit_code == 0
@@ -261,4 +262,4 @@ async def test_a_forks_running_call_is_never_run_again_even_if_idempotent(tmp_pa
             m.result for m in runtime.state(fork).history if isinstance(m, ToolResultMessage)
         ]
     assert calls == ["call"]
-    assert result.is_error and result.content.startswith("interrupted:")
+    assert result.is_error and result.content == FORKED_TOOL_RESULT

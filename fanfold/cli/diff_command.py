@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import click
 from rich.table import Table
 from rich.text import Text
@@ -21,6 +22,7 @@ from fanfold.cli.output import console
 from fanfold.cli.replay_commands import _errors
 from fanfold.cli.show_commands import ShowNode, _show_node, _trusted_config
 from fanfold.db import Store
+from fanfold.providers.config import Config
 from fanfold.replay.compare import AgentPair, Said, compare
 from fanfold.replay.lineage import ForkOrigin, fork_origin
 
@@ -45,6 +47,9 @@ def diff_command(a: str, b: str, as_json: bool, db: Target | None) -> None:
     report = {
         "a": roots[0],
         "b": roots[1],
+        # Like with like: a fork's state counts what its source had spent before the
+        # fork, so each side's whole total is compared (not a fork's spend since).
+        "tokens_compared": TOKENS_COMPARED,
         "agents": [_pair_json(pair, nodes) for pair in pairs],
         # Where each tree was forked, if it is a fork: the agent picked, its seq in
         # its source, and the edit (issue 34).
@@ -69,15 +74,38 @@ def _fork_json(made: ForkOrigin | None) -> dict[str, Any] | None:
     }
 
 
+TOKENS_COMPARED = (
+    "each conversation's whole total: a fork's includes what it inherited from its "
+    "source, as the source's includes what it spent before the fork moment"
+)
+
+
 def _nodes(store: Store, conversation_id: str) -> dict[str, ShowNode]:
+    """Each conversation of the tree, as ``show`` builds it, but with its whole
+    state's counts and cost: ``show`` gives a fork's spend since the fork, and a
+    comparison with its source must count both sides alike."""
     root = store.conversation(conversation_id).root_id
+    config = _trusted_config(store, root)
     found: dict[str, ShowNode] = {}
-    stack = [_show_node(store, root, _trusted_config(store, root))]
+    stack = [_show_node(store, root, config)]
     while stack:
         node = stack.pop()
+        if node.forked is not None:
+            node = _whole(store, node, config)
         found[node.state.id] = node
         stack.extend(node.children)
     return found
+
+
+def _whole(store: Store, node: ShowNode, config: Config | None) -> ShowNode:
+    """``node`` with its conversation's whole state (tokens since it began)."""
+    state = store.load_state(node.state.id)
+    cost = node.cost
+    if config is not None:
+        prices = config.resolve(state.model, state.depth)[0].prices
+        if prices is not None:
+            cost = prices.cost(state.usage_input, state.usage_cached, state.usage_output)
+    return attrs.evolve(node, state=state, cost=cost)
 
 
 def _side(conversation_id: str | None, nodes: dict[str, ShowNode]) -> dict[str, Any] | None:
@@ -154,6 +182,11 @@ def _show(report: dict[str, Any]) -> None:
                 f"made at {made['agent']} seq {made['agent_seq']}{edit}"
             )
             console.print(Text(printable(said), style="dim"), soft_wrap=True, highlight=False)
+    console.print(
+        Text(f"tokens and cost: {report['tokens_compared']}", style="dim"),
+        soft_wrap=True,
+        highlight=False,
+    )
     table = Table("agent", "outcome", "rounds", "tokens", "cost", "parts at")
     for agent in report["agents"]:
         table.add_row(

@@ -329,6 +329,13 @@ def _show_steps(
     is_flag=True,
     help="Go on with the forked tree at once (live, like resume), with the edit if any.",
 )
+@click.option(
+    "--rerun-siblings",
+    is_flag=True,
+    help="The conversations other than the picked one and its ancestors go on live from "
+    "the moment too (default: they take their recorded results from the source, up to "
+    "where the edit can reach them).",
+)
 @model_options
 @tools_option
 @db_option
@@ -344,6 +351,7 @@ def fork_command(
     limit_texts: tuple[str, ...],
     limits_file: Path | None,
     go_on: bool,
+    rerun_siblings: bool,
     script: Path | None,
     config_path: Path | None,
     profile: str | None,
@@ -357,9 +365,12 @@ def fork_command(
     "message"`. Any other step (a sub-agent's, or one with work in flight) forks the
     whole tree as it was at that moment: --continue goes on with it at once (with
     --script/--config/--profile/--model, else the source's provider; for a tree from
-    elsewhere, an imported one, your configuration), or later `fanfold resume`. In a
-    tree from elsewhere no tool call its log decided runs (a fork that would start one
-    is refused). At most one edit (--reply, --tool-result, --task,
+    elsewhere, an imported one, your configuration), or later `fanfold resume`. Only
+    the picked conversation and its ancestors go on live; the others take their
+    recorded results from the source until the edit can reach them (--rerun-siblings:
+    they go on live too). In a tree from elsewhere no tool call its log decided runs
+    (a fork that would start one the source has no result for is refused). At most
+    one edit (--reply, --tool-result, --task,
     --system-file, --limit/--limits) changes the picked conversation as it goes on.
     Prints the new root's id. The source is untouched.
     """
@@ -390,6 +401,7 @@ def fork_command(
             new_id=new_id,
             going_on=go_on,
             key=key,
+            rerun_siblings=rerun_siblings,
         )
         forked, whole_tree = made.fork_id, made.goes_on
         cwd = store.load_state(forked).cwd

@@ -26,15 +26,19 @@ from fanfold.replay.report import Divergence, Finding
 from fanfold.replay.stepping import state_at, steps
 from fanfold.replay.transcript import agent_id
 from fanfold.statemachine import (
+    CancelReason,
+    CancelRequested,
     Conversation,
     ConversationForked,
     Edit,
     Error,
+    Event,
     ForkEdited,
     Idle,
     IllegalTransition,
     Message,
     Roster,
+    SubAgentFinished,
     ToolCall,
     ToolExecuting,
     ToolResult,
@@ -60,6 +64,7 @@ def fork(
     now: float | None = None,
     key: UserKey | None = None,
     edit: Edit | None = None,
+    rerun_siblings: bool = False,
 ) -> str:
     """Fork ``conversation_id`` after its event ``at_seq``; returns the new root's id
     (``new_id`` or a fresh one).
@@ -71,7 +76,9 @@ def fork(
     checks it first (``fork_at``); the reducer refuses one that does not fit.
 
     A root at rest there: a new root conversation whose state is the source's (below).
-    Anything else: the whole tree as it was at the moment of that step (see
+    Anything else: the whole tree as it was at the moment of that step, the
+    conversations off the picked one's chain taking their recorded future from the
+    source unless ``rerun_siblings`` (see
     ``fork_tree``).
 
     The fork's seq 0 is ``ConversationForked`` holding that state, and its row links
@@ -102,7 +109,15 @@ def fork(
     own = refusal(store.tree_record(row.root_id), key, store.instance_id, row.root_id) is None
     if row.is_sub_agent:
         return fork_tree(
-            store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit, own=own
+            store,
+            conversation_id,
+            at_seq,
+            new_id=new_id,
+            now=now,
+            key=key,
+            edit=edit,
+            own=own,
+            rerun_siblings=rerun_siblings,
         )
     state: Conversation | None = None
     for outcome in replay_conversation(store, conversation_id):
@@ -121,7 +136,15 @@ def fork(
         raise NoSuchStep(conversation_id, at_seq, row.last_seq)
     if not _at_rest(state):
         return fork_tree(
-            store, conversation_id, at_seq, new_id=new_id, now=now, key=key, edit=edit, own=own
+            store,
+            conversation_id,
+            at_seq,
+            new_id=new_id,
+            now=now,
+            key=key,
+            edit=edit,
+            own=own,
+            rerun_siblings=rerun_siblings,
         )
     fork_id = new_id or uuid.uuid4().hex[:12]
     event = ConversationForked(fork_id, conversation_id, at_seq, state)
@@ -165,6 +188,7 @@ def fork_at(
     going_on: bool = False,
     now: float | None = None,
     key: UserKey | None = None,
+    rerun_siblings: bool = False,
 ) -> Forked:
     """Fork the tree of ``conversation_id`` after step ``at_seq`` of its conversation
     ``agent`` (a place, ``root/1/2`` or ``1/2``, or an id of that tree; None:
@@ -179,6 +203,8 @@ def fork_at(
     fork's transaction, takes effect as the fork goes on (``resume`` delivers it in
     place of that conversation's ``RuntimeResumed``): that needs ``going_on`` (the
     caller continues the fork at once), else EditRefused and nothing is written.
+    ``rerun_siblings``: the conversations off the picked one's chain go on live from
+    the moment too, instead of taking their recorded future from the source.
     Raises what ``fork`` raises, and LookupError for an ``agent`` not in the tree.
     """
     target = agent_id(store, conversation_id, agent)
@@ -203,7 +229,16 @@ def fork_at(
     # The fork and its edit are one transaction (issue 32.2): a fork written first and
     # its edit only once it ran could be killed between, and then resumed unedited,
     # running the very reply the user replaced.
-    forked = fork(store, target, at_seq, new_id=new_id, now=now, key=key, edit=edit)
+    forked = fork(
+        store,
+        target,
+        at_seq,
+        new_id=new_id,
+        now=now,
+        key=key,
+        edit=edit,
+        rerun_siblings=rerun_siblings,
+    )
     goes_on = len(store.tree(forked)) > 1 or not store.load_state(forked).at_rest
     edited_id = forked + target[len(source_root) :]
     return Forked(forked, edited_id, goes_on)
@@ -227,6 +262,7 @@ def fork_tree(
     key: UserKey | None = None,
     edit: Edit | None = None,
     own: bool = True,
+    rerun_siblings: bool = False,
 ) -> str:
     """Fork the tree of ``conversation_id`` at the moment its event ``at_seq`` was
     taken; returns the new root's id.
@@ -235,9 +271,13 @@ def fork_tree(
     elsewhere (imported, copied): the fork is still this user's tree, but it records
     no provider (it goes on only with the one the user names: ``fork --continue
     --script/--config/...`` or ``resume --script ...``), and it is refused
-    (ForkRefused, nothing written) where one of its conversations would start a tool
-    call the log decided: a round's calls after the running one
-    (``recorded_calls_that_would_run``). A running call gets the interrupted result as
+    (ForkRefused, nothing written) where one of its conversations, in the state the
+    fork copies, would start a tool call the log decided: a round's calls after the
+    running one (``recorded_calls_that_would_run``). A conversation taking its
+    recorded future holds the results the log recorded for its calls (data: nothing
+    is called), so only calls the source has no result for are refused; the refusal
+    says when the other way of copying the siblings (``rerun_siblings``) starts none.
+    A running call with no recorded result gets the "not run in this fork" result as
     in every fork (``Runtime`` never runs it again); a model call in flight is asked
     again of the user's provider. So what runs is what the user's edit and the user's
     model decide from the fork on (issue 34; DESIGN, "Security model").
@@ -251,29 +291,31 @@ def fork_tree(
     recorded time, then write order): every conversation of the tree created by then
     is copied in its state then, under the fork's ids (the root's id replaced by the
     new one, ``R.1.2`` -> ``F.1.2``), each with a seq 0 ``ConversationForked`` naming
-    its source and the source's seq. Ancestors are copied waiting as they were;
-    siblings as they were: a finished one keeps its outcome (delivered to its parent
-    on resume if the parent had not accepted it yet), a running one is continued. A
-    child its parent had asked for but that did not exist yet is created when the
-    fork is resumed. The source is not touched.
+    its source and the source's seq. The picked conversation and its ancestors (the
+    chain) are copied as they were then: they go on live. Every other conversation
+    (siblings, their sub-agents, the picked one's own children) takes its recorded
+    future from the source (``_copied_states``): it is copied in its state at the
+    last step of the source that the edit cannot have changed (``forked_at_seq``
+    names it), so a sibling whose tool finished after the moment keeps that result
+    and a sibling that finished keeps its outcome (delivered to its parent on resume
+    if the parent had not accepted it yet); the sub-agents such a sibling started
+    after the moment are copied too. ``rerun_siblings``: every conversation is
+    copied as it was at the moment instead, and what it had in flight runs again
+    live. A child its parent had asked for but that did not exist yet is created
+    when the fork is resumed. The source is not touched.
 
     The fork continues through the runtime's ``resume`` (``RuntimeResumed`` re-issues
     each conversation's work in flight: model calls, sub-agents, tools not started;
-    a tool that was running gets the interrupted result, as after a crash). Raises
-    LogCorrupt or LogDiverged if the tree up to that moment does not replay
+    a tool that was running there, with no result taken from the source, is not run
+    again: its result says so, ``FORKED_TOOL_RESULT``). Raises LogCorrupt or
+    LogDiverged if the tree up to that moment (or a copied future) does not replay
     identically, NoSuchStep, UnknownConversation.
     """
     row = store.conversation(conversation_id)
     if not 0 <= at_seq <= row.last_seq:
         raise NoSuchStep(conversation_id, at_seq, row.last_seq)
     root = row.root_id
-    states: dict[str, tuple[int, Conversation]] = {}
-    for step in steps(store, root, tree=True):
-        if not step.matches:
-            raise LogDiverged(Divergence.of(step))
-        states[step.conversation_id] = (step.seq, step.after_state)
-        if step.conversation_id == conversation_id and step.seq == at_seq:
-            break
+    states = _copied_states(store, root, conversation_id, at_seq, rerun_siblings=rerun_siblings)
     fork_id = new_id or uuid.uuid4().hex[:12]
     if new_id is not None and _exists(store, new_id):
         raise ForkRefused(
@@ -282,20 +324,32 @@ def fork_tree(
             seq=at_seq,
         )
     if not own:
-        would_run = [
-            (source_id, call)
-            for source_id, (_, state) in states.items()
-            for call in recorded_calls_that_would_run(state)
-        ]
+        # Checked on the states the fork copies: a conversation taking its recorded
+        # future holds the results its source recorded (data, nothing called), so
+        # only a call with no result there would run (DESIGN, "Time travel").
+        would_run = _would_run(states)
         if would_run:
             named = ", ".join(
                 f"{tree_path(cid, root)} {call.name} ({call.id})" for cid, call in would_run
             )
+            # The other way of copying the siblings may start none: say so.
+            other = _copied_states(
+                store, root, conversation_id, at_seq, rerun_siblings=not rerun_siblings
+            )
+            instead = ""
+            if not _would_run(other):
+                instead = (
+                    "; without --rerun-siblings"
+                    if rerun_siblings
+                    else "; or --rerun-siblings (they go on from that moment)"
+                )
+                instead += " none would run"
             raise ForkRefused(
                 f"cannot fork {conversation_id!r} at seq {at_seq}: the tree was not written "
                 f"by this runtime, and going on from that moment would run tool calls its "
-                f"log decided: {named}; fork the step before the reply that asked for them "
-                "(with --reply, or --continue to ask the model again)",
+                f"log decided and has no result for: {named}; fork the step before the "
+                "reply that asked for them (with --reply, or --continue to ask the model "
+                f"again){instead}",
                 conversation_id=conversation_id,
                 seq=at_seq,
             )
@@ -336,14 +390,115 @@ def fork_tree(
     return fork_id
 
 
+def _would_run(states: dict[str, tuple[int, Conversation]]) -> list[tuple[str, ToolCall]]:
+    """The recorded tool calls (with their conversation's source id) that going on
+    with these copied states would start without a model asked."""
+    return [
+        (source_id, call)
+        for source_id, (_, state) in states.items()
+        for call in recorded_calls_that_would_run(state)
+    ]
+
+
 def recorded_calls_that_would_run(state: Conversation) -> tuple[ToolCall, ...]:
     """The tool calls of ``state`` that going on from it would start without a model
     asked: a round's calls after the running one (``RuntimeResumed`` runs them in
     order, as after a crash; an edit of the conversation too, but a reply edit, which
     replaces the round). The running call is not among them: a fork's copy still at
-    its seq 0 gets the interrupted result for it (``Runtime``)."""
+    its seq 0 gets the "not run in this fork" result for it (``Runtime``)."""
     phase = state.phase
     return phase.remaining if isinstance(phase, ToolExecuting) else ()
+
+
+def _copied_states(
+    store: Store, root: str, picked: str, at_seq: int, *, rerun_siblings: bool
+) -> dict[str, tuple[int, Conversation]]:
+    """Each conversation the fork copies, by source id: the seq and state it is copied
+    in.
+
+    Up to the moment (``picked``'s step ``at_seq`` in the tree's interleaved log)
+    every conversation's state then. After it, unless ``rerun_siblings``, the source's
+    recorded future of every conversation off the chain (``picked`` and its
+    ancestors, which go on live), step by step in the same order, as long as nothing
+    that goes on live can have reached it. Only two events reach a conversation from
+    outside itself: a cancel from its parent, and the outcome of one of its children.
+    So a conversation's future stops (it goes on live from there) at the first cancel
+    whose sender goes on live (its parent, unless the cancel is the user's own), or
+    at the first outcome of a child that goes on live. A sub-agent created after the
+    moment is copied if its parent's copied state had started it (the parent on the
+    chain at the moment, or still copied then): its creation carries out a decision
+    taken before the edit could reach the parent; one started later by a parent that
+    goes on live is made again by it. The chain goes on live from the moment: the
+    picked conversation is edited there, and each ancestor waits for the outcome of a
+    child that goes on live.
+    """
+    states: dict[str, tuple[int, Conversation]] = {}
+    replayed = steps(store, root, tree=True)
+    for step in replayed:
+        if not step.matches:
+            raise LogDiverged(Divergence.of(step))
+        states[step.conversation_id] = (step.seq, step.after_state)
+        if step.conversation_id == picked and step.seq == at_seq:
+            break
+    if rerun_siblings:
+        return states
+    live = _chain(states, picked)
+    try:
+        for step in replayed:
+            cid = step.conversation_id
+            if cid in live:
+                continue
+            if not step.matches:
+                # Today's reducer does not reproduce this step: the copy stops before
+                # it (a fork's state must replay identically), and it goes on live.
+                live.add(cid)
+            elif step.seq == 0:
+                parent = step.after_state.parent_id
+                if parent is not None and parent in states and _started(states[parent][1], cid):
+                    states[cid] = (0, step.after_state)
+                else:
+                    live.add(cid)  # started by a live decision after the moment: made again
+            elif cid not in states or _reached_by(step.event, states[cid][1], live):
+                live.add(cid)
+            else:
+                states[cid] = (step.seq, step.after_state)
+    except LogCorrupt:
+        pass  # a damaged log after the moment: what was copied so far is sound
+    return states
+
+
+def _started(parent: Conversation, child: str) -> bool:
+    """Whether ``parent`` (its state copied into the fork) had started ``child``: the
+    child's creation carries out a decision taken in that state, not after it."""
+    children = parent.children
+    return children is not None and any(
+        pending.started and pending.spec.id == child for pending in children.pending
+    )
+
+
+def _chain(states: dict[str, tuple[int, Conversation]], picked: str) -> set[str]:
+    """``picked`` and its ancestors (source ids)."""
+    chain: set[str] = set()
+    current: str | None = picked
+    while current is not None and current not in chain and current in states:
+        chain.add(current)
+        current = states[current][1].parent_id
+    return chain
+
+
+def _reached_by(event: Event, state: Conversation, live: set[str]) -> bool:
+    """Whether ``event`` of a conversation in ``state`` came from one that goes on
+    live (so the fork cannot take it, nor what follows it, from the source)."""
+    match event:
+        case CancelRequested(reason=reason):
+            # A sub-agent is cancelled by its parent (its time limit, its own cancel,
+            # a failed sequential step); the user's own cancel is the source's fact.
+            return reason is not CancelReason.USER and (
+                state.parent_id is None or state.parent_id in live
+            )
+        case SubAgentFinished(child_id=child):
+            return child in live
+    return False
 
 
 def _renamer(root: str, fork_id: str) -> Any:

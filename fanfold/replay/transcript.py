@@ -193,6 +193,8 @@ def _entries(step: ReplayStep) -> Iterator[Entry]:
             yield Entry(seq, "cancel", label=f"cancel requested by {reason}")
         case TimerFired(timer=timer):
             yield Entry(seq, "timer", label=f"timer {timer} fired")
+        case RuntimeResumed(forked=True):
+            yield Entry(seq, "resumed", label="the fork went on (no restart: forked here)")
         case RuntimeResumed():
             yield Entry(seq, "resumed", label="the runtime resumed the conversation")
         case ForkEdited(edit=edit):

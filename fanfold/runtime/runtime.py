@@ -1018,6 +1018,10 @@ class Runtime:
         flight, and what the edit starts (an edited reply's tool calls) runs live. So
         the edit takes effect whenever the fork first goes on, ``fork --continue`` or a
         ``resume`` after that was killed.
+        Any other fork's conversation still at its seq 0 gets
+        ``RuntimeResumed(forked=True)``: nothing restarted, what it has in flight was in
+        flight in its source (a running tool's result says so), and no idempotent tool
+        is named in it: a fork never runs its source's running call again.
 
         Raises DatabaseInUse, and resumes nothing, while another runtime (in this
         process or another) has the database open: its unfinished conversations may be
@@ -1126,7 +1130,7 @@ class Runtime:
     ) -> list[str]:
         resumed = []
         edits: dict[str, ForkEdited] = {}
-        copies: set[str] = set()
+        first: set[str] = set()  # a fork's conversations going on for the first time
         context = contextvars.copy_context()  # one for all: they share call workers
         for row, state, started in loaded:
             pending = self._pending_edit(row)
@@ -1138,7 +1142,7 @@ class Runtime:
                 # the fork's source may be a tree from elsewhere, whose log decided the
                 # call (issue 34), and a fork re-running a call unasked is what the
                 # fork rules exclude (DESIGN, "Time travel").
-                copies.add(row.id)
+                first.add(row.id)
             self._launch(
                 Actor(
                     self,
@@ -1152,7 +1156,12 @@ class Runtime:
             resumed.append(row.id)
         again = self._idempotent_tools()
         for conversation_id in resumed:
-            resumed_event = RuntimeResumed(() if conversation_id in copies else again)
+            # A fork's conversation still at its seq 0 never ran here: what it has in
+            # flight was in flight in its source, and the reducer says so (a fact of
+            # the log, like the pending edit), rather than speak of a restart; and it
+            # re-runs no idempotent tool (above).
+            forked = conversation_id in first
+            resumed_event = RuntimeResumed(() if forked else again, forked=forked)
             self.deliver(conversation_id, edits.get(conversation_id) or resumed_event)
         for conversation_id in resumed:
             self._redeliver_outcomes(self._actors[conversation_id].state)
@@ -1251,6 +1260,7 @@ class Runtime:
         edit: Edit | None = None,
         new_id: str | None = None,
         go_on: bool = False,
+        rerun_siblings: bool = False,
     ) -> str:
         """Fork a tree after step ``at_seq`` of one of its conversations; returns the
         new tree's root id. ``fanfold fork`` with its options, as one implementation
@@ -1265,7 +1275,11 @@ class Runtime:
         nothing is written.
 
         A root at rest is forked alone (its edit recorded at once): go on with
-        ``send``. Any other step forks the whole tree as it was at that moment; with
+        ``send``. Any other step forks the whole tree as it was at that moment, every
+        conversation off the picked one's chain (the picked one and its ancestors)
+        taking its recorded future from the source where the edit cannot have changed
+        it, so the fork differs from its source only downstream of the edit
+        (``rerun_siblings``: they go on live from the moment instead); with
         ``go_on`` it is continued at once on this runtime (its provider and tools),
         as ``fanfold fork --continue`` does: ``resume`` of the fork, the edit
         delivered in place of that conversation's ``RuntimeResumed``. Without
@@ -1296,6 +1310,7 @@ class Runtime:
             going_on=go_on,
             now=self.now(),
             key=self.key,
+            rerun_siblings=rerun_siblings,
         )
         if go_on and made.goes_on:
             await self.resume([made.fork_id])

@@ -177,11 +177,20 @@ class RuntimeResumed:
     with the same arguments harmless (an MCP server's ``idempotent_tools`` in the
     user's configuration, a function tool's ``idempotent=True``): a call of one of them
     in flight at the crash is run again instead.
+
+    ``forked``: no restart, but a fork's conversation going on for the first time
+    (the runtime delivers it to one still at its seq 0): a tool running in its
+    source when it was copied is not run again either, and its error result says
+    that instead of speaking of a restart.
     """
 
     idempotent_tools: tuple[str, ...] = attrs.field(
         default=(), metadata={"since": 7, "omitted_at_default": True}
     )
+    # A conversation of a fork going on for the first time (still at its seq 0): what
+    # it has in flight was in flight in its source, not cut by a restart; a tool
+    # running there gets a result that says so (FORKED_TOOL_RESULT).
+    forked: bool = attrs.field(default=False, metadata={"since": 7, "omitted_at_default": True})
 
 
 @attrs.frozen

@@ -181,7 +181,8 @@ _row(
     ),
     RuntimeResumed=_cell(
         _TOOL_TARGETS,
-        "the tool gets an 'interrupted' error result (never run twice) unless it is one "
+        "the tool gets an 'interrupted' error result (forked: a 'not run in this fork' "
+        "one; never run twice) unless it is one "
         "of the event's idempotent_tools (RunTool again, same call and decisions); "
         "continue as "
         "ToolFinished; re-issue SpawnSubAgent/deadlines of running children",
@@ -315,7 +316,7 @@ _FORK_EDITS = {
         _TOOL_TARGETS,
         "ToolResultEdit of the running call: as ToolFinished, after what RuntimeResumed "
         f"re-issues of the round's children; wrong call id: raise; {_PROMPT} (the running "
-        f"tool gets the interrupted result); {_EDIT_ELSEWHERE}",
+        f"tool gets the 'not run in this fork' result); {_EDIT_ELSEWHERE}",
         IllegalTransition,
     ),
     "AwaitingSubAgents": _cell(

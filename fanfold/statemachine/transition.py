@@ -161,6 +161,11 @@ INTERRUPTED_RESULT = (
     "interrupted: the runtime restarted while this tool ran; it may have partly run "
     "and was not run again"
 )
+FORKED_TOOL_RESULT = (
+    "not run in this fork: it was still running in the source when this conversation "
+    "was forked, and the fork has no result of it from there; it was not run again "
+    "(it may have run in the source)"
+)
 
 
 # --------------------------------------------------------------------------- entry
@@ -1751,7 +1756,9 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
         case ToolExecuting(
             current=current, remaining=remaining, results=results, children=children
         ):
-            result = _tool_error(current, INTERRUPTED_RESULT)
+            result = _tool_error(
+                current, FORKED_TOOL_RESULT if event.forked else INTERRUPTED_RESULT
+            )
             then = _run_tools(state, remaining, (*results, result), children)
             return _after(_still_armed(effects, then[0]), then)
         case AwaitingSubAgents(children=Children(summary=Summary() as summary)):
@@ -1771,6 +1778,10 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
 
 # ------------------------------------------------------------------ fork edits
 
+# An edit is delivered as a fork's conversation first goes on: what it re-issues is
+# re-issued as for a fork, not a restart (a running tool's result says so).
+_FIRST_GOING_ON = RuntimeResumed(forked=True)
+
 
 def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
     """A forked conversation goes on with the user's edit in place of what was in
@@ -1781,13 +1792,13 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
     match edit, phase:
         case SystemPromptEdit(system_prompt=text), _:
             # From the next model call on; one in flight is issued again with it.
-            return _on_resume(state.evolve(system_prompt=text), RuntimeResumed())
+            return _on_resume(state.evolve(system_prompt=text), _FIRST_GOING_ON)
         case LimitsEdit(limits=limits), _:
             problem = limits_edit_problem(state, limits)
             if problem is not None:
                 raise IllegalTransition(state, event, problem)
             # From now on; what is in flight is issued again under them.
-            return _on_resume(state.evolve(limits=limits), RuntimeResumed())
+            return _on_resume(state.evolve(limits=limits), _FIRST_GOING_ON)
         case TaskEdit(task=task), LlmRequesting() | AwaitingRetry() if (
             state.is_sub_agent
             and state.rounds <= 1
@@ -1797,7 +1808,7 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
             if not task:
                 raise IllegalTransition(state, event, "a sub-agent needs a task")
             history = (*state.history[:-1], UserMessage(task))
-            return _on_resume(state.evolve(task=task, history=history), RuntimeResumed())
+            return _on_resume(state.evolve(task=task, history=history), _FIRST_GOING_ON)
         case ReplyEdit(reply=reply), LlmRequesting(call=call):
             return _edited(state, _on_model_result(state, ModelReplied(call, reply)))
         case ToolResultEdit(result=result), ToolExecuting(current=current, call=call):

@@ -376,6 +376,8 @@ def _marks(steps: list[ReplayStep], end: float) -> Iterator[dict[str, Any]]:
                     yield {"k": "deadline", "t0": at, "t1": at, "label": timer_mark["label"]}
             case CancelRequested(reason=reason):
                 yield {"k": "cancel", "t0": at, "t1": at, "label": f"cancel ({reason.value})"}
+            case RuntimeResumed(forked=True):
+                yield {"k": "resumed", "t0": at, "t1": at, "label": "fork went on"}
             case RuntimeResumed():
                 yield {"k": "resumed", "t0": at, "t1": at, "label": "runtime resumed"}
             case ForkEdited(edit=edit):
