@@ -53,7 +53,8 @@ async def mcp_tools(
         tools, problems = await hub.discover()
         for problem in problems:
             hint(f"MCP: {printable(problem)}", style="yellow")
-        yield tools
+        # With list_mcp_resources and read_mcp_resource when a server offers resources.
+        yield [*tools, *hub.resource_tools()]
 
 
 @asynccontextmanager
@@ -110,20 +111,21 @@ def scoped_to_agents(
     and ``tools`` without those of an agent file's server that no definition names
     (one yellow line each: it serves nobody). The root is offered none of them
     (``Runtime.start``); ``delegation.child_setup`` gives them to those agents."""
+    from fanfold.mcp.client import served_privately
     from fanfold.statemachine.agent_defs import with_own_tools
 
-    scoped = tuple(t.spec for t in tools if t.server.declaration.private)
+    scoped = tuple(t.spec for t in tools if served_privately(t))
     if not scoped:
         return agents, list(tools)
     agents = with_own_tools(agents, scoped)
     owned = {t.name for a in agents for t in a.own_tools}
-    private = [t for t in tools if t.server.declaration.private]
+    private = [t for t in tools if served_privately(t)]
     idle = {t.server.name for t in private} - {
         t.server.name for t in private if t.spec.name in owned
     }
     for name in sorted(idle):
         hint(f"MCP: server {name!r} of an agent file serves no agent in effect", style="yellow")
-    return agents, [t for t in tools if not t.server.declaration.private or t.spec.name in owned]
+    return agents, [t for t in tools if not served_privately(t) or t.spec.name in owned]
 
 
 @asynccontextmanager
@@ -147,11 +149,13 @@ def recorded_declarations(
     """For ``resume`` and ``send``: the servers declared now in the folders of the trees
     (``(cwd, recorded tool specs)`` each) that recorded MCP tools; a name declared in
     two folders is the first folder's."""
-    from fanfold.statemachine.permissions import MCP_PREFIX
+    from fanfold.statemachine.permissions import MCP_PREFIX, MCP_RESOURCE_TOOLS
 
     declared: dict[str, Any] = {}
     for cwd in dict.fromkeys(
-        cwd for cwd, specs in trees if any(s.name.startswith(MCP_PREFIX) for s in specs)
+        cwd
+        for cwd, specs in trees
+        if any(s.name.startswith(MCP_PREFIX) or s.name in MCP_RESOURCE_TOOLS for s in specs)
     ):
         for declaration in declarations_for(Path(cwd), config_path):
             declared.setdefault(declaration.name, declaration)
