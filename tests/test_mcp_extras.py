@@ -83,7 +83,7 @@ async def test_resources_list_changed_progress_and_logs_in_one_run(
     - list_changed: ``grow`` adds ``late`` and says so; tree 1 keeps its recorded set
       (its call of ``late`` is refused as unknown, never reaching the server), tree 2
       is offered ``late`` and calls it;
-    - progress and log: ``busy`` sends 1,000 progress and 300 log notifications: the
+    - progress and log: ``busy`` sends 500 progress and 200 log notifications: the
       board holds that call's latest report only (one entry, under the call's
       conversation and number, gone when the call ends); fanfold's log gets at most
       LOG_BURST lines a second plus the count dropped; the result is the answer alone.
@@ -134,7 +134,7 @@ async def test_resources_list_changed_progress_and_logs_in_one_run(
             ]
         }
     )
-    env = (("PROGRESS", "1000"), ("LOGS", "300"))
+    env = (("PROGRESS", "500"), ("LOGS", "200"))
     servers = [
         _server("notes", "extras", tmp_path, env=env),
         _server("plain", "badschema", tmp_path),
@@ -172,12 +172,14 @@ async def test_resources_list_changed_progress_and_logs_in_one_run(
     assert Recording.largest == 1 and len(Recording.keys) == 1
     ((conversation, _),) = Recording.keys
     assert conversation == first
-    assert Recording.last.count == 1000 and Recording.last.describe() == "1000/1000, step 1000"
+    assert Recording.last.count == 500 and Recording.last.describe() == "500/500, step 500"
     assert len(board) == 0  # the call ended
+    (progress,) = [f for _, event, f in lines.lines if event == "mcp_progress"]
+    assert progress["reports"] == 500 and progress["conversation_id"] == first
     logged = [f for _, event, f in lines.lines if event == "mcp_server_log"]
     dropped = sum(f.get("dropped", 0) for _, _, f in lines.lines)
     assert 0 < len(logged) <= LOG_BURST * 30  # a window a second, 30 s at the most
-    assert len(logged) + dropped == 300
+    assert len(logged) + dropped == 200
     assert logged[0]["text"] == "log line 0" and logged[0]["server"] == "notes"
 
     with Store.open(database) as store:  # the servers are gone

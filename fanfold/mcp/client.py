@@ -517,6 +517,19 @@ class McpServer:
             return await self._call(tool, arguments, key)
         finally:
             if key is not None:
+                # One line in fanfold's log per call that reported progress: its
+                # latest report and how many came (never one line per report).
+                last = BOARD.get(*key)
+                if last is not None:
+                    self.hub.logger.info(
+                        "mcp_progress",
+                        server=self.name,
+                        tool=tool,
+                        conversation_id=key[0],
+                        call=key[1],
+                        progress=last.describe(),
+                        reports=last.count,
+                    )
                 BOARD.done(key)
             self.notes.flush()
 
