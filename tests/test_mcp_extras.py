@@ -337,3 +337,24 @@ def test_fanfold_tools_names_the_resource_tools_and_a_servers_prompts(tmp_path: 
     assert server["resources"] is True
     assert server["prompts"] == ["review(topic)"]
     assert "review" not in tools and "mcp__notes__review" not in tools
+
+
+async def test_a_servers_log_lines_are_made_printable_and_rate_limited() -> None:
+    """A server's log text reaches the terminal when it is a warning or an error: no
+    control character survives; past LOG_BURST lines a window, the rest are counted."""
+    from types import SimpleNamespace
+
+    from fanfold.mcp.client import LOG_BURST, ServerNotes
+
+    lines = _Lines()
+    notes = ServerNotes(SimpleNamespace(name="s", hub=SimpleNamespace(logger=lines)))  # type: ignore[arg-type]
+    for i in range(LOG_BURST + 30):
+        await notes.log(SimpleNamespace(data=f"x\x1b[2J\u202e{i}", level="error", logger=None))
+    notes.flush()
+    written = [(level, f) for level, event, f in lines.lines if event == "mcp_server_log"]
+    assert len(written) == LOG_BURST
+    assert written[0] == (
+        "error",
+        {"server": "s", "level_mcp": "error", "text": "x\\x1b[2J\\u202e0"},
+    )
+    assert lines.lines[-1][1:] == ("mcp_server_log_dropped", {"server": "s", "dropped": 30})

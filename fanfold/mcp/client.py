@@ -677,6 +677,17 @@ _LOG_LEVELS = {
 }
 
 
+# C0 and C1 controls, DEL, and the bidirectional-text and line/paragraph separators
+# (as fanfold.cli.display.printable takes them out of what a terminal shows).
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]"
+)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return found.group().encode("unicode_escape").decode("ascii")
+
+
 class ServerNotes:
     """What a server says besides answers: ``notifications/message`` (its log: into
     fanfold's structlog log, ``mcp_server_log``, at most ``LOG_BURST`` lines per
@@ -716,9 +727,11 @@ class ServerNotes:
             fields["logger_mcp"] = str(params.logger)[:100]
         if self.dropped:
             fields["dropped"], self.dropped = self.dropped, 0
-        getattr(self.server.hub.logger, level)(
-            "mcp_server_log", text=text[:MAX_LOG_CHARS], **fields
-        )
+        # A warning or an error reaches the terminal too (the console renderer writes
+        # strings as they are): the server's text never carries a control character
+        # there (an escape sequence could clear the screen or fake a line).
+        text = _UNPRINTABLE.sub(_escaped, text[:MAX_LOG_CHARS])
+        getattr(self.server.hub.logger, level)("mcp_server_log", text=text, **fields)
 
     async def message(self, message: Any) -> None:
         """Every notification the session surfaces (and transport errors)."""
