@@ -80,9 +80,9 @@ async def test_resources_list_changed_progress_and_logs_in_one_run(
     - resources: ``list_mcp_resources``/``read_mcp_resource`` offered for ``notes``
       alone (the enum), text read whole, a blob described (MIME type, size), a long
       text cut to the result limit, a bad URI an error result naming the server;
-    - list_changed: ``grow`` adds ``late`` and says so; tree 1 keeps its recorded set
-      (its call of ``late`` is refused as unknown, never reaching the server), tree 2
-      is offered ``late`` and calls it;
+    - list_changed: ``grow`` adds ``late`` and says so; tree 1's next request offers
+      ``late`` (a ``ToolsChanged`` folded before ``grow``'s result) and calls it; tree
+      2 is offered it from its start;
     - progress and log: ``busy`` sends 500 progress and 200 log notifications: the
       board holds that call's latest report only (one entry, under the call's
       conversation and number, gone when the call ends); fanfold's log gets at most
@@ -164,8 +164,10 @@ async def test_resources_list_changed_progress_and_logs_in_one_run(
     assert plain[1] and "server" in plain[0]  # not in the enum: breaks the schema
 
     assert grown == ("grown", False)
-    assert "mcp__notes__late" not in specs and "mcp__notes__late" in {t.name for t in two.tools}
-    assert late[1] and "mcp__notes__late" in late[0]
+    # Offered to tree 1 from the round after the change (the reducer refuses a call of
+    # a tool not offered), and to tree 2 from its start.
+    assert "mcp__notes__late" in specs and "mcp__notes__late" in {t.name for t in two.tools}
+    assert late == ("late answer", False)
     assert _results(two) == [("late answer", False)]
 
     assert busy == ("busy done", False)
@@ -183,8 +185,16 @@ async def test_resources_list_changed_progress_and_logs_in_one_run(
     assert logged[0]["text"] == "log line 0" and logged[0]["server"] == "notes"
 
     with Store.open(database) as store:  # the servers are gone
+        kinds = [e.type for e in store.raw_log(first).events]
         assert verify(store, first, tree=True).ok
         assert verify(store, second, tree=True).ok
+    # Recorded between the first round's request and its last result: the request in
+    # flight kept its set, the next one offered the new.
+    changed = kinds.index("ToolsChanged")
+    assert (
+        kinds.index("ModelReplied") < changed < len(kinds) - kinds[::-1].index("ToolFinished") - 1
+    )
+    assert kinds[changed + 1] == "ToolFinished"  # grow's result, after the change
 
 
 def test_no_resource_tool_is_offered_without_a_server_declaring_resources() -> None:
@@ -358,3 +368,49 @@ async def test_a_servers_log_lines_are_made_printable_and_rate_limited() -> None
         {"server": "s", "level_mcp": "error", "text": "x\\x1b[2J\\u202e0"},
     )
     assert lines.lines[-1][1:] == ("mcp_server_log_dropped", {"server": "s", "dropped": 30})
+
+
+def _spec(name: str, read_only: bool = False) -> Any:
+    from fanfold.statemachine import ToolSpec
+
+    return ToolSpec.from_schema(name, name, {"type": "object"}, read_only=read_only)
+
+
+def test_tools_changed_replaces_that_servers_tools_as_the_rules_leave_them() -> None:
+    """The reducer's rule (pure): the server's tools are replaced, another server's and
+    fanfold's own are kept, the control tools stay, the conversation's rules filter
+    the new ones, a spec not named for that server is ignored, an ended conversation
+    absorbs it, and nothing runs."""
+    from sm_support import TOOLS, child, replied, root, step, submit
+
+    from fanfold.statemachine import CONTROL_TOOLS, ToolsChanged
+
+    old, other = _spec("mcp__notes__old"), _spec("mcp__other__x")
+    state = root(tools=(*TOOLS, old, other))
+    change = ToolsChanged(
+        "notes", (_spec("mcp__notes__new"), _spec("mcp__notes__look", True), _spec("mcp__x__y"))
+    )
+    after, effects = step(state, change)
+    names = [t.name for t in after.tools]
+    assert effects == ()
+    assert "mcp__notes__old" not in names and "mcp__x__y" not in names
+    assert {"bash", "read_file", "mcp__other__x", "mcp__notes__new", "mcp__notes__look"} <= set(
+        names
+    )
+    assert [n for n in names if n in CONTROL_TOOLS] == [
+        t.name for t in state.tools if t.name in CONTROL_TOOLS
+    ]
+    # A sub-agent allowed read-only tools only gets the new read-only one.
+    rules = _rules(["read-only"])
+    # (A child's created tools are already those its rules leave: the runtime's.)
+    sub = child(tools=tuple(t for t in TOOLS if t.name == "read_file"), permissions=rules)
+    sub_after, _ = step(sub, change)
+    sub_names = {t.name for t in sub_after.tools}
+    assert "mcp__notes__look" in sub_names and "mcp__notes__new" not in sub_names
+    # Denied the server: none of its tools.
+    denied, _ = step(child(tools=TOOLS, permissions=_rules(None, ["mcp__notes"])), change)
+    assert not any(t.name.startswith("mcp__notes__") for t in denied.tools)
+    # Ended: absorbed.
+    done, _ = step(sub, replied(sub, submit("s1", "ok")))
+    assert done.is_terminal
+    assert step(done, change) == (done, ())

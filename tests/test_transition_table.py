@@ -44,6 +44,7 @@ from fanfold.statemachine import (
     ToolFinished,
     ToolResult,
     ToolResultEdit,
+    ToolsChanged,
     ToolSpec,
     Usage,
     UserMessaged,
@@ -60,6 +61,7 @@ from fanfold.statemachine.table import (
 )
 
 BASH = ToolSpec.from_schema("bash", "run a command", {"type": "object"})
+MCP_TOOL = ToolSpec.from_schema("mcp__srv__t", "a server's tool", {"type": "object"})
 LIMITS = Limits(max_rounds=3, max_attempts=2, max_concurrent=2, child_timeout=5.0)
 
 
@@ -161,6 +163,7 @@ def _probe(state: Conversation, seen: Observed) -> None:
     probes: list[Event] = [r.event for r in testing.rejections(state)]
     probes += [CancelRequested(reason) for reason in CancelReason]
     probes.append(RuntimeResumed())
+    probes.append(ToolsChanged("srv", (MCP_TOOL,)))  # an MCP server's new tool list
     if state.next_call:
         late = state.next_call - 1
         while late in testing.live_numbers(state) and late > 0:

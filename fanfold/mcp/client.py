@@ -694,8 +694,9 @@ class ServerNotes:
     ``LOG_WINDOW`` per server, never into the model's context),
     ``notifications/progress`` (the latest per call, on ``fanfold.tools.progress.BOARD``
     for the live view) and ``notifications/tools/list_changed`` (counted in
-    ``tools_changed``: the next tree started lists the server's tools again; a tree
-    keeps the tool set recorded at its start, see DESIGN.md "MCP beyond tools")."""
+    ``tools_changed``: the server's tools are listed anew after the tool call it came
+    with, and every conversation is given a ``ToolsChanged``; see
+    ``ServedTools.tool_changes`` and DESIGN.md "MCP beyond tools")."""
 
     def __init__(self, server: McpServer) -> None:
         self.server = server

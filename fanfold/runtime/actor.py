@@ -790,6 +790,9 @@ class Actor:
                 result = await self.runtime.tools.run(call, effect.cwd, confined=True)
             else:
                 result = await self.runtime.tools.run(call, effect.cwd)
+            # A server that changed its tools during the call (MCP's list_changed):
+            # every conversation hears of it before this result is folded.
+            await self.runtime.refresh_tools()
         except Exception as exc:
             return self._tool_crashed(effect, started, exc)
         finally:

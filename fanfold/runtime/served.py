@@ -21,7 +21,7 @@ from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import EnvPolicy
 
 if TYPE_CHECKING:
-    from fanfold.mcp.client import McpHub, McpTool
+    from fanfold.mcp.client import McpHub, McpServer, McpTool
     from fanfold.mcp.config import ServerDeclaration
     from fanfold.mcp.resources import ResourceTool
 
@@ -123,9 +123,9 @@ class ServedTools:
     async def discover(self) -> tuple[str, ...]:
         """Start the servers (once) and offer their tools; the problems found. Called
         again (the next tree's start), it lists anew the tools of each server that sent
-        ``notifications/tools/list_changed`` since: the next tree is offered the server's
-        tools as they are now (recorded in its creation event, so replay needs no
-        server), while a tree already started keeps the set it recorded."""
+        ``notifications/tools/list_changed`` since and was not yet listed anew after a
+        call (``tool_changes``; an agent file's server only here): the next tree is
+        offered the server's tools as they are now, recorded in its creation event."""
         async with self._lock:
             if not self._discovered:
                 tools, problems = await self.hub.discover()
@@ -135,26 +135,57 @@ class ServedTools:
                 return self.problems
             found: list[str] = []
             for server in self.hub.changed():
-                tools, problems = await self.hub.relist(server)
-                before = {
-                    n for n, t in self._served.items() if getattr(t, "server", None) is server
-                }
-                now = {t.spec.name for t in tools}
-                # A tool the server no longer lists is offered to no new tree; kept for
-                # the trees that recorded it (their calls reach the server, which
-                # answers for itself).
-                self._withdrawn = (self._withdrawn | (before - now)) - now
-                for tool in tools:  # a changed tool's new spec replaces the old
-                    self._served[tool.spec.name] = tool
-                self._set = ToolSet(list(self._served.values()))
-                added, gone = sorted(now - before), sorted(before - now)
-                found += problems
-                found.append(
-                    f"MCP server {server.name!r} changed its tools (tools/list_changed): "
-                    f"added {', '.join(added) or 'none'}; removed {', '.join(gone) or 'none'}; "
-                    "trees started from now on are offered them"
-                )
+                found += await self._relist(server)
             return tuple(found)
+
+    async def tool_changes(self) -> list[tuple[str, tuple[ToolSpec, ...]]]:
+        """The servers shared by the run that sent ``notifications/tools/list_changed``
+        since their tools were listed, each with its tools as listed now (the runner
+        takes them at once). The runtime asks after each tool call and, before that
+        call's result, gives every conversation a ``ToolsChanged``: the reducer
+        replaces the server's tools from its next model call on, recorded in the log
+        (replay needs no server). An agent file's server is listed anew at the next
+        tree's start (``discover``)."""
+        changed = [s for s in self.hub.changed() if not s.declaration.private]
+        if not changed:
+            return []
+        made: list[tuple[str, tuple[ToolSpec, ...]]] = []
+        async with self._lock:
+            for server in changed:
+                for line in await self._relist(server):
+                    self.hub.logger.warning("mcp_problem", problem=line)
+                specs = tuple(
+                    t.spec
+                    for n, t in self._served.items()
+                    if getattr(t, "server", None) is server and n not in self._withdrawn
+                )
+                made.append((server.name, specs))
+        return made
+
+    async def _relist(self, server: McpServer) -> list[str]:
+        """List ``server``'s tools anew into the runner; the lines to log."""
+        found: list[str] = []
+        tools, problems = await self.hub.relist(server)
+        before = {
+            n
+            for n, t in self._served.items()
+            if getattr(t, "server", None) is server and n not in self._withdrawn
+        }
+        now = {t.spec.name for t in tools}
+        # A tool the server no longer lists is offered to no new tree; kept for
+        # the trees that recorded it (their calls reach the server, which
+        # answers for itself).
+        self._withdrawn = (self._withdrawn | (before - now)) - now
+        for tool in tools:  # a changed tool's new spec replaces the old
+            self._served[tool.spec.name] = tool
+        self._set = ToolSet(list(self._served.values()))
+        added, gone = sorted(now - before), sorted(before - now)
+        found += problems
+        found.append(
+            f"MCP server {server.name!r} changed its tools (tools/list_changed): "
+            f"added {', '.join(added) or 'none'}; removed {', '.join(gone) or 'none'}"
+        )
+        return found
 
     def bind(self, specs: Iterable[ToolSpec]) -> None:
         """The recorded MCP tools among ``specs``, on the servers of those names."""
