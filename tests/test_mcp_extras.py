@@ -414,3 +414,48 @@ def test_tools_changed_replaces_that_servers_tools_as_the_rules_leave_them() -> 
     done, _ = step(sub, replied(sub, submit("s1", "ok")))
     assert done.is_terminal
     assert step(done, change) == (done, ())
+
+
+@pytest.mark.slow
+def test_fanfold_run_offers_a_tool_the_server_adds_from_the_next_round(tmp_path: Path) -> None:
+    """``fanfold run`` (a fixed tool set built at start, taking a server's changed list
+    through ``RefreshingTools``): ``grow`` adds ``late``, the next round calls it; replay
+    verifies with the server's declaration gone."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fanfold.cli import cli
+    from fanfold.statemachine import ToolFinished
+
+    config = tmp_path / "mine.toml"
+    config.write_text(
+        "[mcp_servers.notes]\n"
+        + f"command = {json.dumps(sys.executable)}\n"
+        + f"args = [{json.dumps(str(SERVER))}, 'extras', {json.dumps(str(tmp_path))}]\n"
+    )
+    script = tmp_path / "script.json"
+    calls = [
+        {"tool_calls": [{"name": "mcp__notes__grow", "arguments": {}}]},
+        {"tool_calls": [{"name": "mcp__notes__late", "arguments": {}}]},
+        {"text": "done"},
+    ]
+    script.write_text(json.dumps({"agents": [{"match": {"path": "root"}, "replies": calls}]}))
+    db = tmp_path / "run.db"
+    runner = CliRunner()
+    args = ["run", "go", "--script", str(script), "--db", str(db), "--cwd", str(tmp_path)]
+    done = runner.invoke(cli, [*args, "--config", str(config), "--no-live"])
+    assert done.exit_code == 0, done.output
+    with Store.open(db, read_only=True) as store:
+        (root,) = store.list_roots()
+        results = [
+            e.event.result for e in store.events(root.id) if isinstance(e.event, ToolFinished)
+        ]
+    assert [(r.name, r.content, r.is_error) for r in results] == [
+        ("mcp__notes__grow", "grown", False),
+        ("mcp__notes__late", "late answer", False),
+    ]
+    config.unlink()
+    verify = runner.invoke(cli, ["replay", root.id, "--db", str(db), "--verify", "--tree"])
+    assert verify.exit_code == 0, verify.output
+    assert "identical" in verify.output

@@ -204,3 +204,94 @@ def with_server_secrets(choice: ModelChoice, declarations: Sequence[Any]) -> Mod
         choice,
         env_policy=EnvPolicy(policy.key_variables | names, policy.pass_env - names),
     )
+
+
+class RefreshingTools:
+    """A command's tool set (fixed: built with the servers' tools when the command
+    started) plus what a server lists after ``notifications/tools/list_changed``: the
+    runner ``Runtime.refresh_tools`` asks after each tool call (``tool_changes``), as
+    ``ServedTools`` is for ``Runtime.open(mcp_servers=...)``. A tool the server stopped
+    listing is offered to no new tree."""
+
+    def __init__(self, base: Any, hub: Any) -> None:
+        import trio
+
+        from fanfold.tools.registry import ToolSet
+
+        self.base = base
+        self.hub = hub
+        self._added: dict[str, Any] = {}
+        self._set = ToolSet([])
+        self._withdrawn: set[str] = set()
+        self._lock = trio.Lock()
+
+    def specs(self) -> tuple[Any, ...]:
+        added = self._set.specs()
+        names = {s.name for s in added} | self._withdrawn
+        return (*(s for s in self.base.specs() if s.name not in names), *added)
+
+    async def run(self, call: Any, cwd: str, *, confined: bool = False) -> Any:
+        if call.name in self._set:
+            return await self._set.run(call, cwd)
+        if confined:
+            return await self.base.run(call, cwd, confined=True)
+        return await self.base.run(call, cwd)
+
+    def read_only(self, name: str) -> bool:
+        """As ``ToolSet.read_only``."""
+        return bool(self._set.read_only(name) if name in self._set else self.base.read_only(name))
+
+    def idempotent(self, name: str) -> bool:
+        """As ``ToolSet.idempotent``."""
+        if name in self._set:
+            return bool(self._set.idempotent(name))
+        return bool(self.base.idempotent(name))
+
+    def in_process(self, name: str) -> bool:
+        """As ``ToolSet.in_process``; a tool a server added runs as a task."""
+        return name not in self._set and bool(self.base.in_process(name))
+
+    def answer(self, call: Any, cwd: str, *, confined: bool = False) -> Any:
+        """As ``ToolSet.answer`` (never a server's tool: see ``in_process``)."""
+        return self.base.answer(call, cwd, confined=confined)
+
+    async def tool_changes(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The shared servers that said their tools changed, each with its tools as
+        listed now (taken into this runner); see ``ServedTools.tool_changes``."""
+        from fanfold.tools.registry import ToolSet
+
+        made: list[tuple[str, tuple[Any, ...]]] = []
+        async with self._lock:
+            for server in [s for s in self.hub.changed() if not s.declaration.private]:
+                tools, problems = await self.hub.relist(server)
+                for problem in problems:
+                    self.hub.logger.warning("mcp_problem", problem=problem)
+                prefix = f"mcp__{server.name}__"
+                listed = {t.spec.name for t in tools}
+                offered = {s.name for s in self.specs() if s.name.startswith(prefix)}
+                self._withdrawn = (self._withdrawn | (offered - listed)) - listed
+                for tool in tools:
+                    self._added[tool.spec.name] = tool
+                self._set = ToolSet(list(self._added.values()))
+                self.hub.logger.warning(
+                    "mcp_problem",
+                    problem=f"MCP server {server.name!r} changed its tools "
+                    f"(tools/list_changed): now {', '.join(sorted(listed)) or 'none'}",
+                )
+                made.append((server.name, tuple(t.spec for t in tools)))
+        return made
+
+
+def refreshing(tools: Any, extra: Sequence[Any]) -> Any:
+    """``tools`` (a command's tool set holding ``extra``, the servers' tools) as a
+    runner that takes a server's changed tool list (``RefreshingTools``); ``tools``
+    itself when no server is running."""
+    hub = next(
+        (
+            getattr(t, "hub", None) or getattr(getattr(t, "server", None), "hub", None)
+            for t in extra
+            if getattr(t, "hub", None) or getattr(t, "server", None)
+        ),
+        None,
+    )
+    return tools if hub is None else RefreshingTools(tools, hub)
