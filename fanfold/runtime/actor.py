@@ -790,13 +790,17 @@ class Actor:
                 result = await self.runtime.tools.run(call, effect.cwd, confined=True)
             else:
                 result = await self.runtime.tools.run(call, effect.cwd)
-            # A server that changed its tools during the call (MCP's list_changed):
-            # every conversation hears of it before this result is folded.
-            await self.runtime.refresh_tools()
         except Exception as exc:
             return self._tool_crashed(effect, started, exc)
         finally:
             CURRENT_CALL.reset(reporting)
+        # A server that changed its tools during the call (MCP's list_changed): every
+        # conversation hears of it before this result is folded. A failure here is
+        # not the tool's: its result stands.
+        try:
+            await self.runtime.refresh_tools()
+        except Exception as exc:
+            self.log.error("tool list refresh failed", exc_info=exc)
         return self._tool_finished(effect, started, result, "ok")
 
     def _tool_crashed(self, effect: RunTool, started: float, exc: Exception) -> Event:

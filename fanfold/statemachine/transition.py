@@ -1766,7 +1766,7 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
     raise IllegalTransition(state, event, "no rule")  # pragma: no cover - phases exhausted
 
 
-# ------------------------------------------------------------------ fork edits
+# ------------------------------------------------------------------ tool list changes
 
 
 def _on_tools_changed(state: Conversation, event: ToolsChanged) -> Transition:
@@ -1795,6 +1795,9 @@ def _on_tools_changed(state: Conversation, event: ToolsChanged) -> Transition:
     if tools == state.tools:
         return _absorb(state)
     return state.evolve(tools=tools), ()
+
+
+# ------------------------------------------------------------------ fork edits
 
 
 def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
