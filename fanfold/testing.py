@@ -142,6 +142,7 @@ from fanfold.statemachine import (
     ToolResult,
     ToolResultEdit,
     ToolResultMessage,
+    ToolsChanged,
     ToolSpec,
     TurnFinished,
     TurnOutcome,
@@ -2411,7 +2412,12 @@ def check_transition(
                 after,
             )
     check_invariants(after)
-    _check_fixed(_as_edited(before, event), after)
+    if isinstance(event, ToolsChanged):
+        # The one step that changes the offered tools: that server's, nothing else.
+        _check_tools_changed(before, event, after, effects)
+        _check_fixed(before.evolve(tools=after.tools), after)
+    else:
+        _check_fixed(_as_edited(before, event), after)
     numbered = event
     # A fork edit is checked as what it stands for (besides its own checks below): an
     # edited reply as the reply of the awaited call, an edited tool result as the
@@ -2508,6 +2514,29 @@ def _check_fork_edit(
             ]
             if result.content not in kept:
                 _fail("an edit shows", "the edited tool result was lost", after)
+
+
+def _check_tools_changed(
+    before: Conversation, event: ToolsChanged, after: Conversation, effects: Effects
+) -> None:
+    """An MCP server's new tool list replaces that server's tools only: every other
+    tool kept in order, the server's now among those it listed, nothing run, the phase
+    and the history as they were."""
+    prefix = f"mcp__{event.server}__"
+    kept = [t for t in before.tools if not t.name.startswith(prefix)]
+    others = [t for t in after.tools if not t.name.startswith(prefix)]
+    listed = {t.name: t for t in event.tools}
+    theirs = [t for t in after.tools if t.name.startswith(prefix)]
+    if before.is_terminal:
+        return
+    if others != kept or any(listed.get(t.name) != t for t in theirs):
+        _fail(
+            "a server's new tool list replaces its tools only",
+            f"{[t.name for t in before.tools]} -> {[t.name for t in after.tools]}",
+            after,
+        )
+    if effects or after.phase != before.phase or after.history != before.history:
+        _fail("a tool list change runs nothing", f"effects {effects}", after)
 
 
 def _check_fixed(before: Conversation, after: Conversation) -> None:
@@ -3663,6 +3692,9 @@ def observe_step(
     return after if isinstance(after, Conversation) else None
 
 
+_MCP_PROBE_TOOL = ToolSpec.from_schema("mcp__srv__t", "a server's tool", {"type": "object"})
+
+
 def _probe_table(state: Conversation, seen: set[TableStep], reducer: Reducer) -> None:
     """Try, without moving on, the events that leave ``state`` rarely: every refusal,
     late results of each kind, outcomes of written-off children, cancels, restarts,
@@ -3670,6 +3702,7 @@ def _probe_table(state: Conversation, seen: set[TableStep], reducer: Reducer) ->
     probes: list[Event] = [r.event for r in rejections(state)]
     probes += [CancelRequested(reason) for reason in CancelReason]
     probes.append(RuntimeResumed())
+    probes.append(ToolsChanged("srv", (_MCP_PROBE_TOOL,)))  # an MCP server's new tool list
     probes += late_events(state)
     probes += [ForkEdited(SystemPromptEdit("edited")), ForkEdited(TaskEdit("edited task"))]
     probes.append(UserMessaged("hi"))

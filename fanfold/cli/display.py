@@ -34,6 +34,7 @@ from fanfold.statemachine import (
     ToolExecuting,
 )
 from fanfold.statemachine.delegation import own_messages
+from fanfold.tools.progress import BOARD
 
 
 @attrs.define
@@ -284,6 +285,11 @@ class TreeView:
         text.append(describe(state, retry_in), style=style)
         if isinstance(state.phase, LlmRequesting) and self.streamed.get(state.id):
             text.append(f" ({self.streamed[state.id]} chars received)", style="dim")
+        if isinstance(state.phase, ToolExecuting):
+            # The tool's latest progress report (an MCP server's notifications/progress).
+            reported = BOARD.get(state.id, state.phase.call)
+            if reported is not None:
+                text.append(f" ({short(reported.describe(), 60)})", style="dim")
         outcome = outcome_text(state)
         if outcome:
             # Redrawn several times a second: look at a bounded beginning only.

@@ -16,6 +16,7 @@ from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
 from fanfold.cli.mcp_tools import (
     declarations_for,
+    refreshing,
     scoped_mcp_tools,
     with_server_secrets,
 )
@@ -142,7 +143,7 @@ async def _serve(
                 Runtime.open(
                     path,
                     choice.provider,
-                    choice.tools([*python_tools, *extra]),
+                    refreshing(choice.tools([*python_tools, *extra]), extra),
                     redact=choice.redactor(),
                     limits=limits,
                     provider_description=choice.recorded,

@@ -60,7 +60,8 @@ async def mcp_tools(
         tools, problems = await hub.discover()
         for problem in problems:
             hint(f"MCP: {printable(problem)}", style="yellow")
-        yield tools
+        # With list_mcp_resources and read_mcp_resource when a server offers resources.
+        yield [*tools, *hub.resource_tools()]
 
 
 @asynccontextmanager
@@ -118,20 +119,21 @@ def scoped_to_agents(
     and ``tools`` without those of an agent file's server that no definition names
     (one yellow line each: it serves nobody). The root is offered none of them
     (``Runtime.start``); ``delegation.child_setup`` gives them to those agents."""
+    from fanfold.mcp.client import served_privately
     from fanfold.statemachine.agent_defs import with_own_tools
 
-    scoped = tuple(t.spec for t in tools if t.server.declaration.private)
+    scoped = tuple(t.spec for t in tools if served_privately(t))
     if not scoped:
         return agents, list(tools)
     agents = with_own_tools(agents, scoped)
     owned = {t.name for a in agents for t in a.own_tools}
-    private = [t for t in tools if t.server.declaration.private]
+    private = [t for t in tools if served_privately(t)]
     idle = {t.server.name for t in private} - {
         t.server.name for t in private if t.spec.name in owned
     }
     for name in sorted(idle):
         hint(f"MCP: server {name!r} of an agent file serves no agent in effect", style="yellow")
-    return agents, [t for t in tools if not t.server.declaration.private or t.spec.name in owned]
+    return agents, [t for t in tools if not served_privately(t) or t.spec.name in owned]
 
 
 @asynccontextmanager
@@ -155,11 +157,13 @@ def recorded_declarations(
     """For ``resume`` and ``send``: the servers declared now in the folders of the trees
     (``(cwd, recorded tool specs)`` each) that recorded MCP tools; a name declared in
     two folders is the first folder's."""
-    from fanfold.statemachine.permissions import MCP_PREFIX
+    from fanfold.statemachine.permissions import MCP_PREFIX, MCP_RESOURCE_TOOLS
 
     declared: dict[str, Any] = {}
     for cwd in dict.fromkeys(
-        cwd for cwd, specs in trees if any(s.name.startswith(MCP_PREFIX) for s in specs)
+        cwd
+        for cwd, specs in trees
+        if any(s.name.startswith(MCP_PREFIX) or s.name in MCP_RESOURCE_TOOLS for s in specs)
     ):
         for declaration in declarations_for(Path(cwd), config_path):
             declared.setdefault(declaration.name, declaration)
@@ -209,3 +213,94 @@ def with_server_secrets(choice: ModelChoice, declarations: Sequence[Any]) -> Mod
         choice,
         env_policy=EnvPolicy(policy.key_variables | names, policy.pass_env - names),
     )
+
+
+class RefreshingTools:
+    """A command's tool set (fixed: built with the servers' tools when the command
+    started) plus what a server lists after ``notifications/tools/list_changed``: the
+    runner ``Runtime.refresh_tools`` asks after each tool call (``tool_changes``), as
+    ``ServedTools`` is for ``Runtime.open(mcp_servers=...)``. A tool the server stopped
+    listing is offered to no new tree."""
+
+    def __init__(self, base: Any, hub: Any) -> None:
+        import trio
+
+        from fanfold.tools.registry import ToolSet
+
+        self.base = base
+        self.hub = hub
+        self._added: dict[str, Any] = {}
+        self._set = ToolSet([])
+        self._withdrawn: set[str] = set()
+        self._lock = trio.Lock()
+
+    def specs(self) -> tuple[Any, ...]:
+        added = self._set.specs()
+        names = {s.name for s in added} | self._withdrawn
+        return (*(s for s in self.base.specs() if s.name not in names), *added)
+
+    async def run(self, call: Any, cwd: str, *, confined: bool = False) -> Any:
+        if call.name in self._set:
+            return await self._set.run(call, cwd)
+        if confined:
+            return await self.base.run(call, cwd, confined=True)
+        return await self.base.run(call, cwd)
+
+    def read_only(self, name: str) -> bool:
+        """As ``ToolSet.read_only``."""
+        return bool(self._set.read_only(name) if name in self._set else self.base.read_only(name))
+
+    def idempotent(self, name: str) -> bool:
+        """As ``ToolSet.idempotent``."""
+        if name in self._set:
+            return bool(self._set.idempotent(name))
+        return bool(self.base.idempotent(name))
+
+    def in_process(self, name: str) -> bool:
+        """As ``ToolSet.in_process``; a tool a server added runs as a task."""
+        return name not in self._set and bool(self.base.in_process(name))
+
+    def answer(self, call: Any, cwd: str, *, confined: bool = False) -> Any:
+        """As ``ToolSet.answer`` (never a server's tool: see ``in_process``)."""
+        return self.base.answer(call, cwd, confined=confined)
+
+    async def tool_changes(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The shared servers that said their tools changed, each with its tools as
+        listed now (taken into this runner); see ``ServedTools.tool_changes``."""
+        from fanfold.tools.registry import ToolSet
+
+        made: list[tuple[str, tuple[Any, ...]]] = []
+        async with self._lock:
+            for server in [s for s in self.hub.changed() if not s.declaration.private]:
+                tools, problems = await self.hub.relist(server)
+                for problem in problems:
+                    self.hub.logger.warning("mcp_problem", problem=problem)
+                prefix = f"mcp__{server.name}__"
+                listed = {t.spec.name for t in tools}
+                offered = {s.name for s in self.specs() if s.name.startswith(prefix)}
+                self._withdrawn = (self._withdrawn | (offered - listed)) - listed
+                for tool in tools:
+                    self._added[tool.spec.name] = tool
+                self._set = ToolSet(list(self._added.values()))
+                self.hub.logger.warning(
+                    "mcp_problem",
+                    problem=f"MCP server {server.name!r} changed its tools "
+                    f"(tools/list_changed): now {', '.join(sorted(listed)) or 'none'}",
+                )
+                made.append((server.name, tuple(t.spec for t in tools)))
+        return made
+
+
+def refreshing(tools: Any, extra: Sequence[Any]) -> Any:
+    """``tools`` (a command's tool set holding ``extra``, the servers' tools) as a
+    runner that takes a server's changed tool list (``RefreshingTools``); ``tools``
+    itself when no server is running."""
+    hub = next(
+        (
+            getattr(t, "hub", None) or getattr(getattr(t, "server", None), "hub", None)
+            for t in extra
+            if getattr(t, "hub", None) or getattr(t, "server", None)
+        ),
+        None,
+    )
+    return tools if hub is None else RefreshingTools(tools, hub)

@@ -20,6 +20,7 @@ from fanfold.cli.mcp_tools import (
     recorded_declarations,
     recorded_mcp_tools,
     recorded_specs,
+    refreshing,
     scoped_to_agents,
     with_server_secrets,
 )
@@ -328,7 +329,7 @@ async def _run_main(
                 async with Runtime.open(
                     path,
                     choice.provider,
-                    choice.tools([*python_tools, *extra]),
+                    refreshing(choice.tools([*python_tools, *extra]), extra),
                     redact=choice.redactor(),
                     limits=limits,
                     observer=view.observe,

@@ -94,6 +94,14 @@ def tools_command(
             hint(printable(server["problem"]), style="yellow")
         for left in server["left_out"]:
             hint(printable(left), style="yellow")
+        if server.get("prompts"):
+            hint(
+                printable(
+                    f"MCP server {server['name']} prompts (for you, not offered to the "
+                    f"model): {', '.join(server['prompts'])}"
+                ),
+                style="dim",
+            )
     if "web_fetch" not in [t["name"] for t in listing["tools"]]:
         hint("web_fetch: not offered (no [tools.web_fetch] domains configured)", style="dim")
 
@@ -160,12 +168,12 @@ def _add_mcp(listing: dict[str, Any], config: Config, cwd: Path, config_path: Pa
     env_policy = EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env))
     catalog = load_agents(cwd, model_aliases=dict(config.model_aliases))
 
-    async def discover() -> tuple[list[Any], list[Any]]:
+    async def discover() -> tuple[list[Any], list[Any], list[Any]]:
         async with McpHub.open(declarations, cwd=cwd, env_policy=env_policy) as hub:
             tools, _ = await hub.discover()
-            return tools, list(hub.servers.values())
+            return tools, list(hub.servers.values()), hub.resource_tools()
 
-    tools, servers = trio.run(discover)
+    tools, servers, resource_tools = trio.run(discover)
     reading = reading_tools(tuple(t.spec for t in tools))
     scoped = tuple(t.spec for t in tools if t.server.declaration.private)
     agents = with_own_tools(catalog.agents, scoped)
@@ -189,6 +197,26 @@ def _add_mcp(listing: dict[str, Any], config: Config, cwd: Path, config_path: Pa
                 "idempotent": tool.idempotent,
             }
         )
+    if resource_tools:
+        reading = reading_tools(tuple(t.spec for t in [*tools, *resource_tools]))
+    for tool in resource_tools:
+        listing["tools"].append(
+            {
+                "name": tool.spec.name,
+                "source": "MCP resources of "
+                + ", ".join(s.name for s in servers if s.has_resources),
+                "read_only": True,
+                "description": tool.spec.description,
+                "agents": [
+                    a.name
+                    for a in agents
+                    if allows_tool(Permissions((a.rules(str(cwd)),)), tool.spec.name, reading)
+                ],
+                "scope": "run",
+                "server": None,
+                "idempotent": True,
+            }
+        )
     for server in servers:
         declaration = server.declaration
         status = "started"
@@ -208,5 +236,9 @@ def _add_mcp(listing: dict[str, Any], config: Config, cwd: Path, config_path: Pa
                 "status": status,
                 "problem": server.problem,
                 "left_out": list(server.left_out),
+                "resources": server.has_resources,
+                # MCP prompts are the user's (Claude Code's slash commands): listed
+                # here, never offered to the model.
+                "prompts": list(server.prompts),
             }
         )

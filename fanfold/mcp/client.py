@@ -27,6 +27,7 @@ The session on top is the SDK's ``ClientSession``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -46,6 +47,7 @@ from fanfold.runtime.logging import library_logger
 from fanfold.statemachine import ToolSpec
 from fanfold.statemachine.messages import thawed_json
 from fanfold.tools.output import HeadTailBuffer
+from fanfold.tools.progress import BOARD, CURRENT_CALL
 from fanfold.tools.schema import SchemaError, check_schema
 from fanfold.tools.secrets import EnvPolicy
 from fanfold.tools.tool import ToolOutput, valid_tool_name
@@ -57,6 +59,7 @@ __all__ = [
     "McpServer",
     "McpTool",
     "mcp_tool_name",
+    "served_privately",
     "split_tool_name",
 ]
 
@@ -68,6 +71,8 @@ MAX_NOISE_LINES = 50
 stdout per connection; each is kept in its stderr tail and skipped. One more ends the
 connection: a server that never speaks JSON-RPC is refused with what it printed."""
 MAX_TOOLS = 128
+MAX_PROMPTS = 100
+"""Prompts of one server ``fanfold tools`` names."""
 """Tools one server may offer; a server offering more is refused whole."""
 MAX_OUTPUT_CHARS = 30_000
 STDERR_TAIL = 2_000
@@ -98,6 +103,14 @@ def split_tool_name(name: str) -> tuple[str, str] | None:
         return None
     server, sep, tool = name[len(PREFIX) :].partition("__")
     return (server, tool) if sep and server and tool else None
+
+
+def served_privately(tool: Any) -> bool:
+    """Whether ``tool`` is one of an agent file's server's (``private``): an MCP tool
+    of such a server. The resource tools (``fanfold.mcp.resources``) serve the run's
+    shared servers only."""
+    server = getattr(tool, "server", None)
+    return server is not None and bool(server.declaration.private)
 
 
 class ServerUnavailable(Exception):
@@ -166,6 +179,13 @@ class McpServer:
         """When (``trio.current_time``) the last connection was lost or failed: an
         HTTP reconnection waits out its back-off from then."""
         self._reported: set[str] = set()
+        self.capabilities: Any = None
+        """What the server declared at ``initialize`` (``resources``, ``prompts``...)."""
+        self.prompts: list[str] = []
+        """Its prompts as ``discover`` listed them (``name(arg, ...)``), for
+        ``fanfold tools``: MCP prompts are the user's, never offered to the model."""
+        self.notes = ServerNotes(self)
+        """Its log notifications (to fanfold's log, bounded) and its calls' progress."""
         self._lock = trio.Lock()
         self._wake: trio.Event | None = None
 
@@ -260,9 +280,15 @@ class McpServer:
             with trio.CancelScope() as goodbye:
                 async with (
                     self._transport(wake) as (read, write),
-                    ClientSession(read, write) as session,
+                    ClientSession(
+                        read,
+                        write,
+                        logging_callback=self.notes.log,
+                        message_handler=self.notes.message,
+                    ) as session,
                 ):
                     await session.initialize()
+                    self.capabilities = session.server_capabilities
                     self.session = session
                     started = True
                     task_status.started()
@@ -542,7 +568,32 @@ class McpServer:
     # -- calls
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
-        """Call ``tool``; every failure is an error result naming the server."""
+        """Call ``tool``; every failure is an error result naming the server. Its
+        progress notifications go to ``BOARD`` while it runs (``CURRENT_CALL``)."""
+        key = CURRENT_CALL.get()
+        try:
+            return await self._call(tool, arguments, key)
+        finally:
+            if key is not None:
+                # One line in fanfold's log per call that reported progress: its
+                # latest report and how many came (never one line per report).
+                last = BOARD.get(*key)
+                if last is not None:
+                    self.hub.logger.info(
+                        "mcp_progress",
+                        server=self.name,
+                        tool=tool,
+                        conversation_id=key[0],
+                        call=key[1],
+                        progress=last.describe(),
+                        reports=last.count,
+                    )
+                BOARD.done(key)
+            self.notes.flush()
+
+    async def _call(
+        self, tool: str, arguments: dict[str, Any], key: tuple[str, int] | None
+    ) -> ToolOutput:
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED
 
@@ -552,9 +603,10 @@ class McpServer:
             return self._failed(tool, exc)
         timeout = self.declaration.timeout
         http_errors = self.http_errors
+        progress = None if key is None else self.notes.progress_callback(key)
         with trio.move_on_after(timeout) as scope:
             try:
-                result = await session.call_tool(tool, arguments)
+                result = await session.call_tool(tool, arguments, progress_callback=progress)
             except MCPError as exc:
                 if self.session is None or self.failure is not None:
                     why = self.failure or "closed the connection"
@@ -587,6 +639,57 @@ class McpServer:
             )
         return _output(result)
 
+    @property
+    def has_resources(self) -> bool:
+        """Whether the server declared the ``resources`` capability (once started)."""
+        return self.capabilities is not None and self.capabilities.resources is not None
+
+    async def request(self, work: Any, what: str) -> ToolOutput:
+        """``await work(session)`` (a ``resources/...`` request) under the server's
+        call timeout; every failure is an error result naming the server."""
+        from mcp.shared.exceptions import MCPError
+
+        try:
+            session = await self.ensure()
+        except ServerUnavailable as exc:
+            return ToolOutput.error(str(exc))
+        timeout = self.declaration.timeout
+        with trio.move_on_after(timeout):
+            try:
+                output: ToolOutput = await work(session)
+                return output
+            except MCPError as exc:
+                if self.session is None or self.failure is not None:
+                    why = self.failure or "closed the connection"
+                    return ToolOutput.error(str(self._unavailable(f"{why} during {what}")))
+                return ToolOutput.error(f"MCP server {self.name!r}: {what}: {_one_line(exc)}")
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                why = self.failure or _one_line(exc)
+                return ToolOutput.error(str(self._unavailable(f"{why} during {what}")))
+            except Exception as exc:  # an answer the SDK cannot read (pydantic, ...)
+                return ToolOutput.error(
+                    f"MCP server {self.name!r}: {what} answered with something that is not "
+                    f"its result: {_one_line(exc)}"
+                )
+        return ToolOutput.error(f"MCP server {self.name!r}: {what} timed out after {timeout:g} s")
+
+    async def list_prompts(self) -> list[str]:
+        """Its prompts (``name(arg, arg?)``, the first ``MAX_PROMPTS``) if it declares
+        the ``prompts`` capability; for ``fanfold tools``, never for the model."""
+        if self.capabilities is None or self.capabilities.prompts is None:
+            return []
+        session = await self.ensure()
+        with trio.move_on_after(self.declaration.startup_timeout):
+            page = await session.list_prompts()
+            names = []
+            for prompt in page.prompts[:MAX_PROMPTS]:
+                arguments = [
+                    f"{a.name}{'' if a.required else '?'}" for a in (prompt.arguments or [])
+                ]
+                names.append(f"{prompt.name}({', '.join(arguments)})"[:200])
+            return names
+        return []
+
     async def list_tools(self) -> list[Any]:
         """The server's tools (every page); raises ``ServerUnavailable``."""
         import mcp_types
@@ -612,6 +715,106 @@ class McpServer:
                     return tools
 
 
+LOG_BURST = 20
+"""Log notifications of one server written to fanfold's log per ``LOG_WINDOW``; the
+rest are counted, and the next line written says how many were dropped."""
+LOG_WINDOW = 1.0
+MAX_LOG_CHARS = 1000
+"""Characters of one log notification's data written to fanfold's log."""
+_LOG_LEVELS = {
+    "debug": "debug",
+    "info": "info",
+    "notice": "info",
+    "warning": "warning",
+    "error": "error",
+    "critical": "error",
+    "alert": "error",
+    "emergency": "error",
+}
+
+
+# C0 and C1 controls, DEL, and the bidirectional-text and line/paragraph separators
+# (as fanfold.cli.display.printable takes them out of what a terminal shows).
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]"
+)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return found.group().encode("unicode_escape").decode("ascii")
+
+
+class ServerNotes:
+    """What a server says besides answers: ``notifications/message`` (its log: into
+    fanfold's structlog log, ``mcp_server_log``, at most ``LOG_BURST`` lines per
+    ``LOG_WINDOW`` per server, never into the model's context),
+    ``notifications/progress`` (the latest per call, on ``fanfold.tools.progress.BOARD``
+    for the live view) and ``notifications/tools/list_changed`` (counted in
+    ``tools_changed``: the server's tools are listed anew after the tool call it came
+    with, and every conversation is given a ``ToolsChanged``; see
+    ``ServedTools.tool_changes`` and DESIGN.md "MCP beyond tools")."""
+
+    def __init__(self, server: McpServer) -> None:
+        self.server = server
+        self.tools_changed = 0
+        """``notifications/tools/list_changed`` received (all connections)."""
+        self.tools_listed = 0
+        """``tools_changed`` when its tools were last listed (``McpHub.changed``)."""
+        self.logged = 0
+        self.dropped = 0
+        """Log notifications not written (over the rate), since the last line written."""
+        self._window_start = -math.inf
+        self._in_window = 0
+
+    async def log(self, params: Any) -> None:
+        """A ``notifications/message``: one line of fanfold's log, rate-limited."""
+        now = trio.current_time()
+        if now - self._window_start >= LOG_WINDOW:
+            self._window_start, self._in_window = now, 0
+        if self._in_window >= LOG_BURST:
+            self.dropped += 1
+            return
+        self._in_window += 1
+        self.logged += 1
+        data = params.data
+        text = data if isinstance(data, str) else json.dumps(data, default=str)
+        level = _LOG_LEVELS.get(str(params.level), "info")
+        fields: dict[str, Any] = {"server": self.server.name, "level_mcp": str(params.level)}
+        if params.logger:
+            fields["logger_mcp"] = str(params.logger)[:100]
+        if self.dropped:
+            fields["dropped"], self.dropped = self.dropped, 0
+        # A warning or an error reaches the terminal too (the console renderer writes
+        # strings as they are): the server's text never carries a control character
+        # there (an escape sequence could clear the screen or fake a line).
+        text = _UNPRINTABLE.sub(_escaped, text[:MAX_LOG_CHARS])
+        getattr(self.server.hub.logger, level)("mcp_server_log", text=text, **fields)
+
+    async def message(self, message: Any) -> None:
+        """Every notification the session surfaces (and transport errors)."""
+        import mcp_types
+
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self.tools_changed += 1
+
+    def flush(self) -> None:
+        """Say how many log notifications were dropped, if any (at a call's end)."""
+        if self.dropped:
+            self.server.hub.logger.info(
+                "mcp_server_log_dropped", server=self.server.name, dropped=self.dropped
+            )
+            self.dropped = 0
+
+    def progress_callback(self, key: tuple[str, int]) -> Any:
+        """The SDK's ``progress_callback`` for the call ``key``: each report replaces
+        the call's last on the board (a dictionary store: bounded however many come)."""
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            BOARD.report(key, progress, total, message)
+
+        return on_progress
+
+
 class McpHub:
     """The MCP servers of one runtime (open it with ``McpHub.open``)."""
 
@@ -629,6 +832,10 @@ class McpHub:
         self.env_policy = env_policy
         self.environ = environ
         self.closed = False
+        from fanfold.runtime.logging import library_logger
+
+        self.logger: Any = library_logger()
+        """Where servers' log notifications go (``ServerNotes``)."""
         self.servers = {d.name: McpServer(d, self) for d in declarations}
         self.on_failure: Callable[[str], None] | None = None
         """Called with each distinct failure of a call (the server's message and the
@@ -672,7 +879,12 @@ class McpHub:
 
         async def one(server: McpServer) -> None:
             try:
+                server.notes.tools_listed = server.notes.tools_changed
                 listed[server.name] = await server.list_tools()
+                try:
+                    server.prompts = await server.list_prompts()
+                except Exception as exc:  # prompts are only shown: a failure is a note
+                    server.prompts = [f"(prompts/list failed: {_one_line(exc)})"]
             except (ServerUnavailable, trio.TooSlowError) as exc:
                 listed[server.name] = (
                     str(exc) or f"MCP server {server.name!r}: tools/list timed out"
@@ -720,11 +932,51 @@ class McpHub:
                     tools.append(made)
         return tools, problems
 
-    def tools_for(self, specs: Iterable[ToolSpec]) -> list[McpTool]:
+    def changed(self) -> list[McpServer]:
+        """The servers that sent ``notifications/tools/list_changed`` since their tools
+        were last listed."""
+        return [s for s in self.servers.values() if s.notes.tools_changed > s.notes.tools_listed]
+
+    async def relist(self, server: McpServer) -> tuple[list[McpTool], list[str]]:
+        """``server``'s tools listed again (it said they changed), and the problems."""
+        server.notes.tools_listed = server.notes.tools_changed
+        try:
+            answer = await server.list_tools()
+        except (ServerUnavailable, trio.TooSlowError) as exc:
+            return [], [str(exc) or f"MCP server {server.name!r}: tools/list timed out"]
+        except Exception as exc:  # an SDK error answering tools/list
+            return [], [f"MCP server {server.name!r}: tools/list failed: {_one_line(exc)}"]
+        tools: list[McpTool] = []
+        problems: list[str] = []
+        server.left_out = []
+        for tool in answer:
+            made = _tool(server, tool)
+            if isinstance(made, str):
+                server.left_out.append(made)
+                problems.append(made)
+            else:
+                tools.append(made)
+        return tools, problems
+
+    def resource_tools(self) -> list[Any]:
+        """``list_mcp_resources`` and ``read_mcp_resource`` (``fanfold.mcp.resources``)
+        if, after ``discover``, a started server shared by the run offers resources."""
+        from fanfold.mcp.resources import resource_tools
+
+        return list(resource_tools(self))
+
+    def tools_for(self, specs: Iterable[ToolSpec]) -> list[Any]:
         """Tools for recorded specs (a resumed tree): their servers start on the
-        first call. Specs of servers not declared here are left out."""
-        made = []
+        first call. Specs of servers not declared here are left out; the resource
+        tools' specs give those tools (over the servers declared here)."""
+        from fanfold.mcp.resources import ResourceTool
+        from fanfold.statemachine.permissions import MCP_RESOURCE_TOOLS
+
+        made: list[Any] = []
         for spec in specs:
+            if spec.name in MCP_RESOURCE_TOOLS:
+                made.append(ResourceTool(self, spec))
+                continue
             split = split_tool_name(spec.name)
             if split is None or split[0] not in self.servers:
                 continue

@@ -78,6 +78,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine.permissions import link_refusal
 from fanfold.statemachine.phases import Completed, Error, Failed
 from fanfold.statemachine.state import tree_path as place_in_tree
+from fanfold.tools.progress import CURRENT_CALL
 
 
 @attrs.define
@@ -778,6 +779,9 @@ class Actor:
             return refused
         call: ToolCall = effect.tool_call
         started = time.perf_counter()
+        # Whose call this is, for a tool that reports progress (an MCP server's
+        # notifications/progress: fanfold.tools.progress, read by the live view).
+        reporting = CURRENT_CALL.set((self.state.id, effect.call))
         try:
             if effect.confined:
                 # The reducer says the agent runs bash through allow patterns only: its
@@ -788,6 +792,15 @@ class Actor:
                 result = await self.runtime.tools.run(call, effect.cwd)
         except Exception as exc:
             return self._tool_crashed(effect, started, exc)
+        finally:
+            CURRENT_CALL.reset(reporting)
+        # A server that changed its tools during the call (MCP's list_changed): every
+        # conversation hears of it before this result is folded. A failure here is
+        # not the tool's: its result stands.
+        try:
+            await self.runtime.refresh_tools()
+        except Exception as exc:
+            self.log.error("tool list refresh failed", exc_info=exc)
         return self._tool_finished(effect, started, result, "ok")
 
     def _tool_crashed(self, effect: RunTool, started: float, exc: Exception) -> Event:

@@ -66,6 +66,7 @@ from fanfold.statemachine import (
     SubAgentFinished,
     ToolCall,
     ToolResult,
+    ToolsChanged,
     TurnOutcome,
     UserMessaged,
     spawn_order,
@@ -1452,6 +1453,20 @@ class Runtime:
         """Why no tool may run in ``cwd`` for ``state`` (see ``outside_project``)."""
         project = self.project_cwd(state.root_id)
         return None if cwd == project else outside_project(cwd, project)
+
+    async def refresh_tools(self) -> None:
+        """After a tool call: if an MCP server said its tools changed
+        (``ServedTools.tool_changes``), every loaded conversation is given a
+        ``ToolsChanged`` with its tools as listed now, queued before the call's own
+        result, so the next model call of each offers them (the reducer decides, from
+        the conversation's rules; the event is recorded, so replay needs no server)."""
+        changes = getattr(self.tools, "tool_changes", None)
+        if changes is None:
+            return
+        for server, specs in await changes():
+            for actor in list(self._actors.values()):
+                if not actor.state.is_terminal:
+                    actor.deliver(ToolsChanged(server, specs))
 
     def answers_in_process(self, name: str) -> bool:
         """Whether the tool runner answers a call to ``name`` in-process (no I/O, no

@@ -74,6 +74,7 @@ from fanfold.statemachine.events import (
     TimerFired,
     ToolFinished,
     ToolResultEdit,
+    ToolsChanged,
     UserMessaged,
     WorkingDirectory,
 )
@@ -192,6 +193,7 @@ __all__ = [
     "ToolResultEdit",
     "ToolResultMessage",
     "ToolSpec",
+    "ToolsChanged",
     "Transition",
     "TurnFinished",
     "TurnOutcome",

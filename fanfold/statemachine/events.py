@@ -230,6 +230,18 @@ class LimitsEdit:
     limits: Limits
 
 
+@attrs.frozen
+class ToolsChanged:
+    """MCP server ``server`` changed its tools (``notifications/tools/list_changed``)
+    and ``tools`` are what it offers now (``mcp__SERVER__TOOL`` specs, as the runtime
+    listed them). The conversation's offered tools of that server are replaced by those
+    its permissions leave, from its next model call on: a request already sent keeps
+    the set it offered. A conversation that has ended absorbs it."""
+
+    server: str
+    tools: tuple[ToolSpec, ...] = ()
+
+
 Edit = ReplyEdit | ToolResultEdit | TaskEdit | SystemPromptEdit | LimitsEdit
 
 
@@ -255,6 +267,7 @@ Event = (
     | CancelRequested
     | RuntimeResumed
     | ForkEdited
+    | ToolsChanged
 )
 
 # The one list of event classes is the union above; the tuple is derived from it, so a

@@ -79,6 +79,24 @@ MCP_PREFIX = "mcp__"
 (``mcp__github``, ``mcp__github__*``)."""
 
 
+LIST_MCP_RESOURCES = "list_mcp_resources"
+READ_MCP_RESOURCE = "read_mcp_resource"
+MCP_RESOURCE_TOOLS = frozenset({LIST_MCP_RESOURCES, READ_MCP_RESOURCE})
+"""The tools over MCP servers' resources (``fanfold.mcp.resources``); a call names its
+server in its ``server`` argument. Such a call is matched by a rule naming the tool,
+by ``read-only`` (their specs say read-only) and by every rule naming all of that
+server's tools (``mcp__S``, ``mcp__S__*``, ``mcp__*``): permissioned as the server's
+tools are (a rule naming one tool, ``mcp__S__echo``, does not take them)."""
+
+
+def _server_wide(rule: Rule) -> bool:
+    """Whether ``rule`` names every tool of some MCP server (``mcp__S``, ``mcp__S__*``,
+    or any ``mcp__`` prefix ending in ``*``)."""
+    if not rule.tool.startswith(MCP_PREFIX):
+        return False
+    return rule.tool.endswith("*") or "__" not in rule.tool[len(MCP_PREFIX) :]
+
+
 def mcp_server_of(tool: str) -> str | None:
     """The server of an MCP tool's name (``mcp__SERVER__TOOL``); None for any other."""
     if not tool.startswith(MCP_PREFIX):
@@ -96,6 +114,8 @@ CLAUDE_TOOL_NAMES = {
     "Grep": "grep",
     "Glob": "glob",
     "WebFetch": "web_fetch",
+    "ListMcpResourcesTool": "list_mcp_resources",
+    "ReadMcpResourceTool": "read_mcp_resource",
 }
 """Claude Code's names of the tools fanfold has, so that its agent files work as is."""
 
@@ -261,7 +281,10 @@ def allows_tool(
     for layer in permissions.layers:
         if any(rule.pattern is None and _names(rule, tool, reading) for rule in layer.deny):
             return False
-        if layer.allow is not None and not any(_names(rule, tool, reading) for rule in layer.allow):
+        if layer.allow is not None and not any(
+            _names(rule, tool, reading) or (tool in MCP_RESOURCE_TOOLS and _server_wide(rule))
+            for rule in layer.allow
+        ):
             return False
     return True
 
@@ -418,6 +441,15 @@ def _argument(call: ToolCall, key: str) -> str | None:
 def _matches(
     rule: Rule, call: ToolCall, cwd: str, base: str, reading: frozenset[str], *, deny: bool
 ) -> bool:
+    if call.name in MCP_RESOURCE_TOOLS and _server_wide(rule):
+        # A server's resources go with its tools: the rule is matched against the
+        # server the call names, as if the call were one of that server's tools. A
+        # server argument that cannot be a server's name matches every deny rule and
+        # no allow rule.
+        server = _argument(call, "server")
+        if server is None or not server or "__" in server or not server.isascii():
+            return deny
+        return _names(rule, f"{MCP_PREFIX}{server}__{call.name}", reading)
     if not _names(rule, call.name, reading):
         return False
     if rule.pattern is None:

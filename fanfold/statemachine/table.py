@@ -331,6 +331,18 @@ _FORK_EDITS = {
 for _phase, _edit_cell in _FORK_EDITS.items():
     TABLE[(_phase, "ForkEdited")] = _edit_cell
 
+# ToolsChanged (issue 33, item 8): an MCP server's new tool list, in any phase.
+for _phase_class in ALL_PHASES:
+    _name = _phase_class.__name__
+    if _name in ("Completed", "Failed"):
+        TABLE[(_name, "ToolsChanged")] = _cell(_name, "absorb, no effects")
+    else:
+        TABLE[(_name, "ToolsChanged")] = _cell(
+            _name,
+            "replace the server's tools by the new ones its rules leave (from the next "
+            "model call on); no effects",
+        )
+
 START_TARGETS = frozenset({"Idle", "LlmRequesting", "Failed"})
 
 PHASE_NAMES = tuple(p.__name__ for p in ALL_PHASES)

@@ -104,6 +104,7 @@ from fanfold.statemachine.events import (
     TimerFired,
     ToolFinished,
     ToolResultEdit,
+    ToolsChanged,
     UserMessaged,
     WorkingDirectory,
 )
@@ -128,6 +129,7 @@ from fanfold.statemachine.messages import (
 from fanfold.statemachine.modes import may_start, parse_mode, settle, task_with_earlier
 from fanfold.statemachine.permissions import (
     confines_commands,
+    mcp_server_of,
     path_rules,
     reading_tools,
     refusal,
@@ -663,7 +665,7 @@ def _cancel_ending(state: Conversation, reason: CancelReason) -> Ending:
 def _in_terminal_phase(state: Conversation, event: Event) -> Transition:
     """Completed and Failed: absorb what may arrive late, refuse everything else."""
     match event:
-        case CancelRequested() | RuntimeResumed():
+        case CancelRequested() | RuntimeResumed() | ToolsChanged():
             return _absorb(state)
         case (
             ModelReplied(call=n) | ModelFailed(call=n) | ToolFinished(call=n) | TimerFired(timer=n)
@@ -1776,6 +1778,37 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
     raise IllegalTransition(state, event, "no rule")  # pragma: no cover - phases exhausted
 
 
+# ------------------------------------------------------------------ tool list changes
+
+
+def _on_tools_changed(state: Conversation, event: ToolsChanged) -> Transition:
+    """An MCP server's tools changed: its tools among the conversation's ordinary tools
+    are replaced by the new ones its permissions leave (first of each name), the
+    control tools recomputed as ``start`` computes them. Nothing runs: the next model
+    call offers the new set, a request in flight keeps the one it was sent with."""
+    server = event.server
+    kept = tuple(
+        t for t in state.tools if t.name not in CONTROL_TOOLS and mcp_server_of(t.name) != server
+    )
+    names = {t.name for t in kept}
+    new: list[ToolSpec] = []
+    for spec in event.tools:
+        if mcp_server_of(spec.name) == server and spec.name not in names:
+            names.add(spec.name)
+            new.append(spec)
+    ordinary = permitted_tools((*kept, *new), state.permissions)
+    tools = offered_tools(
+        ordinary,
+        depth=state.depth,
+        is_sub_agent=state.is_sub_agent,
+        limits=state.limits,
+        agents=state.agents,
+    )
+    if tools == state.tools:
+        return _absorb(state)
+    return state.evolve(tools=tools), ()
+
+
 # ------------------------------------------------------------------ fork edits
 
 # An edit is delivered as a fork's conversation first goes on: what it re-issues is
@@ -1953,6 +1986,7 @@ _HANDLERS: dict[type, str] = {
     CancelRequested: "_on_cancel",
     RuntimeResumed: "_on_resume",
     ForkEdited: "_on_fork_edit",
+    ToolsChanged: "_on_tools_changed",
 }
 _RULES = globals()
 

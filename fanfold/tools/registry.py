@@ -11,7 +11,7 @@ import attrs
 import trio
 
 from fanfold.statemachine import CONTROL_TOOLS, ToolCall, ToolResult, ToolSpec
-from fanfold.statemachine.permissions import mcp_server_of
+from fanfold.statemachine.permissions import MCP_RESOURCE_TOOLS, mcp_server_of
 from fanfold.tools.bash import BashTool
 from fanfold.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from fanfold.tools.function import function_tool
@@ -264,6 +264,8 @@ def unsupplied(recorded: Iterable[ToolSpec], supplied: Iterable[str]) -> list[st
     for spec in recorded:
         name = spec.name
         if name in BUILT_IN_NAMES or name in CONTROL_TOOLS or mcp_server_of(name) is not None:
+            continue
+        if name in MCP_RESOURCE_TOOLS:  # bound like MCP tools (fanfold.mcp.resources)
             continue
         if name not in have and name not in missing:
             missing.append(name)
