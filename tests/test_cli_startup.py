@@ -53,9 +53,7 @@ print("MODULES", " ".join(sorted(sys.modules)))
 def _modules(*commands: list[str]) -> tuple[str, list[str]]:
     """The output of ``commands`` run in one fresh interpreter, and its modules."""
     code = RUN_THEN_LIST.format(commands=list(commands))
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     head, _, modules = done.stdout.rpartition("MODULES ")
     return head, modules.split()
@@ -100,9 +98,14 @@ def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
     assert "sqlite3" in modules and "fanfold.db.store" in modules  # they did read the log
 
 
-def test_help_of_ls_and_show_imports_nothing_heavy() -> None:
-    out, modules = _modules(["ls", "--help"], ["show", "--help"], ["--version"])
+def test_help_of_ls_and_show_and_the_list_of_commands_import_nothing_heavy() -> None:
+    out, modules = _modules(["ls", "--help"], ["show", "--help"], ["--version"], ["--help"])
     assert "List root conversations" in out and "Print a conversation" in out
+    assert "Commands:" in out and "Serve delegation over MCP" in out
+    # `fanfold --help` lists every command without importing one.
+    assert [m for m in modules if m.startswith("fanfold.cli.") and "command" in m] == [
+        "fanfold.cli.show_commands"
+    ]
     assert _heavy(modules, NOT_FOR_HELP) == []
 
 
@@ -117,3 +120,20 @@ def test_user_errors_are_found_among_the_modules_imported() -> None:
         found = getattr(importlib.import_module(module), name)
         assert isinstance(found, type) and issubclass(found, Exception), (module, name)
         assert found in user_error_types()
+
+
+def test_the_summaries_of_the_command_list_are_the_commands_own_help() -> None:
+    """`fanfold --help` shortens SUMMARIES as click shortens each command's help: the
+    same text at every width (a command's docstring changed without its summary fails)."""
+    import click
+
+    from fanfold.cli import COMMANDS, SUMMARIES
+
+    assert list(SUMMARIES) == list(COMMANDS)
+    context = click.Context(cli)
+    for name, summary in SUMMARIES.items():
+        command = cli.get_command(context, name)
+        assert command is not None and not command.hidden and not command.deprecated
+        stand_in = click.Command(name, help=summary)
+        for limit in range(10, 400, 3):
+            assert stand_in.get_short_help_str(limit) == command.get_short_help_str(limit)
