@@ -97,10 +97,10 @@ def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
     assert "sqlite3" in modules and "fanfold.db.store" in modules  # they did read the log
 
 
-def test_help_of_ls_show_run_send_and_the_list_of_commands_import_nothing_heavy() -> None:
+def test_help_of_ls_show_run_send_trust_and_the_command_list_import_nothing_heavy() -> None:
     out, modules = _modules(
         ["ls", "--help"], ["show", "--help"], ["run", "--help"], ["send", "--help"],
-        ["--version"], ["--help"],
+        ["trust", "--help"], ["--version"], ["--help"],
     )  # fmt: skip
     assert "List root conversations" in out and "Print a conversation" in out
     assert "Commands:" in out and "Serve delegation over MCP" in out
@@ -108,6 +108,7 @@ def test_help_of_ls_show_run_send_and_the_list_of_commands_import_nothing_heavy(
     assert [m for m in modules if m.startswith("fanfold.cli.") and "command" in m] == [
         "fanfold.cli.run_commands",
         "fanfold.cli.show_commands",
+        "fanfold.cli.trust_command",
     ]
     assert _heavy(modules, NOT_FOR_HELP) == []
 
