@@ -21,7 +21,7 @@ from fanfold import __version__
 from fanfold.cli import logs
 from fanfold.cli.signal_set import stop_signals
 
-__all__ = ["COMMANDS", "cli", "main"]
+__all__ = ["COMMANDS", "SUMMARIES", "cli", "main"]
 
 # name -> (module under fanfold.cli, attribute): the commands, in the order of --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,6 +47,54 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# name -> the first paragraph of the command's help (whitespace collapsed): what
+# `fanfold --help` shortens into its list of commands, as click shortens the command's
+# own help. Listing them this way imports no command module (a test checks that each
+# matches its command's help, for every width).
+SUMMARIES: dict[str, str] = {
+    "run": "Start a conversation on TASK and show its sub-agent tree live.",
+    "send": "Send TEXT as the next user message of a stored root conversation (or a fork).",
+    "resume": "Resume every unfinished conversation tree after a crash or kill.",
+    "ls": "List root conversations (sub-agents are shown by `fanfold show`).",
+    "show": "Print a conversation and its sub-agent tree with outcomes.",
+    "replay": "Replay a conversation's recorded log through today's reducer; nothing is executed.",
+    "fork": "Fork CONVERSATION_ID's tree after step --at SEQ of one of its conversations.",
+    "export": (
+        "Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report),"
+        " or with --format otlp send its OpenTelemetry spans to an OTLP/HTTP endpoint."
+    ),
+    "import": "Load an exported log (FILE, or - for stdin) into the database; prints the root id.",
+    "transcript": (
+        "Print one agent's conversation: system prompt, messages, tool calls with their "
+        "arguments and results, sub-agent outcomes, model errors and token usage."
+    ),
+    "diff": (
+        "Compare the trees of A and B (an original and its fork, or two runs of a task): per "
+        "agent, the first message where they part, outcomes, rounds, tokens and costs."
+    ),
+    "trace": "Write a conversation tree's trace as one HTML page (no network needed).",
+    "agents": (
+        "List the agents sub-agents can be delegated to (name, where it comes from, tools), "
+        "and every invalid definition file with its path, line and problem."
+    ),
+    "tools": (
+        "List the tools `fanfold run` offers: each with where it comes from, whether it only "
+        "reads, and which agents' permission rules allow it (the root has no rules: it may "
+        "call every tool)."
+    ),
+    "ui": "Serve the trace pages of every tree in the database, live, on this machine.",
+    "trust": "Trust PATH (default: ./fanfold.toml), a project's configuration, as it is now.",
+    "mcp": "Serve delegation over MCP: delegate_task, list_sub_agents, get_delegation_result.",
+    "worker": "Run trees from the workers' queue (fanfold run --detach) until stopped.",
+    "wait": (
+        "Wait until the tree TREE_ID (fanfold run --detach printed it) is at rest, reading "
+        "the log, and print its outcome as run does (exit 1 if it ended in error). A tree not"
+        " in the log yet is waited for if it is on the workers' queue (the log's own "
+        "database, or --dbos-db beside a log file); an id in neither is an error (exit 2)."
+    ),
+}
+
+
 class LazyGroup(click.Group):
     """A group whose commands are imported from ``COMMANDS`` when first looked up."""
 
@@ -63,6 +111,22 @@ class LazyGroup(click.Group):
             raise RuntimeError(f"fanfold.cli.COMMANDS[{cmd_name!r}] names {command!r}")
         self.add_command(command)
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # click's own listing (same layout and shortening), with the help of a command
+        # not looked up yet read from SUMMARIES: no command module is imported.
+        rows: list[tuple[str, click.Command]] = []
+        for name in self.list_commands(ctx):
+            if name in SUMMARIES and name not in self.commands:
+                rows.append((name, click.Command(name, help=SUMMARIES[name])))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command))
+        if rows:
+            limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, c.get_short_help_str(limit)) for name, c in rows])
 
 
 @click.group(cls=LazyGroup)

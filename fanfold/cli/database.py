@@ -12,21 +12,22 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, TypeVar
 
 import click
 
 from fanfold.cli.errors import CliError
-from fanfold.db import DatabaseUrl, Store, is_postgres
-from fanfold.db import open_store as open_log
-from fanfold.db.provenance import default_key_path
 from fanfold.regular_files import is_special, open_output, same_file
-from fanfold.trust import default_trust_path
+
+# fanfold.db (the codec, the reducer's types, sqlite_utils) is imported by the functions
+# that open or name a log, not here: a command's `--help` needs none of it.
+if TYPE_CHECKING:
+    from fanfold.db import DatabaseUrl, Store
 
 T = TypeVar("T")
 
 
-Target = Path | DatabaseUrl
+Target: TypeAlias = "Path | DatabaseUrl"
 """A log a command names: an SQLite file, or a PostgreSQL database."""
 
 
@@ -40,6 +41,8 @@ def as_target(text: str) -> Target:
     """``--db`` or ``$FANFOLD_DB`` as given: a URL, else a file path. Any other URL
     (``postgresq://``, ``postgresql+psycopg://``) is a CliError naming its scheme only:
     taken as a file name, it would be echoed whole, password included."""
+    from fanfold.db import DatabaseUrl, is_postgres
+
     if is_postgres(text):
         return DatabaseUrl(text)
     scheme, sep, _ = text.partition("://")
@@ -65,6 +68,8 @@ class _DbType(click.ParamType):  # type: ignore[type-arg]
     _file = click.Path(dir_okay=False, path_type=Path)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from fanfold.db import DatabaseUrl
+
         if isinstance(value, str):
             target = as_target(value)
             if isinstance(target, DatabaseUrl):
@@ -84,6 +89,8 @@ db_option = click.option(
 
 def db_path(db: Target | None, *, must_exist: bool = True) -> Target:
     """The database the user chose (``--db``, ``$FANFOLD_DB`` or the default)."""
+    from fanfold.db import DatabaseUrl
+
     path = db or default_db()
     if isinstance(path, DatabaseUrl):
         return path  # whether it holds a log, opening says
@@ -98,6 +105,8 @@ def open_store(db: Target | None, *, must_exist: bool = True, read_only: bool = 
     Commands that only read open it ``read_only``: they write nothing (no migration, no
     switch to WAL), so a log on read-only media or someone else's can be inspected.
     """
+    from fanfold.db import open_store as open_log
+
     path = db_path(db, must_exist=must_exist)
     if read_only:
         return open_log(path, read_only=True)
@@ -125,6 +134,9 @@ def protected_files(db: Target | None) -> list[tuple[Path, str, str]]:
     writing over it destroys: the event log and its companions, the provenance key
     file (overwritten, every tree becomes foreign and no unfinished one can be
     resumed) and the trust record."""
+    from fanfold.db.provenance import default_key_path
+    from fanfold.trust import default_trust_path
+
     path = db or default_db()
     found = []
     if isinstance(path, Path):  # a PostgreSQL log has no files here

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import sqlite3
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.text import Text
 
-from fanfold.cli.display import printable
-from fanfold.cli.output import err_console
-from fanfold.db import DatabaseError
-from fanfold.db.store import read_again
-from fanfold.providers.config import ConfigError
-from fanfold.providers.scripted import ScriptError
-from fanfold.runtime import DatabaseInUse, NotRunning, UnknownConversation
-from fanfold.statemachine import IllegalTransition
+from fanfold.cli.text import printable
+
+# What this module names is imported where it is used, never here: every command's
+# module imports this one, and `--help`, `ls` and `show` must not import the runtime,
+# the providers, Trio or httpx (tests/test_cli_startup.py checks what they import).
 
 
 class CliError(click.ClickException):
@@ -27,6 +23,10 @@ class CliError(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
+        from rich.text import Text
+
+        from fanfold.cli.output import err_console
+
         # Plain text (no markup: "[Errno 2]" must survive), one line at any width.
         err_console.print(
             Text.assemble(("error: ", "red"), printable(self.message)),
@@ -35,17 +35,35 @@ class CliError(click.ClickException):
         )
 
 
-USER_ERRORS: tuple[type[Exception], ...] = (
-    ScriptError,
-    ConfigError,
-    DatabaseError,
-    UnknownConversation,
-    NotRunning,
-    DatabaseInUse,
-    IllegalTransition,
-    FileNotFoundError,
-    ValueError,
+# fanfold's typed errors that a user sees as one line: (defining module, class name).
+# Looked up only among the modules already imported, never imported to classify an
+# exception: an instance of a class whose module was never imported cannot exist. So
+# the one-line errors cost a command nothing it did not import itself.
+_USER_ERROR_CLASSES = (
+    ("fanfold.providers.script_schema", "ScriptError"),
+    ("fanfold.providers.config", "ConfigError"),
+    ("fanfold.db.errors", "DatabaseError"),  # UnknownConversation is one
+    ("fanfold.runtime.runtime", "NotRunning"),
+    ("fanfold.runtime.presence", "DatabaseInUse"),
+    ("fanfold.statemachine.errors", "IllegalTransition"),
 )
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """The exception types ``user_errors`` shows as one line (those of fanfold's that
+    any imported module defines, and ``FileNotFoundError``, ``ValueError``)."""
+    found: list[type[BaseException]] = [FileNotFoundError, ValueError]
+    for module_name, name in _USER_ERROR_CLASSES:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            found.append(getattr(module, name))
+    return tuple(found)
+
+
+def _sqlite_errors() -> tuple[type[BaseException], ...]:
+    # sqlite3's errors, if sqlite3 was imported (else there can be none).
+    sqlite3 = sys.modules.get("sqlite3")
+    return () if sqlite3 is None else (sqlite3.DatabaseError,)
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
@@ -66,19 +84,22 @@ def user_errors(db: Path | str | None = None) -> Iterator[None]:
     """
     try:
         yield
-    except USER_ERRORS as exc:
-        raise CliError(str(exc)) from None
-    except sqlite3.DatabaseError as exc:
-        raise CliError(sqlite_message(exc, db)) from None
-    except (MemoryError, RuntimeError) as exc:
-        if not exhausted(exc):
+    except BaseException as exc:
+        users, sqlite_errors = user_error_types(), _sqlite_errors()
+        if isinstance(exc, users):
+            raise CliError(str(exc)) from None
+        if isinstance(exc, sqlite_errors):
+            raise CliError(sqlite_message(exc, db)) from None
+        if isinstance(exc, MemoryError | RuntimeError):
+            if not exhausted(exc):
+                raise
+            raise CliError(exhausted_message(exc, db)) from None
+        if not isinstance(exc, BaseExceptionGroup):
             raise
-        raise CliError(exhausted_message(exc, db)) from None
-    except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if leaves and all(isinstance(leaf, USER_ERRORS) for leaf in leaves):
+        leaves = _leaves(exc)
+        if leaves and all(isinstance(leaf, users) for leaf in leaves):
             raise CliError(str(leaves[0])) from None
-        if leaves and all(isinstance(leaf, sqlite3.DatabaseError) for leaf in leaves):
+        if leaves and all(isinstance(leaf, sqlite_errors) for leaf in leaves):
             raise CliError(sqlite_message(leaves[0], db)) from None
         # Out of memory or threads: the cause of whatever else failed with it (the
         # tasks the failure cancelled).
@@ -110,6 +131,8 @@ def exhausted_message(exc: BaseException, db: Path | str | None = None) -> str:
 
 def sqlite_message(exc: BaseException, db: Path | str | None = None) -> str:
     """One line for an error SQLite raised reading or writing the log ``db``."""
+    import sqlite3
+
     where = f" {db}" if db is not None else ""
     if str(exc).startswith("Could not decode to UTF-8"):
         # Python's sqlite3 could not read a text column: the bytes SQLite holds there
@@ -126,6 +149,8 @@ def sqlite_message(exc: BaseException, db: Path | str | None = None) -> str:
         and not isinstance(exc, sqlite3.OperationalError)
         and "malformed" in str(exc)
     ):
+        from fanfold.db.store import read_again
+
         misread = read_again(str(db))
         if misread is not None:
             return misread

@@ -4,14 +4,14 @@ or the provider configuration recorded for a tree."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import attrs
-import click
 
 from fanfold.cli.errors import CliError
+from fanfold.cli.options import model_options as model_options
 from fanfold.examples import CODE_REVIEW_SCRIPT
 from fanfold.providers.base import CallContext, Provider, ProviderError
 from fanfold.providers.config import Config, ConfigError, ProviderRouter, RetryPolicy, load_config
@@ -60,30 +60,6 @@ class ModelChoice:
         close = getattr(self.provider, "aclose", None)
         if close is not None:
             await close()
-
-
-def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--script, --config, --profile and --model, shared by the commands that run models."""
-    for option in reversed(
-        [
-            click.option(
-                "--script",
-                type=click.Path(dir_okay=False, path_type=Path),
-                help="Offline scripted replies (JSON) instead of a real model.",
-            ),
-            click.option(
-                "--config",
-                "config_path",
-                type=click.Path(dir_okay=False, path_type=Path),
-                help="Model configuration (TOML; default: $FANFOLD_CONFIG, "
-                "./fanfold.toml, ~/.config/fanfold/config.toml).",
-            ),
-            click.option("--profile", help="Configuration profile for the root conversation."),
-            click.option("--model", help="Model (or profile) name for the root conversation."),
-        ]
-    ):
-        command = option(command)
-    return command
 
 
 def choose_model(

@@ -4,39 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from fanfold.agents import AgentDefinition
-from fanfold.cli.agents_in_effect import agents_in_effect
 from fanfold.cli.database import Target, db_option, db_path, default_db
-from fanfold.cli.display import TreeView
 from fanfold.cli.errors import CliError, user_errors
-from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import (
-    declarations_for,
-    mcp_tools,
-    recorded_declarations,
-    recorded_mcp_tools,
-    recorded_specs,
-    refreshing,
-    scoped_to_agents,
-    with_server_secrets,
-)
-from fanfold.cli.models import ModelChoice, choose_model, model_options
-from fanfold.cli.output import hint
-from fanfold.cli.python_tools import load_tools, missing_message, tools_option
+from fanfold.cli.options import dbos_db_option, model_options
+from fanfold.cli.python_tools import tools_option
 from fanfold.cli.seconds import FiniteFloatRange
-from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
-from fanfold.cli.turns import print_result, watch
-from fanfold.cli.worker_commands import dbos_db_option
-from fanfold.db import is_postgres, open_store
 from fanfold.regular_files import read_regular
-from fanfold.runtime import Runtime
-from fanfold.statemachine import Conversation, Limits
-from fanfold.statemachine.limits import CONTEXT_MODES
-from fanfold.tools.registry import unsupplied
+
+# The runtime, the providers, the tools and the views are imported by the functions
+# that run a turn: `run --help` and `send --help` need only the options above.
+if TYPE_CHECKING:
+    from fanfold.agents import AgentDefinition
+    from fanfold.cli.models import ModelChoice
+    from fanfold.cli.signals import Interruption
+    from fanfold.statemachine import Conversation, Limits
 
 # A turn's time limit: up to a year (more is a slip; NaN and infinities never).
 MAX_TURN_SECONDS = 365 * 86400.0
@@ -160,6 +145,16 @@ def run(
     Ctrl-C, SIGTERM or SIGHUP cancels it cleanly: every sub-agent is cancelled and
     recorded; the exit status is then 128 + the signal (130, 143, 129).
     """
+    from fanfold.cli.agents_in_effect import agents_in_effect
+    from fanfold.cli.logs import open_logs
+    from fanfold.cli.mcp_tools import declarations_for, with_server_secrets
+    from fanfold.cli.models import choose_model
+    from fanfold.cli.output import hint
+    from fanfold.cli.python_tools import load_tools
+    from fanfold.cli.signals import run_trio
+    from fanfold.cli.turns import print_result
+    from fanfold.statemachine import Limits
+
     if (task is None) == (task_file is None):
         raise CliError("give a TASK or --file (one of them)")
     text = task if task is not None else _read_task(task_file)  # type: ignore[arg-type]
@@ -245,7 +240,9 @@ def _detach(
     """``run --detach``: enqueue the tree for the workers; print its id on stdout."""
     import uuid
 
+    from fanfold.cli.output import hint
     from fanfold.cli.worker_commands import POSTGRES_EXTRA, scrubbed, system_url
+    from fanfold.db import is_postgres
     from fanfold.worker.spec import TreeSpec
 
     url = system_url(dbos_db, db if db is not None else default_db())
@@ -318,6 +315,12 @@ async def _run_main(
     python_tools: Sequence[Any] = (),
     timeout: float | None = None,
 ) -> tuple[str, Conversation, Interruption | None]:
+    from fanfold.cli.display import TreeView
+    from fanfold.cli.mcp_tools import mcp_tools, refreshing, scoped_to_agents
+    from fanfold.cli.signals import stop_signal_receiver
+    from fanfold.cli.turns import watch
+    from fanfold.runtime import Runtime
+
     view = TreeView()
     try:
         # The receiver stays open until the runtime has shut down: a signal arriving
@@ -369,6 +372,16 @@ def send(
     db: Target | None,
 ) -> None:
     """Send TEXT as the next user message of a stored root conversation (or a fork)."""
+    from fanfold.cli.logs import open_logs
+    from fanfold.cli.mcp_tools import recorded_declarations, recorded_specs, with_server_secrets
+    from fanfold.cli.models import choose_model
+    from fanfold.cli.output import hint
+    from fanfold.cli.python_tools import load_tools, missing_message
+    from fanfold.cli.signals import run_trio
+    from fanfold.cli.turns import print_result
+    from fanfold.db import open_store
+    from fanfold.tools.registry import unsupplied
+
     path = db_path(db)
     open_logs(path, None)
     with user_errors(path):
@@ -405,6 +418,8 @@ def _refuse_sub_agent(path: Target, conversation_id: str) -> None:
 
     (The reducer refuses it too, but in its own terms, naming the phase it was in.)
     """
+    from fanfold.db import open_store
+
     with open_store(path) as store:
         row = store.conversation(conversation_id)
     if row.parent_id is not None:
@@ -426,6 +441,12 @@ async def _send_main(
     servers: tuple[Any, ...] = (),
     python_tools: Sequence[Any] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
+    from fanfold.cli.display import TreeView
+    from fanfold.cli.mcp_tools import recorded_mcp_tools
+    from fanfold.cli.signals import stop_signal_receiver
+    from fanfold.cli.turns import watch
+    from fanfold.runtime import Runtime
+
     view = TreeView()
     try:
         with stop_signal_receiver(stop) as signals:  # open until the runtime shut down
@@ -451,6 +472,8 @@ async def _send_main(
 
 def _context_modes(text: str) -> tuple[str, ...]:
     """``--context-modes``: ``task_only`` first, then the others given, in order."""
+    from fanfold.statemachine.limits import CONTEXT_MODES
+
     given = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in given if m not in CONTEXT_MODES]
     if unknown:

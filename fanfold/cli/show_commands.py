@@ -8,50 +8,26 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import click
-from rich.table import Table
-from rich.text import Text
-from rich.tree import Tree
 
 from fanfold.cli.database import Target, db_option, db_path, open_store
-from fanfold.cli.display import (
-    CUT_OFF_NOTE,
-    clip,
-    printable,
-    short,
-    status_of,
-    tool_call_count,
-    write_text,
-)
 from fanfold.cli.errors import user_errors
-from fanfold.cli.models import recorded_config
-from fanfold.cli.output import console, hint
-from fanfold.cli.turns import last_answer
-from fanfold.db import ConversationRow, DatabaseError, EmptyLog, Status, Store
-from fanfold.db.provenance import Origin, UserKey, refusal
-from fanfold.providers.config import Config
-from fanfold.replay.lineage import fork_origin, lineage
-from fanfold.replay.render import Refusal, model_refusal
-from fanfold.statemachine import (
-    AssistantMessage,
-    Completed,
-    Conversation,
-    ConversationForked,
-    Error,
-    Failed,
-    Idle,
-    ToolCall,
-    ToolResultMessage,
-    TurnOutcome,
-    UserMessage,
-    spawn_order,
-)
-from fanfold.statemachine.delegation import SUMMARY_HEADER
-from fanfold.statemachine.modes import may_start
-from fanfold.statemachine.permissions import mcp_server_of
+from fanfold.cli.text import clip, printable, short
+
+# The views (rich), the log and the reducer's types are imported where they are used:
+# `ls --help` and `show --help` need none of them, and neither command imports the
+# runtime, the providers, Trio or httpx (tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from fanfold.db import ConversationRow, Store
+    from fanfold.providers.config import Config
+    from fanfold.replay.render import Refusal
+    from fanfold.statemachine import Conversation, ToolCall
 
 
 @click.command(name="ls")
@@ -64,6 +40,12 @@ def list_conversations(as_json: bool, db: Target | None) -> None:
     at a sub-agent also its place and seq, `root/3@1`; and the edit, if any) and
     imported trees (inert records, never resumed); it is empty for a tree started here.
     """
+    from rich.table import Table
+    from rich.text import Text
+
+    from fanfold.cli.output import console, hint
+    from fanfold.db import EmptyLog
+
     columns = ("id", "status", "created", "sub-agents", "origin", "task")
     with user_errors():
         try:
@@ -110,6 +92,8 @@ def list_conversations(as_json: bool, db: Target | None) -> None:
 
 
 def _status_cell(item: dict[str, Any]) -> str:
+    from fanfold.statemachine import TurnOutcome
+
     if item["status"] == "running" and item["runtime_open"] is False:
         return "running (no runtime: fanfold resume)"
     if item["status"] == "idle" and item["last_turn"] == TurnOutcome.CANCELLED:
@@ -128,6 +112,10 @@ def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
     ``cancelled``: Ctrl-C or ``cancel``; ``error``), None if none did. ``runtime_open``
     (set by the caller): for a running tree, whether a runtime has its database open
     (False: its process died, ``fanfold resume`` goes on with it; None: not known)."""
+    from fanfold.db import DatabaseError, Status
+    from fanfold.db.provenance import Origin
+    from fanfold.replay.lineage import fork_origin, lineage
+
     record = store.tree_record(row.id)
     imported = record is not None and record.origin == Origin.IMPORTED
     source = lineage(store, row)
@@ -189,6 +177,13 @@ def show(conversation_id: str, as_json: bool, full: bool, db: Target | None) -> 
     An answer longer than a few thousand characters is shown cut (its beginning and
     end); --full shows all of it, as does `fanfold export`.
     """
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from fanfold.cli.display import write_text
+    from fanfold.cli.output import console
+    from fanfold.statemachine import Idle
+
     with user_errors():
         store = open_store(db, read_only=True)
         try:
@@ -250,6 +245,8 @@ class Queued:
 
 def queued_children(state: Conversation) -> list[Queued]:
     """The children ``state`` has accepted but not started, with what each waits for."""
+    from fanfold.statemachine.modes import may_start
+
     children = state.children
     if children is None:
         return []
@@ -298,6 +295,9 @@ class ShowNode:
         """A sub-agent's context mode: ``task_only`` when its history starts with its
         task, ``summary`` when with the summary of its parent's conversation and then
         its task, ``full`` when with its parent's conversation."""
+        from fanfold.statemachine import UserMessage
+        from fanfold.statemachine.delegation import SUMMARY_HEADER
+
         state = self.state
         if not state.is_sub_agent:
             return None
@@ -321,6 +321,9 @@ class ShowNode:
 
     def outcome(self) -> str:
         """A sub-agent's result or error; a root's answer (its last text) or error."""
+        from fanfold.cli.display import last_answer
+        from fanfold.statemachine import Completed, Error, Failed, Idle
+
         match self.state.phase:
             case Completed(result=result):
                 return result
@@ -337,6 +340,8 @@ class ShowNode:
         The error text is the model's or the runtime's words; the kind says what
         happened (a sub-agent that submitted "timed out" did not time out).
         """
+        from fanfold.statemachine import Error, Failed
+
         match self.state.phase:
             case Failed(kind=kind, reason=reason):
                 return kind.value, reason.value if reason is not None else None
@@ -346,12 +351,18 @@ class ShowNode:
 
     def refusal(self) -> Refusal | None:
         """The category and explanation of a model's refusal, if it ended this one."""
+        from fanfold.replay.render import model_refusal
+        from fanfold.statemachine import Error, Failed
+
         match self.state.phase:
             case Failed(error=error, kind=kind) | Error(error=error, kind=kind):
                 return model_refusal(kind, error)
         return None
 
     def to_json(self) -> dict[str, Any]:
+        from fanfold.cli.display import tool_call_count
+        from fanfold.statemachine import Completed
+
         state = self.state
         return {
             "id": state.id,
@@ -413,6 +424,11 @@ class ShowNode:
         }
 
     def label(self) -> Text:
+        from rich.text import Text
+
+        from fanfold.cli.display import CUT_OFF_NOTE, status_of, tool_call_count
+        from fanfold.statemachine import Completed, Idle
+
         state = self.state
         symbol, style = status_of(state)
         kind = "Sub-agent" if state.is_sub_agent else "Agent"
@@ -488,6 +504,9 @@ def _tokens(state: Conversation) -> str:
 
 
 def _show_node(store: Store, conversation_id: str, config: Config | None = None) -> ShowNode:
+    from fanfold.replay.lineage import lineage
+    from fanfold.statemachine import spawn_order
+
     row = store.conversation(conversation_id)
     assert row is not None
     state = store.load_state(conversation_id)
@@ -539,6 +558,8 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
 def _fork_base(store: Store, conversation_id: str) -> Conversation | None:
     """The state a fork started from (its seq 0 holds it), or None if that is not a
     ``ConversationForked``."""
+    from fanfold.statemachine import ConversationForked
+
     # events() reads the whole log; the fork's first event is what is needed, and
     # show reads the log anyway (load_state), so this at most doubles its reading.
     first = store.events(conversation_id)[0].event
@@ -576,6 +597,8 @@ def _fan_in_entries(state: Conversation, start: int = 0) -> Iterator[tuple[str, 
     """(spawn call id, entry) for every child entry of the spawn_agents fan-in results
     in the history (from message ``start``); a result that is not the fan-in's JSON (an
     error result) has none."""
+    from fanfold.statemachine import ToolResultMessage
+
     for message in state.history[start:]:
         if not (isinstance(message, ToolResultMessage) and message.result.name == "spawn_agents"):
             continue
@@ -591,6 +614,8 @@ def _fan_in_entries(state: Conversation, start: int = 0) -> Iterator[tuple[str, 
 def delegation_modes(state: Conversation) -> dict[str, str]:
     """Child id -> the execution mode of the spawn_agents call that made it: read from
     the calls and their fan-in results in the history, and the children still pending."""
+    from fanfold.statemachine import AssistantMessage
+
     by_call = {
         call.id: _call_mode(call)
         for message in state.history
@@ -628,13 +653,29 @@ def _trusted_config(store: Store, root_id: str) -> Config | None:
     """The configuration tree ``root_id`` recorded, for its prices, if the tree is this
     user's own (its provenance mark verifies with the user's existing key). A log from
     elsewhere names files of its choosing: show never reads those."""
+    from fanfold.db.provenance import UserKey, refusal
+
     record = store.tree_record(root_id)
     key = UserKey.existing()
     if record is None or key is None:
         return None
     if refusal(record, key, store.instance_id, root_id) is not None:
         return None
+    if _scripted(record.provider):
+        return None  # what recorded_config says of it, without importing the providers
+    from fanfold.cli.models import recorded_config
+
     return recorded_config(record.provider)
+
+
+def _scripted(recorded: str | None) -> bool:
+    """Whether a recorded provider description is a scripted one (the demo's): it has
+    no profiles, so no prices."""
+    try:
+        data = json.loads(recorded) if recorded is not None else None
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("kind") == "script"
 
 
 def _money(amount: float) -> str:
@@ -663,6 +704,8 @@ def _add_nodes(tree: Tree, nodes: tuple[ShowNode, ...]) -> None:
 
 
 def _add_not_run(tree: Tree, node: ShowNode) -> None:
+    from rich.text import Text
+
     for waiting in node.queued:
         tree.add(
             Text.assemble(
@@ -690,6 +733,9 @@ def _count(number: int, noun: str) -> str:
 def mcp_calls(state: Conversation) -> list[dict[str, Any]]:
     """The MCP tool calls of a conversation, in order: server, tool, and whether its
     result was an error (None while it has none)."""
+    from fanfold.statemachine import AssistantMessage, ToolResultMessage
+    from fanfold.statemachine.permissions import mcp_server_of
+
     errors = {
         m.result.tool_call_id: m.result.is_error
         for m in state.history

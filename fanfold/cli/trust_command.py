@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from fanfold.cli.display import printable
 from fanfold.cli.errors import CliError
-from fanfold.cli.output import console, hint
-from fanfold.mcp.config import MCP_JSON, run_files, servers_in
-from fanfold.providers.config import ConfigError, parse_config_bytes
-from fanfold.trust import TrustFileError, TrustStore, canonical, file_digest, project_folder
+from fanfold.cli.text import printable
+
+# The configuration parsers (the providers', MCP's) and the trust record are imported
+# by the functions that use them: `trust --help` needs none of them.
+if TYPE_CHECKING:
+    from fanfold.trust import TrustStore
 
 
 @click.command(name="trust")
@@ -37,6 +39,9 @@ def trust_command(path: Path | None, as_list: bool, revoke: bool) -> None:
     command, folder, env and headers are shown as written (a ${VARIABLE} there is
     handed to the server when it starts).
     """
+    from fanfold.cli.output import hint
+    from fanfold.trust import TrustFileError, TrustStore
+
     store = TrustStore.default()
     try:
         if as_list:
@@ -56,6 +61,11 @@ def trust_command(path: Path | None, as_list: bool, revoke: bool) -> None:
 
 
 def _trust(store: TrustStore, target: Path) -> None:
+    from fanfold.cli.output import hint
+    from fanfold.mcp.config import MCP_JSON, run_files, servers_in
+    from fanfold.providers.config import ConfigError, parse_config_bytes
+    from fanfold.trust import canonical, project_folder
+
     # Parse it first: a file fanfold cannot read as a configuration is not trusted.
     # The bytes parsed, and shown below, are the bytes trusted.
     data = store.read(target)
@@ -105,6 +115,9 @@ def _trust(store: TrustStore, target: Path) -> None:
 
 
 def _list(store: TrustStore) -> None:
+    from fanfold.cli.output import console, hint
+    from fanfold.trust import TrustFileError, canonical, file_digest
+
     entries = store.entries()
     if not entries:
         hint(f"no trusted files ({store.path})")

@@ -11,7 +11,14 @@ import trio
 from rich.live import Live
 from rich.text import Text
 
-from fanfold.cli.display import CUT_OFF_NOTE, TreeView, clip, printable, write_text
+from fanfold.cli.display import (
+    CUT_OFF_NOTE,
+    TreeView,
+    clip,
+    printable,
+    write_text,
+)
+from fanfold.cli.display import last_answer as last_answer
 from fanfold.cli.output import console, hint, quietly, say
 from fanfold.cli.signals import Interruption
 from fanfold.replay.render import model_refusal
@@ -116,16 +123,3 @@ def print_outcome(conversation_id: str, state: Conversation, *, title: str = "an
             write_text(console, clip(answer, hint=more) or "(no text)")
             if state.truncated:
                 hint(f"the answer was {CUT_OFF_NOTE}", to=console, style="yellow")
-
-
-def last_answer(state: Conversation) -> str:
-    """The answer of the latest turn: its final text reply, if the turn ended with one
-    ("" if it was cancelled or failed: an earlier turn's answer is not this one's)."""
-    from fanfold.statemachine import AssistantMessage, UserMessage
-
-    for message in reversed(state.history):
-        if isinstance(message, UserMessage):
-            return ""  # the latest turn has no text reply after its user message
-        if isinstance(message, AssistantMessage):
-            return "" if message.tool_calls else message.text
-    return ""

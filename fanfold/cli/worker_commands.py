@@ -22,6 +22,7 @@ from fanfold.cli.database import Target, db_option, default_db
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
 from fanfold.cli.models import model_options
+from fanfold.cli.options import dbos_db_option as dbos_db_option
 from fanfold.cli.output import hint
 from fanfold.cli.python_tools import load_tools, tools_option
 from fanfold.cli.seconds import FiniteFloatRange
@@ -36,14 +37,6 @@ EXIT_TIMEOUT = 124
 WAIT_POLL = 0.2
 """How often ``fanfold wait`` reads the log (seconds)."""
 
-dbos_db_option = click.option(
-    "--dbos-db",
-    envvar="FANFOLD_DBOS_DB",
-    default=None,
-    metavar="URL",
-    help="PostgreSQL URL of DBOS's system database, the queue the workers share "
-    "($FANFOLD_DBOS_DB). Prefer the variable or a ~/.pgpass to a password in the URL.",
-)
 
 POSTGRES_EXTRA = "needs the postgres extra: pip install 'fanfold[postgres]'"
 

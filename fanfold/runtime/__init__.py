@@ -1,23 +1,59 @@
 """The Trio runtime: interprets the reducer's effects and persists every step."""
 
-from fanfold.db import UnknownConversation
-from fanfold.db.provenance import UntrustedTree, UserKey
-from fanfold.runtime.actor import tree_path
-from fanfold.runtime.host import StepObserver
-from fanfold.runtime.presence import DatabaseInUse
-from fanfold.runtime.runtime import (
-    MissingTools,
-    NotAtRest,
-    NotRunning,
-    ResumePlan,
-    Runtime,
-    SkippedTree,
-    TreeNode,
-    TreeStep,
-    TurnResult,
-    resume_plan,
-)
-from fanfold.runtime.writer import TreeDropped
+from typing import TYPE_CHECKING, Any
+
+# The names below are imported from their modules when first asked for: importing one
+# light module of the package (``fanfold.runtime.presence``, which `fanfold ls` uses)
+# must not import the runtime itself, Trio, the tools and the providers with it.
+if TYPE_CHECKING:
+    from fanfold.db import UnknownConversation
+    from fanfold.db.provenance import UntrustedTree, UserKey
+    from fanfold.runtime.actor import tree_path
+    from fanfold.runtime.host import StepObserver
+    from fanfold.runtime.presence import DatabaseInUse
+    from fanfold.runtime.runtime import (
+        MissingTools,
+        NotAtRest,
+        NotRunning,
+        ResumePlan,
+        Runtime,
+        SkippedTree,
+        TreeNode,
+        TreeStep,
+        TurnResult,
+        resume_plan,
+    )
+    from fanfold.runtime.writer import TreeDropped
+
+_MODULES = {
+    "DatabaseInUse": "fanfold.runtime.presence",
+    "MissingTools": "fanfold.runtime.runtime",
+    "NotAtRest": "fanfold.runtime.runtime",
+    "NotRunning": "fanfold.runtime.runtime",
+    "ResumePlan": "fanfold.runtime.runtime",
+    "Runtime": "fanfold.runtime.runtime",
+    "SkippedTree": "fanfold.runtime.runtime",
+    "StepObserver": "fanfold.runtime.host",
+    "TreeDropped": "fanfold.runtime.writer",
+    "TreeNode": "fanfold.runtime.runtime",
+    "TreeStep": "fanfold.runtime.runtime",
+    "TurnResult": "fanfold.runtime.runtime",
+    "UnknownConversation": "fanfold.db",
+    "UntrustedTree": "fanfold.db.provenance",
+    "UserKey": "fanfold.db.provenance",
+    "resume_plan": "fanfold.runtime.runtime",
+    "tree_path": "fanfold.runtime.actor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "DatabaseInUse",

@@ -1,0 +1,143 @@
+"""What a command imports to start (issue 36: every command starts fast).
+
+`ls` and `show` read the log (SQLite, the store, the codec, the reducer's types) and
+print with rich; they import neither the runtime nor the providers, Trio, httpx, the
+tools or the schema validators. `ls --help` and `show --help` import none of those and
+not the log or rich either. Each check runs the commands in a fresh interpreter and looks
+at ``sys.modules`` afterwards (no timing: the instruction counts are in
+bench/bench_startup.py and bench/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fanfold.cli import cli
+
+# Top-level packages, and fanfold's own modules (prefixes), never imported by ls/show.
+NEVER = ("trio", "httpx", "jsonschema", "pydantic", "structlog", "mcp", "psycopg")
+NEVER_FANFOLD = (
+    "fanfold.runtime.",
+    "fanfold.providers",
+    "fanfold.tools",
+    "fanfold.mcp",
+    "fanfold.agents",
+    "fanfold.trace",
+    "fanfold.cli.models",
+    "fanfold.cli.turns",
+)
+# ... except the runtime's lock-file probe, which ls uses (no Trio in it).
+ALLOWED = ("fanfold.runtime.presence",)
+# What a command's --help does not import either: the log, the reducer, the views.
+NOT_FOR_HELP = ("rich", "sqlite3", "sqlite_utils", "fanfold.db", "fanfold.statemachine")
+
+RUN_THEN_LIST = """
+import sys
+from fanfold.cli import cli
+for args in {commands!r}:
+    try:
+        cli.main(args, prog_name="fanfold", standalone_mode=False)
+    except SystemExit as exc:
+        assert not exc.code, (args, exc.code)
+print("MODULES", " ".join(sorted(sys.modules)))
+"""
+
+
+def _modules(*commands: list[str]) -> tuple[str, list[str]]:
+    """The output of ``commands`` run in one fresh interpreter, and its modules."""
+    code = RUN_THEN_LIST.format(commands=list(commands))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    head, _, modules = done.stdout.rpartition("MODULES ")
+    return head, modules.split()
+
+
+def _heavy(modules: list[str], extra: tuple[str, ...] = ()) -> list[str]:
+    return [
+        m
+        for m in modules
+        if m not in ALLOWED
+        and (
+            m.split(".")[0] in NEVER + extra
+            or m.startswith(NEVER_FANFOLD + extra)
+            or any(m == e for e in extra)
+        )
+    ]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A log holding one answered tree (a scripted reply), and its root's id."""
+    folder = tmp_path_factory.mktemp("startup")
+    script = folder / "script.json"
+    reply = {"text": "hello", "usage": {"input_tokens": 3, "output_tokens": 1}}
+    agents = [{"match": {"path": "root"}, "replies": [reply]}]
+    script.write_text(json.dumps({"latency": 0, "agents": agents}))
+    db = folder / "log.db"
+    args = ["run", "--db", str(db), "--script", str(script), "--cwd", str(folder), "hi"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    listed = CliRunner().invoke(cli, ["ls", "--db", str(db), "--json"])
+    return db, json.loads(listed.output)[0]["id"]
+
+
+def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
+    recorded: tuple[Path, str],
+) -> None:
+    db, root = recorded
+    out, modules = _modules(["ls", "--db", str(db)], ["show", root, "--db", str(db)])
+    assert root in out and "hello" in out  # listed, and shown with its answer
+    assert _heavy(modules, ("fanfold.cli.run_commands",)) == []
+    assert "sqlite3" in modules and "fanfold.db.store" in modules  # they did read the log
+
+
+def test_help_of_ls_show_run_send_trust_and_the_command_list_import_nothing_heavy() -> None:
+    out, modules = _modules(
+        ["ls", "--help"], ["show", "--help"], ["run", "--help"], ["send", "--help"],
+        ["trust", "--help"], ["--version"], ["--help"],
+    )  # fmt: skip
+    assert "List root conversations" in out and "Print a conversation" in out
+    assert "Commands:" in out and "Serve delegation over MCP" in out
+    # `fanfold --help` lists every command without importing one.
+    assert [m for m in modules if m.startswith("fanfold.cli.") and "command" in m] == [
+        "fanfold.cli.run_commands",
+        "fanfold.cli.show_commands",
+        "fanfold.cli.trust_command",
+    ]
+    assert _heavy(modules, NOT_FOR_HELP) == []
+
+
+def test_user_errors_are_found_among_the_modules_imported() -> None:
+    """The one-line errors are named by module and class (nothing is imported to
+    classify an exception): each name is a class of that module, an exception."""
+    import importlib
+
+    from fanfold.cli.errors import _USER_ERROR_CLASSES, user_error_types
+
+    for module, name in _USER_ERROR_CLASSES:
+        found = getattr(importlib.import_module(module), name)
+        assert isinstance(found, type) and issubclass(found, Exception), (module, name)
+        assert found in user_error_types()
+
+
+def test_the_summaries_of_the_command_list_are_the_commands_own_help() -> None:
+    """`fanfold --help` shortens SUMMARIES as click shortens each command's help: the
+    same text at every width (a command's docstring changed without its summary fails)."""
+    import click
+
+    from fanfold.cli import COMMANDS, SUMMARIES
+
+    assert list(SUMMARIES) == list(COMMANDS)
+    context = click.Context(cli)
+    for name, summary in SUMMARIES.items():
+        command = cli.get_command(context, name)
+        assert command is not None and not command.hidden and not command.deprecated
+        stand_in = click.Command(name, help=summary)
+        for limit in range(10, 400, 3):
+            assert stand_in.get_short_help_str(limit) == command.get_short_help_str(limit)
