@@ -41,7 +41,6 @@ from fanfold.statemachine import (
     UserMessage,
 )
 from fanfold.statemachine.delegation import own_messages
-from fanfold.tools.progress import BOARD
 
 if TYPE_CHECKING:
     from fanfold.providers.base import StreamProgress
@@ -213,7 +212,10 @@ class TreeView:
         if isinstance(state.phase, LlmRequesting) and self.streamed.get(state.id):
             text.append(f" ({self.streamed[state.id]} chars received)", style="dim")
         if isinstance(state.phase, ToolExecuting):
-            # The tool's latest progress report (an MCP server's notifications/progress).
+            # The tool's latest progress report (an MCP server's notifications/progress);
+            # imported here: `show` and `ls` import no tools (tests/test_cli_startup.py).
+            from fanfold.tools.progress import BOARD
+
             reported = BOARD.get(state.id, state.phase.call)
             if reported is not None:
                 text.append(f" ({short(reported.describe(), 60)})", style="dim")
