@@ -130,6 +130,11 @@ POOL_SIZE = 100
 """Connections a provider client keeps (httpx's default), and the calls it lets run at
 once: the others wait their turn in ``pool_slots``, in the order they came."""
 
+KEEP_ALIVE = 20
+"""Idle connections a provider client keeps (httpx's default): httpcore checks every
+idle connection of its pool (a ``poll`` each) whenever it assigns a request, so 100
+kept alive cost more than the connects they save on loopback (bench/README.md)."""
+
 _pool_slots: weakref.WeakKeyDictionary[httpx.AsyncClient, trio.CapacityLimiter] = (
     weakref.WeakKeyDictionary()
 )
@@ -137,12 +142,12 @@ _pool_slots: weakref.WeakKeyDictionary[httpx.AsyncClient, trio.CapacityLimiter] 
 
 def new_client(pool: int = POOL_SIZE) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` as the providers want it: no redirects, shared TLS setup,
-    ``pool`` connections, kept alive."""
+    ``pool`` connections, ``KEEP_ALIVE`` of them kept alive."""
     return httpx.AsyncClient(
         headers={"user-agent": USER_AGENT},
         follow_redirects=False,
         verify=default_ssl_context(),
-        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
+        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=KEEP_ALIVE),
     )
 
 
@@ -246,6 +251,28 @@ def _transport_error(
         return fail(ErrorKind.INVALID_REQUEST, detail)
     return fail(ErrorKind.NETWORK, detail)
 
+
+class Body:
+    """A request body in parts (the tool list's bytes shared between requests),
+    sent with a Content-Length: only the parts of its own are a call's."""
+
+    __slots__ = ("length", "parts")
+
+    def __init__(self, parts: tuple[bytes, ...]) -> None:
+        self.parts = parts
+        self.length = sum(len(part) for part in parts)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+
+    def joined(self) -> bytes:
+        """The whole body."""
+        return b"".join(self.parts)
+
+
+_TOOL_BYTES: dict[tuple[str, tuple[Any, ...], bool], bytes] = {}
+_TOOL_BYTES_KEPT = 64
 
 DRAIN_SECONDS = 0.25
 DRAIN_BYTES = 65536
@@ -366,7 +393,7 @@ class HttpProvider(abc.ABC):
             try:
                 # Encoded at once, the dict dropped: only the bytes live while the
                 # call waits for its reply.
-                content = encode_json(self.body(request, model, self.stream))
+                content = self._encoded(request, self.body(request, model, self.stream))
             except ValueError as exc:  # history or tool schemas fanfold cannot send
                 raise fail(ErrorKind.INVALID_REQUEST, f"{self.api}: {exc}") from None
             total = self.timeouts.total
@@ -385,7 +412,7 @@ class HttpProvider(abc.ABC):
             slots.release_on_behalf_of(borrower)
 
     async def _call(
-        self, client: httpx.AsyncClient, content: bytes, context: CallContext
+        self, client: httpx.AsyncClient, content: Body, context: CallContext
     ) -> ModelReply:
         key = self._api_key.reveal() if self._api_key is not None else None
         headers = self.headers(key)
@@ -395,6 +422,7 @@ class HttpProvider(abc.ABC):
             (name, value) for name, value in self.settings.extra_headers if name.lower() not in own
         )
         headers.setdefault("content-type", "application/json")
+        headers["content-length"] = str(content.length)
         timeout = self.timeouts.for_httpx()
         if not self.stream:
             response = await client.post(
@@ -416,6 +444,23 @@ class HttpProvider(abc.ABC):
                 # The server ignored stream=true and sent one JSON reply.
                 return self._parse_json(await response.aread())
             return await self._read_stream(response, context)
+
+    def _encoded(self, request: ModelRequest, body: dict[str, Any]) -> Body:
+        """``body`` encoded, its tool list as the bytes every request offering the same
+        tools shares (encoded once per tool set: ``_TOOL_BYTES``)."""
+        tools = body.pop("tools", None)
+        head = encode_json(body)
+        if tools is None:
+            return Body((head,))
+        key = (self.api, request.tools, tools[-1].get("cache_control") is not None)
+        shared = _TOOL_BYTES.get(key)
+        if shared is None:
+            shared = encode_json(tools)
+            if len(_TOOL_BYTES) >= _TOOL_BYTES_KEPT:
+                del _TOOL_BYTES[next(iter(_TOOL_BYTES))]
+            _TOOL_BYTES[key] = shared
+        # "tools" goes last: JSON objects have no order.
+        return Body((head[:-1] + b',"tools":', shared, b"}"))
 
     async def _read_stream(self, response: httpx.Response, context: CallContext) -> ModelReply:
         assembler = self.assembler()
