@@ -4,9 +4,9 @@ server in its own process (``bench/http_hold_server.py``) that holds every child
 request open.
 
 For each API and N: a root spawns N children; each child's first model call goes to the
-server, which holds it. Measured once every child's call is started at the runtime
-(``bench.sections._calls_in_flight``) and the server holds as many requests as the
-client lets run (``fanfold.providers.http.POOL_SIZE``; the others wait for a slot):
+server, which holds it. Measured once every child's call is made (``_calls_made``: on
+a worker or waiting in the runtime's gate) and the server holds as many requests as
+the client lets run (``fanfold.providers.http.POOL_SIZE``; the others wait their turn):
 
 - ``heap/child``: tracemalloc's heap after minus before, over N (a run of its own);
 - ``cpu s``: this process's CPU from ``start`` to that moment (a run without tracemalloc).
@@ -30,7 +30,6 @@ from pathlib import Path
 
 import trio
 
-from bench.sections import _calls_in_flight
 from bench.workload import fanout_limits
 from fanfold.providers import http as _http
 from fanfold.providers.base import Provider
@@ -64,6 +63,12 @@ def _provider(api: str, port: int) -> Provider:
     from fanfold.providers.openai import OpenAIProvider
 
     return OpenAIProvider(base_url=base, model="m")
+
+
+def _calls_made(runtime: Runtime) -> int:
+    """How many conversations have a model call made and not ended: started on a
+    worker, or waiting in the runtime's gate for one (``fanfold.runtime.calls``)."""
+    return sum(1 for actor in runtime._actors.values() if actor._call is not None)
 
 
 def run(api: str, n: int, traced: bool) -> float:
@@ -102,7 +107,7 @@ async def _measure(api: str, n: int, port: int, database: Path, traced: bool) ->
             cpu0 = time.process_time()
             await runtime.start("fan out", limits=limits)
             with trio.fail_after(1800):
-                while _calls_in_flight(runtime) < n:
+                while _calls_made(runtime) < n:
                     await trio.sleep(0.05)
                 while await trio.to_thread.run_sync(_held, port) < min(n, POOL_SIZE):
                     await trio.sleep(0.05)
