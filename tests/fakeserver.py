@@ -81,6 +81,7 @@ class RecordedRequest:
     path: str
     headers: Mapping[str, str]
     body: bytes
+    peer: tuple[str, int] = ("", 0)  # the client's address: one per connection
 
     @property
     def text(self) -> str:
@@ -256,7 +257,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = {key.lower(): value for key, value in self.headers.items()}
-        request = RecordedRequest(self.command, self.path, headers, body)
+        peer = (str(self.client_address[0]), int(self.client_address[1]))
+        request = RecordedRequest(self.command, self.path, headers, body, peer)
         fake = self.server.fake
         reply = fake._next_reply(request)
         match reply:

@@ -25,6 +25,7 @@ a stream is classified from its data, whatever that data's ``type`` says.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -152,15 +153,23 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     """Tool specs as Messages API tools; each schema as the tool gave it, or the copy
-    ``provider_schema`` makes when its top level has what the API refuses."""
-    return [
+    ``provider_schema`` makes when its top level has what the API refuses.
+
+    The dicts are built once per tool set and shared by every request offering it
+    (issue 36): never change them, copy what you change."""
+    return list(_anthropic_tools(tuple(tools)))
+
+
+@functools.lru_cache(maxsize=64)
+def _anthropic_tools(tools: tuple[ToolSpec, ...]) -> tuple[dict[str, Any], ...]:
+    return tuple(
         {
             "name": tool.name,
             "description": tool.description,
             "input_schema": provider_schema(tool.input_schema()),
         }
         for tool in tools
-    ]
+    )
 
 
 def anthropic_request_body(
@@ -191,7 +200,8 @@ def anthropic_request_body(
         # messages): the last tool and the system prompt, the same on every round and
         # for every child of one fan-out, are read from the cache after the first call.
         if request.tools:
-            body["tools"][-1]["cache_control"] = _EPHEMERAL
+            # A copy of the last tool: the others are the shared dicts.
+            body["tools"][-1] = {**body["tools"][-1], "cache_control": _EPHEMERAL}
         if request.system:
             body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
     if temperature is not None:

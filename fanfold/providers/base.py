@@ -73,6 +73,19 @@ class RepliesAtOnce(Protocol):
     ) -> tuple[float, ModelReply | ProviderError]: ...
 
 
+class LimitsCallsAtOnce(Protocol):
+    """An optional attribute of a Provider that can only make so many calls at once
+    (an HTTP provider: its client's pool of connections).
+
+    ``calls_at_once``: the runtime runs at most this many of its model calls at once;
+    the others wait, in the order they were made, as data rather than a task each
+    (``fanfold.runtime.calls``). Which calls are made, and when, stay the reducer's
+    decisions: this only orders their start, as a connection pool would.
+    """
+
+    calls_at_once: int
+
+
 class ProviderContractError(TypeError):
     """A provider returned, or raised, something its contract does not allow (a bug
     in the provider). The runtime records it as a ``provider_failure``."""

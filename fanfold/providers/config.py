@@ -71,7 +71,13 @@ import httpx
 from fanfold.providers.anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE_URL
 from fanfold.providers.anthropic import AnthropicProvider
 from fanfold.providers.base import CallContext, Provider, ProviderError
-from fanfold.providers.http import RequestSettings, Timeouts, new_client, valid_api_key
+from fanfold.providers.http import (
+    POOL_SIZE,
+    RequestSettings,
+    Timeouts,
+    new_client,
+    valid_api_key,
+)
 from fanfold.providers.openai import DEFAULT_BASE_URL as OPENAI_BASE_URL
 from fanfold.providers.openai import OpenAIProvider
 from fanfold.providers.slots import CallSlots, LocalSlots
@@ -1347,6 +1353,12 @@ class ProviderRouter:
         self._providers: dict[str, Provider] = {}
         for profile in (config.default_profile(), config.sub_agent_profile()):
             self.provider(profile)
+
+    @property
+    def calls_at_once(self) -> int | None:
+        """``LimitsCallsAtOnce``: the shared client's pool (``new_client``); None (no
+        limit) when a scripted provider answers every profile."""
+        return None if self._scripted is not None else POOL_SIZE
 
     def __repr__(self) -> str:
         return f"ProviderRouter(profiles={self.config.names()!r}, default={self.config.default!r})"

@@ -20,7 +20,8 @@ import math
 import socket
 import ssl
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self
 
@@ -49,7 +50,8 @@ USER_AGENT = "fanfold/0.1"
 class Timeouts:
     """Seconds allowed for a model call.
 
-    - ``connect``: to open the connection (also the wait for a pooled connection).
+    - ``connect``: to open the connection. The wait for a free connection is not
+      counted (it is the wait for one of the client's slots, see ``pool_slots``).
     - ``read``: between two reads; a stream that stalls longer fails with TIMEOUT.
       For a non-streaming call this is the wait for the whole reply.
     - ``total``: the whole call, stream included (None: no limit).
@@ -61,12 +63,21 @@ class Timeouts:
 
     def for_httpx(self) -> httpx.Timeout:
         """The equivalent ``httpx.Timeout`` (writes get the read timeout)."""
-        return httpx.Timeout(
-            connect=self.connect, read=self.read, write=self.read, pool=self.connect
-        )
+        # pool=None: a call that waits for a connection is queued, not failing. Calls
+        # wait for a slot in front of the pool instead (``pool_slots``), so httpcore's
+        # own queue stays empty: its wait scanned every queued request on each release
+        # (CPU quadratic in a fan-out wider than the pool), and counting it against
+        # ``connect`` failed calls queued behind a slow model with TIMEOUT.
+        return httpx.Timeout(connect=self.connect, read=self.read, write=self.read, pool=None)
 
 
 DEFAULT_TIMEOUTS = Timeouts()
+
+
+def encode_json(body: Any) -> bytes:
+    """``body`` as httpx's ``json=`` would send it (UTF-8, compact; NaN refused:
+    ``ValueError``)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 @attrs.frozen
@@ -115,11 +126,41 @@ def default_ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def new_client() -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` as the providers want it: no redirects, shared TLS setup."""
+POOL_SIZE = 100
+"""Connections a provider client keeps (httpx's default), and the calls it lets run at
+once: the others wait their turn in ``pool_slots``, in the order they came."""
+
+KEEP_ALIVE = 20
+"""Idle connections a provider client keeps (httpx's default): httpcore checks every
+idle connection of its pool (a ``poll`` each) whenever it assigns a request, so 100
+kept alive cost more than the connects they save on loopback (bench/README.md)."""
+
+_pool_slots: weakref.WeakKeyDictionary[httpx.AsyncClient, trio.CapacityLimiter] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def new_client(pool: int = POOL_SIZE) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` as the providers want it: no redirects, shared TLS setup,
+    ``pool`` connections, ``KEEP_ALIVE`` of them kept alive."""
     return httpx.AsyncClient(
-        headers={"user-agent": USER_AGENT}, follow_redirects=False, verify=default_ssl_context()
+        headers={"user-agent": USER_AGENT},
+        follow_redirects=False,
+        verify=default_ssl_context(),
+        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=KEEP_ALIVE),
     )
+
+
+def pool_slots(client: httpx.AsyncClient) -> trio.CapacityLimiter:
+    """The slots of ``client``: ``POOL_SIZE`` calls at once, shared by every provider
+    using the client. A call holds one from before its request is built until its
+    reply is read, so a call waiting its turn holds no request body (issue 36: 46 KiB
+    per waiting call before) and httpcore never queues one (a client made elsewhere
+    with a smaller pool still works: its calls then wait in httpcore too)."""
+    slots = _pool_slots.get(client)
+    if slots is None:
+        slots = _pool_slots[client] = trio.CapacityLimiter(POOL_SIZE)
+    return slots
 
 
 def valid_api_key(value: str) -> bool:
@@ -211,6 +252,53 @@ def _transport_error(
     return fail(ErrorKind.NETWORK, detail)
 
 
+class Body:
+    """A request body in parts (the tool list's bytes shared between requests),
+    sent with a Content-Length: only the parts of its own are a call's."""
+
+    __slots__ = ("length", "parts")
+
+    def __init__(self, parts: tuple[bytes, ...]) -> None:
+        self.parts = parts
+        self.length = sum(len(part) for part in parts)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+
+    def joined(self) -> bytes:
+        """The whole body."""
+        return b"".join(self.parts)
+
+
+_TOOL_BYTES: dict[tuple[str, tuple[Any, ...], bool], bytes] = {}
+_TOOL_BYTES_KEPT = 64
+
+DRAIN_SECONDS = 0.25
+DRAIN_BYTES = 65536
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read what is left of a stream whose reply is complete (the body's end after
+    ``[DONE]`` or ``message_stop``), so its connection goes back to the pool.
+
+    A response closed before its end closes its connection: every streamed call then
+    opened a new one (a TCP connect, and a TLS handshake on https; issue 36: 640
+    connects for 600 calls). At most ``DRAIN_BYTES`` within ``DRAIN_SECONDS``: a
+    server that sends more, holds the stream open or breaks it loses its connection
+    as before, and the reply stands.
+    """
+    read = 0
+    with trio.move_on_after(DRAIN_SECONDS):
+        try:
+            async for chunk in chunks:
+                read += len(chunk)
+                if read > DRAIN_BYTES:
+                    return
+        except httpx.HTTPError:
+            return
+
+
 class HttpProvider(abc.ABC):
     """A ``Provider`` over HTTP. One instance may serve many concurrent calls.
 
@@ -221,6 +309,9 @@ class HttpProvider(abc.ABC):
     """
 
     api: ClassVar[str]
+
+    calls_at_once: int = POOL_SIZE
+    """``LimitsCallsAtOnce``: the client's pool (``new_client``)."""
 
     def __init__(
         self,
@@ -290,18 +381,25 @@ class HttpProvider(abc.ABC):
     async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
         """Call the model; return its reply or raise ``ProviderError`` (redacted)."""
         secrets = [self._api_key.reveal()] if self._api_key is not None else []
+        client = self._get_client()
+        slots = pool_slots(client)
+        # A token of its own per call (a task may make calls one after another).
+        borrower = object()
+        await slots.acquire_on_behalf_of(borrower)
         try:
             model = request.model or self.model
             if not model:
                 raise fail(ErrorKind.INVALID_REQUEST, f"{self.api}: no model configured")
             try:
-                body = self.body(request, model, self.stream)
+                # Encoded at once, the dict dropped: only the bytes live while the
+                # call waits for its reply.
+                content = self._encoded(request, self.body(request, model, self.stream))
             except ValueError as exc:  # history or tool schemas fanfold cannot send
                 raise fail(ErrorKind.INVALID_REQUEST, f"{self.api}: {exc}") from None
             total = self.timeouts.total
             reply: ModelReply | None = None
             with trio.move_on_after(math.inf if total is None else total):
-                reply = await self._call(body, context)
+                reply = await self._call(client, content, context)
             if reply is None:
                 raise fail(ErrorKind.TIMEOUT, f"{self.api}: no complete reply within {total}s")
             return reply
@@ -310,9 +408,12 @@ class HttpProvider(abc.ABC):
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             error = _transport_error(self.api, exc, self.timeouts, self._where()).error
             raise ProviderError(redact_error(error, secrets)) from None
+        finally:
+            slots.release_on_behalf_of(borrower)
 
-    async def _call(self, body: dict[str, Any], context: CallContext) -> ModelReply:
-        client = self._get_client()
+    async def _call(
+        self, client: httpx.AsyncClient, content: Body, context: CallContext
+    ) -> ModelReply:
         key = self._api_key.reveal() if self._api_key is not None else None
         headers = self.headers(key)
         own = {name.lower() for name in headers}
@@ -320,9 +421,13 @@ class HttpProvider(abc.ABC):
         headers.update(
             (name, value) for name, value in self.settings.extra_headers if name.lower() not in own
         )
+        headers.setdefault("content-type", "application/json")
+        headers["content-length"] = str(content.length)
         timeout = self.timeouts.for_httpx()
         if not self.stream:
-            response = await client.post(self.url, json=body, headers=headers, timeout=timeout)
+            response = await client.post(
+                self.url, content=content, headers=headers, timeout=timeout
+            )
             self._check_status(response)
             reply = self._parse_json(response.content)
             chars = len(reply.text) + sum(len(call.arguments_json) for call in reply.tool_calls)
@@ -330,7 +435,7 @@ class HttpProvider(abc.ABC):
             return reply
         headers["accept"] = "text/event-stream"
         async with client.stream(
-            "POST", self.url, json=body, headers=headers, timeout=timeout
+            "POST", self.url, content=content, headers=headers, timeout=timeout
         ) as response:
             if response.status_code != 200:
                 await response.aread()
@@ -339,6 +444,23 @@ class HttpProvider(abc.ABC):
                 # The server ignored stream=true and sent one JSON reply.
                 return self._parse_json(await response.aread())
             return await self._read_stream(response, context)
+
+    def _encoded(self, request: ModelRequest, body: dict[str, Any]) -> Body:
+        """``body`` encoded, its tool list as the bytes every request offering the same
+        tools shares (encoded once per tool set: ``_TOOL_BYTES``)."""
+        tools = body.pop("tools", None)
+        head = encode_json(body)
+        if tools is None:
+            return Body((head,))
+        key = (self.api, request.tools, tools[-1].get("cache_control") is not None)
+        shared = _TOOL_BYTES.get(key)
+        if shared is None:
+            shared = encode_json(tools)
+            if len(_TOOL_BYTES) >= _TOOL_BYTES_KEPT:
+                del _TOOL_BYTES[next(iter(_TOOL_BYTES))]
+            _TOOL_BYTES[key] = shared
+        # "tools" goes last: JSON objects have no order.
+        return Body((head[:-1] + b',"tools":', shared, b"}"))
 
     async def _read_stream(self, response: httpx.Response, context: CallContext) -> ModelReply:
         assembler = self.assembler()
@@ -356,7 +478,8 @@ class HttpProvider(abc.ABC):
     ) -> ModelReply:
         decoder = SSEDecoder()
         reported: tuple[int, int | None] = (0, None)
-        async for chunk in response.aiter_bytes():
+        chunks = response.aiter_bytes()
+        async for chunk in chunks:
             for event in decoder.feed(chunk):
                 assembler.feed(event)
                 if assembler.done:
@@ -366,7 +489,9 @@ class HttpProvider(abc.ABC):
                 reported = progress
                 self._progress(context, *progress)
             if assembler.done:
-                return assembler.finish()
+                reply = assembler.finish()
+                await _drain(chunks)
+                return reply
         for event in decoder.finish():
             if not assembler.done:
                 assembler.feed(event)

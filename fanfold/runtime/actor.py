@@ -557,6 +557,10 @@ class Actor:
                     delay, outcome = 0.0, error
                 calls.schedule(call, delay, outcome, self._context)
                 return
+            gate = self.runtime.model_call_gate
+            if gate is not None:
+                calls.start_gated(call, self._context, gate)
+                return
         calls.start(call, self._context)
 
     def perform(self, call: Call) -> Awaitable[Any]:

@@ -25,11 +25,19 @@ timer of the runtime's heap (``timers.py``) that delivers the outcome when it is
 and ``cancel`` cancels that timer. A thousand sub-agents waiting on such calls hold a
 thousand timer entries instead of a thousand Trio tasks, cancel scopes and coroutines
 (about 1.9 KB each, ``bench/README.md``).
+
+A provider that can only make so many calls at once (``LimitsCallsAtOnce``: an HTTP
+provider, whose client has a pool of connections) gets at most that many workers: a
+call past the limit waits in a queue of its gate (``Gate``) as the ``Call`` it already
+is, with no task, no request body and no place in httpx's pool queue, and starts, in
+the order the calls came, when one of the gate's calls ends (issue 36: 46 KiB per
+waiting call, and CPU quadratic in the calls queued in httpcore's pool, before).
 """
 
 from __future__ import annotations
 
 import contextvars
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,6 +73,7 @@ class Call:
         "caller",
         "context",
         "effect",
+        "gate",
         "note",
         "number",
         "outcome",
@@ -88,6 +97,9 @@ class Call:
         self.timer: Timer | None = None
         self.outcome: Any = None
         self.context: contextvars.Context | None = None
+        # A call of a gate (``Calls.start_gated``): the gate, while the call counts
+        # against it (queued or running); its context while it is queued.
+        self.gate: Gate | None = None
 
     def timer_fired(self, _: int) -> None:
         """A scheduled call is due (``timers.Owner``): its caller hears its outcome,
@@ -99,6 +111,18 @@ class Call:
             context.run(self.caller.call_failed, self, outcome)
         else:
             context.run(self.caller.call_done, self, outcome)
+
+
+class Gate:
+    """At most ``capacity`` calls running at once; the others wait in ``queue`` (a
+    cancelled one stays there, with no gate, until it reaches the front)."""
+
+    __slots__ = ("capacity", "queue", "running")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.running = 0
+        self.queue: deque[Call] = deque()
 
 
 class _Worker:
@@ -159,6 +183,30 @@ class Calls:
             self._workers += 1
             self._start_soon(self._work, worker, name=_WORKER)
 
+    def start_gated(self, call: Call, context: contextvars.Context, gate: Gate) -> None:
+        """``start`` once fewer than ``gate.capacity`` of the gate's calls run; until
+        then ``call`` waits in the gate's queue (not ``started``)."""
+        call.gate = gate
+        if gate.running < gate.capacity and not gate.queue:
+            gate.running += 1
+            self.start(call, context)
+        else:
+            call.context = context
+            gate.queue.append(call)
+
+    def _gate_freed(self, gate: Gate) -> None:
+        """One of ``gate``'s calls ended: the next queued one (not cancelled) runs."""
+        gate.running -= 1
+        queue = gate.queue
+        while queue:
+            call = queue.popleft()
+            if call.gate is gate:  # not cancelled while it waited
+                context, call.context = call.context, None
+                assert context is not None
+                gate.running += 1
+                self.start(call, context)
+                return
+
     def schedule(
         self, call: Call, delay: float, outcome: Any, context: contextvars.Context
     ) -> None:
@@ -177,13 +225,20 @@ class Calls:
             call.timer = call.outcome = call.context = None
             timer.cancel()
             return
+        gate = call.gate
+        if gate is not None and call.worker is None:  # queued: it never starts
+            call.gate = call.context = None
+            return
         worker = call.worker
         call.worker = None
         if worker is None or worker.call is not call:
             return  # it ended already
         worker.call = None  # handed over and not started: it never starts
         if call.started and worker.scope is not None:
-            worker.scope.cancel()  # running: cancelled where it waits
+            worker.scope.cancel()  # running: cancelled where it waits (``_work``
+            # frees its gate once it has unwound)
+        elif not call.started:
+            self._ended(call)
 
     def trim(self, wanted: int) -> None:
         """Retire idle workers while there are more workers than ``wanted`` (the
@@ -200,6 +255,13 @@ class Calls:
             assert task is not None
             trio.lowlevel.reschedule(task)
 
+    def _ended(self, call: Call) -> None:
+        """``call`` ran and ended (or was aborted while it ran): its gate is freed."""
+        gate = call.gate
+        if gate is not None:
+            call.gate = None
+            self._gate_freed(gate)
+
     def _take_idle(self, worker: _Worker) -> None:
         idle = self._idle[id(worker.context)]
         idle.remove(worker)
@@ -209,6 +271,7 @@ class Calls:
     async def _work(self, worker: _Worker) -> None:
         try:
             while not worker.retire:
+                running: Call | None = None
                 with trio.CancelScope() as scope:
                     worker.scope = scope
                     while not worker.retire:
@@ -219,22 +282,27 @@ class Calls:
                             await trio.lowlevel.wait_task_rescheduled(worker.unpark)
                             continue
                         call.started = True
+                        running = call
                         # The caller's awaitable is awaited right here: no frame of
                         # the caller's own stays alive while the call waits.
                         try:
                             value = await call.caller.perform(call)
                         except Exception as error:
-                            worker.call = None
+                            worker.call = running = None
+                            self._ended(call)
                             if call.worker is worker:  # not aborted meanwhile
                                 call.worker = None
                                 call.caller.call_failed(call, error)
                         else:
-                            worker.call = None
+                            worker.call = running = None
+                            self._ended(call)
                             if call.worker is worker:
                                 call.worker = None
                                 call.caller.call_done(call, value)
                 # The scope was cancelled: its call was aborted. A fresh one for the next.
                 worker.call = None
+                if running is not None:
+                    self._ended(running)
         finally:
             if not worker.retire:  # cancelled (the runtime closing): not retired
                 self._workers -= 1

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from fanfold.db import Step
 from fanfold.providers.base import Provider, StreamProgress
-from fanfold.runtime.calls import Calls
+from fanfold.runtime.calls import Calls, Gate
 from fanfold.runtime.engine import Engine
 from fanfold.runtime.placement import Placement
 from fanfold.runtime.timers import Timers
@@ -61,6 +61,7 @@ class Host(Protocol):
     redact: Callable[[str], str]
     step_observers: tuple[StepObserver, ...]
     calls: Calls
+    model_call_gate: Gate | None
     placement: Placement | None
 
     @property

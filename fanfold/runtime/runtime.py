@@ -38,7 +38,7 @@ from fanfold.db.provenance import Origin, TreeRecord, UntrustedTree, UserKey, re
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.providers.description import ProviderDescription
 from fanfold.runtime.actor import Actor
-from fanfold.runtime.calls import Calls
+from fanfold.runtime.calls import Calls, Gate
 from fanfold.runtime.engine import Engine
 from fanfold.runtime.host import StepObserver
 from fanfold.runtime.logging import flush as flush_log_lines
@@ -406,6 +406,12 @@ class Runtime:
         self.calls = Calls(nursery.start_soon, self.timers)
         """The calls in flight, on a pool of worker tasks or, for a provider that
         ``RepliesAtOnce``, on the timers (``calls.py``)."""
+        at_once = getattr(provider, "calls_at_once", None)
+        self.model_call_gate: Gate | None = (
+            Gate(at_once) if isinstance(at_once, int) and at_once > 0 else None
+        )
+        """For a provider that ``LimitsCallsAtOnce``: its model calls past the limit
+        wait as data in this gate's queue, not in a task each (``calls.py``)."""
         self._actors: dict[str, Actor] = {}  # conversations loaded: work in flight
         self._project_cwds: dict[str, str] = {}  # root id -> its cwd (it never changes)
         self._trusted: set[str] = set()  # roots whose provenance mark verified
