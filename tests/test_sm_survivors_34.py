@@ -174,6 +174,10 @@ def test_a_link_leading_where_the_rules_refuse_is_refused_naming_both_paths() ->
     assert link_refusal(read_rules, read, "/w", "other.txt") is None
     denied = link_refusal(read_rules, read, "/w", "secret/key")
     assert denied is not None and "deny rule 'read_file(secret/**)'" in denied
+    # `read-only` stands for the reading tools the rules recorded, not today's list.
+    recorded = attrs.evolve(read_rules, reading=("peek",))
+    refused = link_refusal(recorded, read, "/w", "other.txt")
+    assert refused is not None and refused.startswith("read_file refused: no allow rule")
     # Arguments it cannot read: nothing to say (the reducer judged the call as spelled).
     for text in ("[1]", "not json"):
         assert link_refusal(rules, ToolCall("t", "write_file", text), "/w", "src/a.py") is None
