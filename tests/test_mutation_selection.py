@@ -85,3 +85,25 @@ def test_check_names_a_left_out_file_and_write_restores_it(tmp_path: Path) -> No
         check=False,
     )
     assert done.returncode == 0, done.stdout
+
+
+sample_script = load_bench("mutation_sample")
+
+
+def test_the_sample_is_stratified_by_file_and_leaves_out_import_time_code() -> None:
+    names = [f"fanfold.statemachine.transition.x_f__mutmut_{i}" for i in range(60)]
+    names += [f"fanfold.statemachine.permissions.x_g__mutmut_{i}" for i in range(30)]
+    names += [f"fanfold.statemachine.table.x__cell__mutmut_{i}" for i in range(9)]
+    logic = sample_script.logic_mutants(names)
+    assert len(logic) == 90
+    sample = sample_script.draw(logic, 4242, 30)
+    assert sample == sample_script.draw(logic, 4242, 30) != sample_script.draw(logic, 1, 30)
+    for prefix in (3, 12, 30):
+        taken = [name for name in sample[:prefix] if ".permissions." in name]
+        assert len(taken) == prefix // 3  # permissions is a third of the population
+    assert len(set(sample_script.draw(logic, 4242, 500))) == 90
+
+
+def test_the_wilson_interval_is_the_one_design_reports() -> None:
+    low, high = sample_script.wilson(429, 438)
+    assert (round(low, 3), round(high, 3)) == (0.961, 0.989)
