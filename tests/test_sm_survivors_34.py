@@ -38,7 +38,9 @@ from fanfold.statemachine.permissions import (
     Rule,
     RuleSet,
     command_matches,
+    domain_matches,
     link_refusal,
+    parse_rule,
     path_rules,
     refusal,
     url_host,
@@ -247,3 +249,23 @@ def test_a_cwd_may_hold_a_no_break_space_but_no_c1_control() -> None:
     assert relative_cwd("\u00a0") == "\u00a0"
     for refused in ("a\x9fb", "a\x80b", "a\x7fb"):
         assert isinstance(relative_cwd(refused), CwdRefused)
+
+
+# ------------------------------------------------------------------ the new sample's survivors
+# (seed 20261207, DESIGN.md "Mutation testing": real survivors pinned as they were read)
+
+
+def test_a_wildcard_domain_names_only_the_hosts_below_it() -> None:
+    assert domain_matches("domain:*.example.com", "a.example.com")
+    assert not domain_matches("domain:*.example.com", "example.com")
+    assert not domain_matches("domain:*.example.com", "badexample.com")
+    allow = _layer((Rule("web_fetch", "domain:*.example.com"),))
+    fetch = ToolCall.of("t", "web_fetch", {"url": "https://badexample.com/x"})
+    assert refusal(allow, fetch, "/w") is not None
+
+
+def test_an_mcp_wildcard_rule_parses_and_takes_no_pattern() -> None:
+    assert parse_rule("mcp__srv__*") == Rule("mcp__srv__*")
+    assert parse_rule("mcp__srv*") == Rule("mcp__srv*")
+    assert parse_rule("mcp__srv__*(x)") == "rule 'mcp__srv__*(x)': a wildcard rule takes no pattern"
+    assert parse_rule("my*") == "rule 'my*': 'my*' is not a tool name"
