@@ -31,6 +31,7 @@ from fanfold.statemachine import (
     Usage,
     transition,
 )
+from fanfold.statemachine.children import ChildSpec, PendingChild, Roster
 from fanfold.statemachine.confined import command_problem
 from fanfold.statemachine.control_tools import CwdRefused, relative_cwd
 from fanfold.statemachine.permissions import (
@@ -269,3 +270,18 @@ def test_an_mcp_wildcard_rule_parses_and_takes_no_pattern() -> None:
     assert parse_rule("mcp__srv*") == Rule("mcp__srv*")
     assert parse_rule("mcp__srv__*(x)") == "rule 'mcp__srv__*(x)': a wildcard rule takes no pattern"
     assert parse_rule("my*") == "rule 'my*': 'my*' is not a tool name"
+
+
+def _pending(number: int) -> PendingChild:
+    return PendingChild(ChildSpec(f"r.{number}", "task", "/w", None, 5, "s"), number % 2 == 0)
+
+
+def test_a_roster_appended_past_its_chunks_is_the_tuple_of_its_items() -> None:
+    # 64 items a chunk: appending at 64 and 128 starts a new one.
+    model = tuple(_pending(k) for k in range(1, 131))
+    grown = Roster(model[:1])
+    for item in model[1:]:
+        grown = grown.appended(item)
+    assert tuple(grown) == model and grown == Roster(model)
+    assert grown.started == sum(1 for p in model if p.started)
+    assert Roster(model[:64]).appended(model[64])[-1] == model[64]
