@@ -34,6 +34,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine.children import ChildSpec, PendingChild, Roster
 from fanfold.statemachine.confined import command_problem
 from fanfold.statemachine.control_tools import CwdRefused, relative_cwd
+from fanfold.statemachine.messages import JsonArray, JsonObject
 from fanfold.statemachine.permissions import (
     Permissions,
     Rule,
@@ -285,3 +286,16 @@ def test_a_roster_appended_past_its_chunks_is_the_tuple_of_its_items() -> None:
     assert tuple(grown) == model and grown == Roster(model)
     assert grown.started == sum(1 for p in model if p.started)
     assert Roster(model[:64]).appended(model[64])[-1] == model[64]
+
+
+def test_a_calls_arguments_are_read_only_at_every_depth() -> None:
+    made = ToolCall.of("t", "x", {"a": [1, {"b": 2}]}).arguments()
+    decoded = ToolCall("t", "x", '{"a": [1, {"b": 2}]}').arguments()
+    for arguments in (made, decoded):
+        assert isinstance(arguments, JsonObject)
+        assert isinstance(arguments["a"], JsonArray) and isinstance(arguments["a"][1], JsonObject)
+        with pytest.raises(TypeError, match="read-only"):
+            arguments["z"] = 1
+    # A value json.loads would not give (a tuple) is not kept: the text is decoded.
+    kept = ToolCall.parsed("t", "x", '{"a": [1]}', {"a": (1,)}).arguments()
+    assert isinstance(kept["a"], JsonArray) and kept["a"] == [1]
