@@ -14,6 +14,7 @@ from sm_support import of_type, only, replied, root, spawn, step, steps, user
 from fanfold.statemachine import (
     ChildSucceeded,
     Conversation,
+    ConversationForked,
     ErrorKind,
     ForkEdited,
     IllegalTransition,
@@ -21,6 +22,8 @@ from fanfold.statemachine import (
     LimitsEdit,
     ModelError,
     ModelFailed,
+    ModelReply,
+    ReplyEdit,
     ScheduleRetry,
     SpawnSubAgent,
     SubAgentFinished,
@@ -29,10 +32,11 @@ from fanfold.statemachine import (
     ToolCall,
     ToolSpec,
     Usage,
+    start,
     transition,
 )
 from fanfold.statemachine.children import ChildSpec, PendingChild, Roster
-from fanfold.statemachine.confined import command_problem
+from fanfold.statemachine.confined import command_problem, shell_words
 from fanfold.statemachine.control_tools import CwdRefused, relative_cwd
 from fanfold.statemachine.messages import JsonArray, JsonObject
 from fanfold.statemachine.permissions import (
@@ -224,8 +228,10 @@ def test_a_limits_edit_must_admit_a_summary_retry_in_flight() -> None:
 
 def test_an_empty_task_edit_is_an_illegal_transition() -> None:
     child = sm.child(Limits(max_rounds=3))
-    with pytest.raises(IllegalTransition, match="a sub-agent needs a task"):
-        transition(child, ForkEdited(TaskEdit("")))
+    event = ForkEdited(TaskEdit(""))
+    with pytest.raises(IllegalTransition, match="a sub-agent needs a task") as refused:
+        transition(child, event)
+    assert refused.value.event is event and refused.value.state is child
 
 
 # ------------------------------------------------------------------ sequential steps
@@ -299,3 +305,33 @@ def test_a_calls_arguments_are_read_only_at_every_depth() -> None:
     # A value json.loads would not give (a tuple) is not kept: the text is decoded.
     kept = ToolCall.parsed("t", "x", '{"a": [1]}', {"a": (1,)}).arguments()
     assert isinstance(kept["a"], JsonArray) and kept["a"] == [1]
+
+
+def test_a_fork_with_an_edit_takes_one_its_state_admits_and_refuses_another() -> None:
+    busy = steps(root(), user("go"))  # a model call in flight, under the fork's id
+    fits = ConversationForked(busy.id, "source", 1, busy, ReplyEdit(ModelReply("hi")))
+    forked, effects = start(fits)
+    assert forked == busy and effects == ()
+    misfit = ConversationForked(busy.id, "source", 1, busy, TaskEdit("other"))
+    with pytest.raises(IllegalTransition, match="its edit does not fit its state: TaskEdit") as e:
+        start(misfit)
+    assert e.value.event is misfit
+
+
+def test_a_wildcard_domain_never_names_its_bare_dot_form() -> None:
+    assert url_host("http://.example.com/x") == ".example.com"
+    assert not domain_matches("domain:*.example.com", ".example.com")
+
+
+def test_a_word_end_star_mid_pattern_keeps_what_follows() -> None:
+    assert command_matches("ls*x", "lsx", any_part=False)
+    assert not command_matches("ls*x", "ls", any_part=False)
+
+
+def test_a_backslash_in_double_quotes_escapes_only_what_bash_lets_it() -> None:
+    assert shell_words('a "\\X" "\\"" "\\\\"') == [
+        ("a", False),
+        ("\\X", False),
+        ('"', False),
+        ("\\", False),
+    ]
