@@ -335,3 +335,15 @@ def test_a_backslash_in_double_quotes_escapes_only_what_bash_lets_it() -> None:
         ('"', False),
         ("\\", False),
     ]
+
+
+def test_a_result_exactly_at_the_cap_is_given_whole() -> None:
+    state = steps(root(Limits(child_result_cap=5)), user("go"))
+    state = steps(state, replied(state, spawn("s", "abcde", "fghij")))
+    state = steps(state, SubAgentFinished("root.1", ChildSucceeded("12345")))
+    state = steps(state, SubAgentFinished("root.2", ChildSucceeded("123456")))
+    entries = sm.fan_in(sm.tool_results(state)[0].content)["sub_agent_results"]
+    assert [(e["task"], e["result"]) for e in entries] == [
+        ("abcde", "12345"),
+        ("fghij", "12345... [truncated 1 characters]"),
+    ]
