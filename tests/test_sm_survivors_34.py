@@ -347,3 +347,10 @@ def test_a_result_exactly_at_the_cap_is_given_whole() -> None:
         ("abcde", "12345"),
         ("fghij", "12345... [truncated 1 characters]"),
     ]
+
+
+def test_a_trailing_space_star_after_a_word_also_matches_the_bare_command() -> None:
+    # `a-X *` reads as `a-X*`: the word before ` *` is `X`, whatever precedes it.
+    assert command_matches("a-X *", "a-X", any_part=False)
+    assert command_matches("a-X *", "a-X y", any_part=False)
+    assert not command_matches("a-X *", "a-Xy", any_part=False)
