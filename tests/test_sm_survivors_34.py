@@ -32,6 +32,7 @@ from fanfold.statemachine import (
     ToolCall,
     ToolSpec,
     Usage,
+    UserMessage,
     start,
     transition,
 )
@@ -354,3 +355,19 @@ def test_a_trailing_space_star_after_a_word_also_matches_the_bare_command() -> N
     assert command_matches("a-X *", "a-X", any_part=False)
     assert command_matches("a-X *", "a-X y", any_part=False)
     assert not command_matches("a-X *", "a-Xy", any_part=False)
+
+
+def test_a_task_edit_needs_a_sub_agent_before_its_first_reply_context_or_not() -> None:
+    # A sub-agent given a context first: its task is still the last message.
+    given = sm.child(context=(UserMessage("ctx"),))
+    after, _ = transition(given, ForkEdited(TaskEdit("other")))
+    assert after.history == (UserMessage("ctx"), UserMessage("other"))
+    # A root whose last message happens to be the empty text is no sub-agent.
+    bare = steps(root(), user(""))
+    with pytest.raises(IllegalTransition, match="TaskEdit is legal in a sub-agent's"):
+        transition(bare, ForkEdited(TaskEdit("x")))
+
+
+def test_a_bare_drive_letter_is_no_cwd() -> None:
+    assert relative_cwd("C:") == CwdRefused("'cwd' must not start with a drive letter")
+    assert relative_cwd("C") == "C"
