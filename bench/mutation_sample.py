@@ -29,7 +29,9 @@ IMPORT_TIME = (
     "table.x__written_off__mutmut_",
     "state.x__compile_evolve__mutmut_",
 )
-DETECTED = ("killed", "timeout")
+# A timeout is an infinite loop; a "segfault" a test process the mutant killed (a
+# loop growing a list until memory ran out): both detected.
+DETECTED = ("killed", "timeout", "segfault")
 
 
 def _file(name: str) -> str:
