@@ -39,6 +39,7 @@ from fanfold.statemachine import (
 from fanfold.statemachine.children import ChildSpec, PendingChild, Roster
 from fanfold.statemachine.confined import command_problem, shell_words
 from fanfold.statemachine.control_tools import CwdRefused, relative_cwd
+from fanfold.statemachine.limits import seconds
 from fanfold.statemachine.messages import JsonArray, JsonObject
 from fanfold.statemachine.permissions import (
     Permissions,
@@ -371,3 +372,11 @@ def test_a_task_edit_needs_a_sub_agent_before_its_first_reply_context_or_not() -
 def test_a_bare_drive_letter_is_no_cwd() -> None:
     assert relative_cwd("C:") == CwdRefused("'cwd' must not start with a drive letter")
     assert relative_cwd("C") == "C"
+
+
+def test_seconds_turns_an_int_into_a_float_and_refuses_a_bool() -> None:
+    assert seconds(8) == 8.0 and type(seconds(8)) is float
+    assert type(Limits(cancel_grace=8).cancel_grace) is float
+    for wrong in (True, "8", None):
+        with pytest.raises(TypeError, match="expected a number of seconds"):
+            seconds(wrong)
