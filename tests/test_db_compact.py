@@ -118,8 +118,10 @@ def test_trailing_fields_omitted_at_default_may_be_missing_from_a_compact_docume
     assert decode_event('[7,"RuntimeResumed"]') == RuntimeResumed()
     assert decode_event('[7,"RuntimeResumed",[]]') == RuntimeResumed()
     assert decode_event('[7,"RuntimeResumed",["grep"]]') == RuntimeResumed(("grep",))
-    with pytest.raises(CodecError, match=r"needs 0 to 1 field\(s\)"):
-        decode_event('[7,"RuntimeResumed",[],[]]')
+    # A fork's first going-on adds ``forked`` (h34b), written only when true.
+    assert decode_event('[7,"RuntimeResumed",[],true]') == RuntimeResumed((), forked=True)
+    with pytest.raises(CodecError, match=r"needs 0 to 2 field\(s\)"):
+        decode_event('[7,"RuntimeResumed",[],true,[]]')
 
 
 def test_a_tool_spec_is_written_as_before_unless_it_is_read_only() -> None:
