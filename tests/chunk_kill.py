@@ -106,24 +106,27 @@ def kill_one(
         lambda: next((n for n, e in live.items() if _pending(bench.url, e, "fanfold.tree")), None),
     )
 
-    def holder() -> str | None:
+    def holder() -> tuple[str, list[str]] | None:
         for name, executor in live.items():
-            if name != root_worker and _pending(bench.url, executor, "fanfold.chunk"):
-                return str(name)
+            chunks = _pending(bench.url, executor, "fanfold.chunk") if name != root_worker else []
+            if chunks:
+                return str(name), chunks
         return None
 
-    victim = _wait_for("no other worker took a chunk", holder)
+    victim, held = _wait_for("no other worker took a chunk", holder)
     # A random moment once children are coming to rest: some of the victim's chunks'
     # outcomes committed just before it dies (where the issue lost them).
     _wait_for("no child came to rest", lambda: _at_rest_children(bench.log, tree_id))
     wait = rng.uniform(0, delay)
     time.sleep(wait)
-    if not _pending(bench.url, bench.workers[victim][1], "fanfold.chunk"):
+    held = _pending(bench.url, bench.workers[victim][1], "fanfold.chunk")
+    if not held:
         # Its chunks ended meanwhile (a light load runs them fast): the next worker seen
-        # holding one, at once, if the fan-out still has chunks to run.
-        victim = _wait_for("no worker held chunks any more", holder, timeout=30)
-    proc, executor = bench.workers[victim]
-    held = _pending(bench.url, executor, "fanfold.chunk")
+        # holding one, at once, if the fan-out still has chunks to run. The chunks it
+        # held are the ones read when it was chosen (a second read could come after
+        # the last of them ended, and the kill would meet none).
+        victim, held = _wait_for("no worker held chunks any more", holder, timeout=30)
+    proc = bench.workers[victim][0]
     at_rest_before = _at_rest_children(bench.log, tree_id)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
