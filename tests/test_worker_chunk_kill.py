@@ -5,8 +5,9 @@ Three ``fanfold worker`` processes share fanfold's log and DBOS's queue in one d
 of the ``pg_cluster``. Each round queues one tree whose 48 children are placed in
 chunks of 8 (one chunk at a time per worker, so the chunks spread, in waves), waits until
 a worker that does not run the root holds chunks and children are coming to rest, and
-kills it at a random moment 0-1.5 s later. The survivors take its chunks over (one of
-them the root's own worker, in the second round surely: two are left). Every child's
+kills it at a random moment 0-0.8 s later. The survivors take its chunks over (one of
+them may be the root's own worker; a third worker is started again before the second
+round, so that a worker other than the root's holds chunks then). Every child's
 outcome must reach the root exactly once without any restart, no ``bash`` command may
 run twice, and the tree must replay identically. Then no process is left.
 
