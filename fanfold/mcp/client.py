@@ -911,25 +911,7 @@ class McpHub:
                 server.problem = answer
                 problems.append(answer)
                 continue
-            seen: set[str] = set()
-            for tool in answer:
-                if str(tool.name) in seen:
-                    # Two tools of one name: the first is kept, as the server listed
-                    # them (a tool set takes a name once: this failed every run).
-                    twice = (
-                        f"MCP server {server.name!r}: tool {str(tool.name)[:80]!r} left out: "
-                        "the server offers another tool of that name (the first is kept)"
-                    )
-                    server.left_out.append(twice)
-                    problems.append(twice)
-                    continue
-                seen.add(str(tool.name))
-                made = _tool(server, tool)
-                if isinstance(made, str):
-                    server.left_out.append(made)
-                    problems.append(made)
-                else:
-                    tools.append(made)
+            _take_listed(server, answer, tools, problems)
         return tools, problems
 
     def changed(self) -> list[McpServer]:
@@ -949,13 +931,7 @@ class McpHub:
         tools: list[McpTool] = []
         problems: list[str] = []
         server.left_out = []
-        for tool in answer:
-            made = _tool(server, tool)
-            if isinstance(made, str):
-                server.left_out.append(made)
-                problems.append(made)
-            else:
-                tools.append(made)
+        _take_listed(server, answer, tools, problems)
         return tools, problems
 
     def resource_tools(self) -> list[Any]:
@@ -990,6 +966,31 @@ def _trust_problem(server: McpServer) -> str:
         f"MCP server {server.name!r} waits for trust: declared by the project in {source}; "
         f"run `fanfold trust {source}` if you trust it"
     )
+
+
+def _take_listed(server: McpServer, answer: Any, tools: list[McpTool], problems: list[str]) -> None:
+    """``server``'s listed tools into ``tools``; each left out (a bad schema, a second
+    tool of one name) into ``problems`` and ``server.left_out``. Shared by ``discover``
+    and ``relist``, so a tool list read again is held to the same rules."""
+    seen: set[str] = set()
+    for tool in answer:
+        if str(tool.name) in seen:
+            # Two tools of one name: the first is kept, as the server listed them (a
+            # tool set takes a name once: this failed every run).
+            twice = (
+                f"MCP server {server.name!r}: tool {str(tool.name)[:80]!r} left out: "
+                "the server offers another tool of that name (the first is kept)"
+            )
+            server.left_out.append(twice)
+            problems.append(twice)
+            continue
+        seen.add(str(tool.name))
+        made = _tool(server, tool)
+        if isinstance(made, str):
+            server.left_out.append(made)
+            problems.append(made)
+        else:
+            tools.append(made)
 
 
 def _tool(server: McpServer, tool: Any) -> McpTool | str:
