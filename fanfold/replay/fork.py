@@ -107,7 +107,8 @@ def fork(
         )
     key = key if key is not None else UserKey.load()
     own = refusal(store.tree_record(row.root_id), key, store.instance_id, row.root_id) is None
-    if row.is_sub_agent:
+
+    def with_its_tree() -> str:
         return fork_tree(
             store,
             conversation_id,
@@ -119,6 +120,9 @@ def fork(
             own=own,
             rerun_siblings=rerun_siblings,
         )
+
+    if row.is_sub_agent:
+        return with_its_tree()
     state: Conversation | None = None
     for outcome in replay_conversation(store, conversation_id):
         if isinstance(outcome, Finding):
@@ -135,17 +139,7 @@ def fork(
     if state is None:  # pragma: no cover - the row's last_seq bounds at_seq
         raise NoSuchStep(conversation_id, at_seq, row.last_seq)
     if not _at_rest(state):
-        return fork_tree(
-            store,
-            conversation_id,
-            at_seq,
-            new_id=new_id,
-            now=now,
-            key=key,
-            edit=edit,
-            own=own,
-            rerun_siblings=rerun_siblings,
-        )
+        return with_its_tree()
     fork_id = new_id or uuid.uuid4().hex[:12]
     event = ConversationForked(fork_id, conversation_id, at_seq, state)
     forked, effects = start(event)
