@@ -148,6 +148,27 @@ def provenance_key(
     return path
 
 
+# The suite runs on every core up to two (pytest-xdist: ``-n auto --dist loadgroup`` in
+# pyproject.toml; DESIGN.md, "The suite's running time"). Each module is one unit of
+# work, so a module's fixtures (a bench of worker processes, a browser) start once; the
+# modules that start workers on PostgreSQL share one unit, so two of them never run at
+# once: their leases and kill timings were tuned on one bench at a time.
+PROCESS_HEAVY = ("test_worker_", "test_dbos_", "test_bench_workers_", "test_bench_kill9_")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: the cores this process may use, at most two."""
+    return max(1, min(2, len(os.sched_getaffinity(0))))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        group = "process-heavy" if name.startswith(PROCESS_HEAVY) else name
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def trust_record(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test trusts project configuration files in a record of its own

@@ -364,7 +364,9 @@ def test_a_run_uses_a_trusted_servers_tool_and_replays_without_it(tmp_path: Path
     ]
     # show and the trace page name the call's server.
     shown = CliRunner().invoke(cli, ["show", root.id, "--db", str(db)])
-    assert "MCP: ok (1)" in shown.output
+    # The summary line wraps at the console's width when its elapsed time is long
+    # (seen under load): compare words, not lines.
+    assert "MCP: ok (1)" in " ".join(shown.output.split())
     as_json = json.loads(
         CliRunner().invoke(cli, ["show", root.id, "--db", str(db), "--json"]).stdout
     )
