@@ -1,0 +1,79 @@
+"""Checking a ``fanfold ...`` command line written in a help page or a document:
+parsed by click as the real command would parse it, without running it.
+
+A line names a command and options that must exist, with values of their types (a
+wrong option name, a removed command or a flag given a value is caught); placeholders
+for ids (``ID``, ``3f9a0c61d2b4``) are plain arguments and parse. Used by
+tests/test_cli_help.py (the epilogs) and tests/test_doc_examples.py (the shell blocks).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import click
+
+# What a shell line may carry around the command: `VAR=value` before it, a comment,
+# a redirection or a pipe after it, `&` at its end, `$ ` as a console prompt.
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_ENDS = {">", ">>", "|", "&&", "||", ";", "&", "2>", "2>&1"}
+
+
+def fanfold_lines(source: str) -> list[str]:
+    """The lines of a shell or console block that run ``fanfold`` (after any
+    ``VAR=value`` prefix or ``$ `` prompt), continuation backslashes joined."""
+    joined = re.sub(r"\\\n\s*", " ", source)
+    found: list[str] = []
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if line.startswith("$ "):
+            line = line[2:]
+        words = line.split()
+        while words and _ASSIGNMENT.match(words[0]):
+            words.pop(0)
+        if words and words[0] == "fanfold":
+            found.append(line)
+        # `a && fanfold b`: the second command too.
+        for part in re.split(r"&&|\|\|", line)[1:]:
+            if part.split()[:1] == ["fanfold"]:
+                found.append(part.strip())
+    return found
+
+
+def parse_fanfold_line(line: str) -> click.Command:
+    """Parse ``line`` (``fanfold COMMAND ...``) with the real CLI; return the command.
+
+    Raises ``click.UsageError`` (or a subclass) when an option or command does not
+    exist or a value does not fit.
+    """
+    from fanfold.cli import cli
+
+    words = shlex.split(line, comments=True)
+    while words and _ASSIGNMENT.match(words[0]):
+        words.pop(0)
+    assert words[:1] == ["fanfold"], line
+    args = words[1:]
+    for index, word in enumerate(args):
+        if word in _ENDS or word.startswith((">", "2>")):
+            args = args[:index]
+            break
+    if args and args[-1].endswith("&"):
+        args[-1] = args[-1].rstrip("&")
+    with cli.make_context("fanfold", list(args), resilient_parsing=False) as ctx:
+        rest = [*ctx._protected_args, *ctx.args]  # click 8: the command and its args
+        if not rest:
+            return cli
+        name, *sub_args = rest
+        command = cli.get_command(ctx, name)
+        if command is None:
+            raise click.UsageError(f"no command {name!r} in {line!r}")
+        # A placeholder such as ID is a value like any: parsing checks the names
+        # of the options and the types of their values, and runs nothing.
+        try:
+            command.make_context(name, sub_args, parent=ctx).close()
+        except click.BadParameter as exc:
+            # A path the reader has (--allow-cwd /srv/checkouts), not this machine.
+            if "does not exist" not in exc.format_message():
+                raise
+        return command
