@@ -17,6 +17,7 @@ import click
 # What a shell line may carry around the command: `VAR=value` before it, a comment,
 # a redirection or a pipe after it, `&` at its end, `$ ` as a console prompt.
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PLACEHOLDER = re.compile(r"'[A-Z][A-Z_]*' is not a valid")
 _ENDS = {">", ">>", "|", "&&", "||", ";", "&", "2>", "2>&1"}
 
 
@@ -53,7 +54,9 @@ def parse_fanfold_line(line: str) -> click.Command:
     while words and _ASSIGNMENT.match(words[0]):
         words.pop(0)
     assert words[:1] == ["fanfold"], line
-    args = words[1:]
+    # `[--agent root/1]`: an optional part, written in the brackets of a usage line.
+    args = [w[1:] if w.startswith("[-") else w for w in words[1:]]
+    args = [w[:-1] if w.endswith("]") and not w.startswith("[") else w for w in args]
     for index, word in enumerate(args):
         if word in _ENDS or word.startswith((">", "2>")):
             args = args[:index]
@@ -73,7 +76,9 @@ def parse_fanfold_line(line: str) -> click.Command:
         try:
             command.make_context(name, sub_args, parent=ctx).close()
         except click.BadParameter as exc:
-            # A path the reader has (--allow-cwd /srv/checkouts), not this machine.
-            if "does not exist" not in exc.format_message():
+            # A path the reader has (--allow-cwd /srv/checkouts), not this machine,
+            # or a placeholder for a number (--at SEQ): the option exists.
+            message = exc.format_message()
+            if "does not exist" not in message and not _PLACEHOLDER.search(message):
                 raise
         return command
