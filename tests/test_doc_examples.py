@@ -6,10 +6,11 @@ its document, and the blocks of one document share a namespace (a later block ma
 what an earlier one defined). What each kind of block does:
 
 - ``python``: executed. A block with ``await`` at its top level runs in Trio, inside a
-  runtime opened for it (``runtime``: the offline demo's script and the default tools,
-  on a log in the document's own folder); a name a block leaves (``root_id``) is there
-  for the next. ``<!-- invisible-code-block: python -->`` comments hold a document's
-  hidden set-up and the checks of what a block claims.
+  runtime opened for it (``runtime``: the offline demo's script, without its pauses,
+  and the default tools, on a log in the document's own folder); a name a block
+  leaves (``root_id``) is there for the next. ``<!-- invisible-code-block: python
+  -->`` comments hold a document's hidden set-up and the checks of what a block
+  claims.
 - ``console``: run. Each ``$ `` line is a shell command run with bash in the document's
   own folder (``fanfold`` of this venv first on ``PATH``, ``HOME`` and the data folders
   there too); the lines under it are its expected output, ``...`` standing for any
@@ -75,13 +76,16 @@ async def _in_a_runtime(code: Any, namespace: dict[str, Any]) -> None:
     from fanfold.tools.registry import ToolSet
 
     opener = namespace.get("open_doc_runtime")
-    runtime_cm = (
-        opener()
-        if opener is not None
-        else Runtime.open(
-            "doc.db", ScriptedProvider.from_file(CODE_REVIEW_SCRIPT), ToolSet.default()
-        )
-    )
+    if opener is not None:
+        runtime_cm = opener()
+    else:
+        # The demo's script without its pauses (0.3 s a reply, there to be watched).
+        script = json.loads(Path(CODE_REVIEW_SCRIPT).read_text(encoding="utf-8"))
+        script["latency"] = 0
+        for agent in script["agents"]:
+            for reply in agent["replies"]:
+                reply.pop("latency", None)
+        runtime_cm = Runtime.open("doc.db", ScriptedProvider(script), ToolSet.default())
     async with runtime_cm as runtime:
         namespace["runtime"] = runtime
         try:
@@ -181,6 +185,7 @@ def _document_folder(
         env["COLUMNS"] = "100"
         namespace["__folder__"] = folder
         namespace["__env__"] = env
+        namespace["__file__"] = document.path  # a block may read its own page
     before = Path.cwd()
     os.chdir(namespace["__folder__"])
     try:
@@ -215,4 +220,4 @@ def test_every_document_has_blocks_and_each_skip_gives_its_reason() -> None:
         text = path.read_text(encoding="utf-8")
         for marker in re.findall(r"<!--\s*skip:\s*(.*?)\s*-->", text):
             assert re.fullmatch(r'next\s+".{10,}"', marker), f"{path.name}: skip: {marker}"
-    assert sum(1 for _ in _examples()) >= 30
+    assert sum(1 for _ in _examples()) >= 60
