@@ -16,7 +16,9 @@ import click
 
 # What a shell line may carry around the command: `VAR=value` before it, a comment,
 # a redirection or a pipe after it, `&` at its end, `$ ` as a console prompt.
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_ASSIGNMENTS = re.compile(
+    r"""^(?:[A-Za-z_][A-Za-z0-9_]*=(?:\$\([^)]*\)|"[^"]*"|'[^']*'|\S*)\s+)*"""
+)
 _PLACEHOLDER = re.compile(r"'[A-Z][A-Z_]*' is not a valid")
 _ENDS = {">", ">>", "|", "&&", "||", ";", "&", "2>", "2>&1"}
 
@@ -30,16 +32,19 @@ def fanfold_lines(source: str) -> list[str]:
         line = raw.strip()
         if line.startswith("$ "):
             line = line[2:]
-        words = line.split()
-        while words and _ASSIGNMENT.match(words[0]):
-            words.pop(0)
-        if words and words[0] == "fanfold":
-            found.append(line)
+        words = _ASSIGNMENTS.sub("", line).split()
+        if words and _is_fanfold(words[0]):
+            found.append(" ".join(words))
         # `a && fanfold b`: the second command too.
         for part in re.split(r"&&|\|\|", line)[1:]:
-            if part.split()[:1] == ["fanfold"]:
+            if part.split()[:1] and _is_fanfold(part.split()[0]):
                 found.append(part.strip())
     return found
+
+
+def _is_fanfold(word: str) -> bool:
+    """``fanfold``, or a path to it (``.venv/bin/fanfold``)."""
+    return word == "fanfold" or word.endswith("/fanfold")
 
 
 def parse_fanfold_line(line: str) -> click.Command:
@@ -50,10 +55,8 @@ def parse_fanfold_line(line: str) -> click.Command:
     """
     from fanfold.cli import cli
 
-    words = shlex.split(line, comments=True)
-    while words and _ASSIGNMENT.match(words[0]):
-        words.pop(0)
-    assert words[:1] == ["fanfold"], line
+    words = shlex.split(_ASSIGNMENTS.sub("", line), comments=True)
+    assert words and _is_fanfold(words[0]), line
     # `[--agent root/1]`: an optional part, written in the brackets of a usage line.
     args = [w[1:] if w.startswith("[-") else w for w in words[1:]]
     args = [w[:-1] if w.endswith("]") and not w.startswith("[") else w for w in args]

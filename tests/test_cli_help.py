@@ -105,3 +105,29 @@ def test_the_limits_show_the_defaults_the_reducer_applies() -> None:
 def test_ui_port_has_help() -> None:
     text = " ".join(_help("ui").split())
     assert re.search(r"--port INTEGER RANGE Port to listen on", text), text
+
+
+def test_the_example_checker_refuses_what_the_cli_would() -> None:
+    """The checker the examples go through (here and in tests/test_doc_examples.py)
+    fails on a wrong option, command or value, and passes placeholders and shell
+    around the command."""
+    import click
+
+    for wrong in (
+        "fanfold run --nope x",
+        "fanfold nope",
+        "fanfold replay ID --at seven",
+        "fanfold ls --json=yes",
+    ):
+        with pytest.raises(click.UsageError):
+            parse_fanfold_line(wrong)
+    for right in (
+        "fanfold replay ID --at SEQ --tree   # a comment",
+        "FANFOLD_UI_TOKEN=$(openssl rand -hex 24) fanfold ui --port 9000",
+        "fanfold transcript ID --markdown > bug.md",
+        "fanfold replay ID --step [--until SEQ] [--tree]",
+        ".venv/bin/fanfold run --db demo.db 'Review this repository'",
+    ):
+        parse_fanfold_line(fanfold_lines(right)[0])
+    found = fanfold_lines("fanfold trace what-if && fanfold trace ID\nls\n$ fanfold ls")
+    assert found == ["fanfold trace what-if && fanfold trace ID", "fanfold trace ID", "fanfold ls"]
