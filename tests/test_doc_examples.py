@@ -18,7 +18,8 @@ what an earlier one defined). What each kind of block does:
 - ``sh``: every ``fanfold ...`` line is parsed by the real command line (commands,
   options, the types of their values), not run: these blocks are references with
   placeholders (``ID``).
-- ``toml`` and ``json``: parsed.
+- ``toml`` and ``json``: parsed; ``markdown`` (an agent definition file): loaded by
+  fanfold's own parser, without a problem or a warning.
 
 A block that needs what CI has not (a real model, the network, a PostgreSQL server, a
 file of the reader's) is marked ``<!-- skip: next "the reason" -->`` and reported as
@@ -147,6 +148,15 @@ def _json(example: Example) -> None:
     json.loads(str(example.parsed))
 
 
+def _agent_file(example: Example) -> None:
+    """A ``markdown`` block is an agent definition file: it must load, without a
+    problem or a warning."""
+    from fanfold.agents import parse_definition
+
+    definition, problems = parse_definition(str(example.parsed), "agent.md")
+    assert definition is not None and not problems, problems
+
+
 SYBIL = Sybil(
     parsers=[
         SkipParser(),
@@ -155,6 +165,7 @@ SYBIL = Sybil(
         CodeBlockParser("sh", _shell),
         CodeBlockParser("toml", _toml),
         CodeBlockParser("json", _json),
+        CodeBlockParser("markdown", _agent_file),
     ],
 )
 
