@@ -57,3 +57,12 @@ def test_the_dev_extra_holds_every_extra_the_suite_tests() -> None:
     in_dev = {name.strip() for name in match.group(1).split(",")}
     assert "test" in in_dev
     assert in_dev - {"test"} == set(extras) - NOT_TESTED_BY_THE_SUITE
+
+
+def test_ci_builds_the_documentation_site_strictly() -> None:
+    """`mkdocs build --strict` fails on a warning only when the warnings are logged:
+    with `--quiet` a broken link passed (seen on the first draft of .ci/run)."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    (build,) = [line for line in ci if "mkdocs build" in line and not line.startswith("#")]
+    assert "--strict" in build.split()
+    assert not {"--quiet", "-q"} & set(build.split())
