@@ -81,6 +81,7 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
         "mcp",
         "worker",
         "wait",
+        "help",
     }  # fmt: skip
     for name in cli.list_commands(context):
         command = cli.get_command(context, name)

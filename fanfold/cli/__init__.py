@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mcp": ("mcp_command", "mcp_command"),
     "worker": ("worker_commands", "worker"),
     "wait": ("worker_commands", "wait"),
+    "help": ("help_command", "help_command"),
 }
 
 
@@ -92,6 +93,7 @@ SUMMARIES: dict[str, str] = {
         " in the log yet is waited for if it is on the workers' queue (the log's own "
         "database, or --dbos-db beside a log file); an id in neither is an error (exit 2)."
     ),
+    "help": "Show a help topic (database, script) or a command's help.",
 }
 
 

@@ -18,7 +18,10 @@ from fanfold.providers.config import ConfigError, load_config
 from fanfold.statemachine.agent_defs import ContextMode
 
 
-@click.command(name="agents")
+@click.command(
+    name="agents",
+    epilog=("\b\nExamples:\n  fanfold agents\n  fanfold agents --cwd ~/src/app --json\n"),
+)
 @click.option(
     "--cwd",
     type=click.Path(file_okay=False, path_type=Path),

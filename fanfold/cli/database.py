@@ -81,9 +81,10 @@ db_option = click.option(
     "--db",
     type=_DbType(),
     default=None,
-    help="The event log: an SQLite file, or a postgresql:// URL (the postgres extra; "
-    "keep a password in $FANFOLD_DB or ~/.pgpass, off the command line). Default: "
-    "$FANFOLD_DB or ~/.local/share/fanfold/fanfold.db.",
+    # One sentence: the rest (PostgreSQL, passwords, the JSON logs beside a file) is
+    # `fanfold help database`, written once instead of under every command.
+    help="The event log, a file or a postgresql:// URL (default: $FANFOLD_DB, else "
+    "~/.local/share/fanfold/fanfold.db); see `fanfold help database`.",
 )
 
 

@@ -27,7 +27,14 @@ from fanfold.replay.compare import AgentPair, Said, compare
 from fanfold.replay.lineage import ForkOrigin, fork_origin
 
 
-@click.command(name="diff")
+@click.command(
+    name="diff",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold diff 3f9a0c61d2b4 what-if\n"
+        "  fanfold diff 3f9a0c61d2b4 what-if --json\n"
+    ),
+)
 @click.argument("a")
 @click.argument("b")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable (texts in full).")

@@ -32,7 +32,14 @@ from fanfold.statemachine import Limits
 TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
 
 
-@click.command("mcp")
+@click.command(
+    "mcp",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold mcp --db ~/.local/share/fanfold/fanfold.db --cwd .   # stdio, for a host\n"
+        "  fanfold mcp --http --port 8766\n"
+    ),
+)
 @model_options
 @click.option(
     "--cwd",

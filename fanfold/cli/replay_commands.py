@@ -129,7 +129,14 @@ def _print_diff(divergence: Divergence) -> None:
 # ------------------------------------------------------------------ replay
 
 
-@click.command(name="replay")
+@click.command(
+    name="replay",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold replay 3f9a0c61d2b4 --verify --tree   # exit 0: identical, 1: diverged\n"
+        "  fanfold replay 3f9a0c61d2b4 --agent root/1 --step --until 5\n"
+    ),
+)
 @click.argument("conversation_id")
 @click.option("--verify", "check", is_flag=True, help="Check the log replays identically.")
 @click.option("--step", "walk", is_flag=True, help="Show the history one transition at a time.")
@@ -275,7 +282,14 @@ def _show_steps(
 # ------------------------------------------------------------------ fork
 
 
-@click.command(name="fork")
+@click.command(
+    name="fork",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold fork 3f9a0c61d2b4 --at 7                 # a root at rest: then fanfold send\n"
+        "  fanfold fork 3f9a0c61d2b4 --agent 1 --at 0 --reply better.json --continue\n"
+    ),
+)
 @click.argument("conversation_id")
 @click.option(
     "--at", "at_seq", type=click.IntRange(min=0), required=True, help="Fork after event SEQ."
@@ -552,7 +566,14 @@ def _reply(file: Path) -> ModelReply:
 # ------------------------------------------------------------------ export / import
 
 
-@click.command(name="export")
+@click.command(
+    name="export",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold export 3f9a0c61d2b4 -o bug.jsonl\n"
+        "  fanfold export 3f9a0c61d2b4 --format otlp --endpoint http://localhost:4318\n"
+    ),
+)
 @click.argument("conversation_id")
 @click.option(
     "-o",
@@ -620,7 +641,10 @@ def _lines(file: Path) -> Iterator[BinaryIO]:
         yield lines
 
 
-@click.command(name="import")
+@click.command(
+    name="import",
+    epilog=("\b\nExamples:\n  fanfold import bug.jsonl --db elsewhere.db\n"),
+)
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @db_option
 def import_command(file: Path, db: Target | None) -> None:

@@ -40,7 +40,13 @@ from fanfold.tools.registry import ToolSet, unsupplied
 from fanfold.tools.secrets import EnvPolicy
 
 
-@click.command()
+@click.command(
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold resume --db demo.db          # each tree with the provider it ran on\n"
+        "  fanfold resume --script other.json   # every tree on this script instead\n"
+    ),
+)
 @model_options
 @tools_option
 @db_option

@@ -10,7 +10,7 @@ import click
 
 from fanfold.cli.database import Target, db_option, db_path, default_db
 from fanfold.cli.errors import CliError, user_errors
-from fanfold.cli.options import dbos_db_option, model_options
+from fanfold.cli.options import SectionedCommand, dbos_db_option, model_options
 from fanfold.cli.python_tools import tools_option
 from fanfold.cli.seconds import FiniteFloatRange
 from fanfold.regular_files import read_regular
@@ -27,7 +27,28 @@ if TYPE_CHECKING:
 MAX_TURN_SECONDS = 365 * 86400.0
 
 
-@click.command()
+@click.command(
+    cls=SectionedCommand,
+    # The basic options first; the model's, the limits and the workers' apart.
+    sections={
+        "Model and tools": ("script", "config_path", "profile", "model", "tool_refs"),
+        "Limits": (
+            "max_rounds",
+            "max_concurrent",
+            "max_tasks_per_call",
+            "max_depth",
+            "max_tokens",
+            "timeout",
+            "context_modes",
+        ),
+        "Workers (a tree for `fanfold worker`)": ("detach", "dbos_db"),
+    },
+    epilog=(
+        "\b\nExamples:\n"
+        '  fanfold run --db demo.db "Review this repository"   # offline: the demo script\n'
+        '  fanfold run --config team.toml --max-tokens 200000 "Fix the failing test"\n'
+    ),
+)
 @click.argument("task", required=False)
 @click.option(
     "--file",
@@ -47,31 +68,31 @@ MAX_TURN_SECONDS = 365 * 86400.0
     "--max-rounds",
     type=click.IntRange(min=1),
     default=None,
-    help="Model rounds per turn (sub-agents: per life).",
+    help="Model rounds per turn (sub-agents: per life; default: 20).",
 )
 @click.option(
     "--max-concurrent",
     type=click.IntRange(min=1),
     default=None,
-    help="Sub-agents of one parent running at once.",
+    help="Sub-agents of one parent running at once (default: 10).",
 )
 @click.option(
     "--max-tasks-per-call",
     type=click.IntRange(min=1),
     default=None,
-    help="Tasks one spawn_agents call may give (a wide fan-out needs more than 10).",
+    help="Tasks one spawn_agents call may give (default: 10; a wide fan-out needs more).",
 )
 @click.option(
     "--max-depth",
     type=click.IntRange(min=0),
     default=None,
-    help="Deepest sub-agent level (1: only the root spawns).",
+    help="Deepest sub-agent level (default: 1, only the root spawns).",
 )
 @click.option(
     "--max-tokens",
     type=click.IntRange(min=1),
     default=None,
-    help="Token budget of the whole tree: the root and every sub-agent together.",
+    help="Token budget of the whole tree: the root and every sub-agent together (default: none).",
 )
 @click.option(
     "--json-log",
@@ -353,7 +374,9 @@ async def _run_main(
         await choice.aclose()
 
 
-@click.command()
+@click.command(
+    epilog=('\b\nExamples:\n  fanfold send 3f9a0c61d2b4 "Now write the fix" --db demo.db\n'),
+)
 @click.argument("conversation_id")
 @click.argument("text")
 @model_options

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
     from fanfold.statemachine import Conversation, ToolCall
 
 
-@click.command(name="ls")
+@click.command(
+    name="ls",
+    epilog=("\b\nExamples:\n  fanfold ls --db demo.db\n  fanfold ls --json\n"),
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @db_option
 def list_conversations(as_json: bool, db: Target | None) -> None:
@@ -166,7 +169,13 @@ def _when(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-@click.command()
+@click.command(
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold show 3f9a0c61d2b4 --db demo.db\n"
+        "  fanfold show 3f9a0c61d2b4 --full --json\n"
+    ),
+)
 @click.argument("conversation_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (texts in full).")
 @click.option("--full", is_flag=True, help="Show long answers in full instead of cut.")

@@ -25,7 +25,12 @@ from fanfold.tools.registry import ToolSet
 from fanfold.tools.secrets import EnvPolicy
 
 
-@click.command("tools")
+@click.command(
+    "tools",
+    epilog=(
+        "\b\nExamples:\n  fanfold tools\n  fanfold tools --tools ./mytools.py:lookup_issue --json\n"
+    ),
+)
 @click.option(
     "--cwd",
     type=click.Path(file_okay=False, path_type=Path),

@@ -26,7 +26,14 @@ def default_output(conversation_id: str) -> Path:
     return Path(file_name(conversation_id))
 
 
-@click.command(name="trace")
+@click.command(
+    name="trace",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold trace 3f9a0c61d2b4 -o trace.html\n"
+        "  fanfold trace what-if --vs 3f9a0c61d2b4\n"
+    ),
+)
 @click.argument("conversation_id")
 @click.option(
     "-o",

@@ -41,7 +41,14 @@ _HEADINGS = {
 }
 
 
-@click.command(name="transcript")
+@click.command(
+    name="transcript",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold transcript 3f9a0c61d2b4 --agent root/1\n"
+        "  fanfold transcript 3f9a0c61d2b4 --markdown > bug.md\n"
+    ),
+)
 @click.argument("conversation_id")
 @click.option(
     "--agent",

@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from fanfold.trust import TrustStore
 
 
-@click.command(name="trust")
+@click.command(
+    name="trust",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold trust                 # ./fanfold.toml, as it is now\n"
+        "  fanfold trust .mcp.json\n"
+        "  fanfold trust --list\n"
+    ),
+)
 @click.argument("path", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--list", "as_list", is_flag=True, help="List the trusted files.")
 @click.option("--revoke", is_flag=True, help="Stop trusting PATH.")

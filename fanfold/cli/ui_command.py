@@ -52,9 +52,22 @@ async def _stop_on_signal(scope: trio.CancelScope) -> None:
             return
 
 
-@click.command(name="ui")
+@click.command(
+    name="ui",
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold ui --db demo.db              # prints http://127.0.0.1:8765/?token=...\n"
+        "  FANFOLD_UI_TOKEN=... fanfold ui --port 9000\n"
+    ),
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--port",
+    default=8765,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port to listen on (0: a free one; the URL printed names it).",
+)
 @click.option(
     "--poll",
     default=0.5,

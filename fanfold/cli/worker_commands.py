@@ -71,7 +71,13 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-@click.command()
+@click.command(
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold worker --db postgresql://fanfold@db.internal/agents --config team.toml\n"
+        "  fanfold worker --config team.toml --concurrency 8 --allow-cwd /srv/checkouts\n"
+    ),
+)
 @model_options
 @dbos_db_option
 @click.option(
@@ -298,7 +304,9 @@ def _serve(
             raise CliError(f"the worker stopped: {scrubbed(_first_line(exc), url)}") from None
 
 
-@click.command()
+@click.command(
+    epilog=("\b\nExamples:\n  fanfold wait 3f9a0c61d2b4 --timeout 600\n"),
+)
 @click.argument("tree_id")
 @click.option(
     "--timeout",
