@@ -96,6 +96,9 @@ def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
     # sqlite_utils only creates tables (a migration): reading a current log needs sqlite3.
     assert _heavy(modules, ("fanfold.cli.run_commands", "sqlite_utils")) == []
     assert "sqlite3" in modules and "fanfold.db.store" in modules  # they did read the log
+    # A log without forks is listed without fanfold.replay (every replay module).
+    _, listed = _modules(["ls", "--db", str(db)])
+    assert [m for m in listed if m.startswith("fanfold.replay")] == []
 
 
 def test_the_version_and_the_command_list_import_no_command() -> None:
