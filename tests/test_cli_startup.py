@@ -93,24 +93,35 @@ def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
     db, root = recorded
     out, modules = _modules(["ls", "--db", str(db)], ["show", root, "--db", str(db)])
     assert root in out and "hello" in out  # listed, and shown with its answer
-    assert _heavy(modules, ("fanfold.cli.run_commands",)) == []
+    # sqlite_utils only creates tables (a migration): reading a current log needs sqlite3.
+    assert _heavy(modules, ("fanfold.cli.run_commands", "sqlite_utils")) == []
     assert "sqlite3" in modules and "fanfold.db.store" in modules  # they did read the log
+    # A log without forks is listed without fanfold.replay (every replay module).
+    _, listed = _modules(["ls", "--db", str(db)])
+    assert [m for m in listed if m.startswith("fanfold.replay")] == []
 
 
-def test_help_of_ls_show_run_send_trust_and_the_command_list_import_nothing_heavy() -> None:
-    out, modules = _modules(
-        ["ls", "--help"], ["show", "--help"], ["run", "--help"], ["send", "--help"],
-        ["trust", "--help"], ["--version"], ["--help"],
-    )  # fmt: skip
-    assert "List root conversations" in out and "Print a conversation" in out
+def test_the_version_and_the_command_list_import_no_command() -> None:
+    out, modules = _modules(["--version"], ["--help"])
     assert "Commands:" in out and "Serve delegation over MCP" in out
     # `fanfold --help` lists every command without importing one.
-    assert [m for m in modules if m.startswith("fanfold.cli.") and "command" in m] == [
-        "fanfold.cli.run_commands",
-        "fanfold.cli.show_commands",
-        "fanfold.cli.trust_command",
-    ]
+    assert [m for m in modules if m.startswith("fanfold.cli.") and "command" in m] == []
+    assert _heavy(modules, (*NOT_FOR_HELP, "attrs", "attr")) == []
+
+
+def test_the_help_of_every_command_imports_nothing_heavy() -> None:
+    """`fanfold CMD --help` of every command (issue 36: <= 0.4 G instructions each, the
+    counts in bench/README.md) imports its command's module and what the options
+    need, never the log, the reducer, the views, the runtime or the providers: each
+    of those is imported by the functions that use it."""
+    from fanfold.cli import COMMANDS
+
+    out, modules = _modules(*([name, "--help"] for name in COMMANDS))
+    assert out.count("Usage: fanfold ") == len(COMMANDS)
+    assert "List root conversations" in out and "Print a conversation" in out
     assert _heavy(modules, NOT_FOR_HELP) == []
+    # attrs (0.15 G to import) only for show_commands' own classes (ls, show).
+    assert "attrs" not in _modules(*([n, "--help"] for n in COMMANDS if n not in ("ls", "show")))[1]
 
 
 def test_user_errors_are_found_among_the_modules_imported() -> None:

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Column, Table
-from rich.text import Text
 
-from fanfold.agents import AgentCatalog, AgentDefinition, agent_folders, load_agents
-from fanfold.cli.display import json_printable, printable, short
 from fanfold.cli.errors import CliError
-from fanfold.cli.output import console, hint
-from fanfold.providers.config import ConfigError, load_config
-from fanfold.statemachine.agent_defs import ContextMode
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from fanfold.agents import AgentCatalog, AgentDefinition
 
 
 @click.command(
@@ -36,6 +35,9 @@ def agents_command(cwd: Path, as_json: bool) -> None:
 
     Exit status 1 when a file is invalid (it is left out of runs, which go on).
     """
+    from fanfold.agents import load_agents
+    from fanfold.cli.display import json_printable
+
     if not cwd.is_dir():
         raise CliError(f"--cwd {cwd} is not a directory")
     catalog = load_agents(cwd, model_aliases=_model_aliases(cwd))
@@ -52,6 +54,8 @@ def agents_command(cwd: Path, as_json: bool) -> None:
 def _model_aliases(cwd: Path) -> dict[str, str]:
     """The configuration's ``[model_aliases]`` (as ``fanfold run --cwd`` reads them),
     or none when there is no configuration or it does not load (``run`` says why)."""
+    from fanfold.providers.config import ConfigError, load_config
+
     try:
         return dict(load_config(None, cwd=cwd).model_aliases)
     except ConfigError:
@@ -69,6 +73,14 @@ def _rules(rules: tuple[Any, ...]) -> str:
 
 
 def _print(catalog: AgentCatalog, cwd: Path) -> None:
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    from fanfold.agents import agent_folders
+    from fanfold.cli.display import printable, short
+    from fanfold.cli.output import console, hint
+    from fanfold.statemachine.agent_defs import ContextMode
+
     # Name, source and rules are folded, never cut: a path or a rule cut to
     # ".fanfold/agents/…" or "write_file(docs/…" says neither where nor what.
     table = Table(
@@ -104,6 +116,8 @@ def _print(catalog: AgentCatalog, cwd: Path) -> None:
 
 
 def _as_json(catalog: AgentCatalog, cwd: Path) -> dict[str, Any]:
+    from fanfold.agents import agent_folders
+
     def agent(a: AgentDefinition) -> dict[str, Any]:
         return {
             "name": a.name,

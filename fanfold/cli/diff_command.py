@@ -9,22 +9,21 @@ recorded text is escaped (``printable``; ``--json`` with ``ensure_ascii``).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import attrs
 import click
-from rich.table import Table
-from rich.text import Text
 
 from fanfold.cli.database import Target, db_option, open_store
-from fanfold.cli.display import printable, short
-from fanfold.cli.output import console
-from fanfold.cli.replay_commands import _errors
-from fanfold.cli.show_commands import ShowNode, _show_node, _trusted_config
-from fanfold.db import Store
-from fanfold.providers.config import Config
-from fanfold.replay.compare import AgentPair, Said, compare
-from fanfold.replay.lineage import ForkOrigin, fork_origin
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from fanfold.cli.show_commands import ShowNode
+    from fanfold.db import Store
+    from fanfold.providers.config import Config
+    from fanfold.replay.compare import AgentPair, Said
+    from fanfold.replay.lineage import ForkOrigin
 
 
 @click.command(
@@ -46,6 +45,10 @@ def diff_command(a: str, b: str, as_json: bool, db: Target | None) -> None:
     Agents are matched by their place in the tree (root, root/1, root/1/2). Tool-call
     ids and the trees' own ids inside texts are not differences.
     """
+    from fanfold.cli.replay_commands import _errors
+    from fanfold.replay.compare import compare
+    from fanfold.replay.lineage import fork_origin
+
     with _errors(), open_store(db, read_only=True) as store:
         nodes = _nodes(store, a) | _nodes(store, b)
         pairs = compare(store, a, b)
@@ -91,6 +94,8 @@ def _nodes(store: Store, conversation_id: str) -> dict[str, ShowNode]:
     """Each conversation of the tree, as ``show`` builds it, but with its whole
     state's counts and cost: ``show`` gives a fork's spend since the fork, and a
     comparison with its source must count both sides alike."""
+    from fanfold.cli.show_commands import _show_node, _trusted_config
+
     root = store.conversation(conversation_id).root_id
     config = _trusted_config(store, root)
     found: dict[str, ShowNode] = {}
@@ -106,6 +111,8 @@ def _nodes(store: Store, conversation_id: str) -> dict[str, ShowNode]:
 
 def _whole(store: Store, node: ShowNode, config: Config | None) -> ShowNode:
     """``node`` with its conversation's whole state (tokens since it began)."""
+    import attrs
+
     state = store.load_state(node.state.id)
     cost = node.cost
     if config is not None:
@@ -175,6 +182,12 @@ def _parts(agent: dict[str, Any]) -> str:
 
 
 def _show(report: dict[str, Any]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from fanfold.cli.display import printable, short
+    from fanfold.cli.output import console
+
     console.print(
         Text(f"A: {printable(report['a'])}   B: {printable(report['b'])}", style="bold"),
         soft_wrap=True,

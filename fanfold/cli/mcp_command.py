@@ -5,29 +5,22 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import trio
 
-from fanfold.cli.agents_in_effect import agents_in_effect
 from fanfold.cli.database import Target, beside_log, db_option, default_db
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import (
-    declarations_for,
-    refreshing,
-    scoped_mcp_tools,
-    with_server_secrets,
-)
-from fanfold.cli.models import ModelChoice, choose_model, model_options
-from fanfold.cli.output import hint
+from fanfold.cli.options import model_options
 from fanfold.cli.python_tools import load_tools, tools_option
-from fanfold.cli.signals import run_trio, stop_signal_receiver
-from fanfold.loopback import new_token
-from fanfold.runtime import Runtime
-from fanfold.runtime.presence import DatabaseInUse
-from fanfold.statemachine import Limits
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from fanfold.cli.models import ModelChoice
+    from fanfold.statemachine import Limits
 
 TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
 
@@ -80,6 +73,13 @@ def mcp_command(
     database like `fanfold run`'s; the unfinished ones this server started are
     resumed when it starts again.
     """
+    from fanfold.cli.agents_in_effect import agents_in_effect
+    from fanfold.cli.mcp_tools import declarations_for, with_server_secrets
+    from fanfold.cli.models import choose_model
+    from fanfold.cli.output import hint
+    from fanfold.cli.signals import run_trio
+    from fanfold.statemachine import Limits
+
     try:
         import mcp  # noqa: F401
     except ImportError:
@@ -141,7 +141,15 @@ async def _serve(
     servers: tuple[Any, ...] = (),
     python_tools: Sequence[Any] = (),
 ) -> None:
+    import trio
+
+    from fanfold.cli.mcp_tools import refreshing, scoped_mcp_tools
+    from fanfold.cli.output import hint
+    from fanfold.cli.signals import stop_signal_receiver
+    from fanfold.loopback import new_token
     from fanfold.mcp.server import DelegationLedger, DelegationService, mcp_server
+    from fanfold.runtime import Runtime
+    from fanfold.runtime.presence import DatabaseInUse
 
     try:
         with stop_signal_receiver(stop) as signals:

@@ -7,15 +7,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from fanfold.cli.display import printable
 from fanfold.cli.errors import CliError
-from fanfold.cli.models import recorded_config
-from fanfold.cli.output import hint
-from fanfold.db import Store
-from fanfold.db.provenance import UserKey, refusal
-from fanfold.providers.description import SCRIPT, DescriptionError, ProviderDescription
 
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
 if TYPE_CHECKING:
+    from fanfold.db import Store
     from fanfold.otel import ServedBy
 
 DEFAULT_ENDPOINT = "http://localhost:4318"
@@ -47,6 +45,9 @@ def export_otlp(
     store: Store, conversation_id: str, endpoint: str | None, capture_content: bool
 ) -> None:
     """Send the tree's spans; one-line errors for a missing extra or a failed send."""
+    from fanfold.cli.display import printable
+    from fanfold.cli.output import hint
+
     try:
         from fanfold.otel import ExportFailed, send_otlp, shown_url, traces_url, tree_spans
     except ImportError:
@@ -79,7 +80,10 @@ def recorded_served_by(store: Store, conversation_id: str) -> ServedBy | None:
     ``show`` prices them). Only for the user's own trees (the provenance mark verifies
     with the user's key): a log from elsewhere names files of its choosing, which are
     never read. None (spans name no provider) when unknown."""
+    from fanfold.cli.models import recorded_config
+    from fanfold.db.provenance import UserKey, refusal
     from fanfold.otel import config_served_by
+    from fanfold.providers.description import SCRIPT, DescriptionError, ProviderDescription
 
     row = store.conversation(conversation_id)
     if row is None:

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
-from rich.highlighter import JSONHighlighter
-from rich.text import Text
 
-from fanfold import replay
 from fanfold.cli.database import (
     Target,
     db_option,
@@ -30,29 +26,19 @@ from fanfold.cli.database import (
     refuse_writing_over_the_log,
     write_output,
 )
-from fanfold.cli.display import SHOWN_CHARS, clip, json_printable, printable, write_text
 from fanfold.cli.errors import CliError, sqlite_message, user_errors
-from fanfold.cli.models import model_options
+from fanfold.cli.options import model_options
 from fanfold.cli.otel_export import content_option, endpoint_option, export_otlp, format_option
-from fanfold.cli.output import console, err_console, hint
 from fanfold.cli.python_tools import load_tools, tools_option
-from fanfold.db import DatabaseError, Store
-from fanfold.db.provenance import UserKey, refusal
-from fanfold.regular_files import open_regular_bytes
-from fanfold.replay import render
-from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
-from fanfold.statemachine import (
-    Edit,
-    Limits,
-    LimitsEdit,
-    ModelReply,
-    ReplyEdit,
-    SystemPromptEdit,
-    TaskEdit,
-    ToolCall,
-    ToolResult,
-    ToolResultEdit,
-)
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from fanfold import replay
+    from fanfold.db import Store
+    from fanfold.replay.report import Divergence, ReplayStep, VerifyReport
+    from fanfold.statemachine import Edit, Limits, ModelReply
 
 # CliError prints one plain line at any width; the name stays for this module's use.
 OneLineError = CliError
@@ -62,6 +48,11 @@ OneLineError = CliError
 def _errors(db: Target | None = None) -> Iterator[None]:
     """Turn every failure into a one-line error (exit code 2). ``db``: the log read,
     named in SQLite's errors (and read again to tell a failed read from damage)."""
+    import sqlite3
+
+    from fanfold import replay
+    from fanfold.db import DatabaseError
+
     try:
         yield
     except OneLineError:
@@ -105,6 +96,11 @@ def _one_line(text: str, limit: int | None = None) -> str:
 
 def _line(text: str, style: str = "") -> None:
     """Print one line of log-derived text: printable, long ones cut, never markup."""
+    from rich.text import Text
+
+    from fanfold.cli.display import clip
+    from fanfold.cli.output import console
+
     shown = clip(text, hint="`fanfold export` writes all of it")
     console.print(Text(shown, style=style), soft_wrap=True, highlight=False)
 
@@ -170,6 +166,7 @@ def replay_command(
     transition: event, phase before -> after, effects and state. --agent picks a
     conversation of CONVERSATION_ID's tree by its place (as transcript and fork do).
     """
+    from fanfold import replay
     from fanfold.replay.transcript import agent_id
 
     if check and walk:
@@ -195,6 +192,11 @@ def replay_command(
 
 
 def _show_report(report: VerifyReport, elapsed: float) -> int:
+    from rich.text import Text
+
+    from fanfold.cli.display import clip
+    from fanfold.cli.output import console, err_console
+
     rate = report.events / elapsed if elapsed > 0 else float("inf")
     timing = f"in {elapsed:.3f}s ({rate:,.0f} events/s)"
     if report.ok:
@@ -228,6 +230,15 @@ def _show_steps(
     tree: bool,
     full: bool = False,
 ) -> None:
+    from rich.highlighter import JSONHighlighter
+    from rich.text import Text
+
+    from fanfold import replay
+    from fanfold.cli.display import SHOWN_CHARS, json_printable, printable, write_text
+    from fanfold.cli.output import console
+    from fanfold.replay import render
+    from fanfold.replay.report import Divergence
+
     first_at = store.conversation(conversation_id).created_at
     diverged = False
     shown: ReplayStep | None = None
@@ -388,7 +399,12 @@ def fork_command(
     --system-file, --limit/--limits) changes the picked conversation as it goes on.
     Prints the new root's id. The source is untouched.
     """
+    from fanfold import replay
+    from fanfold.cli.display import printable
+    from fanfold.cli.output import hint
+    from fanfold.db.provenance import UserKey, refusal
     from fanfold.replay.transcript import agent_id
+    from fanfold.statemachine import LimitsEdit
 
     settings = _limit_settings(limit_texts, limits_file)
     edit = _edit(reply_file, tool_result, task, system_file, limits=settings is not None)
@@ -472,6 +488,7 @@ def _limit_settings(texts: tuple[str, ...], file: Path | None) -> dict[str, Any]
     given), each value checked now (a bad one is one line before anything is read)."""
     from fanfold.providers.config import ConfigError
     from fanfold.providers.limits_config import limit_setting, read_limits_file
+    from fanfold.statemachine import Limits
 
     if not texts and file is None:
         return None
@@ -505,6 +522,14 @@ def _edit(
     """The one edit the options ask for (files read now: a bad one is a one-line error
     before anything is written), or None. ``limits``: a limits edit is asked for too
     (made once the conversation's limits at that step are read)."""
+    from fanfold.statemachine import (
+        ReplyEdit,
+        SystemPromptEdit,
+        TaskEdit,
+        ToolResult,
+        ToolResultEdit,
+    )
+
     given = [x for x in (reply_file, tool_result, task, system_file) if x is not None]
     if len(given) + limits > 1:
         raise OneLineError(
@@ -530,6 +555,8 @@ def _edit(
 def _reply(file: Path) -> ModelReply:
     """A reply from a file: its text, or for a ``.json`` file an object with ``text``
     and ``tool_calls`` (each a ``name`` and ``arguments``; ``id`` optional)."""
+    from fanfold.statemachine import ModelReply, ToolCall
+
     text = file.read_text(encoding="utf-8")
     if file.suffix.lower() != ".json":
         return ModelReply(text=text)
@@ -596,6 +623,9 @@ def export_command(
 ) -> None:
     """Write the log of CONVERSATION_ID's whole tree as JSON Lines (a portable bug report),
     or with --format otlp send its OpenTelemetry spans to an OTLP/HTTP endpoint."""
+    from fanfold import replay
+    from fanfold.cli.output import hint
+
     if export_format == "otlp":
         if output is not None:
             raise CliError("--format otlp sends to --endpoint; it writes no file (-o)")
@@ -624,6 +654,8 @@ def export_command(
 def _export_to_file(store: Store, conversation_id: str, output: Path) -> replay.ExportSummary:
     """Write the export through ``write_output`` (atomic for a regular file; a FIFO
     only with a reader, a device as it is)."""
+    from fanfold import replay
+
     return write_output(output, lambda out: replay.export_jsonl(store, conversation_id, out))
 
 
@@ -633,6 +665,8 @@ def _lines(file: Path) -> Iterator[BinaryIO]:
 
     Binary: the import decodes each line itself (a line that is not UTF-8 is refused
     with its line number) and records the sha256 of the bytes, the file's own."""
+    from fanfold.regular_files import open_regular_bytes
+
     if str(file) == "-":
         yield sys.stdin.buffer
         return
@@ -649,6 +683,10 @@ def _lines(file: Path) -> Iterator[BinaryIO]:
 @db_option
 def import_command(file: Path, db: Target | None) -> None:
     """Load an exported log (FILE, or - for stdin) into the database; prints the root id."""
+    from fanfold import replay
+    from fanfold.cli.display import printable
+    from fanfold.cli.output import hint
+
     with _errors(), _lines(file) as lines, open_store(db, must_exist=False) as store:
         source = "stdin" if str(file) == "-" else str(file.resolve())
         root = replay.import_jsonl(store, lines, source=source)

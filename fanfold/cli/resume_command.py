@@ -4,40 +4,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import attrs
 import click
-import trio
-from rich.text import Text
 
 from fanfold.cli.database import Target, db_option, db_path
-from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import recorded_declarations, recorded_mcp_tools, recorded_specs
-from fanfold.cli.models import (
-    ModelChoice,
-    ProviderPerTree,
-    choose_model,
-    model_options,
-    rebuilt_choice,
-)
-from fanfold.cli.output import console, err_console, hint, quietly, say
+from fanfold.cli.options import model_options
 from fanfold.cli.python_tools import load_tools, missing_message, tools_option
-from fanfold.cli.signals import Interruption, run_trio, stop_signal_receiver
-from fanfold.cli.turns import print_outcome
-from fanfold.db import Store, open_store
-from fanfold.db.provenance import UserKey
-from fanfold.mcp.config import secret_variables
-from fanfold.providers.config import ConfigError
-from fanfold.providers.description import DescriptionError, ProviderDescription
-from fanfold.providers.scripted import ScriptError
-from fanfold.runtime import Runtime, SkippedTree, resume_plan
-from fanfold.statemachine import Conversation, Error
-from fanfold.statemachine.permissions import mcp_server_of
-from fanfold.tools.registry import ToolSet, unsupplied
-from fanfold.tools.secrets import EnvPolicy
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from fanfold.cli.models import ModelChoice
+    from fanfold.cli.signals import Interruption
+    from fanfold.db import Store
+    from fanfold.runtime import SkippedTree
+    from fanfold.statemachine import Conversation
 
 
 @click.command(
@@ -75,6 +60,9 @@ def resume(
     SIGTERM or SIGHUP, which stop the process cleanly (nothing left running) and
     leave the trees resumable.
     """
+    from fanfold.cli.models import choose_model
+    from fanfold.cli.signals import run_trio
+
     path = db_path(db)
     open_logs(path, None)
     with user_errors(path):
@@ -89,6 +77,11 @@ def resume(
 
 def _provider_refusal(root_id: str, recorded: str | None) -> tuple[ModelChoice | None, str]:
     """The rebuilt provider of tree ``root_id``, or why it cannot be rebuilt."""
+    from fanfold.cli.models import rebuilt_choice
+    from fanfold.providers.config import ConfigError
+    from fanfold.providers.description import DescriptionError, ProviderDescription
+    from fanfold.providers.scripted import ScriptError
+
     advice = "resume it with --script PATH or --config PATH to choose one explicitly"
     if recorded is None:
         return None, (
@@ -103,6 +96,11 @@ def _provider_refusal(root_id: str, recorded: str | None) -> tuple[ModelChoice |
 
 
 def _say_skipped(skipped: SkippedTree) -> None:
+    from rich.text import Text
+
+    from fanfold.cli.display import printable
+    from fanfold.cli.output import err_console, quietly
+
     quietly(
         lambda: err_console.print(
             Text.assemble(
@@ -119,6 +117,8 @@ def _say_skipped(skipped: SkippedTree) -> None:
 def _recorded_tools(store: Store, root_id: str) -> tuple[str, tuple[Any, ...]]:
     """The root's folder and its recorded tool specs (none if its log cannot be read:
     the resume itself reports that tree)."""
+    from fanfold.cli.mcp_tools import recorded_specs
+
     try:
         state = store.load_state(root_id)
     except Exception:  # a damaged tree: Runtime.resume names it
@@ -138,6 +138,8 @@ def _declarations(
     recorded for it (a ``run --script ... --config F`` tree's F, as ``run`` read its
     servers), or of the usual lookup when none is recorded. A name is the first
     tree's."""
+    from fanfold.cli.mcp_tools import recorded_declarations
+
     if config_path is not None or not choices_of:
         return recorded_declarations(recorded_tools, config_path)
     groups: dict[Path | None, list[tuple[str, tuple[Any, ...]]]] = {}
@@ -160,6 +162,10 @@ def _say_undeclared(
 ) -> None:
     """One yellow line per resumed tree whose recorded MCP tools name a server that is
     not declared now: each of their calls will be an error result naming it."""
+    from fanfold.cli.display import printable
+    from fanfold.cli.output import hint
+    from fanfold.statemachine.permissions import mcp_server_of
+
     declared = {d.name for d in servers}
     for root_id, (_, specs) in zip(roots, recorded_tools, strict=True):
         names = {mcp_server_of(s.name) for s in specs} - {None} - declared
@@ -176,6 +182,12 @@ def _say_undeclared(
 
 def _print_answers(finished: dict[str, Conversation], path: Target) -> None:
     """Each resumed tree's outcome as ``run`` prints it: its answer, or its error."""
+    from rich.text import Text
+
+    from fanfold.cli.display import printable
+    from fanfold.cli.output import console, hint, quietly
+    from fanfold.cli.turns import print_outcome
+    from fanfold.statemachine import Error
 
     def show() -> None:
         for root, state in finished.items():
@@ -205,6 +217,21 @@ async def _resume_main(
     ``run``, whose turn the user started here and now, what is resumed is earlier work
     that a signal aimed at this process should not throw away.
     """
+    import attrs
+    import trio
+
+    from fanfold.cli.display import TreeView
+    from fanfold.cli.mcp_tools import recorded_mcp_tools
+    from fanfold.cli.models import ProviderPerTree
+    from fanfold.cli.output import console, hint, quietly, say
+    from fanfold.cli.signals import Interruption, stop_signal_receiver
+    from fanfold.db import open_store
+    from fanfold.db.provenance import UserKey
+    from fanfold.mcp.config import secret_variables
+    from fanfold.runtime import Runtime, SkippedTree, resume_plan
+    from fanfold.tools.registry import ToolSet, unsupplied
+    from fanfold.tools.secrets import EnvPolicy
+
     view = TreeView()
     stopped: Interruption | None = None
     per_tree = ProviderPerTree()

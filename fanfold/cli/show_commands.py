@@ -117,13 +117,18 @@ def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
     (False: its process died, ``fanfold resume`` goes on with it; None: not known)."""
     from fanfold.db import DatabaseError, Status
     from fanfold.db.provenance import Origin
-    from fanfold.replay.lineage import fork_origin, lineage
 
     record = store.tree_record(row.id)
     imported = record is not None and record.origin == Origin.IMPORTED
-    source = lineage(store, row)
+    source = made = None
+    if row.forked_from is not None or row.forked_at_seq is not None:
+        # Only a fork's row names a source (lineage): a tree started here needs no
+        # fanfold.replay, whose package imports every replay module (0.19 G, issue 36).
+        from fanfold.replay.lineage import fork_origin, lineage
+
+        source = lineage(store, row)
+        made = fork_origin(store, row.id) if source is not None else None
     origin = "imported" if imported else "fork" if source is not None else "run"
-    made = fork_origin(store, row.id) if source is not None else None
     turn = None
     if row.status in (Status.IDLE, Status.ERROR):
         # A damaged log: ``verify`` names it; the list still shows the tree.

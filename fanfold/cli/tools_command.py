@@ -5,24 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Column, Table
-from rich.text import Text
 
-from fanfold.agents import load_agents
-from fanfold.cli.display import json_printable, printable, short
 from fanfold.cli.errors import CliError, user_errors
-from fanfold.cli.output import console, hint
 from fanfold.cli.python_tools import load_tools, tools_option
-from fanfold.providers.config import Config, load_config
-from fanfold.statemachine.agent_defs import with_own_tools
-from fanfold.statemachine.permissions import Permissions, allows_tool, reading_tools
-from fanfold.tools.registry import ToolSet
-from fanfold.tools.secrets import EnvPolicy
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from fanfold.providers.config import Config
 
 
 @click.command(
@@ -53,6 +47,15 @@ def tools_command(
     """List the tools `fanfold run` offers: each with where it comes from, whether it
     only reads, and which agents' permission rules allow it (the root has no rules:
     it may call every tool)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    from fanfold.cli.display import json_printable, printable, short
+    from fanfold.cli.output import console, hint
+    from fanfold.providers.config import load_config
+
     if not cwd.is_dir():
         raise CliError(f"--cwd {cwd} is not a directory")
     with user_errors():
@@ -114,6 +117,11 @@ def tools_command(
 def _listing(
     config: Config, cwd: Path, python_tools: list[Any], tool_refs: tuple[str, ...]
 ) -> dict[str, Any]:
+    from fanfold.agents import load_agents
+    from fanfold.statemachine.permissions import Permissions, allows_tool, reading_tools
+    from fanfold.tools.registry import ToolSet
+    from fanfold.tools.secrets import EnvPolicy
+
     env_policy = EnvPolicy(frozenset(config.key_variables()), frozenset(config.pass_env))
     builtin = ToolSet.default(env_policy=env_policy, web_domains=config.web_domains)
     tools = ToolSet.default(
@@ -160,7 +168,11 @@ def _listing(
 def _add_mcp(listing: dict[str, Any], config: Config, cwd: Path, config_path: Path | None) -> None:
     """Start the folder's MCP servers that may start, list their tools into
     ``listing["tools"]`` and each server's state into ``listing["mcp_servers"]``."""
+    from fanfold.agents import load_agents
     from fanfold.cli.mcp_tools import declarations_for
+    from fanfold.statemachine.agent_defs import with_own_tools
+    from fanfold.statemachine.permissions import Permissions, allows_tool, reading_tools
+    from fanfold.tools.secrets import EnvPolicy
 
     listing["mcp_servers"] = []
     declarations = declarations_for(cwd, config_path)

@@ -14,15 +14,17 @@ from fanfold.cli.database import (
     refuse_writing_over_the_log,
     write_output,
 )
-from fanfold.cli.display import printable
 from fanfold.cli.errors import user_errors
-from fanfold.cli.output import console
-from fanfold.trace import build_trace, render_html
-from fanfold.trace.html import file_name
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
 
 
 def default_output(conversation_id: str) -> Path:
     """``trace-<id>.html`` in the current directory (``fanfold.trace.html.file_name``)."""
+    from fanfold.trace.html import file_name
+
     return Path(file_name(conversation_id))
 
 
@@ -63,6 +65,10 @@ def trace_command(
     links its original and shows the two side by side. Open it in any browser; it
     loads nothing from anywhere.
     """
+    from fanfold.cli.display import printable
+    from fanfold.cli.output import console
+    from fanfold.trace import build_trace, render_html
+
     if output is not None and str(output) != "-":
         refuse_writing_over_the_log(output, db)
     with user_errors(db):
@@ -96,6 +102,8 @@ def trace_command(
 
 def _beside(compared: dict[str, Any] | None) -> str:
     """What the page says of the tree beside this one, in a few words (ids escaped)."""
+    from fanfold.cli.display import printable
+
     if compared is None:
         return ""
     other = printable(compared["a"] if compared["this"] == "b" else compared["b"])

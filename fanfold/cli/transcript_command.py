@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING
 
 import click
-from rich.text import Text
 
 from fanfold.cli.database import Target, db_option, open_store
-from fanfold.cli.display import clip, printable
 from fanfold.cli.errors import CliError
-from fanfold.cli.output import console
-from fanfold.cli.replay_commands import _errors
-from fanfold.replay.transcript import Entry, Transcript, agent_id, transcript
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from fanfold.replay.transcript import Entry, Transcript
 
 # How each kind of entry is headed, and its style on a terminal.
 _HEADINGS = {
@@ -75,6 +77,9 @@ def transcript_command(
     Read from the log (replayed, never re-run): works on any tree in the database,
     imported ones too.
     """
+    from fanfold.cli.replay_commands import _errors
+    from fanfold.replay.transcript import agent_id, transcript
+
     if markdown and as_json:
         raise CliError("give one of --markdown and --json")
     with _errors(), open_store(db, read_only=True) as store:
@@ -89,6 +94,8 @@ def transcript_command(
 
 
 def _heading(entry: Entry) -> str:
+    from fanfold.cli.display import printable
+
     what = _HEADINGS.get(entry.kind, (entry.kind, ""))[0]
     where = "now" if entry.seq < 0 else f"seq {entry.seq}"
     label = f": {entry.label}" if entry.label else ""
@@ -107,6 +114,8 @@ def _body(entry: Entry) -> str:
 
 
 def _header_lines(read: Transcript) -> list[str]:
+    from fanfold.cli.display import printable
+
     who = f"{read.conversation_id} ({read.path}"
     who += f", sub-agent of {read.parent_id})" if read.parent_id else ")"
     lines = [f"transcript of {who}"]
@@ -132,6 +141,11 @@ def _header_lines(read: Transcript) -> list[str]:
 
 
 def _show(read: Transcript, *, full: bool) -> None:
+    from rich.text import Text
+
+    from fanfold.cli.display import clip
+    from fanfold.cli.output import console
+
     for line in _header_lines(read):
         console.print(Text(line, style="bold"), soft_wrap=True, highlight=False)
     for entry in read.entries:
@@ -151,6 +165,8 @@ def to_markdown(read: Transcript, *, full: bool = False) -> str:
     """The transcript as Markdown: a heading per entry, every text in a code fence
     (longer than any run of backticks in it, so no text can close it or become
     markup), escaped like the terminal view."""
+    from fanfold.cli.display import clip
+
     header = _header_lines(read)
     out = [f"# {_inline(header[0])}", ""]
     out += [f"- {_inline(line)}" for line in header[1:]]

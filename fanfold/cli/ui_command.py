@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import trio
 
 from fanfold.cli.database import Target, db_option, db_path
 from fanfold.cli.errors import CliError, user_errors
-from fanfold.cli.output import console
 from fanfold.cli.seconds import FiniteFloatRange
-from fanfold.cli.show_commands import _show_node, _trusted_config
-from fanfold.db import DatabaseError, Store, open_store
-from fanfold.loopback import new_token
-from fanfold.trace.server import (
-    BadToken,
-    TraceServer,
-    check_token,
-    default_summaries,
-    finite,
-)
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    import trio
+
+    from fanfold.db import Store
 
 # Addresses that listen on every interface: the machine's other addresses and names
 # reach the server too (the Host check accepts the address a connection arrived at).
@@ -31,6 +27,10 @@ _WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 def tree_summaries(store: Store) -> list[dict[str, Any]]:
     """The list page's rows, with each tree's tokens and cost as `fanfold show` has
     them (cost only for the user's own trees whose recorded profiles have prices)."""
+    from fanfold.cli.show_commands import _show_node, _trusted_config
+    from fanfold.db import DatabaseError
+    from fanfold.trace.server import default_summaries, finite
+
     rows = default_summaries(store)
     for row in rows:
         try:
@@ -46,6 +46,8 @@ def tree_summaries(store: Store) -> list[dict[str, Any]]:
 
 async def _stop_on_signal(scope: trio.CancelScope) -> None:
     """Ctrl-C, SIGTERM or SIGHUP stops the server (nothing to clean up: it only reads)."""
+    import trio
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for _ in signals:
             scope.cancel()
@@ -95,6 +97,13 @@ def ui_command(host: str, port: int, poll: float, token: str | None, db: Target 
     a cookie); requests naming another host or coming from another site are refused
     too. Needs the `ui` extra (`pip install 'fanfold[ui]'`).
     """
+    import trio
+
+    from fanfold.cli.output import console
+    from fanfold.db import open_store
+    from fanfold.loopback import new_token
+    from fanfold.trace.server import BadToken, TraceServer, check_token
+
     try:
         import hypercorn  # noqa: F401
     except ImportError:

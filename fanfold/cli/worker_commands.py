@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import click
@@ -21,15 +21,17 @@ import click
 from fanfold.cli.database import Target, db_option, default_db
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.models import model_options
 from fanfold.cli.options import dbos_db_option as dbos_db_option
-from fanfold.cli.output import hint
+from fanfold.cli.options import model_options
 from fanfold.cli.python_tools import load_tools, tools_option
 from fanfold.cli.seconds import FiniteFloatRange
-from fanfold.cli.turns import print_result
-from fanfold.db import DatabaseUrl, EmptyLog, Store, UnknownConversation, open_store
-from fanfold.db.targets import without_password
-from fanfold.statemachine import Conversation
+
+# What a command runs with (rich, the log, the reducer, the runtime, the providers) is
+# imported in the functions that use it: `--help` imports none of it (issue 36,
+# tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from fanfold.db import Store
+    from fanfold.statemachine import Conversation
 
 EXIT_TIMEOUT = 124
 """``fanfold wait --timeout``: the tree was not at rest in time (``timeout(1)``'s code)."""
@@ -45,6 +47,8 @@ def system_url(dbos_db: str | None, log: Target | None = None) -> str:
     """The DBOS system database's URL: ``--dbos-db``, else the log's own database when
     the log is in PostgreSQL (DBOS's tables in its ``dbos`` schema beside fanfold's),
     else a one-line error saying how to give it."""
+    from fanfold.db import DatabaseUrl
+
     if not dbos_db:
         if isinstance(log, DatabaseUrl):
             return log.secret
@@ -59,6 +63,8 @@ def system_url(dbos_db: str | None, log: Target | None = None) -> str:
 
 def scrubbed(text: str, url: str) -> str:
     """``text`` without the URL's password (an error from a driver may quote it)."""
+    from fanfold.db.targets import without_password
+
     return without_password(text, url)
 
 
@@ -223,6 +229,7 @@ def _serve(
         worker_tools,
     )
     from fanfold.cli.models import choose_model
+    from fanfold.cli.output import hint
     from fanfold.cli.signals import run_trio
     from fanfold.runtime import Runtime
 
@@ -322,6 +329,10 @@ def wait(tree_id: str, timeout: float | None, dbos_db: str | None, db: Target | 
     error). A tree not in the log yet is waited for if it is on the workers' queue
     (the log's own database, or --dbos-db beside a log file); an id in neither is an
     error (exit 2)."""
+    from fanfold.cli.output import hint
+    from fanfold.cli.turns import print_result
+    from fanfold.db import DatabaseUrl
+
     if not tree_id.strip():
         raise click.UsageError("TREE_ID is empty: give the id `fanfold run --detach` printed")
     path = db or default_db()
@@ -385,6 +396,8 @@ def wait_at_rest(
 ) -> Conversation:
     """Read the log every ``WAIT_POLL`` seconds until the root ``tree_id`` is at rest;
     its state then. ``absent`` is called once if the tree is not in the log yet."""
+    from fanfold.db import DatabaseUrl, EmptyLog, UnknownConversation, open_store
+
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
     store: Store | None = None
@@ -416,5 +429,7 @@ def wait_at_rest(
 
 
 def _timed_out(tree_id: str, timeout: float | None) -> int:
+    from fanfold.cli.output import hint
+
     hint(f"error: {tree_id} was not at rest after {timeout:g} s", style="red")
     return EXIT_TIMEOUT

@@ -26,12 +26,19 @@ import secrets
 import sqlite3
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
-from sqlite_utils import Database
 
 from fanfold.db.codec import SCHEMA_VERSION
 from fanfold.db.errors import SchemaError
+
+# sqlite_utils (0.43 G instructions to import) creates the tables: it is imported when a
+# migration is applied, not by every open that finds the schema current (issue 36).
+if TYPE_CHECKING:
+    from sqlite_utils import Database
+
+    from fanfold.db.rows import Rows
 
 
 @attrs.frozen
@@ -185,20 +192,20 @@ the blobs table was written before any document named a blob; a log without the
 events-only format holds effects for every step)."""
 
 
-def _applied_versions(db: Database) -> set[int]:
+def _applied_versions(db: Rows | Database) -> set[int]:
     if not db.table("migrations").exists():
         return set()
     return {row["version"] for row in db.query("SELECT version FROM migrations")}
 
 
-def _event_schema_version(db: Database) -> int | None:
+def _event_schema_version(db: Rows | Database) -> int | None:
     if not db.table("meta").exists():
         return None
     rows = list(db.query("SELECT value FROM meta WHERE key = 'event_schema_version'"))
     return int(rows[0]["value"]) if rows else None
 
 
-def _up_to_date(db: Database) -> bool:
+def _up_to_date(db: Rows | Database) -> bool:
     applied = _applied_versions(db)
     newest = max(applied, default=0)
     if newest > LATEST_VERSION:
@@ -215,7 +222,7 @@ def _up_to_date(db: Database) -> bool:
     return applied == {m.version for m in MIGRATIONS} and events == SCHEMA_VERSION
 
 
-def check_current(db: Database) -> None:
+def check_current(db: Rows | Database) -> None:
     """Raise SchemaError unless this fanfold can read the database as it is (for a
     read-only open, which cannot migrate): every migration applied, and no document
     newer than the codec reads (older ones decode as they are)."""
@@ -229,7 +236,7 @@ def check_current(db: Database) -> None:
         )
 
 
-def migrate(db: Database) -> list[int]:
+def migrate(db: Rows | Database) -> list[int]:
     """Apply every pending migration; returns the versions applied (often none).
 
     Safe to call from several processes at once: the work happens under
@@ -237,7 +244,10 @@ def migrate(db: Database) -> list[int]:
     """
     if _up_to_date(db):
         return []
+    from sqlite_utils import Database
+
     conn: sqlite3.Connection = db.conn
+    db = Database(conn)
     conn.execute("BEGIN IMMEDIATE")
     try:
         _up_to_date(db)  # re-check under the write lock: raises if the file got newer

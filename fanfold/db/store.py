@@ -38,7 +38,6 @@ from types import TracebackType
 from typing import Any
 
 import attrs
-from sqlite_utils import Database
 
 from fanfold.db import highwater
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
@@ -81,6 +80,7 @@ from fanfold.db.records import (
     StoredEvent,
     status_of,
 )
+from fanfold.db.rows import Rows
 from fanfold.db.schema import check_current, migrate
 from fanfold.regular_files import kind as file_kind
 from fanfold.statemachine import (
@@ -362,7 +362,8 @@ class Store:
     ) -> None:
         """Wrap an open connection. Use ``open`` or ``memory`` instead."""
         self._conn: sqlite3.Connection | None = conn
-        self._db = Database(conn)
+        # sqlite_utils is imported only to migrate (fanfold.db.rows).
+        self._db = Rows(conn)
         self._lock = threading.Lock()
         self._checkpointer: _Checkpointer | None = None
         self.path = path
