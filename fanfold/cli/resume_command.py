@@ -15,7 +15,12 @@ from fanfold.cli.database import Target, db_option, db_path
 from fanfold.cli.display import TreeView, printable
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
-from fanfold.cli.mcp_tools import recorded_declarations, recorded_mcp_tools, recorded_specs
+from fanfold.cli.mcp_tools import (
+    recorded_declarations,
+    recorded_mcp_tools,
+    recorded_specs,
+    refreshing,
+)
 from fanfold.cli.models import (
     ModelChoice,
     ProviderPerTree,
@@ -279,10 +284,14 @@ async def _resume_main(
                 Runtime.open(
                     path,
                     override.provider if override is not None else per_tree,
-                    ToolSet.default(
-                        env_policy=policy,
-                        web_domains=web_domains,
-                        extra=[*python_tools, *extra],
+                    # A server's tools/list_changed is taken between rounds, as in `run`.
+                    refreshing(
+                        ToolSet.default(
+                            env_policy=policy,
+                            web_domains=web_domains,
+                            extra=[*python_tools, *extra],
+                        ),
+                        extra,
                     ),
                     redact=policy.redactor(os.environ),
                     observer=view.observe,
