@@ -50,6 +50,7 @@ from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter, TreeDropped
 from fanfold.statemachine import (
     SUB_AGENT_PROMPT,
+    WORDING,
     CancelReason,
     CancelRequested,
     Conversation,
@@ -732,6 +733,9 @@ class Runtime:
             agent=agent.name if agent is not None else None,
             permissions=permissions,
             timeout=timeout,
+            # Today's wording of the reducer's texts (refusals), recorded: the tree
+            # replays with it whatever a later fanfold words them.
+            wording=WORDING,
         )
         tree = TreeRecord(
             conversation_id,
