@@ -84,12 +84,12 @@ async def test_progress_rows_follow_the_board_bounded_rate_limited_and_owned() -
     """``ProgressRows`` over a real store: the latest report of each owned call, at most
     one write per interval however many reports, at most the board's limit of rows
     (a call the board dropped is deleted), another runtime's calls never, a call that
-    ended deleted, everything deleted at close; a store that fails stops it, logged."""
+    ended deleted, everything deleted at close; its writing task ends when nothing is
+    left to write; a store that fails stops it, logged."""
     store = Store.memory()
     board = ProgressBoard(limit=3)
     lines = _Lines()
     owned = {"a", "b", "c", "d", "e"}
-    rows = ProgressRows(store, owned.__contains__, lines, time.time, board=board, interval=0.1)
     writes: list[float] = []
     write = store.write_progress
 
@@ -103,8 +103,16 @@ async def test_progress_rows_follow_the_board_bounded_rate_limited_and_owned() -
         await trio.sleep(0.35)  # past the interval: what is dirty is written
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(rows.run)
-        await trio.sleep(0)
+        rows = ProgressRows(
+            store,
+            owned.__contains__,
+            lines,
+            time.time,
+            nursery.start_soon,
+            board=board,
+            interval=0.1,
+        )
+        assert not nursery.child_tasks  # no task until a report comes
         started = time.monotonic()
         for i in range(500):
             board.report(("a", 1), i + 1, 500, f"step {i + 1}")
@@ -124,15 +132,22 @@ async def test_progress_rows_follow_the_board_bounded_rate_limited_and_owned() -
         board.done(("e", 2))
         await settle()
         assert sorted(store.progress_of(list(owned))) == [("c", 2), ("d", 2)]
+        assert not nursery.child_tasks  # all written: its task ended
         rows.close()
         assert store.progress_of(list(owned)) == {}
         nursery.cancel_scope.cancel()
     # A store that fails: one warning, no exception, nothing more tried.
     store.close()
-    failing = ProgressRows(store, owned.__contains__, lines, time.time, board=board, interval=0.01)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(failing.run)
-        await trio.sleep(0)
+        ProgressRows(
+            store,
+            owned.__contains__,
+            lines,
+            time.time,
+            nursery.start_soon,
+            board=board,
+            interval=0.01,
+        )
         board.report(("a", 3), 1, None, None)
         await trio.sleep(0.1)
         board.report(("a", 3), 2, None, None)

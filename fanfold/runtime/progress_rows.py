@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -48,8 +48,10 @@ transaction)."""
 
 class ProgressRows:
     """Copies ``board``'s reports of the calls ``owns`` accepts into ``store``'s
-    ``tool_progress`` table; run ``run()`` in the runtime's nursery, ``close()`` before
-    the store closes."""
+    ``tool_progress`` table. Made in the runtime's Trio run, it watches the board at
+    once; its writing task is started with ``start_soon`` when a report comes and ends
+    when nothing is left to write (a runtime whose tools report nothing holds no task
+    for it). ``close()`` before the store closes."""
 
     def __init__(
         self,
@@ -57,10 +59,12 @@ class ProgressRows:
         owns: Callable[[str], bool],
         logger: Any,
         clock: Callable[[], float],
+        start_soon: Callable[[Callable[[], Awaitable[None]]], None],
         *,
         board: ProgressBoard = BOARD,
         interval: float = WRITE_INTERVAL,
     ) -> None:
+        self._start_soon = start_soon
         self._store = store
         self._owns = owns
         self._logger = logger
@@ -69,11 +73,12 @@ class ProgressRows:
         self._interval = interval
         self._dirty: set[tuple[str, int]] = set()  # changed since the last write
         self._written: set[tuple[str, int]] = set()  # rows in the table now
-        self._wake = trio.Event()
-        self._token: trio.lowlevel.TrioToken | None = None  # the runtime's Trio run
+        self._token = trio.lowlevel.current_trio_token()  # the runtime's Trio run
+        self._writing = False  # the writing task runs
         self._stopped = False
         self.writes = 0
         """Transactions written so far."""
+        board.watch(self.changed)
 
     def changed(self, key: tuple[str, int]) -> None:
         """The board's watcher: ``key``'s latest report changed or went. Called by
@@ -88,27 +93,27 @@ class ProgressRows:
             here = False
         if here:
             self._mark(key)
-        elif self._token is not None:
+        else:
             with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._mark, key)
 
     def _mark(self, key: tuple[str, int]) -> None:
+        if self._stopped:
+            return
         self._dirty.add(key)
-        self._wake.set()
+        if not self._writing:
+            self._writing = True
+            self._start_soon(self._run)
 
-    async def run(self) -> None:
-        """Write what changed, at most once per ``interval``, until cancelled."""
-        self._token = trio.lowlevel.current_trio_token()
-        self._board.watch(self.changed)
+    async def _run(self) -> None:
+        """Write what changed, then wait ``interval`` (reports coming meanwhile wait
+        in ``_dirty``: the rate limit), until nothing is left to write."""
         try:
-            while not self._stopped:
-                await self._wake.wait()
-                self._wake = trio.Event()
+            while self._dirty and not self._stopped:
                 await self._write()
-                # Reports coming meanwhile wait in ``_dirty``: the rate limit.
                 await trio.sleep(self._interval)
         finally:
-            self._board.unwatch(self.changed)
+            self._writing = False
 
     async def _write(self) -> None:
         dirty, self._dirty = self._dirty, set()

@@ -429,7 +429,9 @@ class Runtime:
         self.resume_damaged: tuple[SkippedTree, ...] = ()
         """The trees the last ``resume()`` skipped because their log cannot be rebuilt
         (each with the reason); they stay unfinished in the log, untouched."""
-        self.progress_rows = ProgressRows(store, self._actors.__contains__, logger, clock)
+        self.progress_rows = ProgressRows(
+            store, self._actors.__contains__, logger, clock, nursery.start_soon
+        )
         """Copies the latest progress of this runtime's tool calls into the log's side
         table for the trace page (``progress_rows.py``)."""
 
@@ -610,7 +612,6 @@ class Runtime:
                 runtime._gc_tuned = tuned
                 nursery.start_soon(runtime.engine.run)
                 nursery.start_soon(runtime.timers.run)
-                nursery.start_soon(runtime.progress_rows.run)
                 try:
                     yield runtime
                 finally:
