@@ -140,7 +140,8 @@ class ProgressRows:
     def _stop(self, exc: BaseException) -> None:
         self._stopped = True
         self._board.unwatch(self.changed)
-        self._logger.warning("tool_progress_not_recorded", error=str(exc).splitlines()[0])
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        self._logger.warning("tool_progress_not_recorded", error=first)
 
     def close(self) -> None:
         """Delete the rows still written (the runtime closes: its calls are
