@@ -2178,6 +2178,7 @@ _CREATED_FROM_SPAWN: dict[str, str | None] = {
     "agent": "agent",
     "permissions": "permissions",
     "context": "context",
+    "wording": "wording",
 }
 
 
@@ -2305,6 +2306,7 @@ def _check_created_as_told(created: ConversationCreated, state: Conversation) ->
         "agent": created.agent,
         "agents": created.agents,
         "permissions": created.permissions,
+        "wording": created.wording,
     }
     for name, value in told.items():
         if getattr(state, name) != value:
@@ -2553,6 +2555,7 @@ def _check_fixed(before: Conversation, after: Conversation) -> None:
         "limits",
         "tools",
         "timeout",
+        "wording",
         *(("deadline_timer",) if before.is_sub_agent else ()),
     ):
         if getattr(before, name) != getattr(after, name):
@@ -3052,6 +3055,8 @@ def _check_within_parent_limits(parent: Limits, spawn: SpawnSubAgent, after: Con
             f"system prompt {spawn.system_prompt!r} / {spawn.sub_agent_prompt!r}, "
             f"expected {told!r} / {after.sub_agent_prompt!r}"
         )
+    if spawn.wording != after.wording:  # the texts it is told are worded as its parent's
+        problems.append(f"wording {spawn.wording}, the parent's is {after.wording}")
     if problems:
         _fail(
             "a child never exceeds its parent's limits",

@@ -22,8 +22,9 @@ READ_ONLY = Permissions((RuleSet(allow=(Rule("read-only"),), source="agent 'look
 
 
 def test_a_read_only_refusal_of_an_mcp_tool_names_the_missing_read_only_hint() -> None:
-    # Offered only what read-only takes; the model calls the others all the same.
-    state = root(tools=(ECHO,), permissions=READ_ONLY)
+    # Offered only what read-only takes; the model calls the others all the same. (A
+    # conversation created with today's wording: the runtime records it.)
+    state = root(tools=(ECHO,), permissions=READ_ONLY, wording=1)
     state, _ = step(state, user("go"))
     calls = (tool("c1", "mcp__ok__add", a=1), tool("c2", "peek", x=1))
     state, _ = step(state, replied(state, *calls))

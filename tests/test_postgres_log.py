@@ -124,9 +124,9 @@ def test_open_store_chooses_the_store_by_target(tmp_path: Path, pg_url: str) -> 
     assert "fanfold" in schemas
     assert tables == {
         *("meta", "migrations", "conversations", "events", "effects", "trees", "blobs"),
-        *("claims", "placements", "cancels"),
+        *("claims", "placements", "cancels", "tool_progress"),
     }
-    assert sorted(versions) == [(1,), (2,), (3,)]
+    assert sorted(versions) == [(1,), (2,), (3,), (4,)]
 
 
 def test_a_read_only_open_of_a_database_without_a_log_writes_nothing(pg_url: str) -> None:
@@ -564,17 +564,18 @@ def test_a_log_from_before_the_claims_is_read_as_it_is_and_migrated_by_a_writer(
     with open_store(pg_url) as store:
         store.append(driver.steps)
     with psycopg.connect(pg_url, autocommit=True) as conn:  # as PG migration 1 left it
-        for table in ("claims", "placements", "cancels"):
+        for table in ("claims", "placements", "cancels", "tool_progress"):
             conn.execute(f"DROP TABLE fanfold.{table}")
         conn.execute("DELETE FROM fanfold.migrations WHERE version >= 2")
     with open_store(pg_url, read_only=True) as reader:  # readers never read claims
         assert reader.load_state("r") == driver.states["r"]
+        assert reader.progress_of(["r"]) == {}  # no progress table: no progress shown
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (1,)
     open_store(pg_url).close()
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (3,)
-        for table in ("claims", "placements", "cancels"):
+        assert conn.execute("SELECT max(version) FROM fanfold.migrations").fetchone() == (4,)
+        for table in ("claims", "placements", "cancels", "tool_progress"):
             assert conn.execute(f"SELECT count(*) FROM fanfold.{table}").fetchone() == (0,)
 
 

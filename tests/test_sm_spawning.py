@@ -306,6 +306,7 @@ def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
         agent="reviewer",
         permissions=READ_ONLY_PERMISSIONS,
         context=(sm.UserMessage("earlier"),),
+        wording=1,
     )
     created = spawn.created_event(workdir)
     expected = {
@@ -326,6 +327,7 @@ def test_a_childs_creation_event_carries_every_field_of_its_spawn() -> None:
         "agent": "reviewer",
         "permissions": READ_ONLY_PERMISSIONS,
         "context": (sm.UserMessage("earlier"),),
+        "wording": 1,
     }
     assert {f.name for f in attrs.fields(sm.ConversationCreated)} == set(expected)
     assert {name: getattr(created, name) for name in expected} == expected

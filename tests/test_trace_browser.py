@@ -510,3 +510,44 @@ def test_ui_links_a_fork_to_its_original(page: Any, tmp_path: Path) -> None:
         assert page.locator("#summary h1").inner_text() == f"fanfold trace {root}"
         assert page.locator("#fork").count() == 0 and page.locator("#open-compare").count() == 0
         page.goto("about:blank")  # close the event stream before the server stops
+
+
+def test_a_running_tool_calls_progress_is_shown_as_text(page: Any, tmp_path: Path) -> None:
+    """Issue 33, item 8: the latest progress of a tool call in flight (the log's
+    ``tool_progress`` side table) is on its mark in the detail's table, the server's
+    markup shown as text and never run."""
+    import trio
+
+    from fanfold.db import ToolProgressRow
+    from fanfold.providers.scripted import ScriptedProvider
+    from fanfold.runtime import Runtime
+    from fanfold.runtime.logging import quiet_logger
+    from fanfold.statemachine import RunTool, ToolExecuting
+    from fanfold.tools.registry import ToolSet
+
+    db = tmp_path / "running.db"
+    call = {"name": "bash", "arguments": {"command": "sleep 30"}}
+    script = {"agents": [{"match": {"path": "root"}, "replies": [{"tool_calls": [call]}]}]}
+
+    async def closed_with_a_call_in_flight() -> str:
+        tools = ToolSet.default()
+        async with Runtime.open(db, ScriptedProvider(script), tools, logger=quiet_logger()) as rt:
+            root = await rt.start("go", cwd=tmp_path)
+            with trio.fail_after(30):
+                while not isinstance(rt.state(root).phase, ToolExecuting):
+                    await trio.sleep(0.02)
+            return root
+
+    root = trio.run(closed_with_a_call_in_flight)
+    hostile = "2/5, <img src=x onerror=window.__pwned=1> half"
+    with Store.open(db) as store:
+        (number,) = [
+            e.call for s in store.events(root) for e in s.effects if isinstance(e, RunTool)
+        ]
+        store.write_progress([ToolProgressRow(root, number, hostile, 2, time.time())])
+    open_trace(page, write_trace(tmp_path, db, root))
+    cell = page.locator("#detail td[data-progress]")
+    assert cell.count() == 1
+    assert cell.text_content() == f"tool bash — progress: {hostile}"
+    assert page.locator("img").count() == 0
+    assert page.evaluate("window.__pwned") is None

@@ -221,7 +221,7 @@ async def _resume_main(
     import trio
 
     from fanfold.cli.display import TreeView
-    from fanfold.cli.mcp_tools import recorded_mcp_tools
+    from fanfold.cli.mcp_tools import recorded_mcp_tools, refreshing
     from fanfold.cli.models import ProviderPerTree
     from fanfold.cli.output import console, hint, quietly, say
     from fanfold.cli.signals import Interruption, stop_signal_receiver
@@ -312,10 +312,14 @@ async def _resume_main(
                 Runtime.open(
                     path,
                     override.provider if override is not None else per_tree,
-                    ToolSet.default(
-                        env_policy=policy,
-                        web_domains=web_domains,
-                        extra=[*python_tools, *extra],
+                    # A server's tools/list_changed is taken between rounds, as in `run`.
+                    refreshing(
+                        ToolSet.default(
+                            env_policy=policy,
+                            web_domains=web_domains,
+                            extra=[*python_tools, *extra],
+                        ),
+                        extra,
                     ),
                     redact=policy.redactor(os.environ),
                     observer=view.observe,

@@ -465,7 +465,7 @@ async def _send_main(
     python_tools: Sequence[Any] = (),
 ) -> tuple[str, Conversation, Interruption | None]:
     from fanfold.cli.display import TreeView
-    from fanfold.cli.mcp_tools import recorded_mcp_tools
+    from fanfold.cli.mcp_tools import recorded_mcp_tools, refreshing
     from fanfold.cli.signals import stop_signal_receiver
     from fanfold.cli.turns import watch
     from fanfold.runtime import Runtime
@@ -479,7 +479,8 @@ async def _send_main(
                 Runtime.open(
                     path,
                     choice.provider,
-                    choice.tools([*python_tools, *extra]),
+                    # A server's tools/list_changed is taken between rounds, as in `run`.
+                    refreshing(choice.tools([*python_tools, *extra]), extra),
                     redact=choice.redactor(),
                     observer=view.observe,
                     on_progress=view.progress,

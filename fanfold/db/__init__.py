@@ -52,6 +52,7 @@ from fanfold.db.records import (
     Status,
     Step,
     StoredEvent,
+    ToolProgressRow,
     claim_unit,
     status_of,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "StoreClosed",
     "StoredEvent",
     "SyncFailed",
+    "ToolProgressRow",
     "TreeTakenOver",
     "UnknownConversation",
     "UnloggableStep",

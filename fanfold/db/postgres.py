@@ -203,16 +203,30 @@ CREATE TABLE cancels (
 );
 """
 
+# The latest progress report of each tool call in flight (SQLite's migration 6, the
+# same table): for the trace page only, never read by replay or verify, not exported.
+_V4 = """
+CREATE TABLE tool_progress (
+    conversation_id TEXT NOT NULL,
+    call BIGINT NOT NULL,
+    text TEXT NOT NULL,
+    reports BIGINT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (conversation_id, call)
+);
+"""
+
 PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (1, "the events-only log (SQLite's migrations 1 to 5)", _V1),
     (2, "per-tree claims (owner, epoch)", _V2),
     (3, "placements of children in chunks, and their cancels", _V3),
+    (4, "tool progress side table", _V4),
 )
 PG_LATEST = PG_MIGRATIONS[-1][0]
 
-PG_READERS_DO_WITHOUT = frozenset({2, 3})
+PG_READERS_DO_WITHOUT = frozenset({2, 3, 4})
 """Migrations a read-only open may find missing: the claims and placements matter to
-writers (runtimes) only."""
+writers (runtimes) only; without the tool progress table a trace shows no progress."""
 
 
 class _Scrubbed:
@@ -658,6 +672,15 @@ class PostgresStore(Store):
 
     def _has_trees(self) -> bool:
         return True  # created with the schema
+
+    def _has_progress(self) -> bool:
+        return bool(
+            self._query(
+                "SELECT 1 FROM information_schema.tables WHERE table_schema = ?"
+                " AND table_name = 'tool_progress'",
+                [SCHEMA],
+            )
+        )
 
     def _fence(self, conn: Any, prepared: list[Any]) -> dict[str, int]:
         """Check this store's claim on every tree of the batch, or take it.

@@ -243,6 +243,22 @@ class RawEvent:
 
 
 @attrs.frozen
+class ToolProgressRow:
+    """The latest progress report of one tool call in flight (``Store.write_progress``):
+    a side table for the trace page, never part of the log's facts."""
+
+    conversation_id: str
+    call: int
+    """The call's number in its conversation (``RunTool.call``)."""
+    text: str
+    """What the live view shows (``3/5, step 3``); its message is the server's text."""
+    reports: int
+    """Reports received for the call so far."""
+    at: float
+    """When the report was received (seconds since the epoch)."""
+
+
+@attrs.frozen
 class RawConversation:
     """A ``conversations`` row as stored, snapshot text included, for ``import_raw``."""
 

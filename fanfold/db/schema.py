@@ -175,21 +175,39 @@ def _v5_events_only(db: Database) -> None:
     del db
 
 
+def _v6_tool_progress(db: Database) -> None:
+    # The latest progress report (MCP's ``notifications/progress``) of each tool call in
+    # flight, for the trace page (``fanfold ui``, ``fanfold trace``), which reads the log
+    # in another process. A side table, not the event log: a report is no reducer fact,
+    # replay and verify never read it, and export copies none of it. The runtime writes
+    # a call's row at most twice a second and deletes it when the call ends
+    # (``fanfold.runtime.progress_rows``); a row left by a runtime that died is never
+    # shown for a call that has ended, nor for one started again after it (``at``).
+    db.table("tool_progress").create(
+        {"conversation_id": str, "call": int, "text": str, "reports": int, "at": float},
+        pk=("conversation_id", "call"),
+        not_null={"text", "reports", "at"},
+        strict=True,
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _v1_initial),
     Migration(2, "tree provenance", _v2_provenance),
     Migration(3, "row checksums", _v3_checksums),
     Migration(4, "content-addressed blobs", _v4_blobs),
     Migration(5, "events-only log", _v5_events_only),
+    Migration(6, "tool progress side table", _v6_tool_progress),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
-READERS_DO_WITHOUT = frozenset({2, 3, 4, 5})
+READERS_DO_WITHOUT = frozenset({2, 3, 4, 5, 6})
 """Migrations a read-only open may find missing: they only add what readers never
 read (tree provenance matters to the runtime, which opens read-write and migrates)
 or can do without (a log without the row checksums is read unchecked; a log without
 the blobs table was written before any document named a blob; a log without the
-events-only format holds effects for every step)."""
+events-only format holds effects for every step; a log without the tool progress
+table shows no progress)."""
 
 
 def _applied_versions(db: Rows | Database) -> set[int]:

@@ -78,6 +78,7 @@ from fanfold.db.records import (
     Status,
     Step,
     StoredEvent,
+    ToolProgressRow,
     status_of,
 )
 from fanfold.db.rows import Rows
@@ -176,6 +177,7 @@ class _StaleCache(Exception):
 
 
 _ROW_COLUMNS = ", ".join(ConversationRow.COLUMNS)
+_IDS_PER_QUERY = 500  # ids in one ``IN (...)``: well under SQLite's variable limit
 
 
 class _Checkpointer:
@@ -1516,6 +1518,68 @@ class Store:
         """Whether the log has the ``trees`` table (migration 2)."""
         return bool(
             self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trees'")
+        )
+
+    # ------------------------------------------------------------ tool progress
+
+    def write_progress(
+        self, rows: Sequence[ToolProgressRow], ended: Sequence[tuple[str, int]] = ()
+    ) -> None:
+        """Record each of ``rows`` as its call's latest progress report (replacing the
+        one before) and forget the calls ``ended`` names (``(conversation id, call)``),
+        in one transaction.
+
+        The ``tool_progress`` table is a side table for the trace page: no event, no
+        fingerprint, never read by replay, verify or export. A store that stopped
+        writing after a failed sync writes nothing here either (silently: progress is
+        a view, and the failure is reported by the next ``append``)."""
+        if (not rows and not ended) or self._failed is not None:
+            return
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            if ended:
+                conn.executemany(
+                    "DELETE FROM tool_progress WHERE conversation_id = ? AND call = ?",
+                    [list(key) for key in ended],
+                )
+            if rows:
+                conn.executemany(
+                    "INSERT INTO tool_progress (conversation_id, call, text, reports, at)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (conversation_id, call) DO UPDATE"
+                    " SET text = excluded.text, reports = excluded.reports, at = excluded.at",
+                    [[r.conversation_id, r.call, r.text, r.reports, r.at] for r in rows],
+                )
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            # Its WAL frames count toward the next checkpoint like a batch's (a long
+            # call reporting for an hour, with no step logged, grows no WAL unbounded).
+            checkpointer.wrote(sum(len(r.text) + 64 for r in rows) + 64 * len(ended))
+
+    def progress_of(
+        self, conversation_ids: Sequence[str]
+    ) -> dict[tuple[str, int], ToolProgressRow]:
+        """The progress rows recorded for calls of ``conversation_ids``, by ``(conversation
+        id, call)``; none from a log without the table (a read-only open of an older log)."""
+        ids = list(dict.fromkeys(conversation_ids))
+        if not ids or not self._has_progress():
+            return {}
+        found: dict[tuple[str, int], ToolProgressRow] = {}
+        for at in range(0, len(ids), _IDS_PER_QUERY):
+            part = ids[at : at + _IDS_PER_QUERY]
+            for row in self._query(
+                "SELECT conversation_id, call, text, reports, at FROM tool_progress"
+                f" WHERE conversation_id IN ({', '.join('?' * len(part))})",
+                part,
+            ):
+                made = ToolProgressRow(**row)
+                found[made.conversation_id, made.call] = made
+        return found
+
+    def _has_progress(self) -> bool:
+        """Whether the log has the ``tool_progress`` table (migration 6)."""
+        return bool(
+            self._query(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tool_progress'"
+            )
         )
 
     def placements(self, root_id: str) -> dict[str, str]:

@@ -45,10 +45,12 @@ from fanfold.runtime.logging import flush as flush_log_lines
 from fanfold.runtime.logging import library_logger
 from fanfold.runtime.placement import Placement, PlacementSettings, Placer
 from fanfold.runtime.presence import DatabaseInUse, Held, Presence
+from fanfold.runtime.progress_rows import ProgressRows
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter, TreeDropped
 from fanfold.statemachine import (
     SUB_AGENT_PROMPT,
+    WORDING,
     CancelReason,
     CancelRequested,
     Conversation,
@@ -427,6 +429,11 @@ class Runtime:
         self.resume_damaged: tuple[SkippedTree, ...] = ()
         """The trees the last ``resume()`` skipped because their log cannot be rebuilt
         (each with the reason); they stay unfinished in the log, untouched."""
+        self.progress_rows = ProgressRows(
+            store, self._actors.__contains__, logger, clock, nursery.start_soon
+        )
+        """Copies the latest progress of this runtime's tool calls into the log's side
+        table for the trace page (``progress_rows.py``)."""
 
     @classmethod
     @asynccontextmanager
@@ -614,6 +621,7 @@ class Runtime:
         finally:
             if runtime is not None:
                 runtime._commits.store_closed = True  # readers stop before the store goes
+                runtime.progress_rows.close()  # its calls' progress rows go with it
             flush_log_lines()
             if tuned:
                 if runtime is not None:  # what it still had loaded is no longer counted
@@ -726,6 +734,9 @@ class Runtime:
             agent=agent.name if agent is not None else None,
             permissions=permissions,
             timeout=timeout,
+            # Today's wording of the reducer's texts (refusals), recorded: the tree
+            # replays with it whatever a later fanfold words them.
+            wording=WORDING,
         )
         tree = TreeRecord(
             conversation_id,

@@ -113,7 +113,7 @@ from fanfold.statemachine.phases import (
     Phase,
     ToolExecuting,
 )
-from fanfold.statemachine.state import Conversation
+from fanfold.statemachine.state import WORDING, Conversation
 from fanfold.statemachine.transition import Transition, fold, model_request, start, transition
 
 __all__ = [
@@ -128,6 +128,7 @@ __all__ = [
     "SUBMIT_RESULT",
     "SUB_AGENT_PROMPT",
     "TERMINAL_PHASES",
+    "WORDING",
     "AbortCall",
     "AssistantMessage",
     "AwaitingRetry",

@@ -127,6 +127,8 @@ class SpawnSubAgent:
     agent: str | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
     permissions: Permissions | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
     context: tuple[Message, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
+    # The parent's wording (``Conversation.wording``), which the child gets.
+    wording: int = attrs.field(default=0, metadata=_DECIDED_FIELD)
 
     def created_event(self, workdir: WorkingDirectory | None = None) -> ConversationCreated:
         """The child's first event, built from this effect with no decisions left;
@@ -149,6 +151,7 @@ class SpawnSubAgent:
             agent=self.agent,
             permissions=self.permissions,
             context=self.context,
+            wording=self.wording,
         )
 
 

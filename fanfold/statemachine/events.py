@@ -78,6 +78,10 @@ class ConversationCreated:
     agent: str | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
     permissions: Permissions | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
     context: tuple[Message, ...] = attrs.field(default=(), metadata=_AGENTS_FIELD)
+    # The wording of the reducer's texts it gets (``state.WORDING``; 0 when absent: a
+    # log written before the field). The runtime sets today's for a root; a child's
+    # is its parent's.
+    wording: int = attrs.field(default=0, metadata={"since": 7, "omitted_at_default": True})
 
 
 @attrs.frozen

@@ -294,12 +294,15 @@ def refusal(
     call: ToolCall,
     cwd: str,
     reading: frozenset[str] = READING_TOOLS,
+    *,
+    wording: int = 1,
 ) -> str | None:
     """Why ``call``, made in working directory ``cwd``, is refused; None if permitted.
 
     The message names the rule (or the missing allow rule) and whose it is.
     ``reading``: what ``read-only`` stands for (``reading_tools`` of the conversation's
-    tools).
+    tools). ``wording``: the conversation's (``state.WORDING``): from 1, a
+    ``read-only`` refusal of an MCP tool says why ``read-only`` does not take it.
     """
     if permissions is None:
         return None
@@ -317,10 +320,15 @@ def refusal(
             allowed = ", ".join(str(r) for r in layer.allow) or "nothing"
             why = f"refused: no allow rule{whose} matches this call (allowed: {allowed})"
             server = mcp_server_of(call.name)
-            if server is not None and any(rule.tool == READ_ONLY for rule in layer.allow):
+            if (
+                wording >= 1
+                and server is not None
+                and any(rule.tool == READ_ONLY for rule in layer.allow)
+            ):
                 # Say why read-only does not take it: the server's own word is missing.
-                # (Only for MCP tools: other tools' refusals keep the wording older
-                # logs recorded, so that they still verify.)
+                # (Only for MCP tools, and only in a conversation created with wording
+                # 1 or later: a log written before keeps the refusal it recorded, so
+                # that it still verifies.)
                 why += (
                     f"; read-only takes an MCP tool only if its server marks it "
                     f"readOnlyHint, and server {server!r} does not mark {call.name!r}"

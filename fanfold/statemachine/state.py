@@ -27,6 +27,19 @@ from fanfold.statemachine.phases import (
 # states without them encode, and fingerprint, as before; a log without them decodes
 # at any version (they are not used there).
 _AGENTS_FIELD = {"since": 6, "omitted_at_default": True}
+_WORDING_FIELD = {"since": 7, "omitted_at_default": True}
+
+WORDING = 1
+"""The wording of the reducer's texts for the model (refusals) that conversations
+created now get, recorded in their ``ConversationCreated`` and passed from parent to
+child, so that a log replays with the wording it was written with (verify compares
+every text):
+
+- 0: before issue 33 (a log without the field);
+- 1: a ``read-only`` refusal of an MCP tool also says that ``read-only`` takes an MCP
+  tool only if its server marks it ``readOnlyHint`` (``permissions.refusal``).
+
+A change of wording a model sees raises it; the reducer keeps every earlier one."""
 
 
 # The phases of a conversation at rest (``Conversation.at_rest``), for a lookup by class.
@@ -90,6 +103,9 @@ class Conversation:
     permissions: Permissions | None = attrs.field(default=None, metadata=_AGENTS_FIELD)
     # Tool calls its permissions refused.
     refused_calls: int = attrs.field(default=0, metadata=_AGENTS_FIELD)
+    # The wording of the reducer's texts it was created under (``WORDING``): 0 for a
+    # conversation of a log written before there were two.
+    wording: int = attrs.field(default=0, metadata=_WORDING_FIELD)
 
     @property
     def is_sub_agent(self) -> bool:

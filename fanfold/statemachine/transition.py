@@ -224,6 +224,7 @@ def start(created: ConversationCreated | ConversationForked) -> Transition:
         agent=created.agent,
         permissions=created.permissions,
         deadline_timer=0 if timed else None,
+        wording=created.wording,
         next_call=1 if timed else 0,
     )
     if not is_sub:
@@ -1026,7 +1027,9 @@ def _refused_by_rules(state: Conversation, call: ToolCall) -> str | None:
         return None
     # ``read-only`` stands for fanfold's reading tools and the tools whose recorded
     # specs say they are read-only: this conversation's, as the log holds them.
-    why = refusal(state.permissions, call, state.cwd, reading_tools(state.tools))
+    why = refusal(
+        state.permissions, call, state.cwd, reading_tools(state.tools), wording=state.wording
+    )
     return None if why is None else f"{call.name} {why}"
 
 
@@ -1330,6 +1333,7 @@ def _spawn_effect(
         agent=spec.agent,
         permissions=state.permissions if setup is None else setup.permissions,
         context=_context_for(state, spec, children),
+        wording=state.wording,
     )
 
 

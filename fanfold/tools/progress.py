@@ -7,13 +7,16 @@ MCP server's notification, on the call's own task) knows whose it is. ``BOARD`` 
 the latest report per call in flight, overwritten by the next and dropped when the
 call ends; it holds at most ``MAX_CALLS`` calls (the oldest report goes first), so a
 server sending 100,000 notifications costs a dictionary store each and no memory
-that grows. Nothing here reaches the log or the model's context: progress is a view
-of a moment, and the call's result is the record.
+that grows. Nothing here reaches the event log or the model's context: progress is a
+view of a moment, and the call's result is the record. A runtime watches the board
+(``watch``) and copies its own calls' latest reports into the log's side table
+``tool_progress``, rate-limited, for the trace page (``fanfold.runtime.progress_rows``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextvars import ContextVar
 
 import attrs
@@ -64,6 +67,21 @@ class ProgressBoard:
     def __init__(self, limit: int = MAX_CALLS) -> None:
         self._latest: dict[tuple[str, int], ToolProgress] = {}
         self._limit = limit
+        self._watchers: list[Callable[[tuple[str, int]], None]] = []
+
+    def watch(self, watcher: Callable[[tuple[str, int]], None]) -> None:
+        """Call ``watcher(key)`` whenever a call's latest report changes or goes (it
+        ended, or made room for another's): it reads ``get`` for what is there now."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[tuple[str, int]], None]) -> None:
+        """Stop calling ``watcher`` (nothing if it was not watching)."""
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
+
+    def _changed(self, key: tuple[str, int]) -> None:
+        for watcher in tuple(self._watchers):
+            watcher(key)
 
     def report(
         self, key: tuple[str, int], progress: float, total: float | None, message: str | None
@@ -73,10 +91,13 @@ class ProgressBoard:
         if before is None and len(self._latest) >= self._limit:
             # The oldest call's report goes (dicts keep insertion order; a report
             # re-inserts its call at the end).
-            self._latest.pop(next(iter(self._latest)))
+            oldest = next(iter(self._latest))
+            self._latest.pop(oldest)
+            self._changed(oldest)
         text = None if message is None else " ".join(str(message).split())[:MAX_MESSAGE]
         count = 1 if before is None else before.count + 1
         self._latest[key] = ToolProgress(progress, total, text or None, count)
+        self._changed(key)
 
     def get(self, conversation_id: str, call: int) -> ToolProgress | None:
         """The latest report of that call, if it is in flight and reported any."""
@@ -84,7 +105,8 @@ class ProgressBoard:
 
     def done(self, key: tuple[str, int]) -> None:
         """The call ended: its reports go."""
-        self._latest.pop(key, None)
+        if self._latest.pop(key, None) is not None:
+            self._changed(key)
 
     def __len__(self) -> int:
         return len(self._latest)

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from fanfold.db import CodecError, RawLog, Store, UnknownConversation
+from fanfold.db import CodecError, RawLog, Store, ToolProgressRow, UnknownConversation
 from fanfold.replay import render
 from fanfold.replay.compare import Said, compare, differing_lines
 from fanfold.replay.core import replay_log, subtree_logs
@@ -101,7 +101,13 @@ def build_trace(store: Store, conversation_id: str, *, vs: str | None = None) ->
     times = [s.at for steps in replayed for s in steps]
     t0 = min(times, default=ordered[0].row.created_at)
     t1 = max(times, default=t0)
-    agents = [_agent(log, steps, index, t1) for log, steps in zip(ordered, replayed, strict=True)]
+    # The latest progress of the tool calls in flight (a side table the runtime writes,
+    # not the log's facts): shown on a running call's mark only.
+    progress = store.progress_of([log.row.id for log in ordered])
+    agents = [
+        _agent(log, steps, index, t1, progress)
+        for log, steps in zip(ordered, replayed, strict=True)
+    ]
     for agent in agents:
         parent = agent["parent"]
         if parent is not None:
@@ -401,6 +407,7 @@ def _marks(steps: list[ReplayStep], end: float) -> Iterator[dict[str, Any]]:
                     server = mcp_server_of(tool_call.name)
                     calls[call] = {
                         "k": "tool",
+                        "call": call,
                         "t0": at,
                         "label": f"tool {tool_call.name}"
                         + (f" (MCP server {server})" if server else ""),
@@ -555,7 +562,11 @@ def _messages(state: Conversation | None) -> list[dict[str, Any]]:
 
 
 def _agent(
-    log: RawLog, steps: list[ReplayStep], index: dict[str, int], trace_end: float
+    log: RawLog,
+    steps: list[ReplayStep],
+    index: dict[str, int],
+    trace_end: float,
+    progress: Mapping[tuple[str, int], ToolProgressRow],
 ) -> dict[str, Any]:
     row = log.row
     state = steps[-1].after_state if steps else None
@@ -598,11 +609,33 @@ def _agent(
         # The agent definition it was spawned as, and the calls its permissions refused.
         "agent": state.agent if state is not None else None,
         "refused_calls": state.refused_calls if state is not None else 0,
-        "marks": sorted(_marks(steps, end), key=lambda m: (m["t0"], m["t1"])),
+        "marks": sorted(
+            _with_progress(_marks(steps, end), row.id, progress), key=lambda m: (m["t0"], m["t1"])
+        ),
         "messages": _messages(state),
         "child_outcomes": child_outcomes,
         "children": [],
     }
+
+
+def _with_progress(
+    marks: Iterator[dict[str, Any]],
+    conversation_id: str,
+    progress: Mapping[tuple[str, int], ToolProgressRow],
+) -> Iterator[dict[str, Any]]:
+    """``marks``, a tool call still in flight given its latest progress report
+    (``progress``: the ``tool_progress`` side table) as ``progress`` and
+    ``progress_reports``. Only a call whose ``RunTool`` has no result in the log, and
+    only a report made since that call (re)started: a row a killed runtime left is
+    shown for no call that ended since, nor for the call ``resume`` issued again. The
+    text is the server's: kept as it is here, escaped by the page."""
+    for mark in marks:
+        if mark["k"] == "tool" and mark.get("open"):
+            row = progress.get((conversation_id, mark["call"]))
+            if row is not None and row.at >= mark["t0"]:
+                mark["progress"] = row.text
+                mark["progress_reports"] = row.reports
+        yield mark
 
 
 def _last_turn(steps: list[ReplayStep]) -> TurnFinished | None:

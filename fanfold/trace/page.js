@@ -341,6 +341,9 @@
     if (m.tools && m.tools.length) lines.push("tool calls: " + short(m.tools.join(", "), 80));
     if (m.error) lines.push("error: " + m.error + (m.message ? " — " + short(m.message, 80) : ""));
     if (m.open) lines.push("still in flight when the log ends");
+    // The latest progress report of a running tool call: the server's own text, shown
+    // as text (the tooltip's textContent), never as markup.
+    if (m.progress) lines.push("progress: " + short(m.progress, 120) + " (" + m.progress_reports + " report(s))");
     return lines.join("\n");
   }
 
@@ -525,7 +528,9 @@
     const table = el("table", { class: "marks" },
       el("tr", {}, ...["what", "start", "duration", "tokens", "error"].map((t) => el("th", { text: t }))));
     for (const m of a.marks) {
-      table.append(el("tr", {}, el("td", { text: m.label }), el("td", { text: "+" + secs(m.t0) }),
+      const what = m.progress ? m.label + " — progress: " + m.progress : m.label;
+      table.append(el("tr", {}, el("td", { text: what, "data-progress": m.progress ? "1" : null }),
+        el("td", { text: "+" + secs(m.t0) }),
         el("td", { text: secs(m.t1 - m.t0) + (m.open ? " (open)" : "") }),
         el("td", { text: m.tokens ? m.tokens.input + "/" + m.tokens.output : "" }),
         el("td", { text: m.error || "" })));

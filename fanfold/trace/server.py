@@ -13,7 +13,8 @@ Routes (GET only):
   data as JSON; ``?vs=OTHER`` shows the tree beside OTHER's (a fork's page shows its
   original without it);
 - ``/events`` and ``/events/ID``: server-sent events, one ``changed`` event whenever
-  the database (or that tree) changes, polled every ``poll`` seconds.
+  the database (or that tree, or the progress of its tool calls in flight) changes,
+  polled every ``poll`` seconds.
 
 Every answer carries ``X-Content-Type-Options: nosniff``; ids from the URL are only
 ever looked up, never put in markup (pages embed them as escaped JSON data).
@@ -144,7 +145,13 @@ class TraceServer:
                 # its sub-agents has no events of its own while they work).
                 roots = [(r.id, r.updated_at, r.status.value) for r in store.list_roots()]
                 return roots, [(r.id, r.last_seq) for r in store.unfinished()]
-            return [(r.id, r.last_seq, r.status.value) for r in store.tree(tree)]
+            rows = store.tree(tree)
+            # And the progress of its tool calls in flight (a side table, no step):
+            # a new report shows without waiting for the next step.
+            progress = store.progress_of([r.id for r in rows])
+            return [(r.id, r.last_seq, r.status.value) for r in rows], sorted(
+                (key, p.reports) for key, p in progress.items()
+            )
 
         return self._read(version)
 
