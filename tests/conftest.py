@@ -26,6 +26,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -148,11 +149,13 @@ def provenance_key(
     return path
 
 
-# The suite runs on every core up to two (pytest-xdist: ``-n auto --dist loadgroup`` in
-# pyproject.toml; DESIGN.md, "The suite's running time"). Each module is one unit of
-# work, so a module's fixtures (a bench of worker processes, a browser) start once; the
-# modules that start workers on PostgreSQL share one unit, so two of them never run at
-# once: their leases and kill timings were tuned on one bench at a time.
+# The suite runs on every core up to two (pytest-xdist: ``-n auto`` in pyproject.toml;
+# DESIGN.md, "The suite's running time"). Each module is one unit of work, so a
+# module's fixtures (a bench of worker processes, a browser) start once and its tests
+# run in order; the modules that start workers on PostgreSQL share one unit, so two of
+# them never run at once: their leases and kill timings were tuned on one bench at a
+# time. (A scheduler of our own: xdist 3.8's ``--dist loadgroup`` renames node ids,
+# which pytest 9 no longer lets it do, so its groups were silently ignored.)
 PROCESS_HEAVY = ("test_worker_", "test_dbos_", "test_bench_workers_", "test_bench_kill9_")
 
 
@@ -161,12 +164,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(2, len(os.sched_getaffinity(0))))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        name = item.path.name
-        group = "process-heavy" if name.startswith(PROCESS_HEAVY) else name
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """One unit per module, one for all the modules of ``PROCESS_HEAVY``."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):  # type: ignore[misc]  # untyped base
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "process-heavy" if Path(module).name.startswith(PROCESS_HEAVY) else module
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)
