@@ -47,6 +47,7 @@ from fanfold.runtime.timers import Timer
 from fanfold.runtime.writer import TreeDropped
 from fanfold.statemachine import (
     AbortCall,
+    AskUser,
     CallModel,
     CancelRequested,
     CancelSubAgents,
@@ -61,6 +62,7 @@ from fanfold.statemachine import (
     ModelReply,
     ModelRequest,
     NotifyParent,
+    RequestApproval,
     RuntimeResumed,
     RunTool,
     ScheduleRetry,
@@ -524,6 +526,11 @@ class Actor:
     def _turn_finished(self, effect: TurnFinished, _: bool) -> None:
         self.last_turn = effect
 
+    def _request_decision(self, effect: RequestApproval | AskUser, _: bool) -> None:
+        # The request is the state (durable in the log); the runtime shows it to
+        # whoever waits for requests and reads the decisions written for it.
+        self.runtime.request_opened(self.state)
+
     # Each call (a model call, a tool that does I/O) runs on a worker of the runtime's
     # pool (``calls.py``), handed over when its step is committed and back in the pool
     # once its result is delivered: a conversation holds a task only while a call is
@@ -846,6 +853,8 @@ _EXECUTORS: dict[type, Callable[[Actor, Any, bool], None]] = {
     NotifyParent: Actor._notify_parent,
     CancelSubAgents: Actor._cancel_children,
     TurnFinished: Actor._turn_finished,
+    RequestApproval: Actor._request_decision,
+    AskUser: Actor._request_decision,
 }
 
 
