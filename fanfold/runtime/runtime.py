@@ -10,7 +10,15 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+    Set,
+)
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
