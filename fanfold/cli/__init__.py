@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mcp": ("mcp_command", "mcp_command"),
     "worker": ("worker_commands", "worker"),
     "wait": ("worker_commands", "wait"),
+    "pending": ("approvals", "pending"),
+    "approve": ("approvals", "approve"),
+    "deny": ("approvals", "deny"),
+    "answer": ("approvals", "answer"),
 }
 
 
@@ -91,6 +95,22 @@ SUMMARIES: dict[str, str] = {
         "the log, and print its outcome as run does (exit 1 if it ended in error). A tree not"
         " in the log yet is waited for if it is on the workers' queue (the log's own "
         "database, or --dbos-db beside a log file); an id in neither is an error (exit 2)."
+    ),
+    "pending": (
+        "List every open request for a person's decision: tree, agent, tool, arguments, "
+        "the rule that asks, and how long it has waited."
+    ),
+    "approve": (
+        "Approve an open request: its call runs (with --args instead of the model's "
+        "arguments, checked against the tool's schema and the rules again)."
+    ),
+    "deny": (
+        'Deny an open request: its call never runs; its result is "denied by the user: '
+        'REASON". ID and CALL as for `fanfold approve`.'
+    ),
+    "answer": (
+        "Answer an agent's question (its ask_user call): TEXT is the call's result. ID and "
+        "CALL as for `fanfold approve`."
     ),
 }
 

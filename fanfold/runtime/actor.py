@@ -210,6 +210,11 @@ class Actor:
     def at_rest(self) -> bool:
         return self.state.at_rest
 
+    @property
+    def has_inbox(self) -> bool:
+        """Whether events wait to be folded, or steps to be committed."""
+        return bool(self._inbox) or self._uncommitted > 0
+
     async def wait_at_rest(self) -> None:
         """Return once the committed state is at rest (a turn or a sub-agent's life
         ended)."""

@@ -71,6 +71,9 @@ from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter, TreeDropped
 from fanfold.statemachine import (
     SUB_AGENT_PROMPT,
+    AwaitingRetry,
+    AwaitingSubAgents,
+    CancellingSubAgents,
     CancelReason,
     CancelRequested,
     Conversation,
@@ -82,6 +85,7 @@ from fanfold.statemachine import (
     ForkEdited,
     IllegalTransition,
     Limits,
+    LlmRequesting,
     Phase,
     RuntimeResumed,
     SpawnSubAgent,
@@ -711,8 +715,8 @@ class Runtime:
         Returns once the message is in the log; use ``wait`` for the answer.
         """
         ask_rules = []
-        for text in ask:
-            rule = parse_rule(text)
+        for written in ask:
+            rule = parse_rule(written)
             if isinstance(rule, str):
                 raise ValueError(rule)
             ask_rules.append(rule)
@@ -1620,6 +1624,27 @@ class Runtime:
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._request_watchers.remove(channel)
         self._decisions_wake.set()
+
+    def waiting_for_people(self, root_id: str) -> bool:
+        """Whether tree ``root_id`` can go on only after a person's decision: it has an
+        open request, and no conversation of it loaded here has work of its own in
+        flight (a model call, a retry, a running tool, a cancel) or events queued.
+        ``fanfold run --no-wait`` stops there (and ``resume`` too)."""
+        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
+        if not any(r.tree == root_id for r in self._open_requests.values()):
+            return False
+        for actor in tree:
+            if actor.queued or actor.has_inbox:
+                return False
+            phase = actor.state.phase
+            match phase:
+                case ToolExecuting(asking=None) | LlmRequesting() | AwaitingRetry():
+                    return False
+                case CancellingSubAgents():
+                    return False
+                case AwaitingSubAgents(children=children) if children.summary is not None:
+                    return False
+        return True
 
     def pending(self) -> list[PendingRequest]:
         """The requests open in the conversations loaded here, oldest first."""
