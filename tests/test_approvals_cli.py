@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fanfold.cli.approvals import open_requests
 from fanfold.db import Store
-from fanfold.runtime.approvals import Decision, FileDecisions
+from fanfold.runtime.approvals import Decision, FileDecisions, PendingRequest
 from fanfold.statemachine import ToolResultMessage
 
 EXIT_WAITING = 75
@@ -113,13 +114,28 @@ class _Terminal:
         os.close(self.master)
 
 
-def _tree_of_only_request(db: Path) -> dict[str, Any]:
-    listed = _cli(db, "pending", "--json")
-    assert listed.returncode == 0, listed.stderr
-    lines = listed.stdout.splitlines()
+def _tree_of_only_request(db: Path, *, cli: bool = False) -> dict[str, Any]:
+    """The log's only open request, as `fanfold pending --json` lists it (``cli``:
+    from the command itself; else from the function behind it, no process)."""
+    if cli:
+        listed = _cli(db, "pending", "--json")
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+    else:
+        lines = [json.dumps(_listed(r)) for r, _ in open_requests(db)]
     assert len(lines) == 1, lines
     found: dict[str, Any] = json.loads(lines[0])
     return found
+
+
+def _listed(request: PendingRequest) -> dict[str, Any]:
+    return {
+        "id": request.id,
+        "tree": request.tree,
+        "agent": request.path,
+        "tool": request.tool,
+        "arguments": json.loads(request.arguments_json),
+    }
 
 
 def test_run_in_a_terminal_asks_and_another_process_approves(tmp_path: Path) -> None:
@@ -132,8 +148,9 @@ def test_run_in_a_terminal_asks_and_another_process_approves(tmp_path: Path) -> 
     try:
         run.read_until("approve? [y]es / [n]o / [e]dit")
         assert not (tmp_path / "ran.txt").exists()
-        request = _tree_of_only_request(db)
+        request = _tree_of_only_request(db, cli=True)
         assert request["tool"] == "bash" and request["agent"] == "root"
+        assert request["arguments"] == {"command": "echo x >> ran.txt"}
         approved = _cli(db, "approve", request["tree"])
         assert approved.returncode == 0, approved.stderr
         assert run.wait() == 0, run.output[-2000:]
@@ -167,12 +184,12 @@ def test_kill_9_while_waiting_then_resume(tmp_path: Path) -> None:
     assert first["id"] in resumed.stdout
     assert _tree_of_only_request(db) == first
     assert not (tmp_path / "ran.txt").exists()
-    edited = _cli(db, "approve", first["tree"], "--args", '{"command": "echo y >> ran.txt"}')
+    edited = _cli(db, "approve", first["id"], "--args", '{"command": "echo y >> ran.txt"}')
     assert edited.returncode == 0, edited.stderr
     resumed = _cli(db, "resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert (tmp_path / "ran.txt").read_text() == "y\n"  # run once, as edited
-    assert _cli(db, "pending").stdout.strip() == "no open requests"
+    assert open_requests(db) == []
 
 
 FAN_OUT = 100
@@ -225,20 +242,17 @@ def test_a_fan_out_of_100_requests_decided_in_random_order(tmp_path: Path) -> No
         cwd=tmp_path,
     )
     assert started.returncode == EXIT_WAITING, started.stdout[-2000:] + started.stderr
-    listed = _cli(db, "pending", "--json")
-    requests = [json.loads(line) for line in listed.stdout.splitlines()]
+    requests = [_listed(r) for r, _ in open_requests(db)]
     assert len(requests) == FAN_OUT and len({r["id"] for r in requests}) == FAN_OUT
     assert not (tmp_path / "calls.txt").exists()
     order = random.Random(35).sample(requests, FAN_OUT)
-    # Three from the CLI (a request's own id; tree and agent path; a denial), the
-    # rest written to the decisions table by this process, in random order.
-    by_id = _cli(db, "approve", order[0]["id"])
-    by_path = _cli(db, "approve", order[1]["tree"], order[1]["agent"])
-    denied = _cli(db, "deny", order[2]["id"], "--reason", "not this one")
-    for done in (by_id, by_path, denied):
-        assert done.returncode == 0, done.stderr
+    # One from the CLI (a denial naming tree and agent path), the others written to
+    # the decisions table by this process as `fanfold approve` writes them, in
+    # random order.
+    denied = _cli(db, "deny", order[2]["tree"], order[2]["agent"], "--reason", "not this one")
+    assert denied.returncode == 0, denied.stderr
     table = FileDecisions(db)
-    for request in order[3:]:
+    for request in (*order[:2], *order[3:]):
         table.write(Decision(request["id"], "grant", None, "", "test", time.time()))
     resumed = _cli(db, "resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr

@@ -204,10 +204,15 @@ class Decisions:
 
     def mark(self, request: str, state: str) -> None:
         """Record what became of a decision (``applied`` or ``stale: why``)."""
+        self.mark_many([(request, state)])
+
+    def mark_many(self, marks: Sequence[tuple[str, str]]) -> None:
+        """``mark`` each ``(request, state)``, at once."""
         with self._lock:
-            entry = self._rows.get(request)
-            if entry is not None:
-                self._rows[request] = (entry[0], state)
+            for request, state in marks:
+                entry = self._rows.get(request)
+                if entry is not None:
+                    self._rows[request] = (entry[0], state)
 
     def state_of(self, request: str) -> str | None:
         with self._lock:
@@ -312,10 +317,17 @@ class FileDecisions(Decisions):
         wanted = set(requests)
         return [Decision(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows if r[0] in wanted]
 
-    def mark(self, request: str, state: str) -> None:
+    def mark_many(self, marks: Sequence[tuple[str, str]]) -> None:
         conn = self._connect()
         try:
-            conn.execute("UPDATE decisions SET state = ? WHERE request = ?", (state, request))
+            # One transaction for a poll's decisions: a hundred approvals at once are
+            # one write, not a hundred (each waits for the log's writer).
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(
+                "UPDATE decisions SET state = ? WHERE request = ?",
+                [(state, request) for request, state in marks],
+            )
+            conn.execute("COMMIT")
         finally:
             conn.close()
 

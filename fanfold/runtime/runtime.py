@@ -1713,9 +1713,12 @@ class Runtime:
         if problem is not None:
             raise UnknownRequest(f"request {key!r}: {problem}")
 
-    async def _apply_decision(self, decision: Decision) -> str | None:
-        """Turn ``decision`` into its event and mark its row; the reducer's refusal
-        (the request ended or was decided meanwhile) is returned, its row marked stale."""
+    async def _apply_decision(
+        self, decision: Decision, marks: list[tuple[str, str]] | None = None
+    ) -> str | None:
+        """Turn ``decision`` into its event and mark its row (or add the mark to
+        ``marks``, written by the caller); the reducer's refusal (the request ended or
+        was decided meanwhile) is returned, its row marked stale."""
         split = split_request_id(decision.request)
         actor = None if split is None else self._actors.get(split[0])
         if actor is None:
@@ -1727,7 +1730,10 @@ class Runtime:
         except IllegalTransition as exc:
             problem = exc.reason
             state = f"stale: {exc.reason}"
-        await trio.to_thread.run_sync(self.decisions.mark, decision.request, state)
+        if marks is not None:
+            marks.append((decision.request, state))
+        else:
+            await trio.to_thread.run_sync(self.decisions.mark, decision.request, state)
         return problem
 
     async def _poll_decisions(self) -> None:
@@ -1744,10 +1750,12 @@ class Runtime:
             if found:
                 for decision in found:
                     self._applying.add(decision.request)
+                marks: list[tuple[str, str]] = []
                 try:
                     async with trio.open_nursery() as nursery:
                         for decision in found:
-                            nursery.start_soon(self._apply_decision, decision)
+                            nursery.start_soon(self._apply_decision, decision, marks)
+                    await trio.to_thread.run_sync(self.decisions.mark_many, marks)
                 finally:
                     for decision in found:
                         self._applying.discard(decision.request)
