@@ -2031,6 +2031,14 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
                     f"the running tool call is {current.id!r}, not {result.tool_call_id!r}",
                 )
             result = attrs.evolve(result, name=current.name)
+            asking = phase.asking
+            if asking is not None:
+                # A call waiting for a person's decision: the edit gives its result
+                # (the request closes; the call never runs here).
+                stop: Effects = () if asking.timer is None else (AbortCall(asking.timer),)
+                before, state = state, state.evolve(phase=attrs.evolve(phase, asking=None))
+                then = _on_tool_finished(state, ToolFinished(call, result))
+                return _after(stop, _edited(before, then))
             return _edited(state, _on_tool_finished(state, ToolFinished(call, result)))
     legal = {
         "ReplyEdit": "LlmRequesting (a model call awaited)",
