@@ -218,11 +218,17 @@ ORDINARY_TOOLS = (
     ToolSpec.from_schema("bash", "Run a shell command", {"type": "object"}),
     ToolSpec.from_schema("read_file", "Read a file", {"type": "object"}),
     ToolSpec.from_schema("think", "Think out loud", {"type": "object"}),
-    # Issue 35: a tool every call of which waits for a person, and the question tool.
+)
+"""Ordinary tools the generated conversations are offered (the runtime's tool set)."""
+
+ASKING_TOOLS = (
     ToolSpec.from_schema("deploy", "Ship it", {"type": "object"}, needs_approval=True),
     ASK_USER_SPEC,
 )
-"""Ordinary tools the generated conversations are offered (the runtime's tool set)."""
+"""Issue 35: a tool every call of which waits for a person, and the question tool,
+offered to the conversations generated with ``asking=True`` (half of them with an
+approval timeout). Not by default: the draws of every other generated conversation
+stay what they were, so the hard states are reached as often as before."""
 
 _TEXTS = (
     "done",
@@ -351,7 +357,11 @@ _TOOL_ARGUMENTS = (
     '{"command":"ls"}',
     '{"command":"ls","timeout":NaN}',
     '{"command":"ls","deep":[{"x":[1e999]}]}',
+)
+_QUESTIONS = (
     '{"question":"which one?","choices":["a","b"]}',
+    '{"question":"why?"}',
+    '{"question":3}',  # not a question: an error result, never asked
 )
 
 
@@ -414,7 +424,6 @@ def _limits(dice: _Dice) -> Limits:
         context_modes=dice.pick(
             [CONTEXT_MODES, CONTEXT_MODES, ("task_only", "full"), ("task_only",)]
         ),
-        approval_timeout=dice.pick([None, None, 5.0]),
     )
 
 
@@ -424,10 +433,16 @@ def limits(draw: st.DrawFn) -> Limits:
     return _limits(_Dice(draw))
 
 
-def _created(dice: _Dice, sub_agent: bool | None, lim: Limits | None) -> ConversationCreated:
+def _created(
+    dice: _Dice, sub_agent: bool | None, lim: Limits | None, asking: bool = False
+) -> ConversationCreated:
     is_sub = dice.flip() if sub_agent is None else sub_agent
     lim = _limits(dice) if lim is None else lim
     tools = (ORDINARY_TOOLS[0], *(t for t in ORDINARY_TOOLS[1:] if dice.flip()))
+    if asking:
+        tools = (*tools, *ASKING_TOOLS)
+        if dice.flip():
+            lim = attrs.evolve(lim, approval_timeout=5.0)
     model = dice.pick([None, "small"])
     if not is_sub:
         return ConversationCreated(
@@ -552,6 +567,8 @@ def _tool_call(dice: _Dice, state: Conversation, call_id: str) -> ToolCall:
         arguments = _submit_arguments(dice, "result")
     elif name == SUBMIT_ERROR:
         arguments = _submit_arguments(dice, "error")
+    elif name == "ask_user":
+        arguments = dice.pick(_QUESTIONS)
     else:
         arguments = dice.pick(_TOOL_ARGUMENTS)
     return ToolCall(call_id, name, arguments)
@@ -1272,15 +1289,18 @@ def event_sequences(
     max_steps: int = 40,
     stale: bool = True,
     transition: Reducer | None = None,
+    asking: bool = False,
 ) -> Trace:
     """A trace of up to ``max_steps`` plausible events accepted by ``transition`` (the
     reducer under test, fanfold's by default), from ``created`` (or a generated root
     or sub-agent). It stops early once the conversation reached a terminal phase.
-    Check it whole with ``check_trace``.
+    Check it whole with ``check_trace``. ``asking``: the generated conversation is
+    offered a tool needing approval and ``ask_user`` (``ASKING_TOOLS``), so its calls
+    wait for a person and get decided in every way (issue 35).
     """
     dice = _Dice(draw)
     if created is None:
-        created = _created(dice, sub_agent, None)
+        created = _created(dice, sub_agent, None, asking)
     trace, _ = _walk(dice, created, max_steps, stale, transition)
     return trace
 
@@ -1293,12 +1313,14 @@ def conversations(
     max_steps: int = 40,
     stale: bool = True,
     transition: Reducer | None = None,
+    asking: bool = False,
 ) -> Conversation:
     """A state reachable from ``start`` through plausible events accepted by
     ``transition`` (the reducer under test, fanfold's by default). Sub-agents still
-    at work come often: a walk stops before most steps that would end a sub-agent."""
+    at work come often: a walk stops before most steps that would end a sub-agent.
+    ``asking``: as for ``event_sequences``."""
     dice = _Dice(draw)
-    created = _created(dice, sub_agent, None)
+    created = _created(dice, sub_agent, None, asking)
     _, state = _walk(dice, created, max_steps, stale, transition, live=True)
     return state
 
@@ -3965,7 +3987,8 @@ def table_report(
     seen: set[TableStep] = set(extra)
     for walk in range(walks):
         dice = _seeded_dice(f"table:{walk}".encode())
-        created = _created(dice, walk % 2 == 1, None)
+        # Half the walks offer tools that wait for a person (issue 35's cells).
+        created = _created(dice, walk % 2 == 1, None, asking=walk % 4 >= 2)
         state, _ = start(created)
         for _ in range(steps):
             _probe_table(state, seen, reducer)

@@ -23,6 +23,7 @@ from sm_support import (
     user,
 )
 
+from fanfold import testing
 from fanfold.statemachine import (
     AbortCall,
     CancelRequested,
@@ -284,3 +285,12 @@ def test_random_decisions_keep_every_invariant(decisions: list[str], commands: l
         else:
             with pytest.raises(IllegalTransition):
                 step(state, UserAnswered(n, "x"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=testing.event_sequences(asking=True))
+def test_generated_runs_with_tools_that_ask_keep_every_invariant(trace: testing.Trace) -> None:
+    """fanfold.testing's own generators (``asking=True``: a tool needing approval and
+    ask_user offered, decisions drawn in every way): every step checked, the approval
+    properties included."""
+    testing.check_trace(trace)
