@@ -229,7 +229,6 @@ def approve(
     ID is the request's own id (see `fanfold pending`) or a tree id; CALL names one
     of the tree's requests (its id, call number or agent path); without it, the
     tree's only open request."""
-    path = _sqlite(db)
     if arguments is not None:
         try:
             value = json.loads(arguments)
@@ -240,6 +239,7 @@ def approve(
         from fanfold.statemachine import canonical_json
 
         arguments = canonical_json(value)
+    path = _sqlite(db)
     with user_errors(path):
         done = _decide(path, target, call, "grant", arguments, "", decide_all)
     _decided(path, done, "approved")
