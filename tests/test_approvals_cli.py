@@ -184,10 +184,11 @@ def test_kill_9_while_waiting_then_resume(tmp_path: Path) -> None:
     assert first["id"] in resumed.stdout
     assert _tree_of_only_request(db) == first
     assert not (tmp_path / "ran.txt").exists()
-    edited = _cli(db, "approve", first["id"], "--args", '{"command": "echo y >> ran.txt"}')
-    assert edited.returncode == 0, edited.stderr
-    resumed = _cli(db, "resume", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    # Approved with edited arguments, and --continue goes on with the tree at once.
+    edited = _cli(
+        db, "approve", first["id"], "--args", '{"command": "echo y >> ran.txt"}', "--continue"
+    )
+    assert edited.returncode == 0, edited.stdout + edited.stderr
     assert (tmp_path / "ran.txt").read_text() == "y\n"  # run once, as edited
     assert open_requests(db) == []
 

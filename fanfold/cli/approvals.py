@@ -133,16 +133,49 @@ def _who() -> str:
         return "cli"
 
 
-def _decided(path: Path, done: list[str], what: str) -> None:
+def _decided(path: Path, done: list[str], what: str, go_on: bool = False) -> None:
     from fanfold.cli.output import hint
 
     for request in done:
         click.echo(f"{what} {request}")
+    if go_on:
+        _continue(path, done)
+        return
     hint(
         "a running fanfold takes it within a moment; if none runs, go on with: "
-        f"fanfold resume --db {path}",
+        f"fanfold resume --db {path} (or decide with --continue)",
         style="dim",
     )
+
+
+def _continue(path: Path, done: list[str]) -> None:
+    """``--continue``: resume the decided requests' trees here (as ``fanfold resume``
+    does for them alone); exits with its status."""
+    from fanfold.cli.logs import open_logs
+    from fanfold.cli.resume_command import _resume_main
+    from fanfold.cli.signals import run_trio
+    from fanfold.db import Store
+
+    trees = []
+    with Store.open(path, read_only=True) as store:
+        for request in done:
+            conversation = request.rpartition(":")[0]
+            trees.append(store.conversation(conversation).root_id)
+    open_logs(path, None)
+    code = 0
+    with user_errors(path):
+        for tree in dict.fromkeys(trees):
+            code = run_trio(_resume_main, path, None, None, tree, ()) or code
+    if code:
+        raise SystemExit(code)
+
+
+_CONTINUE = click.option(
+    "--continue",
+    "go_on",
+    is_flag=True,
+    help="Then go on with the tree here, as `fanfold resume` (when no fanfold runs it).",
+)
 
 
 # ------------------------------------------------------------------ commands
@@ -219,9 +252,15 @@ def _age(seconds: float) -> str:
     "--args", "arguments", default=None, metavar="JSON", help="Run it with these arguments instead."
 )
 @click.option("--all", "decide_all", is_flag=True, help="Every open request of the tree.")
+@_CONTINUE
 @db_option
 def approve(
-    target: str, call: str | None, arguments: str | None, decide_all: bool, db: Target | None
+    target: str,
+    call: str | None,
+    arguments: str | None,
+    decide_all: bool,
+    go_on: bool,
+    db: Target | None,
 ) -> None:
     """Approve an open request: its call runs (with --args instead of the model's
     arguments, checked against the tool's schema and the rules again).
@@ -242,7 +281,7 @@ def approve(
     path = _sqlite(db)
     with user_errors(path):
         done = _decide(path, target, call, "grant", arguments, "", decide_all)
-    _decided(path, done, "approved")
+    _decided(path, done, "approved", go_on)
 
 
 @click.command()
@@ -250,21 +289,25 @@ def approve(
 @click.argument("call", required=False)
 @click.option("--reason", required=True, help="Why: the model reads it.")
 @click.option("--all", "decide_all", is_flag=True, help="Every open request of the tree.")
+@_CONTINUE
 @db_option
-def deny(target: str, call: str | None, reason: str, decide_all: bool, db: Target | None) -> None:
+def deny(
+    target: str, call: str | None, reason: str, decide_all: bool, go_on: bool, db: Target | None
+) -> None:
     """Deny an open request: its call never runs; its result is "denied by the
     user: REASON". ID and CALL as for `fanfold approve`."""
     path = _sqlite(db)
     with user_errors(path):
         done = _decide(path, target, call, "deny", None, reason, decide_all)
-    _decided(path, done, "denied")
+    _decided(path, done, "denied", go_on)
 
 
 @click.command()
 @click.argument("target", metavar="ID")
 @click.argument("parts", nargs=-1, required=True, metavar="[CALL] TEXT")
+@_CONTINUE
 @db_option
-def answer(target: str, parts: tuple[str, ...], db: Target | None) -> None:
+def answer(target: str, parts: tuple[str, ...], go_on: bool, db: Target | None) -> None:
     """Answer an agent's question (its ask_user call): TEXT is the call's result.
     ID and CALL as for `fanfold approve`."""
     if len(parts) > 2:
@@ -273,7 +316,7 @@ def answer(target: str, parts: tuple[str, ...], db: Target | None) -> None:
     path = _sqlite(db)
     with user_errors(path):
         done = _decide(path, target, call, "answer", None, text)
-    _decided(path, done, "answered")
+    _decided(path, done, "answered", go_on)
 
 
 # ------------------------------------------------------------------ run and resume
