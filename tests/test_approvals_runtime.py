@@ -10,6 +10,8 @@ import pytest
 import trio
 from runtime_helpers import open_runtime, reply, script
 
+from fanfold.db import Store
+from fanfold.replay.transcript import transcript
 from fanfold.runtime import Runtime
 from fanfold.runtime.approvals import (
     AlreadyDecided,
@@ -77,9 +79,17 @@ async def test_deny_and_edited_arguments(tmp_path: Path) -> None:
             await runtime.approve(first, {"command": 3})
         await runtime.approve(first, {"command": "echo edited"})
         second = await _next(runtime)
-        await runtime.deny(second, "not now")
+        await runtime.deny(second, "not now", by="alice")
         await runtime.wait(root)
         assert _results(runtime, root) == ["edited", "denied by the user: not now"]
+    # The transcript shows each request and who decided what.
+    with Store.open(tmp_path / "log.db", read_only=True) as store:
+        entries = transcript(store, root).entries
+    asked = [e.label for e in entries if e.kind == "request"]
+    decided = [(e.label, e.text) for e in entries if e.kind == "decision"]
+    assert len(asked) == 2 and all("the ask rule 'bash'" in label for label in asked)
+    assert decided[0][0].endswith("approved with edited arguments")
+    assert decided[1] == (f"call {second.call} denied by alice", "not now")
 
 
 async def test_ask_user_is_answered(tmp_path: Path) -> None:
