@@ -152,3 +152,31 @@ async def _next(runtime: Runtime) -> PendingRequest:
         while not runtime.pending():
             await trio.sleep(0.01)
     return runtime.pending()[0]
+
+
+def test_deciders_racing_on_one_request_get_one_winner(tmp_path: Path) -> None:
+    """Eight writers, each with its own connection (as eight `fanfold approve`
+    processes have), write a decision for the same request at once: one row, one
+    winner, and every other one told AlreadyDecided."""
+    import threading
+
+    db = tmp_path / "race.db"
+    FileDecisions(db).new(["x:1"])  # the table exists (a runtime makes it first)
+    start = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def decide(n: int) -> None:
+        start.wait()
+        try:
+            FileDecisions(db).write(Decision("x:1", "deny", None, f"decider {n}", f"d{n}", 0.0))
+            outcomes.append("won")
+        except AlreadyDecided:
+            outcomes.append("already decided")
+
+    threads = [threading.Thread(target=decide, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["already decided"] * 7 + ["won"]
+    assert FileDecisions(db).state_of("x:1") == "new"

@@ -13,10 +13,10 @@ way in for a person, from this process or any other:
   open, turns each into its event (``ApprovalGranted``, ``ApprovalDenied``,
   ``UserAnswered``), and marks the row once the event is committed: ``applied``, or
   ``stale`` when the reducer refused it (the request had ended: a cancel, a
-  timeout). A crash between the commit and the mark leaves the row new; the next poll
-  submits it again and the reducer refuses it (the request is decided), so it is
-  marked then: a decision becomes its event exactly once, and is never lost while its
-  request is open.
+  timeout). A crash between the commit and the mark leaves the row new, but its
+  request is closed in the log and only open requests' rows are read, so it is never
+  submitted again (the reducer would refuse a second one): a decision becomes its
+  event exactly once, and is never lost while its request is open.
 """
 
 from __future__ import annotations
