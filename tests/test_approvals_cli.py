@@ -138,14 +138,39 @@ def _listed(request: PendingRequest) -> dict[str, Any]:
     }
 
 
+QUESTION_THEN_TOUCH = {
+    "latency": 0.01,
+    "agents": [
+        {
+            "match": {"path": "root"},
+            "replies": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "ask_user",
+                            "arguments": {"question": "Which line?", "choices": ["w", "x"]},
+                        }
+                    ]
+                },
+                {"tool_calls": [{"name": "bash", "arguments": {"command": "echo x >> ran.txt"}}]},
+                {"text": "done"},
+            ],
+        }
+    ],
+}
+
+
 def test_run_in_a_terminal_asks_and_another_process_approves(tmp_path: Path) -> None:
+    """A question answered at the prompt (a choice's number), then an approval
+    request decided by another process while the prompt waits: the run drops its
+    prompt and goes on to its answer."""
     db = tmp_path / "t.db"
-    script = _script(tmp_path, TOUCH)
-    run = _Terminal(
-        [*CLI, "run", "go", "--script", str(script), "--ask", "Bash(echo:*)", "--db", str(db)],
-        tmp_path,
-    )
+    script = _script(tmp_path, QUESTION_THEN_TOUCH)
+    argv = [*CLI, "run", "go", "--script", str(script), "--ask-user", "--ask", "Bash(echo:*)"]
+    run = _Terminal([*argv, "--db", str(db)], tmp_path)
     try:
+        run.read_until("answer (empty: decline): ")
+        os.write(run.master, b"2\n")
         run.read_until("approve? [y]es / [n]o / [e]dit")
         assert not (tmp_path / "ran.txt").exists()
         request = _tree_of_only_request(db, cli=True)
@@ -162,6 +187,10 @@ def test_run_in_a_terminal_asks_and_another_process_approves(tmp_path: Path) -> 
     finally:
         run.close()
     assert (tmp_path / "ran.txt").read_text() == "x\n"
+    with Store.open(db, read_only=True) as store:
+        root = store.load_state(request["tree"])
+    results = [m.result.content for m in root.history if isinstance(m, ToolResultMessage)]
+    assert results[0] == "x"  # the second choice, picked by its number
 
 
 def test_kill_9_while_waiting_then_resume(tmp_path: Path) -> None:
