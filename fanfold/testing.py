@@ -87,6 +87,10 @@ from fanfold.statemachine import (
     SUBMIT_ERROR,
     SUBMIT_RESULT,
     AbortCall,
+    ApprovalDenied,
+    ApprovalGranted,
+    Asking,
+    AskUser,
     AssistantMessage,
     AwaitingRetry,
     AwaitingSubAgents,
@@ -127,6 +131,7 @@ from fanfold.statemachine import (
     ModelRequest,
     NotifyParent,
     ReplyEdit,
+    RequestApproval,
     RuntimeResumed,
     RunTool,
     ScheduleRetry,
@@ -149,6 +154,7 @@ from fanfold.statemachine import (
     UnknownCall,
     UnknownChild,
     Usage,
+    UserAnswered,
     UserMessage,
     UserMessaged,
     WorkingDirectory,
@@ -157,11 +163,13 @@ from fanfold.statemachine import (
 )
 from fanfold.statemachine import transition as _fanfold_transition
 from fanfold.statemachine.agent_defs import AgentDefinition, find_agent
+from fanfold.statemachine.approvals import ASK_USER_SPEC, needs_decision
 from fanfold.statemachine.children import Mode, PendingChild, Summary, spawn_order
 from fanfold.statemachine.control_tools import MAX_TASK_CHARS
 from fanfold.statemachine.delegation import SUMMARY_HEADER
 from fanfold.statemachine.limits import CONTEXT_MODES
 from fanfold.statemachine.modes import may_start
+from fanfold.statemachine.permissions import refusal
 from fanfold.statemachine.table import TABLE
 from fanfold.statemachine.transition import model_request
 
@@ -212,6 +220,15 @@ ORDINARY_TOOLS = (
     ToolSpec.from_schema("think", "Think out loud", {"type": "object"}),
 )
 """Ordinary tools the generated conversations are offered (the runtime's tool set)."""
+
+ASKING_TOOLS = (
+    ToolSpec.from_schema("deploy", "Ship it", {"type": "object"}, needs_approval=True),
+    ASK_USER_SPEC,
+)
+"""Issue 35: a tool every call of which waits for a person, and the question tool,
+offered to the conversations generated with ``asking=True`` (half of them with an
+approval timeout). Not by default: the draws of every other generated conversation
+stay what they were, so the hard states are reached as often as before."""
 
 _TEXTS = (
     "done",
@@ -341,6 +358,11 @@ _TOOL_ARGUMENTS = (
     '{"command":"ls","timeout":NaN}',
     '{"command":"ls","deep":[{"x":[1e999]}]}',
 )
+_QUESTIONS = (
+    '{"question":"which one?","choices":["a","b"]}',
+    '{"question":"why?"}',
+    '{"question":3}',  # not a question: an error result, never asked
+)
 
 
 class _Dice:
@@ -411,10 +433,16 @@ def limits(draw: st.DrawFn) -> Limits:
     return _limits(_Dice(draw))
 
 
-def _created(dice: _Dice, sub_agent: bool | None, lim: Limits | None) -> ConversationCreated:
+def _created(
+    dice: _Dice, sub_agent: bool | None, lim: Limits | None, asking: bool = False
+) -> ConversationCreated:
     is_sub = dice.flip() if sub_agent is None else sub_agent
     lim = _limits(dice) if lim is None else lim
     tools = (ORDINARY_TOOLS[0], *(t for t in ORDINARY_TOOLS[1:] if dice.flip()))
+    if asking:
+        tools = (*tools, *ASKING_TOOLS)
+        if dice.flip():
+            lim = attrs.evolve(lim, approval_timeout=5.0)
     model = dice.pick([None, "small"])
     if not is_sub:
         return ConversationCreated(
@@ -539,6 +567,8 @@ def _tool_call(dice: _Dice, state: Conversation, call_id: str) -> ToolCall:
         arguments = _submit_arguments(dice, "result")
     elif name == SUBMIT_ERROR:
         arguments = _submit_arguments(dice, "error")
+    elif name == "ask_user":
+        arguments = dice.pick(_QUESTIONS)
     else:
         arguments = dice.pick(_TOOL_ARGUMENTS)
     return ToolCall(call_id, name, arguments)
@@ -605,8 +635,10 @@ def live_numbers(state: Conversation) -> dict[int, str]:
             add(call, "model call")
         case AwaitingRetry(timer=timer):
             add(timer, "retry timer")
-        case ToolExecuting(call=call):
-            add(call, "tool call")
+        case ToolExecuting(call=call, asking=asking):
+            add(call, "tool call" if asking is None else "request for a decision")
+            if asking is not None and asking.timer is not None:
+                add(asking.timer, "approval timeout")
         case CancellingSubAgents(grace_timer=timer):
             add(timer, "cancel grace timer")
     children = state.children
@@ -683,6 +715,32 @@ def _tool_result(dice: _Dice, state: Conversation) -> Event:
     return ToolFinished(phase.call, result)
 
 
+def _decision(dice: _Dice, state: Conversation) -> Event:
+    """A person's decision on the open request (issue 35): a grant (now and then with
+    edited arguments, some refused by the reducer, some by the rules), a denial, or an
+    answer to a question."""
+    phase = state.phase
+    assert isinstance(phase, ToolExecuting) and phase.asking is not None
+    if phase.asking.question:
+        if dice.one_in(3):
+            return ApprovalDenied(phase.call, dice.text())
+        return UserAnswered(phase.call, dice.text())
+    choice = dice.pick(range(5))
+    if choice == 0:
+        return ApprovalGranted(phase.call)
+    if choice == 1:
+        return ApprovalDenied(phase.call, dice.text())
+    edits = ('{"command":"ls -l"}', '{"command":"rm -rf /"}', "[1]", '{"x":NaN}')
+    return ApprovalGranted(phase.call, dice.pick(edits))
+
+
+def _approval_timeout(dice: _Dice, state: Conversation) -> Event:
+    phase = state.phase
+    assert isinstance(phase, ToolExecuting) and phase.asking is not None
+    assert phase.asking.timer is not None
+    return TimerFired(phase.asking.timer)
+
+
 def _child_reports(dice: _Dice, state: Conversation) -> Event:
     children = state.children
     assert children is not None
@@ -741,8 +799,12 @@ def _progress_makers(state: Conversation) -> list[_Maker]:
             makers += [_reply, _reply, _reply, _failure]
         case AwaitingRetry():
             makers.append(_retry_fires)
-        case ToolExecuting():
+        case ToolExecuting(asking=None):
             makers += [_tool_result, _tool_result]
+        case ToolExecuting(asking=Asking() as asking):
+            makers += [_decision, _decision]
+            if asking.timer is not None:
+                makers.append(_approval_timeout)
     if state.is_sub_agent or not isinstance(phase, Idle | Error):
         makers.append(_user_message)
     if state.written_off:
@@ -1000,6 +1062,27 @@ def rejections(state: Conversation) -> tuple[Rejected, ...]:
         if child not in this_round and child not in state.written_off:
             found.append(Rejected(SubAgentFinished(child, late), unknown))
     phase = state.phase
+    # Issue 35: a decision needs an open request: one for a number never issued, for
+    # a call that asks nothing (or no longer), or of the wrong kind, is refused.
+    asked = phase.call if isinstance(phase, ToolExecuting) and phase.asking else None
+    decisions: tuple[Callable[[int], Event], ...] = (
+        ApprovalGranted,
+        lambda n: ApprovalDenied(n, "?"),
+        lambda n: UserAnswered(n, "?"),
+    )
+    for decide in decisions:
+        found.append(Rejected(decide(never), IllegalTransition if terminal else UnknownCall))
+        if state.next_call > 0 and asked != 0:
+            found.append(Rejected(decide(0), IllegalTransition))
+    if isinstance(phase, ToolExecuting) and phase.asking is not None and not terminal:
+        if phase.asking.question:
+            found.append(Rejected(ApprovalGranted(phase.call), IllegalTransition))
+        else:
+            found.append(Rejected(UserAnswered(phase.call, "?"), IllegalTransition))
+            found.append(Rejected(ApprovalGranted(phase.call, "[1]"), IllegalTransition))
+        found.append(
+            Rejected(ToolFinished(phase.call, ToolResult("x", "bash", "?")), IllegalTransition)
+        )
     if isinstance(phase, ToolExecuting) and not terminal:
         wrong = ToolResult(phase.current.id + "-other", phase.current.name, "?")
         found.append(Rejected(ToolFinished(phase.call, wrong), IllegalTransition))
@@ -1206,15 +1289,18 @@ def event_sequences(
     max_steps: int = 40,
     stale: bool = True,
     transition: Reducer | None = None,
+    asking: bool = False,
 ) -> Trace:
     """A trace of up to ``max_steps`` plausible events accepted by ``transition`` (the
     reducer under test, fanfold's by default), from ``created`` (or a generated root
     or sub-agent). It stops early once the conversation reached a terminal phase.
-    Check it whole with ``check_trace``.
+    Check it whole with ``check_trace``. ``asking``: the generated conversation is
+    offered a tool needing approval and ``ask_user`` (``ASKING_TOOLS``), so its calls
+    wait for a person and get decided in every way (issue 35).
     """
     dice = _Dice(draw)
     if created is None:
-        created = _created(dice, sub_agent, None)
+        created = _created(dice, sub_agent, None, asking)
     trace, _ = _walk(dice, created, max_steps, stale, transition)
     return trace
 
@@ -1227,12 +1313,14 @@ def conversations(
     max_steps: int = 40,
     stale: bool = True,
     transition: Reducer | None = None,
+    asking: bool = False,
 ) -> Conversation:
     """A state reachable from ``start`` through plausible events accepted by
     ``transition`` (the reducer under test, fanfold's by default). Sub-agents still
-    at work come often: a walk stops before most steps that would end a sub-agent."""
+    at work come often: a walk stops before most steps that would end a sub-agent.
+    ``asking``: as for ``event_sequences``."""
     dice = _Dice(draw)
-    created = _created(dice, sub_agent, None)
+    created = _created(dice, sub_agent, None, asking)
     _, state = _walk(dice, created, max_steps, stale, transition, live=True)
     return state
 
@@ -1648,6 +1736,17 @@ def _check_round(state: Conversation, open_calls: tuple[ToolCall, ...]) -> None:
     covered = [c.id in spawn_ids or c.id in result_ids for c in open_calls]
     if isinstance(phase, ToolExecuting):
         index = next((i for i, c in enumerate(open_calls) if c == phase.current), None)
+        if index is None:
+            # A call granted with edited arguments runs them under its own id and name.
+            current = phase.current
+            index = next(
+                (
+                    i
+                    for i, c in enumerate(open_calls)
+                    if c.id == current.id and c.name == current.name
+                ),
+                None,
+            )
         if index is None:
             _fail("current tool is a call of the round", "", state)
         assert index is not None
@@ -2126,6 +2225,12 @@ def _check_timer_delays(after: Conversation, effects: Effects) -> None:
                 expected = deadlines[effect.timer]
             elif isinstance(phase, CancellingSubAgents) and effect.timer == phase.grace_timer:
                 expected = lim.cancel_grace
+            elif (
+                isinstance(phase, ToolExecuting)
+                and phase.asking is not None
+                and effect.timer == phase.asking.timer
+            ):
+                expected = lim.approval_timeout
             elif isinstance(spawned, SpawnSubAgent) and spawned.timeout is not None:
                 # A child started and cancelled in one step (a reply that spawns and
                 # submits): its deadline is set and aborted at once.
@@ -2348,6 +2453,8 @@ def _issued(effect: Effect) -> int | None:
     match effect:
         case CallModel(call=n) | RunTool(call=n) | ScheduleRetry(timer=n) | StartTimer(timer=n):
             return n
+        case RequestApproval(call=n) | AskUser(call=n):
+            return n
     return None
 
 
@@ -2452,6 +2559,7 @@ def check_transition(
     _check_reasons(before, event, after)
     _check_timer_delays(after, effects)
     _check_charges(before, event, after)
+    _check_approvals(before, numbered, after, effects)
     if isinstance(event, RuntimeResumed):
         _check_resume(before, after, effects)
     if isinstance(numbered, ForkEdited):
@@ -2648,6 +2756,13 @@ def _check_numbers(
     for effect in effects:
         number = _issued(effect)
         reissued = number is not None and number < before.next_call
+        # A grant runs the call under its request's number (issue 35).
+        if (
+            isinstance(event, ApprovalGranted)
+            and isinstance(effect, RunTool)
+            and (number == event.call)
+        ):
+            continue
         if reissued and not (resumed and number in live_before):
             _fail(
                 "only a restart re-issues a number",
@@ -2669,6 +2784,8 @@ def _check_numbers(
                 after,
             )
     answered = _event_number(event)
+    if isinstance(event, ApprovalGranted | ApprovalDenied | UserAnswered):
+        answered = event.call  # a decision answers its request
     match event, before.phase:
         # An edited reply answers the awaited call; an edited result, the running tool.
         case ForkEdited(edit=ReplyEdit()), LlmRequesting(call=n):
@@ -2774,10 +2891,16 @@ def _check_turn_finished(
 
 
 def _check_timers_say_if_downtime_counts(after: Conversation, effects: Effects) -> None:
-    """Only the conversation's own time limit counts downtime after a restart."""
+    """Only the conversation's own time limit (and an approval timeout) counts
+    downtime after a restart."""
     for effect in effects:
         if isinstance(effect, StartTimer):
             own = effect.timer == after.deadline_timer
+            phase = after.phase
+            # An approval timeout is a person's wall-clock time: a decision can be
+            # written while no runtime runs (issue 35).
+            if isinstance(phase, ToolExecuting) and phase.asking is not None:
+                own = own or effect.timer == phase.asking.timer
             if effect.counts_downtime != own:
                 _fail(
                     "StartTimer says whether downtime counts",
@@ -2844,7 +2967,12 @@ def _check_model_and_tools(
         _check_run_decisions(run, after)
     if isinstance(phase, LlmRequesting) and phase.call >= before.next_call and not calls:
         _fail("a new model call is issued", "no CallModel", after)
-    if isinstance(phase, ToolExecuting) and phase.call >= before.next_call and not runs:
+    if (
+        isinstance(phase, ToolExecuting)
+        and phase.asking is None
+        and phase.call >= before.next_call
+        and not runs
+    ):
         _fail("a new tool is run", "no RunTool", after)
     retries = [e for e in effects if isinstance(e, ScheduleRetry)]
     if len(retries) > 1:
@@ -3113,6 +3241,81 @@ def _from_parents_history(context: tuple[Message, ...], history: tuple[Message, 
         and isinstance(last, AssistantMessage)
         and not last.tool_calls
     )
+
+
+def _asking_at(state: Conversation) -> tuple[int, ToolCall] | None:
+    """The open request of ``state`` (its call number and tool call), if it has one."""
+    phase = state.phase
+    if isinstance(phase, ToolExecuting) and phase.asking is not None:
+        return phase.call, phase.current
+    return None
+
+
+_DECISIONS = (ApprovalGranted, ApprovalDenied, UserAnswered)
+
+
+def _check_approvals(
+    before: Conversation, event: Event, after: Conversation, effects: Effects
+) -> None:
+    """Issue 35's properties, on every accepted step:
+
+    - no call that must wait for a person (an ask rule, a tool needing approval,
+      ``ask_user``) reaches ``RunTool`` unless the step is its grant, or it is the call
+      already past its decision being run again (a restart of an idempotent tool);
+    - a denied call never runs, and its result says so;
+    - a decision closes its request (one decision per request: a second finds none
+      open, and the reducer refuses it, which ``probe_illegal`` checks);
+    - a cancel while waiting leaves nothing pending, its timer aborted;
+    - edited arguments pass the rules again before they run;
+    - a new request is shown (its RequestApproval or AskUser) and carries its call.
+    """
+    open_before = _asking_at(before)
+    open_after = _asking_at(after)
+    for run in (e for e in effects if isinstance(e, RunTool)):
+        granted = (
+            isinstance(event, ApprovalGranted)
+            and open_before is not None
+            and open_before[0] == run.call == event.call
+        )
+        phase = before.phase
+        again = (
+            isinstance(phase, ToolExecuting)
+            and phase.asking is None
+            and phase.call == run.call
+            and phase.current == run.tool_call
+        )
+        if not (granted or again) and (
+            needs_decision(before.permissions, before.tools, run.tool_call, before.cwd) is not None
+        ):
+            _fail("no call that must be asked runs without a grant", f"{run}", after)
+        edited = isinstance(event, ApprovalGranted) and event.arguments_json is not None
+        if (
+            granted
+            and edited
+            and refusal(before.permissions, run.tool_call, before.cwd) is not None
+        ):
+            _fail("edited arguments pass the rules again", f"{run}", after)
+    if isinstance(event, _DECISIONS):
+        if open_before is None or open_before[0] != event.call:
+            _fail("a decision needs an open request", f"{event}", after)
+        if open_after is not None and open_after[0] == event.call:
+            _fail("a decision closes its request", f"{event}", after)
+    if isinstance(event, ApprovalDenied) and any(
+        isinstance(e, RunTool) and e.call == event.call for e in effects
+    ):
+        _fail("a denied call never runs", f"{event}", after)
+    if isinstance(event, CancelRequested) and open_before is not None:
+        if open_after is not None:
+            _fail("a cancel while waiting leaves nothing pending", f"{after.phase}", after)
+        phase = before.phase
+        assert isinstance(phase, ToolExecuting) and phase.asking is not None
+        aborted = {e.call for e in effects if isinstance(e, AbortCall)}
+        if phase.asking.timer is not None and phase.asking.timer not in aborted:
+            _fail("a cancel while waiting aborts its timer", f"{effects}", after)
+    if open_after is not None and open_after != open_before:
+        shown = [e for e in effects if isinstance(e, RequestApproval | AskUser)]
+        if [(e.call, e.tool_call) for e in shown] != [open_after]:
+            _fail("a new request is shown once", f"{shown}", after)
 
 
 def _check_run_decisions(run: RunTool, after: Conversation) -> None:
@@ -3711,8 +3914,60 @@ def _probe_table(state: Conversation, seen: set[TableStep], reducer: Reducer) ->
     probes += late_events(state)
     probes += [ForkEdited(SystemPromptEdit("edited")), ForkEdited(TaskEdit("edited task"))]
     probes.append(UserMessaged("hi"))
+    probes += _decisions_on(state)
     for event in probes:
         observe_step(state, event, seen, reducer)
+    _probe_asking_rounds(state, seen, reducer)
+
+
+def _decisions_on(state: Conversation) -> list[Event]:
+    """Every decision on ``state``'s open request (issue 35), if it has one."""
+    phase = state.phase
+    if not (isinstance(phase, ToolExecuting) and phase.asking is not None):
+        return []
+    probes: list[Event] = [
+        ApprovalGranted(phase.call),
+        ApprovalGranted(phase.call, '{"command":"ls","n":NaN}'),  # refused on the way
+        ApprovalDenied(phase.call, "no"),
+        UserAnswered(phase.call, "yes"),
+    ]
+    if phase.asking.timer is not None:
+        probes.append(TimerFired(phase.asking.timer))
+    return probes
+
+
+def _probe_asking_rounds(state: Conversation, seen: set[TableStep], reducer: Reducer) -> None:
+    """From a model call in flight, rounds whose first call waits for a person and
+    whose next calls end the round in each way (another tool, children, a submit with
+    and without children running), each decided in every way: the decisions' cells,
+    whatever follows them (issue 35)."""
+    phase = state.phase
+    if not isinstance(phase, LlmRequesting):
+        return
+    asking = [t.name for t in state.tools if t.needs_approval or t.name == "ask_user"]
+    if not asking:
+        return
+    follow = [
+        (ToolCall("p2", "bash", '{"command":"ls"}'),),
+        (ToolCall("p2", SPAWN_AGENTS, '{"tasks":[{"task":"t"}]}'),),
+        (ToolCall("p2", SUBMIT_RESULT, '{"result":"r"}'),),
+        (ToolCall("p2", SUBMIT_ERROR, '{"error":"e"}'),),
+        (
+            ToolCall("p2", SPAWN_AGENTS, '{"tasks":[{"task":"t"}]}'),
+            ToolCall("p3", SUBMIT_RESULT, '{"result":"r"}'),
+        ),
+    ]
+    for name in asking:
+        arguments = '{"question":"q?"}' if name == "ask_user" else "{}"
+        for after_it in follow:
+            first = ToolCall("p1", name, arguments)
+            for calls in ((first, *after_it), (*after_it[:1], first, *after_it[1:])):
+                reply = ModelReply(tool_calls=calls, stop_reason="tool_use")
+                waiting = observe_step(state, ModelReplied(phase.call, reply), seen, reducer)
+                if waiting is None:
+                    continue
+                for event in _decisions_on(waiting):
+                    observe_step(waiting, event, seen, reducer)
 
 
 def table_report(
@@ -3737,7 +3992,8 @@ def table_report(
     seen: set[TableStep] = set(extra)
     for walk in range(walks):
         dice = _seeded_dice(f"table:{walk}".encode())
-        created = _created(dice, walk % 2 == 1, None)
+        # Half the walks offer tools that wait for a person (issue 35's cells).
+        created = _created(dice, walk % 2 == 1, None, asking=walk % 4 >= 2)
         state, _ = start(created)
         for _ in range(steps):
             _probe_table(state, seen, reducer)

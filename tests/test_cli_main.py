@@ -82,6 +82,10 @@ def test_the_group_is_built_explicitly_from_command_modules() -> None:
         "worker",
         "wait",
         "help",
+        "pending",
+        "approve",
+        "deny",
+        "answer",
     }  # fmt: skip
     for name in cli.list_commands(context):
         command = cli.get_command(context, name)

@@ -79,6 +79,8 @@ _ALIASES = {
     "maxTokens": "max_tokens",
     "mayDelegate": "may_delegate",
     "promptMode": "prompt_mode",
+    "askTools": "ask",
+    "ask_tools": "ask",
 }
 
 PositiveInt = NewType("PositiveInt", int)
@@ -115,6 +117,7 @@ class FrontMatter:
     context: str = "task_only"
     may_delegate: bool = True
     prompt_mode: PromptMode = PromptMode.EXTEND
+    ask: Names = Names(())
 
 
 _KEYS = frozenset(f.name for f in attrs.fields(FrontMatter))
@@ -330,7 +333,7 @@ def parse_definition(
                 AgentProblem(path, line, f"unknown key {raw_key!r} ignored", warning=True)
             )
             continue
-        if key in ("tools", "disallowed_tools") and isinstance(value, str):
+        if key in ("tools", "disallowed_tools", "ask") and isinstance(value, str):
             value = _split_tools(value)
         if key == "model" and isinstance(value, str) and value.strip().lower() == "inherit":
             value = None
@@ -469,6 +472,9 @@ def _definition(
         problems.append(
             AgentProblem(path, at("disallowed_tools"), "read-only is an allow rule (in tools)")
         )
+    ask = _rules(matter.ask, "ask", at("ask"), path, problems, known)
+    if any(rule.tool == READ_ONLY for rule in ask):
+        problems.append(AgentProblem(path, at("ask"), "read-only is an allow rule (in tools)"))
     if any(not p.warning for p in problems):
         return None, problems
     if matter.prompt_mode is PromptMode.REPLACE and not body.strip():
@@ -497,6 +503,7 @@ def _definition(
             may_delegate=matter.may_delegate,
             source=path,
             context=ContextMode(matter.context),
+            ask=ask,
         ),
         problems,
     )

@@ -45,6 +45,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("worker_commands", "worker"),
     "wait": ("worker_commands", "wait"),
     "help": ("help_command", "help_command"),
+    "pending": ("approvals", "pending"),
+    "approve": ("approvals", "approve"),
+    "deny": ("approvals", "deny"),
+    "answer": ("approvals", "answer"),
 }
 
 
@@ -94,6 +98,22 @@ SUMMARIES: dict[str, str] = {
         "database, or --dbos-db beside a log file); an id in neither is an error (exit 2)."
     ),
     "help": "Show a help topic (database, script) or a command's help.",
+    "pending": (
+        "List every open request for a person's decision: tree, agent, tool, arguments, "
+        "the rule that asks, and how long it has waited."
+    ),
+    "approve": (
+        "Approve an open request: its call runs (with --args instead of the model's "
+        "arguments, checked against the tool's schema and the rules again)."
+    ),
+    "deny": (
+        'Deny an open request: its call never runs; its result is "denied by the user: '
+        'REASON". ID and CALL as for `fanfold approve`.'
+    ),
+    "answer": (
+        "Answer an agent's question (its ask_user call): TEXT is the call's result. ID and "
+        "CALL as for `fanfold approve`."
+    ),
 }
 
 

@@ -22,6 +22,7 @@ from fanfold.cli.text import printable as printable
 from fanfold.cli.text import short as short
 from fanfold.replay.render import model_refusal
 from fanfold.statemachine import (
+    Asking,
     AssistantMessage,
     AwaitingRetry,
     AwaitingSubAgents,
@@ -141,6 +142,10 @@ def describe(state: Conversation, retry_in: float | None = None) -> str:
             return f"model call, attempt {attempt}"
         case LlmRequesting():
             return "thinking"
+        case ToolExecuting(current=current, asking=Asking(question=True)):
+            return "asks you a question (fanfold pending)"
+        case ToolExecuting(current=current, asking=Asking()):
+            return f"waits for your decision on {short(current.name, 40)} (fanfold pending)"
         case ToolExecuting(current=current):
             return f"running {short(current.name, 40)}"
         case Completed() if not state.submitted:

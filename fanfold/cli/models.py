@@ -43,6 +43,10 @@ class ModelChoice:
     system_prompt: str = ""
     web_domains: tuple[str, ...] = ()
     model_aliases: tuple[tuple[str, str], ...] = ()
+    ask: tuple[str, ...] = ()
+    """``[permissions] ask`` of the configuration (issue 35)."""
+    approval_timeout: float | None = None
+    """``[permissions] approval_timeout`` of the configuration."""
 
     def tools(self, extra: Iterable[Any] = ()) -> ToolSet:
         """The tool set, bash commands' environments under ``env_policy``, web_fetch
@@ -116,6 +120,8 @@ def _scripted_choice(
         config.system_prompt,
         config.web_domains,
         config.model_aliases,
+        config.ask,
+        config.approval_timeout,
     )
 
 
@@ -152,6 +158,8 @@ def _model_choice(config: Config, model: str | None, demo_script: Path) -> Model
         config.system_prompt,
         config.web_domains,
         config.model_aliases,
+        config.ask,
+        config.approval_timeout,
     )
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fanfold.cli.approvals import EXIT_WAITING, say_waiting, wait_or_blocked
 from fanfold.cli.database import Target, db_option, db_path
 from fanfold.cli.errors import user_errors
 from fanfold.cli.logs import open_logs
@@ -56,7 +57,9 @@ def resume(
     Exit status: 0 if every tree that may be resumed was (inert trees listed aside);
     1 if a tree was left because its recorded provider configuration cannot be
     rebuilt or its log cannot be read (damaged: named, with the reason; the other
-    trees are resumed all the same); 2 on an error; 128 + the signal after Ctrl-C,
+    trees are resumed all the same); 2 on an error; 75 when the trees can go on only
+    after a person's decision (printed: decide with `fanfold approve`, `deny` or
+    `answer`, then resume again); 128 + the signal after Ctrl-C,
     SIGTERM or SIGHUP, which stop the process cleanly (nothing left running) and
     leave the trees resumable.
     """
@@ -337,6 +340,7 @@ async def _resume_main(
                     return 1 if unbuildable else 0
                 roots = sorted({runtime.state(i).root_id for i in ids})
                 console.print(f"resuming {len(ids)} conversation(s) in {len(roots)} tree(s)")
+                blocked: list[str] = []
                 async with trio.open_nursery() as nursery:
 
                     async def on_signal() -> None:
@@ -346,9 +350,13 @@ async def _resume_main(
                             nursery.cancel_scope.cancel()
 
                     nursery.start_soon(on_signal)
-                    for root in roots:
-                        await runtime.wait(root)
+                    # A tree that can go on only after a person's decision stops
+                    # here too (issue 35): `fanfold approve`, then resume again.
+                    blocked = await wait_or_blocked(runtime, roots)
                     nursery.cancel_scope.cancel()
+                if blocked and stopped is None:
+                    say_waiting(runtime, path)
+                    return EXIT_WAITING
                 finished = {root: runtime.state(root) for root in roots}
             if stopped is None:
                 say(view.render(), to=console)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fanfold.cli.approvals import EXIT_WAITING
 from fanfold.cli.database import Target, db_option, db_path, default_db
 from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.options import SectionedCommand, dbos_db_option, model_options
@@ -129,6 +130,34 @@ MAX_TURN_SECONDS = 365 * 86400.0
 )
 @click.option("--no-live", is_flag=True, help="No live tree; print the result only.")
 @click.option(
+    "--ask",
+    "ask_rules",
+    multiple=True,
+    metavar="PATTERN",
+    help="A call matching this rule (Claude Code's syntax: 'Bash(git push:*)', "
+    "'mcp__github__create_issue', 'Write(src/**)') waits for your decision, anywhere in "
+    "the tree; repeatable (with [permissions] ask in fanfold.toml).",
+)
+@click.option(
+    "--ask-user",
+    is_flag=True,
+    help="Offer the ask_user tool: agents may ask you a question and wait for the answer.",
+)
+@click.option(
+    "--approval-timeout",
+    type=FiniteFloatRange(min=0, min_open=True, max=MAX_TURN_SECONDS),
+    default=None,
+    metavar="SECONDS",
+    help="A call waiting for a decision longer is denied (default: [permissions] "
+    "approval_timeout, else none: it waits).",
+)
+@click.option(
+    "--no-wait",
+    is_flag=True,
+    help="Never ask here: once the tree can go on only after a decision, print the open "
+    "requests and exit with status 75 (as without a terminal).",
+)
+@click.option(
     "--detach",
     is_flag=True,
     help="Put the tree on the workers' queue (--dbos-db) and print its id; "
@@ -156,6 +185,10 @@ def run(
     context_modes: str | None,
     timeout: float | None,
     no_live: bool,
+    ask_rules: tuple[str, ...],
+    ask_user: bool,
+    approval_timeout: float | None,
+    no_wait: bool,
     detach: bool,
     dbos_db: str | None,
     tool_refs: tuple[str, ...],
@@ -165,6 +198,12 @@ def run(
 
     Ctrl-C, SIGTERM or SIGHUP cancels it cleanly: every sub-agent is cancelled and
     recorded; the exit status is then 128 + the signal (130, 143, 129).
+
+    A call that must wait for a person (--ask, [permissions] ask, a tool that needs
+    approval, an ask_user question) is asked here in a terminal (y / n / edit);
+    without one, or with --no-wait, the run stops once the tree can go on only after
+    a decision: exit status 75, the requests printed; decide with `fanfold approve`,
+    `deny` or `answer`, then go on with `fanfold resume`.
     """
     from fanfold.cli.agents_in_effect import agents_in_effect
     from fanfold.cli.logs import open_logs
@@ -200,6 +239,10 @@ def run(
         }.items()
         if v is not None
     }
+    if detach and (ask_rules or ask_user or approval_timeout is not None or no_wait):
+        raise CliError(
+            "--detach: --ask, --ask-user, --approval-timeout and --no-wait are for a run here"
+        )
     if detach:
         given = [o for o, v in (("--script", script), ("--config", config_path),
                                 ("--profile", profile), ("--model", model),
@@ -222,6 +265,10 @@ def run(
         overrides: dict[str, Any] = dict(numbers)
         if context_modes is not None:
             overrides["context_modes"] = _context_modes(context_modes)
+        waited = approval_timeout if approval_timeout is not None else choice.approval_timeout
+        if waited is not None:
+            overrides["approval_timeout"] = waited
+        asked = _ask_rules((*choice.ask, *ask_rules))
         limits = choice.retry.apply(Limits(**overrides))
         hint(f"model: {choice.description}; log: {path}", style="dim")
         if system is None:
@@ -244,8 +291,13 @@ def run(
             servers,
             python_tools,
             timeout,
+            asked,
+            ask_user,
+            no_wait,
         )
-    print_result(*result, db=path)
+    if result[3]:
+        raise SystemExit(EXIT_WAITING)
+    print_result(*result[:3], db=path)
 
 
 def _detach(
@@ -335,12 +387,17 @@ async def _run_main(
     servers: tuple[Any, ...] = (),
     python_tools: Sequence[Any] = (),
     timeout: float | None = None,
-) -> tuple[str, Conversation, Interruption | None]:
+    ask: tuple[str, ...] = (),
+    ask_user: bool = False,
+    no_wait: bool = False,
+) -> tuple[str, Conversation, Interruption | None, list[str]]:
+    from fanfold.cli.approvals import say_waiting
     from fanfold.cli.display import TreeView
     from fanfold.cli.mcp_tools import mcp_tools, refreshing, scoped_to_agents
     from fanfold.cli.signals import stop_signal_receiver
-    from fanfold.cli.turns import watch
+    from fanfold.cli.turns import People, watch
     from fanfold.runtime import Runtime
+    from fanfold.tools.ask_user import AskUserTool
 
     view = TreeView()
     try:
@@ -350,10 +407,11 @@ async def _run_main(
         with stop_signal_receiver(stop) as signals:
             async with mcp_tools(servers, cwd, choice.env_policy) as served:
                 scoped_agents, extra = scoped_to_agents(agents, served)
+                asking = [AskUserTool()] if ask_user else []
                 async with Runtime.open(
                     path,
                     choice.provider,
-                    refreshing(choice.tools([*python_tools, *extra]), extra),
+                    refreshing(choice.tools([*python_tools, *asking, *extra]), extra),
                     redact=choice.redactor(),
                     limits=limits,
                     observer=view.observe,
@@ -367,9 +425,16 @@ async def _run_main(
                         system_prompt=system,
                         agents=scoped_agents,
                         timeout=timeout,
+                        ask=ask,
                     )
-                    interruption = await watch(runtime, conversation_id, view, live, signals)
-                    return conversation_id, runtime.state(conversation_id), interruption
+                    people = People(no_wait=no_wait)
+                    interruption = await watch(
+                        runtime, conversation_id, view, live, signals, people
+                    )
+                    if people.blocked:
+                        say_waiting(runtime, path)
+                    state = runtime.state(conversation_id)
+                    return conversation_id, state, interruption, people.blocked
     finally:
         await choice.aclose()
 
@@ -492,6 +557,17 @@ async def _send_main(
                 return conversation_id, runtime.state(conversation_id), interruption
     finally:
         await choice.aclose()
+
+
+def _ask_rules(texts: tuple[str, ...]) -> tuple[str, ...]:
+    """The ask rules given (``--ask``, ``[permissions] ask``), each checked."""
+    from fanfold.statemachine.permissions import parse_rule
+
+    for text in texts:
+        rule = parse_rule(text)
+        if isinstance(rule, str):
+            raise CliError(f"--ask: {rule}")
+    return texts
 
 
 def _context_modes(text: str) -> tuple[str, ...]:

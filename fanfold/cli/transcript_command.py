@@ -39,6 +39,8 @@ _HEADINGS = {
     "forked": ("forked from", "blue"),
     "note": ("note", "dim"),
     "edit": ("edit", "bold magenta"),
+    "request": ("waits for a person", "bold yellow"),
+    "decision": ("decision", "bold yellow"),
     "outcome": ("outcome", "bold"),
 }
 

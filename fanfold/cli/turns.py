@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,15 +27,61 @@ from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Error
 
 
+@attrs.define
+class People:
+    """How a watched turn meets requests for a person's decision (issue 35).
+
+    ``no_wait``: never ask here; stop once the tree can go on only after a decision
+    (``blocked`` then holds its id: the caller exits with ``EXIT_WAITING``). Without
+    a terminal the same happens; in one, each request is asked y / n / edit."""
+
+    no_wait: bool = False
+    blocked: list[str] = attrs.field(factory=list)
+
+
 async def watch(
-    runtime: Runtime, conversation_id: str, view: TreeView, live: bool, signals: AsyncIterator[int]
+    runtime: Runtime,
+    conversation_id: str,
+    view: TreeView,
+    live: bool,
+    signals: AsyncIterator[int],
+    people: People | None = None,
 ) -> Interruption | None:
     """Wait for the turn, cancelling it on the first stop signal; a second stops at once."""
+    from fanfold.cli.approvals import prompt_decisions, wait_or_blocked
+
     interruption: Interruption | None = None
+    people = people if people is not None else People()
     display = None
     if live and console.is_terminal:
         display = Live(get_renderable=view.render, console=console, refresh_per_second=8)
+    # A person answers here only in a terminal (its input too), and not --no-wait.
+    interactive = display is not None and sys.stdin.isatty() and not people.no_wait
+
+    finished = False
+
+    async def until_rest() -> None:
+        nonlocal finished
+        try:
+            if interactive:
+                await runtime.wait(conversation_id)
+            else:
+                people.blocked = await wait_or_blocked(runtime, [conversation_id])
+        finally:
+            finished = True
+
+    def stop_display() -> None:
+        if display is not None:
+            quietly(display.stop)
+
+    def start_display() -> None:
+        # Not once the turn is over: the display is stopped for good then.
+        if display is not None and not finished:
+            display.start()
+
     async with trio.open_nursery() as nursery:
+        if interactive:
+            nursery.start_soon(prompt_decisions, runtime, stop_display, start_display)
 
         async def on_signal() -> None:
             nonlocal interruption
@@ -60,11 +107,11 @@ async def watch(
         if display is not None:
             display.start()
             try:
-                await runtime.wait(conversation_id)
+                await until_rest()
             finally:
                 quietly(display.stop)
         else:
-            await runtime.wait(conversation_id)
+            await until_rest()
             say(view.render(), to=console)
         nursery.cancel_scope.cancel()
     return interruption

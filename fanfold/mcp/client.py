@@ -1014,7 +1014,11 @@ def _tool(server: McpServer, tool: Any) -> McpTool | str:
     description = (tool.description or "").strip() or f"{tool.name} (MCP server {server.name})"
     annotations = getattr(tool, "annotations", None)
     read_only = bool(annotations is not None and annotations.read_only_hint)
-    spec = ToolSpec.from_schema(name, description[:4000], schema, read_only=read_only)
+    # ``ask_tools`` in the server's declaration: every call waits for a person (issue 35).
+    asks = server.declaration.asks(str(tool.name))
+    spec = ToolSpec.from_schema(
+        name, description[:4000], schema, read_only=read_only, needs_approval=asks
+    )
     return McpTool(server, str(tool.name), spec)
 
 

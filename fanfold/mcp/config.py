@@ -4,7 +4,7 @@ Three places declare servers:
 
 - the configuration file (``[mcp_servers.NAME]``: ``command``, ``args``, ``env``,
   ``cwd``, or ``url`` and ``headers``; ``type``; and fanfold's own keys
-  ``idempotent_tools``, ``include_tools``, ``exclude_tools``, ``timeout``,
+  ``idempotent_tools``, ``include_tools``, ``exclude_tools``, ``ask_tools``, ``timeout``,
   ``startup_timeout``);
 - a project's ``.mcp.json`` (``{"mcpServers": {NAME: {...}}}``, Claude Code's format,
   the same keys in camel case where it has them);
@@ -145,6 +145,15 @@ class ServerDeclaration:
     exclude_tools: tuple[str, ...] = ()
     """Names or globs of the server's tools never offered (they win over
     ``include_tools``)."""
+    ask_tools: tuple[str, ...] = ()
+    """Names or globs of the server's tools each call of which waits for a person's
+    decision (``["*"]``: the whole server): their specs say ``needs_approval``
+    (issue 35)."""
+
+    def asks(self, tool: str) -> bool:
+        """Whether every call of the server's tool ``tool`` (its own name) waits for a
+        person's decision (``ask_tools``)."""
+        return any(fnmatchcase(tool, p) for p in self.ask_tools)
 
     def offers(self, tool: str) -> bool:
         """Whether the server's tool named ``tool`` passes ``include_tools`` and
@@ -457,6 +466,7 @@ _TOML_KEYS = {
     "idempotent_tools",
     "include_tools",
     "exclude_tools",
+    "ask_tools",
     "timeout",
     "startup_timeout",
     "type",
@@ -466,6 +476,7 @@ _JSON_ALIASES = {
     "startupTimeout": "startup_timeout",
     "includeTools": "include_tools",
     "excludeTools": "exclude_tools",
+    "askTools": "ask_tools",
 }
 
 
@@ -524,7 +535,7 @@ def _declaration(
     if not isinstance(idempotent, list) or not all(isinstance(t, str) for t in idempotent):
         raise fail("idempotent_tools must be a list of tool names")
     filters = {}
-    for key in ("include_tools", "exclude_tools"):
+    for key in ("include_tools", "exclude_tools", "ask_tools"):
         patterns = body.get(key, [])
         if (
             not isinstance(patterns, list)
@@ -560,6 +571,7 @@ def _declaration(
         written=written if written != launch else None,
         include_tools=filters["include_tools"],
         exclude_tools=filters["exclude_tools"],
+        ask_tools=filters["ask_tools"],
     )
 
 

@@ -84,7 +84,7 @@ from fanfold.providers.slots import CallSlots, LocalSlots
 from fanfold.providers.wire import Secret, looks_like_key
 from fanfold.regular_files import read_regular
 from fanfold.statemachine import ErrorKind, Limits, ModelError, ModelReply, ModelRequest
-from fanfold.statemachine.permissions import DOMAIN, domain_problem
+from fanfold.statemachine.permissions import DOMAIN, domain_problem, parse_rule
 from fanfold.trust import TrustFileError, TrustStore, file_digest
 
 PROVIDERS = ("openai", "anthropic", "scripted")
@@ -241,6 +241,12 @@ class Config:
     file); ``fanfold run --system``/``--system-file`` replace it."""
     own_profiles: bool = True
     """False for a file without ``[profiles]``: its profiles are those of no file."""
+    ask: tuple[str, ...] = ()
+    """``[permissions] ask``: rules (Claude Code's syntax) whose calls wait for a
+    person's decision in every tree run with this file (issue 35)."""
+    approval_timeout: float | None = None
+    """``[permissions] approval_timeout``: seconds a call waits for a decision before
+    it is denied (none: for ever)."""
 
     def __attrs_post_init__(self) -> None:
         names = self.names()
@@ -363,6 +369,7 @@ _TOP_KEYS = {
     "system_prompt",
     "model_aliases",
     "mcp_servers",  # read by fanfold.mcp.config
+    "permissions",
 }
 _PROFILE_KEYS = {
     "provider",
@@ -918,6 +925,9 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     system_prompt = (
         _text(data["system_prompt"], source, "system_prompt") if "system_prompt" in data else ""
     )
+    ask, approval_timeout = (
+        _permissions(data["permissions"], source) if "permissions" in data else ((), None)
+    )
     return Config(
         profiles,
         default,
@@ -929,7 +939,37 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         web_domains=web_domains,
         model_aliases=aliases,
         own_profiles=own_profiles,
+        ask=ask,
+        approval_timeout=approval_timeout,
     )
+
+
+def _permissions(value: Any, path: str) -> tuple[tuple[str, ...], float | None]:
+    """``[permissions]``: ``ask`` (rules whose calls wait for a person) and
+    ``approval_timeout`` (seconds; none: wait for ever)."""
+    if not isinstance(value, dict):
+        raise ConfigError("must be a table", path=path, key="permissions")
+    _unknown(value, {"ask", "approval_timeout"}, path, "permissions.")
+    rules = value.get("ask", [])
+    if not isinstance(rules, list):
+        raise ConfigError(
+            'must be a list of rules, e.g. ["Bash(git push:*)"]', path=path, key="permissions.ask"
+        )
+    for i, text in enumerate(rules):
+        rule = parse_rule(text)
+        if isinstance(rule, str):
+            raise ConfigError(rule, path=path, key=f"permissions.ask[{i}]")
+    timeout = None
+    if "approval_timeout" in value:
+        timeout = _number(
+            value["approval_timeout"],
+            path,
+            "permissions.approval_timeout",
+            minimum=0,
+            inclusive=False,
+            maximum=365 * 86_400,
+        )
+    return tuple(str(r).strip() for r in rules), timeout
 
 
 def _text(value: Any, path: str, key: str) -> str:

@@ -101,6 +101,8 @@ _CHECKS: dict[str, Callable[[Any, str, str], Any]] = {
     "child_result_cap": _count(1, MAX_RESULT_CHARS),
     "max_tokens": _or_none(_count(1, MAX_TOKEN_BUDGET)),
     "context_modes": _modes,
+    # Issue 35: how long a call waits for a person's decision (none: for ever).
+    "approval_timeout": _or_none(_seconds(365 * 86_400, zero=False)),
 }
 # Every field of Limits has its check, and nothing else does (a new field must be
 # given one before it can be edited).

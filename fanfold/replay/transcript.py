@@ -21,6 +21,8 @@ from fanfold.replay.lineage import lineage
 from fanfold.replay.report import ReplayStep
 from fanfold.replay.stepping import steps
 from fanfold.statemachine import (
+    ApprovalDenied,
+    ApprovalGranted,
     AssistantMessage,
     CancelRequested,
     ChildFailed,
@@ -46,6 +48,7 @@ from fanfold.statemachine import (
     ToolExecuting,
     ToolResultEdit,
     ToolResultMessage,
+    UserAnswered,
     UserMessage,
 )
 from fanfold.statemachine.state import tree_path
@@ -199,6 +202,16 @@ def _entries(step: ReplayStep) -> Iterator[Entry]:
             yield Entry(seq, "resumed", label="the runtime resumed the conversation")
         case ForkEdited(edit=edit):
             yield _edit_entry(seq, edit)
+        case ApprovalGranted(call=call, arguments_json=arguments, by=by):
+            edited = " with edited arguments" if arguments is not None else ""
+            label = f"call {call} approved{edited}" + (f" by {by}" if by else "")
+            yield Entry(seq, "decision", arguments or "", label=label)
+        case ApprovalDenied(call=call, reason=reason, by=by):
+            label = f"call {call} denied" + (f" by {by}" if by else "")
+            yield Entry(seq, "decision", reason, label=label, is_error=True)
+        case UserAnswered(call=call, text=text, by=by):
+            label = f"call {call} answered" + (f" by {by}" if by else "")
+            yield Entry(seq, "decision", text, label=label)
     old = () if before is None else before.history
     new = after.history
     # The reducer appends to the history (the earlier messages are the same objects),
@@ -208,6 +221,21 @@ def _entries(step: ReplayStep) -> Iterator[Entry]:
         old = ()
     for message in new[len(old) :]:
         yield from _message(seq, message)
+    asked = after.phase
+    if (
+        isinstance(asked, ToolExecuting)
+        and asked.asking is not None
+        and not isinstance(event, RuntimeResumed | ForkEdited)
+        and not (
+            before is not None
+            and isinstance(before.phase, ToolExecuting)
+            and before.phase.asking is not None
+            and before.phase.call == asked.call
+        )
+    ):
+        # The step opened a request (issue 35): the call waits for a decision.
+        what = "a question (ask_user)" if asked.asking.question else asked.asking.rule
+        yield Entry(seq, "request", label=f"call {asked.call} ({asked.current.name}): {what}")
 
 
 def _edit_entry(seq: int, edit: Edit) -> Entry:

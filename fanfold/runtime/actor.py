@@ -47,6 +47,7 @@ from fanfold.runtime.timers import Timer
 from fanfold.runtime.writer import TreeDropped
 from fanfold.statemachine import (
     AbortCall,
+    AskUser,
     CallModel,
     CancelRequested,
     CancelSubAgents,
@@ -61,6 +62,7 @@ from fanfold.statemachine import (
     ModelReply,
     ModelRequest,
     NotifyParent,
+    RequestApproval,
     RuntimeResumed,
     RunTool,
     ScheduleRetry,
@@ -207,6 +209,11 @@ class Actor:
     @property
     def at_rest(self) -> bool:
         return self.state.at_rest
+
+    @property
+    def has_inbox(self) -> bool:
+        """Whether events wait to be folded, or steps to be committed."""
+        return bool(self._inbox) or self._uncommitted > 0
 
     async def wait_at_rest(self) -> None:
         """Return once the committed state is at rest (a turn or a sub-agent's life
@@ -523,6 +530,11 @@ class Actor:
 
     def _turn_finished(self, effect: TurnFinished, _: bool) -> None:
         self.last_turn = effect
+
+    def _request_decision(self, effect: RequestApproval | AskUser, _: bool) -> None:
+        # The request is the state (durable in the log); the runtime shows it to
+        # whoever waits for requests and reads the decisions written for it.
+        self.runtime.request_opened(self.state)
 
     # Each call (a model call, a tool that does I/O) runs on a worker of the runtime's
     # pool (``calls.py``), handed over when its step is committed and back in the pool
@@ -846,6 +858,8 @@ _EXECUTORS: dict[type, Callable[[Actor, Any, bool], None]] = {
     NotifyParent: Actor._notify_parent,
     CancelSubAgents: Actor._cancel_children,
     TurnFinished: Actor._turn_finished,
+    RequestApproval: Actor._request_decision,
+    AskUser: Actor._request_decision,
 }
 
 

@@ -10,7 +10,15 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+    Set,
+)
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -38,6 +46,20 @@ from fanfold.db.provenance import Origin, TreeRecord, UntrustedTree, UserKey, re
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.providers.description import ProviderDescription
 from fanfold.runtime.actor import Actor
+from fanfold.runtime.approvals import (
+    ANSWER,
+    DENY,
+    GRANT,
+    Decision,
+    Decisions,
+    FileDecisions,
+    MemoryDecisions,
+    PendingRequest,
+    UnknownRequest,
+    check_decision,
+    open_request,
+    split_request_id,
+)
 from fanfold.runtime.calls import Calls, Gate
 from fanfold.runtime.engine import Engine
 from fanfold.runtime.host import StepObserver
@@ -51,6 +73,9 @@ from fanfold.runtime.writer import LogWriter, TreeDropped
 from fanfold.statemachine import (
     SUB_AGENT_PROMPT,
     WORDING,
+    AwaitingRetry,
+    AwaitingSubAgents,
+    CancellingSubAgents,
     CancelReason,
     CancelRequested,
     Conversation,
@@ -62,21 +87,25 @@ from fanfold.statemachine import (
     ForkEdited,
     IllegalTransition,
     Limits,
+    LlmRequesting,
     Phase,
     RuntimeResumed,
     SpawnSubAgent,
     SubAgentFinished,
     ToolCall,
+    ToolExecuting,
     ToolResult,
     ToolsChanged,
     TurnOutcome,
     UserMessaged,
+    canonical_json,
     spawn_order,
     start,
     transition,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
 from fanfold.statemachine.delegation import capped_limits, child_setup
+from fanfold.statemachine.permissions import Permissions, RuleSet, parse_rule
 from fanfold.statemachine.state import tree_path
 from fanfold.tools.base import AnswersInProcess, ToolRunner
 from fanfold.tools.paths import inspect_workdir, outside_project
@@ -434,6 +463,19 @@ class Runtime:
         )
         """Copies the latest progress of this runtime's tool calls into the log's side
         table for the trace page (``progress_rows.py``)."""
+        # A human in the loop (issue 35; runtime/approvals.py): the requests open in
+        # the conversations loaded here, the decisions table (the log's for a file,
+        # this process's otherwise), who waits for new requests, and the decisions
+        # being turned into their events now.
+        self.decisions: Decisions = MemoryDecisions()
+        """Where decisions are written and read (``FileDecisions`` for an SQLite file:
+        another process's ``fanfold approve`` writes there)."""
+        self.decision_poll = 0.2
+        """Seconds between two reads of the decisions table while a request is open."""
+        self._open_requests: dict[str, PendingRequest] = {}
+        self._request_watchers: list[trio.MemorySendChannel[PendingRequest]] = []
+        self._applying: set[str] = set()
+        self._decisions_wake = trio.Event()
 
     @classmethod
     @asynccontextmanager
@@ -610,8 +652,11 @@ class Runtime:
                 )
                 runtime._presence = presence
                 runtime._gc_tuned = tuned
+                if not memory and not postgres:
+                    runtime.decisions = FileDecisions(database)
                 nursery.start_soon(runtime.engine.run)
                 nursery.start_soon(runtime.timers.run)
+                nursery.start_soon(runtime._poll_decisions)
                 try:
                     yield runtime
                 finally:
@@ -652,8 +697,15 @@ class Runtime:
         agent: AgentDefinition | None = None,
         timeout: float | None = None,
         conversation_id: str | None = None,
+        ask: Sequence[str] = (),
     ) -> str:
         """Start a root conversation with its first user message; returns its id.
+
+        ``ask``: rules (``Bash(git push:*)``, ``mcp__github__create_issue``,
+        ``Write(src/**)``) whose calls, anywhere in the tree, wait for a person's
+        decision (``pending``, ``approve``, ``deny``; DESIGN.md "A human in the
+        loop"); recorded in the root's creation event as its first permission layer,
+        so every sub-agent's rules include them. A rule that is not one: ValueError.
 
         ``timeout``: seconds each of its turns may take (None: no limit); a turn past
         it ends in error ``timed_out``, its sub-agents cancelled first. ``agent``'s
@@ -670,6 +722,12 @@ class Runtime:
         would to a sub-agent spawned as it (``delegation.child_setup``).
         Returns once the message is in the log; use ``wait`` for the answer.
         """
+        ask_rules = []
+        for written in ask:
+            rule = parse_rule(written)
+            if isinstance(rule, str):
+                raise ValueError(rule)
+            ask_rules.append(rule)
         if conversation_id is None:
             conversation_id = uuid.uuid4().hex[:12]
         else:
@@ -721,6 +779,12 @@ class Runtime:
             # A root is offered no agent-scoped server's tools (delegation.child_setup
             # gives them to the agents whose definitions name the server).
             tools = without_scoped(tools, agents)
+        if ask_rules:
+            # The run's ask rules come first: every layer below (an agent's, a
+            # child's) adds to them, none lifts them.
+            layer = RuleSet(source="the run's ask rules", base=resolved, ask=tuple(ask_rules))
+            below = () if permissions is None else permissions.layers
+            permissions = Permissions((layer, *below))
         created = ConversationCreated(
             conversation_id=conversation_id,
             cwd=resolved,
@@ -1548,8 +1612,165 @@ class Runtime:
         self, before: Conversation, after: Conversation, event: Event, effects: tuple[Effect, ...]
     ) -> None:
         """Tell the ``observer`` given to ``open`` of a committed step."""
+        if self._open_requests and type(before.phase) is ToolExecuting:
+            closed = open_request(before)
+            if closed is not None and open_request(after) != closed:
+                self._open_requests.pop(closed.id, None)
         if self._observer is not None:
             self._observer(before, after, event, effects)
+
+    # ---------------------------------------------------------------- a human in the loop
+
+    def request_opened(self, state: Conversation) -> None:
+        """A conversation's call waits for a person (its RequestApproval or AskUser
+        effect, first issued or re-issued by a restart): show it, and read the
+        decisions table for it."""
+        request = open_request(state, self.now())
+        if request is None or request.id in self._open_requests:
+            return
+        self._open_requests[request.id] = request
+        for channel in list(self._request_watchers):
+            try:
+                channel.send_nowait(request)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._request_watchers.remove(channel)
+        self._decisions_wake.set()
+
+    def waiting_for_people(self, root_id: str) -> bool:
+        """Whether tree ``root_id`` can go on only after a person's decision: it has an
+        open request, and no conversation of it loaded here has work of its own in
+        flight (a model call, a retry, a running tool, a cancel) or events queued.
+        ``fanfold run --no-wait`` stops there (and ``resume`` too)."""
+        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
+        if not any(r.tree == root_id for r in self._open_requests.values()):
+            return False
+        for actor in tree:
+            if actor.queued or actor.has_inbox:
+                return False
+            phase = actor.state.phase
+            match phase:
+                case ToolExecuting(asking=None) | LlmRequesting() | AwaitingRetry():
+                    return False
+                case CancellingSubAgents():
+                    return False
+                case AwaitingSubAgents(children=children) if children.summary is not None:
+                    return False
+        return True
+
+    def pending(self) -> list[PendingRequest]:
+        """The requests open in the conversations loaded here, oldest first."""
+        return list(self._open_requests.values())
+
+    async def requests(self) -> AsyncGenerator[PendingRequest, None]:
+        """Every request open now, then each new one as it is asked, for as long as the
+        caller iterates (a web app or a chat bot asking its user)."""
+        send, receive = trio.open_memory_channel[PendingRequest](10_000)
+        for request in self.pending():
+            send.send_nowait(request)
+        self._request_watchers.append(send)
+        try:
+            async with receive:
+                async for request in receive:
+                    yield request
+        finally:
+            if send in self._request_watchers:
+                self._request_watchers.remove(send)
+
+    async def approve(
+        self,
+        request: PendingRequest | str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        by: str = "",
+    ) -> None:
+        """Approve ``request`` (a ``PendingRequest`` or its id): its call runs, with
+        ``arguments`` instead of the model's when given (checked against the tool's
+        schema and the rules again). Returns once the decision is in the log.
+        Raises UnknownRequest (no such open request here), AlreadyDecided (someone
+        decided first: another process, another caller), BadDecision (a question, or
+        arguments the schema refuses)."""
+        text = None if arguments is None else canonical_json(dict(arguments))
+        await self._decide(request, GRANT, text, "", by)
+
+    async def deny(self, request: PendingRequest | str, reason: str, *, by: str = "") -> None:
+        """Deny ``request``: its call never runs; its result is "denied by the user:
+        ``reason``" (a question denied too: the person declines to answer). Raises as
+        ``approve`` does."""
+        await self._decide(request, DENY, None, reason, by)
+
+    async def answer(self, request: PendingRequest | str, text: str, *, by: str = "") -> None:
+        """Answer the ``ask_user`` question ``request``: ``text`` is its result. Raises
+        as ``approve`` does (BadDecision for a request that is not a question)."""
+        await self._decide(request, ANSWER, None, text, by)
+
+    async def _decide(
+        self, request: PendingRequest | str, kind: str, arguments: str | None, text: str, by: str
+    ) -> None:
+        key = request if isinstance(request, str) else request.id
+        found = self._open_requests.get(key)
+        if found is None:
+            raise UnknownRequest(f"no open request {key!r} in this runtime")
+        actor = self._actors.get(found.conversation_id)
+        if actor is None:
+            raise UnknownRequest(f"no open request {key!r} in this runtime")
+        check_decision(actor.state, found, kind, arguments)
+        decision = Decision(key, kind, arguments, text, by, self.now())
+        self._applying.add(key)
+        try:
+            await trio.to_thread.run_sync(self.decisions.write, decision)
+            problem = await self._apply_decision(decision)
+        finally:
+            self._applying.discard(key)
+        if problem is not None:
+            raise UnknownRequest(f"request {key!r}: {problem}")
+
+    async def _apply_decision(
+        self, decision: Decision, marks: list[tuple[str, str]] | None = None
+    ) -> str | None:
+        """Turn ``decision`` into its event and mark its row (or add the mark to
+        ``marks``, written by the caller); the reducer's refusal (the request ended or
+        was decided meanwhile) is returned, its row marked stale."""
+        split = split_request_id(decision.request)
+        actor = None if split is None else self._actors.get(split[0])
+        if actor is None:
+            return "its conversation is not loaded here"
+        problem = None
+        try:
+            await actor.submit(decision.event())
+            state = "applied"
+        except IllegalTransition as exc:
+            problem = exc.reason
+            state = f"stale: {exc.reason}"
+        if marks is not None:
+            marks.append((decision.request, state))
+        else:
+            await trio.to_thread.run_sync(self.decisions.mark, decision.request, state)
+        return problem
+
+    async def _poll_decisions(self) -> None:
+        """Read the decisions written for the requests open here (by this process or
+        another: ``fanfold approve``) and turn each into its event, once."""
+        while True:
+            if not self._open_requests:
+                await self._decisions_wake.wait()
+                self._decisions_wake = trio.Event()
+                continue
+            waiting = [r for r in self._open_requests if r not in self._applying]
+            found = await trio.to_thread.run_sync(self.decisions.new, waiting)
+            found = [d for d in found if d.request not in self._applying]
+            if found:
+                for decision in found:
+                    self._applying.add(decision.request)
+                marks: list[tuple[str, str]] = []
+                try:
+                    async with trio.open_nursery() as nursery:
+                        for decision in found:
+                            nursery.start_soon(self._apply_decision, decision, marks)
+                    await trio.to_thread.run_sync(self.decisions.mark_many, marks)
+                finally:
+                    for decision in found:
+                        self._applying.discard(decision.request)
+            await trio.sleep(self.decision_poll)
 
     # ---------------------------------------------------------------- internals
 

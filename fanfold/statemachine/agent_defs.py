@@ -49,6 +49,8 @@ class AgentDefinition:
 
     - ``allow``: allow rules (the ``tools`` list); None: every tool its parent has.
     - ``deny``: deny rules (``disallowed_tools``).
+    - ``ask``: ask rules (``ask``): a call one matches waits for a person's decision
+      (deny beats ask beats allow).
     - ``model``: a model profile or name; None: the parent's.
     - ``max_rounds``, ``max_tokens``, ``timeout``: caps; the parent's limits (and the
       share of its budget it has left) cap them in turn.
@@ -81,10 +83,12 @@ class AgentDefinition:
     context: ContextMode = ContextMode.TASK_ONLY
     mcp_servers: tuple[str, ...] = attrs.field(default=(), metadata=_SCOPED)
     own_tools: tuple[ToolSpec, ...] = attrs.field(default=(), metadata=_SCOPED)
+    # Ask rules (``ask``, issue 35): its calls they match wait for a person's decision.
+    ask: tuple[Rule, ...] = attrs.field(default=(), metadata=_SCOPED)
 
     def rules(self, base: str) -> RuleSet:
         """Its rules as a layer, path patterns relative to ``base``."""
-        return RuleSet(self.allow, self.deny, f"agent '{self.name}'", base)
+        return RuleSet(self.allow, self.deny, f"agent '{self.name}'", base, self.ask)
 
     def system_prompt(self, default: str) -> str:
         """The system prompt of an agent of this kind, ``default`` being the one a

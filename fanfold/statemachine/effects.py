@@ -188,6 +188,33 @@ class TurnFinished:
     text: str
 
 
+@attrs.frozen
+class RequestApproval:
+    """Tool call ``call`` (``tool_call``, of the agent at ``path``) waits for a person's
+    decision, because of ``rule`` (issue 35). Answer with ApprovalGranted or
+    ApprovalDenied. The request is durable as the state (``ToolExecuting.asking``);
+    the effect tells the runtime to show it. Re-issued by RuntimeResumed (same call:
+    the same request, never a second one)."""
+
+    call: int
+    tool_call: ToolCall
+    rule: str
+    path: str
+
+
+@attrs.frozen
+class AskUser:
+    """The agent at ``path`` asks a person ``question`` (the ``ask_user`` tool call
+    ``call``; ``choices``: answers it suggests, may be empty). Answer with
+    UserAnswered (or ApprovalDenied: the person declines to answer)."""
+
+    call: int
+    tool_call: ToolCall
+    question: str
+    choices: tuple[str, ...]
+    path: str
+
+
 Effect = (
     CallModel
     | RunTool
@@ -198,6 +225,8 @@ Effect = (
     | NotifyParent
     | CancelSubAgents
     | TurnFinished
+    | RequestApproval
+    | AskUser
 )
 
 # The one list of effect classes is the union above; the tuple is derived from it, so a

@@ -246,6 +246,39 @@ class ToolsChanged:
     tools: tuple[ToolSpec, ...] = ()
 
 
+@attrs.frozen
+class ApprovalGranted:
+    """A person approved tool call ``call``, which waits for a decision (issue 35).
+
+    ``arguments_json``: edited arguments (a JSON object's text) to run it with instead
+    of the model's; the reducer checks them against the tool's schema and the rules
+    again. None: as the model wrote them. ``by``: who decided (for the trace)."""
+
+    call: int
+    arguments_json: str | None = None
+    by: str = ""
+
+
+@attrs.frozen
+class ApprovalDenied:
+    """A person refused tool call ``call``; its result is "denied by the user:
+    ``reason``", so the model can adapt. ``by``: who decided."""
+
+    call: int
+    reason: str = ""
+    by: str = ""
+
+
+@attrs.frozen
+class UserAnswered:
+    """A person answered the ``ask_user`` question of call ``call``: ``text`` is the
+    call's result. ``by``: who answered."""
+
+    call: int
+    text: str
+    by: str = ""
+
+
 Edit = ReplyEdit | ToolResultEdit | TaskEdit | SystemPromptEdit | LimitsEdit
 
 
@@ -272,6 +305,9 @@ Event = (
     | RuntimeResumed
     | ForkEdited
     | ToolsChanged
+    | ApprovalGranted
+    | ApprovalDenied
+    | UserAnswered
 )
 
 # The one list of event classes is the union above; the tuple is derived from it, so a

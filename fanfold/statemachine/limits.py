@@ -92,6 +92,9 @@ class Limits:
       an operator leaves them out (both cost tokens: the parent's conversation, or a
       model call to summarise it). A log of schema 6 or older decodes to ``task_only,
       full``, the modes it offered, so its tool descriptions replay as recorded.
+    - ``approval_timeout``: seconds a tool call waits for a person's decision before
+      it is denied ("no decision within N s"); None (the default): it waits for ever.
+      Sub-agents inherit it, so it is a tree-level setting (issue 35).
     """
 
     max_rounds: int = attrs.field(default=20, validator=_positive)
@@ -111,6 +114,12 @@ class Limits:
         default=CONTEXT_MODES,
         validator=_context_modes,
         metadata={"since": 7, "omitted_at_default": True, "before": CONTEXT_MODES_BEFORE_7},
+    )
+    approval_timeout: float | None = attrs.field(
+        default=None,
+        converter=optional_seconds,
+        validator=finite,
+        metadata={"since": 7, "omitted_at_default": True},
     )
 
 

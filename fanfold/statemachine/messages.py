@@ -46,12 +46,23 @@ class ToolSpec:
     description: str
     input_schema_json: str
     read_only: bool = attrs.field(default=False, metadata={"since": 7, "omitted_at_default": True})
+    # Every call of it waits for a person's decision (issue 35): a function tool's
+    # ``needs_approval=True``, an MCP server or tool marked ``ask`` in fanfold.toml.
+    needs_approval: bool = attrs.field(
+        default=False, metadata={"since": 7, "omitted_at_default": True}
+    )
 
     @classmethod
     def from_schema(
-        cls, name: str, description: str, schema: dict[str, Any], *, read_only: bool = False
+        cls,
+        name: str,
+        description: str,
+        schema: dict[str, Any],
+        *,
+        read_only: bool = False,
+        needs_approval: bool = False,
     ) -> ToolSpec:
-        return cls(name, description, canonical_json(schema), read_only)
+        return cls(name, description, canonical_json(schema), read_only, needs_approval)
 
     def input_schema(self) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self.input_schema_json)

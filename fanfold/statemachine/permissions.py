@@ -245,10 +245,15 @@ class RuleSet:
     deny: tuple[Rule, ...] = ()
     source: str = ""
     base: str = "."
+    # Ask rules (issue 35): a call one of them matches waits for a person's decision.
+    # Written only when set, so every layer before them encodes as it did.
+    ask: tuple[Rule, ...] = attrs.field(
+        default=(), metadata={"since": 7, "omitted_at_default": True}
+    )
 
     @property
     def unrestricted(self) -> bool:
-        return self.allow is None and not self.deny
+        return self.allow is None and not self.deny and not self.ask
 
 
 @attrs.frozen
@@ -334,6 +339,31 @@ def refusal(
                     f"readOnlyHint, and server {server!r} does not mark {call.name!r}"
                 )
             return why
+    return None
+
+
+def asking_rule(
+    permissions: Permissions | None,
+    call: ToolCall,
+    cwd: str,
+    reading: frozenset[str] = READING_TOOLS,
+) -> str | None:
+    """The ask rule ``call`` matches, named with whose it is (``'bash(git push*)' of
+    agent 'x'``), or None: the call may run without a person's decision.
+
+    Asked only of a call ``refusal`` permits (deny beats ask beats allow). An ask rule
+    is matched as a deny rule is (a bash pattern against the whole command and each
+    part of it, a URL that is not plain takes every rule): like a deny rule it errs
+    towards stopping the call. Every layer counts, so a child asks for whatever its
+    parent must ask for (its layers include its parent's).
+    """
+    if permissions is None:
+        return None
+    for layer in permissions.layers:
+        for rule in layer.ask:
+            if _matches(rule, call, cwd, layer.base, reading, deny=True):
+                whose = f" of {layer.source}" if layer.source else ""
+                return f"'{rule}'{whose}"
     return None
 
 

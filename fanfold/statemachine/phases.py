@@ -40,11 +40,31 @@ class AwaitingRetry:
 
 
 @attrs.frozen
+class Asking:
+    """The current tool call waits for a person's decision instead of running (issue 35).
+
+    - ``rule``: why: the ask rule it matched and whose it is (``'bash(git push*)' of
+      --ask``), ``needs_approval of tool 'deploy'``, or ``ask_user`` for a question;
+    - ``question``: an ``ask_user`` question: the person's answer is its result;
+    - ``timer``: the approval timeout's timer (``Limits.approval_timeout``), if any.
+    """
+
+    rule: str
+    question: bool = False
+    timer: int | None = None
+
+
+@attrs.frozen
 class ToolExecuting:
     """Tool ``current`` runs as call ``call``; ``remaining`` run after it, in order.
 
     ``results`` holds results of earlier tools of this round; ``children`` the
     sub-agents this round spawned (they run while the remaining tools execute).
+    ``asking``: set while ``current`` waits for a person's decision (it is not
+    running; ``ApprovalGranted`` runs it, ``ApprovalDenied`` or ``UserAnswered`` gives
+    its result). A status of this phase rather than a phase of its own: children,
+    timers, cancels, restarts and forks of a round treat a waiting call as the round's
+    current call, as they do a running one (DESIGN.md, "A human in the loop").
     """
 
     current: ToolCall
@@ -52,6 +72,9 @@ class ToolExecuting:
     remaining: tuple[ToolCall, ...] = ()
     results: tuple[ToolResult, ...] = ()
     children: Children = Children()
+    asking: Asking | None = attrs.field(
+        default=None, metadata={"since": 7, "omitted_at_default": True}
+    )
 
 
 @attrs.frozen

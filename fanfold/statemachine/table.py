@@ -101,7 +101,9 @@ _row(
         "at max_tokens: kept, marked truncated); refusal: Failed/Error refused with its "
         "explanation, nothing run; tool calls run in order (control tools inline; an "
         "ordinary one: RunTool with how it runs, from the rules: confined, and a file "
-        "tool's path_rules for the runtime's link check); grace "
+        "tool's path_rules for the runtime's link check; one that must wait for a "
+        "person, an ask rule's, a needs_approval tool's or ask_user: RequestApproval or "
+        "AskUser, ToolExecuting waiting); grace "
         "round: submit or Failed/Error iteration_limit; token budget: Failed/Error "
         "budget_exhausted. " + STALE,
         UnknownCall,
@@ -152,9 +154,10 @@ _row(
     ModelFailed=_stale("ToolExecuting"),
     ToolFinished=_cell(
         _TOOL_TARGETS,
-        "current call: record result, run next tool; all done: wait for children or "
-        "flush results and CallModel; submit_*: end (cancelling children first). "
-        "Wrong tool_call_id: raise. " + STALE,
+        "current call: record result, run next tool (one that must wait for a person: "
+        "RequestApproval or AskUser instead of RunTool, and stay); all done: wait for "
+        "children or flush results and CallModel; submit_*: end (cancelling children "
+        "first). Wrong tool_call_id, or the call waits for a decision: raise. " + STALE,
         UnknownCall,
         IllegalTransition,
     ),
@@ -167,21 +170,26 @@ _row(
         *_CHILD_REFUSALS,
     ),
     TimerFired=_cell(
-        "ToolExecuting CancellingSubAgents Failed Error",
+        _TOOL_TARGETS + " Error",
         "child deadline: write child off (timed_out) + CancelSubAgents; own time limit: "
-        "cancel; " + STALE,
+        "cancel; approval timeout of the waiting call: as ApprovalDenied ('no decision "
+        "within N s'); " + STALE,
         UnknownCall,
     ),
     CancelRequested=_cell(
         "CancellingSubAgents Idle Failed Error",
-        "AbortCall; 'cancelled'/'skipped' results; queued children finish cancelled; "
+        "AbortCall (a call waiting for a decision: its request ends, its timeout "
+        "aborted, result 'cancelled ... it never ran'); 'cancelled'/'skipped' results; "
+        "queued children finish cancelled; "
         "running children get CancelSubAgents and a grace timer; a root ends Idle ("
         + _ROOT_TIMEOUT
         + ")",
     ),
     RuntimeResumed=_cell(
         _TOOL_TARGETS,
-        "the tool gets an 'interrupted' error result (forked: a 'not run in this fork' "
+        "a call waiting for a decision: RequestApproval/AskUser again (same call: the "
+        "same request) and its timeout, nothing run; else the tool gets an 'interrupted' "
+        "error result (forked: a 'not run in this fork' "
         "one; never run twice) unless it is one "
         "of the event's idempotent_tools (RunTool again, same call and decisions); "
         "continue as "
@@ -342,6 +350,43 @@ for _phase_class in ALL_PHASES:
             "replace the server's tools by the new ones its rules leave (from the next "
             "model call on); no effects",
         )
+
+# A person's decisions (issue 35): only a ToolExecuting whose current call waits for
+# one (``ToolExecuting.asking``) takes them; everywhere else there is no open request.
+_DECISION_RULES = {
+    "ApprovalGranted": (
+        "the waiting call: edited arguments checked (not a JSON object, a required key "
+        "missing, a property of the wrong type: raise), then the rules again (refused: "
+        "its error result, the round goes on), else RunTool under the request's number; "
+        "a question, or no open request: raise; never issued: raise UnknownCall"
+    ),
+    "ApprovalDenied": (
+        "the waiting call (or question): its result is 'denied by the user: reason', "
+        "the round goes on as after ToolFinished; no open request: raise; never issued: "
+        "raise UnknownCall"
+    ),
+    "UserAnswered": (
+        "the waiting ask_user question: the answer is its result, the round goes on as "
+        "after ToolFinished; an approval request, or no open request: raise; never "
+        "issued: raise UnknownCall"
+    ),
+}
+for _phase_class in ALL_PHASES:
+    _name = _phase_class.__name__
+    for _event, _rule in _DECISION_RULES.items():
+        if _name == "ToolExecuting":
+            TABLE[(_name, _event)] = _cell(_TOOL_TARGETS, _rule, UnknownCall, IllegalTransition)
+        elif _name in ("Completed", "Failed"):
+            TABLE[(_name, _event)] = _cell(
+                "", "raise: the conversation has ended", IllegalTransition
+            )
+        else:
+            TABLE[(_name, _event)] = _cell(
+                "",
+                "raise: no open request (never issued: UnknownCall)",
+                UnknownCall,
+                IllegalTransition,
+            )
 
 START_TARGETS = frozenset({"Idle", "LlmRequesting", "Failed"})
 

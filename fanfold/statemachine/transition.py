@@ -28,6 +28,13 @@ from typing import Any
 import attrs
 
 from fanfold.statemachine.agent_defs import AgentDefinition, ContextMode
+from fanfold.statemachine.approvals import (
+    ASK_USER,
+    denied_result_text,
+    edited_arguments_problem,
+    needs_decision,
+    question_of,
+)
 from fanfold.statemachine.children import (
     ChildFailed,
     Children,
@@ -68,10 +75,12 @@ from fanfold.statemachine.delegation import (
 )
 from fanfold.statemachine.effects import (
     AbortCall,
+    AskUser,
     CallModel,
     CancelSubAgents,
     Effect,
     NotifyParent,
+    RequestApproval,
     RunTool,
     ScheduleRetry,
     SpawnSubAgent,
@@ -88,6 +97,8 @@ from fanfold.statemachine.errors import (
     UnknownChild,
 )
 from fanfold.statemachine.events import (
+    ApprovalDenied,
+    ApprovalGranted,
     CancelRequested,
     ConversationCreated,
     ConversationForked,
@@ -105,6 +116,7 @@ from fanfold.statemachine.events import (
     ToolFinished,
     ToolResultEdit,
     ToolsChanged,
+    UserAnswered,
     UserMessaged,
     WorkingDirectory,
 )
@@ -135,6 +147,7 @@ from fanfold.statemachine.permissions import (
     refusal,
 )
 from fanfold.statemachine.phases import (
+    Asking,
     AwaitingRetry,
     AwaitingSubAgents,
     CancellingSubAgents,
@@ -150,7 +163,7 @@ from fanfold.statemachine.phases import (
     Phase,
     ToolExecuting,
 )
-from fanfold.statemachine.state import Conversation
+from fanfold.statemachine.state import Conversation, tree_path
 
 Effects = tuple[Effect, ...]
 Transition = tuple[Conversation, Effects]
@@ -162,6 +175,10 @@ SKIPPED_RESULT = "skipped: the conversation stopped before this tool ran"
 INTERRUPTED_RESULT = (
     "interrupted: the runtime restarted while this tool ran; it may have partly run "
     "and was not run again"
+)
+CANCELLED_WAITING_RESULT = (
+    "cancelled: the conversation was cancelled while this call waited for a person's "
+    "decision; it never ran"
 )
 FORKED_TOOL_RESULT = (
     "not run in this fork: it was still running in the source when this conversation "
@@ -979,6 +996,13 @@ def _run_tools(
                 continue
             results = (*results, _submitted(call))
             return _after(tuple(effects), _stop_children(state, results, children, ending, changes))
+        elif (asking := _needs_decision(state, call)) is not None:
+            if isinstance(asking, str):  # an ask_user call with wrong arguments
+                results = (*results, _tool_error(call, asking))
+                continue
+            return _after(
+                tuple(effects), _ask(state, call, queue, results, children, asking, changes)
+            )
         else:
             number = state.next_call  # issued with the phase: one copy of the state
             state = state.evolve(
@@ -1018,6 +1042,126 @@ def _run_tool(state: Conversation, number: int, call: ToolCall) -> RunTool:
         confined=confines_commands(permissions),
         path_rules=path_rules(permissions, call, state.tools),
     )
+
+
+def _needs_decision(state: Conversation, call: ToolCall) -> Asking | str | None:
+    """Whether ``call`` waits for a person (issue 35; ``approvals.needs_decision``):
+    its ``Asking``, or for an ``ask_user`` call with wrong arguments the error. Read
+    only when nothing asks (no permissions, no ask_user offered, no tool needing
+    approval) in a plain loop, so a round without any pays one scan of the tools."""
+    if call.name == ASK_USER:
+        problem = question_of(call)
+        if isinstance(problem, str):
+            return problem
+    elif state.permissions is None:
+        for spec in state.tools:
+            if spec.name == call.name:
+                if not spec.needs_approval:
+                    return None
+                break
+    return needs_decision(state.permissions, state.tools, call, state.cwd)
+
+
+def _ask(
+    state: Conversation,
+    call: ToolCall,
+    queue: tuple[ToolCall, ...],
+    results: tuple[ToolResult, ...],
+    children: Children,
+    asking: Asking,
+    changes: dict[str, Any] | None,
+) -> Transition:
+    """``call`` becomes the round's current call, waiting for a person: the request is
+    the state (``ToolExecuting.asking``), its effect tells the runtime to show it, and
+    an approval timeout (``Limits.approval_timeout``) gets a timer."""
+    number = state.next_call
+    next_call = number + 1
+    timeout = state.limits.approval_timeout
+    if timeout is not None:
+        asking = attrs.evolve(asking, timer=next_call)
+        next_call += 1
+    state = state.evolve(
+        **(changes or {}),
+        next_call=next_call,
+        phase=ToolExecuting(
+            current=call,
+            call=number,
+            remaining=queue,
+            results=results,
+            children=children,
+            asking=asking,
+        ),
+    )
+    return state, _request_effects(state, number, call, asking)
+
+
+def _request_effects(
+    state: Conversation, number: int, call: ToolCall, asking: Asking
+) -> tuple[Effect, ...]:
+    """The request's effect (and its approval timer's), as first issued and as a
+    restart re-issues them: the same call, so the same request, never a second."""
+    path = tree_path(state.id, state.root_id)
+    effects: list[Effect] = []
+    if asking.question:
+        asked = question_of(call)
+        assert not isinstance(asked, str)  # checked before it was asked
+        effects.append(AskUser(number, call, asked[0], asked[1], path))
+    else:
+        effects.append(RequestApproval(number, call, asking.rule, path))
+    timeout = state.limits.approval_timeout
+    if asking.timer is not None and timeout is not None:
+        effects.append(StartTimer(asking.timer, timeout, "approval timeout", counts_downtime=True))
+    return tuple(effects)
+
+
+def _on_decision(
+    state: Conversation, event: ApprovalGranted | ApprovalDenied | UserAnswered
+) -> Transition:
+    """A person's decision on the request of call ``event.call``: only a request that
+    is open now takes one (a second decision, a decision for a call that never asked,
+    or one that came after a cancel ended the request: IllegalTransition)."""
+    phase = state.phase
+    if not (
+        isinstance(phase, ToolExecuting) and phase.asking is not None and phase.call == event.call
+    ):
+        if not 0 <= event.call < state.next_call:
+            raise UnknownCall(
+                state, event, f"call {event.call} was never issued (next is {state.next_call})"
+            )
+        raise IllegalTransition(
+            state, event, f"call {event.call} has no open request (decided, ended or never asked)"
+        )
+    asking = phase.asking
+    if isinstance(event, UserAnswered) != asking.question and not isinstance(event, ApprovalDenied):
+        wanted = "an answer (UserAnswered)" if asking.question else "a grant or a denial"
+        raise IllegalTransition(state, event, f"call {event.call} waits for {wanted}")
+    stop: Effects = () if asking.timer is None else (AbortCall(asking.timer),)
+    current = phase.current
+    if isinstance(event, ApprovalDenied):
+        result = _tool_error(current, denied_result_text(event.reason))
+    elif isinstance(event, UserAnswered):
+        result = ToolResult(current.id, current.name, event.text)
+    else:
+        if event.arguments_json is not None:
+            spec = next((t for t in state.tools if t.name == current.name), None)
+            problem = edited_arguments_problem(spec, event.arguments_json)
+            if problem is not None:
+                raise IllegalTransition(state, event, problem)
+            current = ToolCall.of(current.id, current.name, json.loads(event.arguments_json))
+        # The rules again: edited arguments may be refused (deny beats a grant). An
+        # ask rule they match is not asked again: the person saw them.
+        refused = _refused_by_rules(state, current)
+        if refused is None:
+            refused = _refused_numbers(current)
+        if refused is not None:
+            if current is not phase.current:
+                state = state.evolve(refused_calls=state.refused_calls + 1)
+            result = _tool_error(current, refused)
+        else:
+            state = state.evolve(phase=attrs.evolve(phase, current=current, asking=None))
+            return state, (*stop, _run_tool(state, phase.call, current))
+    then = _run_tools(state, phase.remaining, (*phase.results, result), phase.children)
+    return _after(stop, then)
 
 
 def _refused_by_rules(state: Conversation, call: ToolCall) -> str | None:
@@ -1068,6 +1212,10 @@ def _on_tool_finished(state: Conversation, event: ToolFinished) -> Transition:
     if not _current_or_stale(state, event, event.call, current):
         return _absorb(state)
     assert isinstance(phase, ToolExecuting)
+    if phase.asking is not None:
+        raise IllegalTransition(
+            state, event, f"call {event.call} waits for a person's decision: it never ran"
+        )
     if event.result.tool_call_id != phase.current.id:
         raise IllegalTransition(
             state,
@@ -1639,6 +1787,16 @@ def _on_timer(state: Conversation, event: TimerFired) -> Transition:
         return _on_cancel(state, CancelRequested(CancelReason.TIMEOUT))
     if isinstance(phase, AwaitingRetry) and timer == phase.timer:
         return _call_model(state, attempt=phase.next_attempt, grace=phase.grace)
+    if (
+        isinstance(phase, ToolExecuting)
+        and phase.asking is not None
+        and timer == phase.asking.timer
+    ):
+        # No decision in time: the request ends as a denial would.
+        reason = f"no decision within {state.limits.approval_timeout}s (approval_timeout)"
+        result = _tool_error(phase.current, denied_result_text(reason))
+        then = _run_tools(state, phase.remaining, (*phase.results, result), phase.children)
+        return _after((AbortCall(phase.call),), then)
     if isinstance(phase, CancellingSubAgents) and timer == phase.grace_timer:
         return _give_up_on_children(state, phase)
     children = state.children
@@ -1703,8 +1861,25 @@ def _on_cancel(state: Conversation, event: CancelRequested) -> Transition:
         case AwaitingRetry(timer=timer):
             return _after((AbortCall(timer),), _apply_ending(state, ending))
         case ToolExecuting(
-            current=current, call=call, remaining=remaining, results=results, children=children
+            current=current,
+            call=call,
+            remaining=remaining,
+            results=results,
+            children=children,
+            asking=asking,
         ):
+            if asking is not None:
+                # The request ends as a running tool would: nothing stays pending.
+                aborted: Effects = (AbortCall(call),)
+                if asking.timer is not None:
+                    aborted = (*aborted, AbortCall(asking.timer))
+                stopped = (
+                    _tool_error(current, CANCELLED_WAITING_RESULT),
+                    *(_tool_error(c, SKIPPED_RESULT) for c in remaining),
+                )
+                return _after(
+                    aborted, _stop_children(state, (*results, *stopped), children, ending)
+                )
             stopped = (
                 _tool_error(current, CANCELLED_RESULT),
                 *(_tool_error(c, SKIPPED_RESULT) for c in remaining),
@@ -1754,6 +1929,10 @@ def _on_resume(state: Conversation, event: RuntimeResumed) -> Transition:
             return state, tuple(effects)
         case AwaitingRetry(timer=timer, next_attempt=attempt, last_error=error):
             effects.append(ScheduleRetry(timer, _backoff(state, attempt, error, timer), attempt))
+            return state, tuple(effects)
+        case ToolExecuting(current=current, call=call, asking=Asking() as asking):
+            # Still waiting: the same request again (the runtime shows it), nothing run.
+            effects += _request_effects(state, call, current, asking)
             return state, tuple(effects)
         case ToolExecuting(current=current, call=call) if current.name in event.idempotent_tools:
             # The tool says a second call is harmless: run it again, same call number.
@@ -1856,6 +2035,14 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
                     f"the running tool call is {current.id!r}, not {result.tool_call_id!r}",
                 )
             result = attrs.evolve(result, name=current.name)
+            asking = phase.asking
+            if asking is not None:
+                # A call waiting for a person's decision: the edit gives its result
+                # (the request closes; the call never runs here).
+                stop: Effects = () if asking.timer is None else (AbortCall(asking.timer),)
+                before, state = state, state.evolve(phase=attrs.evolve(phase, asking=None))
+                then = _on_tool_finished(state, ToolFinished(call, result))
+                return _after(stop, _edited(before, then))
             return _edited(state, _on_tool_finished(state, ToolFinished(call, result)))
     legal = {
         "ReplyEdit": "LlmRequesting (a model call awaited)",
@@ -1991,6 +2178,9 @@ _HANDLERS: dict[type, str] = {
     RuntimeResumed: "_on_resume",
     ForkEdited: "_on_fork_edit",
     ToolsChanged: "_on_tools_changed",
+    ApprovalGranted: "_on_decision",
+    ApprovalDenied: "_on_decision",
+    UserAnswered: "_on_decision",
 }
 _RULES = globals()
 

@@ -242,6 +242,7 @@ def tool(
     timeout: float | None = None,
     max_output_chars: int = MAX_OUTPUT_CHARS,
     runs_on: RunsOn = "auto",
+    needs_approval: bool = False,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -256,6 +257,7 @@ def tool(
     timeout: float | None = None,
     max_output_chars: int = MAX_OUTPUT_CHARS,
     runs_on: RunsOn = "auto",
+    needs_approval: bool = False,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Make a tool of a typed function: ``@tool`` or ``@tool(name=..., ...)``.
 
@@ -264,7 +266,9 @@ def tool(
     calling it twice with the same arguments is harmless. ``timeout`` (seconds) ends a
     call that takes longer with an error result. ``runs_on``: where an async
     function's coroutine runs, ``"trio"`` or ``"asyncio"`` (``"auto"``: asyncio when
-    its module imports asyncio or an ``aio*`` package and not trio). Raises
+    its module imports asyncio or an ``aio*`` package and not trio).
+    ``needs_approval``: every call waits for a person's decision first (recorded in
+    its spec; the reducer asks, see DESIGN.md "A human in the loop"). Raises
     :class:`ToolDefinitionError` when the function cannot be described to a model.
     """
 
@@ -278,6 +282,7 @@ def tool(
             timeout=timeout,
             max_output_chars=max_output_chars,
             runs_on=runs_on,
+            needs_approval=needs_approval,
         )
 
     if function is not None:
@@ -295,6 +300,7 @@ def function_tool(
     timeout: float | None = None,
     max_output_chars: int = MAX_OUTPUT_CHARS,
     runs_on: RunsOn = "auto",
+    needs_approval: bool = False,
 ) -> FunctionTool:
     """The constructor behind ``@tool`` (same arguments)."""
     if isinstance(function, FunctionTool):
@@ -394,7 +400,11 @@ def function_tool(
     except SchemaError as exc:  # a bug of _schema's (or pydantic's): it must be valid
         raise ToolDefinitionError(str(exc)) from None
     spec = ToolSpec.from_schema(
-        tool_name, " ".join(text.split()), input_schema, read_only=read_only
+        tool_name,
+        " ".join(text.split()),
+        input_schema,
+        read_only=read_only,
+        needs_approval=needs_approval,
     )
     return FunctionTool(
         spec,
