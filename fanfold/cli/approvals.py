@@ -190,7 +190,13 @@ def _sqlite(db: Target | None) -> Path:
     return path
 
 
-@click.command()
+@click.command(
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold pending                       # every open request of the log\n"
+        "  fanfold pending --json --db team.db   # one JSON object per request\n"
+    ),
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per request.")
 @db_option
 def pending(as_json: bool, db: Target | None) -> None:
@@ -245,7 +251,13 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
-@click.command()
+@click.command(
+    epilog=(
+        "\b\nExamples:\n"
+        "  fanfold approve 3f2a9c1b7d20                # the tree's only open request\n"
+        '  fanfold approve 3f2a9c1b7d20:5 --args \'{"command": "git push origin fix"}\'\n'
+    ),
+)
 @click.argument("target", metavar="ID")
 @click.argument("call", required=False)
 @click.option(
@@ -284,7 +296,12 @@ def approve(
     _decided(path, done, "approved", go_on)
 
 
-@click.command()
+@click.command(
+    epilog=(
+        "\b\nExamples:\n"
+        '  fanfold deny 3f2a9c1b7d20 --reason "not on a Friday"   # the model reads the reason\n'
+    ),
+)
 @click.argument("target", metavar="ID")
 @click.argument("call", required=False)
 @click.option("--reason", required=True, help="Why: the model reads it.")
@@ -302,7 +319,13 @@ def deny(
     _decided(path, done, "denied", go_on)
 
 
-@click.command()
+@click.command(
+    epilog=(
+        "\b\nExamples:\n"
+        '  fanfold answer 3f2a9c1b7d20 "use the staging database"\n'
+        "  fanfold answer 3f2a9c1b7d20 --continue yes   # answer and carry on\n"
+    ),
+)
 @click.argument("target", metavar="ID")
 @click.argument("parts", nargs=-1, required=True, metavar="[CALL] TEXT")
 @_CONTINUE
