@@ -19,7 +19,7 @@ from fanfold.agents import AgentDefinition
 from fanfold.db import Store, codec
 from fanfold.statemachine import ConversationCreated, Limits
 
-SECONDS = ("retry_base", "retry_cap", "child_timeout", "cancel_grace")
+SECONDS = ("retry_base", "retry_cap", "child_timeout", "cancel_grace", "approval_timeout")
 COUNTS = (
     "max_rounds",
     "max_attempts",
@@ -54,6 +54,7 @@ def limits_given_either_way(draw: st.DrawFn) -> Limits:
         "retry_cap": draw(_seconds(draw(st.integers(1, 60)))),
         "cancel_grace": draw(_seconds(draw(st.integers(1, 30)))),
         "child_timeout": draw(st.none() | _seconds(draw(st.integers(1, 60)))),
+        "approval_timeout": draw(st.none() | _seconds(draw(st.integers(1, 60)))),
     }
     return attrs.evolve(base, **changes)
 

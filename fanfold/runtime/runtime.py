@@ -475,7 +475,9 @@ class Runtime:
         self._open_requests: dict[str, PendingRequest] = {}
         self._request_watchers: list[trio.MemorySendChannel[PendingRequest]] = []
         self._applying: set[str] = set()
-        self._decisions_wake = trio.Event()
+        self._polling = False
+        """Whether the decisions poll runs: only while a request is open (a runtime
+        with nothing to decide holds no task for it: test_runtime_tasks.py)."""
 
     @classmethod
     @asynccontextmanager
@@ -656,7 +658,6 @@ class Runtime:
                     runtime.decisions = FileDecisions(database)
                 nursery.start_soon(runtime.engine.run)
                 nursery.start_soon(runtime.timers.run)
-                nursery.start_soon(runtime._poll_decisions)
                 try:
                     yield runtime
                 finally:
@@ -1634,7 +1635,9 @@ class Runtime:
                 channel.send_nowait(request)
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._request_watchers.remove(channel)
-        self._decisions_wake.set()
+        if not self._polling:
+            self._polling = True
+            self._nursery.start_soon(self._poll_decisions)
 
     def waiting_for_people(self, root_id: str) -> bool:
         """Whether tree ``root_id`` can go on only after a person's decision: it has an
@@ -1749,12 +1752,14 @@ class Runtime:
 
     async def _poll_decisions(self) -> None:
         """Read the decisions written for the requests open here (by this process or
-        another: ``fanfold approve``) and turn each into its event, once."""
+        another: ``fanfold approve``) and turn each into its event, once. Runs while
+        a request is open; ``request_opened`` starts it again for the next."""
         while True:
             if not self._open_requests:
-                await self._decisions_wake.wait()
-                self._decisions_wake = trio.Event()
-                continue
+                # Checked and cleared with no await between: a request opened after
+                # this starts a new poll.
+                self._polling = False
+                return
             waiting = [r for r in self._open_requests if r not in self._applying]
             found = await trio.to_thread.run_sync(self.decisions.new, waiting)
             found = [d for d in found if d.request not in self._applying]
