@@ -17,13 +17,14 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
+import attrs
 import httpx
 import pydantic
 import pytest
 from fakeserver import anthropic_message, openai_completion
 
 from fanfold.providers.anthropic import AnthropicProvider, to_anthropic_tools
-from fanfold.providers.base import CallContext
+from fanfold.providers.base import CallContext, ProviderError
 from fanfold.providers.openai import (
     OPENAI_DESCRIPTION_LIMIT,
     OpenAIProvider,
@@ -31,7 +32,7 @@ from fanfold.providers.openai import (
     to_openai_tools,
 )
 from fanfold.providers.wire import PROVIDER_TOP_LEVEL_REFUSED, anchored
-from fanfold.statemachine import ModelRequest, ToolSpec, UserMessage
+from fanfold.statemachine import ErrorKind, ModelRequest, ToolSpec, UserMessage
 from fanfold.statemachine.control_tools import (
     SPAWN_AGENTS_SPEC,
     SUBMIT_ERROR_SPEC,
@@ -241,3 +242,41 @@ async def test_anthropic_is_sent_the_whole_description() -> None:
     [sent_tool] = bodies[0]["tools"]
     assert sent_tool["description"] == LONG
     assert all(anchored(p) for p in patterns(sent_tool["input_schema"]))
+
+
+@pytest.mark.parametrize("base_url", ["https://api.openai.com/v1", "http://127.0.0.1:8080/v1"])
+async def test_more_tools_than_openai_takes_is_a_clear_error_never_sent(base_url: str) -> None:
+    # OpenAI's API reference, tools: "A max of 128 functions are supported". Each MCP
+    # server is held to 128, but several servers and the built-ins together can offer
+    # more: OpenAI's own API gets a clear error naming what to do, without a request
+    # (it would be an HTTP 400 on every round); a local server gets them all. Seen
+    # failing before the change: the 129 tools were sent.
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json=openai_completion("hi").body)
+
+    empty = {"type": "object", "properties": {}}
+    tools = tuple(ToolSpec.from_schema(f"t{i}", "d", empty) for i in range(129))
+    request = ModelRequest("s", (UserMessage("u"),), tools)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        provider = OpenAIProvider(
+            base_url=base_url, model="m", api_key="k-123456", stream=False, client=client
+        )
+        if openai_hosted(base_url):
+            with pytest.raises(ProviderError) as caught:
+                await provider.complete(request, context())
+            assert caught.value.error.kind is ErrorKind.INVALID_REQUEST
+            assert caught.value.error.message == (
+                "openai: OpenAI takes at most 128 tools in a request and this one offers "
+                "129: offer fewer (an MCP server's include_tools/exclude_tools, an agent "
+                "definition's tools)"
+            )
+            assert bodies == []
+            # 128 go out.
+            assert await provider.complete(attrs.evolve(request, tools=tools[:128]), context())
+            assert len(bodies[0]["tools"]) == 128
+        else:
+            assert (await provider.complete(request, context())).text == "hi"
+            assert len(bodies[0]["tools"]) == 129

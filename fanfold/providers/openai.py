@@ -138,6 +138,12 @@ maximum length 1024"). Applied only to OpenAI's and Azure OpenAI's hosts
 read all of it."""
 
 
+OPENAI_TOOLS_LIMIT = 128
+"""The most tools OpenAI's own API takes in one request (its API reference, ``tools``:
+"A max of 128 functions are supported"); a request offering more is refused before it
+is sent, with what to do, instead of the API's HTTP 400."""
+
+
 def openai_hosted(base_url: str) -> bool:
     """Whether ``base_url`` is OpenAI's own API or Azure OpenAI's (``*.openai.azure.com``),
     whose limits (``OPENAI_DESCRIPTION_LIMIT``) the request must keep."""
@@ -559,7 +565,8 @@ class OpenAIProvider(HttpProvider):
         self.max_tokens_param = max_tokens_param
         # OpenAI's own hosts refuse a tool description over 1,024 characters; other
         # servers get it whole.
-        if openai_hosted(base_url):
+        self.hosted = openai_hosted(base_url)
+        if self.hosted:
             self.description_limit = OPENAI_DESCRIPTION_LIMIT
 
     @property
@@ -575,7 +582,14 @@ class OpenAIProvider(HttpProvider):
         return headers
 
     def body(self, request: ModelRequest, model: str, stream: bool) -> dict[str, Any]:
-        """The request body (see ``openai_request_body``)."""
+        """The request body (see ``openai_request_body``); ``ValueError`` (an invalid
+        request, never sent) when OpenAI's own API is offered more tools than it takes."""
+        if self.hosted and len(request.tools) > OPENAI_TOOLS_LIMIT:
+            raise ValueError(
+                f"OpenAI takes at most {OPENAI_TOOLS_LIMIT} tools in a request and this "
+                f"one offers {len(request.tools)}: offer fewer (an MCP server's "
+                "include_tools/exclude_tools, an agent definition's tools)"
+            )
         return openai_request_body(
             request,
             model=model,
