@@ -280,3 +280,18 @@ async def test_more_tools_than_openai_takes_is_a_clear_error_never_sent(base_url
         else:
             assert (await provider.complete(request, context())).text == "hi"
             assert len(bodies[0]["tools"]) == 129
+
+
+@pytest.mark.parametrize("tool", ["get.weather", "x" * 55, "caf\u00e9"])
+def test_an_mcp_tool_whose_name_a_provider_refuses_is_left_out_saying_why(tool: str) -> None:
+    # mcp__SERVER__TOOL must itself be 1-64 letters, digits, '_' or '-': "x" * 55 makes
+    # 65 characters with mcp__srv__. The server's other tools are still offered.
+    from types import SimpleNamespace
+
+    from fanfold.mcp.client import _tool
+
+    left_out = _tool(SimpleNamespace(name="srv"), SimpleNamespace(name=tool))  # type: ignore[arg-type]
+    assert left_out == (
+        f"MCP server 'srv': tool {tool!r} left out: 'mcp__srv__{tool}' is not a name a "
+        "model can call (1-64 letters, digits, '_' or '-')"
+    )
