@@ -153,7 +153,7 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     """Tool specs as Messages API tools; each schema as the tool gave it, or the copy
-    ``provider_schema`` makes when its top level has what the API refuses.
+    ``provider_schema`` makes when it has what a server refuses.
 
     The dicts are built once per tool set and shared by every request offering it
     (issue 36): never change them, copy what you change."""

@@ -271,7 +271,7 @@ class Body:
         return b"".join(self.parts)
 
 
-_TOOL_BYTES: dict[tuple[str, tuple[Any, ...], bool], bytes] = {}
+_TOOL_BYTES: dict[tuple[str, tuple[Any, ...], bool, int | None], bytes] = {}
 _TOOL_BYTES_KEPT = 64
 
 DRAIN_SECONDS = 0.25
@@ -312,6 +312,10 @@ class HttpProvider(abc.ABC):
 
     calls_at_once: int = POOL_SIZE
     """``LimitsCallsAtOnce``: the client's pool (``new_client``)."""
+
+    description_limit: int | None = None
+    """The longest tool description this provider's server takes (characters), or
+    None: part of the key of the shared tool bytes, since it changes them."""
 
     def __init__(
         self,
@@ -452,7 +456,12 @@ class HttpProvider(abc.ABC):
         head = encode_json(body)
         if tools is None:
             return Body((head,))
-        key = (self.api, request.tools, tools[-1].get("cache_control") is not None)
+        key = (
+            self.api,
+            request.tools,
+            tools[-1].get("cache_control") is not None,
+            self.description_limit,
+        )
         shared = _TOOL_BYTES.get(key)
         if shared is None:
             shared = encode_json(tools)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -128,24 +129,59 @@ def to_openai_messages(system: str, messages: Sequence[Message]) -> list[dict[st
     return wire
 
 
-def to_openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+OPENAI_DESCRIPTION_LIMIT = 1024
+"""The longest function ``description`` OpenAI's own API takes, in characters: a
+longer one fails the whole request with HTTP 400 ``string_above_max_length``
+("Invalid 'tools[N].function.description': string too long. Expected a string with
+maximum length 1024"). Applied only to OpenAI's and Azure OpenAI's hosts
+(``openai_hosted``): local servers take longer descriptions, and their models should
+read all of it."""
+
+
+OPENAI_TOOLS_LIMIT = 128
+"""The most tools OpenAI's own API takes in one request (its API reference, ``tools``:
+"A max of 128 functions are supported"); a request offering more is refused before it
+is sent, with what to do, instead of the API's HTTP 400."""
+
+
+def openai_hosted(base_url: str) -> bool:
+    """Whether ``base_url`` is OpenAI's own API or Azure OpenAI's (``*.openai.azure.com``),
+    whose limits (``OPENAI_DESCRIPTION_LIMIT``) the request must keep."""
+    host = (urllib.parse.urlsplit(base_url).hostname or "").lower()
+    return host == "api.openai.com" or host.endswith(".openai.azure.com")
+
+
+def described_within(text: str, limit: int | None) -> str:
+    """``text``, or its first ``limit - 1`` characters and "…" when it is longer."""
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "\u2026"
+
+
+def to_openai_tools(
+    tools: Sequence[ToolSpec], description_limit: int | None = None
+) -> list[dict[str, Any]]:
     """Tool specs as Chat Completions function tools; each schema as the tool gave it,
-    or the copy ``provider_schema`` makes when its top level has what the API refuses.
+    or the copy ``provider_schema`` makes when it has what a server refuses; each
+    description as given, or cut to ``description_limit`` characters (OpenAI's own
+    API: ``OPENAI_DESCRIPTION_LIMIT``).
 
     The dicts are built once per tool set and shared by every request offering it
     (issue 36: each request decoded every schema again, 17 KiB per waiting call):
     never change them, copy what you change."""
-    return list(_openai_tools(tuple(tools)))
+    return list(_openai_tools(tuple(tools), description_limit))
 
 
 @functools.lru_cache(maxsize=64)
-def _openai_tools(tools: tuple[ToolSpec, ...]) -> tuple[dict[str, Any], ...]:
+def _openai_tools(
+    tools: tuple[ToolSpec, ...], description_limit: int | None
+) -> tuple[dict[str, Any], ...]:
     return tuple(
         {
             "type": "function",
             "function": {
                 "name": tool.name,
-                "description": tool.description,
+                "description": described_within(tool.description, description_limit),
                 "parameters": provider_schema(tool.input_schema()),
             },
         }
@@ -162,15 +198,17 @@ def openai_request_body(
     temperature: float | None = None,
     max_tokens_param: str = "max_tokens",
     settings: RequestSettings = DEFAULT_SETTINGS,
+    description_limit: int | None = None,
 ) -> dict[str, Any]:
     """The JSON body of a Chat Completions request, ``settings`` applied (tool
-    settings only on a round that offers tools: servers refuse them without)."""
+    settings only on a round that offers tools: servers refuse them without); tool
+    descriptions cut to ``description_limit`` characters when one is given."""
     body: dict[str, Any] = {
         "model": model,
         "messages": to_openai_messages(request.system, request.messages),
     }
     if request.tools:
-        body["tools"] = to_openai_tools(request.tools)
+        body["tools"] = to_openai_tools(request.tools, description_limit)
     if max_tokens is not None:
         body[max_tokens_param] = max_tokens
     if temperature is not None:
@@ -525,6 +563,11 @@ class OpenAIProvider(HttpProvider):
             profile=profile,
         )
         self.max_tokens_param = max_tokens_param
+        # OpenAI's own hosts refuse a tool description over 1,024 characters; other
+        # servers get it whole.
+        self.hosted = openai_hosted(base_url)
+        if self.hosted:
+            self.description_limit = OPENAI_DESCRIPTION_LIMIT
 
     @property
     def url(self) -> str:
@@ -539,7 +582,14 @@ class OpenAIProvider(HttpProvider):
         return headers
 
     def body(self, request: ModelRequest, model: str, stream: bool) -> dict[str, Any]:
-        """The request body (see ``openai_request_body``)."""
+        """The request body (see ``openai_request_body``); ``ValueError`` (an invalid
+        request, never sent) when OpenAI's own API is offered more tools than it takes."""
+        if self.hosted and len(request.tools) > OPENAI_TOOLS_LIMIT:
+            raise ValueError(
+                f"OpenAI takes at most {OPENAI_TOOLS_LIMIT} tools in a request and this "
+                f"one offers {len(request.tools)}: offer fewer (an MCP server's "
+                "include_tools/exclude_tools, an agent definition's tools)"
+            )
         return openai_request_body(
             request,
             model=model,
@@ -548,6 +598,7 @@ class OpenAIProvider(HttpProvider):
             temperature=self.temperature,
             max_tokens_param=self.max_tokens_param,
             settings=self.settings,
+            description_limit=self.description_limit,
         )
 
     def parse_reply(self, data: Any) -> ModelReply:

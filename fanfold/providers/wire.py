@@ -672,13 +672,24 @@ Anthropic: "input_schema does not support oneOf, allOf, or anyOf at the top leve
 
 
 def provider_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` as a provider takes it: unchanged unless its top level has a keyword
-    both OpenAI's and Anthropic's APIs refuse there (``PROVIDER_TOP_LEVEL_REFUSED``: a
-    server's "one of these arguments" rule, say). Then a copy without them, with the
-    properties its ``anyOf``/``oneOf``/``allOf`` branches describe merged into its own
-    (so the model still sees every argument) and ``type: object``. fanfold still
-    validates calls against the whole schema: a call breaking the dropped rule gets an
-    error result saying so."""
+    """``schema`` as a provider takes it: unchanged unless it has what a provider's API
+    refuses. Two narrowings, each on a copy (the schema as given stays what calls are
+    checked against and what the log records):
+
+    - its top level has a keyword both OpenAI's and Anthropic's APIs refuse there
+      (``PROVIDER_TOP_LEVEL_REFUSED``: a server's "one of these arguments" rule, say):
+      a copy without them, with the properties its ``anyOf``/``oneOf``/``allOf``
+      branches describe merged into its own (so the model still sees every argument)
+      and ``type: object``;
+    - a ``pattern`` anywhere in it that does not start with ``^`` and end with ``$``,
+      which llama.cpp's server (the OpenAI and the Anthropic endpoint alike) refuses
+      with the whole request ("JSON schema conversion failed: Pattern must start with
+      '^' and end with '$'"): the copy says it in the value's ``description`` instead
+      (see ``unanchored_patterns_described``).
+
+    fanfold still validates calls against the whole schema: a call breaking a dropped
+    rule gets an error result saying so."""
+    schema = unanchored_patterns_described(schema)
     if schema.get("type") == "object" and not any(k in schema for k in PROVIDER_TOP_LEVEL_REFUSED):
         return schema
     out = {k: v for k, v in schema.items() if k not in PROVIDER_TOP_LEVEL_REFUSED}
@@ -692,4 +703,70 @@ def provider_schema(schema: dict[str, Any]) -> dict[str, Any]:
                     properties.setdefault(name, sub)
     if properties or "properties" in out:
         out["properties"] = properties
+    return out
+
+
+# The keywords whose value is a schema, a list of schemas, or a name -> schema map
+# (draft 2020-12 and draft-07): where ``unanchored_patterns_described`` looks for
+# ``pattern``. A property *named* "pattern" is a key of ``properties``, never read as
+# the keyword.
+_SUBSCHEMA = (
+    "additionalProperties",
+    "items",
+    "additionalItems",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def anchored(pattern: str) -> bool:
+    """Whether ``pattern`` starts with ``^`` and ends with ``$``: the only patterns
+    llama.cpp's JSON-Schema-to-grammar conversion takes."""
+    return len(pattern) >= 2 and pattern.startswith("^") and pattern.endswith("$")
+
+
+def unanchored_patterns_described(schema: Any) -> Any:
+    """``schema`` with every ``pattern`` llama.cpp's server refuses (one not starting
+    with ``^`` and ending with ``$``) moved into its schema's ``description``
+    ("... (matches the regular expression X)"), so every server takes the request and
+    the model still reads the rule. The same object when it has none (the common case:
+    nothing is copied); otherwise a copy, ``schema`` untouched. An anchored pattern is
+    left as given. (JSON Schema's ``pattern`` is a search, not a full match: anchoring
+    it would change its meaning, so it is described, not rewritten.)"""
+    if isinstance(schema, list):
+        items = [unanchored_patterns_described(s) for s in schema]
+        return schema if all(a is b for a, b in zip(items, schema, strict=True)) else items
+    if not isinstance(schema, dict):
+        return schema
+    changed: dict[str, Any] = {}
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and not anchored(pattern):
+        said = f"matches the regular expression {pattern}"
+        text = schema.get("description")
+        changed["description"] = (
+            f"{text} ({said})" if isinstance(text, str) and text else said[0].upper() + said[1:]
+        )
+    for key in (*_SUBSCHEMA, *_SUBSCHEMA_LISTS):
+        if key in schema and key not in changed:
+            sub = unanchored_patterns_described(schema[key])
+            if sub is not schema[key]:
+                changed[key] = sub
+    for key in _SUBSCHEMA_MAPS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            mapped = {name: unanchored_patterns_described(sub) for name, sub in value.items()}
+            if any(mapped[name] is not value[name] for name in value):
+                changed[key] = mapped
+    if not changed:
+        return schema
+    out = {k: v for k, v in schema.items() if not (k == "pattern" and "description" in changed)}
+    out.update(changed)
     return out
