@@ -44,12 +44,13 @@ def _export(store: Store, cid: str) -> str:
     return out.getvalue()
 
 
-@pytest.fixture
-def older(tmp_path: Path) -> Path:
-    """A format-5 log (effects stored) whose spawns' limits lack the last field."""
+@pytest.fixture(scope="module")
+def older(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A format-5 log (effects stored) whose spawns' limits lack the last field (read
+    only by the tests: made once)."""
     driver = Driver()
     fan_out(driver, "r", CHILD_PLANS)
-    path = tmp_path / "older.db"
+    path = tmp_path_factory.mktemp("older") / "older.db"
     write(path, driver.steps, format_5=True, encode_effect=_as_before_the_last_limit)
     return path
 
