@@ -69,7 +69,7 @@ def test_export_then_import_then_verify(tmp_path: Path, exported: str) -> None:
     assert header == {
         "record": "header",
         "format": FORMAT,
-        "format_version": 3,
+        "format_version": 2,  # events-only: no stored_effects
         "event_schema_version": codec.SCHEMA_VERSION,
         "root_id": "r",
         "conversations": 6,

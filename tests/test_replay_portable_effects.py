@@ -71,7 +71,8 @@ def test_an_effect_stored_before_a_later_field_survives_the_trip(
         again = other._query("SELECT payload FROM effects WHERE type = 'SpawnSubAgent'")
         assert sorted(r["payload"] for r in again) == sorted(r["payload"] for r in spawns)
         assert _export(other, "r") == text  # export -> import -> export: the same bytes
-    steps = [json.loads(line) for line in text.splitlines()][1:]
+    header, *steps = (json.loads(line) for line in text.splitlines())
+    assert header["format_version"] == 3
     carried = {s for step in steps for s in step.get("stored_effects", []) if s is not None}
     assert {row["payload"] for row in spawns} <= carried  # the exact stored texts
 

@@ -13,7 +13,8 @@ Format (``FORMAT`` version ``FORMAT_VERSION``), one JSON object per line:
    and (format 2) ``"stored": "..."`` when the event is stored in the compact form:
    that exact text, blob references and all; (format 3) ``"stored_effects": [...]``
    when an effect is: one entry per effect, its exact stored text, or null for an
-   effect stored as an object document.
+   effect stored as an object document. An export says format 3 only when it holds
+   ``stored_effects`` (a log that stored effects), 2 otherwise.
 
 Events, effects and snapshots are the stored codec documents (each with its ``"v"``),
 copied verbatim but for blob references (``fanfold.db.codec``, "Blobs"), which are
@@ -148,10 +149,14 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
         events.extend(log.events)
         blobs.update(log.blobs)
     events.sort(key=lambda e: e.rowid if e.rowid is not None else -1)
+    compact = f"[{codec.SCHEMA_VERSION},"
+    # Format 3 only where it is needed (a log that stored effects): the export of an
+    # events-only log stays readable by a fanfold that reads format 2.
+    stores_effects = any(e.payload.startswith(compact) for ev in events for e in ev.effects)
     header = {
         "record": "header",
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if stores_effects else 2,
         "event_schema_version": codec.SCHEMA_VERSION,
         "root_id": root,
         "conversations": len(logs),
@@ -174,7 +179,6 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
             ],
             "fingerprint": event.fingerprint,
         }
-        compact = f"[{codec.SCHEMA_VERSION},"
         if event.payload.startswith(compact):
             # Compact, of today's schema: the exact text the fingerprint's digest is
             # of (an older schema's document is stored in its own form on import).
