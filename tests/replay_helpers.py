@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,23 +151,35 @@ def edit(path: Path, *statements: str | tuple[str, Sequence[Any]], sealed: bool 
         conn.close()
 
 
-def write(path: Path, steps: Sequence[Step], *, format_5: bool = False) -> None:
+def write(
+    path: Path,
+    steps: Sequence[Step],
+    *,
+    format_5: bool = False,
+    encode_effect: Callable[[Any, dict[str, str]], str] | None = None,
+) -> None:
     """Append ``steps`` to a fresh database file; with ``format_5``, then rewrite it as
-    fanfold wrote logs before the events-only log (``as_format_5``)."""
+    fanfold wrote logs before the events-only log (``as_format_5``, ``encode_effect``)."""
     with Store.open(path) as store:
         store.append(steps)
     if format_5:
-        as_format_5(path)
+        as_format_5(path, encode_effect)
 
 
-def as_format_5(path: Path) -> None:
+def as_format_5(
+    path: Path, encode_effect: Callable[[Any, dict[str, str]], str] | None = None
+) -> None:
     """Rewrite the events-only log at ``path`` as fanfold wrote it before migration 5:
     every step's effects in ``effects`` rows (compact, blob fields by reference) with
     their checksums, and a version-5 fingerprint (its content digest covers the event's
     and the effects' stored texts), the events' checksums resealed. For the tests of
-    what readers do with such logs (effect rows damaged, edited, missing)."""
+    what readers do with such logs (effect rows damaged, edited, missing).
+    ``encode_effect(effect, blobs)``: the stored text of each effect (default
+    ``encode_effect_stored``), e.g. as an older fanfold wrote it."""
     from fanfold.db.codec import encode_effect_stored
     from fanfold.db.fingerprint import content_digest
+
+    encode = encode_effect or encode_effect_stored
 
     with Store.open(path) as store:
         ids = [r["id"] for r in store._query("SELECT id FROM conversations ORDER BY rowid")]
@@ -181,7 +193,7 @@ def as_format_5(path: Path) -> None:
                     (cid, event.seq),
                 ).fetchone()
                 blobs: dict[str, str] = {}
-                texts = [(type(e).__name__, encode_effect_stored(e, blobs)) for e in event.effects]
+                texts = [(type(e).__name__, encode(e, blobs)) for e in event.effects]
                 conn.executemany(
                     "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
                     list(blobs.items()),

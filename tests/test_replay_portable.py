@@ -69,7 +69,7 @@ def test_export_then_import_then_verify(tmp_path: Path, exported: str) -> None:
     assert header == {
         "record": "header",
         "format": FORMAT,
-        "format_version": 2,
+        "format_version": 2,  # events-only: no stored_effects
         "event_schema_version": codec.SCHEMA_VERSION,
         "root_id": "r",
         "conversations": 6,
@@ -295,7 +295,9 @@ def test_every_old_log_fixture_survives_the_trip(tmp_path: Path, name: str) -> N
     # s7-tools.db holds schema-7 documents written before two later fields of schema
     # 7 (an agent definition's mcp_servers and own_tools): re-encoding its events on
     # import wrote them, and verify saw different bytes than the fingerprint's (a
-    # divergence at seq 0). The export now carries the stored text itself.
+    # divergence at seq 0). The export now carries the stored text itself. The same for
+    # effects (s7-confined.db, s7-tools.db: a spawn's Limits and permission layer
+    # stored before approval_timeout and ask): format 3's stored_effects.
     import shutil
 
     source = tmp_path / name

@@ -35,6 +35,17 @@ compares stored effects with it at its default at every version, and the compact
 leaves it out at its default when it ends its class (a stored effect imported again is
 written as it was stored).
 
+Encoding a stored value again does not always give back its stored text, and a
+version-5 fingerprint digests the stored texts of a step's event and effects: a field
+added with ``OMITTED_AT_DEFAULT`` within a schema version is left out of the object
+form at its default, but the compact form writes every field of a nested value (only
+a document's trailing ``NEVER_STORED`` fields are left out), so a value stored before
+the field existed encodes today with it (``Limits.approval_timeout`` in a
+``SpawnSubAgent``). Whatever moves a stored document elsewhere therefore carries its
+exact text, never a re-encoding: an export's ``stored`` and ``stored_effects``
+(``fanfold.replay.portable``, format 3), kept by ``stored_event`` and
+``stored_effect``.
+
 The class registry is derived once, at import, from ``ALL_EVENTS``,
 ``ALL_EFFECTS``, ``ALL_PHASES`` and ``Conversation`` by following field annotations,
 so a class added to the state machine is covered (or refused at import) automatically.
@@ -1618,7 +1629,11 @@ def encode_effect_stored(effect: Effect, blobs: dict[str, str] | None = None) ->
 
 def stored_effect(text: str, blobs: dict[str, str]) -> str:
     """An effect document from elsewhere (an import) as ``append`` stores the same
-    value (see ``stored_event``)."""
+    value (see ``stored_event``). A compact document is kept as it is: an import that
+    carries the exact stored text (a version-5 fingerprint digests those bytes, and a
+    value holding a field added since, at its default, encodes to other bytes today)."""
+    if text.startswith("["):
+        return text
     try:
         if document_version(text) == SCHEMA_VERSION:
             return encode_effect_stored(decode_effect(text), blobs)

@@ -11,7 +11,10 @@ Format (``FORMAT`` version ``FORMAT_VERSION``), one JSON object per line:
 3. M steps, in the order they were written: ``{"record": "step", "conversation_id": ...,
    "seq": ..., "at": ..., "event": {...}, "effects": [{...}, ...], "fingerprint": ...}``,
    and (format 2) ``"stored": "..."`` when the event is stored in the compact form:
-   that exact text, blob references and all.
+   that exact text, blob references and all; (format 3) ``"stored_effects": [...]``
+   when an effect is: one entry per effect, its exact stored text, or null for an
+   effect stored as an object document. An export says format 3 only when it holds
+   ``stored_effects`` (a log that stored effects), 2 otherwise.
 
 Events, effects and snapshots are the stored codec documents (each with its ``"v"``),
 copied verbatim but for blob references (``fanfold.db.codec``, "Blobs"), which are
@@ -24,6 +27,16 @@ encoding the same value again need not give the same text (a log written before 
 later field of the same schema version lacks it; today's encoder writes it). The
 importer stores that text after checking it decodes to the object document's value.
 Format 1 files (no ``stored``) are imported as before: re-encoded.
+
+Format 3 does the same for effects (``stored_effects``), for the same reason: a
+version-5 fingerprint (a log that stored effects) digests each effect's stored text
+too, and a value nested in an effect gains fields (``Limits.approval_timeout``, a
+permission layer's ``ask``, both schema 7) that today's encoder writes at their
+defaults while the older text lacks them. The importer keeps each such text after
+checking it is a compact effect document that decodes, its blob references resolved
+from the object document's values, to the object document's value. Files of format 1
+and 2 carry no effect texts: their effects are re-encoded, and a tree whose stored
+effects predate a later field of their schema diverges after such an import.
 
 A fork's rows name their source (``forked_from``, ``forked_at_seq``) whether or not
 the source is in the database exported from: a fork imported without its source keeps
@@ -72,7 +85,7 @@ from fanfold.statemachine import ConversationCreated, ConversationForked
 
 FORMAT = "fanfold-log"
 """The ``format`` name in an export's header."""
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The layout version of the lines of an export (not the event schema version)."""
 
 
@@ -136,10 +149,14 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
         events.extend(log.events)
         blobs.update(log.blobs)
     events.sort(key=lambda e: e.rowid if e.rowid is not None else -1)
+    compact = f"[{codec.SCHEMA_VERSION},"
+    # Format 3 only where it is needed (a log that stored effects): the export of an
+    # events-only log stays readable by a fanfold that reads format 2.
+    stores_effects = any(e.payload.startswith(compact) for ev in events for e in ev.effects)
     header = {
         "record": "header",
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if stores_effects else 2,
         "event_schema_version": codec.SCHEMA_VERSION,
         "root_id": root,
         "conversations": len(logs),
@@ -162,10 +179,16 @@ def _export(store: Store, root: str, out: IO[str]) -> ExportSummary:
             ],
             "fingerprint": event.fingerprint,
         }
-        if event.payload.startswith(f"[{codec.SCHEMA_VERSION},"):
+        if event.payload.startswith(compact):
             # Compact, of today's schema: the exact text the fingerprint's digest is
             # of (an older schema's document is stored in its own form on import).
             step["stored"] = event.payload
+        if any(e.payload.startswith(compact) for e in event.effects):
+            # The same for the effects (format 3): a version-5 fingerprint digests their
+            # stored texts too, and a value re-encoded today may not give them back.
+            step["stored_effects"] = [
+                e.payload if e.payload.startswith(compact) else None for e in event.effects
+            ]
         out.write(_dumps(step) + "\n")
     return ExportSummary(root, len(logs), len(events))
 
@@ -259,7 +282,9 @@ _CONVERSATION_KEYS = frozenset({"record", "snapshot", *ConversationRow.COLUMNS})
 _STEP_KEYS = frozenset(
     {"record", "conversation_id", "seq", "at", "event", "effects", "fingerprint"}
 )
-_STEP_KEYS_2 = _STEP_KEYS | {"stored"}  # format 2: "stored" where the event was compact
+# Format 2: "stored" where the event was compact; format 3: "stored_effects" where an
+# effect was.
+_STEP_OPTIONAL = frozenset({"stored", "stored_effects"})
 _HEADER_KEYS = frozenset(
     {
         "record",
@@ -463,7 +488,7 @@ class _Importer:
         self.row_lines[cid] = line
 
     def _step(self, line: int, record: dict[str, Any]) -> None:
-        _check_keys(line, record, _STEP_KEYS_2 if "stored" in record else _STEP_KEYS)
+        _check_keys(line, record, _STEP_KEYS | (_STEP_OPTIONAL & record.keys()))
         cid, seq = record["conversation_id"], record["seq"]
         _require(line, isinstance(cid, str), "conversation_id must be a string")
         _require(line, _is_int(seq) and seq >= 0, "seq must be an integer >= 0")
@@ -490,9 +515,16 @@ class _Importer:
                 and event.conversation_id == cid,
                 f"{where}: the first event must create this conversation",
             )
+        stored_effects: list[Any] = [None] * len(record["effects"])
+        if "stored_effects" in record:
+            stored_effects = self._stored_effects(line, where, record)
         effects = []
         for index, document in enumerate(record["effects"]):
             text = self._decode(line, f"effect {index} of {where}", document, decode_effect)
+            if stored_effects[index] is not None:
+                text = self._stored_effect(
+                    line, f"effect {index} of {where}", stored_effects[index], text
+                )
             effects.append(RawEffect(index, document["type"], text))
         self.events.append(
             RawEvent(
@@ -539,6 +571,54 @@ class _Importer:
             return _dumps(event_document)
         self.blobs.update(values)
         return str(stored)
+
+    def _stored_effects(self, line: int, where: str, record: dict[str, Any]) -> list[Any]:
+        """The step's ``stored_effects`` (format 3), checked for shape: one string or
+        null per effect."""
+        _require(
+            line,
+            self.format_version >= 3,
+            f"{where}: 'stored_effects' is a field of format 3, the file says format "
+            f"{self.format_version}",
+        )
+        stored = record["stored_effects"]
+        _require(
+            line,
+            isinstance(stored, list)
+            and len(stored) == len(record["effects"])
+            and all(s is None or isinstance(s, str) for s in stored),
+            f"{where}: 'stored_effects' must be an array of one text or null per effect",
+        )
+        return list(stored)
+
+    def _stored_effect(self, line: int, where: str, stored: str, text: str) -> str:
+        """The exact stored text of a compact effect (format 3), checked as an event's
+        (``_stored``): a compact effect document of a schema version this fanfold reads
+        whose value, its blob references resolved from the object document's values,
+        is the one ``text`` (the object document, checked already) holds."""
+        effect = decode_effect(text)
+        values: dict[str, str] = {}
+        codec.encode_effect_stored(effect, values)  # the blob values the effect holds
+        try:
+            _require(
+                line,
+                stored.startswith("[")
+                and codec.COMPACT_SINCE <= codec.document_version(stored) <= codec.SCHEMA_VERSION,
+                f"{where}: its stored text must be a compact effect document (schema "
+                f"version {codec.COMPACT_SINCE} to {codec.SCHEMA_VERSION})",
+            )
+            same = decode_effect(stored, values) == effect
+        except CodecError as exc:
+            raise ImportRefused(
+                f"{where}: its stored text cannot be read: {exc}", line=line
+            ) from None
+        _require(line, same, f"{where}: its stored text and its effect differ")
+        if codec.document_version(stored) != codec.SCHEMA_VERSION:
+            # An export from an older fanfold, read by a newer one: stored in its own
+            # (object) form, as an event of an older schema is (``_stored``).
+            return text
+        self.blobs.update(values)
+        return stored
 
     def check(self) -> str:
         """Whole-file checks; returns the root id."""
