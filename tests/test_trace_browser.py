@@ -551,3 +551,50 @@ def test_a_running_tool_calls_progress_is_shown_as_text(page: Any, tmp_path: Pat
     assert cell.text_content() == f"tool bash — progress: {hostile}"
     assert page.locator("img").count() == 0
     assert page.evaluate("window.__pwned") is None
+
+
+def test_approve_and_deny_from_the_page(page: Any, tmp_path: Path) -> None:
+    """Issue 35 in the browser: the list shows the tree's open requests; the trace page
+    shows each (the model's arguments and question as text), the one decided through
+    Python with who and the edited arguments, and writes a decision for Approve (with
+    edited arguments) and for Deny (with a reason) as `fanfold approve` would."""
+    import sqlite3
+
+    from approval_ui_helpers import HOSTILE_ARGUMENT, QUESTION, waiting_log
+
+    db, root = waiting_log(tmp_path)
+    with ui_server(db) as base:
+        page.goto(f"{base}/?token={UI_TOKEN}")
+        page.wait_for_selector("body[data-ready]")
+        assert page.locator("#trees tr.tree.asking td.requests").inner_text() == "3 request(s)"
+        page.locator("#trees a").click()
+        page.wait_for_selector("body[data-ready]")
+        requests = page.locator("#requests")
+        assert requests.locator(".request.open").count() == 3
+        assert requests.locator("img").count() == 0  # the model's text stays text
+        hostile = requests.locator(f'[data-request="{root}.2:2"]')
+        assert HOSTILE_ARGUMENT in hostile.locator("textarea").input_value()
+        asking = requests.locator(f'[data-request="{root}.3:2"]')
+        assert QUESTION in asking.inner_text() and asking.locator("input.answer").count() == 1
+        done = requests.locator(f'[data-request="{root}.1:2"]')
+        assert "approved with edited arguments by alice" in done.inner_text()
+        assert "echo edited" in done.locator("pre.edited").inner_text()
+
+        waiting = requests.locator(f'[data-request="{root}.1:3"]')
+        waiting.locator("textarea").fill('{"command": "echo one, edited"}')
+        waiting.locator("button.approve").click()
+        hostile.locator("input.reason").fill("not <that>")
+        hostile.locator("button.deny").click()
+        for node in (waiting, hostile):
+            node.locator(".decide[data-sent]").wait_for(timeout=10_000)
+        screenshot(page, "ui-decisions")
+        page.goto("about:blank")  # close the event stream before the server stops
+    with sqlite3.connect(db) as conn:
+        written = conn.execute(
+            "SELECT request, kind, arguments, text, decided_by FROM decisions "
+            "WHERE decided_by = 'ui' ORDER BY request"
+        ).fetchall()
+    assert written == [
+        (f"{root}.1:3", "grant", '{"command": "echo one, edited"}', "", "ui"),
+        (f"{root}.2:2", "deny", None, "not <that>", "ui"),
+    ]
