@@ -5,6 +5,10 @@ question. No runtime holds the tree when the tests read it."""
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import trio
@@ -26,8 +30,8 @@ async def _pending(runtime: Runtime, count: int) -> list[PendingRequest]:
     return sorted(runtime.pending(), key=lambda r: r.path)
 
 
-async def _waiting_log(folder: Path) -> tuple[Path, str]:
-    provider = script(
+def _provider() -> object:
+    return script(
         0.0,
         root=[reply("", spawn("one", "two", "three")), reply("done")],
         c1=[
@@ -36,22 +40,62 @@ async def _waiting_log(folder: Path) -> tuple[Path, str]:
         ],
         c2=[reply("", ("bash", {"command": HOSTILE_ARGUMENT})), reply("", submit_call("two"))],
         c3=[
-            reply(
-                "", ("ask_user", {"question": "Which <b>branch</b>?", "choices": ["main", "dev"]})
-            ),
+            reply("", ("ask_user", {"question": QUESTION, "choices": ["main", "dev"]})),
             reply("", submit_call("three")),
         ],
     )
-    async with open_runtime(folder, provider) as runtime:
-        runtime.tools = ToolSet.default(extra=[AskUserTool()])
-        root = await runtime.start("go", cwd=folder, ask=["bash"])
-        first = next(r for r in await _pending(runtime, 3) if r.path == "root/1")
-        await runtime.approve(first, {"command": "echo edited"}, by="alice")
-        with trio.fail_after(30):
-            while not any(r.path == "root/1" and r.call != first.call for r in runtime.pending()):
-                await trio.sleep(0.02)
-        await _pending(runtime, 3)
+
+
+async def _waiting_tree(runtime: Runtime, folder: Path) -> str:
+    runtime.tools = ToolSet.default(extra=[AskUserTool()])
+    root = await runtime.start("go", cwd=folder, ask=["bash"])
+    first = next(r for r in await _pending(runtime, 3) if r.path == "root/1")
+    await runtime.approve(first, {"command": "echo edited"}, by="alice")
+    with trio.fail_after(30):
+        while not any(r.path == "root/1" and r.call != first.call for r in runtime.pending()):
+            await trio.sleep(0.02)
+    await _pending(runtime, 3)
+    return root
+
+
+async def _waiting_log(folder: Path) -> tuple[Path, str]:
+    async with open_runtime(folder, _provider()) as runtime:
+        root = await _waiting_tree(runtime, folder)
     return folder / "log.db", root
+
+
+@contextmanager
+def held_waiting_log(folder: Path) -> Iterator[tuple[Path, str]]:
+    """The same tree, held by a runtime running in a thread (as a `fanfold run` in
+    another terminal holds it) until the block ends: decisions written to the log's
+    table are taken within its poll, and the tree goes on."""
+    ready: queue.Queue[tuple[str, trio.lowlevel.TrioToken, trio.Event]] = queue.Queue()
+    failed: list[BaseException] = []
+
+    async def hold() -> None:
+        async with open_runtime(folder, _provider()) as runtime:
+            root = await _waiting_tree(runtime, folder)
+            stop = trio.Event()
+            ready.put((root, trio.lowlevel.current_trio_token(), stop))
+            await stop.wait()
+
+    def main() -> None:
+        try:
+            trio.run(hold)
+        except BaseException as exc:  # reported by the waiting test
+            failed.append(exc)
+            ready.put(("", None, None))  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    root, token, stop = ready.get(timeout=60)
+    if failed:
+        raise failed[0]
+    try:
+        yield folder / "log.db", root
+    finally:
+        trio.from_thread.run_sync(stop.set, trio_token=token)
+        thread.join(timeout=30)
 
 
 def submit_call(result: str) -> tuple[str, dict[str, str]]:
