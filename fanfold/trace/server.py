@@ -215,6 +215,8 @@ class TraceServer:
             raise DecisionRefused(400, "a reason or an answer is a string")
         if kind == ANSWER and not text.strip():
             raise DecisionRefused(400, "an answer needs a text (to decline, deny the request)")
+        if kind == DENY and not text.strip():
+            text = "no reason given"  # the model reads it: never an empty result
         split = split_request_id(request_id)
         if split is None:
             raise DecisionRefused(404, "no open request with this id")
