@@ -551,3 +551,59 @@ def test_a_running_tool_calls_progress_is_shown_as_text(page: Any, tmp_path: Pat
     assert cell.text_content() == f"tool bash — progress: {hostile}"
     assert page.locator("img").count() == 0
     assert page.evaluate("window.__pwned") is None
+
+
+def test_approve_and_deny_from_the_page(page: Any, tmp_path: Path) -> None:
+    """Issue 35 in the browser, with a runtime holding the tree (as a `fanfold run` in
+    another terminal): the list shows the tree's open requests; the trace page shows
+    each (the model's arguments and question as text) and the one decided through
+    Python with who and the edited arguments; Approve (with edited arguments) and Deny
+    (with a reason) write decisions the runtime takes, and the page then shows them
+    decided by "ui"."""
+    import sqlite3
+
+    from approval_ui_helpers import HOSTILE_ARGUMENT, QUESTION, held_waiting_log
+
+    with held_waiting_log(tmp_path) as (db, root), ui_server(db) as base:
+        page.goto(f"{base}/?token={UI_TOKEN}")
+        page.wait_for_selector("body[data-ready]")
+        assert page.locator("#trees tr.tree.asking td.requests").inner_text() == "3 request(s)"
+        page.locator("#trees a").click()
+        page.wait_for_selector("body[data-ready]")
+        requests = page.locator("#requests")
+        assert requests.locator(".request.open").count() == 3
+        assert requests.locator("img").count() == 0  # the model's text stays text
+        hostile = requests.locator(f'[data-request="{root}.2:2"]')
+        assert HOSTILE_ARGUMENT in hostile.locator("textarea").input_value()
+        asking = requests.locator(f'[data-request="{root}.3:2"]')
+        assert QUESTION in asking.inner_text() and asking.locator("input.answer").count() == 1
+        done = requests.locator(f'[data-request="{root}.1:2"]')
+        assert "approved with edited arguments by alice" in done.inner_text()
+        assert "echo edited" in done.locator("pre.edited").inner_text()
+
+        waiting = requests.locator(f'[data-request="{root}.1:3"]')
+        waiting.locator("textarea").fill('{"command": "echo one, edited"}')
+        waiting.locator("button.approve").click()
+        hostile.locator("input.reason").fill("not <that>")
+        hostile.locator("button.deny").click()
+        # The runtime takes both; the page hears the change and shows who decided.
+        granted = waiting.locator(".decision.grant")
+        granted.wait_for(timeout=15_000)
+        assert "approved with edited arguments by ui" in granted.inner_text()
+        assert "echo one, edited" in waiting.locator("pre.edited").inner_text()
+        denied = hostile.locator(".decision.deny")
+        denied.wait_for(timeout=15_000)
+        assert "denied by ui" in denied.inner_text()
+        assert "reason: not <that>" in hostile.inner_text()
+        assert requests.locator(".request.open").count() == 1  # the question still waits
+        screenshot(page, "ui-decisions")
+        page.goto("about:blank")  # close the event stream before the server stops
+        with sqlite3.connect(db) as conn:
+            written = conn.execute(
+                "SELECT request, kind, arguments, text, decided_by FROM decisions "
+                "WHERE decided_by = 'ui' ORDER BY request"
+            ).fetchall()
+    assert written == [
+        (f"{root}.1:3", "grant", '{"command": "echo one, edited"}', "", "ui"),
+        (f"{root}.2:2", "deny", None, "not <that>", "ui"),
+    ]

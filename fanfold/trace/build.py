@@ -22,6 +22,9 @@ from fanfold.replay.lineage import lineage
 from fanfold.replay.report import Divergence, Finding, ReplayStep
 from fanfold.statemachine import (
     AbortCall,
+    ApprovalDenied,
+    ApprovalGranted,
+    AskUser,
     AssistantMessage,
     AwaitingSubAgents,
     CallModel,
@@ -40,19 +43,23 @@ from fanfold.statemachine import (
     Idle,
     ModelFailed,
     ModelReplied,
+    RequestApproval,
     RuntimeResumed,
     RunTool,
     ScheduleRetry,
     StartTimer,
     SubAgentFinished,
     TimerFired,
+    ToolExecuting,
     ToolFinished,
     ToolResultMessage,
     TurnFinished,
     TurnOutcome,
+    UserAnswered,
     UserMessage,
     spawn_order,
 )
+from fanfold.statemachine.approvals import question_of
 from fanfold.statemachine.permissions import mcp_server_of
 from fanfold.statemachine.transition import is_summary_call
 from fanfold.trace.html import file_name
@@ -296,6 +303,10 @@ def _relative(agent: dict[str, Any], t0: float) -> None:
         mark["t1"] = _at(mark["t1"], t0)
     for outcome in agent["child_outcomes"]:
         outcome["at"] = _at(outcome["at"], t0)
+    for request in agent["requests"]:
+        request["asked_at"] = _at(request["asked_at"], t0)
+        if request["decision"] is not None:
+            request["decision"]["at"] = _at(request["decision"]["at"], t0)
 
 
 def _tree_order(logs: list[RawLog]) -> list[RawLog]:
@@ -614,8 +625,61 @@ def _agent(
         ),
         "messages": _messages(state),
         "child_outcomes": child_outcomes,
+        "requests": _requests(steps, row.id, state),
         "children": [],
     }
+
+
+def _requests(
+    steps: list[ReplayStep], conversation_id: str, state: Conversation | None
+) -> list[dict[str, Any]]:
+    """The requests for a person's decision this agent made (issue 35), in the order
+    asked: the recorded ``RequestApproval``/``AskUser`` effects (a restart re-issues
+    one: the same request, kept once) and the decision event that closed each one
+    (who, when, edited arguments, the reason or the answer). ``open``: the request
+    the final state still holds; a request neither open nor decided was ended by a
+    cancel, a deadline or its approval timeout. Texts are kept as they are."""
+    found: dict[int, dict[str, Any]] = {}
+    for step in steps:
+        for effect in step.effects:
+            if isinstance(effect, RequestApproval | AskUser) and effect.call not in found:
+                question = effect.question if isinstance(effect, AskUser) else None
+                found[effect.call] = {
+                    "id": f"{conversation_id}:{effect.call}",
+                    "call": effect.call,
+                    "tool": effect.tool_call.name,
+                    "arguments": effect.tool_call.arguments_json,
+                    "rule": effect.rule if isinstance(effect, RequestApproval) else "ask_user",
+                    "question": question,
+                    "choices": list(effect.choices) if isinstance(effect, AskUser) else [],
+                    "asked_at": step.at,
+                    "open": False,
+                    "decision": None,
+                }
+        event = step.event
+        if isinstance(event, ApprovalGranted | ApprovalDenied | UserAnswered):
+            entry = found.get(event.call)
+            if entry is not None and entry["decision"] is None:
+                decision: dict[str, Any] = {"by": event.by, "at": step.at}
+                match event:
+                    case ApprovalGranted(arguments_json=edited):
+                        decision.update(kind="grant", arguments=edited)
+                    case ApprovalDenied(reason=reason):
+                        decision.update(kind="deny", text=reason)
+                    case UserAnswered(text=text):
+                        decision.update(kind="answer", text=text)
+                entry["decision"] = decision
+    if state is not None and isinstance(state.phase, ToolExecuting):
+        asking = state.phase.asking
+        entry = found.get(state.phase.call)
+        if asking is not None and entry is not None:
+            entry["open"] = True
+            if asking.question and entry["question"] is None:
+                asked = question_of(state.phase.current)
+                if not isinstance(asked, str):
+                    entry["question"], choices = asked
+                    entry["choices"] = list(choices)
+    return list(found.values())
 
 
 def _with_progress(

@@ -72,6 +72,7 @@ def render_page(
 
 _TRACE_BODY = """<header id="summary"></header>
 <div id="banner" role="alert" hidden></div>
+<section id="requests" aria-label="requests for a person's decision" hidden></section>
 <main>
 <section id="timeline" aria-label="timeline">
 <div id="toolbar">

@@ -19,7 +19,7 @@
     $("db").textContent = data.db;
     const table = $("trees");
     const head = document.createElement("tr");
-    for (const name of ["tree", "status", "started (UTC)", "duration", "agents", "tokens", "cost", "task"]) {
+    for (const name of ["tree", "status", "waits for you", "started (UTC)", "duration", "agents", "tokens", "cost", "task"]) {
       const th = document.createElement("th");
       th.textContent = name;
       head.append(th);
@@ -27,14 +27,18 @@
     const rows = [head];
     for (const t of data.trees) {
       const tr = document.createElement("tr");
-      tr.className = "tree " + t.status;
+      tr.className = "tree " + t.status + (t.requests ? " asking" : "");
       const link = document.createElement("a");
       link.href = "/trace/" + encodeURIComponent(t.id);
       link.textContent = t.id;
       const first = document.createElement("td");
       first.append(link);
       const status = t.status + (t.running ? " (" + t.running + " running)" : "");
-      tr.append(first, cell(status),
+      // Open requests for a person's decision (issue 35), if the server counted them.
+      const asking = t.requests ? t.requests + " request(s)" : "";
+      const waits = cell(asking);
+      if (t.requests) waits.className = "requests";
+      tr.append(first, cell(status), waits,
         cell(new Date(t.created_at * 1000).toISOString().replace("T", " ").slice(0, 19)),
         cell(secs(t.duration)), cell(t.agents), cell(t.tokens),
         cell(t.cost === null ? null : "$" + t.cost.toFixed(4)), cell(t.task.slice(0, 120)));

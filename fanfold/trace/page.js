@@ -66,6 +66,7 @@
     if (!zoomed) { zoomFrom = 0; zoomSpan = full(); }
     indexParted();
     renderHeader();
+    renderRequests();
     applyFilter();
     if ($("search").value.trim()) runSearch();
     const slider = $("step");
@@ -111,6 +112,126 @@
     } else {
       banner.hidden = true;
     }
+  }
+
+  // ------------------------------------------------------------------ requests
+  // Requests for a person's decision (issue 35): every agent's, open ones first.
+  // Their texts (arguments, questions, reasons, answers) are the model's or a
+  // person's: textContent only. In fanfold ui an open request gets Approve (its
+  // arguments editable as JSON) / Deny (a reason) or, for a question, an answer;
+  // each POSTs JSON to the server, which writes the decision as `fanfold approve`.
+  let requestsKey = null;
+
+  function when(t) {
+    return new Date((data.started_at + t) * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+  }
+
+  function pretty(text) {
+    try { return JSON.stringify(JSON.parse(text), null, 1); } catch (e) { return String(text); }
+  }
+
+  function renderRequests() {
+    const all = [];
+    for (const a of data.agents) for (const r of a.requests || []) all.push([a, r]);
+    // Redrawn only when a request or a decision changed: a live update must not wipe
+    // what a person is typing.
+    const key = JSON.stringify(all.map(([, r]) => [r.id, r.open, r.decision]));
+    if (key === requestsKey) return;
+    requestsKey = key;
+    const box = $("requests");
+    if (!all.length) { box.replaceChildren(); box.hidden = true; return; }
+    all.sort((x, y) => (y[1].open - x[1].open) || (x[1].asked_at - y[1].asked_at));
+    const open = all.filter(([, r]) => r.open).length;
+    box.replaceChildren(el("h2", { text: open + " open request(s) for a decision, " +
+      (all.length - open) + " closed" }), ...all.map(([a, r]) => requestNode(a, r)));
+    box.hidden = false;
+  }
+
+  function requestNode(agent, r) {
+    const node = el("div", { class: "request " + (r.open ? "open" : "closed"), "data-request": r.id });
+    const what = r.question !== null ? "asks: " + r.question : r.tool;
+    node.append(el("div", { class: "request-head" },
+      el("b", { text: agent.id }), " ", el("span", { text: what }),
+      el("span", { class: "kv", text: " · " + r.rule + " · asked " + when(r.asked_at) })));
+    if (r.question !== null) {
+      if (r.choices.length) node.append(el("div", { class: "kv", text: "choices: " + r.choices.join(" | ") }));
+    } else {
+      node.append(el("pre", { class: "args", text: pretty(r.arguments) }));
+    }
+    const d = r.decision;
+    if (d) {
+      const verb = { grant: "approved", deny: "denied", answer: "answered" }[d.kind] || d.kind;
+      const line = el("div", { class: "decision " + d.kind,
+        text: verb + (d.kind === "grant" && d.arguments !== null ? " with edited arguments" : "") +
+          " by " + (d.by || "(unnamed)") + " at " + when(d.at) +
+          " (" + secs(d.at - r.asked_at) + " after it was asked)" });
+      node.append(line);
+      if (d.kind === "grant" && d.arguments !== null) node.append(el("pre", { class: "args edited", text: pretty(d.arguments) }));
+      if (d.kind !== "grant" && d.text) node.append(el("div", { class: "kv", text: (d.kind === "deny" ? "reason: " : "answer: ") + d.text }));
+    } else if (r.open) {
+      const age = Date.now() / 1000 - (data.started_at + r.asked_at);
+      node.append(el("div", { class: "kv", text: "waiting " + secs(Math.max(0, age)) }));
+      if (live) node.append(decideControls(r));
+      else node.append(el("div", { class: "kv", text: "decide with: fanfold approve / deny / answer " + r.id + " (or in fanfold ui)" }));
+    } else {
+      node.append(el("div", { class: "kv", text: "ended without a decision (a cancel, a deadline or its approval timeout)" }));
+    }
+    return node;
+  }
+
+  function decideControls(r) {
+    const status = el("span", { class: "decide-status", role: "status" });
+    const box = el("div", { class: "decide" });
+    const send = (route, body, buttons) => {
+      for (const b of buttons) b.disabled = true;
+      status.textContent = "sending…";
+      fetch(route, { method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(body), credentials: "same-origin" })
+        .then((answer) => answer.text().then((text) => {
+          if (answer.ok) {
+            status.textContent = "decision written: the run takes it within a moment (or at its next resume)";
+            box.setAttribute("data-sent", "1");
+          } else {
+            status.textContent = "not written: " + text;
+            for (const b of buttons) b.disabled = false;
+          }
+        }))
+        .catch((e) => { status.textContent = "not sent: " + e; for (const b of buttons) b.disabled = false; });
+    };
+    const reason = el("input", { type: "text", class: "reason", placeholder: "reason (shown to the model)",
+      "aria-label": "reason for denying " + r.id, size: 32 });
+    const deny = el("button", { class: "btn deny", text: r.question !== null ? "Decline" : "Deny" });
+    if (r.question !== null) {
+      const text = el("input", { type: "text", class: "answer", placeholder: "your answer",
+        "aria-label": "answer to " + r.id, size: 32 });
+      const answer = el("button", { class: "btn answer", text: "Answer" });
+      const buttons = [answer, deny];
+      answer.addEventListener("click", () => send("/api/answer", { request: r.id, text: text.value }, buttons));
+      const choices = r.choices.map((c) => el("button", { class: "btn choice", text: c,
+        onclick: () => { text.value = c; } }));
+      box.append(el("div", {}, text, " ", answer, " ", ...choices));
+    } else {
+      const original = pretty(r.arguments);
+      const args = el("textarea", { class: "edit-args", rows: 3, cols: 60, spellcheck: "false",
+        "aria-label": "arguments of " + r.id + " (edit to approve with other arguments)" });
+      args.value = original;
+      const approve = el("button", { class: "btn approve", text: "Approve" });
+      const buttons = [approve, deny];
+      approve.addEventListener("click", () => {
+        const body = { request: r.id };
+        if (args.value !== original) {
+          try { body.arguments = JSON.parse(args.value); } catch (e) {
+            status.textContent = "the edited arguments are not JSON: " + e.message; return;
+          }
+        }
+        send("/api/approve", body, buttons);
+      });
+      box.append(args, el("div", {}, approve));
+    }
+    deny.addEventListener("click", () => send("/api/deny", { request: r.id, reason: reason.value },
+      Array.from(box.querySelectorAll("button"))));
+    box.append(el("div", {}, reason, " ", deny, " ", status));
+    return box;
   }
 
   // Where a fork came from, and a link to the original's page: fanfold ui's route,
@@ -803,7 +924,8 @@
   // ------------------------------------------------------------------ wiring
   function typing(ev) {
     const t = ev.target;
-    return t && (t.tagName === "INPUT" && (t.type === "text" || t.type === "search"));
+    return t && (t.tagName === "TEXTAREA" ||
+      (t.tagName === "INPUT" && (t.type === "text" || t.type === "search")));
   }
 
   function init() {

@@ -16,6 +16,14 @@ Routes (GET only):
   the database (or that tree, or the progress of its tool calls in flight) changes,
   polled every ``poll`` seconds.
 
+And three POST routes, a person's decisions (issue 35): ``/api/approve``,
+``/api/deny`` and ``/api/answer``, each a JSON object naming the ``request`` (with
+edited ``arguments``, a ``reason`` or the answer's ``text``). A decision is written as
+``fanfold approve`` writes it: a row of the log's ``decisions`` table
+(``fanfold.runtime.approvals.FileDecisions``), after the same check
+(``check_decision``), with ``by`` "ui"; the runtime that holds the request takes it.
+That row is the only thing the server ever writes.
+
 Every answer carries ``X-Content-Type-Options: nosniff``; ids from the URL are only
 ever looked up, never put in markup (pages embed them as escaped JSON data).
 
@@ -25,7 +33,10 @@ address the connection arrived at, or the ``--host`` given; with the port it arr
 on), so a page whose name was rebound to 127.0.0.1 is refused; it is not cross-site
 (``Sec-Fetch-Site`` and ``Origin``); and it carries the per-launch token, in the query
 (``?token=...``, the URL ``fanfold ui`` prints) or in the HttpOnly, SameSite=Strict
-cookie that a query token sets. A refusal is a 403 with one plain line.
+cookie that a query token sets. A refusal is a 403 with one plain line. A POST must
+also carry an ``Origin`` naming this server and a JSON body (``Content-Type:
+application/json``): an HTML form can send neither, and a cross-site script cannot
+send that type without a preflight, which is never answered.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ import hmac
 import json
 import math
 import re
+import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +59,18 @@ from fanfold.loopback import (
     address,
     names_this_server,
     single_host_names_this_server,
+)
+from fanfold.runtime.approvals import (
+    ANSWER,
+    DENY,
+    GRANT,
+    AlreadyDecided,
+    BadDecision,
+    Decision,
+    FileDecisions,
+    check_decision,
+    open_request,
+    split_request_id,
 )
 from fanfold.trace.build import build_trace
 from fanfold.trace.html import render_html, render_page
@@ -82,6 +107,31 @@ def default_summaries(store: Store) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def open_request_counts(store: Store) -> dict[str, int]:
+    """How many open requests for a person's decision each tree has (issue 35): one
+    per conversation at most, read from the unfinished conversations' states."""
+    counts: dict[str, int] = {}
+    for row in store.unfinished():
+        if row.phase != "ToolExecuting":
+            continue
+        request = open_request(store.load_state(row.id))
+        if request is not None:
+            counts[request.tree] = counts.get(request.tree, 0) + 1
+    return counts
+
+
+class DecisionRefused(Exception):
+    """A decision the page sent that is not written: ``status`` and one plain line."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_DECIDE = {"/api/approve": GRANT, "/api/deny": DENY, "/api/answer": ANSWER}
+_MAX_BODY = 256 * 1024  # edited arguments are a tool call's: large enough, bounded
 
 
 # What a token may hold: it goes in a URL and a cookie as it is (token_urlsafe's
@@ -138,6 +188,63 @@ class TraceServer:
     async def read(self, work: Callable[[Store], Any]) -> Any:
         return await trio.to_thread.run_sync(self._read, work)
 
+    def _summaries(self, store: Store) -> list[dict[str, Any]]:
+        rows = self.summaries(store)
+        counts = open_request_counts(store)
+        for row in rows:
+            row["requests"] = counts.get(row["id"], 0)
+        return rows
+
+    def _decide(self, kind: str, body: Any) -> dict[str, Any]:
+        """Write the decision ``body`` asks for (a worker thread); DecisionRefused
+        says why not, and then nothing was written."""
+        if not isinstance(body, dict) or not isinstance(body.get("request"), str):
+            raise DecisionRefused(400, "a decision is a JSON object naming its request")
+        request_id = body["request"]
+        arguments: str | None = None
+        text = ""
+        if kind == GRANT and body.get("arguments") is not None:
+            if not isinstance(body["arguments"], dict):
+                raise DecisionRefused(400, "edited arguments must be a JSON object")
+            arguments = json.dumps(body["arguments"], ensure_ascii=False)
+        elif kind == DENY:
+            text = body.get("reason", "")
+        elif kind == ANSWER:
+            text = body.get("text", "")
+        if not isinstance(text, str):
+            raise DecisionRefused(400, "a reason or an answer is a string")
+        if kind == ANSWER and not text.strip():
+            raise DecisionRefused(400, "an answer needs a text (to decline, deny the request)")
+        if kind == DENY and not text.strip():
+            text = "no reason given"  # the model reads it: never an empty result
+        split = split_request_id(request_id)
+        if split is None:
+            raise DecisionRefused(404, "no open request with this id")
+        if isinstance(self.db, str) and "://" in self.db:
+            raise DecisionRefused(400, "decisions from the web page need an SQLite log for now")
+        with open_store(self.db, read_only=True) as store:
+            try:
+                state = store.load_state(split[0])
+            except UnknownConversation:
+                raise DecisionRefused(404, "no open request with this id") from None
+        request = open_request(state)
+        table = FileDecisions(self.db)
+        if request is None or request.id != request_id:
+            if _decided(self.db, request_id):
+                raise DecisionRefused(409, f"request {request_id} was decided already")
+            raise DecisionRefused(
+                404,
+                f"no open request {request_id} (never asked, or ended by a cancel or a timeout)",
+            )
+        try:
+            check_decision(state, request, kind, arguments)
+            table.write(Decision(request_id, kind, arguments, text, "ui", time.time()))
+        except BadDecision as exc:
+            raise DecisionRefused(400, str(exc)) from None
+        except AlreadyDecided as exc:
+            raise DecisionRefused(409, str(exc)) from None
+        return {"request": request_id, "kind": kind, "written": True}
+
     def _version(self, tree: str | None) -> Any:
         def version(store: Store) -> Any:
             if tree is None:
@@ -172,10 +279,13 @@ class TraceServer:
         if refused is not None:
             await self._plain(send, 403, refused)
             return
-        if scope["method"] not in ("GET", "HEAD"):
-            await self._plain(send, 405, "only GET is served")
-            return
         path = scope["path"]  # ASGI gives it percent-decoded
+        if scope["method"] == "POST" and path in _DECIDE:
+            await self._post(scope, _DECIDE[path], receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await self._plain(send, 405, "only GET is served (and POST of a decision)")
+            return
         query = self._query_token(scope)
         if query is not None:
             # The token from the printed URL goes into the cookie. A page is sent again
@@ -197,6 +307,48 @@ class TraceServer:
             await self._plain(send, 404, str(exc))
         except DatabaseError as exc:
             await self._plain(send, 500, str(exc))
+
+    async def _post(self, scope: Scope, kind: str, receive: Receive, send: Send) -> None:
+        """A decision from the page: checked as every request is (``_refusal``), then
+        a same-origin ``Origin`` and a JSON body are required (CSRF: a form sends
+        neither; a cross-site script cannot send JSON without a preflight)."""
+        headers = _headers(scope)
+        origins = headers.get("origin", [])
+        if len(origins) != 1:
+            await self._plain(send, 403, "refused: a decision must come from this server's page")
+            return
+        types = headers.get("content-type", [])
+        if len(types) != 1 or types[0].split(";")[0].strip().lower() != "application/json":
+            await self._plain(send, 415, "a decision is sent as application/json")
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > _MAX_BODY:
+                await self._plain(send, 413, "a decision's body is too large")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        try:
+            body = json.loads(b"".join(chunks).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            await self._plain(send, 400, "a decision is a JSON object")
+            return
+        try:
+            answer = await trio.to_thread.run_sync(self._decide, kind, body)
+        except DecisionRefused as exc:
+            await self._plain(send, exc.status, str(exc))
+            return
+        except DatabaseError as exc:
+            await self._plain(send, 500, str(exc))
+            return
+        await self._answer(send, 200, "application/json", _json_bytes(answer))
 
     # ------------------------------------------------------------------ access
 
@@ -273,7 +425,7 @@ class TraceServer:
 
     async def _route(self, path: str, vs: str | None, receive: Receive, send: Send) -> None:
         if path == "/":
-            rows = await self.read(self.summaries)
+            rows = await self.read(self._summaries)
             page = render_page(
                 "fanfold trees",
                 "list.js",
@@ -283,7 +435,7 @@ class TraceServer:
             )
             await self._answer(send, 200, "text/html; charset=utf-8", page.encode())
         elif path == "/api/trees":
-            rows = await self.read(self.summaries)
+            rows = await self.read(self._summaries)
             await self._answer(send, 200, "application/json", _json_bytes(rows))
         elif path.startswith("/trace/"):
             tree = path.removeprefix("/trace/")
@@ -383,6 +535,23 @@ async def serve(
     config.graceful_timeout = 1.0
     asgi: Any = app  # Hypercorn's ASGI types are protocols of its own; the app fits them
     await hypercorn_serve(asgi, config, task_status=task_status)
+
+
+def _decided(db: Path | str, request: str) -> bool:
+    """Whether the log's decisions table has a row for ``request`` (read only: a log
+    without the table has none)."""
+    uri = Path(db).resolve().as_uri() + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=30)
+    except sqlite3.Error:
+        return False
+    try:
+        row = conn.execute("SELECT 1 FROM decisions WHERE request = ?", (request,)).fetchone()
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+    return row is not None
 
 
 def _query(scope: Scope) -> list[tuple[str, str]]:
