@@ -1357,8 +1357,8 @@ class Runtime:
         conversation whose step is meant: a place (``root``, ``root/1/2``, ``1/2``) or
         an id of that tree (None: ``conversation_id`` itself). ``edit`` changes that
         conversation as the fork goes on: ``ReplyEdit``, ``ToolResultEdit``,
-        ``TaskEdit``, ``SystemPromptEdit`` or ``LimitsEdit``; one the reducer refuses
-        at that step raises ``replay.EditRefused`` naming where it is legal, and
+        ``TaskEdit``, ``SystemPromptEdit``, ``LimitsEdit`` or ``DecisionEdit``; one the
+        reducer refuses at that step raises ``replay.EditRefused`` naming where it is legal, and
         nothing is written.
 
         A root at rest is forked alone (its edit recorded at once): go on with
