@@ -433,6 +433,17 @@ class PgDecisions(Decisions):
         try:
             self._run(insert)
         except psycopg.errors.UniqueViolation:
+            # Our own row, if a lost connection cut the first try short after its
+            # commit (``_run`` tries again): then it is written, not decided by another.
+            row = self._run(
+                lambda conn: conn.execute(
+                    "SELECT request, kind, arguments, text, decided_by, at FROM decisions "
+                    "WHERE request = %s",
+                    [decision.request],
+                ).fetchone()
+            )
+            if row is not None and Decision(*row) == decision:
+                return
             raise AlreadyDecided(f"request {decision.request} was decided already") from None
 
     def write_many(self, decisions: Sequence[Decision]) -> list[str]:
