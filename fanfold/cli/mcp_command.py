@@ -31,6 +31,7 @@ TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
         "\b\nExamples:\n"
         "  fanfold mcp --db ~/.local/share/fanfold/fanfold.db --cwd .   # stdio, for a host\n"
         "  fanfold mcp --http --port 8766\n"
+        "  fanfold mcp --ask 'Bash(git push:*)'   # the host decides: approve_request\n"
     ),
 )
 @model_options

@@ -299,6 +299,7 @@ def _show_steps(
         "\b\nExamples:\n"
         "  fanfold fork 3f9a0c61d2b4 --at 7                 # a root at rest: then fanfold send\n"
         "  fanfold fork 3f9a0c61d2b4 --agent 1 --at 0 --reply better.json --continue\n"
+        "  fanfold fork 3f9a0c61d2b4 --at 4 --approve --continue   # run what was denied\n"
     ),
 )
 @click.argument("conversation_id")
