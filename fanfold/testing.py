@@ -108,6 +108,7 @@ from fanfold.statemachine import (
     Conversation,
     ConversationCreated,
     ConversationForked,
+    DecisionEdit,
     DuplicateChildOutcome,
     Effect,
     EndCompleted,
@@ -2573,6 +2574,8 @@ def _plain_event(state: Conversation, event: Event) -> Event:
             return ModelReplied(n, reply)
         case ForkEdited(edit=ToolResultEdit(result=result)), ToolExecuting(call=n, current=c):
             return ToolFinished(n, attrs.evolve(result, name=c.name))
+        case ForkEdited(edit=DecisionEdit(decision=decision)), _:
+            return decision
         case ForkEdited(), _:
             return RuntimeResumed()
     return event
@@ -2792,6 +2795,8 @@ def _check_numbers(
             answered = n
         case ForkEdited(edit=ToolResultEdit()), ToolExecuting(call=n):
             answered = n
+        case ForkEdited(edit=DecisionEdit(decision=decision)), _:
+            answered = decision.call
     for number, what in live_before.items():
         if number in live_after or number in aborted or number == answered:
             continue
@@ -3269,6 +3274,8 @@ def _check_approvals(
     - edited arguments pass the rules again before they run;
     - a new request is shown (its RequestApproval or AskUser) and carries its call.
     """
+    if isinstance(event, ForkEdited) and isinstance(event.edit, DecisionEdit):
+        event = event.edit.decision  # a fork's other decision: checked as that decision
     open_before = _asking_at(before)
     open_after = _asking_at(after)
     for run in (e for e in effects if isinstance(e, RunTool)):

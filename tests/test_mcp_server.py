@@ -100,7 +100,14 @@ async def test_tools_listed_and_a_foreground_delegation_answers(tmp_path: Path) 
     db = tmp_path / "f.db"
     async with _server(tmp_path, _script(tmp_path, "fast.json", FAST), db) as session:
         names = {t.name for t in (await session.list_tools()).tools}
-        assert names == {"delegate_task", "list_sub_agents", "get_delegation_result"}
+        assert names == {
+            "delegate_task",
+            "list_sub_agents",
+            "get_delegation_result",
+            "approve_request",
+            "deny_request",
+            "answer_request",
+        }
         agents = _structured(await session.call_tool("list_sub_agents", {}))["result"]
         assert "explorer" in {a["name"] for a in agents}
         answer = _structured(await session.call_tool("delegate_task", {"task": "compute"}))

@@ -35,19 +35,19 @@ only after a person's decision (sysexits' EX_TEMPFAIL: try again later, here aft
 # ------------------------------------------------------------------ reading the log
 
 
-def open_requests(path: Path) -> list[tuple[PendingRequest, Any]]:
-    """Every open request in the log at ``path``, with its conversation's state,
-    oldest first."""
-    from fanfold.db import Store
-    from fanfold.runtime.approvals import asked_at, open_request
+def open_requests(path: Target) -> list[tuple[PendingRequest, Any]]:
+    """Every open request in the log at ``path`` (an SQLite file or a PostgreSQL
+    URL), with its conversation's state, oldest first."""
+    from fanfold.db import open_store
+    from fanfold.runtime.approvals import asked_at_in, open_request
 
     found = []
-    with Store.open(path, read_only=True) as store:
+    with open_store(path, read_only=True) as store:
         for row in store.unfinished():
             if row.phase != "ToolExecuting":
                 continue
             state = store.load_state(row.id)
-            request = open_request(state, asked_at(path, row.id))
+            request = open_request(state, asked_at_in(store, row.id))
             if request is not None:
                 found.append((request, state))
     found.sort(key=lambda pair: (pair[0].asked_at or 0.0, pair[0].id))
@@ -55,7 +55,7 @@ def open_requests(path: Path) -> list[tuple[PendingRequest, Any]]:
 
 
 def _choose(
-    path: Path, target: str, call: str | None, decide_all: bool = False
+    path: Target, target: str, call: str | None, decide_all: bool = False
 ) -> list[tuple[PendingRequest, Any]]:
     """The request(s) ``TARGET [CALL]`` names: TARGET a request's own id, or a tree
     (or conversation) id with CALL a request id, a call number or an agent path;
@@ -87,7 +87,7 @@ def _choose(
 
 
 def _decide(
-    path: Path,
+    path: Target,
     target: str,
     call: str | None,
     kind: str,
@@ -99,8 +99,8 @@ def _decide(
         AlreadyDecided,
         BadDecision,
         Decision,
-        FileDecisions,
         check_decision,
+        decisions_of,
     )
 
     chosen = _choose(path, target, call, decide_all)
@@ -111,14 +111,17 @@ def _decide(
         except BadDecision as exc:
             raise CliError(str(exc)) from None
         decisions.append(Decision(request.id, kind, arguments, text, _who(), time.time()))
-    table = FileDecisions(path)
-    if len(decisions) == 1:
-        try:
-            table.write(decisions[0])
-        except AlreadyDecided as exc:
-            raise CliError(str(exc)) from None
-        return [decisions[0].request]
-    taken = table.write_many(decisions)
+    table = decisions_of(path)
+    try:
+        if len(decisions) == 1:
+            try:
+                table.write(decisions[0])
+            except AlreadyDecided as exc:
+                raise CliError(str(exc)) from None
+            return [decisions[0].request]
+        taken = table.write_many(decisions)
+    finally:
+        table.close()
     if taken:
         click.echo(f"already decided, left as they were: {', '.join(taken)}", err=True)
     return [d.request for d in decisions if d.request not in taken]
@@ -133,7 +136,7 @@ def _who() -> str:
         return "cli"
 
 
-def _decided(path: Path, done: list[str], what: str, go_on: bool = False) -> None:
+def _decided(path: Target, done: list[str], what: str, go_on: bool = False) -> None:
     from fanfold.cli.output import hint
 
     for request in done:
@@ -148,16 +151,16 @@ def _decided(path: Path, done: list[str], what: str, go_on: bool = False) -> Non
     )
 
 
-def _continue(path: Path, done: list[str]) -> None:
+def _continue(path: Target, done: list[str]) -> None:
     """``--continue``: resume the decided requests' trees here (as ``fanfold resume``
     does for them alone); exits with its status."""
     from fanfold.cli.logs import open_logs
     from fanfold.cli.resume_command import _resume_main
     from fanfold.cli.signals import run_trio
-    from fanfold.db import Store
+    from fanfold.db import open_store
 
     trees = []
-    with Store.open(path, read_only=True) as store:
+    with open_store(path, read_only=True) as store:
         for request in done:
             conversation = request.rpartition(":")[0]
             trees.append(store.conversation(conversation).root_id)
@@ -181,13 +184,10 @@ _CONTINUE = click.option(
 # ------------------------------------------------------------------ commands
 
 
-def _sqlite(db: Target | None) -> Path:
-    """The SQLite log the user chose; a PostgreSQL one is refused for now (decisions
-    in a PostgreSQL log come with the workers' part of issue 35)."""
-    path = db_path(db)
-    if not isinstance(path, Path):
-        raise CliError("decisions from the command line need an SQLite log for now")
-    return path
+def _sqlite(db: Target | None) -> Target:
+    """The log the user chose: an SQLite file or a PostgreSQL URL (whose decisions
+    table, ``PgDecisions``, every runtime on that database reads)."""
+    return db_path(db)
 
 
 @click.command(

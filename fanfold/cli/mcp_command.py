@@ -31,6 +31,7 @@ TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
         "\b\nExamples:\n"
         "  fanfold mcp --db ~/.local/share/fanfold/fanfold.db --cwd .   # stdio, for a host\n"
         "  fanfold mcp --http --port 8766\n"
+        "  fanfold mcp --ask 'Bash(git push:*)'   # the host decides: approve_request\n"
     ),
 )
 @model_options
@@ -51,6 +52,14 @@ TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=0, help="--http port on 127.0.0.1 (0: any)."
 )
+@click.option(
+    "--ask",
+    "ask_rules",
+    multiple=True,
+    metavar="PATTERN",
+    help="A call matching this rule ('Bash(git push:*)') waits for a decision, taken with "
+    "approve_request/deny_request; repeatable (with [permissions] ask in fanfold.toml).",
+)
 @tools_option
 @db_option
 def mcp_command(
@@ -62,6 +71,7 @@ def mcp_command(
     max_tokens: int | None,
     http: bool,
     port: int,
+    ask_rules: tuple[str, ...],
     tool_refs: tuple[str, ...],
     db: Target | None,
 ) -> None:
@@ -94,6 +104,12 @@ def mcp_command(
     with user_errors(path):
         python_tools = load_tools(tool_refs)
         choice = choose_model(script, config_path, profile, model, cwd)
+        from fanfold.statemachine.permissions import parse_rule
+
+        ask = (*choice.ask, *ask_rules)
+        for text in ask:
+            if isinstance(parse_rule(text), str):
+                raise CliError(f"--ask: {parse_rule(text)}")
         limits = choice.retry.apply(Limits(max_tokens=max_tokens) if max_tokens else Limits())
         agents = agents_in_effect(cwd)
         # The folder's MCP servers' tools are offered to delegated trees too.
@@ -125,6 +141,7 @@ def mcp_command(
             token,
             servers,
             python_tools,
+            ask,
         )
 
 
@@ -140,6 +157,7 @@ async def _serve(
     token: str | None,
     servers: tuple[Any, ...] = (),
     python_tools: Sequence[Any] = (),
+    ask: tuple[str, ...] = (),
 ) -> None:
     import trio
 
@@ -170,6 +188,7 @@ async def _serve(
                     agents=agents,
                     limits=limits,
                     system_prompt=choice.system_prompt,
+                    ask=ask,
                     ledger=DelegationLedger(
                         path if isinstance(path, Path) else beside_log(path, "")
                     ),

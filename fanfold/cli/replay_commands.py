@@ -299,6 +299,7 @@ def _show_steps(
         "\b\nExamples:\n"
         "  fanfold fork 3f9a0c61d2b4 --at 7                 # a root at rest: then fanfold send\n"
         "  fanfold fork 3f9a0c61d2b4 --agent 1 --at 0 --reply better.json --continue\n"
+        "  fanfold fork 3f9a0c61d2b4 --at 4 --approve --continue   # run what was denied\n"
     ),
 )
 @click.argument("conversation_id")
@@ -349,6 +350,35 @@ def _show_steps(
     "from now on; --limit settings override it.",
 )
 @click.option(
+    "--approve",
+    "approve",
+    is_flag=True,
+    help="Edit: the request the picked conversation waits on at SEQ (--at the step that "
+    "asked) is approved in the fork (what the source denied runs), with --args if given.",
+)
+@click.option(
+    "--args",
+    "approve_args",
+    metavar="JSON",
+    default=None,
+    help="With --approve: run the call with these arguments (a JSON object) instead.",
+)
+@click.option(
+    "--deny",
+    "deny_reason",
+    metavar="REASON",
+    default=None,
+    help="Edit: that request is denied in the fork (what the source approved never runs); "
+    "the model reads REASON.",
+)
+@click.option(
+    "--answer",
+    "answer_text",
+    metavar="TEXT",
+    default=None,
+    help="Edit: that request (an ask_user question) is answered TEXT in the fork.",
+)
+@click.option(
     "--continue",
     "go_on",
     is_flag=True,
@@ -375,6 +405,10 @@ def fork_command(
     system_file: Path | None,
     limit_texts: tuple[str, ...],
     limits_file: Path | None,
+    approve: bool,
+    approve_args: str | None,
+    deny_reason: str | None,
+    answer_text: str | None,
     go_on: bool,
     rerun_siblings: bool,
     script: Path | None,
@@ -396,7 +430,9 @@ def fork_command(
     they go on live too). In a tree from elsewhere no tool call its log decided runs
     (a fork that would start one the source has no result for is refused). At most
     one edit (--reply, --tool-result, --task,
-    --system-file, --limit/--limits) changes the picked conversation as it goes on.
+    --system-file, --limit/--limits, --approve/--deny/--answer) changes the picked
+    conversation as it goes on. --approve/--deny/--answer decide the request it waits
+    on at SEQ otherwise than the source did: fork --at the step that asked.
     Prints the new root's id. The source is untouched.
     """
     from fanfold import replay
@@ -407,7 +443,16 @@ def fork_command(
     from fanfold.statemachine import LimitsEdit
 
     settings = _limit_settings(limit_texts, limits_file)
-    edit = _edit(reply_file, tool_result, task, system_file, limits=settings is not None)
+    decision = _decision_kind(approve, approve_args, deny_reason, answer_text)
+    if decision is not None and settings is not None:
+        raise OneLineError("give at most one edit: --limit/--limits or --approve/--deny/--answer")
+    edit = _edit(
+        reply_file,
+        tool_result,
+        task,
+        system_file,
+        limits=settings is not None or decision is not None,
+    )
     override = None
     if (script or config_path or profile or model) and not go_on:
         raise OneLineError("--script, --config, --profile and --model go with --continue")
@@ -420,6 +465,8 @@ def fork_command(
             # The limits it had at that step, with the settings in place.
             base = replay.state_at(store, target, at_seq).limits
             edit = LimitsEdit(_limits_with(base, settings))
+        if decision is not None:
+            edit = _decision_edit(replay.state_at(store, target, at_seq), *decision)
         # One implementation with Runtime.fork: the edit checked by the reducer, the
         # fork, and a root at rest's edit recorded at once.
         made = replay.fork_at(
@@ -481,6 +528,56 @@ def fork_command(
         f"forked {printable(target)} at seq {at_seq} as {forked}; continue it with:\n"
         f"  fanfold send {forked} 'your message' --db {path_text}",
     )
+
+
+def _decision_kind(
+    approve: bool, arguments: str | None, reason: str | None, answer: str | None
+) -> tuple[str, str | None, str] | None:
+    """``(kind, edited arguments, text)`` of --approve [--args] / --deny / --answer, or
+    None; a bad combination or --args that is no JSON object is one line now."""
+    given = [approve, reason is not None, answer is not None]
+    if sum(given) > 1:
+        raise OneLineError("give one of --approve, --deny and --answer")
+    if arguments is not None and not approve:
+        raise OneLineError("--args goes with --approve")
+    if approve:
+        if arguments is not None:
+            try:
+                value = json.loads(arguments)
+            except ValueError as exc:
+                raise OneLineError(f"--args is not JSON: {exc}") from None
+            if not isinstance(value, dict):
+                raise OneLineError("--args must be a JSON object")
+            from fanfold.statemachine import canonical_json
+
+            arguments = canonical_json(value)
+        return ("grant", arguments, "")
+    if reason is not None:
+        return ("deny", None, reason)
+    if answer is not None:
+        return ("answer", None, answer)
+    return None
+
+
+def _decision_edit(state: Any, kind: str, arguments: str | None, text: str) -> Edit:
+    """The ``DecisionEdit`` of the request ``state`` holds open (its call number; the
+    reducer refuses it, EditRefused, where none is open)."""
+    from fanfold.statemachine import (
+        ApprovalDenied,
+        ApprovalGranted,
+        DecisionEdit,
+        ToolExecuting,
+        UserAnswered,
+    )
+
+    phase = state.phase
+    call = phase.call if isinstance(phase, ToolExecuting) else state.next_call
+    by = "fork"
+    if kind == "grant":
+        return DecisionEdit(ApprovalGranted(call, arguments, by))
+    if kind == "deny":
+        return DecisionEdit(ApprovalDenied(call, text, by))
+    return DecisionEdit(UserAnswered(call, text, by))
 
 
 def _limit_settings(texts: tuple[str, ...], file: Path | None) -> dict[str, Any] | None:

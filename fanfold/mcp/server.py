@@ -1,6 +1,6 @@
 """fanfold's delegation served over MCP (``fanfold mcp``).
 
-Three tools, over one ``Runtime`` and the same database as the CLI:
+Six tools, over one ``Runtime`` and the same database as the CLI:
 
 - ``delegate_task(agent, task, context, budget, background)``: start a tree whose root
   runs as the agent definition ``agent`` (its prompt, rules, model and caps; a plain
@@ -8,7 +8,14 @@ Three tools, over one ``Runtime`` and the same database as the CLI:
   ``budget`` the tree's token budget. It answers with the result when the tree comes
   to rest, or at once with the tree's id when ``background`` is true.
 - ``list_sub_agents()``: the agent definitions in effect for the server's folder.
-- ``get_delegation_result(delegation_id, wait)``: a delegation's status and result.
+- ``get_delegation_result(delegation_id, wait)``: a delegation's status and result;
+  a running delegation that waits for a person's decision (issue 35: an ask rule, a
+  tool needing approval, ``ask_user``) lists its open ``requests``, and ``wait``
+  returns once it can go on only after one.
+- ``approve_request(request_id, arguments)``, ``deny_request(request_id, reason)``,
+  ``answer_request(request_id, text)``: take that decision (a row of the log's
+  decisions table, as ``fanfold approve`` writes: the first decision wins). MCP
+  elicitation (asking the host's user directly) is not used: the host's model relays.
 
 A delegation is an ordinary tree: written ahead like every other (``fanfold ls``,
 ``show`` and the trace page show it), resumed when the server starts again after a
@@ -40,6 +47,9 @@ from fanfold.statemachine.control_tools import MAX_TASK_CHARS
 from fanfold.statemachine.phases import Error
 
 __all__ = ["CANCEL_GRACE", "DelegationError", "DelegationLedger", "DelegationService"]
+
+WAITING_POLL = 0.25
+"""Seconds between two looks at whether a delegation waits only for a person."""
 
 CANCEL_GRACE = 30.0
 """Seconds a cancelled request's handler waits for its tree to record the cancel."""
@@ -118,7 +128,7 @@ class DelegationLedger:
 
 
 class DelegationService:
-    """What the three MCP tools do, over an open ``Runtime``."""
+    """What the MCP tools do, over an open ``Runtime``."""
 
     def __init__(
         self,
@@ -129,8 +139,11 @@ class DelegationService:
         limits: Limits,
         system_prompt: str,
         ledger: DelegationLedger,
+        ask: tuple[str, ...] = (),
     ) -> None:
         self.runtime = runtime
+        self.ask = ask
+        """Ask rules of every delegated tree (``fanfold mcp --ask``, ``[permissions] ask``)."""
         self.cwd = cwd
         self.agents = agents
         self.limits = limits
@@ -190,6 +203,7 @@ class DelegationService:
             system_prompt=self.system_prompt,
             agents=self.agents,
             agent=definition,
+            ask=self.ask,
         )
         self.ledger.add(root_id)
         return root_id
@@ -207,7 +221,7 @@ class DelegationService:
         if background:
             return {"delegation_id": root_id, "status": "running"}
         try:
-            await self.runtime.wait(root_id)
+            await self.until_rest_or_waiting(root_id)
         except trio.Cancelled:
             if self.stopping:
                 raise
@@ -225,8 +239,65 @@ class DelegationService:
         if delegation_id not in self.ledger:
             raise DelegationError(f"{delegation_id!r} is not a delegation of this server")
         if wait:
-            await self.runtime.wait(delegation_id)
+            await self.until_rest_or_waiting(delegation_id)
         return self.outcome(delegation_id)
+
+    async def until_rest_or_waiting(self, root_id: str) -> None:
+        """Wait until tree ``root_id`` is at rest, or can go on only after a person's
+        decision (twice in a row, a poll apart: nothing moved in between)."""
+        # No nursery: a cancel of the request must reach ``delegate`` as a plain
+        # Cancelled (a nursery would hand it on inside an exception group).
+        calm = 0
+        while True:
+            with trio.move_on_after(WAITING_POLL):
+                await self.runtime.wait(root_id)
+                return
+            calm = calm + 1 if self.runtime.waiting_for_people(root_id) else 0
+            if calm >= 2:
+                return
+
+    def requests(self, root_id: str) -> list[dict[str, Any]]:
+        """The open requests of tree ``root_id`` (as ``fanfold pending --json``)."""
+        import json
+
+        return [
+            {
+                "request_id": r.id,
+                "agent": r.path,
+                "tool": r.tool,
+                "arguments": json.loads(r.arguments_json),
+                "rule": r.rule,
+                "question": r.question,
+                "choices": list(r.choices),
+            }
+            for r in self.runtime.pending()
+            if r.tree == root_id
+        ]
+
+    async def decide(
+        self, request_id: str, kind: str, arguments: dict[str, Any] | None, text: str
+    ) -> dict[str, Any]:
+        """``approve_request``/``deny_request``/``answer_request``: the decision is
+        written (first writer wins) and turned into its event; returns the
+        delegation's status."""
+        from fanfold.runtime.approvals import DecisionError
+
+        found = next((r for r in self.runtime.pending() if r.id == request_id), None)
+        if found is None or found.tree not in self.ledger:
+            raise DelegationError(
+                f"no open request {request_id!r} in a delegation of this server "
+                "(see get_delegation_result)"
+            )
+        try:
+            if kind == "grant":
+                await self.runtime.approve(found, arguments, by="mcp")
+            elif kind == "deny":
+                await self.runtime.deny(found, text, by="mcp")
+            else:
+                await self.runtime.answer(found, text, by="mcp")
+        except DecisionError as exc:
+            raise DelegationError(str(exc)) from None
+        return self.outcome(found.tree)
 
     def outcome(self, root_id: str) -> dict[str, Any]:
         """A delegation's status (``running``, ``completed``, ``cancelled``,
@@ -237,6 +308,10 @@ class DelegationService:
             raise DelegationError(f"{root_id!r} is not in the database") from None
         answer: dict[str, Any] = {"delegation_id": root_id}
         if row.status is Status.RUNNING:
+            requests = self.requests(root_id)
+            if requests:
+                # It waits for a person: the host decides (approve_request, ...).
+                return {**answer, "status": "running", "requests": requests}
             return {**answer, "status": "running"}
         state = self.runtime.state(root_id)
         turn = self.runtime.store.last_turn(root_id)
@@ -267,7 +342,7 @@ def _limits_fields(limits: Limits) -> dict[str, Any]:
 
 
 def mcp_server(service: DelegationService) -> Any:
-    """The MCP server (the SDK's ``MCPServer``) offering the three tools over
+    """The MCP server (the SDK's ``MCPServer``) offering the six tools over
     ``service``. Refusals are tool errors (``isError``), one line each."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
@@ -278,7 +353,9 @@ def mcp_server(service: DelegationService) -> Any:
         instructions=(
             "Delegate work to fanfold's durable trees of sub-agents: list_sub_agents, "
             "then delegate_task (background: true returns an id at once; "
-            "get_delegation_result reads it)."
+            "get_delegation_result reads it). A delegation waiting for a person's "
+            "decision lists its requests: approve_request, deny_request or "
+            "answer_request takes it."
         ),
         log_level="WARNING",
     )
@@ -320,7 +397,48 @@ def mcp_server(service: DelegationService) -> Any:
         except DelegationError as exc:
             raise ToolError(str(exc)) from None
 
+    async def approve_request(
+        request_id: str, arguments: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Approve a delegation's request for a person's decision: its tool call runs.
+
+        Args:
+            request_id: A request id from get_delegation_result's requests.
+            arguments: Run the call with these arguments instead of the agent's.
+        """
+        try:
+            return await service.decide(request_id, "grant", arguments, "")
+        except DelegationError as exc:
+            raise ToolError(str(exc)) from None
+
+    async def deny_request(request_id: str, reason: str) -> dict[str, Any]:
+        """Deny a delegation's request: its tool call never runs; the agent reads why.
+
+        Args:
+            request_id: A request id from get_delegation_result's requests.
+            reason: Why (the agent reads it).
+        """
+        try:
+            return await service.decide(request_id, "deny", None, reason)
+        except DelegationError as exc:
+            raise ToolError(str(exc)) from None
+
+    async def answer_request(request_id: str, text: str) -> dict[str, Any]:
+        """Answer a delegation's question (its ask_user request): text is the answer.
+
+        Args:
+            request_id: A request id from get_delegation_result's requests.
+            text: The answer.
+        """
+        try:
+            return await service.decide(request_id, "answer", None, text)
+        except DelegationError as exc:
+            raise ToolError(str(exc)) from None
+
     server.add_tool(delegate_task)
     server.add_tool(list_sub_agents, annotations=ToolAnnotations(read_only_hint=True))
     server.add_tool(get_delegation_result, annotations=ToolAnnotations(read_only_hint=True))
+    server.add_tool(approve_request)
+    server.add_tool(deny_request)
+    server.add_tool(answer_request)
     return server

@@ -16,8 +16,11 @@ import attrs
 
 from fanfold.db import ConversationRow, Store
 from fanfold.statemachine import (
+    ApprovalDenied,
+    ApprovalGranted,
     Conversation,
     ConversationForked,
+    DecisionEdit,
     Edit,
     ForkEdited,
     LimitsEdit,
@@ -25,6 +28,7 @@ from fanfold.statemachine import (
     SystemPromptEdit,
     TaskEdit,
     ToolResultEdit,
+    UserAnswered,
 )
 from fanfold.statemachine.state import tree_path
 
@@ -119,6 +123,19 @@ def fork_origin(store: Store, root_id: str) -> ForkOrigin | None:
     )
 
 
+def _decision_text(decision: ApprovalGranted | ApprovalDenied | UserAnswered) -> str:
+    match decision:
+        case ApprovalGranted(call=call, arguments_json=str(arguments)):
+            return f"call {call} approved with {_quoted(arguments)}"
+        case ApprovalGranted(call=call):
+            return f"call {call} approved"
+        case ApprovalDenied(call=call, reason=reason):
+            return f"call {call} denied: {_quoted(reason)}"
+        case UserAnswered(call=call, text=text):
+            return f"call {call} answered: {_quoted(text)}"
+    return f"call {decision.call}"  # pragma: no cover - the decisions are exhausted
+
+
 def describe_edit(edit: Edit, before: Conversation | None = None) -> str:
     """A short description of ``edit`` for a listing (recorded text cut to a few
     words; the caller escapes it): ``reply: "..."``, ``reply: calls bash``, ``result
@@ -131,6 +148,8 @@ def describe_edit(edit: Edit, before: Conversation | None = None) -> str:
             return f"reply: {_quoted(reply.text)}"
         case ToolResultEdit(result=result):
             return f"result of {result.tool_call_id}: {_quoted(result.content)}"
+        case DecisionEdit(decision=decision):
+            return _decision_text(decision)
         case TaskEdit(task=task):
             return f"task: {_quoted(task)}"
         case SystemPromptEdit():

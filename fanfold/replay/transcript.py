@@ -31,6 +31,7 @@ from fanfold.statemachine import (
     Conversation,
     ConversationCreated,
     ConversationForked,
+    DecisionEdit,
     Edit,
     Error,
     Failed,
@@ -251,6 +252,15 @@ def _edit_entry(seq: int, edit: Edit) -> Entry:
         case ToolResultEdit(result=result):
             return Entry(
                 seq, "edit", label=f"the result of {result.tool_call_id} given by the user"
+            )
+        case DecisionEdit(decision=decision):
+            what = {"ApprovalGranted": "approved", "ApprovalDenied": "denied"}
+            return Entry(
+                seq,
+                "edit",
+                getattr(decision, "reason", getattr(decision, "text", "")) or "",
+                label=f"call {decision.call} {what.get(type(decision).__name__, 'answered')} "
+                "in this fork",
             )
         case LimitsEdit(limits=limits):
             text = "\n".join(

@@ -195,6 +195,17 @@ class Decisions:
                 raise AlreadyDecided(f"request {decision.request} was decided already")
             self._rows[decision.request] = (decision, "new")
 
+    def write_many(self, decisions: Sequence[Decision]) -> list[str]:
+        """Record each of ``decisions``; the requests already decided are left as
+        they are and returned."""
+        taken = []
+        for decision in decisions:
+            try:
+                self.write(decision)
+            except AlreadyDecided:
+                taken.append(decision.request)
+        return taken
+
     def new(self, requests: Sequence[str]) -> list[Decision]:
         """The decisions not yet applied of ``requests``."""
         with self._lock:
@@ -218,6 +229,9 @@ class Decisions:
         with self._lock:
             entry = self._rows.get(request)
             return None if entry is None else entry[1]
+
+    def close(self) -> None:
+        """Let go of what the table holds open (a connection); nothing here."""
 
 
 MemoryDecisions = Decisions
@@ -340,6 +354,192 @@ class FileDecisions(Decisions):
         finally:
             conn.close()
         return None if row is None else str(row[0])
+
+
+_PG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS decisions (
+    request TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    arguments TEXT,
+    text TEXT NOT NULL,
+    decided_by TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    state TEXT NOT NULL DEFAULT 'new'
+)
+"""
+
+
+class PgDecisions(Decisions):
+    """The ``decisions`` table of the PostgreSQL log at ``url`` (in its ``fanfold``
+    schema, beside the log's tables): the same rows and rules as ``FileDecisions``,
+    so ``fanfold approve --db postgresql://...`` from any machine reaches the runtime
+    (a ``fanfold run``, a worker) that holds the request. One winner: the request id
+    is the primary key, a second ``INSERT`` conflicts (``AlreadyDecided``).
+
+    Made on first use like the SQLite table (``CREATE TABLE IF NOT EXISTS``, not one
+    of ``PG_MIGRATIONS``: it holds nothing replay reads). One connection of its own,
+    opened on first use and replaced once if the server dropped it; psycopg is
+    imported only here, for a PostgreSQL log."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self._conn: Any = None
+
+    def _run(self, work: Any) -> Any:
+        """``work(connection)`` under the lock; a lost connection is made again and
+        ``work`` tried once more (every use here is one statement or transaction,
+        the same twice)."""
+        import psycopg
+
+        from fanfold.db.postgres import _Scrubbed, connect
+
+        with self._lock:
+            for attempt in (1, 2):
+                if self._conn is None or self._conn.closed:
+                    self._conn = connect(self.url)
+                    self._create(self._conn)
+                try:
+                    return work(self._conn)
+                except psycopg.OperationalError as exc:
+                    with _suppress():
+                        self._conn.close()
+                    self._conn = None
+                    if attempt == 2:
+                        raise _Scrubbed(self.url).unavailable(exc) from None
+            raise AssertionError("unreachable")
+
+    @staticmethod
+    def _create(conn: Any) -> None:
+        from contextlib import suppress
+
+        import psycopg
+
+        # Two first users at once: PostgreSQL's IF NOT EXISTS is not atomic against a
+        # concurrent CREATE (the other one made it: fine).
+        with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            conn.execute(_PG_SCHEMA)
+
+    def write(self, decision: Decision) -> None:
+        import psycopg
+
+        def insert(conn: Any) -> None:
+            conn.execute(
+                "INSERT INTO decisions (request, kind, arguments, text, decided_by, at) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                _row(decision),
+            )
+
+        try:
+            self._run(insert)
+        except psycopg.errors.UniqueViolation:
+            # Our own row, if a lost connection cut the first try short after its
+            # commit (``_run`` tries again): then it is written, not decided by another.
+            row = self._run(
+                lambda conn: conn.execute(
+                    "SELECT request, kind, arguments, text, decided_by, at FROM decisions "
+                    "WHERE request = %s",
+                    [decision.request],
+                ).fetchone()
+            )
+            if row is not None and Decision(*row) == decision:
+                return
+            raise AlreadyDecided(f"request {decision.request} was decided already") from None
+
+    def write_many(self, decisions: Sequence[Decision]) -> list[str]:
+        """As ``FileDecisions.write_many``: one transaction, the requests already
+        decided left as they are and returned."""
+
+        def insert(conn: Any) -> list[str]:
+            taken = []
+            with conn.transaction():
+                for decision in decisions:
+                    cursor = conn.execute(
+                        "INSERT INTO decisions (request, kind, arguments, text, decided_by, "
+                        "at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (request) DO NOTHING",
+                        _row(decision),
+                    )
+                    if cursor.rowcount == 0:
+                        taken.append(decision.request)
+            return taken
+
+        return list(self._run(insert))
+
+    def new(self, requests: Sequence[str]) -> list[Decision]:
+        if not requests:
+            return []
+        rows = self._run(
+            lambda conn: conn.execute(
+                "SELECT request, kind, arguments, text, decided_by, at FROM decisions "
+                "WHERE state = 'new' AND request = ANY(%s)",
+                [list(requests)],
+            ).fetchall()
+        )
+        return [Decision(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    def mark_many(self, marks: Sequence[tuple[str, str]]) -> None:
+        def update(conn: Any) -> None:
+            with conn.transaction():
+                for request, state in marks:
+                    conn.execute(
+                        "UPDATE decisions SET state = %s WHERE request = %s", [state, request]
+                    )
+
+        self._run(update)
+
+    def state_of(self, request: str) -> str | None:
+        row = self._run(
+            lambda conn: conn.execute(
+                "SELECT state FROM decisions WHERE request = %s", [request]
+            ).fetchone()
+        )
+        return None if row is None else str(row[0])
+
+    def close(self) -> None:
+        """Close the connection (a later use opens another)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _suppress() -> Any:
+    from contextlib import suppress
+
+    return suppress(Exception)
+
+
+def _row(decision: Decision) -> tuple[Any, ...]:
+    return (
+        decision.request,
+        decision.kind,
+        decision.arguments_json,
+        decision.text,
+        decision.by,
+        decision.at,
+    )
+
+
+def decisions_of(target: str | Path) -> Decisions:
+    """The decisions table of the log at ``target``: ``FileDecisions`` for an SQLite
+    file, ``PgDecisions`` for a PostgreSQL URL."""
+    from fanfold.db.factory import DatabaseUrl
+    from fanfold.db.targets import is_postgres
+
+    if is_postgres(target):
+        return PgDecisions(target.secret if isinstance(target, DatabaseUrl) else str(target))
+    return FileDecisions(target)
+
+
+def asked_at_in(store: Any, conversation_id: str) -> float | None:
+    """``asked_at`` read through an open store (either kind of log)."""
+    rows = store._query(
+        "SELECT at FROM events WHERE conversation_id = ? AND type NOT IN "
+        "('SubAgentFinished', 'ToolsChanged', 'RuntimeResumed', 'CancelRequested') "
+        "ORDER BY seq DESC LIMIT 1",
+        [conversation_id],
+    )
+    return None if not rows else float(rows[0]["at"])
 
 
 def asked_at(path: str | Path, conversation_id: str) -> float | None:

@@ -52,11 +52,11 @@ from fanfold.runtime.approvals import (
     GRANT,
     Decision,
     Decisions,
-    FileDecisions,
     MemoryDecisions,
     PendingRequest,
     UnknownRequest,
     check_decision,
+    decisions_of,
     open_request,
     split_request_id,
 )
@@ -468,7 +468,8 @@ class Runtime:
         # this process's otherwise), who waits for new requests, and the decisions
         # being turned into their events now.
         self.decisions: Decisions = MemoryDecisions()
-        """Where decisions are written and read (``FileDecisions`` for an SQLite file:
+        """Where decisions are written and read (``FileDecisions`` for an SQLite file,
+        ``PgDecisions`` for a PostgreSQL log:
         another process's ``fanfold approve`` writes there)."""
         self.decision_poll = 0.2
         """Seconds between two reads of the decisions table while a request is open."""
@@ -654,8 +655,10 @@ class Runtime:
                 )
                 runtime._presence = presence
                 runtime._gc_tuned = tuned
-                if not memory and not postgres:
-                    runtime.decisions = FileDecisions(database)
+                if not memory:
+                    # The log's decisions table: a file's, or the PostgreSQL
+                    # database's (``PgDecisions``), which other processes write.
+                    runtime.decisions = decisions_of(database)
                 nursery.start_soon(runtime.engine.run)
                 nursery.start_soon(runtime.timers.run)
                 try:
@@ -676,6 +679,8 @@ class Runtime:
                 _untune_collector()
             if presence is not None:
                 presence.close()
+            if runtime is not None:
+                runtime.decisions.close()
             store.close()
             # The codec memoises the text of the messages it encoded by identity, for
             # as long as it has room: once the runtime is closed, its conversations'
@@ -1353,8 +1358,8 @@ class Runtime:
         conversation whose step is meant: a place (``root``, ``root/1/2``, ``1/2``) or
         an id of that tree (None: ``conversation_id`` itself). ``edit`` changes that
         conversation as the fork goes on: ``ReplyEdit``, ``ToolResultEdit``,
-        ``TaskEdit``, ``SystemPromptEdit`` or ``LimitsEdit``; one the reducer refuses
-        at that step raises ``replay.EditRefused`` naming where it is legal, and
+        ``TaskEdit``, ``SystemPromptEdit``, ``LimitsEdit`` or ``DecisionEdit``; one the
+        reducer refuses at that step raises ``replay.EditRefused`` naming where it is legal, and
         nothing is written.
 
         A root at rest is forked alone (its edit recorded at once): go on with

@@ -279,7 +279,18 @@ class UserAnswered:
     by: str = ""
 
 
-Edit = ReplyEdit | ToolResultEdit | TaskEdit | SystemPromptEdit | LimitsEdit
+@attrs.frozen
+class DecisionEdit:
+    """Edit: the request for a person's decision that the forked conversation holds
+    open is decided this way instead (issue 35: approve what was denied, with edited
+    arguments if given; deny what was approved; answer a question otherwise). Legal
+    only where the conversation waits for that decision (``ToolExecuting.asking`` set,
+    ``decision.call`` its call): the same rules as the decision event itself."""
+
+    decision: ApprovalGranted | ApprovalDenied | UserAnswered
+
+
+Edit = ReplyEdit | ToolResultEdit | TaskEdit | SystemPromptEdit | LimitsEdit | DecisionEdit
 
 
 @attrs.frozen

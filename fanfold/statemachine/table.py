@@ -323,7 +323,9 @@ _FORK_EDITS = {
     "ToolExecuting": _cell(
         _TOOL_TARGETS,
         "ToolResultEdit of the running call: as ToolFinished, after what RuntimeResumed "
-        f"re-issues of the round's children; wrong call id: raise; {_PROMPT} (the running "
+        f"re-issues of the round's children; wrong call id: raise; DecisionEdit of the "
+        "open request: as that decision (ApprovalGranted/ApprovalDenied/UserAnswered) "
+        f"after the same; {_PROMPT} (the running "
         f"tool gets the 'not run in this fork' result); {_EDIT_ELSEWHERE}",
         IllegalTransition,
     ),

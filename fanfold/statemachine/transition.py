@@ -102,6 +102,7 @@ from fanfold.statemachine.events import (
     CancelRequested,
     ConversationCreated,
     ConversationForked,
+    DecisionEdit,
     Event,
     ForkEdited,
     LimitsEdit,
@@ -2044,9 +2045,15 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
                 then = _on_tool_finished(state, ToolFinished(call, result))
                 return _after(stop, _edited(before, then))
             return _edited(state, _on_tool_finished(state, ToolFinished(call, result)))
+        case DecisionEdit(decision=decision), ToolExecuting(asking=asking) if asking is not None:
+            # The request the fork holds open, decided otherwise than in the source:
+            # as that decision (its checks: the call, the kind, edited arguments),
+            # after what a restart re-issues.
+            return _edited(state, _on_decision(state, decision))
     legal = {
         "ReplyEdit": "LlmRequesting (a model call awaited)",
         "ToolResultEdit": "ToolExecuting (a tool call running)",
+        "DecisionEdit": "ToolExecuting waiting for a person's decision (its request open)",
         "TaskEdit": "a sub-agent's LlmRequesting or AwaitingRetry before its first reply",
         "SystemPromptEdit": "any phase but Completed and Failed",
         "LimitsEdit": "any phase but Completed and Failed",
