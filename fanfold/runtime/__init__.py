@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from fanfold.runtime.host import StepObserver
     from fanfold.runtime.presence import DatabaseInUse
     from fanfold.runtime.runtime import (
+        MessageTooLong,
         MissingTools,
         NotAtRest,
         NotRunning,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "DatabaseInUse": "fanfold.runtime.presence",
     "MissingTools": "fanfold.runtime.runtime",
+    "MessageTooLong": "fanfold.runtime.runtime",
     "NotAtRest": "fanfold.runtime.runtime",
     "NotRunning": "fanfold.runtime.runtime",
     "ResumePlan": "fanfold.runtime.runtime",
@@ -57,6 +59,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DatabaseInUse",
+    "MessageTooLong",
     "MissingTools",
     "NotAtRest",
     "NotRunning",

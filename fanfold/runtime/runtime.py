@@ -104,6 +104,7 @@ from fanfold.statemachine import (
     transition,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
+from fanfold.statemachine.control_tools import MAX_TASK_CHARS
 from fanfold.statemachine.delegation import capped_limits, child_setup
 from fanfold.statemachine.permissions import Permissions, RuleSet, parse_rule
 from fanfold.statemachine.state import tree_path
@@ -236,6 +237,24 @@ class NotRunning(LookupError):
 
 class NotAtRest(ValueError):
     """The conversation has work in flight; ``resume()`` it instead of attaching."""
+
+
+class MessageTooLong(ValueError):
+    """A user message (``start``'s task, ``send``'s text) longer than
+    ``MAX_TASK_CHARS`` (1,000,000 characters), the limit a model's ``delegate_task``
+    and ``spawn_agents`` tasks have: refused before anything is recorded (issue 33.9:
+    a 50 MB task grew the log by 420 MB)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        super().__init__(
+            f"the message is too long ({length:,} characters, at most {MAX_TASK_CHARS:,})"
+        )
+
+
+def _check_message(text: str) -> None:
+    if len(text) > MAX_TASK_CHARS:
+        raise MessageTooLong(len(text))
 
 
 class MissingTools(ValueError):
@@ -726,8 +745,10 @@ class Runtime:
         ``agent``: a definition the root itself runs as (``fanfold mcp``'s
         ``delegate_task``): its prompt, rules, model and caps apply to the root as they
         would to a sub-agent spawned as it (``delegation.child_setup``).
-        Returns once the message is in the log; use ``wait`` for the answer.
+        Returns once the message is in the log; use ``wait`` for the answer. A message
+        longer than ``MAX_TASK_CHARS``: MessageTooLong (a ValueError), nothing recorded.
         """
+        _check_message(text)
         ask_rules = []
         for written in ask:
             rule = parse_rule(written)
@@ -848,8 +869,10 @@ class Runtime:
         conversation is busy or is a sub-agent, UntrustedTree if its tree was not
         written by this runtime, MissingTools if it recorded Python tools this
         runtime lacks (see ``attach``; nothing recorded either way). The runtime's
-        provider description is recorded as the one the tree now runs on.
+        provider description is recorded as the one the tree now runs on. A text
+        longer than ``MAX_TASK_CHARS``: MessageTooLong, nothing recorded.
         """
+        _check_message(text)
         if conversation_id not in self._actors:
             self.attach(conversation_id)
         actor = self._actor(conversation_id)
