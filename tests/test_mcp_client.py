@@ -608,7 +608,14 @@ async def test_a_streamable_http_server_with_a_token_from_the_environment(
         environ = {**os.environ, "MCP_TOK": token}
         async with McpHub.open([declaration], cwd=tmp_path, environ=environ) as hub:
             tools = await _tools(hub)
-            assert set(tools) == {"delegate_task", "list_sub_agents", "get_delegation_result"}
+            assert set(tools) == {
+                "delegate_task",
+                "list_sub_agents",
+                "get_delegation_result",
+                "approve_request",  # a person's decisions (issue 35)
+                "deny_request",
+                "answer_request",
+            }
             out = await tools["delegate_task"].run({"task": "compute"}, ".")
         assert json.loads(out.content)["result"] == "42"
         wrong = ServerDeclaration("fanfold", "test", url=url, startup_timeout=20)

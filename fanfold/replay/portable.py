@@ -551,26 +551,43 @@ class _Importer:
         _require(line, isinstance(stored, str), f"{where}: 'stored' must be a string")
         values: dict[str, str] = {}
         codec.encode_event_compact(event, values)  # the blob values the event holds
+        return self._same_stored(
+            line, where, stored, "event", event, values, decode_event, _dumps(event_document)
+        )
+
+    def _same_stored(
+        self,
+        line: int,
+        where: str,
+        stored: str,
+        kind: str,
+        value: Any,
+        values: dict[str, str],
+        decode: Any,
+        older: str,
+    ) -> str:
+        """``stored`` if it is a compact ``kind`` document of a schema version this
+        fanfold reads whose value, its blob references resolved from ``values``, is
+        ``value`` (else ImportRefused); ``older`` for a document of an older schema
+        (an export from an older fanfold: stored in its own, object, form)."""
         try:
             _require(
                 line,
                 stored.startswith("[")
                 and codec.COMPACT_SINCE <= codec.document_version(stored) <= codec.SCHEMA_VERSION,
-                f"{where}: 'stored' must be a compact event document (schema version "
+                f"{where}: its stored text must be a compact {kind} document (schema version "
                 f"{codec.COMPACT_SINCE} to {codec.SCHEMA_VERSION})",
             )
-            same = decode_event(stored, values) == event
+            same = decode(stored, values) == value
         except CodecError as exc:
             raise ImportRefused(
                 f"{where}: its stored text cannot be read: {exc}", line=line
             ) from None
-        _require(line, same, f"{where}: its stored text and its event differ")
+        _require(line, same, f"{where}: its stored text and its {kind} differ")
         if codec.document_version(stored) != codec.SCHEMA_VERSION:
-            # An export from an older fanfold, read by a newer one: its documents are
-            # of an older schema, stored in their own form, as without the field.
-            return _dumps(event_document)
+            return older
         self.blobs.update(values)
-        return str(stored)
+        return stored
 
     def _stored_effects(self, line: int, where: str, record: dict[str, Any]) -> list[Any]:
         """The step's ``stored_effects`` (format 3), checked for shape: one string or
@@ -599,26 +616,7 @@ class _Importer:
         effect = decode_effect(text)
         values: dict[str, str] = {}
         codec.encode_effect_stored(effect, values)  # the blob values the effect holds
-        try:
-            _require(
-                line,
-                stored.startswith("[")
-                and codec.COMPACT_SINCE <= codec.document_version(stored) <= codec.SCHEMA_VERSION,
-                f"{where}: its stored text must be a compact effect document (schema "
-                f"version {codec.COMPACT_SINCE} to {codec.SCHEMA_VERSION})",
-            )
-            same = decode_effect(stored, values) == effect
-        except CodecError as exc:
-            raise ImportRefused(
-                f"{where}: its stored text cannot be read: {exc}", line=line
-            ) from None
-        _require(line, same, f"{where}: its stored text and its effect differ")
-        if codec.document_version(stored) != codec.SCHEMA_VERSION:
-            # An export from an older fanfold, read by a newer one: stored in its own
-            # (object) form, as an event of an older schema is (``_stored``).
-            return text
-        self.blobs.update(values)
-        return stored
+        return self._same_stored(line, where, stored, "effect", effect, values, decode_effect, text)
 
     def check(self) -> str:
         """Whole-file checks; returns the root id."""
