@@ -63,29 +63,32 @@ import shlex
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
 
-from fanfold.providers.anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE_URL
-from fanfold.providers.anthropic import AnthropicProvider
 from fanfold.providers.base import CallContext, Provider, ProviderError
-from fanfold.providers.http import (
+from fanfold.providers.settings import (
+    ANTHROPIC_BASE_URL,
+    OPENAI_BASE_URL,
     POOL_SIZE,
     RequestSettings,
     Timeouts,
-    new_client,
     valid_api_key,
 )
-from fanfold.providers.openai import DEFAULT_BASE_URL as OPENAI_BASE_URL
-from fanfold.providers.openai import OpenAIProvider
-from fanfold.providers.slots import CallSlots, LocalSlots
 from fanfold.providers.wire import Secret, looks_like_key
 from fanfold.regular_files import read_regular
 from fanfold.statemachine import ErrorKind, Limits, ModelError, ModelReply, ModelRequest
 from fanfold.statemachine.permissions import DOMAIN, domain_problem, parse_rule
 from fanfold.trust import TrustFileError, TrustStore, file_digest
+
+# Reading a configuration (``load_config``: `fanfold show` reads the profiles' prices)
+# imports neither httpx nor Trio nor the HTTP providers: those are imported by the
+# functions that build providers (issue 36).
+if TYPE_CHECKING:
+    import httpx
+
+    from fanfold.providers.slots import CallSlots
 
 PROVIDERS = ("openai", "anthropic", "scripted")
 OFFLINE_PROFILE = "offline"
@@ -1117,6 +1120,8 @@ class UntrustedConfig(ConfigError):
 def _origin(url: str) -> str:
     """``scheme://host:port`` of ``url``, the port made explicit, the host lowercased:
     what a key is sent to."""
+    import httpx  # a project's configuration only (see _project_problem)
+
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError):
@@ -1314,6 +1319,9 @@ def build_provider(
     A ``scripted`` profile uses the ``scripted`` provider passed in (fanfold's offline
     provider); ConfigError without one, or if the profile's key variable is unset.
     """
+    from fanfold.providers.anthropic import AnthropicProvider
+    from fanfold.providers.openai import OpenAIProvider
+
     env = os.environ if environ is None else environ
     if profile.provider == "scripted":
         if scripted is None:
@@ -1374,6 +1382,9 @@ class ProviderRouter:
         client: httpx.AsyncClient | None = None,
         slots: CallSlots | None = None,
     ) -> None:
+        from fanfold.providers.http import new_client
+        from fanfold.providers.slots import LocalSlots
+
         self.config = config
         # A profile's ``max_concurrent_calls`` is counted here (this process) unless
         # the caller shares a count (``fanfold.providers.pg_slots`` for workers).
