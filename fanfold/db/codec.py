@@ -81,10 +81,12 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import inspect
 import json
 import json.encoder
 import math
 import re
+import sys
 import threading
 import types
 import typing
@@ -1169,7 +1171,35 @@ def _register(cls: type[Any]) -> None:
         raise TypeError(f"two codec types are named {codec.name!r}")
     _CODECS[cls] = codec
     _BY_NAME[codec.name] = codec
-    codec.build(typing.get_type_hints(cls))
+    codec.build(_type_hints(cls))
+
+
+_ANNOTATIONS: dict[tuple[str, str], Any] = {}
+
+
+def _type_hints(cls: type[Any]) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)`` for the reducer's classes, each annotation's text
+    evaluated once per module: their modules use ``from __future__ import annotations``,
+    so every annotation is a text, and the ~70 classes repeat the same ~110 texts ~280
+    times (``get_type_hints`` compiles each; issue 36). A test compares the two for
+    every registered class."""
+    hints: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        annotations = inspect.get_annotations(base)
+        if not annotations:
+            continue
+        namespace = vars(sys.modules[base.__module__])
+        for name, text in annotations.items():
+            if not isinstance(text, str):
+                hints[name] = type(None) if text is None else text
+                continue
+            key = (base.__module__, text)
+            value = _ANNOTATIONS.get(key, _ANNOTATIONS)
+            if value is _ANNOTATIONS:
+                # The text is fanfold's own source (a class annotation), never input.
+                value = _ANNOTATIONS[key] = eval(text, namespace)
+            hints[name] = value
+    return hints
 
 
 def _register_all(roots: Iterable[type[Any]]) -> None:
@@ -1197,7 +1227,7 @@ REGISTERED_ENUMS: frozenset[type[enum.Enum]] = frozenset(_ENUMS.values())
 def _state_without_history() -> _Emitter:
     """The document emitter of a Conversation with every field but ``history`` (for
     the fingerprint, which hashes the history incrementally)."""
-    hints = typing.get_type_hints(Conversation)
+    hints = _CODECS[Conversation].hints
     names = tuple(n for n in _CODECS[Conversation].names if n != "history")
     emitters = {n: _field_emitter(hints[n], f"Conversation.{n}") for n in names}
     # Fields written only when not at their default are left out here too, so that a
