@@ -1319,16 +1319,16 @@ def build_provider(
     A ``scripted`` profile uses the ``scripted`` provider passed in (fanfold's offline
     provider); ConfigError without one, or if the profile's key variable is unset.
     """
-    from fanfold.providers.anthropic import AnthropicProvider
-    from fanfold.providers.openai import OpenAIProvider
-
     env = os.environ if environ is None else environ
     if profile.provider == "scripted":
         if scripted is None:
             raise ConfigError("no scripted provider was supplied", key=f"profiles.{profile.name}")
         return scripted
     key = api_key(profile, env)
+    # The HTTP providers (httpx, Trio) are imported only for a profile that uses one.
     if profile.provider == "openai":
+        from fanfold.providers.openai import OpenAIProvider
+
         return OpenAIProvider(
             base_url=profile.base_url or OPENAI_BASE_URL,
             model=profile.model,
@@ -1343,6 +1343,8 @@ def build_provider(
             profile=profile.name,
         )
     if profile.provider == "anthropic":
+        from fanfold.providers.anthropic import AnthropicProvider
+
         return AnthropicProvider(
             base_url=profile.base_url or ANTHROPIC_BASE_URL,
             model=profile.model,
@@ -1382,7 +1384,6 @@ class ProviderRouter:
         client: httpx.AsyncClient | None = None,
         slots: CallSlots | None = None,
     ) -> None:
-        from fanfold.providers.http import new_client
         from fanfold.providers.slots import LocalSlots
 
         self.config = config
@@ -1400,7 +1401,9 @@ class ProviderRouter:
         )
         self._scripted = scripted
         self._owns_client = client is None
-        self._client = client or new_client()
+        # Made when the first HTTP profile is built: a scripted configuration (the
+        # offline demo's) needs no client, nor httpx (issue 36).
+        self._client = client
         self._providers: dict[str, Provider] = {}
         for profile in (config.default_profile(), config.sub_agent_profile()):
             self.provider(profile)
@@ -1415,6 +1418,10 @@ class ProviderRouter:
         return f"ProviderRouter(profiles={self.config.names()!r}, default={self.config.default!r})"
 
     def _build(self, profile: Profile) -> Provider:
+        if self._client is None and profile.provider != "scripted":
+            from fanfold.providers.http import new_client
+
+            self._client = new_client()
         return build_provider(
             profile, environ=self._keys, client=self._client, scripted=self._scripted
         )
@@ -1448,7 +1455,7 @@ class ProviderRouter:
 
     async def aclose(self) -> None:
         """Close the shared HTTP client if the router made it."""
-        if self._owns_client:
+        if self._owns_client and self._client is not None:
             await self._client.aclose()
 
 
