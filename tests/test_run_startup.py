@@ -1,7 +1,8 @@
 """`fanfold run` of the offline demo (the built-in scripted profile) imports neither
 httpx nor the HTTP providers nor web_fetch's module (issue 36): the router makes its
 HTTP client when it first builds an HTTP profile, ``build_provider`` imports a provider
-class only for its profile, and ``web_fetch`` is imported only when configured."""
+class only for its profile, and ``web_fetch`` is imported only when configured; nor the
+MCP client without a declared server."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ HTTP_FANFOLD = (
     "fanfold.providers.openai",
     "fanfold.providers.anthropic",
     "fanfold.tools.web",
+    "fanfold.mcp.client",  # no MCP server is declared
 )
 
 
