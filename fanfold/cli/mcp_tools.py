@@ -119,6 +119,8 @@ def scoped_to_agents(
     and ``tools`` without those of an agent file's server that no definition names
     (one yellow line each: it serves nobody). The root is offered none of them
     (``Runtime.start``); ``delegation.child_setup`` gives them to those agents."""
+    if not tools:
+        return agents, []  # no server declared: nothing of fanfold.mcp is imported
     from fanfold.mcp.client import served_privately
     from fanfold.statemachine.agent_defs import with_own_tools
 

@@ -12,9 +12,10 @@ import attrs
 
 from fanfold.cli.errors import CliError
 from fanfold.cli.options import model_options as model_options
+from fanfold.cli.recorded import recorded_config as recorded_config
 from fanfold.examples import CODE_REVIEW_SCRIPT
 from fanfold.providers.base import CallContext, Provider, ProviderError
-from fanfold.providers.config import Config, ConfigError, ProviderRouter, RetryPolicy, load_config
+from fanfold.providers.config import Config, ProviderRouter, RetryPolicy, load_config
 from fanfold.providers.description import (
     CONFIG,
     SCRIPT,
@@ -216,24 +217,3 @@ class ProviderPerTree:
                 ModelError(ErrorKind.PROVIDER_FAILURE, f"no provider for tree {context.root_id!r}")
             )
         return await provider.complete(request, context)
-
-
-def recorded_config(recorded: str | None) -> Config | None:
-    """The configuration a tree ran on, from its recorded provider description (JSON),
-    for reading its profiles (prices): None for a scripted tree, or when the recorded
-    config file is gone or changed (its profiles may no longer be the ones used)."""
-    if recorded is None:
-        return None
-    try:
-        description = ProviderDescription.from_json(recorded)
-        if description.kind != CONFIG or description.problems():
-            return None
-        path = description.config.local_path() if description.config else None
-        return load_config(path).with_overrides(
-            profile=description.profile,
-            sub_agents=description.sub_agents,
-            model=description.model,
-            origin="the recorded profiles",
-        )
-    except (DescriptionError, ConfigError, OSError):
-        return None

@@ -80,7 +80,7 @@ def recorded_served_by(store: Store, conversation_id: str) -> ServedBy | None:
     ``show`` prices them). Only for the user's own trees (the provenance mark verifies
     with the user's key): a log from elsewhere names files of its choosing, which are
     never read. None (spans name no provider) when unknown."""
-    from fanfold.cli.models import recorded_config
+    from fanfold.cli.recorded import recorded_config
     from fanfold.db.provenance import UserKey, refusal
     from fanfold.otel import config_served_by
     from fanfold.providers.description import SCRIPT, DescriptionError, ProviderDescription

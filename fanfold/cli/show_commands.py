@@ -677,7 +677,7 @@ def _trusted_config(store: Store, root_id: str) -> Config | None:
         return None
     if _scripted(record.provider):
         return None  # what recorded_config says of it, without importing the providers
-    from fanfold.cli.models import recorded_config
+    from fanfold.cli.recorded import recorded_config
 
     return recorded_config(record.provider)
 

@@ -92,10 +92,12 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import inspect
 import json
 import json.encoder
 import math
 import re
+import sys
 import threading
 import types
 import typing
@@ -828,6 +830,10 @@ class _Decoding(threading.local):
 _decoding = _Decoding()
 
 
+_EMITTER_SLOTS = ("emit", "document", "stored", "compact", "untagged", "compact_stored")
+"""The emitters of a class, each compiled on its first use (see ``_ClassCodec.build``)."""
+
+
 class _ClassCodec:
     """How one attrs class is encoded and decoded; compiled once per class."""
 
@@ -839,11 +845,13 @@ class _ClassCodec:
         "decoders",
         "document",
         "emit",
+        "hints",
         "keys",
         "name",
         "names",
         "never_stored",
         "omitted",
+        "pending",
         "since",
         "stored",
         "untagged",
@@ -889,66 +897,119 @@ class _ClassCodec:
         # Compiled compact decoders by (schema version, index of the first field).
         self.by_version: dict[tuple[int, int], Callable[[list[Any]], Any]] = {}
         self.decoders: tuple[tuple[str, str, _Decoder], ...] = ()
+        self.hints: dict[str, Any] = {}
+        self.pending: set[str] = set()  # the emitter slots not compiled yet
 
     def build(self, hints: dict[str, Any]) -> None:
-        """Compile the emitters and the decoders from the field annotations."""
+        """Make the decoders from the field annotations (which registers every class
+        the fields hold); the emitters are compiled on their first use (``built``)."""
         fields = attrs.fields(self.cls)
-        where = {f.name: f"{self.name}.{f.name}" for f in fields}
-        emitters = {f.name: _field_emitter(hints[f.name], where[f.name]) for f in fields}
-        omitted = self.omitted
-        emit = _compile_emitter(self.name, self.names, emitters, document=False, omitted=omitted)
-        self.emit = _memo.wrap(emit) if self.cls in MEMOISED_TYPES else emit
-        self.document = _compile_emitter(
-            self.name, self.names, emitters, document=True, omitted=omitted
-        )
+        self.hints = hints
         blobbed = BLOB_FIELDS.get(self.name, frozenset())
-        self.stored = self.document
-        if blobbed:
-            stored = {
-                n: _blobbing(e, _blob_items(hints[n])) if n in blobbed else e
-                for n, e in emitters.items()
-            }
-            self.stored = _compile_emitter(
-                self.name, self.names, stored, document=True, omitted=omitted
-            )
-        compact = {
-            f.name: _field_emitter(hints[f.name], where[f.name], compact=True) for f in fields
-        }
-        # The last fields, if NEVER_STORED, are left out of the compact form at their
-        # defaults (see _compile_compact_emitter).
-        trailing = _trailing_omitted(self.names, self.never_stored)
-        unstored = {n: self.never_stored[n] for n in trailing} or None
-        value = _compile_compact_emitter(
-            self.name, self.names, compact, document=False, never_stored=unstored
-        )
-        self.compact = _compact_memo.wrap(value) if self.cls in MEMOISED_TYPES else value
-        untagged = _compile_compact_emitter(
-            self.name,
-            self.names,
-            compact,
-            document=False,
-            tagged=False,
-            never_stored=unstored,
-        )
-        self.untagged = _untagged_memo.wrap(untagged) if self.cls in MEMOISED_TYPES else untagged
-        # A blob's text is the value's ordinary (object) text: one text per value,
-        # whichever form names it.
-        compact_stored = {
-            n: _blobbing(emitters[n], _blob_items(hints[n])) if n in blobbed else e
-            for n, e in compact.items()
-        }
-        self.compact_stored = _compile_compact_emitter(
-            self.name, self.names, compact_stored, document=True, never_stored=unstored
-        )
         self.decoders = tuple(
             (
                 f.name,
                 f.alias,
-                _unblobbing(_field_decoder(hints[f.name], where[f.name]))
+                _unblobbing(_field_decoder(hints[f.name], f"{self.name}.{f.name}"))
                 if f.name in blobbed
-                else _field_decoder(hints[f.name], where[f.name]),
+                else _field_decoder(hints[f.name], f"{self.name}.{f.name}"),
             )
             for f in fields
+        )
+        # Compiling six emitters for each of ~70 classes was most of the cost of
+        # importing the codec, in every process, while a command uses a few of them:
+        # each slot holds a stand-in that compiles the real emitter, puts it in the
+        # slot and calls it. Callers look the slot up on every call (``codec.emit(v)``),
+        # so from the second call on they call the compiled emitter directly.
+        self.pending = set(_EMITTER_SLOTS)
+        for slot in _EMITTER_SLOTS:
+            setattr(self, slot, self._stand_in(slot))
+
+    def _stand_in(self, slot: str) -> _Emitter:
+        def build_and_emit(value: Any) -> str:
+            return self.built(slot)(value)
+
+        return build_and_emit
+
+    def built(self, slot: str) -> _Emitter:
+        """The emitter in ``slot`` (one of ``_EMITTER_SLOTS``), compiled if it is not
+        yet. Two threads may both compile it: the texts are the same either way."""
+        if slot not in self.pending:
+            emit: _Emitter = getattr(self, slot)
+            return emit
+        emit = getattr(self, f"_make_{slot}")()
+        setattr(self, slot, emit)
+        self.pending.discard(slot)
+        return emit
+
+    def _emitters(self, compact: bool) -> dict[str, _Emitter]:
+        """Each field's emitter (``compact``: in the compact form)."""
+        return {
+            f.name: _field_emitter(self.hints[f.name], f"{self.name}.{f.name}", compact=compact)
+            for f in attrs.fields(self.cls)
+        }
+
+    def _make_emit(self) -> _Emitter:
+        emit = _compile_emitter(
+            self.name, self.names, self._emitters(False), document=False, omitted=self.omitted
+        )
+        return _memo.wrap(emit) if self.cls in MEMOISED_TYPES else emit
+
+    def _make_document(self) -> _Emitter:
+        return _compile_emitter(
+            self.name, self.names, self._emitters(False), document=True, omitted=self.omitted
+        )
+
+    def _make_stored(self) -> _Emitter:
+        """The document with blob fields by reference (the document itself when the
+        class has none)."""
+        blobbed = BLOB_FIELDS.get(self.name, frozenset())
+        if not blobbed:
+            return self.built("document")
+        stored = {
+            n: _blobbing(e, _blob_items(self.hints[n])) if n in blobbed else e
+            for n, e in self._emitters(False).items()
+        }
+        return _compile_emitter(self.name, self.names, stored, document=True, omitted=self.omitted)
+
+    def _unstored(self) -> dict[str, Any] | None:
+        # The last fields, if NEVER_STORED, are left out of the compact form at their
+        # defaults (see _compile_compact_emitter).
+        trailing = _trailing_omitted(self.names, self.never_stored)
+        return {n: self.never_stored[n] for n in trailing} or None
+
+    def _make_compact(self) -> _Emitter:
+        value = _compile_compact_emitter(
+            self.name,
+            self.names,
+            self._emitters(True),
+            document=False,
+            never_stored=self._unstored(),
+        )
+        return _compact_memo.wrap(value) if self.cls in MEMOISED_TYPES else value
+
+    def _make_untagged(self) -> _Emitter:
+        untagged = _compile_compact_emitter(
+            self.name,
+            self.names,
+            self._emitters(True),
+            document=False,
+            tagged=False,
+            never_stored=self._unstored(),
+        )
+        return _untagged_memo.wrap(untagged) if self.cls in MEMOISED_TYPES else untagged
+
+    def _make_compact_stored(self) -> _Emitter:
+        # A blob's text is the value's ordinary (object) text: one text per value,
+        # whichever form names it.
+        blobbed = BLOB_FIELDS.get(self.name, frozenset())
+        emitters = self._emitters(False) if blobbed else {}
+        compact_stored = {
+            n: _blobbing(emitters[n], _blob_items(self.hints[n])) if n in blobbed else e
+            for n, e in self._emitters(True).items()
+        }
+        return _compile_compact_emitter(
+            self.name, self.names, compact_stored, document=True, never_stored=self._unstored()
         )
 
     def decode_compact(self, items: list[Any], start: int) -> Any:
@@ -1121,7 +1182,35 @@ def _register(cls: type[Any]) -> None:
         raise TypeError(f"two codec types are named {codec.name!r}")
     _CODECS[cls] = codec
     _BY_NAME[codec.name] = codec
-    codec.build(typing.get_type_hints(cls))
+    codec.build(_type_hints(cls))
+
+
+_ANNOTATIONS: dict[tuple[str, str], Any] = {}
+
+
+def _type_hints(cls: type[Any]) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)`` for the reducer's classes, each annotation's text
+    evaluated once per module: their modules use ``from __future__ import annotations``,
+    so every annotation is a text, and the ~70 classes repeat the same ~110 texts ~280
+    times (``get_type_hints`` compiles each; issue 36). A test compares the two for
+    every registered class."""
+    hints: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        annotations = inspect.get_annotations(base)
+        if not annotations:
+            continue
+        namespace = vars(sys.modules[base.__module__])
+        for name, text in annotations.items():
+            if not isinstance(text, str):
+                hints[name] = type(None) if text is None else text
+                continue
+            key = (base.__module__, text)
+            value = _ANNOTATIONS.get(key, _ANNOTATIONS)
+            if value is _ANNOTATIONS:
+                # The text is fanfold's own source (a class annotation), never input.
+                value = _ANNOTATIONS[key] = eval(text, namespace)
+            hints[name] = value
+    return hints
 
 
 def _register_all(roots: Iterable[type[Any]]) -> None:
@@ -1149,7 +1238,7 @@ REGISTERED_ENUMS: frozenset[type[enum.Enum]] = frozenset(_ENUMS.values())
 def _state_without_history() -> _Emitter:
     """The document emitter of a Conversation with every field but ``history`` (for
     the fingerprint, which hashes the history incrementally)."""
-    hints = typing.get_type_hints(Conversation)
+    hints = _CODECS[Conversation].hints
     names = tuple(n for n in _CODECS[Conversation].names if n != "history")
     emitters = {n: _field_emitter(hints[n], f"Conversation.{n}") for n in names}
     # Fields written only when not at their default are left out here too, so that a
@@ -1158,7 +1247,15 @@ def _state_without_history() -> _Emitter:
     return _compile_emitter("Conversation", names, emitters, document=True, omitted=omitted)
 
 
-_STATE_WITHOUT_HISTORY = _state_without_history()
+def _compile_state_without_history(state: Conversation) -> str:
+    """Compiles the emitter on its first use (as each class's, see ``_ClassCodec.build``)
+    and puts it in ``_STATE_WITHOUT_HISTORY``, which is looked up on every call."""
+    global _STATE_WITHOUT_HISTORY
+    _STATE_WITHOUT_HISTORY = _state_without_history()
+    return _STATE_WITHOUT_HISTORY(state)
+
+
+_STATE_WITHOUT_HISTORY: _Emitter = _compile_state_without_history
 _EVENT_CODECS = {cls: _CODECS[cls] for cls in ALL_EVENTS}
 _EFFECT_CODECS = {cls: _CODECS[cls] for cls in ALL_EFFECTS}
 _STATE_CODEC = _CODECS[Conversation]

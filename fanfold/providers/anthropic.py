@@ -43,6 +43,7 @@ from fanfold.providers.http import (
     StreamAssembler,
     Timeouts,
 )
+from fanfold.providers.settings import ANTHROPIC_BASE_URL
 from fanfold.providers.wire import (
     Secret,
     SSEEvent,
@@ -75,7 +76,7 @@ from fanfold.statemachine import (
 )
 
 API = "anthropic"
-DEFAULT_BASE_URL = "https://api.anthropic.com"
+DEFAULT_BASE_URL = ANTHROPIC_BASE_URL
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 

@@ -63,29 +63,32 @@ import shlex
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
 
-from fanfold.providers.anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE_URL
-from fanfold.providers.anthropic import AnthropicProvider
 from fanfold.providers.base import CallContext, Provider, ProviderError
-from fanfold.providers.http import (
+from fanfold.providers.settings import (
+    ANTHROPIC_BASE_URL,
+    OPENAI_BASE_URL,
     POOL_SIZE,
     RequestSettings,
     Timeouts,
-    new_client,
     valid_api_key,
 )
-from fanfold.providers.openai import DEFAULT_BASE_URL as OPENAI_BASE_URL
-from fanfold.providers.openai import OpenAIProvider
-from fanfold.providers.slots import CallSlots, LocalSlots
 from fanfold.providers.wire import Secret, looks_like_key
 from fanfold.regular_files import read_regular
 from fanfold.statemachine import ErrorKind, Limits, ModelError, ModelReply, ModelRequest
 from fanfold.statemachine.permissions import DOMAIN, domain_problem, parse_rule
 from fanfold.trust import TrustFileError, TrustStore, file_digest
+
+# Reading a configuration (``load_config``: `fanfold show` reads the profiles' prices)
+# imports neither httpx nor Trio nor the HTTP providers: those are imported by the
+# functions that build providers (issue 36).
+if TYPE_CHECKING:
+    import httpx
+
+    from fanfold.providers.slots import CallSlots
 
 PROVIDERS = ("openai", "anthropic", "scripted")
 OFFLINE_PROFILE = "offline"
@@ -1117,6 +1120,8 @@ class UntrustedConfig(ConfigError):
 def _origin(url: str) -> str:
     """``scheme://host:port`` of ``url``, the port made explicit, the host lowercased:
     what a key is sent to."""
+    import httpx  # a project's configuration only (see _project_problem)
+
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError):
@@ -1320,7 +1325,10 @@ def build_provider(
             raise ConfigError("no scripted provider was supplied", key=f"profiles.{profile.name}")
         return scripted
     key = api_key(profile, env)
+    # The HTTP providers (httpx, Trio) are imported only for a profile that uses one.
     if profile.provider == "openai":
+        from fanfold.providers.openai import OpenAIProvider
+
         return OpenAIProvider(
             base_url=profile.base_url or OPENAI_BASE_URL,
             model=profile.model,
@@ -1335,6 +1343,8 @@ def build_provider(
             profile=profile.name,
         )
     if profile.provider == "anthropic":
+        from fanfold.providers.anthropic import AnthropicProvider
+
         return AnthropicProvider(
             base_url=profile.base_url or ANTHROPIC_BASE_URL,
             model=profile.model,
@@ -1374,6 +1384,8 @@ class ProviderRouter:
         client: httpx.AsyncClient | None = None,
         slots: CallSlots | None = None,
     ) -> None:
+        from fanfold.providers.slots import LocalSlots
+
         self.config = config
         # A profile's ``max_concurrent_calls`` is counted here (this process) unless
         # the caller shares a count (``fanfold.providers.pg_slots`` for workers).
@@ -1389,7 +1401,9 @@ class ProviderRouter:
         )
         self._scripted = scripted
         self._owns_client = client is None
-        self._client = client or new_client()
+        # Made when the first HTTP profile is built: a scripted configuration (the
+        # offline demo's) needs no client, nor httpx (issue 36).
+        self._client = client
         self._providers: dict[str, Provider] = {}
         for profile in (config.default_profile(), config.sub_agent_profile()):
             self.provider(profile)
@@ -1404,6 +1418,10 @@ class ProviderRouter:
         return f"ProviderRouter(profiles={self.config.names()!r}, default={self.config.default!r})"
 
     def _build(self, profile: Profile) -> Provider:
+        if self._client is None and profile.provider != "scripted":
+            from fanfold.providers.http import new_client
+
+            self._client = new_client()
         return build_provider(
             profile, environ=self._keys, client=self._client, scripted=self._scripted
         )
@@ -1437,7 +1455,7 @@ class ProviderRouter:
 
     async def aclose(self) -> None:
         """Close the shared HTTP client if the router made it."""
-        if self._owns_client:
+        if self._owns_client and self._client is not None:
             await self._client.aclose()
 
 

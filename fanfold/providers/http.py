@@ -25,11 +25,16 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self
 
-import attrs
 import httpx
 import trio
 
 from fanfold.providers.base import CallContext, ProviderError, StreamProgress
+from fanfold.providers.settings import DEFAULT_SETTINGS as DEFAULT_SETTINGS
+from fanfold.providers.settings import DEFAULT_TIMEOUTS as DEFAULT_TIMEOUTS
+from fanfold.providers.settings import POOL_SIZE as POOL_SIZE
+from fanfold.providers.settings import RequestSettings as RequestSettings
+from fanfold.providers.settings import Timeouts as Timeouts
+from fanfold.providers.settings import valid_api_key as valid_api_key
 from fanfold.providers.wire import (
     Secret,
     SSEDecoder,
@@ -46,78 +51,10 @@ from fanfold.statemachine import ErrorKind, ModelReply, ModelRequest, Usage
 USER_AGENT = "fanfold/0.1"
 
 
-@attrs.frozen
-class Timeouts:
-    """Seconds allowed for a model call.
-
-    - ``connect``: to open the connection. The wait for a free connection is not
-      counted (it is the wait for one of the client's slots, see ``pool_slots``).
-    - ``read``: between two reads; a stream that stalls longer fails with TIMEOUT.
-      For a non-streaming call this is the wait for the whole reply.
-    - ``total``: the whole call, stream included (None: no limit).
-    """
-
-    connect: float = 10.0
-    read: float = 300.0
-    total: float | None = None
-
-    def for_httpx(self) -> httpx.Timeout:
-        """The equivalent ``httpx.Timeout`` (writes get the read timeout)."""
-        # pool=None: a call that waits for a connection is queued, not failing. Calls
-        # wait for a slot in front of the pool instead (``pool_slots``), so httpcore's
-        # own queue stays empty: its wait scanned every queued request on each release
-        # (CPU quadratic in a fan-out wider than the pool), and counting it against
-        # ``connect`` failed calls queued behind a slow model with TIMEOUT.
-        return httpx.Timeout(connect=self.connect, read=self.read, write=self.read, pool=None)
-
-
-DEFAULT_TIMEOUTS = Timeouts()
-
-
 def encode_json(body: Any) -> bytes:
     """``body`` as httpx's ``json=`` would send it (UTF-8, compact; NaN refused:
     ``ValueError``)."""
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-@attrs.frozen
-class RequestSettings:
-    """Request parameters a profile passes to the model, beyond model and max_tokens.
-
-    - ``stop``: stop sequences (OpenAI ``stop``, Anthropic ``stop_sequences``).
-    - ``top_p``, ``seed`` (OpenAI-compatible only).
-    - ``tool_choice``: ``"auto"``, ``"required"`` or ``"none"``; sent only on rounds
-      that offer tools (Anthropic: ``{"type": "auto" | "any" | "none"}``).
-    - ``parallel_tool_calls``: False asks for one tool call per reply (Anthropic:
-      ``disable_parallel_tool_use``); sent only on rounds that offer tools.
-    - ``reasoning_effort`` (OpenAI-compatible only).
-    - ``extra_body``: (key, JSON text) pairs merged into the request body; never a key
-      fanfold sets itself (checked when the profile is read).
-    - ``extra_headers``: (name, value) pairs added to the request headers; never an
-      authentication header (keys come only from environment variables).
-    - ``prompt_caching`` (Anthropic): mark the stable prefix of every request (tool
-      schemas and system prompt, the same for the children of one fan-out) for the
-      prompt cache. On by default; OpenAI and compatible servers cache by themselves.
-    """
-
-    stop: tuple[str, ...] = ()
-    top_p: float | None = None
-    seed: int | None = None
-    tool_choice: str | None = None
-    parallel_tool_calls: bool | None = None
-    reasoning_effort: str | None = None
-    extra_body: tuple[tuple[str, str], ...] = ()
-    extra_headers: tuple[tuple[str, str], ...] = ()
-    prompt_caching: bool = True
-
-    def merge_extra_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``body`` with ``extra_body`` added (a key already in ``body`` is kept)."""
-        for key, text in self.extra_body:
-            body.setdefault(key, json.loads(text))
-        return body
-
-
-DEFAULT_SETTINGS = RequestSettings()
 
 
 @functools.cache
@@ -125,10 +62,6 @@ def default_ssl_context() -> ssl.SSLContext:
     """The verified TLS context all clients share (building one costs ~0.1 s)."""
     return httpx.create_ssl_context()
 
-
-POOL_SIZE = 100
-"""Connections a provider client keeps (httpx's default), and the calls it lets run at
-once: the others wait their turn in ``pool_slots``, in the order they came."""
 
 KEEP_ALIVE = 20
 """Idle connections a provider client keeps (httpx's default): httpcore checks every
@@ -161,11 +94,6 @@ def pool_slots(client: httpx.AsyncClient) -> trio.CapacityLimiter:
     if slots is None:
         slots = _pool_slots[client] = trio.CapacityLimiter(POOL_SIZE)
     return slots
-
-
-def valid_api_key(value: str) -> bool:
-    """True if ``value`` can be sent in an HTTP header: printable ASCII, no spaces."""
-    return bool(value) and all(0x21 <= ord(ch) <= 0x7E for ch in value)
 
 
 class StreamAssembler(Protocol):

@@ -45,6 +45,7 @@ from fanfold.providers.http import (
     StreamAssembler,
     Timeouts,
 )
+from fanfold.providers.settings import OPENAI_BASE_URL
 from fanfold.providers.wire import (
     Secret,
     SSEEvent,
@@ -74,7 +75,7 @@ from fanfold.statemachine import (
 )
 
 API = "openai"
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_BASE_URL = OPENAI_BASE_URL
 
 _FINISH_REASONS = {
     "stop": "end_turn",

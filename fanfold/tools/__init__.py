@@ -7,6 +7,8 @@
 handles them.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from fanfold.tools.base import ToolRunner
 from fanfold.tools.bash import BashTool
 from fanfold.tools.files import EditFileTool, ReadFileTool, WriteFileTool
@@ -18,7 +20,6 @@ from fanfold.tools.search import GlobTool, GrepTool, SearchLimits
 from fanfold.tools.secrets import EnvPolicy, Redactor
 from fanfold.tools.think import ThinkTool
 from fanfold.tools.tool import Confinable, Tool, ToolInputError, ToolOutput
-from fanfold.tools.web import WebFetchTool
 
 __all__ = [
     "BashTool",
@@ -46,3 +47,15 @@ __all__ = [
     "validate",
     "validate_arguments",
 ]
+
+if TYPE_CHECKING:
+    from fanfold.tools.web import WebFetchTool
+
+
+def __getattr__(name: str) -> Any:
+    # ``web_fetch`` (httpx, httpcore) is imported when first named (issue 36).
+    if name == "WebFetchTool":
+        from fanfold.tools.web import WebFetchTool
+
+        return WebFetchTool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

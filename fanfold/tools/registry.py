@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -29,7 +30,6 @@ from fanfold.tools.tool import (
     ToolOutput,
     valid_tool_name,
 )
-from fanfold.tools.web import WebFetchTool
 
 DEFAULT_POLICY = PathPolicy()
 MAX_OUTPUT_CHARS = 100_000
@@ -64,7 +64,7 @@ class ToolSet:
         for given in tools:
             tool = _as_tool(given)
             spec = tool.spec
-            if spec.name in BUILT_IN_NAMES and not isinstance(tool, _BUILT_IN_TYPES):
+            if spec.name in BUILT_IN_NAMES and not _built_in(tool):
                 raise ValueError(
                     f"tool {spec.name!r} clashes with fanfold's built-in tool of that name; "
                     "give yours another (@fanfold.tool(name=...))"
@@ -77,7 +77,7 @@ class ToolSet:
                 raise ValueError(
                     f"tool name {spec.name!r}: a name is 1-64 letters, digits, '_' or '-'"
                 )
-            own = isinstance(tool, _BUILT_IN_TYPES)
+            own = _built_in(tool)
             if getattr(tool, "read_only", False) and not spec.read_only and not own:
                 # What the tool says of itself goes into its recorded spec, where the
                 # reducer's ``read-only`` rule reads it. fanfold's own reading tools are
@@ -120,7 +120,7 @@ class ToolSet:
                 ThinkTool(),
                 GrepTool(policy),
                 GlobTool(policy),
-                *([WebFetchTool(domains)] if domains else []),
+                *_web_fetch(domains),
                 *extra,
             ]
         )
@@ -280,8 +280,27 @@ _BUILT_IN_TYPES = (
     ThinkTool,
     GrepTool,
     GlobTool,
-    WebFetchTool,
 )
+
+
+def _web_fetch(domains: tuple[str, ...]) -> list[Tool]:
+    """``web_fetch`` if ``domains`` names hosts, its module imported only then."""
+    if not domains:
+        return []
+    from fanfold.tools.web import WebFetchTool
+
+    return [WebFetchTool(domains)]
+
+
+def _built_in(tool: object) -> bool:
+    """Whether ``tool`` is one of fanfold's built-in tools. ``web_fetch``'s module
+    (httpx, httpcore: a quarter of a scripted run's start-up, issue 36) is imported
+    only for a configuration that offers it; a tool of its class cannot exist unless
+    it was, so it is looked for among the modules already imported."""
+    if isinstance(tool, _BUILT_IN_TYPES):
+        return True
+    web = sys.modules.get("fanfold.tools.web")
+    return web is not None and isinstance(tool, web.WebFetchTool)
 
 
 def _as_tool(given: Tool | Callable[..., Any]) -> Tool:
