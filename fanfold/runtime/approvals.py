@@ -416,8 +416,14 @@ class PgDecisions(Decisions):
         import psycopg
 
         # Two first users at once: PostgreSQL's IF NOT EXISTS is not atomic against a
-        # concurrent CREATE (the other one made it: fine).
-        with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+        # concurrent CREATE (the other one made it: fine). The loser sees the table's
+        # row type's name taken (a UniqueViolation in pg_type, or DuplicateObject: 'type
+        # "decisions" already exists', seen in CI's run of the racing test) or the table.
+        with suppress(
+            psycopg.errors.UniqueViolation,
+            psycopg.errors.DuplicateTable,
+            psycopg.errors.DuplicateObject,
+        ):
             conn.execute(_PG_SCHEMA)
 
     def write(self, decision: Decision) -> None:
