@@ -356,17 +356,9 @@ class FileDecisions(Decisions):
         return None if row is None else str(row[0])
 
 
-_PG_SCHEMA = """
-CREATE TABLE IF NOT EXISTS decisions (
-    request TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    arguments TEXT,
-    text TEXT NOT NULL,
-    decided_by TEXT NOT NULL,
-    at DOUBLE PRECISION NOT NULL,
-    state TEXT NOT NULL DEFAULT 'new'
-)
-"""
+# The same table in PostgreSQL's words: its float is DOUBLE PRECISION, and it has no
+# STRICT tables (its columns are typed anyway).
+_PG_SCHEMA = _SCHEMA.replace("at REAL", "at DOUBLE PRECISION").replace(") STRICT", ")")
 
 
 class PgDecisions(Decisions):
