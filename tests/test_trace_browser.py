@@ -582,15 +582,18 @@ def test_approve_and_deny_from_the_page(page: Any, tmp_path: Path) -> None:
         assert "echo edited" in done.locator("pre.edited").inner_text()
 
         waiting = requests.locator(f'[data-request="{root}.1:3"]')
+        # A reason typed for one request survives the redraw another's decision makes
+        # (it was wiped: CI saw the denial go out as "no reason given").
+        hostile.locator("input.reason").fill("not <that>")
         waiting.locator("textarea").fill('{"command": "echo one, edited"}')
         waiting.locator("button.approve").click()
-        hostile.locator("input.reason").fill("not <that>")
-        hostile.locator("button.deny").click()
-        # The runtime takes both; the page hears the change and shows who decided.
+        # The runtime takes it; the page hears the change and shows who decided.
         granted = waiting.locator(".decision.grant")
         granted.wait_for(timeout=15_000)
         assert "approved with edited arguments by ui" in granted.inner_text()
         assert "echo one, edited" in waiting.locator("pre.edited").inner_text()
+        assert hostile.locator("input.reason").input_value() == "not <that>"
+        hostile.locator("button.deny").click()
         denied = hostile.locator(".decision.deny")
         denied.wait_for(timeout=15_000)
         assert "denied by ui" in denied.inner_text()

@@ -142,9 +142,25 @@
     if (!all.length) { box.replaceChildren(); box.hidden = true; return; }
     all.sort((x, y) => (y[1].open - x[1].open) || (x[1].asked_at - y[1].asked_at));
     const open = all.filter(([, r]) => r.open).length;
+    // A decision of another request, arriving live, redraws the panel: what a person
+    // typed in a request still open (a reason, an answer, edited arguments) and where
+    // the cursor was survive it (seen: a typed reason lost to an approval's redraw).
+    const fields = () => box.querySelectorAll("[data-request] input, [data-request] textarea");
+    const fieldKey = (f) => f.closest("[data-request]").dataset.request + " " + f.className;
+    const typed = new Map();
+    let focused = null;
+    for (const f of fields()) {
+      if (f.value !== f.defaultValue) typed.set(fieldKey(f), f.value);
+      if (f === document.activeElement) focused = fieldKey(f);
+    }
     box.replaceChildren(el("h2", { text: open + " open request(s) for a decision, " +
       (all.length - open) + " closed" }), ...all.map(([a, r]) => requestNode(a, r)));
     box.hidden = false;
+    for (const f of fields()) {
+      const key = fieldKey(f);
+      if (typed.has(key)) f.value = typed.get(key);
+      if (key === focused) f.focus();
+    }
   }
 
   function requestNode(agent, r) {
