@@ -32,6 +32,7 @@ RUNNING_LAYERS = (
     "fanfold.replay",
     "fanfold.trace",
     "fanfold.mcp",
+    "fanfold.serve",
     "runtime_helpers",
     "replay_helpers",
     "db_scenarios",

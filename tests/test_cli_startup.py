@@ -29,6 +29,7 @@ NEVER_FANFOLD = (
     "fanfold.mcp",
     "fanfold.agents",
     "fanfold.trace",
+    "fanfold.serve",
     "fanfold.cli.models",
     "fanfold.cli.turns",
 )

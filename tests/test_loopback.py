@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import trio
 
-from fanfold.mcp.http import Guard
-from fanfold.trace.server import TraceServer
+from fanfold.serve.mcp_http import Guard
+from fanfold.serve.ui_server import TraceServer
 
 TOKEN = "t" * 32
 PORT = 8123

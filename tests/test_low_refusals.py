@@ -64,8 +64,8 @@ async def test_delegate_task_refuses_a_task_longer_than_the_limit(tmp_path: Path
     pytest.importorskip("mcp")
     from runtime_helpers import open_runtime
 
-    from fanfold.mcp.server import DelegationError, DelegationLedger, DelegationService
     from fanfold.providers.scripted import ScriptedProvider
+    from fanfold.serve.mcp_server import DelegationError, DelegationLedger, DelegationService
 
     script = {"agents": [{"match": {"path": "root"}, "replies": [{"text": "done"}]}]}
     async with open_runtime(tmp_path, ScriptedProvider(script)) as runtime:

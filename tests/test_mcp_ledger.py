@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fanfold.mcp.server import DelegationError, DelegationLedger
+from fanfold.serve.mcp_server import DelegationError, DelegationLedger
 
 # A hang guard, not a timing: the old code waited for ever on each of these.
 HANG_GUARD = 60
@@ -36,7 +36,7 @@ def test_a_fifo_as_the_ledger_is_refused_when_written_not_waited_on(tmp_path: Pa
     ``add`` waited for a reader for ever."""
     code = (
         "import os, sys\n"
-        "from fanfold.mcp.server import DelegationError, DelegationLedger\n"
+        "from fanfold.serve.mcp_server import DelegationError, DelegationLedger\n"
         "ledger = DelegationLedger(sys.argv[1])\n"
         "os.mkfifo(sys.argv[1] + '.mcp-delegations')\n"
         "try:\n"

@@ -187,7 +187,7 @@ async def test_the_trace_shows_a_running_mcp_calls_latest_progress_and_none_once
     none and the row is gone; the tree verifies (the table is no fact of the log)."""
     pytest.importorskip("mcp")
     from fanfold.mcp.config import ServerDeclaration
-    from fanfold.trace.server import TraceServer
+    from fanfold.serve.ui_server import TraceServer
 
     writes: list[float] = []
     write = Store.write_progress

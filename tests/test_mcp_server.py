@@ -217,8 +217,8 @@ async def test_a_delegation_runs_as_its_agent_definition(tmp_path: Path) -> None
     from runtime_helpers import open_runtime
 
     from fanfold.agents import load_agents
-    from fanfold.mcp.server import DelegationLedger, DelegationService
     from fanfold.providers.scripted import ScriptedProvider
+    from fanfold.serve.mcp_server import DelegationLedger, DelegationService
     from fanfold.statemachine import Limits
 
     agents = load_agents(tmp_path).agents

@@ -450,7 +450,7 @@ async def test_the_ui_serves_a_postgresql_log(tmp_path: Path, pg_url: str, data_
     import trio
     from trace_helpers import UI_TOKEN, ui_cookie
 
-    from fanfold.trace.server import TraceServer, serve
+    from fanfold.serve.ui_server import TraceServer, serve
 
     async with Runtime.open(pg_url, ScriptedProvider(FAN_OUT), []) as runtime:
         root = await runtime.start("go", cwd=tmp_path)

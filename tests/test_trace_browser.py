@@ -253,7 +253,7 @@ def ui_server(db: Path) -> Iterator[str]:
     pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra: pip install '.[ui]'")
     import trio
 
-    from fanfold.trace.server import TraceServer, serve
+    from fanfold.serve.ui_server import TraceServer, serve
 
     binds: queue.Queue[str] = queue.Queue()
     stop: list[Any] = []

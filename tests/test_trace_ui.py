@@ -22,7 +22,7 @@ from trace_helpers import (
 )
 
 from fanfold.db import Store
-from fanfold.trace.server import TraceServer, serve
+from fanfold.serve.ui_server import TraceServer, serve
 
 pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra: pip install -e '.[ui]'")
 

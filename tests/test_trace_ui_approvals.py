@@ -17,7 +17,7 @@ import trio
 from approval_ui_helpers import HOSTILE_ARGUMENT, QUESTION, waiting_log
 from trace_helpers import UI_TOKEN, ui_cookie
 
-from fanfold.trace.server import TraceServer, serve
+from fanfold.serve.ui_server import TraceServer, serve
 
 pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra: pip install -e '.[ui]'")
 

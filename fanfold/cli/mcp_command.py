@@ -165,9 +165,9 @@ async def _serve(
     from fanfold.cli.output import hint
     from fanfold.cli.signals import stop_signal_receiver
     from fanfold.loopback import new_token
-    from fanfold.mcp.server import DelegationLedger, DelegationService, mcp_server
     from fanfold.runtime import Runtime
     from fanfold.runtime.presence import DatabaseInUse
+    from fanfold.serve.mcp_server import DelegationLedger, DelegationService, mcp_server
 
     try:
         with stop_signal_receiver(stop) as signals:
@@ -212,7 +212,7 @@ async def _serve(
 
                     nursery.start_soon(on_signal)
                     if http:
-                        from fanfold.mcp.http import serve_http
+                        from fanfold.serve.mcp_http import serve_http
 
                         await serve_http(
                             server, port, token or new_token(), show_token=token is None

@@ -29,7 +29,7 @@ def tree_summaries(store: Store) -> list[dict[str, Any]]:
     them (cost only for the user's own trees whose recorded profiles have prices)."""
     from fanfold.cli.show_commands import _show_node, _trusted_config
     from fanfold.db import DatabaseError
-    from fanfold.trace.server import default_summaries, finite
+    from fanfold.serve.ui_server import default_summaries, finite
 
     rows = default_summaries(store)
     for row in rows:
@@ -102,13 +102,13 @@ def ui_command(host: str, port: int, poll: float, token: str | None, db: Target 
     from fanfold.cli.output import console
     from fanfold.db import open_store
     from fanfold.loopback import new_token
-    from fanfold.trace.server import BadToken, TraceServer, check_token
+    from fanfold.serve.ui_server import BadToken, TraceServer, check_token
 
     try:
         import hypercorn  # noqa: F401
     except ImportError:
         raise CliError("fanfold ui needs the ui extra: pip install 'fanfold[ui]'") from None
-    from fanfold.trace.server import serve
+    from fanfold.serve.ui_server import serve
 
     try:
         secret = new_token() if token is None else check_token(token)

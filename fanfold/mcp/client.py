@@ -40,10 +40,10 @@ from typing import Any
 import anyio
 import trio
 
+from fanfold.logger import library_logger
 from fanfold.mcp.config import ServerDeclaration, expand
 from fanfold.mcp.shrink import Shrinker
 from fanfold.providers.config import ConfigError
-from fanfold.runtime.logging import library_logger
 from fanfold.statemachine import ToolSpec
 from fanfold.statemachine.messages import thawed_json
 from fanfold.tools.output import HeadTailBuffer
@@ -832,7 +832,7 @@ class McpHub:
         self.env_policy = env_policy
         self.environ = environ
         self.closed = False
-        from fanfold.runtime.logging import library_logger
+        from fanfold.logger import library_logger
 
         self.logger: Any = library_logger()
         """Where servers' log notifications go (``ServerNotes``)."""
