@@ -40,6 +40,7 @@ from fanfold.statemachine import (
     transition,
 )
 from fanfold.statemachine import children as children_module
+from fanfold.testing import checks, delegation, strategies, table
 
 TM = importlib.import_module("fanfold.statemachine.transition")
 
@@ -423,7 +424,9 @@ def start_forgets_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
         state, effects = original(created)
         return state.evolve(model=None), effects
 
-    monkeypatch.setattr(testing, "start", mutant)
+    # Every module of fanfold.testing that runs ``start`` holds its own name for it.
+    for module in (strategies, delegation, checks, table):
+        monkeypatch.setattr(module, "start", mutant)
 
 
 def child_created_without_its_model(monkeypatch: pytest.MonkeyPatch) -> None:
