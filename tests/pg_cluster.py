@@ -1,9 +1,9 @@
 """A throwaway PostgreSQL cluster: ``initdb`` in a temporary folder, a server on a free
 loopback port with its Unix socket in that folder, stopped and removed afterwards.
 
-Used by the test fixture ``pg_cluster`` (``tests/conftest.py``) and by the DBOS
-prototype in ``bench/dbos_spike.py``. Standard library only, so importing it needs
-no extra; connecting is the caller's business (``Cluster.url`` for SQLAlchemy/DBOS,
+Used by the test fixture ``pg_cluster`` (``tests/conftest.py``) and by the workers'
+benchmarks (``bench/bench_workers.py``, ``bench_pg_log.py``, ``bench_chunk_kill.py``).
+Standard library only, so importing it needs no extra; connecting is the caller's business (``Cluster.url`` for SQLAlchemy/DBOS,
 ``Cluster.conninfo`` for psycopg).
 
 - **Binaries**: ``initdb`` and ``pg_ctl`` on ``PATH``, else the newest
