@@ -3,8 +3,8 @@ loopback port with its Unix socket in that folder, stopped and removed afterward
 
 Used by the test fixture ``pg_cluster`` (``tests/conftest.py``) and by the workers'
 benchmarks (``bench/bench_workers.py``, ``bench_pg_log.py``, ``bench_chunk_kill.py``).
-Standard library only, so importing it needs no extra; connecting is the caller's business (``Cluster.url`` for SQLAlchemy/DBOS,
-``Cluster.conninfo`` for psycopg).
+Standard library only, so importing it needs no extra; connecting is the caller's
+business (``Cluster.url`` for SQLAlchemy/DBOS, ``Cluster.conninfo`` for psycopg).
 
 - **Binaries**: ``initdb`` and ``pg_ctl`` on ``PATH``, else the newest
   ``/usr/lib/postgresql/*/bin`` (Debian's layout, which keeps them off ``PATH``).
