@@ -122,3 +122,21 @@ def test_the_scan_finds_an_import_up_or_across(tmp_path: Path) -> None:
     ]
     # A part on no layer is reported too.
     assert wrong_way(root, (("core",), ("low",), ("mid",), ("top",))) != []
+
+
+def test_the_testing_package_imports_only_the_modules_before_it() -> None:
+    # fanfold.testing's docstring promises it: generators, then the state's invariants,
+    # the sub-agents' step checks, the step checks, the table.
+    order = ("strategies", "invariants", "delegation", "checks", "table")
+    assert {p.stem for p in (ROOT / "testing").glob("*.py")} == {"__init__", *order}
+    wrong = []
+    for n, name in enumerate(order):
+        path = ROOT / "testing" / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "fanfold.testing."
+            ):
+                other = (node.module or "").split(".")[2]
+                if other not in order[:n]:
+                    wrong.append(f"{name}.py:{node.lineno} imports {node.module}")
+    assert wrong == []
