@@ -12,7 +12,8 @@ The rule, on each ``tests/test_*.py`` (imports read with ``ast``, anywhere in th
    ``test_agents_``), or it imports a module under ``fanfold/statemachine`` by its own
    name (``fanfold.statemachine.<module>``: a test written against that module);
 3. it runs no layer above the reducer: it imports none of ``RUNNING_LAYERS`` (the
-   runtime, the worker, replay, tracing, MCP, and the tests' helpers that drive them).
+   runtime, the worker, replay, tracing, MCP, the servers, and the tests' helpers that
+   drive them).
    Those tests reach the reducer through I/O; its rules are tested by the files above.
 """
 
