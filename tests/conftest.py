@@ -156,7 +156,7 @@ def provenance_key(
 # them never run at once: their leases and kill timings were tuned on one bench at a
 # time. (A scheduler of our own: xdist 3.8's ``--dist loadgroup`` renames node ids,
 # which pytest 9 no longer lets it do, so its groups were silently ignored.)
-PROCESS_HEAVY = ("test_worker_", "test_dbos_", "test_bench_workers_", "test_bench_kill9_")
+PROCESS_HEAVY = ("test_worker_", "test_bench_workers_", "test_bench_kill9_")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
