@@ -1684,9 +1684,9 @@ class Runtime:
         open request, and no conversation of it loaded here has work of its own in
         flight (a model call, a retry, a running tool, a cancel) or events queued.
         ``fanfold run --no-wait`` stops there (and ``resume`` too)."""
-        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
         if not any(r.tree == root_id for r in self._open_requests.values()):
             return False
+        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
         for actor in tree:
             if actor.queued or actor.has_inbox:
                 return False
