@@ -97,3 +97,22 @@ async def test_a_tree_with_work_in_flight_is_not_unloaded(tmp_path: Path) -> Non
         assert runtime.unload_tree(root) is None
         assert root in runtime.loaded_ids()
         assert (await runtime.wait(root)).text == "done"
+
+
+async def test_an_unloaded_trees_time_limit_is_due_and_ends_its_turn_once_resumed(
+    tmp_path: Path,
+) -> None:
+    provider = script(0.0, root=[reply("", ("bash", {"command": "echo pushed"})), reply("done")])
+    async with open_runtime(tmp_path, provider) as runtime:
+        started = runtime.now()
+        root = await runtime.start("go", cwd=tmp_path, ask=["bash"], timeout=1.0)
+        await _first_request(runtime)
+        parked = runtime.unload_tree(root)
+        assert parked is not None and parked.due is not None
+        assert started <= parked.due <= started + 1.0 + 0.1
+        await trio.sleep(max(0.0, parked.due - runtime.now()))
+        await runtime.resume([root], claimed=True)
+        with trio.fail_after(20):
+            result = await runtime.wait(root)
+        assert (result.phase, result.text) == ("Error", "time limit of 1.0s reached")
+        assert "pushed" not in _results(runtime, root)

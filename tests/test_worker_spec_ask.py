@@ -77,3 +77,24 @@ def test_a_malformed_ask_from_the_queue_is_refused(change: dict[str, Any], named
     data = {**TreeSpec("abc", "t", "/x", ask=("bash",)).to_input(), **change}
     with pytest.raises(SpecError, match=named):
         TreeSpec.from_input(data)
+
+
+def test_a_wake_names_a_tree_and_generation_and_is_due_by_decision_or_time() -> None:
+    from fanfold.worker.parking import WaitingTree, due, wake_id
+    from fanfold.worker.spec import wake_from_input, wake_input
+
+    assert wake_from_input(wake_input("abc", 3)) == ("abc", 3)
+    assert wake_id("abc", 3) == "wake:abc:3"
+    for bad in ({"version": 1, "root_id": "../x", "generation": 1},
+                {"version": 1, "root_id": "abc", "generation": 0},
+                {"version": 1, "root_id": "abc", "generation": True}, ["abc", 1]):  # fmt: skip
+        with pytest.raises(SpecError):
+            wake_from_input(bad)
+    trees = [
+        WaitingTree("a", 1, ("a:1",), None),
+        WaitingTree("b", 1, ("b:1",), 100.0),
+        WaitingTree("c", 2, ("c:1", "c:2"), 300.0),
+    ]
+    assert [t.root_id for t in due(trees, set(), now=50.0)] == []
+    assert [t.root_id for t in due(trees, {"c:2"}, now=200.0)] == ["b", "c"]
+    assert [t.root_id for t in due(trees, {"a:1"}, now=0.0)] == ["a"]
