@@ -70,8 +70,8 @@ async def test_a_worker_holding_a_waiting_tree_takes_a_decision_written_elsewher
                         await trio.sleep(0.01)
                 (request,) = runtime.pending()
                 assert request.tree == spec.root_id and request.tool == "deploy"
-                # While it waits, the step holds the workflow's slot (not released:
-                # DESIGN, "A human in the loop", workers).
+                # While it waits, this host (given no parking table) holds the
+                # workflow's slot; a worker's lets the tree go (test_worker_parking.py).
                 assert outcome == []
                 await trio.to_thread.run_sync(
                     table.write,

@@ -54,7 +54,7 @@ def test_a_detached_tree_carries_runs_timeout(tmp_path: Path, monkeypatch: Any) 
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"version": 2}, "version"),
+        ({"version": 3}, "version"),
         ({"root_id": "../../etc"}, "root_id"),
         ({"root_id": 7}, "root_id"),
         ({"task": "  "}, "task"),

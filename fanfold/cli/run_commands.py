@@ -239,9 +239,12 @@ def run(
         }.items()
         if v is not None
     }
-    if detach and (ask_rules or ask_user or approval_timeout is not None or no_wait):
+    if detach and (ask_user or no_wait):
+        # (--ask and --approval-timeout go with the tree: its spec carries them.)
         raise CliError(
-            "--detach: --ask, --ask-user, --approval-timeout and --no-wait are for a run here"
+            "--detach: --ask-user and --no-wait are for a run here (ask_user is a tool, "
+            "and a detached tree's tools are the workers'; a detached tree never asks "
+            "in a terminal: decide with fanfold pending / approve / deny)"
         )
     if detach:
         given = [o for o, v in (("--script", script), ("--config", config_path),
@@ -253,7 +256,8 @@ def run(
                 "chooses the model and tools of the trees it runs)"
             )
         modes = _context_modes(context_modes) if context_modes is not None else None
-        _detach(text, cwd, system, numbers, modes, timeout, dbos_db, db)
+        asked = _ask_rules(ask_rules)
+        _detach(text, cwd, system, numbers, modes, timeout, dbos_db, db, asked, approval_timeout)
         return
     path = db or default_db()
     open_logs(path, json_log)
@@ -309,6 +313,8 @@ def _detach(
     timeout: float | None,
     dbos_db: str | None,
     db: Target | None,
+    ask: tuple[str, ...] = (),
+    approval_timeout: float | None = None,
 ) -> None:
     """``run --detach``: enqueue the tree for the workers; print its id on stdout."""
     import uuid
@@ -327,6 +333,8 @@ def _detach(
         limits=tuple(sorted(limits.items())),
         context_modes=context_modes,
         timeout=timeout,
+        ask=ask,
+        approval_timeout=approval_timeout,
     )
     try:
         spec.make_limits()  # the limits' own checks, before anything is queued

@@ -256,6 +256,7 @@ def _serve(
             concurrency=concurrency,
             lease=lease,
             poll=poll,
+            ask=tuple(choice.ask),
             **placing,
             **admission,
         )
@@ -268,7 +269,13 @@ def _serve(
             click.echo(f"worker {executor} ready (log: {path})")
 
         def make_limits(spec: TreeSpec) -> Any:
-            return choice.retry.apply(spec.make_limits())
+            import attrs
+
+            limits = choice.retry.apply(spec.make_limits())
+            if spec.approval_timeout is None and choice.approval_timeout is not None:
+                # The tree's own (run --detach --approval-timeout) first, else the worker's.
+                limits = attrs.evolve(limits, approval_timeout=choice.approval_timeout)
+            return limits
 
         def agents_for(cwd: str) -> Any:
             agents = agents_in_effect(Path(cwd), dict(choice.model_aliases), names)

@@ -221,6 +221,10 @@ class Actor:
         while not self.state.at_rest:
             if self._dropped is not None:
                 raise TreeDropped(self._dropped)
+            if self._unloaded:  # parked: its tree waits for people, in the log only
+                from fanfold.runtime.runtime import NotRunning
+
+                raise NotRunning(f"conversation {self.state.id!r} was unloaded while waiting")
             if self._at_rest_event is None:
                 self._at_rest_event = trio.Event()
             await self._at_rest_event.wait()
@@ -342,6 +346,20 @@ class Actor:
         self._unloaded = True
         self._stop_tasks()
         self.runtime.unloaded(self.state.id, self)
+
+    def park(self) -> float | None:
+        """Unload a conversation that is not at rest but has nothing of its own in
+        flight: its tree waits only for people (``Runtime.unload_tree``). Its timers are
+        stopped (a resume re-issues them from the log, a time limit keeping its first
+        start); returns the earliest of their deadlines, on Trio's clock (None: none).
+        Whoever waits on it hears ``NotRunning``."""
+        timers = [t for t in (self._timer, *self._timers.values()) if t is not None]
+        due = min((t.deadline for t in timers), default=None)
+        if self._at_rest_event is not None:
+            self._at_rest_event.set()  # its waiters see the unload
+            self._at_rest_event = None
+        self._unload()
+        return due
 
     def _unload(self) -> None:
         """Nothing is in flight at rest: stop any call and timer left, so nothing

@@ -235,6 +235,18 @@ class NotRunning(LookupError):
     """The conversation exists but is not loaded in this runtime."""
 
 
+@attrs.frozen
+class ParkedTree:
+    """A tree ``Runtime.unload_tree`` let go while it waits for people."""
+
+    root_id: str
+    requests: tuple[str, ...]
+    """The ids of its open requests."""
+    due: float | None
+    """When its earliest timer (a time limit, an approval timeout) is due, in seconds
+    since the epoch (the runtime's clock); None: no timer."""
+
+
 class NotAtRest(ValueError):
     """The conversation has work in flight; ``resume()`` it instead of attaching."""
 
@@ -1672,9 +1684,9 @@ class Runtime:
         open request, and no conversation of it loaded here has work of its own in
         flight (a model call, a retry, a running tool, a cancel) or events queued.
         ``fanfold run --no-wait`` stops there (and ``resume`` too)."""
-        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
         if not any(r.tree == root_id for r in self._open_requests.values()):
             return False
+        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
         for actor in tree:
             if actor.queued or actor.has_inbox:
                 return False
@@ -1687,6 +1699,36 @@ class Runtime:
                 case AwaitingSubAgents(children=children) if children.summary is not None:
                     return False
         return True
+
+    def unload_tree(self, root_id: str) -> ParkedTree | None:
+        """Forget tree ``root_id`` while it waits only for people (``waiting_for_people``),
+        so that waiting costs this runtime nothing; None (and nothing changed) if it does
+        not wait only for people, a decision of it is being applied, or children of it
+        run in chunks elsewhere (``placement.py``: their outcomes come to it here).
+
+        Its conversations' timers are stopped and their open requests dropped from
+        ``pending``; the log holds the tree as it was (``running``, its requests open).
+        ``resume([root_id], ...)`` takes it back: ``RuntimeResumed`` re-issues each
+        request and timer (a time limit or approval timeout keeping its first start:
+        downtime counts). The result names the requests (a decision written for one
+        is the reason to resume it) and the earliest timer deadline, on this runtime's
+        clock (``now``): resume it then, and what was due fires (``fanfold worker``
+        does both; DESIGN.md "A human in the loop", "On workers")."""
+        if not self.waiting_for_people(root_id):
+            return None
+        requests = [r for r in self._open_requests.values() if r.tree == root_id]
+        if any(r.id in self._applying for r in requests):
+            return None
+        if self.placement is not None and self.store.placements(root_id):
+            return None
+        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
+        for request in requests:
+            del self._open_requests[request.id]
+        now, clock = self.now(), trio.current_time()
+        dues = [due for due in (actor.park() for actor in tree) if due is not None]
+        due = now + max(0.0, min(dues) - clock) if dues else None
+        self.logger.info("tree_unloaded", root_id=root_id, requests=len(requests), due=due)
+        return ParkedTree(root_id, tuple(r.id for r in requests), due)
 
     def pending(self) -> list[PendingRequest]:
         """The requests open in the conversations loaded here, oldest first."""

@@ -36,6 +36,7 @@ DESIGN.md, "Beyond one machine (issue 25)", gives the reasons; in short:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import sys
@@ -60,6 +61,7 @@ from fanfold.runtime.placement import PlacementError, PlacementSettings
 from fanfold.runtime.runtime import MissingTools
 from fanfold.statemachine import Limits
 from fanfold.worker.leases import Leases, TreeLocks
+from fanfold.worker.parking import Parking, WaitingTree, due, wake_id
 from fanfold.worker.serialization import SERIALIZER, check_pickle_refused, refuse_pickle
 from fanfold.worker.spec import (
     APP_NAME,
@@ -67,22 +69,30 @@ from fanfold.worker.spec import (
     CHUNK_QUEUE,
     CHUNK_WORKFLOW,
     QUEUE,
+    WAKE_WORKFLOW,
     WORKFLOW,
     SpecError,
     TreeSpec,
     chunk_from_input,
     chunk_input,
+    wake_from_input,
+    wake_input,
 )
 
 STEP = "fanfold.run_to_rest"
 ADMIT_STEP = "fanfold.admit_tree"
 CHUNK_STEP = "fanfold.run_chunk"
+WAKE_STEP = "fanfold.wake_tree"
 
 EXIT_DRAINED = 0
 EXIT_LEASE_LOST = 3
 
 # How long a worker waits between two tries of a tree's lock that another holds.
 _CLAIM_RETRY = 0.5
+
+# How often a tree's step looks whether its tree now waits only for people (two looks
+# in a row: then it lets the tree go).
+_PARK_CHECK = 0.25
 
 RENEW_RETRY = 0.25
 """Seconds between two tries of a lease renewal that failed (the server away): at most
@@ -109,6 +119,9 @@ class WorkerSettings:
     allow_cwd: tuple[str, ...] = ()
     """The folders (resolved) a queued tree's ``cwd`` must be inside (``--allow-cwd``;
     the CLI's default: the worker's own folder)."""
+    ask: tuple[str, ...] = ()
+    """Ask rules of every tree this worker starts (its ``[permissions] ask``), before
+    the tree's own (``run --detach --ask``)."""
     allow_existing_root: bool = False
     """Whether a queued tree may name a tree the log holds already (``resume`` it:
     take it over). Off: only a workflow's own tree is resumed, after a recovery."""
@@ -165,8 +178,11 @@ class _Host:
         say: Callable[[str], None],
         locks: TreeLocks,
         settings: WorkerSettings | None = None,
+        parking: Parking | None = None,
     ) -> None:
         self.runtime = runtime
+        self.parking = parking
+        """Where trees waiting only for people are let go (None: they are held)."""
         self.settings = settings
         self.locks = locks
         self.token = token
@@ -264,10 +280,76 @@ class _Host:
                 agents=agents,
                 conversation_id=spec.root_id,
                 timeout=spec.timeout,
+                ask=(*(self.settings.ask if self.settings else ()), *spec.ask),
             )
             self.say(f"started tree {spec.root_id}")
-        result = await runtime.wait(spec.root_id)
-        return {"root_id": spec.root_id, "phase": result.phase, "resumed": known}
+        return await self._to_rest(spec.root_id, {"resumed": known})
+
+    async def wake(self, named: tuple[str, int]) -> dict[str, Any]:
+        """Take back a tree let go while it waited for people (``parking.py``), if it
+        is still let go in generation ``named[1]``: resume it, run it to rest or to
+        its next wait."""
+        root_id = named[0]
+        return await self._holding(root_id, f"tree {root_id}", self._run_woken, named)
+
+    async def _run_woken(self, named: tuple[str, int]) -> dict[str, Any]:
+        root_id, generation = named
+        parking = self.parking
+        if parking is None:
+            return {"error": "this worker lets no tree go"}
+        now = await trio.to_thread.run_sync(parking.generation, root_id)
+        if now != generation:
+            # Woken already (by another wake of this generation), or at rest.
+            return {"root_id": root_id, "skipped": f"generation {now}, not {generation}"}
+        await self.runtime.resume([root_id], claimed=True)
+        self.say(f"took back tree {root_id} (it waited for people)")
+        return await self._to_rest(root_id, {"resumed": True, "woken": generation})
+
+    async def _to_rest(self, root_id: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """Wait until the tree is at rest; or, once it waits only for people (seen
+        twice in a row), let it go: unloaded from the runtime, recorded in
+        ``fanfold.waiting_trees``, the step ends (its slot and the tree's lock go)."""
+        runtime = self.runtime
+        calm = 0
+        while True:
+            with trio.move_on_after(_PARK_CHECK if self.parking is not None else math.inf):
+                result = await runtime.wait(root_id)
+                if self.parking is not None and extra.get("resumed"):
+                    # (A tree started here has no row; one resumed may: let go before.)
+                    await self._parked(self.parking.done, root_id)
+                return {"root_id": root_id, "phase": result.phase, **extra}
+            calm = calm + 1 if runtime.waiting_for_people(root_id) else 0
+            if calm < 2:
+                continue
+            parked = runtime.unload_tree(root_id)
+            if parked is None:
+                calm = 0
+                continue
+            assert self.parking is not None
+            generation = await self._parked(self.parking.park, root_id, parked.requests, parked.due)
+            self.say(f"tree {root_id} waits for people ({len(parked.requests)}): let go")
+            return {
+                "root_id": root_id,
+                "phase": "waiting",
+                "requests": list(parked.requests),
+                "due": parked.due,
+                "generation": generation,
+                **extra,
+            }
+
+    async def _parked(self, write: Callable[..., Any], *args: Any) -> Any:
+        """``write(*args)`` on the waiting trees' table, tried again while the queue's
+        database is away (the tree is unloaded: a step failing now would leave it
+        waiting with no row to wake it). A stop of the worker ends the tries: the
+        workflow stays PENDING and its next execution resumes the tree from the log."""
+        while True:
+            try:
+                return await trio.to_thread.run_sync(write, *args)
+            except Exception as exc:
+                if self.draining.is_set():
+                    raise
+                self.say(f"cannot record a waiting tree now ({type(exc).__name__}); retrying")
+                await trio.sleep(_CLAIM_RETRY)
 
     async def known(self, root_id: str) -> bool:
         """Whether the log holds the tree ``root_id``. A log that is unavailable (a
@@ -384,6 +466,30 @@ def tree_workflow(data: dict[str, Any]) -> dict[str, Any]:
     return run_to_rest_step(data)
 
 
+@DBOS.step(name=WAKE_STEP)
+def wake_step(data: dict[str, Any]) -> dict[str, Any]:
+    """A tree let go while it waited for people, taken back and run as one step."""
+    host = _HOST
+    if host is None or host.draining.is_set():
+        _hold_forever()
+        raise AssertionError("unreachable")  # _hold_forever never returns
+    try:
+        named = wake_from_input(data)
+        if wake_id(*named) != DBOS.workflow_id:
+            raise SpecError(f"the wake of {named} is not the workflow {DBOS.workflow_id!r}")
+    except SpecError as exc:
+        return {"error": f"not a wake this worker can run: {exc}"}
+    # Only a tree a worker let go (a row of fanfold.waiting_trees in that generation)
+    # is resumed: a queue writer naming another tree finds no row (``_run_woken``).
+    return _in_runtime(host, host.wake, named)
+
+
+@DBOS.workflow(name=WAKE_WORKFLOW)
+def wake_workflow(data: dict[str, Any]) -> dict[str, Any]:
+    """A waiting tree taken back (workflow id ``wake:ROOT:GENERATION``)."""
+    return wake_step(data)
+
+
 @DBOS.step(name=CHUNK_STEP)
 def run_chunk_step(data: dict[str, Any]) -> dict[str, Any]:
     """A chunk of placed children as one step, run in the worker's Trio runtime."""
@@ -464,6 +570,73 @@ class DbosPlacer:
                 with contextlib.suppress(Exception):
                     self._client.destroy()
                 self._client = None
+
+
+class Waker:
+    """Enqueues the wake of each waiting tree that has a decision written or a timer
+    due (``parking.py``), with a DBOS client of its own. Every worker runs one; DBOS
+    keeps one workflow per id, so two wakes of a generation are one."""
+
+    def __init__(self, system_url: str) -> None:
+        self._url = system_url
+        self._client: Any = None
+        self._sent: set[tuple[str, int]] = set()
+
+    def run_once(self, parking: Parking, decisions: Any) -> list[WaitingTree]:
+        """Look at the waiting trees once; enqueue and return those to wake."""
+        rows = parking.waiting()
+        present = {(t.root_id, t.generation) for t in rows}
+        self._sent &= present  # a generation ended or woken elsewhere: forgotten
+        trees = [t for t in rows if (t.root_id, t.generation) not in self._sent]
+        if not trees:
+            return []
+        decided = {d.request for d in decisions.new([r for t in trees for r in t.requests])}
+        woken = due(trees, decided)
+        if woken and self._client is None:
+            self._client = DBOSClient(
+                system_database_url=self._url, application_name=APP_NAME, serializer=SERIALIZER
+            )
+        for tree in woken:
+            options: EnqueueOptions = {
+                "workflow_name": WAKE_WORKFLOW,
+                "queue_name": QUEUE,
+                "workflow_id": wake_id(tree.root_id, tree.generation),
+                "app_version": APP_VERSION,
+            }
+            self._client.enqueue(options, wake_input(tree.root_id, tree.generation))
+            self._sent.add((tree.root_id, tree.generation))
+        return woken
+
+    def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.destroy()
+            self._client = None
+
+
+async def _keep_waking(
+    host: _Host, parking: Parking, waker: Waker, every: float, say: Callable[[str], None]
+) -> None:
+    """Every ``every`` seconds, wake the waiting trees whose decision or timer came."""
+    told = False
+    while True:
+        await trio.sleep(every)
+        try:
+            woken = await trio.to_thread.run_sync(waker.run_once, parking, host.runtime.decisions)
+        except Exception as exc:  # the queue's database or the log away: next time
+            if not told:
+                say(f"cannot look at the waiting trees now ({type(exc).__name__})")
+                told = True
+            continue
+        told = False
+        for tree in woken:
+            say(f"tree {tree.root_id}: a decision or a timer came; queued to go on")
+
+
+def wake_every(poll: float) -> float:
+    """Seconds between two looks at the waiting trees: five queue polls, within
+    0.25 s and 2 s (a decision reaches a waiting tree within that and a dequeue)."""
+    return min(max(poll * 5, 0.25), 2.0)
 
 
 def _hold_forever() -> None:
@@ -586,6 +759,8 @@ async def serve(
     global _HOST
     leases = Leases(settings.system_url, settings.executor_id, settings.lease)
     locks = TreeLocks(settings.system_url)
+    parking = Parking(settings.system_url)
+    waker = Waker(settings.system_url)
     await trio.to_thread.run_sync(leases.register, os.getpid())
     lost = trio.Event()
     code = EXIT_DRAINED
@@ -602,7 +777,7 @@ async def serve(
                 await trio.to_thread.run_sync(leases.register, os.getpid())
                 host = _Host(
                     runtime, trio.lowlevel.current_trio_token(), make_limits, agents_for,
-                    system_prompt, say, locks, settings,
+                    system_prompt, say, locks, settings, parking,
                 )  # fmt: skip
                 _HOST = host
                 placer: DbosPlacer | None = None
@@ -635,6 +810,9 @@ async def serve(
                         nursery.start_soon(on_signal)
                         await trio.to_thread.run_sync(_launch_dbos, settings)
                         launched.set()
+                        nursery.start_soon(
+                            _keep_waking, host, parking, waker, wake_every(settings.poll), say
+                        )
                         ready()
                         await lost.wait()
                         nursery.cancel_scope.cancel()
@@ -650,6 +828,8 @@ async def serve(
                         await before_close()
                     if placer is not None:
                         await trio.to_thread.run_sync(placer.close)
+                    await trio.to_thread.run_sync(waker.close)
+                    await trio.to_thread.run_sync(parking.close)
         finally:
             # The runtime is closed (also when the worker stopped on an error, which
             # used to skip this: its lease row then stayed as the claimer left it):

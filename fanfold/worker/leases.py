@@ -35,7 +35,15 @@ CREATE TABLE IF NOT EXISTS fanfold.workers (
     pid integer
 );
 ALTER TABLE fanfold.workers ADD COLUMN IF NOT EXISTS lease_s double precision;
+CREATE TABLE IF NOT EXISTS fanfold.waiting_trees (
+    root_id text PRIMARY KEY,
+    generation integer NOT NULL,
+    requests text[] NOT NULL,
+    due_at double precision,
+    parked_at timestamptz NOT NULL DEFAULT now()
+);
 """
+# (fanfold.waiting_trees: the trees that wait only for people, parking.py.)
 
 
 class Leases:
