@@ -1,4 +1,4 @@
-"""A stratified random sample of the pure core's logic mutants, drawn as DESIGN.md
+"""A stratified random sample of the pure core's logic mutants, drawn as tests/README.md
 ("Mutation testing") describes, and the score of a finished run.
 
 ``python bench/mutation_sample.py draw SEED N < names`` reads mutant names (``mutmut

@@ -1,4 +1,4 @@
-"""The test files mutmut runs against the pure core's mutants, by a rule (DESIGN.md,
+"""The test files mutmut runs against the pure core's mutants, by a rule (tests/README.md,
 "Mutation testing"): ``python bench/mutation_selection.py`` prints them,
 ``--check`` exits 1 when ``[tool.mutmut]`` in pyproject.toml lists others, ``--write``
 rewrites that list.

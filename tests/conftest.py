@@ -5,7 +5,7 @@
   well under a minute on two cores);
 - ``dev``: 20 examples, for quick iterations (``HYPOTHESIS_PROFILE=dev``);
 - ``mutation``: 100 examples, derandomized and without the example database, for the
-  mutation run (``HYPOTHESIS_PROFILE=mutation``, see DESIGN.md "Mutation testing"),
+  mutation run (``HYPOTHESIS_PROFILE=mutation``, see tests/README.md, "Mutation testing"),
   with Hypothesis' pool of constants from the imported modules emptied (see
   ``freeze_local_constants``): a test generates the same examples every time, under
   mutmut as in a fresh process, whatever was imported before it.
@@ -150,7 +150,7 @@ def provenance_key(
 
 
 # The suite runs on every core up to two (pytest-xdist: ``-n auto`` in pyproject.toml;
-# DESIGN.md, "The suite's running time"). Each module is one unit of work, so a
+# tests/README.md, "The suite's running time"). Each module is one unit of work, so a
 # module's fixtures (a bench of worker processes, a browser) start once and its tests
 # run in order; the modules that start workers on PostgreSQL share one unit, so two of
 # them never run at once: their leases and kill timings were tuned on one bench at a

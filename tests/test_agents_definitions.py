@@ -257,8 +257,9 @@ def test_the_built_ins_parse_without_problems() -> None:
     assert explorer.allow == (Rule("read-only"),) and not explorer.may_delegate
 
 
-def test_the_readme_example_file_is_valid() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+def test_the_agents_guide_example_file_is_valid() -> None:
+    guide = Path(__file__).parent.parent / "docs" / "how-to" / "agents.md"
+    readme = guide.read_text(encoding="utf-8")
     block = readme.split("`.fanfold/agents/doc-writer.md`:\n\n```markdown\n", 1)[1]
     text = block.split("\n```\n", 1)[0] + "\n"
     definition, problems = _parse(text, "doc-writer.md")

@@ -162,11 +162,12 @@ def test_an_invalid_definition_never_stops_a_run_and_a_project_agent_is_used(
     assert [t.name for t in child.tools] == ["bash", "submit_result", "submit_error"]
 
 
-def test_the_readme_points_to_the_example() -> None:
+def test_the_agents_guide_points_to_the_example() -> None:
     """README's "Agent definitions and permissions" once never named examples/agents:
-    a reader of it could not find the example that shows it all."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Agent definitions and permissions", 1)[1].split("\n## ", 1)[0]
+    a reader of it could not find the example that shows it all. That text is now the
+    site's guide, docs/how-to/agents.md."""
+    guide = Path(__file__).parent.parent / "docs" / "how-to" / "agents.md"
+    section = guide.read_text(encoding="utf-8")
     assert "fanfold run --script examples/agents/script.json" in section
     # Which folder is "the project": the run's --cwd, not a parent (a user in src/
     # once found their project's agents missing).

@@ -1,5 +1,5 @@
 """The mutation run's test selection follows its rule (``bench/mutation_selection.py``,
-DESIGN.md "Mutation testing"): a reducer test file left out of ``[tool.mutmut]`` fails
+tests/README.md, "Mutation testing"): a reducer test file left out of ``[tool.mutmut]`` fails
 here instead of letting the core's mutants "survive" tests that kill them."""
 
 from __future__ import annotations

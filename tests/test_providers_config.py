@@ -507,7 +507,7 @@ def test_bad_profile_retry_is_refused(tmp_path: Path, text: str, key: str, probl
 
 
 def test_documented_total_waits() -> None:
-    # README and examples/fanfold.toml quote these numbers.
+    # docs/how-to/configuration.md and examples/fanfold.toml quote these numbers.
     assert RetryPolicy().total_wait() == (3.5, 7.0)
     example = read_config_file(EXAMPLE).profile("local").retry
     assert example.total_wait() == (22.5, 45.0)

@@ -1,6 +1,6 @@
-"""The README's local-model recipe, over loopback (issue 22, item 13): the example
-configuration runs a user who has only a local server; what `show` and the log call
-the model; the sampling settings an Anthropic profile sends."""
+"""The local-model recipe (docs/how-to/configuration.md), over loopback (issue 22,
+item 13): the example configuration runs a user who has only a local server; what
+`show` and the log call the model; the sampling settings an Anthropic profile sends."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What the Python examples of README.md claim, beyond running (tests/test_doc_examples.py
-runs every block)."""
+"""What the Python examples of the guides claim, beyond running (tests/test_doc_examples.py
+runs every block). They were README.md's; the README now links to these pages."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-README = Path(__file__).parent.parent / "README.md"
+DOCS = Path(__file__).parent.parent / "docs" / "how-to"
+TOOLS = DOCS / "tools-and-mcp.md"
+PROPERTY_TESTING = DOCS / "property-testing.md"
 
 
-def _block(marker: str) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+def _block(marker: str, page: Path = TOOLS) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
     (found,) = [b for b in blocks if marker in b]
     return str(found)
 
@@ -20,33 +22,35 @@ def _block(marker: str) -> str:
 def _compiled(source: str, name: str) -> Any:
     """``source`` compiled as file ``name``, with its lines registered in linecache so
     that tracebacks and Hypothesis (which reads a test's source) see the block itself,
-    not the lines of the real README.md at the same numbers."""
+    not the lines of the real page at the same numbers."""
     linecache.cache[name] = (len(source), None, source.splitlines(True), name)
     return compile(source, name, "exec")
 
 
 def test_property_testing_example_catches_the_wrong_check_as_the_readme_says() -> None:
-    """README: checking "/stop" as the plain UserMessaged it arrived as fails at once,
+    """The guide: checking "/stop" as the plain UserMessaged it arrived as fails at once,
     naming the invariant (Hypothesis shrinks it to the simplest state)."""
     import pytest
 
-    source = _block("def my_transition").replace(
+    source = _block("def my_transition", PROPERTY_TESTING).replace(
         "testing.check_transition(state, meaning(event), after, effects)",
         "testing.check_transition(state, event, after, effects)",
     )
     assert "check_transition(state, event," in source
     namespace: dict[str, Any] = {}
-    exec(_compiled(source, "<README.md: property testing, wrong check>"), namespace)
+    exec(_compiled(source, "<docs: property testing, wrong check>"), namespace)
     with pytest.raises(AssertionError) as caught:
         namespace["test_stop_keeps_every_invariant"]()
-    claim = re.search(r"and says\s+why: `(.*?)`", README.read_text(encoding="utf-8"), re.S)
+    claim = re.search(
+        r"and says\s+why: `(.*?)`", PROPERTY_TESTING.read_text(encoding="utf-8"), re.S
+    )
     assert claim is not None
     assert claim.group(1) in str(caught.value)
 
 
 async def test_the_python_tool_example_runs_and_makes_the_tool_it_describes() -> None:
     namespace: dict[str, Any] = {"__name__": "readme"}
-    exec(_compiled(_block("def lookup_issue"), "<README.md: adding tools>"), namespace)
+    exec(_compiled(_block("def lookup_issue"), "<docs: adding tools>"), namespace)
     from fanfold.statemachine import ToolCall
 
     tools = namespace["tools"]
@@ -66,7 +70,7 @@ async def test_the_pydantic_tool_example_runs_as_the_readme_says(monkeypatch: An
     # annotations through sys.modules[its __module__].
     module = types.ModuleType("readme_pydantic_tool")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(_compiled(_block("def book("), "<README.md: pydantic tool>"), module.__dict__)
+    exec(_compiled(_block("def book("), "<docs: pydantic tool>"), module.__dict__)
     namespace = module.__dict__
     from fanfold.statemachine import ToolCall
     from fanfold.tools import ToolSet
@@ -82,7 +86,7 @@ async def test_the_pydantic_tool_example_runs_as_the_readme_says(monkeypatch: An
 
 
 async def test_the_mcp_servers_example_runs(tmp_path: Path, monkeypatch: Any) -> None:
-    """README, "An MCP server": ``Runtime.open(..., mcp_servers="fanfold.toml")`` with
+    """The guide, "An MCP server": ``Runtime.open(..., mcp_servers="fanfold.toml")`` with
     the SDK's server of the tests declared there; the tree calls its tool."""
     import json
     import sys
@@ -101,7 +105,7 @@ async def test_the_mcp_servers_example_runs(tmp_path: Path, monkeypatch: Any) ->
     )
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "readme"}
-    exec(_compiled(_block("mcp_servers="), "<README.md: MCP servers>"), namespace)
+    exec(_compiled(_block("mcp_servers="), "<docs: MCP servers>"), namespace)
     call = {"name": "mcp__ok__echo", "arguments": {"text": "open"}}
     replies = [{"text": "", "tool_calls": [call]}, {"text": "none"}]
     await namespace["main"](ScriptedProvider({"agents": [{"match": {}, "replies": replies}]}))

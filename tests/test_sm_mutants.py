@@ -364,7 +364,7 @@ def cwd_not_confined(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TM, "join_cwd", join)
 
 
-# The survivors of the mutation run (DESIGN.md, "Mutation testing"), each as the bug it
+# The survivors of the mutation run (tests/README.md, "Mutation testing"), each as the bug it
 # stands for, and the invariant of fanfold.testing that now catches it.
 
 _TASK_FIELDS = {"task", "cwd", "timeout", "max_iterations", "model"}

@@ -1,5 +1,5 @@
 """Example tests for the real mutation survivors issue 34 found (seed 4242): behaviour
-of the pure core that no test looked at, each pinned here by an example (DESIGN.md,
+of the pure core that no test looked at, each pinned here by an example (tests/README.md,
 "Mutation testing")."""
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def test_a_cwd_may_hold_a_no_break_space_but_no_c1_control() -> None:
 
 
 # ------------------------------------------------------------------ the new sample's survivors
-# (seed 20261207, DESIGN.md "Mutation testing": real survivors pinned as they were read)
+# (seed 20261207, tests/README.md, "Mutation testing": real survivors pinned as they were read)
 
 
 def test_a_wildcard_domain_names_only_the_hosts_below_it() -> None:

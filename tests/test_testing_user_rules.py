@@ -1,7 +1,7 @@
 """Property-testing a rule you add, with ``fanfold.testing`` alone (issue 34).
 
-A user adds a rule by wrapping the reducer (README, "Property-testing transitions you
-add"; DESIGN, "Adding a transition"). The shipped generators then draw what *that*
+A user adds a rule by wrapping the reducer (docs/how-to/property-testing.md; DESIGN,
+"Adding a transition"). The shipped generators then draw what *that*
 reducer accepts, from the states *it* reaches; ``check_trace`` runs every shipped
 check; ``table_report`` names the cells of the documented table a rule changes; and a
 seeded set of wrong rules, each written here from outside the package, is caught by

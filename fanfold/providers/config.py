@@ -430,7 +430,7 @@ def _string(value: Any, path: str, key: str) -> str:
 # floats; none of them is a setting anyone means, and each broke something downstream
 # (`show` printed "$nan", `--json` wrote NaN, a retry loop of 1e9 attempts or a wait
 # capped at 1e308 s never ends). The bounds are far above any real use, so they refuse
-# typing slips only. DESIGN.md ("Provider configuration") lists them.
+# typing slips only. DESIGN.md ("Numbers are finite and bounded") lists them.
 MAX_PRICE = 100_000.0
 """Dollars per million tokens (the dearest models cost a few hundred)."""
 MAX_ATTEMPTS = 100

@@ -467,8 +467,8 @@ _OVERFLOW_PATTERNS = (
 _SHARED_CONTEXT_FULL = "context size has been exceeded"
 SHARED_CONTEXT_ADVICE = (
     "llama-server: the context its parallel slots share was full of other requests in "
-    "flight, sent again it may fit; -c and -np bound a fan-out, see the README's "
-    "llama.cpp recipe"
+    "flight, sent again it may fit; -c and -np bound a fan-out, see the llama.cpp "
+    "recipe of the configuration guide (docs/how-to/configuration.md)"
 )
 # Looser phrases, trusted only on a 4xx (a client error that names the context).
 _CONTEXT_PATTERNS = (
