@@ -69,7 +69,9 @@ from fanfold.runtime.approvals import (
     Decision,
     FileDecisions,
     check_decision,
+    closed_message,
     open_request,
+    settle,
     split_request_id,
 )
 from fanfold.trace.build import build_trace
@@ -243,7 +245,14 @@ class TraceServer:
             raise DecisionRefused(400, str(exc)) from None
         except AlreadyDecided as exc:
             raise DecisionRefused(409, str(exc)) from None
-        return {"request": request_id, "kind": kind, "written": True}
+        # A cancel or a timeout committed between our look and our write: the row is
+        # marked stale (``settle``) and the person told, never "written".
+        with open_store(self.db, read_only=True) as store:
+            mark = settle(store, table, request)
+        message = closed_message(mark)
+        if message is not None:
+            raise DecisionRefused(409, message)
+        return {"request": request_id, "kind": kind, "written": True, "state": mark}
 
     def _version(self, tree: str | None) -> Any:
         def version(store: Store) -> Any:
