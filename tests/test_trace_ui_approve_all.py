@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -89,13 +90,14 @@ async def test_a_refused_approve_all_writes_nothing(server: tuple[str, Path, str
             headers={**ours(base), "content-type": "application/x-www-form-urlencoded"},
         )
         clear(form, 415, "application/json")
-        for bad in (
+        bads: list[dict[str, Any]] = [
             {},
             {"requests": []},
             {"requests": f"{root}.2:2"},
             {"requests": [3]},
             {"requests": ["x"] * (MAX_APPROVE_ALL + 1)},
-        ):
+        ]
+        for bad in bads:
             clear(await post("/api/approve-all", json=bad, headers=ours(base)), 400, "a list")
         only_closed = {"requests": [f"{root}.1:2", f"{root}.3:2"]}  # alice's, a question
         clear(await post("/api/approve-all", json=only_closed, headers=ours(base)), 404, "none")
