@@ -69,16 +69,13 @@ async def test_a_host_with_elicitation_is_asked_and_its_answers_decide(tmp_path:
         assert isinstance(params, types.ElicitRequestFormParams)
         assert set(params.requested_schema["properties"]) == {"approve", "reason", "arguments"}
         if '"echo one"' in message:
-            # Approved with edited arguments, once a form with bad JSON was put again.
-            if len(asked) == 1:
-                return types.ElicitResult(
-                    action="accept", content={"approve": True, "arguments": "{"}
-                )
+            # Approved with edited arguments, once a form with bad JSON was put again
+            # and arguments the tool's schema refuses were not taken.
+            edits = {1: "{", 2: '{"command": 3}', 3: '{"command": "echo edited"}'}
             return types.ElicitResult(
-                action="accept",
-                content={"approve": True, "arguments": '{"command": "echo edited"}'},
+                action="accept", content={"approve": True, "arguments": edits[len(asked)]}
             )
-        if len(asked) == 3:  # the user puts the second off: left to the host's model
+        if len(asked) == 4:  # the user puts the second off: left to the host's model
             return types.ElicitResult(action="cancel")
         return types.ElicitResult(action="accept", content={"approve": False, "reason": "not two"})
 
@@ -86,8 +83,10 @@ async def test_a_host_with_elicitation_is_asked_and_its_answers_decide(tmp_path:
         with trio.fail_after(60):
             first = _structured(await session.call_tool("delegate_task", {"task": "go"}))
             root = first["delegation_id"]
-            # Put off: listed as without elicitation.
+            # Put off: listed as without elicitation; the refused answer is reported.
             assert first["status"] == "running"
+            (refused,) = first["not_taken"]
+            assert refused.startswith(f"{root}:") and "command" in refused
             assert first["requests"][0]["arguments"] == {"command": "echo two"}
             # Waiting again asks again; the user denies it this time.
             done = _structured(
@@ -96,7 +95,8 @@ async def test_a_host_with_elicitation_is_asked_and_its_answers_decide(tmp_path:
                 )
             )
     assert done == {"delegation_id": root, "status": "completed", "result": "done"}
-    assert len(asked) == 4 and "not JSON" in asked[1] and '"echo two"' in asked[2]
+    assert len(asked) == 5 and "not JSON" in asked[1] and "not taken" in asked[2]
+    assert '"echo two"' in asked[3]
     assert all("wants to run bash" in m and "request " in m for m in asked)
     results = _results(db, root)
     assert results[0].startswith("edited") and results[1] == "denied by the user: not two"

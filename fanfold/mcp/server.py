@@ -134,9 +134,15 @@ Decided = tuple[str, dict[str, Any] | None, str]
 """A person's decision as elicitation brings it: ``(kind, arguments, text)``, kind
 ``grant``, ``deny`` or ``answer``."""
 
-Asker = Callable[[PendingRequest], Awaitable[Decided | None]]
-"""Puts one open request to the host's user (MCP elicitation); None: put off (the
-user cancelled the form), left to the host's model and the decision tools."""
+Asker = Callable[[PendingRequest, str], Awaitable[Decided | None]]
+"""Puts one open request to the host's user (MCP elicitation), with why their last
+answer to it was not taken ("" the first time); None: put off (the user cancelled
+the form), left to the host's model and the decision tools."""
+
+
+def _with_not_taken(outcome: dict[str, Any], not_taken: list[str]) -> dict[str, Any]:
+    """``outcome``, with the host's user's answers that were not taken and why."""
+    return {**outcome, "not_taken": not_taken} if not_taken else outcome
 
 
 class DelegationService:
@@ -235,7 +241,7 @@ class DelegationService:
         if background:
             return {"delegation_id": root_id, "status": "running"}
         try:
-            await self.until_rest_or_asked(root_id, asker)
+            not_taken = await self.until_rest_or_asked(root_id, asker)
         except trio.Cancelled:
             if self.stopping:
                 raise
@@ -246,7 +252,7 @@ class DelegationService:
                 await self.runtime.cancel(root_id, CancelReason.USER)
                 await self.runtime.wait(root_id)
             raise
-        return self.outcome(root_id)
+        return _with_not_taken(self.outcome(root_id), not_taken)
 
     async def result(
         self, delegation_id: str, wait: bool, asker: Asker | None = None
@@ -254,41 +260,46 @@ class DelegationService:
         """``get_delegation_result``: the status, and the result once at rest."""
         if delegation_id not in self.ledger:
             raise DelegationError(f"{delegation_id!r} is not a delegation of this server")
-        if wait:
-            await self.until_rest_or_asked(delegation_id, asker)
-        return self.outcome(delegation_id)
+        not_taken = await self.until_rest_or_asked(delegation_id, asker) if wait else []
+        return _with_not_taken(self.outcome(delegation_id), not_taken)
 
-    async def until_rest_or_asked(self, root_id: str, asker: Asker | None) -> None:
+    async def until_rest_or_asked(self, root_id: str, asker: Asker | None) -> list[str]:
         """``until_rest_or_waiting``; with ``asker`` (a host that supports
         elicitation), each open request of the tree is then put to the host's user and
         their decision taken, until the tree is at rest or its requests are left to
         the host's model (the user cancelled the elicitation: ``get_delegation_result``
-        lists them, ``approve_request`` & co. decide)."""
+        lists them, ``approve_request`` & co. decide). Returns why each answer that
+        was not taken was not (``REQUEST: why``): the host's user is told."""
         put_off: set[str] = set()
         refused: dict[str, int] = {}
+        problems: dict[str, str] = {}
+        not_taken: list[str] = []
         while True:
             await self.until_rest_or_waiting(root_id)
             if asker is None:
-                return
+                return not_taken
             asking = [
                 r for r in self.runtime.pending() if r.tree == root_id and r.id not in put_off
             ]
             if not asking:
-                return
+                return not_taken
             for request in asking:
                 if request.id not in {r.id for r in self.runtime.pending()}:
                     continue  # decided meanwhile (another process, a timeout)
-                decided = await asker(request)
+                decided = await asker(request, problems.pop(request.id, ""))
                 if decided is None:
                     put_off.add(request.id)
                     continue
                 kind, arguments, text = decided
                 try:
                     await self.decide(request.id, kind, arguments, text, by="mcp elicitation")
-                except DelegationError:
+                except DelegationError as exc:
                     # Decided elsewhere first, closed (a timeout), or edited arguments
                     # the schema refuses: the request, if still open, is asked again
-                    # (three times at most, then left to the host's model).
+                    # with the reason (three times at most, then left to the host's
+                    # model); the answer is reported as not taken.
+                    not_taken.append(f"{request.id}: {exc}")
+                    problems[request.id] = str(exc)
                     refused[request.id] = refused.get(request.id, 0) + 1
                     if refused[request.id] >= 3:
                         put_off.add(request.id)
@@ -430,11 +441,13 @@ def elicitation_asker(ctx: Any) -> Asker | None:
     class Answer(BaseModel):
         answer: str = Field(description="Your answer (the agent reads it).")
 
-    async def ask(request: PendingRequest) -> Decided | None:
+    async def ask(request: PendingRequest, last: str) -> Decided | None:
         if request.question is not None:
             choices = f" (choices: {' | '.join(request.choices)})" if request.choices else ""
+            again = f" (your last answer was not taken: {last})" if last else ""
             message = (
-                f"fanfold: agent {request.path} asks ({request.id}): {request.question}{choices}"
+                f"fanfold: agent {request.path} asks ({request.id}): "
+                f"{request.question}{choices}{again}"
             )
             answered = await ctx.elicit(message, Answer)
             if answered.action == "accept":
@@ -442,7 +455,7 @@ def elicitation_asker(ctx: Any) -> Asker | None:
             if answered.action == "decline":
                 return ("deny", None, "the user declined to answer")
             return None
-        problem = ""
+        problem = f" (your last answer was not taken: {last})" if last else ""
         for _ in range(ELICIT_TRIES):
             message = (
                 f"fanfold: agent {request.path} wants to run {request.tool} "
