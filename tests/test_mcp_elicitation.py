@@ -142,3 +142,43 @@ async def test_a_host_without_elicitation_gets_the_requests_and_the_approval_tim
                 await trio.sleep(0.1)
     assert now == {"delegation_id": root, "status": "completed", "result": "done"}
     assert _results(db, root) == ["denied by the user: no decision within 1.5s (approval_timeout)"]
+
+
+async def test_a_form_still_open_is_withdrawn_when_its_request_closes(tmp_path: Path) -> None:
+    """In process, the service with a runtime: the host's user leaves the form open;
+    the server's approval timeout denies the call, the elicitation is withdrawn (its
+    request cancelled), and the foreground delegation answers."""
+    from runtime_helpers import open_runtime, reply, script
+
+    from fanfold.mcp.server import DelegationLedger, DelegationService
+    from fanfold.statemachine import Limits
+
+    limits = Limits(approval_timeout=0.5)
+    provider = script(0.0, root=[reply("", ("bash", {"command": "echo x"})), reply("done")])
+    withdrawn: list[str] = []
+
+    async def never(request: Any, last: str) -> Any:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            withdrawn.append(request.id)
+            raise
+
+    async with open_runtime(tmp_path, provider, limits=limits) as runtime:
+        service = DelegationService(
+            runtime,
+            cwd=tmp_path,
+            agents=(),
+            limits=limits,
+            system_prompt="",
+            ledger=DelegationLedger(tmp_path / "log.db"),
+            ask=("bash",),
+        )
+        with trio.fail_after(30):
+            done = await service.delegate(None, "go", None, None, False, never)
+    root = done["delegation_id"]
+    assert done == {"delegation_id": root, "status": "completed", "result": "done"}
+    assert len(withdrawn) == 1 and withdrawn[0].startswith(f"{root}:")
+    assert _results(tmp_path / "log.db", root) == [
+        "denied by the user: no decision within 0.5s (approval_timeout)"
+    ]

@@ -286,7 +286,11 @@ class DelegationService:
             for request in asking:
                 if request.id not in {r.id for r in self.runtime.pending()}:
                     continue  # decided meanwhile (another process, a timeout)
-                decided = await asker(request, problems.pop(request.id, ""))
+                closed, decided = await self._ask_while_open(
+                    asker, request, problems.pop(request.id, "")
+                )
+                if closed:
+                    continue  # closed while the form was open: withdrawn
                 if decided is None:
                     put_off.add(request.id)
                     continue
@@ -303,6 +307,33 @@ class DelegationService:
                     refused[request.id] = refused.get(request.id, 0) + 1
                     if refused[request.id] >= 3:
                         put_off.add(request.id)
+
+    async def _ask_while_open(
+        self, asker: Asker, request: PendingRequest, last: str
+    ) -> tuple[bool, Decided | None]:
+        """``asker(request, last)``, withdrawn (the elicitation's request cancelled:
+        the host closes its form) once ``request`` is no longer open here (decided
+        elsewhere, its approval timeout, a cancel). Returns (closed meanwhile, the
+        answer)."""
+        done = False
+        scope = trio.CancelScope()
+
+        async def watch() -> None:
+            # A system task, not a nursery's: a cancel of the tool call must reach
+            # ``delegate`` as a plain Cancelled (see until_rest_or_waiting).
+            while not done:
+                if not any(r.id == request.id for r in self.runtime.pending()):
+                    scope.cancel()
+                    return
+                await trio.sleep(WAITING_POLL)
+
+        trio.lowlevel.spawn_system_task(watch)
+        try:
+            with scope:
+                return False, await asker(request, last)
+        finally:
+            done = True
+        return True, None
 
     async def until_rest_or_waiting(self, root_id: str) -> None:
         """Wait until tree ``root_id`` is at rest, or can go on only after a person's
