@@ -610,3 +610,34 @@ def test_approve_and_deny_from_the_page(page: Any, tmp_path: Path) -> None:
         (f"{root}.1:3", "grant", '{"command": "echo one, edited"}', "", "ui"),
         (f"{root}.2:2", "deny", None, "not <that>", "ui"),
     ]
+
+
+def test_approve_all_from_the_page(page: Any, tmp_path: Path) -> None:
+    """Issue 35: "Approve all" grants, in one POST, every open approval request the
+    page shows (the question is left to be answered); the runtime holding the tree
+    takes both and the page shows them approved by "ui"."""
+    import sqlite3
+
+    from approval_ui_helpers import held_waiting_log
+
+    with held_waiting_log(tmp_path) as (db, root), ui_server(db) as base:
+        page.goto(f"{base}/trace/{root}?token={UI_TOKEN}")
+        page.wait_for_selector("body[data-ready]")
+        requests = page.locator("#requests")
+        button = page.locator("#approve-all")
+        assert button.inner_text() == "Approve all 2 open call(s)"
+        button.click()
+        calls = [f"{root}.1:3", f"{root}.2:2"]
+        for call in calls:
+            granted = requests.locator(f'[data-request="{call}"] .decision.grant')
+            granted.wait_for(timeout=15_000)
+            assert "approved by ui" in granted.inner_text()
+        assert requests.locator(".request.open").count() == 1  # the question still waits
+        assert page.locator("#approve-all").count() == 0  # one open call or fewer: no button
+        page.goto("about:blank")  # close the event stream before the server stops
+        with sqlite3.connect(db) as conn:
+            written = conn.execute(
+                "SELECT request, kind, arguments, decided_by FROM decisions "
+                "WHERE decided_by = 'ui' ORDER BY request"
+            ).fetchall()
+    assert written == [(c, "grant", None, "ui") for c in calls]

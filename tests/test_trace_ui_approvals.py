@@ -80,7 +80,12 @@ async def test_approve_deny_and_answer_from_the_page(server: tuple[str, Path, st
             headers=ours(base),
         )
         assert approve.status_code == 200, approve.text
-        assert approve.json() == {"request": waiting["id"], "kind": "grant", "written": True}
+        assert approve.json() == {
+            "request": waiting["id"],
+            "kind": "grant",
+            "written": True,
+            "state": "new",  # no runtime holds the tree: the next resume takes it
+        }
         deny = await client.post(
             "/api/deny", json={"request": hostile["id"], "reason": "not <that>"}, headers=ours(base)
         )

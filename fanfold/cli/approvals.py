@@ -94,7 +94,10 @@ def _decide(
     arguments: str | None,
     text: str,
     decide_all: bool = False,
-) -> list[str]:
+) -> dict[str, str]:
+    """Write the decision(s) and return what became of each: request id -> ``new``
+    (to be taken by the runtime holding it, or the next ``fanfold resume``),
+    ``applied``, or ``stale: ...`` (its request closed before it)."""
     from fanfold.runtime.approvals import (
         AlreadyDecided,
         BadDecision,
@@ -118,13 +121,45 @@ def _decide(
                 table.write(decisions[0])
             except AlreadyDecided as exc:
                 raise CliError(str(exc)) from None
-            return [decisions[0].request]
-        taken = table.write_many(decisions)
+            taken: list[str] = []
+        else:
+            taken = table.write_many(decisions)
+        if taken:
+            click.echo(f"already decided, left as they were: {', '.join(taken)}", err=True)
+        written = [r for r, _ in chosen if r.id not in taken]
+        return _outcomes(path, table, written)
     finally:
         table.close()
-    if taken:
-        click.echo(f"already decided, left as they were: {', '.join(taken)}", err=True)
-    return [d.request for d in decisions if d.request not in taken]
+
+
+SETTLE_WAIT = 5.0
+"""Seconds ``fanfold approve``/``deny``/``answer`` waits, while a runtime has the log
+open, for it to take the decision (it reads the table every 0.2 s), so that what it
+prints is what became of it."""
+
+
+def _outcomes(path: Target, table: Any, requests: list[PendingRequest]) -> dict[str, str]:
+    """What became of the decisions just written for ``requests`` (``settle``): a
+    request the log shows closed (a cancel or a timeout committed between our look
+    and our write) gets its row marked stale here; while a runtime has the log open
+    (SQLite), we wait a moment for it to take or refuse the others."""
+    from fanfold.db import is_postgres, open_store
+    from fanfold.runtime.approvals import settle
+    from fanfold.runtime.presence import runtime_open
+
+    marks: dict[str, str] = {}
+    deadline = time.monotonic() + SETTLE_WAIT
+    todo = list(requests)
+    while True:
+        with open_store(path, read_only=True) as store:
+            for request in todo:
+                marks[request.id] = settle(store, table, request)
+        todo = [r for r in todo if marks[r.id] == "new"]
+        if not todo or time.monotonic() > deadline:
+            return marks
+        if is_postgres(path) or not runtime_open(path):
+            return marks  # nobody to take it now: the next resume will
+        time.sleep(0.1)
 
 
 def _who() -> str:
@@ -136,19 +171,33 @@ def _who() -> str:
         return "cli"
 
 
-def _decided(path: Target, done: list[str], what: str, go_on: bool = False) -> None:
+def _decided(path: Target, done: dict[str, str], what: str, go_on: bool = False) -> None:
+    """Tell the person what became of each decision; a decision whose request was
+    closed before it (cancelled, timed out, its tree ended) is said so and the
+    command exits with status 2."""
     from fanfold.cli.output import hint
+    from fanfold.runtime.approvals import closed_message
 
-    for request in done:
+    refused = {r: closed_message(m) for r, m in done.items()}
+    taken = [r for r, message in refused.items() if message is None]
+    waiting = [r for r in taken if done[r] == "new"]
+    for request in taken:
         click.echo(f"{what} {request}")
-    if go_on:
-        _continue(path, done)
-        return
-    hint(
-        "a running fanfold takes it within a moment; if none runs, go on with: "
-        f"fanfold resume --db {path} (or decide with --continue)",
-        style="dim",
-    )
+    problems = [f"{r}: {message}" for r, message in refused.items() if message is not None]
+    if problems and not taken:
+        raise CliError("; ".join(problems))
+    for problem in problems:
+        CliError(problem).show()
+    if go_on and taken:
+        _continue(path, taken)
+    elif waiting:
+        hint(
+            "no fanfold has taken it yet; if none runs, go on with: "
+            f"fanfold resume --db {path} (or decide with --continue)",
+            style="dim",
+        )
+    if problems:
+        raise SystemExit(CliError.exit_code)
 
 
 def _continue(path: Target, done: list[str]) -> None:

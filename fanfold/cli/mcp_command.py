@@ -14,6 +14,7 @@ from fanfold.cli.errors import CliError, user_errors
 from fanfold.cli.logs import open_logs
 from fanfold.cli.options import model_options
 from fanfold.cli.python_tools import load_tools, tools_option
+from fanfold.cli.seconds import FiniteFloatRange
 
 # What a command runs with (rich, the log, the reducer, the runtime, the providers) is
 # imported in the functions that use it: `--help` imports none of it (issue 36,
@@ -31,7 +32,7 @@ TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
         "\b\nExamples:\n"
         "  fanfold mcp --db ~/.local/share/fanfold/fanfold.db --cwd .   # stdio, for a host\n"
         "  fanfold mcp --http --port 8766\n"
-        "  fanfold mcp --ask 'Bash(git push:*)'   # the host decides: approve_request\n"
+        "  fanfold mcp --ask 'Bash(git push:*)' --approval-timeout 600   # the host decides\n"
     ),
 )
 @model_options
@@ -60,6 +61,14 @@ TOKEN_VARIABLE = "FANFOLD_MCP_TOKEN"
     help="A call matching this rule ('Bash(git push:*)') waits for a decision, taken with "
     "approve_request/deny_request; repeatable (with [permissions] ask in fanfold.toml).",
 )
+@click.option(
+    "--approval-timeout",
+    type=FiniteFloatRange(min=0, min_open=True, max=365 * 86400.0),
+    default=None,
+    metavar="SECONDS",
+    help="A call of a delegated tree waiting for a decision longer is denied (default: "
+    "[permissions] approval_timeout, else none: it waits).",
+)
 @tools_option
 @db_option
 def mcp_command(
@@ -72,6 +81,7 @@ def mcp_command(
     http: bool,
     port: int,
     ask_rules: tuple[str, ...],
+    approval_timeout: float | None,
     tool_refs: tuple[str, ...],
     db: Target | None,
 ) -> None:
@@ -110,7 +120,12 @@ def mcp_command(
         for text in ask:
             if isinstance(parse_rule(text), str):
                 raise CliError(f"--ask: {parse_rule(text)}")
-        limits = choice.retry.apply(Limits(max_tokens=max_tokens) if max_tokens else Limits())
+        overrides: dict[str, Any] = {"max_tokens": max_tokens} if max_tokens else {}
+        # Every tree this server starts waits at most this long for a decision.
+        waited = approval_timeout if approval_timeout is not None else choice.approval_timeout
+        if waited is not None:
+            overrides["approval_timeout"] = waited
+        limits = choice.retry.apply(Limits(**overrides))
         agents = agents_in_effect(cwd)
         # The folder's MCP servers' tools are offered to delegated trees too.
         servers = declarations_for(cwd, config_path)

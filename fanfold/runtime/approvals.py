@@ -36,6 +36,8 @@ from fanfold.statemachine import (
     Conversation,
     Event,
     ToolExecuting,
+    ToolResult,
+    ToolResultMessage,
     UserAnswered,
 )
 from fanfold.statemachine.approvals import edited_arguments_problem, question_of
@@ -57,6 +59,16 @@ class UnknownRequest(DecisionError):
 
 class AlreadyDecided(DecisionError):
     """Someone decided this request first: the first decision written wins."""
+
+
+class RequestClosed(UnknownRequest):
+    """The request was closed before this decision could be taken: cancelled, its
+    approval timeout, its tree ended. The decision's row is marked ``stale: ...``
+    with the reason; the message (``CLOSED_BEFORE`` + why) says it."""
+
+
+CLOSED_BEFORE = "the request was closed before your decision: "
+"""How a decision that came too late is told (its row: ``stale: `` + this + why)."""
 
 
 class BadDecision(DecisionError):
@@ -85,6 +97,7 @@ class PendingRequest:
     question: str | None = None
     choices: tuple[str, ...] = ()
     asked_at: float | None = None
+    tool_call_id: str = ""
 
     @property
     def is_question(self) -> bool:
@@ -131,7 +144,83 @@ def open_request(state: Conversation, asked_at: float | None = None) -> PendingR
         question=question,
         choices=choices,
         asked_at=asked_at,
+        tool_call_id=call.id,
     )
+
+
+def closed_why(state: Conversation, tool_call_id: str) -> str:
+    """Why a request closed without a decision, from ``state`` (its conversation
+    after the close): the result its call was given (a cancel's "cancelled: ... it
+    never ran", an approval timeout's "no decision within N s"), or, when none is
+    found, that the request is no longer open."""
+    phase = state.phase
+    results: list[ToolResult] = list(getattr(phase, "results", ()))
+    results += [m.result for m in state.history if isinstance(m, ToolResultMessage)]
+    for result in results:
+        if result.tool_call_id == tool_call_id:
+            return result.content
+    return f"it is no longer open (the conversation is {type(phase).__name__})"
+
+
+def stale_mark(why: str) -> str:
+    """The state a decision's row gets when its request closed before it was taken."""
+    return f"stale: {CLOSED_BEFORE}{why}"
+
+
+def closed_message(mark: str) -> str | None:
+    """What to tell the person whose decision's row is marked ``mark``: None when it
+    was applied (or is still to be taken)."""
+    if not mark.startswith("stale: "):
+        return None
+    text = mark.removeprefix("stale: ")
+    return text if text.startswith(CLOSED_BEFORE) else CLOSED_BEFORE + text
+
+
+_DECISION_TYPES = ("ApprovalGranted", "ApprovalDenied", "UserAnswered")
+
+
+def decided_in_log(store: Any, conversation_id: str, call: int) -> bool:
+    """Whether conversation ``conversation_id``'s log holds a decision event for call
+    ``call`` (a call number is never issued twice in a conversation, and the reducer
+    takes one decision per request: that event is the decision of request
+    ``CONVERSATION:CALL``)."""
+    from fanfold.db.codec import decode_event
+    from fanfold.db.errors import CodecError
+
+    rows = store._query(
+        "SELECT payload FROM events WHERE conversation_id = ? AND type IN (?, ?, ?)",
+        [conversation_id, *_DECISION_TYPES],
+    )
+    for row in rows:
+        try:
+            event = decode_event(row["payload"])
+        except CodecError:
+            continue
+        if getattr(event, "call", None) == call:
+            return True
+    return False
+
+
+def settle(store: Any, decisions: Decisions, request: PendingRequest) -> str:
+    """What became of the decision just written for ``request`` (the writer asks, once
+    its row is in): ``new`` while the request is still open (the runtime holding it,
+    or the next ``fanfold resume``, takes it), ``applied``, or ``stale: ...``. A
+    request the log shows closed without this decision (a cancel or a timeout
+    committed before the row was written: the runtime that closed it found no row to
+    mark) gets its row marked stale here, with the reason, so no decision stays
+    ``new`` for ever and its writer can be told."""
+    state = store.load_state(request.conversation_id)
+    now = open_request(state)
+    if now is not None and now.id == request.id:
+        return decisions.state_of(request.id) or "new"
+    mark = decisions.state_of(request.id) or "new"
+    if mark != "new":
+        return mark
+    if decided_in_log(store, request.conversation_id, request.call):
+        # Its event is committed, the runtime's mark not yet written: it is applied.
+        return "applied"
+    decisions.mark_new(request.id, stale_mark(closed_why(state, request.tool_call_id)))
+    return decisions.state_of(request.id) or "new"
 
 
 def check_decision(
@@ -224,6 +313,14 @@ class Decisions:
                 entry = self._rows.get(request)
                 if entry is not None:
                     self._rows[request] = (entry[0], state)
+
+    def mark_new(self, request: str, state: str) -> None:
+        """Mark ``request``'s row ``state`` only if it is still ``new`` (a row marked
+        already keeps its mark: the first one to see what became of it wins)."""
+        with self._lock:
+            entry = self._rows.get(request)
+            if entry is not None and entry[1] == "new":
+                self._rows[request] = (entry[0], state)
 
     def state_of(self, request: str) -> str | None:
         with self._lock:
@@ -342,6 +439,16 @@ class FileDecisions(Decisions):
                 [(state, request) for request, state in marks],
             )
             conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def mark_new(self, request: str, state: str) -> None:
+        conn = self._connect()
+        try:
+            conn.execute(
+                "UPDATE decisions SET state = ? WHERE request = ? AND state = 'new'",
+                (state, request),
+            )
         finally:
             conn.close()
 
@@ -482,6 +589,16 @@ class PgDecisions(Decisions):
                     conn.execute(
                         "UPDATE decisions SET state = %s WHERE request = %s", [state, request]
                     )
+
+        self._run(update)
+
+    def mark_new(self, request: str, state: str) -> None:
+        def update(conn: Any) -> None:
+            with conn.transaction():
+                conn.execute(
+                    "UPDATE decisions SET state = %s WHERE request = %s AND state = 'new'",
+                    [state, request],
+                )
 
         self._run(update)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import gc
 import heapq
@@ -48,17 +49,21 @@ from fanfold.providers.description import ProviderDescription
 from fanfold.runtime.actor import Actor
 from fanfold.runtime.approvals import (
     ANSWER,
+    CLOSED_BEFORE,
     DENY,
     GRANT,
     Decision,
     Decisions,
     MemoryDecisions,
     PendingRequest,
+    RequestClosed,
     UnknownRequest,
     check_decision,
+    closed_why,
     decisions_of,
     open_request,
     split_request_id,
+    stale_mark,
 )
 from fanfold.runtime.calls import Calls, Gate
 from fanfold.runtime.engine import Engine
@@ -73,6 +78,8 @@ from fanfold.runtime.writer import LogWriter, TreeDropped
 from fanfold.statemachine import (
     SUB_AGENT_PROMPT,
     WORDING,
+    ApprovalDenied,
+    ApprovalGranted,
     AwaitingRetry,
     AwaitingSubAgents,
     CancellingSubAgents,
@@ -97,6 +104,7 @@ from fanfold.statemachine import (
     ToolResult,
     ToolsChanged,
     TurnOutcome,
+    UserAnswered,
     UserMessaged,
     canonical_json,
     spawn_order,
@@ -507,6 +515,9 @@ class Runtime:
         self._open_requests: dict[str, PendingRequest] = {}
         self._request_watchers: list[trio.MemorySendChannel[PendingRequest]] = []
         self._applying: set[str] = set()
+        self._closed_why: dict[str, str] = {}
+        self._unmarked: dict[str, str] = {}  # stale marks not yet written
+        """Why each of the latest requests closed without a decision, by id."""
         self._polling = False
         """Whether the decisions poll runs: only while a request is open (a runtime
         with nothing to decide holds no task for it: test_runtime_tasks.py)."""
@@ -711,6 +722,7 @@ class Runtime:
             if presence is not None:
                 presence.close()
             if runtime is not None:
+                runtime._flush_closed_marks()
                 runtime.decisions.close()
             store.close()
             # The codec memoises the text of the messages it encoded by identity, for
@@ -1653,10 +1665,14 @@ class Runtime:
         self, before: Conversation, after: Conversation, event: Event, effects: tuple[Effect, ...]
     ) -> None:
         """Tell the ``observer`` given to ``open`` of a committed step."""
-        if self._open_requests and type(before.phase) is ToolExecuting:
+        if type(before.phase) is ToolExecuting and before.phase.asking is not None:
             closed = open_request(before)
             if closed is not None and open_request(after) != closed:
                 self._open_requests.pop(closed.id, None)
+                if getattr(event, "call", None) != closed.call or not isinstance(
+                    event, ApprovalGranted | ApprovalDenied | UserAnswered
+                ):
+                    self._closed_without_decision(closed, after)
         if self._observer is not None:
             self._observer(before, after, event, effects)
 
@@ -1678,6 +1694,34 @@ class Runtime:
         if not self._polling:
             self._polling = True
             self._nursery.start_soon(self._poll_decisions)
+
+    def _closed_without_decision(self, request: PendingRequest, after: Conversation) -> None:
+        """``request`` closed without a decision (a cancel, its approval timeout, a
+        fork's edit): a decision row written for it that this runtime has not taken
+        (written just before the close, after the last poll) would stay ``new`` for
+        ever; it is marked stale with the reason, after the close's commit. A row
+        written after this mark is settled by its writer (``approvals.settle``): one
+        of the two always sees the other."""
+        why = closed_why(after, request.tool_call_id)
+        self._closed_why[request.id] = why
+        if len(self._closed_why) > 1000:  # only the latest matter (a racing decision)
+            del self._closed_why[next(iter(self._closed_why))]
+        self._unmarked[request.id] = stale_mark(why)
+        self._nursery.start_soon(self._mark_closed, request.id)
+
+    async def _mark_closed(self, request: str) -> None:
+        mark = self._unmarked.get(request)
+        if mark is not None:
+            await trio.to_thread.run_sync(self.decisions.mark_new, request, mark)
+            self._unmarked.pop(request, None)
+
+    def _flush_closed_marks(self) -> None:
+        """The stale marks a closing runtime had not written yet (its nursery was
+        cancelled first): written now, so none is lost to a run that stops at once."""
+        for request, mark in list(self._unmarked.items()):
+            with contextlib.suppress(Exception):  # a closing runtime reports nothing more
+                self.decisions.mark_new(request, mark)
+        self._unmarked.clear()
 
     def waiting_for_people(self, root_id: str) -> bool:
         """Whether tree ``root_id`` can go on only after a person's decision: it has an
@@ -1782,6 +1826,8 @@ class Runtime:
         key = request if isinstance(request, str) else request.id
         found = self._open_requests.get(key)
         if found is None:
+            if key in self._closed_why:
+                raise RequestClosed(CLOSED_BEFORE + self._closed_why[key])
             raise UnknownRequest(f"no open request {key!r} in this runtime")
         actor = self._actors.get(found.conversation_id)
         if actor is None:
@@ -1795,6 +1841,8 @@ class Runtime:
         finally:
             self._applying.discard(key)
         if problem is not None:
+            if key in self._closed_why:
+                raise RequestClosed(CLOSED_BEFORE + self._closed_why[key])
             raise UnknownRequest(f"request {key!r}: {problem}")
 
     async def _apply_decision(
@@ -1813,7 +1861,10 @@ class Runtime:
             state = "applied"
         except IllegalTransition as exc:
             problem = exc.reason
-            state = f"stale: {exc.reason}"
+            why = self._closed_why.get(decision.request)
+            # Closed before it (a cancel, a timeout committed first): say so, as the
+            # close's own mark does.
+            state = f"stale: {exc.reason}" if why is None else stale_mark(why)
         if marks is not None:
             marks.append((decision.request, state))
         else:

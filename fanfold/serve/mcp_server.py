@@ -14,8 +14,9 @@ Six tools, over one ``Runtime`` and the same database as the CLI:
   returns once it can go on only after one.
 - ``approve_request(request_id, arguments)``, ``deny_request(request_id, reason)``,
   ``answer_request(request_id, text)``: take that decision (a row of the log's
-  decisions table, as ``fanfold approve`` writes: the first decision wins). MCP
-  elicitation (asking the host's user directly) is not used: the host's model relays.
+  decisions table, as ``fanfold approve`` writes: the first decision wins). A host
+  whose client supports MCP elicitation is asked each request directly instead
+  (``elicitation_asker``) while a foreground delegation or a ``wait`` waits.
 
 A delegation is an ordinary tree: written ahead like every other (``fanfold ls``,
 ``show`` and the trace page show it), resumed when the server starts again after a
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from fanfold.db import UnknownConversation
 from fanfold.db.records import Status
 from fanfold.regular_files import kind, read_regular
 from fanfold.runtime import Runtime
+from fanfold.runtime.approvals import PendingRequest
 from fanfold.statemachine import CancelReason, Limits
 from fanfold.statemachine.control_tools import MAX_TASK_CHARS
 from fanfold.statemachine.phases import Error
@@ -125,6 +128,21 @@ class DelegationLedger:
     def roots(self) -> tuple[str, ...]:
         """Every id recorded, oldest first."""
         return tuple(self._ids)
+
+
+Decided = tuple[str, dict[str, Any] | None, str]
+"""A person's decision as elicitation brings it: ``(kind, arguments, text)``, kind
+``grant``, ``deny`` or ``answer``."""
+
+Asker = Callable[[PendingRequest, str], Awaitable[Decided | None]]
+"""Puts one open request to the host's user (MCP elicitation), with why their last
+answer to it was not taken ("" the first time); None: put off (the user cancelled
+the form), left to the host's model and the decision tools."""
+
+
+def _with_not_taken(outcome: dict[str, Any], not_taken: list[str]) -> dict[str, Any]:
+    """``outcome``, with the host's user's answers that were not taken and why."""
+    return {**outcome, "not_taken": not_taken} if not_taken else outcome
 
 
 class DelegationService:
@@ -215,13 +233,15 @@ class DelegationService:
         context: str | None,
         budget: int | None,
         background: bool,
+        asker: Asker | None = None,
     ) -> dict[str, Any]:
-        """``delegate_task``: the result, or the id at once when ``background``."""
+        """``delegate_task``: the result, or the id at once when ``background``.
+        ``asker``: the host's user asked each request (elicitation) while it waits."""
         root_id = await self.start(agent, task, context, budget)
         if background:
             return {"delegation_id": root_id, "status": "running"}
         try:
-            await self.until_rest_or_waiting(root_id)
+            not_taken = await self.until_rest_or_asked(root_id, asker)
         except trio.Cancelled:
             if self.stopping:
                 raise
@@ -232,15 +252,88 @@ class DelegationService:
                 await self.runtime.cancel(root_id, CancelReason.USER)
                 await self.runtime.wait(root_id)
             raise
-        return self.outcome(root_id)
+        return _with_not_taken(self.outcome(root_id), not_taken)
 
-    async def result(self, delegation_id: str, wait: bool) -> dict[str, Any]:
+    async def result(
+        self, delegation_id: str, wait: bool, asker: Asker | None = None
+    ) -> dict[str, Any]:
         """``get_delegation_result``: the status, and the result once at rest."""
         if delegation_id not in self.ledger:
             raise DelegationError(f"{delegation_id!r} is not a delegation of this server")
-        if wait:
-            await self.until_rest_or_waiting(delegation_id)
-        return self.outcome(delegation_id)
+        not_taken = await self.until_rest_or_asked(delegation_id, asker) if wait else []
+        return _with_not_taken(self.outcome(delegation_id), not_taken)
+
+    async def until_rest_or_asked(self, root_id: str, asker: Asker | None) -> list[str]:
+        """``until_rest_or_waiting``; with ``asker`` (a host that supports
+        elicitation), each open request of the tree is then put to the host's user and
+        their decision taken, until the tree is at rest or its requests are left to
+        the host's model (the user cancelled the elicitation: ``get_delegation_result``
+        lists them, ``approve_request`` & co. decide). Returns why each answer that
+        was not taken was not (``REQUEST: why``): the host's user is told."""
+        put_off: set[str] = set()
+        refused: dict[str, int] = {}
+        problems: dict[str, str] = {}
+        not_taken: list[str] = []
+        while True:
+            await self.until_rest_or_waiting(root_id)
+            if asker is None:
+                return not_taken
+            asking = [
+                r for r in self.runtime.pending() if r.tree == root_id and r.id not in put_off
+            ]
+            if not asking:
+                return not_taken
+            for request in asking:
+                if request.id not in {r.id for r in self.runtime.pending()}:
+                    continue  # decided meanwhile (another process, a timeout)
+                closed, decided = await self._ask_while_open(
+                    asker, request, problems.pop(request.id, "")
+                )
+                if closed:
+                    continue  # closed while the form was open: withdrawn
+                if decided is None:
+                    put_off.add(request.id)
+                    continue
+                kind, arguments, text = decided
+                try:
+                    await self.decide(request.id, kind, arguments, text, by="mcp elicitation")
+                except DelegationError as exc:
+                    # Decided elsewhere first, closed (a timeout), or edited arguments
+                    # the schema refuses: the request, if still open, is asked again
+                    # with the reason (three times at most, then left to the host's
+                    # model); the answer is reported as not taken.
+                    not_taken.append(f"{request.id}: {exc}")
+                    problems[request.id] = str(exc)
+                    refused[request.id] = refused.get(request.id, 0) + 1
+                    if refused[request.id] >= 3:
+                        put_off.add(request.id)
+
+    async def _ask_while_open(
+        self, asker: Asker, request: PendingRequest, last: str
+    ) -> tuple[bool, Decided | None]:
+        """``asker(request, last)``, withdrawn (the elicitation's request cancelled:
+        the host closes its form) once ``request`` is no longer open here (decided
+        elsewhere, its approval timeout, a cancel). Returns (closed meanwhile, the
+        answer)."""
+        done = False
+        scope = trio.CancelScope()
+
+        async def watch() -> None:
+            # A system task, not a nursery's: a cancel of the tool call must reach
+            # ``delegate`` as a plain Cancelled (see until_rest_or_waiting).
+            while not done:
+                if not any(r.id == request.id for r in self.runtime.pending()):
+                    scope.cancel()
+                    return
+                await trio.sleep(WAITING_POLL)
+
+        trio.lowlevel.spawn_system_task(watch)
+        try:
+            with scope:
+                return False, await asker(request, last)
+        finally:
+            done = True
+        return True, None
 
     async def until_rest_or_waiting(self, root_id: str) -> None:
         """Wait until tree ``root_id`` is at rest, or can go on only after a person's
@@ -275,7 +368,12 @@ class DelegationService:
         ]
 
     async def decide(
-        self, request_id: str, kind: str, arguments: dict[str, Any] | None, text: str
+        self,
+        request_id: str,
+        kind: str,
+        arguments: dict[str, Any] | None,
+        text: str,
+        by: str = "mcp",
     ) -> dict[str, Any]:
         """``approve_request``/``deny_request``/``answer_request``: the decision is
         written (first writer wins) and turned into its event; returns the
@@ -290,11 +388,11 @@ class DelegationService:
             )
         try:
             if kind == "grant":
-                await self.runtime.approve(found, arguments, by="mcp")
+                await self.runtime.approve(found, arguments, by=by)
             elif kind == "deny":
-                await self.runtime.deny(found, text, by="mcp")
+                await self.runtime.deny(found, text, by=by)
             else:
-                await self.runtime.answer(found, text, by="mcp")
+                await self.runtime.answer(found, text, by=by)
         except DecisionError as exc:
             raise DelegationError(str(exc)) from None
         return self.outcome(found.tree)
@@ -341,10 +439,88 @@ def _limits_fields(limits: Limits) -> dict[str, Any]:
     return attrs.asdict(limits, recurse=False)
 
 
+ELICIT_TRIES = 3
+"""How often a form whose edited arguments are not a JSON object is put again."""
+
+
+def elicitation_asker(ctx: Any) -> Asker | None:
+    """The ``Asker`` that puts a request to the host's user through MCP elicitation
+    (``elicitation/create``, form mode, on the tool call's own request), or None when
+    the host declared no elicitation support (then ``get_delegation_result`` lists
+    the requests and the host's model decides with ``approve_request`` & co.).
+
+    An approval request is a form ``{approve, reason?, arguments?}`` (``arguments``: a
+    JSON object to run the call with instead, checked as ``approve_request``'s);
+    declining the form denies the call ("declined by the user"). A question is a form
+    ``{answer}`` (its choices in the message); declining it declines to answer.
+    Cancelling the form puts the request off: it is left open for the host's model."""
+    import json
+
+    from pydantic import BaseModel, Field
+
+    capabilities = ctx.client_capabilities
+    if capabilities is None or capabilities.elicitation is None:
+        return None
+
+    class Approval(BaseModel):
+        approve: bool = Field(description="Run the call (true) or deny it (false).")
+        reason: str = Field(default="", description="Why, if you deny it (the agent reads it).")
+        arguments: str = Field(
+            default="", description="Optional: a JSON object to run the call with instead."
+        )
+
+    class Answer(BaseModel):
+        answer: str = Field(description="Your answer (the agent reads it).")
+
+    async def ask(request: PendingRequest, last: str) -> Decided | None:
+        if request.question is not None:
+            choices = f" (choices: {' | '.join(request.choices)})" if request.choices else ""
+            again = f" (your last answer was not taken: {last})" if last else ""
+            message = (
+                f"fanfold: agent {request.path} asks ({request.id}): "
+                f"{request.question}{choices}{again}"
+            )
+            answered = await ctx.elicit(message, Answer)
+            if answered.action == "accept":
+                return ("answer", None, answered.data.answer)
+            if answered.action == "decline":
+                return ("deny", None, "the user declined to answer")
+            return None
+        problem = f" (your last answer was not taken: {last})" if last else ""
+        for _ in range(ELICIT_TRIES):
+            message = (
+                f"fanfold: agent {request.path} wants to run {request.tool} "
+                f"{request.arguments_json} ({request.rule}; request {request.id}). "
+                f"Approve it?{problem}"
+            )
+            decided = await ctx.elicit(message, Approval)
+            if decided.action == "decline":
+                return ("deny", None, "declined by the user")
+            if decided.action != "accept":
+                return None
+            data = decided.data
+            if not data.approve:
+                return ("deny", None, data.reason.strip() or "no reason given")
+            if not data.arguments.strip():
+                return ("grant", None, "")
+            try:
+                edited = json.loads(data.arguments)
+            except ValueError as exc:
+                problem = f" (your arguments were not JSON: {exc}; try again)"
+                continue
+            if not isinstance(edited, dict):
+                problem = " (the arguments must be a JSON object; try again)"
+                continue
+            return ("grant", edited, "")
+        return None
+
+    return ask
+
+
 def mcp_server(service: DelegationService) -> Any:
     """The MCP server (the SDK's ``MCPServer``) offering the six tools over
     ``service``. Refusals are tool errors (``isError``), one line each."""
-    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp_types import ToolAnnotations
 
@@ -354,7 +530,8 @@ def mcp_server(service: DelegationService) -> Any:
             "Delegate work to fanfold's durable trees of sub-agents: list_sub_agents, "
             "then delegate_task (background: true returns an id at once; "
             "get_delegation_result reads it). A delegation waiting for a person's "
-            "decision lists its requests: approve_request, deny_request or "
+            "decision asks your user (elicitation) if your client supports it; "
+            "otherwise it lists its requests: approve_request, deny_request or "
             "answer_request takes it."
         ),
         log_level="WARNING",
@@ -366,6 +543,7 @@ def mcp_server(service: DelegationService) -> Any:
         context: str | None = None,
         budget: int | None = None,
         background: bool = False,
+        ctx: Any = None,
     ) -> dict[str, Any]:
         """Hand a task to a fanfold agent (a durable tree of sub-agents).
 
@@ -377,7 +555,8 @@ def mcp_server(service: DelegationService) -> Any:
             background: Return the delegation's id at once instead of waiting.
         """
         try:
-            return await service.delegate(agent, task, context, budget, background)
+            asker = None if ctx is None else elicitation_asker(ctx)
+            return await service.delegate(agent, task, context, budget, background, asker)
         except DelegationError as exc:
             raise ToolError(str(exc)) from None
 
@@ -385,7 +564,9 @@ def mcp_server(service: DelegationService) -> Any:
         """The agents delegate_task can hand work to, with what each is for."""
         return service.sub_agents()
 
-    async def get_delegation_result(delegation_id: str, wait: bool = False) -> dict[str, Any]:
+    async def get_delegation_result(
+        delegation_id: str, wait: bool = False, ctx: Any = None
+    ) -> dict[str, Any]:
         """The status of a delegation and, once it has ended, its result.
 
         Args:
@@ -393,7 +574,8 @@ def mcp_server(service: DelegationService) -> Any:
             wait: Wait until the delegation has ended.
         """
         try:
-            return await service.result(delegation_id, wait)
+            asker = None if ctx is None or not wait else elicitation_asker(ctx)
+            return await service.result(delegation_id, wait, asker)
         except DelegationError as exc:
             raise ToolError(str(exc)) from None
 
@@ -435,6 +617,10 @@ def mcp_server(service: DelegationService) -> Any:
         except DelegationError as exc:
             raise ToolError(str(exc)) from None
 
+    # The SDK hands a tool its request's Context through a parameter annotated with
+    # the class (read with get_type_hints): set here, where the SDK is imported.
+    delegate_task.__annotations__["ctx"] = Context
+    get_delegation_result.__annotations__["ctx"] = Context
     server.add_tool(delegate_task)
     server.add_tool(list_sub_agents, annotations=ToolAnnotations(read_only_hint=True))
     server.add_tool(get_delegation_result, annotations=ToolAnnotations(read_only_hint=True))

@@ -22,7 +22,9 @@ edited ``arguments``, a ``reason`` or the answer's ``text``). A decision is writ
 ``fanfold approve`` writes it: a row of the log's ``decisions`` table
 (``fanfold.runtime.approvals.FileDecisions``), after the same check
 (``check_decision``), with ``by`` "ui"; the runtime that holds the request takes it.
-That row is the only thing the server ever writes.
+A fourth, ``/api/approve-all`` (the page's "Approve all" button), grants every open
+approval request of ``{"requests": [ID, ...]}`` (those the page shows) in one
+transaction. Those rows are the only thing the server ever writes.
 
 Every answer carries ``X-Content-Type-Options: nosniff``; ids from the URL are only
 ever looked up, never put in markup (pages embed them as escaped JSON data).
@@ -48,6 +50,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -68,8 +71,11 @@ from fanfold.runtime.approvals import (
     BadDecision,
     Decision,
     FileDecisions,
+    PendingRequest,
     check_decision,
+    closed_message,
     open_request,
+    settle,
     split_request_id,
 )
 from fanfold.trace.build import build_trace
@@ -131,6 +137,10 @@ class DecisionRefused(Exception):
 
 
 _DECIDE = {"/api/approve": GRANT, "/api/deny": DENY, "/api/answer": ANSWER}
+APPROVE_ALL = "/api/approve-all"
+"""The "approve all" button's route: ``{"requests": [ID, ...]}``."""
+MAX_APPROVE_ALL = 10_000
+"""The most requests one "approve all" names."""
 _MAX_BODY = 256 * 1024  # edited arguments are a tool call's: large enough, bounded
 
 
@@ -243,7 +253,65 @@ class TraceServer:
             raise DecisionRefused(400, str(exc)) from None
         except AlreadyDecided as exc:
             raise DecisionRefused(409, str(exc)) from None
-        return {"request": request_id, "kind": kind, "written": True}
+        # A cancel or a timeout committed between our look and our write: the row is
+        # marked stale (``settle``) and the person told, never "written".
+        with open_store(self.db, read_only=True) as store:
+            mark = settle(store, table, request)
+        message = closed_message(mark)
+        if message is not None:
+            raise DecisionRefused(409, message)
+        return {"request": request_id, "kind": kind, "written": True, "state": mark}
+
+    def _decide_all(self, body: Any) -> dict[str, Any]:
+        """ "Approve all" (a worker thread): grant each request ``body["requests"]``
+        names (the open ones the page shows: never one asked after the person
+        looked) that is still an open approval request, in one transaction, as
+        ``fanfold approve --all`` does. Returns what became of each; DecisionRefused
+        when none could be approved (then nothing was written)."""
+        ids = body.get("requests") if isinstance(body, dict) else None
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or len(ids) > MAX_APPROVE_ALL
+            or not all(isinstance(i, str) for i in ids)
+        ):
+            raise DecisionRefused(
+                400, f"approve all names its requests: a list of 1 to {MAX_APPROVE_ALL} ids"
+            )
+        if isinstance(self.db, str) and "://" in self.db:
+            raise DecisionRefused(400, "decisions from the web page need an SQLite log for now")
+        chosen: list[PendingRequest] = []
+        not_open: list[str] = []
+        with open_store(self.db, read_only=True) as store:
+            for request_id in dict.fromkeys(ids):
+                split = split_request_id(request_id)
+                try:
+                    state = None if split is None else store.load_state(split[0])
+                except UnknownConversation:
+                    state = None
+                request = None if state is None else open_request(state)
+                if request is None or request.id != request_id or request.is_question:
+                    not_open.append(request_id)  # closed, unknown, or a question
+                else:
+                    chosen.append(request)
+        if not chosen:
+            raise DecisionRefused(404, "none of these is an open request for approval")
+        now = time.time()
+        table = FileDecisions(self.db)
+        taken = table.write_many([Decision(r.id, GRANT, None, "", "ui", now) for r in chosen])
+        written = [r for r in chosen if r.id not in taken]
+        closed: dict[str, str] = {}
+        with open_store(self.db, read_only=True) as store:
+            for request in written:
+                message = closed_message(settle(store, table, request))
+                if message is not None:
+                    closed[request.id] = message
+        return {
+            "approved": [r.id for r in written if r.id not in closed],
+            "closed": closed,
+            "decided_already": taken,
+            "not_open": not_open,
+        }
 
     def _version(self, tree: str | None) -> Any:
         def version(store: Store) -> Any:
@@ -280,8 +348,8 @@ class TraceServer:
             await self._plain(send, 403, refused)
             return
         path = scope["path"]  # ASGI gives it percent-decoded
-        if scope["method"] == "POST" and path in _DECIDE:
-            await self._post(scope, _DECIDE[path], receive, send)
+        if scope["method"] == "POST" and (path in _DECIDE or path == APPROVE_ALL):
+            await self._post(scope, _DECIDE.get(path, APPROVE_ALL), receive, send)
             return
         if scope["method"] not in ("GET", "HEAD"):
             await self._plain(send, 405, "only GET is served (and POST of a decision)")
@@ -341,7 +409,8 @@ class TraceServer:
             await self._plain(send, 400, "a decision is a JSON object")
             return
         try:
-            answer = await trio.to_thread.run_sync(self._decide, kind, body)
+            decide = self._decide_all if kind == APPROVE_ALL else partial(self._decide, kind)
+            answer = await trio.to_thread.run_sync(decide, body)
         except DecisionRefused as exc:
             await self._plain(send, exc.status, str(exc))
             return

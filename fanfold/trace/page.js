@@ -154,13 +154,41 @@
       if (f === document.activeElement) focused = fieldKey(f);
     }
     box.replaceChildren(el("h2", { text: open + " open request(s) for a decision, " +
-      (all.length - open) + " closed" }), ...all.map(([a, r]) => requestNode(a, r)));
+      (all.length - open) + " closed" }), ...approveAll(all), ...all.map(([a, r]) => requestNode(a, r)));
     box.hidden = false;
     for (const f of fields()) {
       const key = fieldKey(f);
       if (typed.has(key)) f.value = typed.get(key);
       if (key === focused) f.focus();
     }
+  }
+
+  // "Approve all": one POST granting every open approval request shown here (the
+  // ids the page shows: never one asked after the person looked); questions are
+  // left to be answered.
+  function approveAll(all) {
+    const ids = all.filter(([, r]) => r.open && !r.decision && r.question === null).map(([, r]) => r.id);
+    if (!live || ids.length < 2) return [];
+    const status = el("span", { class: "decide-status", role: "status" });
+    const button = el("button", { id: "approve-all", class: "btn approve",
+      text: "Approve all " + ids.length + " open call(s)" });
+    button.addEventListener("click", () => {
+      button.disabled = true;
+      status.textContent = "sending…";
+      fetch("/api/approve-all", { method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ requests: ids }), credentials: "same-origin" })
+        .then((answer) => answer.text().then((text) => {
+          if (!answer.ok) { status.textContent = "not written: " + text; button.disabled = false; return; }
+          const done = JSON.parse(text);
+          const missed = Object.entries(done.closed).map(([id, why]) => id + ": " + why)
+            .concat(done.decided_already.map((id) => id + ": decided already"),
+              done.not_open.map((id) => id + ": no longer open"));
+          status.textContent = done.approved.length + " approved: the run takes them within a moment" +
+            (missed.length ? "; not approved: " + missed.join("; ") : "");
+        }))
+        .catch((e) => { status.textContent = "not sent: " + e; button.disabled = false; });
+    });
+    return [el("div", { class: "decide" }, button, " ", status)];
   }
 
   function requestNode(agent, r) {
