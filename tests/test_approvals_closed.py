@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from runtime_helpers import open_runtime, reply, script
 
 import fanfold.cli.approvals as cli_approvals
-import fanfold.trace.server as trace_server
+import fanfold.serve.ui_server as trace_server
 from fanfold.cli import cli
 from fanfold.db import Store
 from fanfold.runtime import Runtime
@@ -33,7 +33,7 @@ from fanfold.runtime.approvals import (
     RequestClosed,
     settle,
 )
-from fanfold.trace.server import DecisionRefused, TraceServer
+from fanfold.serve.ui_server import DecisionRefused, TraceServer
 
 CANCELLED = "cancelled: the conversation was cancelled while this call waited"
 UI_TOKEN = "t" * 32

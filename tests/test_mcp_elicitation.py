@@ -150,7 +150,7 @@ async def test_a_form_still_open_is_withdrawn_when_its_request_closes(tmp_path: 
     request cancelled), and the foreground delegation answers."""
     from runtime_helpers import open_runtime, reply, script
 
-    from fanfold.mcp.server import DelegationLedger, DelegationService
+    from fanfold.serve.mcp_server import DelegationLedger, DelegationService
     from fanfold.statemachine import Limits
 
     limits = Limits(approval_timeout=0.5)

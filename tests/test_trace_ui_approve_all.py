@@ -16,7 +16,7 @@ from approval_ui_helpers import waiting_log
 from test_trace_ui_approvals import ours, rows
 from trace_helpers import UI_TOKEN, ui_cookie
 
-from fanfold.trace.server import MAX_APPROVE_ALL, TraceServer, serve
+from fanfold.serve.ui_server import MAX_APPROVE_ALL, TraceServer, serve
 
 pytest.importorskip("hypercorn", reason="fanfold ui needs the ui extra: pip install -e '.[ui]'")
 
