@@ -83,6 +83,12 @@ from fanfold.statemachine.state import tree_path as place_in_tree
 from fanfold.tools.progress import CURRENT_CALL
 
 
+class NotRunning(LookupError):
+    """The conversation exists but is not loaded in this runtime (also
+    ``fanfold.runtime.runtime.NotRunning``: defined here so the actor, which raises it
+    for an unloaded tree, imports nothing above it)."""
+
+
 @attrs.define
 class _Submission:
     """An event from the API, whose caller waits to hear whether it was accepted."""
@@ -222,8 +228,6 @@ class Actor:
             if self._dropped is not None:
                 raise TreeDropped(self._dropped)
             if self._unloaded:  # parked: its tree waits for people, in the log only
-                from fanfold.runtime.runtime import NotRunning
-
                 raise NotRunning(f"conversation {self.state.id!r} was unloaded while waiting")
             if self._at_rest_event is None:
                 self._at_rest_event = trio.Event()

@@ -46,7 +46,7 @@ from fanfold.db.fingerprint import clear_cache as clear_fingerprint_cache
 from fanfold.db.provenance import Origin, TreeRecord, UntrustedTree, UserKey, refusal
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.providers.description import ProviderDescription
-from fanfold.runtime.actor import Actor
+from fanfold.runtime.actor import Actor, NotRunning
 from fanfold.runtime.approvals import (
     ANSWER,
     CLOSED_BEFORE,
@@ -237,10 +237,6 @@ def _environment_failure(exc: BaseException) -> bool:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-class NotRunning(LookupError):
-    """The conversation exists but is not loaded in this runtime."""
 
 
 @attrs.frozen
