@@ -35,6 +35,7 @@ import attrs
 import httpx
 
 from fanfold.providers.base import ProviderError
+from fanfold.providers.h11pool import H11Pool
 from fanfold.providers.http import (
     DEFAULT_SETTINGS,
     DEFAULT_TIMEOUTS,
@@ -582,6 +583,7 @@ class AnthropicProvider(HttpProvider):
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         profile: str | None = None,
+        pool: H11Pool | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url,
@@ -595,6 +597,7 @@ class AnthropicProvider(HttpProvider):
             client=client,
             clock=clock,
             profile=profile,
+            pool=pool,
         )
 
     @property

@@ -37,6 +37,7 @@ import attrs
 import httpx
 
 from fanfold.providers.base import ProviderError
+from fanfold.providers.h11pool import H11Pool
 from fanfold.providers.http import (
     DEFAULT_SETTINGS,
     DEFAULT_TIMEOUTS,
@@ -549,6 +550,7 @@ class OpenAIProvider(HttpProvider):
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         profile: str | None = None,
+        pool: H11Pool | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url,
@@ -562,6 +564,7 @@ class OpenAIProvider(HttpProvider):
             client=client,
             clock=clock,
             profile=profile,
+            pool=pool,
         )
         self.max_tokens_param = max_tokens_param
         # OpenAI's own hosts refuse a tool description over 1,024 characters; other

@@ -1,0 +1,414 @@
+"""HTTP/1.1 model calls driven over h11 directly, on Trio streams (issue 36).
+
+The HTTP providers' own path for ``http://`` and ``https://`` URLs: a call takes an
+idle connection of its origin (or opens one: TCP, then TLS with a verified context),
+writes its request head (built once per provider) and body in one send, and reads the
+reply through an ``h11.Connection``; a reply read to its end gives the connection
+back for the next call. No httpx ``Request``/``Response``, no httpcore pool (which
+walked every connection and polled each idle one's socket on each request and each
+release): a call's cost is its own bytes and the h11 state of one connection.
+
+Failures are raised as the httpx exceptions httpx would raise for them
+(``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout``,
+``RemoteProtocolError``, ``ReadError``, ``WriteError``), so the providers map them to
+``ProviderError`` by one table whichever path made the call. httpx's exception classes
+are all this module takes from httpx.
+
+Timeouts are httpx's: ``connect`` for the TCP connect and the TLS handshake, ``read``
+between two reads (and for each write). The wait for a slot (``H11Pool.slots``) is no
+part of any of them. Cancellation (a total deadline, a cancelled conversation) closes
+the connection the call was using; it is never reused half-read.
+
+A kept-alive connection the server has closed meanwhile is found before it is used (a
+non-blocking ``select`` of its socket: readable when idle means closed, or junk) and dropped.
+If a reused connection breaks anyway before a single byte of the reply arrived (the
+server closed it as the request went out), the call is sent once more on a fresh
+connection: the server read at most a request it dropped unanswered.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import ssl
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import h11
+import httpx
+import trio
+
+from fanfold.providers.settings import POOL_SIZE
+
+_log = logging.getLogger(__name__)
+
+KEEP_ALIVE: Final = POOL_SIZE
+"""Idle connections an ``H11Pool`` keeps (all origins together). Taking one is a pop
+from its origin's list, so keeping many costs nothing per call."""
+
+KEEP_ALIVE_EXPIRY: Final = 5.0
+"""Seconds an idle connection is kept (httpx's default): servers close idle
+connections after a few seconds, and one closed meanwhile would cost a retry."""
+
+RECEIVE_BYTES: Final = 65536
+
+
+class Origin:
+    """Where one provider's calls go, and their request head, built once."""
+
+    __slots__ = ("head", "host", "key", "port", "tls", "url")
+
+    def __init__(self, scheme: str, host: str, port: int, head: bytes, url: str) -> None:
+        self.url = url
+        """The URL for logs, without user, password, query or fragment."""
+        self.tls = scheme == "https"
+        self.host = host
+        self.port = port
+        self.key = (scheme, host, port)
+        self.head = head
+        """The request's head without its Content-Length line and the blank line."""
+
+
+def request_head(target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``POST target`` with ``headers`` (and Content-Length added per call), as bytes.
+
+    Validated by h11 once (names, values, target: ``h11.LocalProtocolError``) and
+    written as h11 writes a request, so that each call needs only its length added."""
+    h11.Request(method=b"POST", target=target, headers=[*headers, (b"content-length", b"0")])
+    lines = [b"POST " + target + b" HTTP/1.1\r\n"]
+    lines.extend(name + b": " + value + b"\r\n" for name, value in headers)
+    return b"".join(lines)
+
+
+class _Connection:
+    __slots__ = ("h11", "idle_since", "sock", "stream")
+
+    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType) -> None:
+        self.stream = stream
+        self.sock = sock
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
+
+    def usable(self, now: float) -> bool:
+        """True if this idle connection may take a request: not expired, and its
+        socket has nothing to read (a closed connection reads as EOF)."""
+        if now - self.idle_since > KEEP_ALIVE_EXPIRY:
+            return False
+        try:
+            readable, _, _ = select.select((self.sock.fileno(),), (), (), 0)
+        except (OSError, ValueError):
+            return False
+        return not readable  # readable: EOF, or bytes nobody asked for
+
+
+def _close(conn: _Connection) -> None:
+    # Closing the socket closes the connection whatever the stream over it (TLS: no
+    # close_notify, as httpcore does for a connection dropped from its pool).
+    conn.sock.close()
+
+
+class H11Pool:
+    """Connections for the HTTP providers' calls, shared by every provider using it.
+
+    ``slots``: ``POOL_SIZE`` calls at once; a call holds one from before its request
+    is built until its reply is read (``HttpProvider.complete``), so no call ever waits
+    inside the pool and the pool never holds more than ``POOL_SIZE`` connections.
+    """
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.slots = trio.CapacityLimiter(POOL_SIZE)
+        self._ssl_context = ssl_context
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._idle_count = 0
+        self.connects = 0
+        """Connections opened so far (tests and benchmarks read it)."""
+
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            from fanfold.providers.http import default_ssl_context
+
+            self._ssl_context = default_ssl_context()
+        return self._ssl_context
+
+    def _take_idle(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin.key)
+        if not idle:
+            return None
+        now = trio.current_time()
+        while idle:
+            conn = idle.pop()
+            self._idle_count -= 1
+            if conn.usable(now):
+                return conn
+            _close(conn)
+        return None
+
+    def _give_back(self, origin: Origin, conn: _Connection) -> None:
+        if self._idle_count >= KEEP_ALIVE:
+            _close(conn)
+            return
+        conn.idle_since = trio.current_time()
+        self._idle.setdefault(origin.key, []).append(conn)
+        self._idle_count += 1
+
+    async def _connect(self, origin: Origin, timeout: float) -> _Connection:
+        with trio.move_on_after(timeout) as scope:
+            try:
+                tcp = await trio.open_tcp_stream(origin.host, origin.port)
+            except OSError as exc:
+                raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+            stream: trio.abc.Stream = tcp
+            if origin.tls:
+                tls = trio.SSLStream(
+                    tcp, self._context(), server_hostname=origin.host, https_compatible=True
+                )
+                try:
+                    await tls.do_handshake()
+                except trio.BrokenResourceError as exc:
+                    tcp.socket.close()
+                    cause = exc.__cause__ or exc
+                    raise httpx.ConnectError(str(cause) or type(cause).__name__) from cause
+                except BaseException:
+                    tcp.socket.close()
+                    raise
+                stream = tls
+            self.connects += 1
+            _log.debug("connected to %s:%d (%s)", origin.host, origin.port, origin.key[0])
+            return _Connection(stream, tcp.socket)
+        assert scope.cancelled_caught
+        raise httpx.ConnectTimeout(f"no connection within {timeout}s")
+
+    async def send(
+        self,
+        origin: Origin,
+        body: tuple[bytes, ...],
+        length: int,
+        connect: float,
+        read: float,
+    ) -> Exchange:
+        """Send one POST of ``body`` (``length`` bytes in parts) to ``origin`` and read
+        the reply's status and headers. Raises httpx's exceptions (see the module)."""
+        data = b"".join(
+            (origin.head, b"content-length: ", str(length).encode(), b"\r\n\r\n", *body)
+        )
+        conn = self._take_idle(origin)
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = await self._connect(origin, connect)
+            exchange = Exchange(self, origin, conn, read)
+            try:
+                await exchange.start(data, reused)
+            except _Stale:
+                # A reused connection closed under the request: once more on a new one.
+                exchange.abandon()
+                conn = None
+                reused = False
+                continue
+            except BaseException:
+                exchange.abandon()
+                raise
+            return exchange
+
+    async def aclose(self) -> None:
+        """Close every idle connection (calls in progress close theirs when done)."""
+        for idle in self._idle.values():
+            for conn in idle:
+                _close(conn)
+        self._idle.clear()
+        self._idle_count = 0
+        await trio.lowlevel.checkpoint()
+
+
+_A_POST = h11.Request(
+    method=b"POST", target=b"/", headers=[(b"host", b"-"), (b"content-length", b"0")]
+)
+_END = h11.EndOfMessage()
+
+
+class _Stale(Exception):
+    """A reused connection broke before any byte of the reply arrived."""
+
+
+class Exchange:
+    """One request and its reply on one connection: the status and headers once
+    ``H11Pool.send`` returns, then the body (``read_all``, ``read_into``); ``release``
+    (always, in a ``finally``) gives the connection back if the reply was read to its
+    end, and closes it otherwise."""
+
+    __slots__ = ("_conn", "_decoder", "_origin", "_pool", "_read", "headers", "status")
+
+    def __init__(self, pool: H11Pool, origin: Origin, conn: _Connection, read: float) -> None:
+        self._pool = pool
+        self._origin = origin
+        self._conn: _Connection | None = conn
+        self._read = read
+        self._decoder: zlib._Decompress | None = None
+        self.status = 0
+        self.headers: Sequence[tuple[bytes, bytes]] = ()
+        """The reply's headers, names in lower case."""
+
+    async def start(self, data: bytes, reused: bool) -> None:
+        """Write the request, read the reply's head (raises ``_Stale`` for a reused
+        connection that broke before answering)."""
+        conn = self._conn
+        assert conn is not None
+        machine = conn.h11
+        # h11 only needs to know that a POST without ``Connection: close`` went out
+        # (the reply's framing and keep-alive follow from that): it is told so with one
+        # shared event, and the bytes written are the provider's own head.
+        machine.send(_A_POST)
+        machine.send(_END)
+        with trio.CancelScope(deadline=trio.current_time() + self._read) as scope:
+            try:
+                await conn.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                if reused:
+                    raise _Stale from None
+                raise httpx.WriteError(str(exc.__cause__ or exc) or "write failed") from exc
+        if scope.cancelled_caught:
+            raise httpx.WriteTimeout(f"could not send the request within {self._read}s")
+        while True:
+            event = await self._next(stale=reused)
+            if isinstance(event, h11.Response):
+                if _log.isEnabledFor(logging.DEBUG):
+                    _log.debug("HTTP Request: POST %s %d", self._origin.url, event.status_code)
+                self.status = event.status_code
+                self.headers = event.headers
+                self._set_decoder()
+                return
+            if not isinstance(event, h11.InformationalResponse):
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    def _set_decoder(self) -> None:
+        for name, value in self.headers:
+            if name == b"content-encoding":
+                coding = value.strip().lower()
+                if coding in (b"gzip", b"x-gzip"):
+                    self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                elif coding == b"deflate":
+                    self._decoder = zlib.decompressobj()
+                elif coding not in (b"", b"identity"):
+                    raise httpx.DecodingError(f"unsupported content-encoding {coding!r}")
+
+    def header(self, name: bytes) -> str:
+        """The value of the reply's header ``name`` (lower case), or ''."""
+        for key, value in self.headers:
+            if key == name:
+                return value.decode("latin-1")
+        return ""
+
+    def header_map(self) -> dict[str, str]:
+        """The reply's headers by lower-case name (repeated ones joined by ', ')."""
+        found: dict[str, str] = {}
+        for key, value in self.headers:
+            name = key.decode("latin-1")
+            text = value.decode("latin-1")
+            found[name] = f"{found[name]}, {text}" if name in found else text
+        return found
+
+    async def _next(self, stale: bool = False) -> object:
+        """The next h11 event, reading (within the read timeout) as needed."""
+        conn = self._conn
+        assert conn is not None
+        machine = conn.h11
+        while True:
+            try:
+                event = machine.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from None
+            if event is not h11.NEED_DATA:
+                return event
+            with trio.CancelScope(deadline=trio.current_time() + self._read) as scope:
+                try:
+                    data = await conn.stream.receive_some(RECEIVE_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    if stale:
+                        raise _Stale from None
+                    raise httpx.ReadError(str(exc.__cause__ or exc) or "read failed") from exc
+            if scope.cancelled_caught:
+                raise httpx.ReadTimeout(f"no data from the server for {self._read}s")
+            if not data and stale:
+                raise _Stale
+            stale = False
+            machine.receive_data(bytes(data))
+
+    def _decoded(self, data: bytes) -> bytes:
+        if self._decoder is None:
+            return data
+        try:
+            return self._decoder.decompress(data)
+        except zlib.error as exc:
+            raise httpx.DecodingError(str(exc)) from None
+
+    async def read_all(self) -> bytes:
+        """The reply's whole body."""
+        parts: list[bytes] = []
+
+        def keep(chunk: bytes) -> bool:
+            parts.append(chunk)
+            return False
+
+        await self.read_into(keep)
+        return b"".join(parts)
+
+    async def read_into(self, feed: Callable[[bytes], bool | None]) -> bool:
+        """Feed the body's chunks to ``feed`` until it returns True (then False is
+        returned: the body is not read to its end) or the body ends (True)."""
+        while True:
+            event = await self._next()
+            if isinstance(event, h11.Data):
+                if feed(self._decoded(bytes(event.data))):
+                    return False
+            elif isinstance(event, h11.EndOfMessage):
+                if self._decoder is not None:
+                    tail = self._decoder.flush()
+                    if tail:
+                        feed(tail)
+                self._finished()
+                return True
+            else:
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body"
+                )
+
+    async def drain(self, max_bytes: int, seconds: float) -> None:
+        """Read the rest of a body nobody needs (so the connection is reused): at most
+        ``max_bytes`` within ``seconds``, else the connection is closed at release."""
+        read = 0
+
+        def count(chunk: bytes) -> bool:
+            nonlocal read
+            read += len(chunk)
+            return read > max_bytes
+
+        with trio.move_on_after(seconds):
+            try:
+                await self.read_into(count)
+            except httpx.HTTPError:
+                return
+
+    def _finished(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        machine = conn.h11
+        if machine.our_state is h11.DONE and machine.their_state is h11.DONE:
+            try:
+                machine.start_next_cycle()
+            except h11.LocalProtocolError:
+                return
+            self._conn = None
+            self._pool._give_back(self._origin, conn)
+
+    def abandon(self) -> None:
+        """Close the connection unless it went back to the pool."""
+        if self._conn is not None:
+            _close(self._conn)
+            self._conn = None
+
+    def release(self) -> None:
+        """Done with this exchange: the connection is back in the pool if its reply
+        was read to the end, else closed."""
+        self.abandon()
