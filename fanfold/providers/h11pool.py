@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import select
+import socket
 import ssl
 import zlib
 from collections.abc import Callable, Sequence
@@ -82,11 +83,19 @@ def request_head(target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 class _Connection:
-    __slots__ = ("h11", "idle_since", "sock", "stream")
+    """One connection: a non-blocking socket read and written directly (plain TCP: no
+    Trio stream, and a timer only when a read or write has to wait), or a
+    ``trio.SSLStream`` over it (TLS)."""
 
-    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType) -> None:
-        self.stream = stream
+    __slots__ = ("h11", "idle_since", "sock", "tls")
+
+    def __init__(
+        self,
+        sock: socket.socket | trio.socket.SocketType,
+        tls: trio.SSLStream[trio.SocketStream] | None,
+    ) -> None:
         self.sock = sock
+        self.tls = tls
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
 
@@ -96,15 +105,62 @@ class _Connection:
         if now - self.idle_since > KEEP_ALIVE_EXPIRY:
             return False
         try:
-            readable, _, _ = select.select((self.sock.fileno(),), (), (), 0)
+            readable, _, _ = select.select((self.sock,), (), (), 0)
         except (OSError, ValueError):
             return False
         return not readable  # readable: EOF, or bytes nobody asked for
+
+    async def send_all(self, data: bytes, timeout: float) -> None:
+        """Write ``data``; ``httpx.WriteTimeout`` if a write waits ``timeout`` s;
+        ``OSError`` or ``trio.BrokenResourceError`` if the connection broke."""
+        if self.tls is not None:
+            with trio.move_on_after(timeout) as scope:
+                await self.tls.send_all(data)
+            if scope.cancelled_caught:
+                raise httpx.WriteTimeout(f"could not send the request within {timeout}s")
+            return
+        sock = self.sock
+        assert isinstance(sock, socket.socket)
+        while data:
+            try:
+                sent = sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            data = data[sent:]
+            if data:
+                with trio.move_on_after(timeout) as scope:
+                    await trio.lowlevel.wait_writable(sock)
+                if scope.cancelled_caught:
+                    raise httpx.WriteTimeout(f"could not send the request within {timeout}s")
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def receive(self, timeout: float) -> bytes:
+        """Bytes read (b'' at EOF); ``httpx.ReadTimeout`` if nothing came within
+        ``timeout`` s; ``OSError`` or ``trio.BrokenResourceError`` if it broke."""
+        if self.tls is not None:
+            with trio.move_on_after(timeout):
+                return bytes(await self.tls.receive_some(RECEIVE_BYTES))
+            raise httpx.ReadTimeout(f"no data from the server for {timeout}s")
+        sock = self.sock
+        assert isinstance(sock, socket.socket)
+        while True:
+            try:
+                data = sock.recv(RECEIVE_BYTES)
+            except BlockingIOError:
+                pass
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return data
+            with trio.move_on_after(timeout) as scope:
+                await trio.lowlevel.wait_readable(sock)
+            if scope.cancelled_caught:
+                raise httpx.ReadTimeout(f"no data from the server for {timeout}s")
 
 
 def _close(conn: _Connection) -> None:
     # Closing the socket closes the connection whatever the stream over it (TLS: no
     # close_notify, as httpcore does for a connection dropped from its pool).
+    trio.lowlevel.notify_closing(conn.sock)
     conn.sock.close()
 
 
@@ -158,24 +214,28 @@ class H11Pool:
                 tcp = await trio.open_tcp_stream(origin.host, origin.port)
             except OSError as exc:
                 raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
-            stream: trio.abc.Stream = tcp
-            if origin.tls:
-                tls = trio.SSLStream(
-                    tcp, self._context(), server_hostname=origin.host, https_compatible=True
-                )
-                try:
-                    await tls.do_handshake()
-                except trio.BrokenResourceError as exc:
-                    tcp.socket.close()
-                    cause = exc.__cause__ or exc
-                    raise httpx.ConnectError(str(cause) or type(cause).__name__) from cause
-                except BaseException:
-                    tcp.socket.close()
-                    raise
-                stream = tls
+            if not origin.tls:
+                # The socket itself, without Trio's stream and socket wrappers: reads
+                # and writes try the socket first and wait only when they must.
+                sock = socket.socket(fileno=tcp.socket.detach())
+                self.connects += 1
+                _log.debug("connected to %s:%d (http)", origin.host, origin.port)
+                return _Connection(sock, None)
+            tls = trio.SSLStream(
+                tcp, self._context(), server_hostname=origin.host, https_compatible=True
+            )
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError as exc:
+                tcp.socket.close()
+                cause = exc.__cause__ or exc
+                raise httpx.ConnectError(str(cause) or type(cause).__name__) from cause
+            except BaseException:
+                tcp.socket.close()
+                raise
             self.connects += 1
-            _log.debug("connected to %s:%d (%s)", origin.host, origin.port, origin.key[0])
-            return _Connection(stream, tcp.socket)
+            _log.debug("connected to %s:%d (https)", origin.host, origin.port)
+            return _Connection(tcp.socket, tls)
         assert scope.cancelled_caught
         raise httpx.ConnectTimeout(f"no connection within {timeout}s")
 
@@ -260,15 +320,12 @@ class Exchange:
         # shared event, and the bytes written are the provider's own head.
         machine.send(_A_POST)
         machine.send(_END)
-        with trio.CancelScope(deadline=trio.current_time() + self._read) as scope:
-            try:
-                await conn.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                if reused:
-                    raise _Stale from None
-                raise httpx.WriteError(str(exc.__cause__ or exc) or "write failed") from exc
-        if scope.cancelled_caught:
-            raise httpx.WriteTimeout(f"could not send the request within {self._read}s")
+        try:
+            await conn.send_all(data, self._read)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if reused:
+                raise _Stale from None
+            raise httpx.WriteError(str(exc.__cause__ or exc) or "write failed") from exc
         while True:
             event = await self._next(stale=reused)
             if isinstance(event, h11.Response):
@@ -320,15 +377,12 @@ class Exchange:
                 raise httpx.RemoteProtocolError(str(exc)) from None
             if event is not h11.NEED_DATA:
                 return event
-            with trio.CancelScope(deadline=trio.current_time() + self._read) as scope:
-                try:
-                    data = await conn.stream.receive_some(RECEIVE_BYTES)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    if stale:
-                        raise _Stale from None
-                    raise httpx.ReadError(str(exc.__cause__ or exc) or "read failed") from exc
-            if scope.cancelled_caught:
-                raise httpx.ReadTimeout(f"no data from the server for {self._read}s")
+            try:
+                data = await conn.receive(self._read)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                if stale:
+                    raise _Stale from None
+                raise httpx.ReadError(str(exc.__cause__ or exc) or "read failed") from exc
             if not data and stale:
                 raise _Stale
             stale = False
@@ -376,7 +430,22 @@ class Exchange:
     async def drain(self, max_bytes: int, seconds: float) -> None:
         """Read the rest of a body nobody needs (so the connection is reused): at most
         ``max_bytes`` within ``seconds``, else the connection is closed at release."""
+        conn = self._conn
         read = 0
+        # Usually the body's end came with its last event: no timer for that.
+        while conn is not None:
+            try:
+                event = conn.h11.next_event()
+            except h11.RemoteProtocolError:
+                return
+            if isinstance(event, h11.EndOfMessage):
+                self._finished()
+                return
+            if not isinstance(event, h11.Data):
+                break
+            read += len(event.data)
+            if read > max_bytes:
+                return
 
         def count(chunk: bytes) -> bool:
             nonlocal read

@@ -16,13 +16,12 @@ from __future__ import annotations
 import abc
 import functools
 import json
-import math
 import socket
 import ssl
 import time
 import urllib.request
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self
 
@@ -362,6 +361,7 @@ class HttpProvider(abc.ABC):
             ).error
             raise ProviderError(redact_error(error, secrets)) from None
         client: httpx.AsyncClient | None = None
+        pool: H11Pool | None = None
         if origin is None:
             client = self._get_client()
             slots = pool_slots(client)
@@ -383,12 +383,11 @@ class HttpProvider(abc.ABC):
                 raise fail(ErrorKind.INVALID_REQUEST, f"{self.api}: {exc}") from None
             total = self.timeouts.total
             reply: ModelReply | None = None
-            with trio.move_on_after(math.inf if total is None else total):
-                if client is not None:
-                    reply = await self._call(client, content, context)
-                else:
-                    assert origin is not None
-                    reply = await self._call_h11(pool, origin, content, context)
+            if total is None:  # no timer (a cancel scope is a cost of each call)
+                reply = await self._send(client, pool, origin, content, context)
+            else:
+                with trio.move_on_after(total):
+                    reply = await self._send(client, pool, origin, content, context)
             if reply is None:
                 raise fail(ErrorKind.TIMEOUT, f"{self.api}: no complete reply within {total}s")
             return reply
@@ -399,6 +398,19 @@ class HttpProvider(abc.ABC):
             raise ProviderError(redact_error(error, secrets)) from None
         finally:
             slots.release_on_behalf_of(borrower)
+
+    def _send(
+        self,
+        client: httpx.AsyncClient | None,
+        pool: H11Pool | None,
+        origin: Origin | None,
+        content: Body,
+        context: CallContext,
+    ) -> Awaitable[ModelReply]:
+        if client is not None:
+            return self._call(client, content, context)
+        assert pool is not None and origin is not None
+        return self._call_h11(pool, origin, content, context)
 
     def _headers(self) -> dict[str, str]:
         """The request's headers but its length: the provider's own (authentication
