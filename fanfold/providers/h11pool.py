@@ -110,24 +110,28 @@ class _Connection:
             return False
         return not readable  # readable: EOF, or bytes nobody asked for
 
-    async def send_all(self, data: bytes, timeout: float) -> None:
-        """Write ``data``; ``httpx.WriteTimeout`` if a write waits ``timeout`` s;
-        ``OSError`` or ``trio.BrokenResourceError`` if the connection broke."""
+    async def send_all(self, parts: Sequence[bytes], timeout: float) -> None:
+        """Write ``parts`` (plain TCP: one ``sendmsg`` of them all, no copy joining
+        them); ``httpx.WriteTimeout`` if a write waits ``timeout`` s; ``OSError`` or
+        ``trio.BrokenResourceError`` if the connection broke."""
         if self.tls is not None:
             with trio.move_on_after(timeout) as scope:
-                await self.tls.send_all(data)
+                await self.tls.send_all(b"".join(parts))
             if scope.cancelled_caught:
                 raise httpx.WriteTimeout(f"could not send the request within {timeout}s")
             return
         sock = self.sock
         assert isinstance(sock, socket.socket)
-        while data:
+        left = list(parts)
+        while left:
             try:
-                sent = sock.send(data)
+                sent = sock.sendmsg(left)
             except BlockingIOError:
                 sent = 0
-            data = data[sent:]
-            if data:
+            while left and sent >= len(left[0]):
+                sent -= len(left.pop(0))
+            if left:
+                left[0] = left[0][sent:]
                 with trio.move_on_after(timeout) as scope:
                     await trio.lowlevel.wait_writable(sock)
                 if scope.cancelled_caught:
@@ -249,9 +253,9 @@ class H11Pool:
     ) -> Exchange:
         """Send one POST of ``body`` (``length`` bytes in parts) to ``origin`` and read
         the reply's status and headers. Raises httpx's exceptions (see the module)."""
-        data = b"".join(
-            (origin.head, b"content-length: ", str(length).encode(), b"\r\n\r\n", *body)
-        )
+        # The parts as they are (the tool list's bytes are shared between calls): no
+        # copy of the whole request lives while the call waits for its reply.
+        parts = (origin.head, b"content-length: %d\r\n\r\n" % length, *body)
         conn = self._take_idle(origin)
         reused = conn is not None
         while True:
@@ -259,7 +263,7 @@ class H11Pool:
                 conn = await self._connect(origin, connect)
             exchange = Exchange(self, origin, conn, read)
             try:
-                await exchange.start(data, reused)
+                await exchange.start(parts, reused)
             except _Stale:
                 # A reused connection closed under the request: once more on a new one.
                 exchange.abandon()
@@ -309,7 +313,7 @@ class Exchange:
         self.headers: Sequence[tuple[bytes, bytes]] = ()
         """The reply's headers, names in lower case."""
 
-    async def start(self, data: bytes, reused: bool) -> None:
+    async def start(self, parts: Sequence[bytes], reused: bool) -> None:
         """Write the request, read the reply's head (raises ``_Stale`` for a reused
         connection that broke before answering)."""
         conn = self._conn
@@ -321,7 +325,7 @@ class Exchange:
         machine.send(_A_POST)
         machine.send(_END)
         try:
-            await conn.send_all(data, self._read)
+            await conn.send_all(parts, self._read)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             if reused:
                 raise _Stale from None

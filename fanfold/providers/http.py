@@ -370,7 +370,12 @@ class HttpProvider(abc.ABC):
             slots = pool.slots
         # A token of its own per call (a task may make calls one after another).
         borrower = object()
-        await slots.acquire_on_behalf_of(borrower)
+        try:
+            # A free slot is taken at once (no trip through the scheduler: the call
+            # waits on its socket soon enough); else the call queues for one.
+            slots.acquire_on_behalf_of_nowait(borrower)
+        except trio.WouldBlock:
+            await slots.acquire_on_behalf_of(borrower)
         try:
             model = request.model or self.model
             if not model:
