@@ -262,8 +262,34 @@ class H11Pool:
             if conn is None:
                 conn = await self._connect(origin, connect)
             exchange = Exchange(self, origin, conn, read)
+            # (The request and its reply's head in this frame, not in one more
+            # coroutine: a waiting call's frames are most of its heap.)
+            machine = conn.h11
+            # h11 only needs to know that a POST without ``Connection: close`` went
+            # out (the reply's framing and keep-alive follow from that): it is told so
+            # with one shared event; the bytes written are the provider's own head.
+            machine.send(_A_POST)
+            machine.send(_END)
             try:
-                await exchange.start(parts, reused)
+                try:
+                    await conn.send_all(parts, read)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    if reused:
+                        raise _Stale from None
+                    raise httpx.WriteError(str(exc.__cause__ or exc) or "write failed") from exc
+                while True:
+                    event = await exchange._next(stale=reused)
+                    if isinstance(event, h11.Response):
+                        break
+                    if not isinstance(event, h11.InformationalResponse):
+                        raise httpx.RemoteProtocolError(
+                            "Server disconnected without sending a response."
+                        )
+                if _log.isEnabledFor(logging.DEBUG):
+                    _log.debug("HTTP Request: POST %s %d", origin.url, event.status_code)
+                exchange.status = event.status_code
+                exchange.headers = event.headers
+                exchange.set_decoder()
             except _Stale:
                 # A reused connection closed under the request: once more on a new one.
                 exchange.abandon()
@@ -313,36 +339,8 @@ class Exchange:
         self.headers: Sequence[tuple[bytes, bytes]] = ()
         """The reply's headers, names in lower case."""
 
-    async def start(self, parts: Sequence[bytes], reused: bool) -> None:
-        """Write the request, read the reply's head (raises ``_Stale`` for a reused
-        connection that broke before answering)."""
-        conn = self._conn
-        assert conn is not None
-        machine = conn.h11
-        # h11 only needs to know that a POST without ``Connection: close`` went out
-        # (the reply's framing and keep-alive follow from that): it is told so with one
-        # shared event, and the bytes written are the provider's own head.
-        machine.send(_A_POST)
-        machine.send(_END)
-        try:
-            await conn.send_all(parts, self._read)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            if reused:
-                raise _Stale from None
-            raise httpx.WriteError(str(exc.__cause__ or exc) or "write failed") from exc
-        while True:
-            event = await self._next(stale=reused)
-            if isinstance(event, h11.Response):
-                if _log.isEnabledFor(logging.DEBUG):
-                    _log.debug("HTTP Request: POST %s %d", self._origin.url, event.status_code)
-                self.status = event.status_code
-                self.headers = event.headers
-                self._set_decoder()
-                return
-            if not isinstance(event, h11.InformationalResponse):
-                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
-
-    def _set_decoder(self) -> None:
+    def set_decoder(self) -> None:
+        """Decode the body as its ``content-encoding`` says (gzip, deflate)."""
         for name, value in self.headers:
             if name == b"content-encoding":
                 coding = value.strip().lower()
@@ -382,7 +380,24 @@ class Exchange:
             if event is not h11.NEED_DATA:
                 return event
             try:
-                data = await conn.receive(self._read)
+                if conn.tls is not None:
+                    data = await conn.receive(self._read)
+                else:
+                    # Plain TCP: the socket first, a timer only to wait (and no
+                    # coroutine more on the stack of a waiting call).
+                    sock = conn.sock
+                    assert isinstance(sock, socket.socket)
+                    while True:
+                        try:
+                            data = sock.recv(RECEIVE_BYTES)
+                            break
+                        except BlockingIOError:
+                            pass
+                        with trio.move_on_after(self._read) as scope:
+                            await trio.lowlevel.wait_readable(sock)
+                        if scope.cancelled_caught:
+                            raise httpx.ReadTimeout(f"no data from the server for {self._read}s")
+                    await trio.lowlevel.checkpoint_if_cancelled()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 if stale:
                     raise _Stale from None
