@@ -88,7 +88,7 @@ from fanfold.trust import TrustFileError, TrustStore, file_digest
 if TYPE_CHECKING:
     import httpx
 
-    from fanfold.providers.h11pool import H11Pool
+    from fanfold.providers.http1 import ConnectionPool
     from fanfold.providers.slots import CallSlots
 
 PROVIDERS = ("openai", "anthropic", "scripted")
@@ -1314,10 +1314,10 @@ def build_provider(
     environ: Mapping[str, str] | None = None,
     client: httpx.AsyncClient | None = None,
     scripted: Provider | None = None,
-    pool: H11Pool | None = None,
+    pool: ConnectionPool | None = None,
 ) -> Provider:
     """The provider for ``profile``. HTTP providers share ``client`` (httpx) or
-    ``pool`` (h11, ``fanfold.providers.h11pool``) if given.
+    ``pool`` (h11, ``fanfold.providers.http1``) if given.
 
     A ``scripted`` profile uses the ``scripted`` provider passed in (fanfold's offline
     provider); ConfigError without one, or if the profile's key variable is unset.
@@ -1376,7 +1376,7 @@ class ProviderRouter:
 
     The default and sub-agent profiles are built at once (a missing key is a
     ConfigError now); others on first use (a missing key is then an AUTH failure of
-    that call). HTTP providers share one ``H11Pool`` (or the ``httpx.AsyncClient``
+    that call). HTTP providers share one ``ConnectionPool`` (or the ``httpx.AsyncClient``
     given, or one made for a proxy); ``aclose()`` closes what the router made.
     """
 
@@ -1409,7 +1409,7 @@ class ProviderRouter:
         # Made when the first HTTP profile is built: a scripted configuration (the
         # offline demo's) needs no client, nor httpx (issue 36).
         self._client = client
-        self._pool: H11Pool | None = None
+        self._pool: ConnectionPool | None = None
         self._providers: dict[str, Provider] = {}
         for profile in (config.default_profile(), config.sub_agent_profile()):
             self.provider(profile)
@@ -1431,9 +1431,9 @@ class ProviderRouter:
             if proxy_in_environment():
                 self._client = new_client()
             else:
-                from fanfold.providers.h11pool import H11Pool
+                from fanfold.providers.http1 import ConnectionPool
 
-                self._pool = H11Pool()
+                self._pool = ConnectionPool()
         return build_provider(
             profile,
             environ=self._keys,

@@ -25,12 +25,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self
 
-import h11
 import httpx
 import trio
 
 from fanfold.providers.base import CallContext, ProviderError, StreamProgress
-from fanfold.providers.h11pool import Exchange, H11Pool, Origin, request_head
+from fanfold.providers.http1 import ConnectionPool, Exchange, InvalidHeader, Origin, request_head
 from fanfold.providers.settings import DEFAULT_SETTINGS as DEFAULT_SETTINGS
 from fanfold.providers.settings import DEFAULT_TIMEOUTS as DEFAULT_TIMEOUTS
 from fanfold.providers.settings import POOL_SIZE as POOL_SIZE
@@ -106,10 +105,10 @@ def proxy_in_environment() -> bool:
 
 
 def h11_origin(url: str, headers: list[tuple[bytes, bytes]]) -> Origin | None:
-    """Where ``url`` is, for ``H11Pool``, with ``headers`` built into its request head;
+    """Where ``url`` is, for ``ConnectionPool``, with ``headers`` built into its request head;
     None if the h11 path cannot serve it: not ``http``/``https``, a user or password in
     the URL (httpx sends them as Basic authentication), or not a URL (httpx then says
-    why, as before). Raises ``h11.LocalProtocolError`` for a header h11 refuses."""
+    why, as before). Raises ``InvalidHeader`` for a header h11 refuses."""
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError, TypeError):
@@ -258,7 +257,7 @@ class HttpProvider(abc.ABC):
     """A ``Provider`` over HTTP. One instance may serve many concurrent calls.
 
     ``request.model`` (if set) picks the model for a call; otherwise ``model`` does.
-    Calls go over h11 directly (``fanfold.providers.h11pool``), through ``pool`` if
+    Calls go over h11 directly (``fanfold.providers.http1``), through ``pool`` if
     given (shared; the caller closes it) or the provider's own. httpx makes them instead
     when the caller passes ``client`` (an ``httpx.AsyncClient``, shared, the caller
     closes it), when the environment names a proxy, or for a URL h11 cannot serve (see
@@ -290,7 +289,7 @@ class HttpProvider(abc.ABC):
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         profile: str | None = None,
-        pool: H11Pool | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.profile = profile
@@ -353,7 +352,7 @@ class HttpProvider(abc.ABC):
         secrets = [self._api_key.reveal()] if self._api_key is not None else []
         try:
             origin = self._origin()
-        except h11.LocalProtocolError:
+        except InvalidHeader:
             # Its text may quote a header, and headers hold the key: leave it out.
             error = fail(
                 ErrorKind.INVALID_REQUEST,
@@ -361,7 +360,7 @@ class HttpProvider(abc.ABC):
             ).error
             raise ProviderError(redact_error(error, secrets)) from None
         client: httpx.AsyncClient | None = None
-        pool: H11Pool | None = None
+        pool: ConnectionPool | None = None
         if origin is None:
             client = self._get_client()
             slots = pool_slots(client)
@@ -407,7 +406,7 @@ class HttpProvider(abc.ABC):
     def _send(
         self,
         client: httpx.AsyncClient | None,
-        pool: H11Pool | None,
+        pool: ConnectionPool | None,
         origin: Origin | None,
         content: Body,
         context: CallContext,
@@ -456,14 +455,14 @@ class HttpProvider(abc.ABC):
                 self._h11 = h11_origin(self.url, headers) or False
         return self._h11 if isinstance(self._h11, Origin) else None
 
-    def _get_pool(self) -> H11Pool:
+    def _get_pool(self) -> ConnectionPool:
         if self._pool is None:
-            self._pool = H11Pool()
+            self._pool = ConnectionPool()
             self._owns_pool = True
         return self._pool
 
     async def _call_h11(
-        self, pool: H11Pool, origin: Origin, content: Body, context: CallContext
+        self, pool: ConnectionPool, origin: Origin, content: Body, context: CallContext
     ) -> ModelReply:
         timeouts = self.timeouts
         exchange = await pool.send(

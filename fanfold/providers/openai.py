@@ -37,7 +37,6 @@ import attrs
 import httpx
 
 from fanfold.providers.base import ProviderError
-from fanfold.providers.h11pool import H11Pool
 from fanfold.providers.http import (
     DEFAULT_SETTINGS,
     DEFAULT_TIMEOUTS,
@@ -46,6 +45,7 @@ from fanfold.providers.http import (
     StreamAssembler,
     Timeouts,
 )
+from fanfold.providers.http1 import ConnectionPool
 from fanfold.providers.settings import OPENAI_BASE_URL
 from fanfold.providers.wire import (
     Secret,
@@ -550,7 +550,7 @@ class OpenAIProvider(HttpProvider):
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         profile: str | None = None,
-        pool: H11Pool | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url,

@@ -1,4 +1,4 @@
-"""The HTTP providers' h11 path (``fanfold.providers.h11pool``, issue 36) over real
+"""The HTTP providers' h11 path (``fanfold.providers.http1``, issue 36) over real
 loopback sockets: kept-alive connections reused, a connection the server closed
 replaced, a request the server dropped on a reused connection sent again on a fresh
 one, chunked and gzip bodies, TLS with a test CA (and certificates checked), a cancel
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 from cryptography import x509
@@ -28,8 +29,8 @@ from fakeserver import Drop, FakeServer, Sse, openai_completion, openai_stream
 
 from fanfold.providers.anthropic import AnthropicProvider
 from fanfold.providers.base import CallContext, ProviderError, StreamProgress
-from fanfold.providers.h11pool import H11Pool
 from fanfold.providers.http import Timeouts
+from fanfold.providers.http1 import ConnectionPool, ResponseReader
 from fanfold.providers.openai import OpenAIProvider
 from fanfold.statemachine import ErrorKind, ModelRequest
 from fanfold.statemachine.messages import UserMessage
@@ -42,7 +43,7 @@ def context(on_progress: Any = None) -> CallContext:
     return CallContext("c", "c", "root", 0, None, 1, on_progress=on_progress)
 
 
-def openai(url: str, pool: H11Pool, *, stream: bool = True) -> OpenAIProvider:
+def openai(url: str, pool: ConnectionPool, *, stream: bool = True) -> OpenAIProvider:
     return OpenAIProvider(
         base_url=url + "/v1", model="m", stream=stream, timeouts=TIMEOUTS, pool=pool
     )
@@ -60,7 +61,7 @@ def server() -> Iterator[FakeServer]:
 async def test_calls_share_one_kept_alive_connection(server: FakeServer) -> None:
     for stream in (True, True, False, True, False):
         server.enqueue(openai_stream("ok") if stream else openai_completion("ok"))
-    pool = H11Pool()
+    pool = ConnectionPool()
     provider = openai(server.url, pool)
     for stream in (True, True, False, True, False):
         provider.stream = stream
@@ -81,7 +82,7 @@ async def test_a_request_dropped_on_a_reused_connection_goes_again_on_a_fresh_on
     """The server closes a kept-alive connection as the next request arrives (it read
     it, answered nothing): the call is sent once more on a new connection."""
     server.enqueue(openai_stream("one"), Drop(), openai_stream("two"))
-    pool = H11Pool()
+    pool = ConnectionPool()
     provider = openai(server.url, pool)
     assert (await provider.complete(REQUEST, context())).text == "one"
     assert (await provider.complete(REQUEST, context())).text == "two"
@@ -95,7 +96,7 @@ async def test_a_request_dropped_on_a_fresh_connection_is_a_network_error(
     server: FakeServer,
 ) -> None:
     server.enqueue(Drop(), openai_stream("not sent"))
-    pool = H11Pool()
+    pool = ConnectionPool()
     with pytest.raises(ProviderError) as caught:
         await openai(server.url, pool).complete(REQUEST, context())
     assert caught.value.error.kind is ErrorKind.NETWORK
@@ -162,7 +163,7 @@ COMPLETION = json.dumps(openai_completion("hello there").body).encode()
 
 async def test_a_kept_alive_connection_the_server_closed_is_replaced() -> None:
     raw = RawServer([_json_reply(COMPLETION)] * 2, close=True)
-    pool = H11Pool()
+    pool = ConnectionPool()
     provider = openai(raw.url, pool, stream=False)
     try:
         assert (await provider.complete(REQUEST, context())).text == "hello there"
@@ -180,7 +181,7 @@ async def test_a_chunked_whole_reply_is_read(encoding: str) -> None:
     body = COMPLETION if encoding == "identity" else gzip.compress(COMPLETION)
     headers = b"" if encoding == "identity" else b"content-encoding: gzip\r\n"
     raw = RawServer([_json_reply(body, headers, chunks=3)] * 2)
-    pool = H11Pool()
+    pool = ConnectionPool()
     provider = openai(raw.url, pool, stream=False)
     try:
         for _ in range(2):
@@ -198,7 +199,7 @@ async def test_a_chunked_whole_reply_is_read(encoding: str) -> None:
 async def test_a_call_cancelled_mid_stream_closes_its_connection(server: FakeServer) -> None:
     slow = openai_stream("a long answer in many pieces", piece=2)
     server.enqueue(Sse(slow.body, delay=0.2), openai_stream("next"))
-    pool = H11Pool()
+    pool = ConnectionPool()
     provider = openai(server.url, pool)
     with trio.CancelScope() as scope:
 
@@ -220,7 +221,7 @@ async def test_calls_queued_for_the_pool_never_hit_the_connect_timeout(
     for _ in range(6):
         slow = openai_stream(text="ok", piece=1)
         server.enqueue(Sse(slow.body, chunk_size=len(slow.body) // 2 + 1, delay=0.5))
-    pool = H11Pool()
+    pool = ConnectionPool()
     pool.slots.total_tokens = 2
     provider = OpenAIProvider(
         base_url=server.url + "/v1",
@@ -334,7 +335,7 @@ async def test_tls_with_a_trusted_ca_streams_and_reuses_the_connection(
     server, ca_file = tls_server
     for _ in range(2):
         server.enqueue(openai_stream("secure") if stream else openai_completion("secure"))
-    pool = H11Pool(ssl.create_default_context(cafile=str(ca_file)))
+    pool = ConnectionPool(ssl.create_default_context(cafile=str(ca_file)))
     url = server.url.replace("http://127.0.0.1", "https://localhost")
     provider = OpenAIProvider(
         base_url=url + "/v1", model="m", stream=stream, timeouts=TIMEOUTS, pool=pool
@@ -375,3 +376,91 @@ async def test_a_proxy_in_the_environment_is_used(
     async with provider:
         assert (await provider.complete(REQUEST, context())).text == "via the proxy"
     assert server.requests[0].path == "http://model.invalid/v1/chat/completions"
+
+
+# ------------------------------------------------------------------ the response parser
+
+
+def _read(
+    data: bytes, *, split: int | None = None, eof: bool = False
+) -> tuple[ResponseReader, bytes]:
+    """``data`` fed whole (or in pieces of ``split`` bytes), head and body read."""
+    reader = ResponseReader()
+    pieces = [data] if split is None else [data[i : i + split] for i in range(0, len(data), split)]
+    got_head = False
+    body: list[bytes] = []
+    done = False
+    for piece in pieces:
+        reader.feed(piece)
+        if not got_head:
+            got_head = reader.head()
+        if got_head and not done:
+            parts, done = reader.body()
+            body.extend(parts)
+    if eof:
+        reader.feed(b"")
+        if not got_head:
+            got_head = reader.head()
+        parts, done = reader.body()
+        body.extend(parts)
+    assert got_head and done
+    return reader, b"".join(body)
+
+
+CHUNKED = (
+    b"HTTP/1.1 100 Continue\r\n\r\n"
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Folded: a\r\n  b\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+    b"5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nTrailer: x\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("split", [None, 1, 2, 7])
+def test_parser_reads_a_chunked_reply_however_it_is_cut(split: int | None) -> None:
+    reader, body = _read(CHUNKED, split=split)
+    assert reader.status == 200
+    assert (b"content-type", b"text/event-stream") in reader.headers
+    assert (b"x-folded", b"a b") in reader.headers
+    assert body == b"hello 0123456789"
+    assert reader.reusable
+
+
+def test_parser_keep_alive_rules() -> None:
+    whole = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    assert _read(whole)[0].reusable
+    assert not _read(whole.replace(b"1.1", b"1.0"))[0].reusable
+    assert not _read(whole.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))[0].reusable
+    assert not _read(whole + b"junk")[0].reusable  # bytes nobody asked for
+    to_close, body = _read(b"HTTP/1.1 200 OK\r\n\r\nuntil the end", eof=True)
+    assert body == b"until the end" and not to_close.reusable
+    assert _read(b"HTTP/1.1 204 No Content\r\n\r\n")[0].reusable
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nabc",  # cut body
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab",  # cut chunk
+        b"HTTP/1.1 200 OK\r\ncontent-type: x",  # cut head
+        b"",  # nothing at all
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab",
+        b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabXX0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nbad name: x\r\n\r\n",
+        b"HTTP/2 200 OK\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx: " + b"y" * 70000 + b"\r\n\r\n",
+    ],
+)
+def test_parser_refuses_malformed_or_cut_replies(data: bytes) -> None:
+    reader = ResponseReader()
+    reader.feed(data)
+    reader.feed(b"")
+    with pytest.raises(httpx.RemoteProtocolError):
+        assert reader.head()
+        while not reader.body()[1]:
+            pass
