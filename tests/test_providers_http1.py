@@ -103,6 +103,17 @@ async def test_a_request_dropped_on_a_fresh_connection_is_a_network_error(
     assert len(server.requests) == 1  # never sent twice
 
 
+async def test_a_request_larger_than_the_socket_buffer_is_sent_whole(server: FakeServer) -> None:
+    """The request goes out in several writes (each waits for the socket to drain)."""
+    big = "x" * (16 * 1024 * 1024)
+    server.enqueue(openai_stream("read it"))
+    pool = ConnectionPool()
+    request = ModelRequest("Be brief.", (UserMessage(big),), ())
+    assert (await openai(server.url, pool).complete(request, context())).text == "read it"
+    await pool.aclose()
+    assert server.requests[0].json["messages"][-1]["content"] == big
+
+
 class RawServer:
     """Answers each request on a connection with the next of ``replies`` (whole HTTP
     responses), closing the connection after each when ``close`` is set."""

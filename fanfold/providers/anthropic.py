@@ -46,6 +46,7 @@ from fanfold.providers.http import (
 from fanfold.providers.http1 import ConnectionPool
 from fanfold.providers.settings import ANTHROPIC_BASE_URL
 from fanfold.providers.wire import (
+    IdentityMemo,
     Secret,
     SSEEvent,
     as_int,
@@ -159,7 +160,14 @@ def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 
     The dicts are built once per tool set and shared by every request offering it
     (issue 36): never change them, copy what you change."""
-    return list(_anthropic_tools(tuple(tools)))
+    found = _SEEN_TOOLS.get(tools, None)
+    if found is None:
+        found = _anthropic_tools(tuple(tools))
+        _SEEN_TOOLS.put(tools, None, found)
+    return list(found)
+
+
+_SEEN_TOOLS = IdentityMemo()
 
 
 @functools.lru_cache(maxsize=64)

@@ -37,6 +37,7 @@ from fanfold.providers.settings import RequestSettings as RequestSettings
 from fanfold.providers.settings import Timeouts as Timeouts
 from fanfold.providers.settings import valid_api_key as valid_api_key
 from fanfold.providers.wire import (
+    IdentityMemo,
     Secret,
     SSEDecoder,
     SSEEvent,
@@ -214,7 +215,7 @@ class Body:
 
     def __init__(self, parts: tuple[bytes, ...]) -> None:
         self.parts = parts
-        self.length = sum(len(part) for part in parts)
+        self.length = sum(map(len, parts))
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for part in self.parts:
@@ -227,6 +228,7 @@ class Body:
 
 _TOOL_BYTES: dict[tuple[str, tuple[Any, ...], bool, int | None], bytes] = {}
 _TOOL_BYTES_KEPT = 64
+_SEEN_TOOL_BYTES = IdentityMemo()
 
 DRAIN_SECONDS = 0.25
 DRAIN_BYTES = 65536
@@ -556,20 +558,25 @@ class HttpProvider(abc.ABC):
         head = encode_json(body)
         if tools is None:
             return Body((head,))
-        key = (
-            self.api,
-            request.tools,
-            tools[-1].get("cache_control") is not None,
-            self.description_limit,
-        )
+        extra = (self.api, tools[-1].get("cache_control") is not None, self.description_limit)
+        shared = _SEEN_TOOL_BYTES.get(request.tools, extra)
+        if shared is None:
+            shared = self._tool_bytes(request, extra, tools)
+            _SEEN_TOOL_BYTES.put(request.tools, extra, shared)
+        # "tools" goes last: JSON objects have no order.
+        return Body((head[:-1] + b',"tools":', shared, b"}"))
+
+    def _tool_bytes(
+        self, request: ModelRequest, extra: tuple[str, bool, int | None], tools: Any
+    ) -> bytes:
+        key = (extra[0], request.tools, extra[1], extra[2])
         shared = _TOOL_BYTES.get(key)
         if shared is None:
             shared = encode_json(tools)
             if len(_TOOL_BYTES) >= _TOOL_BYTES_KEPT:
                 del _TOOL_BYTES[next(iter(_TOOL_BYTES))]
             _TOOL_BYTES[key] = shared
-        # "tools" goes last: JSON objects have no order.
-        return Body((head[:-1] + b',"tools":', shared, b"}"))
+        return shared
 
     async def _read_stream(self, response: httpx.Response, context: CallContext) -> ModelReply:
         assembler = self.assembler()

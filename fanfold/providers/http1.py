@@ -333,12 +333,15 @@ class _Connection:
             return
         sock = self.sock
         assert isinstance(sock, socket.socket)
+        try:
+            sent = sock.sendmsg(parts)
+        except BlockingIOError:
+            sent = 0
+        if sent == sum(map(len, parts)):  # all of it at once: the usual case
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return
         left = list(parts)
         while left:
-            try:
-                sent = sock.sendmsg(left)
-            except BlockingIOError:
-                sent = 0
             while left and sent >= len(left[0]):
                 sent -= len(left.pop(0))
             if left:
@@ -347,6 +350,10 @@ class _Connection:
                     await trio.lowlevel.wait_writable(sock)
                 if scope.cancelled_caught:
                     raise httpx.WriteTimeout(f"could not send the request within {timeout}s")
+                try:
+                    sent = sock.sendmsg(left)
+                except BlockingIOError:
+                    sent = 0
         await trio.lowlevel.checkpoint_if_cancelled()
 
     async def receive(self, timeout: float) -> bytes:
