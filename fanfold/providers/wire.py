@@ -151,6 +151,15 @@ class SSEDecoder:
         """Decode ``chunk``; return the events it completed."""
         self._buffer += chunk
         events: list[SSEEvent] = []
+        if b"\r" not in self._buffer:
+            # Lines end at LF only (what servers send): one split, no regex per line.
+            lines = self._buffer.split(b"\n")
+            self._buffer = lines.pop()
+            for line in lines:
+                event = self._line(line)
+                if event is not None:
+                    events.append(event)
+            return events
         start = 0
         while True:
             match = _EOL.search(self._buffer, start)
