@@ -14,6 +14,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,56 @@ async def test_a_kept_alive_connection_the_server_closed_is_replaced() -> None:
         await pool.aclose()
     assert raw.connections == 2 and len(raw.requests) == 2
     assert pool.connects == 2
+
+
+async def test_a_reply_sent_before_the_request_was_read_is_the_error() -> None:
+    """A server answers 413 after the request's head and closes without reading its
+    body: the write fails, and the reply that came is the call's error (as httpx's)."""
+    error = json.dumps({"error": {"message": "too large", "type": "invalid_request_error"}})
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(error), error.encode())
+            )
+            time.sleep(0.3)  # then closes with the body unread
+
+    threading.Thread(target=serve, daemon=True).start()
+    pool = ConnectionPool()
+    provider = openai(f"http://127.0.0.1:{listener.getsockname()[1]}", pool, stream=False)
+    request = ModelRequest("", (UserMessage("x" * 16_000_000),), ())
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await provider.complete(request, context())
+    finally:
+        listener.close()
+        await pool.aclose()
+    assert "HTTP 413" in caught.value.error.message and "too large" in caught.value.error.message
+
+
+async def test_a_reply_cut_inside_a_chunk_size_line_fails_at_once() -> None:
+    raw = RawServer(
+        [
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n5"
+        ],
+        close=True,
+    )
+    pool = ConnectionPool()
+    try:
+        with trio.fail_after(5):
+            with pytest.raises(ProviderError) as caught:
+                await openai(raw.url, pool, stream=False).complete(REQUEST, context())
+    finally:
+        raw.shut()
+        await pool.aclose()
+    assert caught.value.error.kind is ErrorKind.NETWORK
 
 
 @pytest.mark.parametrize("encoding", ["identity", "gzip"])
@@ -465,6 +516,9 @@ def test_parser_keep_alive_rules() -> None:
         b"HTTP/1.1 2000 OK\r\n\r\n",
         b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nx: " + b"y" * 70000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5",  # cut in a size line
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r",  # cut in a CRLF
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nx: y",  # cut in trailers
     ],
 )
 def test_parser_refuses_malformed_or_cut_replies(data: bytes) -> None:
@@ -473,5 +527,5 @@ def test_parser_refuses_malformed_or_cut_replies(data: bytes) -> None:
     reader.feed(b"")
     with pytest.raises(httpx.RemoteProtocolError):
         assert reader.head()
-        while not reader.body()[1]:
-            pass
+        for _ in range(3):  # the connection ended: no more bytes will come
+            assert not reader.body()[1]

@@ -450,10 +450,13 @@ class HttpProvider(abc.ABC):
                 ]
                 given = {name.lower(): value for name, value in self._headers().items()}
                 headers = [(name, value) for name, value in headers if name.decode() not in given]
-                headers.extend(
-                    (name.encode("ascii", "replace"), value.encode("latin-1", "replace"))
-                    for name, value in given.items()
-                )
+                try:
+                    headers.extend(
+                        (name.encode("ascii"), value.encode("latin-1"))
+                        for name, value in given.items()
+                    )
+                except UnicodeEncodeError:
+                    raise InvalidHeader("invalid header") from None
                 self._h11 = h11_origin(self.url, headers) or False
         return self._h11 if isinstance(self._h11, Origin) else None
 

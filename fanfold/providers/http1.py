@@ -286,7 +286,7 @@ class ResponseReader:
                 self._left = int(size, 16)
                 self._state = _CHUNK_DATA if self._left else _TRAILER
         done = self._state == _DONE
-        if not done and self._eof and not buffer:
+        if not done and self._eof:  # all read that could be: no more will come
             raise httpx.RemoteProtocolError(
                 "peer closed connection without sending complete message body"
             )
@@ -484,14 +484,23 @@ class ConnectionPool:
             # coroutine: a waiting call's frames are most of its heap.)
             reader = conn.reader
             try:
+                unsent: Exception | None = None
                 try:
                     await conn.send_all(parts, read)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     if reused:
                         raise _Stale from None
-                    raise httpx.WriteError(str(exc.__cause__ or exc) or "write failed") from exc
-                while not reader.head():
-                    await exchange.receive(stale=reused and not reader.received)
+                    # A server may answer before reading the whole request (a 413, a
+                    # 401) and close: its reply is read if it came, as httpcore does.
+                    unsent = exc
+                try:
+                    while not reader.head():
+                        await exchange.receive(stale=reused and not reader.received)
+                except httpx.TransportError:
+                    if unsent is None:
+                        raise
+                    detail = str(unsent.__cause__ or unsent) or "write failed"
+                    raise httpx.WriteError(detail) from unsent
                 if _log.isEnabledFor(logging.DEBUG):
                     _log.debug("HTTP Request: POST %s %d", origin.url, reader.status)
                 exchange.status = reader.status
@@ -551,8 +560,7 @@ class Exchange:
                     self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
                 elif coding == b"deflate":
                     self._decoder = zlib.decompressobj()
-                elif coding not in (b"", b"identity"):
-                    raise httpx.DecodingError(f"unsupported content-encoding {coding!r}")
+                # Any other coding passes through undecoded, as httpx lets it.
 
     def header(self, name: bytes) -> str:
         """The value of the reply's header ``name`` (lower case), or ''."""
