@@ -73,6 +73,10 @@ class Origin:
         self.head = head
         """The request's head without its Content-Length line and the blank line."""
 
+    def __repr__(self) -> str:
+        # Never the head: it holds the API key.
+        return f"Origin({self.url!r})"
+
 
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _FIELD_VALUE = re.compile(rb"[\x21-\x7e\x80-\xff]([\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?")
