@@ -1,4 +1,4 @@
-"""The HTTP providers' h11 path (``fanfold.providers.http1``, issue 36) over real
+"""The HTTP providers' own HTTP/1.1 path (``fanfold.providers.http1``, issue 36) over real
 loopback sockets: kept-alive connections reused, a connection the server closed
 replaced, a request the server dropped on a reused connection sent again on a fresh
 one, chunked and gzip bodies, TLS with a test CA (and certificates checked), a cancel
@@ -433,7 +433,7 @@ async def test_tls_certificates_are_checked_by_default(
     assert server.requests == []
 
 
-# ------------------------------------------------------------------ httpx where h11 cannot
+# ------------------------------------------------------------------ httpx where the own path cannot
 
 
 async def test_a_proxy_in_the_environment_is_used(

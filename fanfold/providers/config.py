@@ -1317,7 +1317,7 @@ def build_provider(
     pool: ConnectionPool | None = None,
 ) -> Provider:
     """The provider for ``profile``. HTTP providers share ``client`` (httpx) or
-    ``pool`` (h11, ``fanfold.providers.http1``) if given.
+    ``pool`` (``fanfold.providers.http1``) if given.
 
     A ``scripted`` profile uses the ``scripted`` provider passed in (fanfold's offline
     provider); ConfigError without one, or if the profile's key variable is unset.
@@ -1427,7 +1427,7 @@ class ProviderRouter:
         if self._client is None and self._pool is None and profile.provider != "scripted":
             from fanfold.providers.http import new_client, proxy_in_environment
 
-            # The providers' h11 path, unless a proxy is configured: httpx honours it.
+            # The providers' own HTTP/1.1 path, unless a proxy is configured: httpx honours it.
             if proxy_in_environment():
                 self._client = new_client()
             else:

@@ -1,7 +1,9 @@
 """The HTTP half shared by the OpenAI and Anthropic providers.
 
-``HttpProvider.complete`` sends one request with httpx (under Trio), streaming or not,
-and turns every failure into a ``ProviderError``: transport errors by exception type
+``HttpProvider.complete`` sends one request (under Trio), streaming or not, over
+fanfold's own HTTP/1.1 client (``fanfold.providers.http1``) or, for a proxy or a
+client passed in, httpx, and turns every failure into a ``ProviderError``: transport
+errors by exception type (both raise httpx's classes)
 (connect/read/protocol errors -> NETWORK, httpx timeouts -> TIMEOUT, including a stalled
 stream, which trips the read timeout), HTTP errors and in-stream errors through
 ``wire``'s one table, unreadable bodies -> MALFORMED_RESPONSE. A total deadline, if
@@ -105,11 +107,11 @@ def proxy_in_environment() -> bool:
     return any(scheme in proxies for scheme in ("http", "https", "all"))
 
 
-def h11_origin(url: str, headers: list[tuple[bytes, bytes]]) -> Origin | None:
+def http1_origin(url: str, headers: list[tuple[bytes, bytes]]) -> Origin | None:
     """Where ``url`` is, for ``ConnectionPool``, with ``headers`` built into its request head;
-    None if the h11 path cannot serve it: not ``http``/``https``, a user or password in
+    None if the own HTTP/1.1 path cannot serve it: not ``http``/``https``, a user or password in
     the URL (httpx sends them as Basic authentication), or not a URL (httpx then says
-    why, as before). Raises ``InvalidHeader`` for a header h11 refuses."""
+    why, as before). Raises ``InvalidHeader`` for a header it cannot send."""
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError, TypeError):
@@ -259,11 +261,11 @@ class HttpProvider(abc.ABC):
     """A ``Provider`` over HTTP. One instance may serve many concurrent calls.
 
     ``request.model`` (if set) picks the model for a call; otherwise ``model`` does.
-    Calls go over h11 directly (``fanfold.providers.http1``), through ``pool`` if
+    Calls go over fanfold's own HTTP/1.1 client (``fanfold.providers.http1``), through ``pool`` if
     given (shared; the caller closes it) or the provider's own. httpx makes them instead
     when the caller passes ``client`` (an ``httpx.AsyncClient``, shared, the caller
-    closes it), when the environment names a proxy, or for a URL h11 cannot serve (see
-    ``h11_origin``); the provider then opens its own client on first use. ``aclose()``
+    closes it), when the environment names a proxy, or for a URL it cannot serve (see
+    ``http1_origin``); the provider then opens its own client on first use. ``aclose()``
     (or ``async with``) closes what the provider opened. Timeouts are applied per
     request, so a shared pool or client is fine.
     """
@@ -312,10 +314,10 @@ class HttpProvider(abc.ABC):
         self._clock = clock
         self._pool = pool
         self._owns_pool = pool is None
-        # The h11 path's origin and request head (built on the first call), or False:
+        # The own HTTP/1.1 path's origin and request head (built on the first call), or False:
         # this provider's calls go through httpx (``_origin``).
-        self._h11: Origin | bool | None = None
-        self._h11_stream = stream
+        self._http1: Origin | bool | None = None
+        self._http1_stream = stream
 
     def __repr__(self) -> str:
         key = "set" if self._api_key is not None else "none"
@@ -416,7 +418,7 @@ class HttpProvider(abc.ABC):
         if client is not None:
             return self._call(client, content, context)
         assert pool is not None and origin is not None
-        return self._call_h11(pool, origin, content, context)
+        return self._call_http1(pool, origin, content, context)
 
     def _headers(self) -> dict[str, str]:
         """The request's headers but its length: the provider's own (authentication
@@ -434,13 +436,13 @@ class HttpProvider(abc.ABC):
         return headers
 
     def _origin(self) -> Origin | None:
-        """The h11 path's origin and request head (built once), or None for httpx."""
-        if self._h11 is not None and self._h11_stream is not self.stream:
-            self._h11 = None  # ``stream`` changed since: the Accept header differs
-        if self._h11 is None:
-            self._h11_stream = self.stream
+        """The own HTTP/1.1 path's origin and request head (built once), or None for httpx."""
+        if self._http1 is not None and self._http1_stream is not self.stream:
+            self._http1 = None  # ``stream`` changed since: the Accept header differs
+        if self._http1 is None:
+            self._http1_stream = self.stream
             if self._client is not None or proxy_in_environment():
-                self._h11 = False
+                self._http1 = False
             else:
                 # As httpx's client sends them (its defaults first, then the call's).
                 headers = [
@@ -457,8 +459,8 @@ class HttpProvider(abc.ABC):
                     )
                 except UnicodeEncodeError:
                     raise InvalidHeader("invalid header") from None
-                self._h11 = h11_origin(self.url, headers) or False
-        return self._h11 if isinstance(self._h11, Origin) else None
+                self._http1 = http1_origin(self.url, headers) or False
+        return self._http1 if isinstance(self._http1, Origin) else None
 
     def _get_pool(self) -> ConnectionPool:
         if self._pool is None:
@@ -466,7 +468,7 @@ class HttpProvider(abc.ABC):
             self._owns_pool = True
         return self._pool
 
-    async def _call_h11(
+    async def _call_http1(
         self, pool: ConnectionPool, origin: Origin, content: Body, context: CallContext
     ) -> ModelReply:
         timeouts = self.timeouts
@@ -489,7 +491,7 @@ class HttpProvider(abc.ABC):
                 return self._parse_json(await exchange.read_all())
             assembler = self.assembler()
             try:
-                return await self._assemble_h11(exchange, assembler, context)
+                return await self._assemble_http1(exchange, assembler, context)
             except ProviderError as exc:
                 raise ProviderError(billed(exc.error, assembler.usage)) from None
             except httpx.HTTPError as exc:
@@ -499,7 +501,7 @@ class HttpProvider(abc.ABC):
         finally:
             exchange.release()
 
-    async def _assemble_h11(
+    async def _assemble_http1(
         self, exchange: Exchange, assembler: StreamAssembler, context: CallContext
     ) -> ModelReply:
         decoder = SSEDecoder()
