@@ -43,8 +43,10 @@ from fanfold.providers.http import (
     StreamAssembler,
     Timeouts,
 )
+from fanfold.providers.http1 import ConnectionPool
 from fanfold.providers.settings import ANTHROPIC_BASE_URL
 from fanfold.providers.wire import (
+    IdentityMemo,
     Secret,
     SSEEvent,
     as_int,
@@ -158,7 +160,14 @@ def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 
     The dicts are built once per tool set and shared by every request offering it
     (issue 36): never change them, copy what you change."""
-    return list(_anthropic_tools(tuple(tools)))
+    found = _SEEN_TOOLS.get(tools, None)
+    if found is None:
+        found = _anthropic_tools(tuple(tools))
+        _SEEN_TOOLS.put(tools, None, found)
+    return list(found)
+
+
+_SEEN_TOOLS = IdentityMemo()
 
 
 @functools.lru_cache(maxsize=64)
@@ -582,6 +591,7 @@ class AnthropicProvider(HttpProvider):
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         profile: str | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url,
@@ -595,6 +605,7 @@ class AnthropicProvider(HttpProvider):
             client=client,
             clock=clock,
             profile=profile,
+            pool=pool,
         )
 
     @property

@@ -88,6 +88,7 @@ from fanfold.trust import TrustFileError, TrustStore, file_digest
 if TYPE_CHECKING:
     import httpx
 
+    from fanfold.providers.http1 import ConnectionPool
     from fanfold.providers.slots import CallSlots
 
 PROVIDERS = ("openai", "anthropic", "scripted")
@@ -1313,8 +1314,10 @@ def build_provider(
     environ: Mapping[str, str] | None = None,
     client: httpx.AsyncClient | None = None,
     scripted: Provider | None = None,
+    pool: ConnectionPool | None = None,
 ) -> Provider:
-    """The provider for ``profile``. HTTP providers share ``client`` if given.
+    """The provider for ``profile``. HTTP providers share ``client`` (httpx) or
+    ``pool`` (``fanfold.providers.http1``) if given.
 
     A ``scripted`` profile uses the ``scripted`` provider passed in (fanfold's offline
     provider); ConfigError without one, or if the profile's key variable is unset.
@@ -1341,6 +1344,7 @@ def build_provider(
             settings=profile.settings,
             client=client,
             profile=profile.name,
+            pool=pool,
         )
     if profile.provider == "anthropic":
         from fanfold.providers.anthropic import AnthropicProvider
@@ -1356,6 +1360,7 @@ def build_provider(
             settings=profile.settings,
             client=client,
             profile=profile.name,
+            pool=pool,
         )
     raise ConfigError(f"unknown provider {profile.provider!r}", key=f"profiles.{profile.name}")
 
@@ -1371,8 +1376,8 @@ class ProviderRouter:
 
     The default and sub-agent profiles are built at once (a missing key is a
     ConfigError now); others on first use (a missing key is then an AUTH failure of
-    that call). HTTP providers share one ``httpx.AsyncClient``; ``aclose()`` closes it
-    if the router made it.
+    that call). HTTP providers share one ``ConnectionPool`` (or the ``httpx.AsyncClient``
+    given, or one made for a proxy); ``aclose()`` closes what the router made.
     """
 
     def __init__(
@@ -1404,6 +1409,7 @@ class ProviderRouter:
         # Made when the first HTTP profile is built: a scripted configuration (the
         # offline demo's) needs no client, nor httpx (issue 36).
         self._client = client
+        self._pool: ConnectionPool | None = None
         self._providers: dict[str, Provider] = {}
         for profile in (config.default_profile(), config.sub_agent_profile()):
             self.provider(profile)
@@ -1418,12 +1424,22 @@ class ProviderRouter:
         return f"ProviderRouter(profiles={self.config.names()!r}, default={self.config.default!r})"
 
     def _build(self, profile: Profile) -> Provider:
-        if self._client is None and profile.provider != "scripted":
-            from fanfold.providers.http import new_client
+        if self._client is None and self._pool is None and profile.provider != "scripted":
+            from fanfold.providers.http import new_client, proxy_in_environment
 
-            self._client = new_client()
+            # The providers' own HTTP/1.1 path, unless a proxy is configured: httpx honours it.
+            if proxy_in_environment():
+                self._client = new_client()
+            else:
+                from fanfold.providers.http1 import ConnectionPool
+
+                self._pool = ConnectionPool()
         return build_provider(
-            profile, environ=self._keys, client=self._client, scripted=self._scripted
+            profile,
+            environ=self._keys,
+            client=self._client,
+            scripted=self._scripted,
+            pool=self._pool,
         )
 
     def resolve(self, model: str | None, depth: int = 0) -> tuple[Profile, str | None]:
@@ -1454,9 +1470,11 @@ class ProviderRouter:
             return await provider.complete(routed, context)
 
     async def aclose(self) -> None:
-        """Close the shared HTTP client if the router made it."""
+        """Close the shared HTTP client or connections if the router made them."""
         if self._owns_client and self._client is not None:
             await self._client.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
 
 
 class _Masked(Mapping[str, str]):

@@ -1,7 +1,9 @@
 """The HTTP half shared by the OpenAI and Anthropic providers.
 
-``HttpProvider.complete`` sends one request with httpx (under Trio), streaming or not,
-and turns every failure into a ``ProviderError``: transport errors by exception type
+``HttpProvider.complete`` sends one request (under Trio), streaming or not, over
+fanfold's own HTTP/1.1 client (``fanfold.providers.http1``) or, for a proxy or a
+client passed in, httpx, and turns every failure into a ``ProviderError``: transport
+errors by exception type (both raise httpx's classes)
 (connect/read/protocol errors -> NETWORK, httpx timeouts -> TIMEOUT, including a stalled
 stream, which trips the read timeout), HTTP errors and in-stream errors through
 ``wire``'s one table, unreadable bodies -> MALFORMED_RESPONSE. A total deadline, if
@@ -16,12 +18,12 @@ from __future__ import annotations
 import abc
 import functools
 import json
-import math
 import socket
 import ssl
 import time
+import urllib.request
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self
 
@@ -29,6 +31,7 @@ import httpx
 import trio
 
 from fanfold.providers.base import CallContext, ProviderError, StreamProgress
+from fanfold.providers.http1 import ConnectionPool, Exchange, InvalidHeader, Origin, request_head
 from fanfold.providers.settings import DEFAULT_SETTINGS as DEFAULT_SETTINGS
 from fanfold.providers.settings import DEFAULT_TIMEOUTS as DEFAULT_TIMEOUTS
 from fanfold.providers.settings import POOL_SIZE as POOL_SIZE
@@ -36,6 +39,7 @@ from fanfold.providers.settings import RequestSettings as RequestSettings
 from fanfold.providers.settings import Timeouts as Timeouts
 from fanfold.providers.settings import valid_api_key as valid_api_key
 from fanfold.providers.wire import (
+    IdentityMemo,
     Secret,
     SSEDecoder,
     SSEEvent,
@@ -94,6 +98,31 @@ def pool_slots(client: httpx.AsyncClient) -> trio.CapacityLimiter:
     if slots is None:
         slots = _pool_slots[client] = trio.CapacityLimiter(POOL_SIZE)
     return slots
+
+
+def proxy_in_environment() -> bool:
+    """True if the environment names a proxy for HTTP(S) (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``, either case): httpx then makes the calls, as it honours them."""
+    proxies = urllib.request.getproxies_environment()
+    return any(scheme in proxies for scheme in ("http", "https", "all"))
+
+
+def http1_origin(url: str, headers: list[tuple[bytes, bytes]]) -> Origin | None:
+    """Where ``url`` is, for ``ConnectionPool``, with ``headers`` built into its request head;
+    None if the own HTTP/1.1 path cannot serve it: not ``http``/``https``, a user or password in
+    the URL (httpx sends them as Basic authentication), or not a URL (httpx then says
+    why, as before). Raises ``InvalidHeader`` for a header it cannot send."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return None
+    scheme = parsed.scheme
+    if scheme not in ("http", "https") or parsed.userinfo or not parsed.raw_host:
+        return None
+    port = parsed.port or (443 if scheme == "https" else 80)
+    head = request_head(parsed.raw_path, [(b"host", parsed.netloc), *headers])
+    shown = str(parsed.copy_with(query=None, fragment=None))
+    return Origin(scheme, parsed.raw_host.decode("ascii"), port, head, shown)
 
 
 class StreamAssembler(Protocol):
@@ -188,7 +217,7 @@ class Body:
 
     def __init__(self, parts: tuple[bytes, ...]) -> None:
         self.parts = parts
-        self.length = sum(len(part) for part in parts)
+        self.length = sum(map(len, parts))
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for part in self.parts:
@@ -201,6 +230,7 @@ class Body:
 
 _TOOL_BYTES: dict[tuple[str, tuple[Any, ...], bool, int | None], bytes] = {}
 _TOOL_BYTES_KEPT = 64
+_SEEN_TOOL_BYTES = IdentityMemo()
 
 DRAIN_SECONDS = 0.25
 DRAIN_BYTES = 65536
@@ -231,9 +261,13 @@ class HttpProvider(abc.ABC):
     """A ``Provider`` over HTTP. One instance may serve many concurrent calls.
 
     ``request.model`` (if set) picks the model for a call; otherwise ``model`` does.
-    Pass ``client`` to share an ``httpx.AsyncClient`` (the caller closes it); without
-    one, the provider opens its own on first use, and ``aclose()`` (or ``async with``)
-    closes it. Timeouts are applied per request, so a shared client is fine.
+    Calls go over fanfold's own HTTP/1.1 client (``fanfold.providers.http1``), through ``pool`` if
+    given (shared; the caller closes it) or the provider's own. httpx makes them instead
+    when the caller passes ``client`` (an ``httpx.AsyncClient``, shared, the caller
+    closes it), when the environment names a proxy, or for a URL it cannot serve (see
+    ``http1_origin``); the provider then opens its own client on first use. ``aclose()``
+    (or ``async with``) closes what the provider opened. Timeouts are applied per
+    request, so a shared pool or client is fine.
     """
 
     api: ClassVar[str]
@@ -259,6 +293,7 @@ class HttpProvider(abc.ABC):
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         profile: str | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.profile = profile
@@ -277,6 +312,12 @@ class HttpProvider(abc.ABC):
         self._client = client
         self._owns_client = client is None
         self._clock = clock
+        self._pool = pool
+        self._owns_pool = pool is None
+        # The own HTTP/1.1 path's origin and request head (built on the first call), or False:
+        # this provider's calls go through httpx (``_origin``).
+        self._http1: Origin | bool | None = None
+        self._http1_stream = stream
 
     def __repr__(self) -> str:
         key = "set" if self._api_key is not None else "none"
@@ -313,11 +354,31 @@ class HttpProvider(abc.ABC):
     async def complete(self, request: ModelRequest, context: CallContext) -> ModelReply:
         """Call the model; return its reply or raise ``ProviderError`` (redacted)."""
         secrets = [self._api_key.reveal()] if self._api_key is not None else []
-        client = self._get_client()
-        slots = pool_slots(client)
+        try:
+            origin = self._origin()
+        except InvalidHeader:
+            # Its text may quote a header, and headers hold the key: leave it out.
+            error = fail(
+                ErrorKind.INVALID_REQUEST,
+                f"{self.api}: the request could not be sent (invalid header or body)",
+            ).error
+            raise ProviderError(redact_error(error, secrets)) from None
+        client: httpx.AsyncClient | None = None
+        pool: ConnectionPool | None = None
+        if origin is None:
+            client = self._get_client()
+            slots = pool_slots(client)
+        else:
+            pool = self._get_pool()
+            slots = pool.slots
         # A token of its own per call (a task may make calls one after another).
         borrower = object()
-        await slots.acquire_on_behalf_of(borrower)
+        try:
+            # A free slot is taken at once (no trip through the scheduler: the call
+            # waits on its socket soon enough); else the call queues for one.
+            slots.acquire_on_behalf_of_nowait(borrower)
+        except trio.WouldBlock:
+            await slots.acquire_on_behalf_of(borrower)
         try:
             model = request.model or self.model
             if not model:
@@ -330,8 +391,11 @@ class HttpProvider(abc.ABC):
                 raise fail(ErrorKind.INVALID_REQUEST, f"{self.api}: {exc}") from None
             total = self.timeouts.total
             reply: ModelReply | None = None
-            with trio.move_on_after(math.inf if total is None else total):
-                reply = await self._call(client, content, context)
+            if total is None:  # no timer (a cancel scope is a cost of each call)
+                reply = await self._send(client, pool, origin, content, context)
+            else:
+                with trio.move_on_after(total):
+                    reply = await self._send(client, pool, origin, content, context)
             if reply is None:
                 raise fail(ErrorKind.TIMEOUT, f"{self.api}: no complete reply within {total}s")
             return reply
@@ -343,9 +407,22 @@ class HttpProvider(abc.ABC):
         finally:
             slots.release_on_behalf_of(borrower)
 
-    async def _call(
-        self, client: httpx.AsyncClient, content: Body, context: CallContext
-    ) -> ModelReply:
+    def _send(
+        self,
+        client: httpx.AsyncClient | None,
+        pool: ConnectionPool | None,
+        origin: Origin | None,
+        content: Body,
+        context: CallContext,
+    ) -> Awaitable[ModelReply]:
+        if client is not None:
+            return self._call(client, content, context)
+        assert pool is not None and origin is not None
+        return self._call_http1(pool, origin, content, context)
+
+    def _headers(self) -> dict[str, str]:
+        """The request's headers but its length: the provider's own (authentication
+        included), then the profile's extra ones (never replacing one of those)."""
         key = self._api_key.reveal() if self._api_key is not None else None
         headers = self.headers(key)
         own = {name.lower() for name in headers}
@@ -354,6 +431,109 @@ class HttpProvider(abc.ABC):
             (name, value) for name, value in self.settings.extra_headers if name.lower() not in own
         )
         headers.setdefault("content-type", "application/json")
+        if self.stream:
+            headers["accept"] = "text/event-stream"
+        return headers
+
+    def _origin(self) -> Origin | None:
+        """The own HTTP/1.1 path's origin and request head (built once), or None for httpx."""
+        if self._http1 is not None and self._http1_stream is not self.stream:
+            self._http1 = None  # ``stream`` changed since: the Accept header differs
+        if self._http1 is None:
+            self._http1_stream = self.stream
+            if self._client is not None or proxy_in_environment():
+                self._http1 = False
+            else:
+                # As httpx's client sends them (its defaults first, then the call's).
+                headers = [
+                    (b"user-agent", USER_AGENT.encode()),
+                    (b"accept-encoding", b"gzip, deflate"),
+                    (b"connection", b"keep-alive"),
+                ]
+                given = {name.lower(): value for name, value in self._headers().items()}
+                headers = [(name, value) for name, value in headers if name.decode() not in given]
+                try:
+                    headers.extend(
+                        (name.encode("ascii"), value.encode("latin-1"))
+                        for name, value in given.items()
+                    )
+                except UnicodeEncodeError:
+                    raise InvalidHeader("invalid header") from None
+                self._http1 = http1_origin(self.url, headers) or False
+        return self._http1 if isinstance(self._http1, Origin) else None
+
+    def _get_pool(self) -> ConnectionPool:
+        if self._pool is None:
+            self._pool = ConnectionPool()
+            self._owns_pool = True
+        return self._pool
+
+    async def _call_http1(
+        self, pool: ConnectionPool, origin: Origin, content: Body, context: CallContext
+    ) -> ModelReply:
+        timeouts = self.timeouts
+        exchange = await pool.send(
+            origin, content.parts, content.length, timeouts.connect, timeouts.read
+        )
+        try:
+            status = exchange.status
+            if not self.stream:
+                data = await exchange.read_all()
+                self._check_reply(status, data, exchange.header_map)
+                reply = self._parse_json(data)
+                chars = len(reply.text) + sum(len(call.arguments_json) for call in reply.tool_calls)
+                self._progress(context, chars, reply.usage.output_tokens or None)
+                return reply
+            if status != 200:
+                self._check_reply(status, await exchange.read_all(), exchange.header_map)
+            if "json" in exchange.header(b"content-type"):
+                # The server ignored stream=true and sent one JSON reply.
+                return self._parse_json(await exchange.read_all())
+            assembler = self.assembler()
+            try:
+                return await self._assemble_http1(exchange, assembler, context)
+            except ProviderError as exc:
+                raise ProviderError(billed(exc.error, assembler.usage)) from None
+            except httpx.HTTPError as exc:
+                # A stream that breaks after its usage chunk was billed all the same.
+                error = _transport_error(self.api, exc, self.timeouts, self._where()).error
+                raise ProviderError(billed(error, assembler.usage)) from None
+        finally:
+            exchange.release()
+
+    async def _assemble_http1(
+        self, exchange: Exchange, assembler: StreamAssembler, context: CallContext
+    ) -> ModelReply:
+        decoder = SSEDecoder()
+        reported: tuple[int, int | None] = (0, None)
+
+        def feed(chunk: bytes) -> bool:
+            nonlocal reported
+            for event in decoder.feed(chunk):
+                assembler.feed(event)
+                if assembler.done:
+                    break
+            progress = (assembler.output_chars, assembler.output_tokens)
+            if progress != reported:
+                reported = progress
+                self._progress(context, *progress)
+            return assembler.done
+
+        ended = await exchange.read_into(feed)
+        if assembler.done:
+            reply = assembler.finish()
+            if not ended:
+                await exchange.drain(DRAIN_BYTES, DRAIN_SECONDS)
+            return reply
+        for event in decoder.finish():
+            if not assembler.done:
+                assembler.feed(event)
+        return assembler.finish()
+
+    async def _call(
+        self, client: httpx.AsyncClient, content: Body, context: CallContext
+    ) -> ModelReply:
+        headers = self._headers()
         headers["content-length"] = str(content.length)
         timeout = self.timeouts.for_httpx()
         if not self.stream:
@@ -365,7 +545,6 @@ class HttpProvider(abc.ABC):
             chars = len(reply.text) + sum(len(call.arguments_json) for call in reply.tool_calls)
             self._progress(context, chars, reply.usage.output_tokens or None)
             return reply
-        headers["accept"] = "text/event-stream"
         async with client.stream(
             "POST", self.url, content=content, headers=headers, timeout=timeout
         ) as response:
@@ -384,20 +563,25 @@ class HttpProvider(abc.ABC):
         head = encode_json(body)
         if tools is None:
             return Body((head,))
-        key = (
-            self.api,
-            request.tools,
-            tools[-1].get("cache_control") is not None,
-            self.description_limit,
-        )
+        extra = (self.api, tools[-1].get("cache_control") is not None, self.description_limit)
+        shared = _SEEN_TOOL_BYTES.get(request.tools, extra)
+        if shared is None:
+            shared = self._tool_bytes(request, extra, tools)
+            _SEEN_TOOL_BYTES.put(request.tools, extra, shared)
+        # "tools" goes last: JSON objects have no order.
+        return Body((head[:-1] + b',"tools":', shared, b"}"))
+
+    def _tool_bytes(
+        self, request: ModelRequest, extra: tuple[str, bool, int | None], tools: Any
+    ) -> bytes:
+        key = (extra[0], request.tools, extra[1], extra[2])
         shared = _TOOL_BYTES.get(key)
         if shared is None:
             shared = encode_json(tools)
             if len(_TOOL_BYTES) >= _TOOL_BYTES_KEPT:
                 del _TOOL_BYTES[next(iter(_TOOL_BYTES))]
             _TOOL_BYTES[key] = shared
-        # "tools" goes last: JSON objects have no order.
-        return Body((head[:-1] + b',"tools":', shared, b"}"))
+        return shared
 
     async def _read_stream(self, response: httpx.Response, context: CallContext) -> ModelReply:
         assembler = self.assembler()
@@ -450,13 +634,16 @@ class HttpProvider(abc.ABC):
             context.on_progress(StreamProgress(context.conversation_id, chars, tokens))
 
     def _check_status(self, response: httpx.Response) -> None:
-        if response.status_code == 200:
+        self._check_reply(response.status_code, response.content, lambda: response.headers)
+
+    def _check_reply(
+        self, status: int, content: bytes, headers: Callable[[], Mapping[str, str]]
+    ) -> None:
+        if status == 200:
             return
-        if 200 <= response.status_code < 300:
-            raise malformed(f"{self.api}: unexpected HTTP {response.status_code}")
-        error = classify_http_error(
-            self.api, response.status_code, response.content, response.headers, self._clock()
-        )
+        if 200 <= status < 300:
+            raise malformed(f"{self.api}: unexpected HTTP {status}")
+        error = classify_http_error(self.api, status, content, headers(), self._clock())
         raise ProviderError(error)
 
     def _parse_json(self, content: bytes) -> ModelReply:
@@ -474,10 +661,14 @@ class HttpProvider(abc.ABC):
         return self._client
 
     async def aclose(self) -> None:
-        """Close the provider's own HTTP client (a client passed in is left open)."""
+        """Close the provider's own HTTP client and connections (a client or pool passed
+        in is left open)."""
         if self._client is not None and self._owns_client:
             await self._client.aclose()
             self._client = None
+        if self._pool is not None and self._owns_pool:
+            await self._pool.aclose()
+            self._pool = None
 
     async def __aenter__(self) -> Self:
         return self

@@ -45,8 +45,10 @@ from fanfold.providers.http import (
     StreamAssembler,
     Timeouts,
 )
+from fanfold.providers.http1 import ConnectionPool
 from fanfold.providers.settings import OPENAI_BASE_URL
 from fanfold.providers.wire import (
+    IdentityMemo,
     Secret,
     SSEEvent,
     as_int,
@@ -170,7 +172,14 @@ def to_openai_tools(
     The dicts are built once per tool set and shared by every request offering it
     (issue 36: each request decoded every schema again, 17 KiB per waiting call):
     never change them, copy what you change."""
-    return list(_openai_tools(tuple(tools), description_limit))
+    found = _SEEN_TOOLS.get(tools, description_limit)
+    if found is None:
+        found = _openai_tools(tuple(tools), description_limit)
+        _SEEN_TOOLS.put(tools, description_limit, found)
+    return list(found)
+
+
+_SEEN_TOOLS = IdentityMemo()
 
 
 @functools.lru_cache(maxsize=64)
@@ -549,6 +558,7 @@ class OpenAIProvider(HttpProvider):
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         profile: str | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url,
@@ -562,6 +572,7 @@ class OpenAIProvider(HttpProvider):
             client=client,
             clock=clock,
             profile=profile,
+            pool=pool,
         )
         self.max_tokens_param = max_tokens_param
         # OpenAI's own hosts refuse a tool description over 1,024 characters; other

@@ -151,6 +151,15 @@ class SSEDecoder:
         """Decode ``chunk``; return the events it completed."""
         self._buffer += chunk
         events: list[SSEEvent] = []
+        if b"\r" not in self._buffer:
+            # Lines end at LF only (what servers send): one split, no regex per line.
+            lines = self._buffer.split(b"\n")
+            self._buffer = lines.pop()
+            for line in lines:
+                event = self._line(line)
+                if event is not None:
+                    events.append(event)
+            return events
         start = 0
         while True:
             match = _EOL.search(self._buffer, start)
@@ -770,3 +779,33 @@ def unanchored_patterns_described(schema: Any) -> Any:
     out = {k: v for k, v in schema.items() if not (k == "pattern" and "description" in changed)}
     out.update(changed)
     return out
+
+
+class IdentityMemo:
+    """Values remembered by the identity of a tuple (and a small hashable ``extra``):
+    the same tool-set tuple, offered by every call of one conversation, is then found
+    without hashing and comparing its specs again (attrs' generated ``__hash__`` and
+    ``__eq__`` per spec per call; issue 36). Holds the tuples it remembers (at most
+    ``size``, the oldest forgotten first), so an id is never reused while remembered."""
+
+    __slots__ = ("_entries", "_size")
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._entries: dict[int, tuple[tuple[Any, ...], Any, Any]] = {}
+
+    def get(self, key: object, extra: Any) -> Any:
+        """The value remembered for this very tuple and ``extra``, or None."""
+        entry = self._entries.get(id(key))
+        if entry is not None and entry[0] is key and entry[1] == extra:
+            return entry[2]
+        return None
+
+    def put(self, key: object, extra: Any, value: Any) -> None:
+        """Remember ``value`` (only for a tuple: a list could change meanwhile)."""
+        if type(key) is not tuple:
+            return
+        entries = self._entries
+        if len(entries) >= self._size:
+            del entries[next(iter(entries))]
+        entries[id(key)] = (key, extra, value)
