@@ -223,7 +223,9 @@ def _record_edit(store: Store, conversation_id: str, edit: Edit, now: float | No
     after, effects = transition(state, event)
     assert effects == ()  # at rest: nothing in flight to re-issue, nothing to run
     stamp = time.time() if now is None else now
-    store.append([Step(conversation_id, 1, event, effects, after, stamp, snapshot=True)])
+    store.append(
+        [Step(conversation_id, 1, event, effects, after, stamp, snapshot=True, before=state)]
+    )
 
 
 def _exists(store: Store, conversation_id: str) -> bool:
