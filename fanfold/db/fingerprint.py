@@ -849,29 +849,38 @@ def _state_part(changes: Iterable[tuple[int, str]]) -> str:
     return ",".join(f"{index:02x}{found}" for index, found in changes) or "-"
 
 
-def _effects_v7(event_text: str, effects: Sequence[Effect]) -> tuple[str, str]:
+def _effects_v7(
+    event_text: str, effects: Sequence[Effect], recorded: tuple[str, str] | None = None
+) -> tuple[str, str]:
     """The content digest (64 bits, hex) of an event's canonical text and its effects'
     whole compact texts, and the effects' part of the fingerprint: per effect its type
-    name, ``:`` and a 16-bit digest of each field's compact text."""
+    name, ``:`` and a 16-bit digest of each field's compact text. ``recorded``: the
+    content digest and effect part a step recorded; if the content digest is the
+    same, the effect part is too (it digests the same texts) and is not computed."""
     if not effects:
         digest = hashlib.blake2b(event_text.encode("utf-8"), digest_size=_DIGEST_SIZE)
         return digest.hexdigest(), "-"
     parts = [event_text]
-    tokens = []
+    each = []
     for effect in effects:
-        name = type(effect).__name__
         texts = field_texts(effect)
-        parts.append(name)
+        each.append(texts)
+        parts.append(type(effect).__name__)
         parts.extend(texts)
-        # CRC-32 of each field's text, cut to 16 bits, packed in C: no Python-level
-        # work per field.
-        crcs = map(operator.and_, map(zlib.crc32, map(str.encode, texts)), repeat(0xFFFF))
-        tokens.append(f"{name}:{struct.pack(f'<{len(texts)}H', *crcs).hex()}")
     # One text, one hash: the separator is no JSON text's (a field's text never holds
     # it unescaped), and each effect starts with its type name, so the split is unique
     # given the field counts of the types.
     text = "\x1f".join(parts).encode("utf-8")
-    return hashlib.blake2b(text, digest_size=_DIGEST_SIZE).hexdigest(), ",".join(tokens)
+    content = hashlib.blake2b(text, digest_size=_DIGEST_SIZE).hexdigest()
+    if recorded is not None and recorded[0] == content:
+        return recorded
+    tokens = []
+    for effect, texts in zip(effects, each, strict=True):
+        # CRC-32 of each field's text, cut to 16 bits, packed in C: no Python-level
+        # work per field.
+        crcs = map(operator.and_, map(zlib.crc32, map(str.encode, texts)), repeat(0xFFFF))
+        tokens.append(f"{type(effect).__name__}:{struct.pack(f'<{len(texts)}H', *crcs).hex()}")
+    return content, ",".join(tokens)
 
 
 def _like_v7(
@@ -890,7 +899,7 @@ def _like_v7(
     if event_payload is not None and derived is not None:
         text = canonical_text(event_payload, object_form=False)
         if text is not None:
-            content, effect_part = _effects_v7(text, derived)
+            content, effect_part = _effects_v7(text, derived, (content, effect_part))
     listed = _parse_state_part(state_part)
     fields: dict[int, str] = {}
     if stepwise:
