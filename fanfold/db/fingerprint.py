@@ -900,10 +900,15 @@ def _like_v7(
         text = canonical_text(event_payload, object_form=False)
         if text is not None:
             content, effect_part = _effects_v7(text, derived, (content, effect_part))
-    listed = _parse_state_part(state_part)
     fields: dict[int, str] = {}
     if stepwise:
-        fields.update(state_changes(state, before))
+        changes = state_changes(state, before)
+        part = _state_part(changes)
+        if part == state_part:
+            # The common case: the record lists exactly the fields the step changed.
+            return f"{summary(state)}{_V7}{content} {part} {effect_part}"
+        fields.update(changes)
+    listed = _parse_state_part(state_part)
     values = _state_values(state)
     for index in listed or ():
         if index not in fields and index < len(values):
