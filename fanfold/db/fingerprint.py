@@ -70,9 +70,9 @@ is not an extension of the one kept (a fork, a rebuilt state) is rehashed once.
 - version 7 (written since 2026-12-07, issue 34): the counters, then ``######`` and
   three parts: a 64-bit digest of the event as stored and of every effect's type name
   and fields' compact texts (the effects' whole content); the state fields whose value
-  the step changed (every one at seq 0, or when the writer has not the state before
-  the step), each as its index in ``Conversation``'s field order (2 hex digits) and a
-  32-bit digest; and per effect its type name and a 16-bit digest of each field
+  the step changed (at seq 0: those not at their declared defaults; every one when
+  the writer has not the state before the step), each as its index in
+  ``Conversation``'s field order (2 hex digits) and a 32-bit digest; and per effect its type name and a 16-bit digest of each field
   (``Idle n4 r1 h2 s0 p0 f0 w0 ######0123456789abcdef 0a1b2c3d4e,16... CallModel:1a2b3c4d``).
   Every field the reducer outputs is so compared at every step, and
   ``differences`` names the ones that differ (``state.usage_output``,
@@ -796,6 +796,37 @@ def _all_fields(state: Conversation) -> list[tuple[int, str]]:
     return list(enumerate(digests))
 
 
+_NO_DEFAULT = object()
+_DEFAULTS = tuple(
+    _NO_DEFAULT
+    if field.default is attrs.NOTHING or hasattr(field.default, "factory")
+    else field.default
+    for field in attrs.fields(Conversation)
+)
+_default_digests: dict[int, str] = {}
+
+
+def _created_fields(state: Conversation) -> list[tuple[int, str]]:
+    """The fields of a state at seq 0 that differ from their declared defaults (every
+    field without one), each with its digest: seq 0 as a step from a state of defaults.
+    A reducer whose ``start`` sets a field it did not is still seen: the field is then
+    listed on one side only."""
+    values = _state_values(state)
+    digests = []
+    listed = []
+    for index, (value, default) in enumerate(zip(values, _DEFAULTS, strict=True)):
+        if default is not _NO_DEFAULT and (value is default or value == default):
+            found = _default_digests.get(index)
+            if found is None:
+                found = _default_digests[index] = _field_digest(state, index, value)
+        else:
+            found = _field_digest(state, index, value)
+            listed.append((index, found))
+        digests.append(found)
+    _remember(state, values, digests)
+    return listed
+
+
 class _StateDigests:
     """Per conversation: the last state whose field digests were computed, its field
     values and their digests. A step's fields are compared with its predecessor's by
@@ -823,10 +854,10 @@ def _remember(state: Conversation, values: tuple[object, ...], digests: list[str
 
 def state_changes(state: Conversation, before: Conversation | None) -> list[tuple[int, str]]:
     """The fields (by index in ``Conversation``'s declaration order) whose value differs
-    between ``before`` and ``state``, each with its digest in ``state``; every field at
-    seq 0 (``before`` None)."""
+    between ``before`` and ``state``, each with its digest in ``state``; at seq 0
+    (``before`` None) those that differ from their declared defaults."""
     if before is None:
-        return _all_fields(state)
+        return _created_fields(state)
     values = _state_values(state)
     entry = _state_digests.entries.get(state.id)
     if entry is not None and entry[0] is before:
