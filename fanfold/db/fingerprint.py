@@ -67,17 +67,34 @@ is not an extension of the one kept (a fork, a rebuilt state) is rehashed once.
   the cost version 5 kept. Their names are: a reducer that adds, drops or reorders an
   effect is still caught at the step.
 
+- version 7 (written since 2026-12-07, issue 34): the counters, then ``######`` and
+  three parts: a 64-bit digest of the event as stored and of every effect's type name
+  and fields' compact texts (the effects' whole content); the state fields whose value
+  the step changed (at seq 0: those not at their declared defaults; every one when
+  the writer has not the state before the step), each as its index in
+  ``Conversation``'s field order (2 hex digits) and a 32-bit digest; and per effect
+  its type name and a 16-bit digest of each field
+  (``Idle n4 r1 h2 s0 p0 f0 w0 ######0123456789abcdef 0a1b2c3d4e,16... CallModel:1a2b3c4d``).
+  Every field the reducer outputs is so compared at every step, and
+  ``differences`` names the ones that differ (``state.usage_output``,
+  ``effect 0 StartTimer.delay``). Version 6 compared an effect's type only, and the
+  state whole only at rest: a changed timer delay verified identical, a changed token
+  count was reported where the conversation next rested. No whole-state digest at
+  rest any more: every state field is pinned at the step that changes it.
+
 ``matches(state, recorded)`` compares in the recorded format, so logs written with
-versions 1 to 5 still verify.
+versions 1 to 6 still verify.
 """
 
 from __future__ import annotations
 
 import hashlib
 import operator
+import struct
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from itertools import compress, repeat
 
 import attrs
 
@@ -88,6 +105,9 @@ from fanfold.db.codec import (
     encode,
     encode_state_without_history,
     encode_unversioned,
+    field_emitters,
+    field_names,
+    field_texts,
 )
 from fanfold.db.errors import CodecError
 from fanfold.statemachine import (
@@ -95,9 +115,11 @@ from fanfold.statemachine import (
     CancellingSubAgents,
     Children,
     Conversation,
+    Effect,
     Message,
     ToolExecuting,
 )
+from fanfold.statemachine.children import Roster
 
 _DIGEST_SIZE = 8  # bytes: a 64-bit digest, 16 hex characters
 _FORMAT_5_SINCE = 6  # the log schema that first wrote version-5 fingerprints
@@ -202,16 +224,39 @@ def event_digest(event_text: str, effect_names: Sequence[str]) -> str | None:
 def step_fingerprint(
     state: Conversation,
     event_text: str,
+    effects: Sequence[Effect],
+    before: Conversation | None,
+    *,
+    whole: bool = False,
+) -> str:
+    """The current (version 7) fingerprint of a step that stored ``event_text`` (its
+    compact document), produced ``effects`` and took ``before`` (None at seq 0) to
+    ``state``: the counters, a 64-bit digest of the event and of every effect's whole
+    content, a short digest of each state field whose value the step changed, and a
+    short digest of each effect's every field (see the module docstring). ``whole``:
+    list every state field, changed or not (what a writer that does not have the state
+    before the step records: verify checks a listed field whatever the step did)."""
+    comma = event_text.find(",")
+    if not event_text.startswith("[") or comma < 0:
+        raise CodecError("a step's event is not in the form the log stores")
+    content, effect_part = _effects_v7("[" + event_text[comma + 1 :], effects)
+    changes = _all_fields(state) if whole else state_changes(state, before)
+    return f"{summary(state)}{_V7}{content} {_state_part(changes)} {effect_part}"
+
+
+def step_fingerprint_v6(
+    state: Conversation,
+    event_text: str,
     effect_names: Sequence[str],
     *,
     snapshot: bool = False,
 ) -> str:
-    """The current (version 6) fingerprint of a step that stored ``event_text`` (its
-    compact document), produced effects of types ``effect_names`` and left ``state``:
-    the counters, the content digest and, when the state is at rest, the whole-state
-    digest; but not for an ended conversation whose whole state the step stores as its
-    snapshot (``snapshot``): nothing changes it after that, and verify compares the
-    snapshot itself."""
+    """The version-6 fingerprint (logs written 2026-11-28 to 2026-12-07) of a step
+    that stored ``event_text`` (its compact document), produced effects of types
+    ``effect_names`` and left ``state``: the counters, the content digest and, when the
+    state is at rest, the whole-state digest; but not for an ended conversation whose
+    whole state the step stores as its snapshot (``snapshot``): nothing changes it
+    after that, and verify compares the snapshot itself."""
     comma = event_text.find(",")
     if not event_text.startswith("[") or comma < 0:
         raise CodecError("a step's event is not in the form the log stores")
@@ -226,7 +271,7 @@ def step_fingerprint(
 
 
 def events_only(recorded: str) -> bool:
-    """True if ``recorded`` is a version-6 fingerprint: its step's effects are not
+    """True if ``recorded`` is a version-6 or 7 fingerprint: its step's effects are not
     stored (the events-only log), replay re-derives them."""
     return " #####" in recorded
 
@@ -332,7 +377,7 @@ def _children_digest(key: str, children: Children) -> bytes:
     lists: tuple[Iterable[object], ...] = (children.pending, children.finished, children.rejected)
     for slot, items in enumerate(lists):
         # Rosters as tuples: the digests of the last tuple seen are kept by identity.
-        kept = tuple(items)
+        kept = items.as_tuple() if isinstance(items, Roster) else tuple(items)
         h.update(len(kept).to_bytes(8, "little"))
         h.update(_lists.joined((key, slot), kept))
     return h.digest()
@@ -344,7 +389,9 @@ def is_version_1(recorded: str) -> bool:
 
 
 def version(recorded: str) -> int:
-    """The format of a recorded fingerprint: 1 to 6."""
+    """The format of a recorded fingerprint: 1 to 7."""
+    if _V7 in recorded:
+        return 7
     if " #####" in recorded:
         return 6
     if " ####" in recorded:
@@ -363,8 +410,19 @@ def like(
     effects: Sequence[tuple[str, str]] | None = None,
     *,
     effect_names: Sequence[str] | None = None,
+    derived: Sequence[Effect] | None = None,
+    before: Conversation | None = None,
+    stepwise: bool = False,
 ) -> str:
-    """The fingerprint of ``state`` in the format of ``recorded``. A version-6
+    """The fingerprint of ``state`` in the format of ``recorded``. A version-7
+    fingerprint's content digest and effect part are computed from ``event_payload``
+    and ``derived`` (the effects the step produced; without them, taken from
+    ``recorded``); its state part lists, with their digests in ``state``, the fields
+    ``recorded`` lists and, if ``stepwise`` (``before`` is the state before the step,
+    None at seq 0), every field whose value the step changed: a field the recomputed
+    step changes and the record does not list (or lists with another digest) makes it
+    differ. Without ``stepwise`` only the listed fields are checked (rebuilding a
+    state). A version-6
     fingerprint's content digest is computed from ``event_payload`` and
     ``effect_names`` (the types of the effects the step produced); without them it is
     taken from ``recorded``, as for version 5. A version-2
@@ -375,6 +433,8 @@ def like(
     canonical form (``canonical_text``), it is taken from ``recorded``, and only the
     state is compared: what rebuilding a state checks."""
     match version(recorded):
+        case 7:
+            return _like_v7(state, recorded, event_payload, derived, before, stepwise)
         case 6:
             digest_of_content = None
             if event_payload is not None and effect_names is not None:
@@ -422,10 +482,23 @@ def matches(
     effects: Sequence[tuple[str, str]] | None = None,
     *,
     effect_names: Sequence[str] | None = None,
+    derived: Sequence[Effect] | None = None,
+    before: Conversation | None = None,
+    stepwise: bool = False,
 ) -> bool:
     """True if ``state`` has the fingerprint ``recorded`` (in its own format; see
-    ``like`` for ``event_payload``, ``effects`` and ``effect_names``)."""
-    return like(state, recorded, event_payload, effects, effect_names=effect_names) == recorded
+    ``like`` for the other arguments)."""
+    found = like(
+        state,
+        recorded,
+        event_payload,
+        effects,
+        effect_names=effect_names,
+        derived=derived,
+        before=before,
+        stepwise=stepwise,
+    )
+    return found == recorded
 
 
 class _HistoryChains:
@@ -655,3 +728,314 @@ def clear_cache() -> None:
     _items.clear()
     _lists.clear()
     _large.clear()
+    _state_digests.clear()
+
+
+# ---------------------------------------------------------------- version 7
+
+_V7 = " ######"
+COUNTER_LABELS = {
+    "n": "next call number",
+    "r": "model rounds",
+    "h": "history length",
+    "s": "children spawned",
+    "p": "pending children",
+    "f": "finished children",
+    "w": "children written off",
+}
+"""What each counter of a fingerprint (``summary``) counts, by its letter."""
+CONTENT_LABEL = "content digest (the step's event and its effects, every field)"
+"""How a report names a version-7 fingerprint's content digest."""
+_STATE_FIELDS = field_names(Conversation)
+_STATE_EMITTERS = field_emitters(Conversation)
+_state_values = operator.attrgetter(*_STATE_FIELDS)
+_HISTORY = _STATE_FIELDS.index("history")
+_PHASE = _STATE_FIELDS.index("phase")
+_LARGE_INDEXES = frozenset(_STATE_FIELDS.index(name) for name in _LARGE_FIELDS)
+_FIELD_WIDTH = 8  # hex digits of a state field's digest (32 bits)
+_EFFECT_FIELD_WIDTH = 4  # hex digits of an effect field's digest (16 bits)
+_hex8 = "{:08x}".format
+
+
+def _field_digest(state: Conversation, index: int, value: object) -> str:
+    """The short digest (8 hex digits) of one field of ``state``: the history's chained
+    digest, a large shared value's kept one, the phase with its children hashed item by
+    item (``_children_digest``), or CRC-32 of any other field's compact text."""
+    if index == _HISTORY:
+        return _histories.chain(state.id, state.history)[:4].hex()
+    if index in _LARGE_INDEXES:
+        return _large.joined([value])[:4].hex()
+    if index == _PHASE:
+        children = state.children
+        if children is not None and (children.pending or children.finished or children.rejected):
+            phase = state.phase
+            assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
+            text = _STATE_EMITTERS[index](attrs.evolve(phase, children=_bare(children)))
+            kids = _children_digest(state.id, children)
+            return _hex8(zlib.crc32(kids, zlib.crc32(text.encode("utf-8"))))
+    kind = type(value)
+    if kind is int or value is None or kind is bool:
+        # Counters, flags and absent values: few distinct ones, kept by value.
+        key = (index, kind, value)
+        found = _SMALL.get(key)
+        if found is None:
+            found = _hex8(zlib.crc32(_STATE_EMITTERS[index](value).encode("utf-8")))
+            if len(_SMALL) >= _CACHE_LIMIT:
+                _SMALL.clear()
+            _SMALL[key] = found
+        return found
+    return _hex8(zlib.crc32(_STATE_EMITTERS[index](value).encode("utf-8")))
+
+
+_SMALL: dict[tuple[int, type, object], str] = {}
+
+
+def _all_fields(state: Conversation) -> list[tuple[int, str]]:
+    values = _state_values(state)
+    digests = [_field_digest(state, index, value) for index, value in enumerate(values)]
+    _remember(state, values, digests)
+    return list(enumerate(digests))
+
+
+_NO_DEFAULT = object()
+_DEFAULTS = tuple(
+    _NO_DEFAULT
+    if field.default is attrs.NOTHING or hasattr(field.default, "factory")
+    else field.default
+    for field in attrs.fields(Conversation)
+)
+_default_digests: dict[int, str] = {}
+
+
+def _created_fields(state: Conversation) -> list[tuple[int, str]]:
+    """The fields of a state at seq 0 that differ from their declared defaults (every
+    field without one), each with its digest: seq 0 as a step from a state of defaults.
+    A reducer whose ``start`` sets a field it did not is still seen: the field is then
+    listed on one side only."""
+    values = _state_values(state)
+    digests = []
+    listed = []
+    for index, (value, default) in enumerate(zip(values, _DEFAULTS, strict=True)):
+        if default is not _NO_DEFAULT and (value is default or value == default):
+            found = _default_digests.get(index)
+            if found is None:
+                found = _default_digests[index] = _field_digest(state, index, value)
+        else:
+            found = _field_digest(state, index, value)
+            listed.append((index, found))
+        digests.append(found)
+    _remember(state, values, digests)
+    return listed
+
+
+class _StateDigests:
+    """Per conversation: the last state whose field digests were computed, its field
+    values and their digests. A step's fields are compared with its predecessor's by
+    identity (in C): only a field the reducer replaced is hashed again. Shared by
+    threads like ``_HistoryChains``: an entry is replaced whole."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[Conversation, tuple[object, ...], list[str]]] = {}
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self.entries.clear()
+
+
+_state_digests = _StateDigests()
+
+
+def _remember(state: Conversation, values: tuple[object, ...], digests: list[str]) -> None:
+    entries = _state_digests.entries
+    if len(entries) >= _CACHE_LIMIT and state.id not in entries:
+        _state_digests.clear()
+    entries[state.id] = (state, values, digests)
+
+
+def state_changes(state: Conversation, before: Conversation | None) -> list[tuple[int, str]]:
+    """The fields (by index in ``Conversation``'s declaration order) whose value differs
+    between ``before`` and ``state``, each with its digest in ``state``; at seq 0
+    (``before`` None) those that differ from their declared defaults."""
+    if before is None:
+        return _created_fields(state)
+    values = _state_values(state)
+    entry = _state_digests.entries.get(state.id)
+    if entry is not None and entry[0] is before:
+        old_values, old_digests = entry[1], entry[2]
+    else:
+        old_values = _state_values(before)
+        old_digests = [_field_digest(before, i, value) for i, value in enumerate(old_values)]
+    digests = old_digests.copy()
+    changed = []
+    for index in compress(range(len(values)), map(operator.is_not, values, old_values)):
+        found = _field_digest(state, index, values[index])
+        if found != old_digests[index]:
+            changed.append((index, found))
+            digests[index] = found
+    _remember(state, values, digests)
+    return changed
+
+
+def _state_part(changes: Iterable[tuple[int, str]]) -> str:
+    return ",".join(f"{index:02x}{found}" for index, found in changes) or "-"
+
+
+def _effects_v7(
+    event_text: str, effects: Sequence[Effect], recorded: tuple[str, str] | None = None
+) -> tuple[str, str]:
+    """The content digest (64 bits, hex) of an event's canonical text and its effects'
+    whole compact texts, and the effects' part of the fingerprint: per effect its type
+    name, ``:`` and a 16-bit digest of each field's compact text. ``recorded``: the
+    content digest and effect part a step recorded; if the content digest is the
+    same, the effect part is too (it digests the same texts) and is not computed."""
+    if not effects:
+        digest = hashlib.blake2b(event_text.encode("utf-8"), digest_size=_DIGEST_SIZE)
+        return digest.hexdigest(), "-"
+    parts = [event_text]
+    each = []
+    for effect in effects:
+        texts = field_texts(effect)
+        each.append(texts)
+        parts.append(type(effect).__name__)
+        parts.extend(texts)
+    # One text, one hash: the separator is no JSON text's (a field's text never holds
+    # it unescaped), and each effect starts with its type name, so the split is unique
+    # given the field counts of the types.
+    text = "\x1f".join(parts).encode("utf-8")
+    content = hashlib.blake2b(text, digest_size=_DIGEST_SIZE).hexdigest()
+    if recorded is not None and recorded[0] == content:
+        return recorded
+    tokens = []
+    for effect, texts in zip(effects, each, strict=True):
+        # CRC-32 of each field's text, cut to 16 bits, packed in C: no Python-level
+        # work per field.
+        crcs = map(operator.and_, map(zlib.crc32, map(str.encode, texts)), repeat(0xFFFF))
+        tokens.append(f"{type(effect).__name__}:{struct.pack(f'<{len(texts)}H', *crcs).hex()}")
+    return content, ",".join(tokens)
+
+
+def _like_v7(
+    state: Conversation,
+    recorded: str,
+    event_payload: str | None,
+    derived: Sequence[Effect] | None,
+    before: Conversation | None,
+    stepwise: bool,
+) -> str:
+    """``like`` for a version-7 fingerprint (see there)."""
+    tail = recorded.split(_V7, 1)[1].split(" ")
+    if len(tail) != 3:
+        return f"{summary(state)}{_V7}(not a version-7 fingerprint: {recorded!r})"
+    content, state_part, effect_part = tail
+    if event_payload is not None and derived is not None:
+        text = canonical_text(event_payload, object_form=False)
+        if text is not None:
+            content, effect_part = _effects_v7(text, derived, (content, effect_part))
+    fields: dict[int, str] = {}
+    if stepwise:
+        changes = state_changes(state, before)
+        part = _state_part(changes)
+        if part == state_part:
+            # The common case: the record lists exactly the fields the step changed.
+            return f"{summary(state)}{_V7}{content} {part} {effect_part}"
+        fields.update(changes)
+    listed = _parse_state_part(state_part)
+    values = _state_values(state)
+    for index in listed or ():
+        if index not in fields and index < len(values):
+            fields[index] = _field_digest(state, index, values[index])
+    if listed is None:
+        return f"{summary(state)}{_V7}{content} {state_part}? {effect_part}"
+    return f"{summary(state)}{_V7}{content} {_state_part(sorted(fields.items()))} {effect_part}"
+
+
+def _parse_state_part(part: str) -> dict[int, str] | None:
+    """A version-7 state part as {field index: digest}; None if malformed."""
+    if part == "-":
+        return {}
+    out = {}
+    for item in part.split(","):
+        if len(item) != 2 + _FIELD_WIDTH:
+            return None
+        try:
+            out[int(item[:2], 16)] = item[2:]
+        except ValueError:
+            return None
+    return out
+
+
+def _parse_effect_part(part: str) -> list[tuple[str, list[str]]]:
+    if part == "-":
+        return []
+    out = []
+    for token in part.split(","):
+        name, _, digests = token.partition(":")
+        w = _EFFECT_FIELD_WIDTH
+        out.append((name, [digests[i : i + w] for i in range(0, len(digests), w)]))
+    return out
+
+
+def differences(recorded: str, recomputed: str) -> list[str]:
+    """What differs between a recorded version-7 fingerprint and the one recomputed
+    for the same step, each difference named: a counter, a state field (``state.NAME``,
+    in declaration order), an effect added, dropped or of another type, an effect's
+    field (``effect N TYPE.FIELD``), or else the step's content digest alone (the event
+    text, or an effect field whose 16-bit digests happen to agree). Empty if they are
+    the same; a single line if either is not version 7."""
+    if version(recorded) != 7 or version(recomputed) != 7:
+        return [] if recorded == recomputed else [f"recorded {recorded}, recomputed {recomputed}"]
+    head_a, tail_a = recorded.split(_V7, 1)
+    head_b, tail_b = recomputed.split(_V7, 1)
+    out = []
+    for token_a, token_b in zip(head_a.split(), head_b.split(), strict=False):
+        if token_a == token_b:
+            continue
+        label = COUNTER_LABELS.get(token_a[:1])
+        if label is None or token_a[:1] != token_b[:1]:  # the phase
+            out.append(f"phase: {token_a} recorded, {token_b} recomputed")
+        else:
+            out.append(f"{label}: {token_a[1:]} recorded, {token_b[1:]} recomputed")
+    parts_a, parts_b = tail_a.split(" "), tail_b.split(" ")
+    if len(parts_a) != 3 or len(parts_b) != 3:
+        return [*out, f"recorded {recorded}, recomputed {recomputed}"]
+    fields_a = _parse_state_part(parts_a[1]) or {}
+    fields_b = _parse_state_part(parts_b[1].rstrip("?")) or {}
+    for index in sorted(set(fields_a) | set(fields_b)):
+        a, b = fields_a.get(index), fields_b.get(index)
+        if a == b:
+            continue
+        name = _STATE_FIELDS[index] if index < len(_STATE_FIELDS) else f"#{index}"
+        if a is None:
+            out.append(f"state.{name}: changed by the recomputed step only")
+        elif b is None:
+            out.append(f"state.{name}: changed by the recorded step only")
+        else:
+            out.append(f"state.{name}: differs (digest {a} recorded, {b} recomputed)")
+    effects_a, effects_b = _parse_effect_part(parts_a[2]), _parse_effect_part(parts_b[2])
+    for number, (ea, eb) in enumerate(zip(effects_a, effects_b, strict=False)):
+        if ea[0] != eb[0]:
+            out.append(f"effect {number}: {ea[0]} recorded, {eb[0]} recomputed")
+            continue
+        names = _effect_field_names(ea[0])
+        for position, (da, db) in enumerate(zip(ea[1], eb[1], strict=False)):
+            if da != db:
+                field = names[position] if position < len(names) else f"#{position}"
+                out.append(f"effect {number} {ea[0]}.{field}: differs")
+        if len(ea[1]) != len(eb[1]):
+            out.append(f"effect {number} {ea[0]}: its fields at their defaults differ")
+    if len(effects_a) != len(effects_b):
+        out.append(
+            f"effects: {len(effects_a)} recorded ({', '.join(e[0] for e in effects_a)}), "
+            f"{len(effects_b)} recomputed ({', '.join(e[0] for e in effects_b)})"
+        )
+    if parts_a[0] != parts_b[0]:
+        # Last: a named field above says more. Alone, it is the event's text (an edit
+        # of the log), or an effect field whose 16-bit digests agree by chance.
+        out.append(f"{CONTENT_LABEL}: {parts_a[0]} recorded, {parts_b[0]} recomputed")
+    return out
+
+
+def _effect_field_names(name: str) -> tuple[str, ...]:
+    cls = codec.effect_class(name)
+    return field_names(cls) if cls is not None else ()
