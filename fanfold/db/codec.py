@@ -866,6 +866,7 @@ class _ClassCodec:
         "since",
         "stored",
         "texts",
+        "unstored",
         "untagged",
     )
 
@@ -912,6 +913,7 @@ class _ClassCodec:
         # The compact text of each field, in declaration order (version-7 fingerprints).
         self.field_emitters: tuple[_Emitter, ...] = ()
         self.texts: Callable[[Any], list[str]] = _unbuilt_texts
+        self.unstored: dict[str, Any] | None = None
 
     def build(self, hints: dict[str, Any]) -> None:
         """Compile the emitters and the decoders from the field annotations."""
@@ -942,6 +944,7 @@ class _ClassCodec:
         self.field_emitters = tuple(compact[n] for n in self.names)
         trailing = _trailing_omitted(self.names, self.never_stored)
         unstored = {n: self.never_stored[n] for n in trailing} or None
+        self.unstored = unstored
         self.texts = _compile_field_texts(self.name, self.names, self.field_emitters, unstored)
         value = _compile_compact_emitter(
             self.name, self.names, compact, document=False, never_stored=unstored
@@ -1458,6 +1461,29 @@ def field_emitters(cls: type[Any]) -> tuple[Callable[[Any], str], ...]:
     """The compact emitters of a registered class's fields, in declaration order: what
     the compact form writes for each field (memoised tuple fields included)."""
     return _CODECS[cls].field_emitters
+
+
+def compact_text(value: Any) -> str:
+    """The compact text of a registered attrs value, its type name first (memoised by
+    identity for ``MEMOISED_TYPES``: the text a compact document holds for it)."""
+    return _emit_compact_object(value)
+
+
+def compact_emitter(cls: type[Any]) -> Callable[[Any], str]:
+    """The compact emitter of a registered class (its type name first; memoised by
+    identity for ``MEMOISED_TYPES``): what the compact form writes for a value of it."""
+    return _CODECS[cls].compact
+
+
+def compile_field_texts(
+    cls: type[Any], overrides: dict[str, Callable[[Any], str]]
+) -> Callable[[Any], list[str]]:
+    """``field_texts`` for one registered class, compiled, with the fields named in
+    ``overrides`` given by their function instead of their compact text (a digest's
+    text of a large value, kept by identity). Raises what the emitters raise."""
+    codec = _CODECS[cls]
+    emitters = tuple(overrides.get(n, e) for n, e in zip(codec.names, codec.field_emitters, strict=True))
+    return _compile_field_texts(codec.name, codec.names, emitters, codec.unstored)
 
 
 def field_texts(value: Any) -> list[str]:

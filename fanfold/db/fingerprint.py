@@ -90,8 +90,10 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import functools
 import struct
 import threading
+import typing
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, repeat
@@ -116,10 +118,13 @@ from fanfold.statemachine import (
     Children,
     Conversation,
     Effect,
+    Idle,
+    Limits,
     Message,
     ToolExecuting,
 )
 from fanfold.statemachine.children import Roster
+from fanfold.statemachine.phases import ALL_PHASES
 
 _DIGEST_SIZE = 8  # bytes: a 64-bit digest, 16 hex characters
 _FORMAT_5_SINCE = 6  # the log schema that first wrote version-5 fingerprints
@@ -729,6 +734,12 @@ def clear_cache() -> None:
     _lists.clear()
     _large.clear()
     _state_digests.clear()
+    _histories_v7.clear()
+    _int_hexes.clear()
+    _large_hex.clear()
+    _item_ints.clear()
+    _chunks.clear()
+    _children_hex.clear()
 
 
 # ---------------------------------------------------------------- version 7
@@ -747,155 +758,411 @@ COUNTER_LABELS = {
 CONTENT_LABEL = "content digest (the step's event and its effects, every field)"
 """How a report names a version-7 fingerprint's content digest."""
 _STATE_FIELDS = field_names(Conversation)
-_STATE_EMITTERS = field_emitters(Conversation)
-_state_values = operator.attrgetter(*_STATE_FIELDS)
-_HISTORY = _STATE_FIELDS.index("history")
-_PHASE = _STATE_FIELDS.index("phase")
-_LARGE_INDEXES = frozenset(_STATE_FIELDS.index(name) for name in _LARGE_FIELDS)
 _FIELD_WIDTH = 8  # hex digits of a state field's digest (32 bits)
 _EFFECT_FIELD_WIDTH = 4  # hex digits of an effect field's digest (16 bits)
 _hex8 = "{:08x}".format
+_CACHE_OF_VALUES = 4096  # small values (counters, timer numbers) whose digest is kept
 
 
-def _field_digest(state: Conversation, index: int, value: object) -> str:
-    """The short digest (8 hex digits) of one field of ``state``: the history's chained
-    digest, a large shared value's kept one, the phase with its children hashed item by
-    item (``_children_digest``), or CRC-32 of any other field's compact text."""
-    if index == _HISTORY:
-        return _histories.chain(state.id, state.history)[:4].hex()
-    if index in _LARGE_INDEXES:
-        return _large.joined([value])[:4].hex()
-    if index == _PHASE:
-        children = state.children
-        if children is not None and (children.pending or children.finished or children.rejected):
-            phase = state.phase
-            assert isinstance(phase, ToolExecuting | AwaitingSubAgents | CancellingSubAgents)
-            text = _STATE_EMITTERS[index](attrs.evolve(phase, children=_bare(children)))
-            kids = _children_digest(state.id, children)
-            return _hex8(zlib.crc32(kids, zlib.crc32(text.encode("utf-8"))))
-    kind = type(value)
-    if kind is int or value is None or kind is bool:
-        # Counters, flags and absent values: few distinct ones, kept by value.
-        key = (index, kind, value)
-        found = _SMALL.get(key)
-        if found is None:
-            found = _hex8(zlib.crc32(_STATE_EMITTERS[index](value).encode("utf-8")))
-            if len(_SMALL) >= _CACHE_LIMIT:
-                _SMALL.clear()
-            _SMALL[key] = found
+# Each state field is digested by its type, in one compiled function per class
+# (``_compile_state_digests``): counters and timer numbers by value (kept), texts by
+# CRC-32 of their bytes, the large shared values by identity (``_large_hex``), the
+# history by its chain (``_histories_v7``), the phase by ``_phase_hex`` (its children
+# by chunk: ``_children_digest``), any other field by CRC-32 of its compact text.
+
+
+def _crc_hex(text: str) -> str:
+    return _hex8(zlib.crc32(text.encode("utf-8", "surrogatepass")))
+
+
+_NULL_HEX = _crc_hex("null")
+_int_hexes: dict[object, str] = {}
+
+
+def _int_hex(value: int | None) -> str:
+    """A counter's (or an optional timer number's) digest: CRC-32 of its JSON text,
+    kept by value (a step's counters are few distinct values)."""
+    found = _int_hexes.get(value)
+    if found is not None:
         return found
-    return _hex8(zlib.crc32(_STATE_EMITTERS[index](value).encode("utf-8")))
+    if type(value) is not int and value is not None:
+        raise CodecError(f"expected an int, got {type(value).__name__}")
+    found = _NULL_HEX if value is None else _crc_hex(int.__repr__(value))
+    if len(_int_hexes) >= _CACHE_OF_VALUES:
+        _int_hexes.clear()
+    _int_hexes[value] = found
+    return found
 
 
-_SMALL: dict[tuple[int, type, object], str] = {}
+def _str_hex(value: str | None) -> str:
+    """A text field's digest: CRC-32 of its bytes (``null``'s for None)."""
+    if value is None:
+        return _NULL_HEX
+    if type(value) is not str:
+        raise CodecError(f"expected a str, got {type(value).__name__}")
+    return _hex8(zlib.crc32(value.encode("utf-8", "surrogatepass")))
 
 
-def _all_fields(state: Conversation) -> list[tuple[int, str]]:
-    values = _state_values(state)
-    digests = [_field_digest(state, index, value) for index, value in enumerate(values)]
-    _remember(state, values, digests)
-    return list(enumerate(digests))
+class _ByIdentity:
+    """Digests of immutable values kept by identity, each value kept alive beside its
+    digest (so its id is not reused while the entry lives); cleared whole at its limit.
+    Shared by threads: entries are only added or the whole cache replaced, so a race at
+    worst computes a digest twice."""
+
+    def __init__(self, compute: Callable[[object], str], limit: int) -> None:
+        self._compute = compute
+        self._limit = limit
+        self.entries: dict[int, tuple[object, str]] = {}
+
+    def __call__(self, value: object) -> str:
+        entry = self.entries.get(id(value))
+        if entry is not None and entry[0] is value:
+            return entry[1]
+        found = self._compute(value)
+        if len(self.entries) >= self._limit:
+            self.entries = {}
+        self.entries[id(value)] = (value, found)
+        return found
+
+    def clear(self) -> None:
+        self.entries = {}
 
 
-_NO_DEFAULT = object()
-_DEFAULTS = tuple(
-    _NO_DEFAULT
-    if field.default is attrs.NOTHING or hasattr(field.default, "factory")
-    else field.default
-    for field in attrs.fields(Conversation)
+def _large_text_digest(value: object) -> str:
+    """The 64-bit digest (hex) of a large value: ``_large_digest``'s (a text, None, a
+    tuple of values), or of any other value's compact text (limits, permissions)."""
+    if value is None or isinstance(value, str | tuple):
+        return _large_digest(value).hex()
+    text = codec.compact_emitter(type(value))(value)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=_DIGEST_SIZE).hexdigest()
+
+
+# The large values a state or an effect carries from step to step and from parent to
+# child (tool set, prompts, agent catalogue, limits, permissions, a child's context):
+# digested once per object.
+_large_hex = _ByIdentity(_large_text_digest, 4096)
+_LARGE_STATE_FIELDS = frozenset(
+    ("tools", "system_prompt", "sub_agent_prompt", "agents", "limits", "permissions")
 )
-_default_digests: dict[int, str] = {}
+_LARGE_EFFECT_FIELDS = frozenset((*_LARGE_STATE_FIELDS, "context"))
 
 
-def _created_fields(state: Conversation) -> list[tuple[int, str]]:
-    """The fields of a state at seq 0 that differ from their declared defaults (every
-    field without one), each with its digest: seq 0 as a step from a state of defaults.
-    A reducer whose ``start`` sets a field it did not is still seen: the field is then
-    listed on one side only."""
-    values = _state_values(state)
-    digests = []
-    listed = []
-    for index, (value, default) in enumerate(zip(values, _DEFAULTS, strict=True)):
-        if default is not _NO_DEFAULT and (value is default or value == default):
-            found = _default_digests.get(index)
-            if found is None:
-                found = _default_digests[index] = _field_digest(state, index, value)
+# ---- the phase, its children by chunk
+
+_P = (1 << 61) - 1  # a Mersenne prime: the children's digest is a polynomial modulo it
+_R = 0x1F2E3D4C5B6A798  # its base
+_POWERS = [1]
+for _ in range(256):  # a chunk holds at most 64 items; a plain tuple is read in one
+    _POWERS.append(_POWERS[-1] * _R % _P)
+_NOT_NONE = functools.partial(operator.is_not, None)
+
+
+class _ItemInts:
+    """The 64-bit digest (an int) of each child object (PendingChild, FinishedChild),
+    by identity, the object kept alive beside it; looked up in C (``map``)."""
+
+    def __init__(self) -> None:
+        self.digests: dict[int, int] = {}
+        self.alive: dict[int, object] = {}
+
+    def of(self, items: tuple[object, ...]) -> list[int]:
+        found = list(map(self.digests.get, map(id, items)))
+        if None in found:
+            if len(self.digests) + len(items) > _ITEM_CACHE_LIMIT:
+                self.clear()
+            for index, value in enumerate(found):
+                if value is None:
+                    item = items[index]
+                    text = codec.compact_emitter(type(item))(item).encode("utf-8")
+                    digest = hashlib.blake2b(text, digest_size=_DIGEST_SIZE).digest()
+                    found[index] = number = int.from_bytes(digest, "little")
+                    self.alive[id(item)] = item
+                    self.digests[id(item)] = number
+        return found  # type: ignore[return-value]
+
+    def clear(self) -> None:
+        self.digests = {}
+        self.alive = {}
+
+
+_item_ints = _ItemInts()
+
+
+def _chunk_polynomial(chunk: tuple[object, ...]) -> tuple[int, int]:
+    """A chunk's items (holes left out) as (their polynomial modulo ``_P``, count)."""
+    items = tuple(filter(_NOT_NONE, chunk))
+    count = len(items)
+    if not count:
+        return 0, 0
+    digests = _item_ints.of(items)
+    return sum(map(operator.mul, digests, _POWERS[count - 1 :: -1])) % _P, count
+
+
+class _Chunks:
+    """Each roster chunk's polynomial by identity (the chunk kept alive beside it): a
+    step that changes one child re-reads one chunk of 64, not the whole roster."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[object, int, int]] = {}
+
+    def polynomial(self, items: Iterable[object]) -> tuple[int, int]:
+        """The polynomial of a roster's (or a tuple's) items in order, holes left out:
+        the same however the items are chunked (each chunk's is combined as
+        ``acc * R**count + its``)."""
+        chunks = items.chunks() if isinstance(items, Roster) else (tuple(items),)
+        entries = self.entries
+        acc = total = 0
+        for chunk in chunks:
+            entry = entries.get(id(chunk))
+            if entry is None or entry[0] is not chunk:
+                value, count = _chunk_polynomial(chunk)
+                if len(entries) >= _CACHE_LIMIT:
+                    self.entries = entries = {}
+                entries[id(chunk)] = entry = (chunk, value, count)
+            count = entry[2]
+            acc = (acc * _POWERS[count] + entry[1]) % _P
+            total += count
+        return acc, total
+
+    def clear(self) -> None:
+        self.entries = {}
+
+
+_chunks = _Chunks()
+
+
+def _children_text_digest(children: object) -> str:
+    """The digest (8 hex digits) of a round's children: each roster's polynomial and
+    length, the rejected tasks' and the summary's compact texts."""
+    assert isinstance(children, Children)
+    pending = _chunks.polynomial(children.pending)
+    finished = _chunks.polynomial(children.finished)
+    rest = f"{_emit_rejected(children.rejected)}\x1f{_emit_summary(children.summary)}"
+    return _crc_hex(f"{pending[0]:x}.{pending[1]}.{finished[0]:x}.{finished[1]}\x1f{rest}")
+
+
+_children_hex = _ByIdentity(_children_text_digest, 4096)
+
+
+_CHILDREN_EMITTERS = dict(zip(field_names(Children), field_emitters(Children), strict=True))
+_emit_rejected = _CHILDREN_EMITTERS["rejected"]
+_emit_summary = _CHILDREN_EMITTERS["summary"]
+
+
+def _compile_phase_digest(cls: type[object]) -> Callable[[object], str]:
+    """``phase -> digest`` for one phase class: CRC-32 of its compact text, or, for a
+    phase with children, of its other fields' compact texts and its children's digest
+    (``_children_hex``: kept by identity, rosters by chunk)."""
+    names = field_names(cls)
+    if "children" not in names:
+        emit = codec.compact_emitter(cls)
+        return lambda phase: _crc_hex(emit(phase))
+    namespace: dict[str, object] = {"_crc_hex": _crc_hex, "_children_hex": _children_hex}
+    parts = [repr(cls.__name__)]
+    for index, (name, emitter) in enumerate(zip(names, field_emitters(cls), strict=True)):
+        if name == "children":
+            parts.append("_children_hex(p.children)")
         else:
-            found = _field_digest(state, index, value)
-            listed.append((index, found))
-        digests.append(found)
-    _remember(state, values, digests)
-    return listed
+            namespace[f"_e{index}"] = emitter
+            parts.append(f"_e{index}(p.{name})")
+    source = f"def digest(p):\n    return _crc_hex('\\x1f'.join(({', '.join(parts)},)))\n"
+    exec(compile(source, f"<fanfold fingerprint phase digest of {cls.__name__}>", "exec"), namespace)
+    digest: Callable[[object], str] = namespace["digest"]  # type: ignore[assignment]
+    return digest
+
+
+_PHASE_DIGESTS = {cls: _compile_phase_digest(cls) for cls in ALL_PHASES}
+
+
+def _phase_hex(phase: object) -> str:
+    digest = _PHASE_DIGESTS.get(type(phase))
+    if digest is None:
+        raise CodecError(f"not a phase: {type(phase).__name__}")
+    return digest(phase)
+
+
+# ---- the state, one compiled function
+
+
+def _history_hex(key: str, history: tuple[Message, ...]) -> str:
+    return _histories_v7.chain(key, history)[:4].hex()
+
+
+def _compile_state_digests() -> tuple[
+    Callable[[Conversation, Conversation, list[str], list[str]], None],
+    Callable[[Conversation], list[str]],
+]:
+    """Compile, for ``Conversation``, ``changes(s, b, d, out)``: for each field whose
+    value ``s`` holds another object than ``b``, its digest in ``s``; if that differs
+    from ``d`` (``b``'s digests) it is written into ``d`` and ``out`` gets
+    ``"<index as 2 hex digits><digest>"``; and ``every(s)``: every field's digest."""
+    hints = typing.get_type_hints(Conversation)
+    namespace: dict[str, object] = {
+        "_int_hex": _int_hex,
+        "_str_hex": _str_hex,
+        "_large_hex": _large_hex,
+        "_history_hex": _history_hex,
+        "_phase_hex": _phase_hex,
+        "_crc_hex": _crc_hex,
+    }
+    expressions = []
+    emitters = field_emitters(Conversation)
+    for index, name in enumerate(_STATE_FIELDS):
+        hint = hints[name]
+        if name == "history":
+            expression = "_history_hex(s.id, v)"
+        elif name == "phase":
+            expression = "_phase_hex(v)"
+        elif name in _LARGE_STATE_FIELDS:
+            expression = "_large_hex(v)[:8]"
+        elif hint in (int, int | None):
+            expression = "_int_hex(v)"
+        elif hint in (str, str | None):
+            expression = "_str_hex(v)"
+        else:
+            namespace[f"_e{index}"] = emitters[index]
+            expression = f"_crc_hex(_e{index}(v))"
+        expressions.append(expression)
+    lines = ["def changes(s, b, d, out):"]
+    for index, (name, expression) in enumerate(zip(_STATE_FIELDS, expressions, strict=True)):
+        lines += [
+            f"    v = s.{name}",
+            f"    if v is not b.{name}:",
+            f"        x = {expression}",
+            f"        if x != d[{index}]:",
+            f"            d[{index}] = x",
+            f"            out.append('{index:02x}' + x)",
+        ]
+    lines.append("def every(s):")
+    lines.append("    out = []")
+    for name, expression in zip(_STATE_FIELDS, expressions, strict=True):
+        lines += [f"    v = s.{name}", f"    out.append({expression})"]
+    lines.append("    return out")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<fanfold fingerprint state digests>", "exec"), namespace)
+    return namespace["changes"], namespace["every"]  # type: ignore[return-value]
+
+
+_histories_v7 = _HistoryChains(codec.compact_text)
+_state_changes, _state_every = _compile_state_digests()
+
+
+def _default_digests() -> tuple[str | None, ...]:
+    """Each field's digest at its declared default (None: a field without one)."""
+    probe = Conversation(
+        id="", parent_id=None, root_id="", depth=0, cwd="", task=None, system_prompt="",
+        model=None, limits=Limits(), tools=(), history=(), phase=Idle(),
+    )
+    every = _state_every(probe)
+    return tuple(
+        None if field.default is attrs.NOTHING or isinstance(field.default, attrs.Factory)  # type: ignore[arg-type]
+        else every[index]
+        for index, field in enumerate(attrs.fields(Conversation))
+    )
+
+
+_DEFAULTS_V7 = _default_digests()
 
 
 class _StateDigests:
-    """Per conversation: the last state whose field digests were computed, its field
-    values and their digests. A step's fields are compared with its predecessor's by
-    identity (in C): only a field the reducer replaced is hashed again. Shared by
-    threads like ``_HistoryChains``: an entry is replaced whole."""
+    """Per conversation: the last state whose field digests were computed and their
+    digests. A step's fields are compared with its predecessor's by identity (in the
+    compiled ``_state_changes``): only a field the reducer replaced is digested again.
+    Shared by threads like ``_HistoryChains``: an entry is replaced whole."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, tuple[Conversation, tuple[object, ...], list[str]]] = {}
-        self._lock = threading.Lock()
+        self.entries: dict[str, tuple[Conversation, list[str]]] = {}
 
     def clear(self) -> None:
-        with self._lock:
-            self.entries.clear()
+        self.entries = {}
 
 
 _state_digests = _StateDigests()
 
 
-def _remember(state: Conversation, values: tuple[object, ...], digests: list[str]) -> None:
+def _remember(state: Conversation, digests: list[str]) -> None:
     entries = _state_digests.entries
     if len(entries) >= _CACHE_LIMIT and state.id not in entries:
-        _state_digests.clear()
-    entries[state.id] = (state, values, digests)
+        _state_digests.entries = entries = {}
+    entries[state.id] = (state, digests)
 
 
-def state_changes(state: Conversation, before: Conversation | None) -> list[tuple[int, str]]:
+def _all_fields(state: Conversation) -> list[str]:
+    digests = _state_every(state)
+    _remember(state, digests)
+    return [f"{index:02x}{found}" for index, found in enumerate(digests)]
+
+
+def state_changes(state: Conversation, before: Conversation | None) -> list[str]:
     """The fields (by index in ``Conversation``'s declaration order) whose value differs
-    between ``before`` and ``state``, each with its digest in ``state``; at seq 0
-    (``before`` None) those that differ from their declared defaults."""
+    between ``before`` and ``state``, each as ``"<index, 2 hex digits><digest in
+    state>"``; at seq 0 (``before`` None) those whose digest differs from their declared
+    default's (every field without a default): seq 0 as a step from a state of
+    defaults."""
     if before is None:
-        return _created_fields(state)
-    values = _state_values(state)
+        digests = _state_every(state)
+        _remember(state, digests)
+        return [
+            f"{index:02x}{found}"
+            for index, (found, default) in enumerate(zip(digests, _DEFAULTS_V7, strict=True))
+            if found != default
+        ]
     entry = _state_digests.entries.get(state.id)
     if entry is not None and entry[0] is before:
-        old_values, old_digests = entry[1], entry[2]
+        digests = entry[1].copy()
     else:
-        old_values = _state_values(before)
-        old_digests = [_field_digest(before, i, value) for i, value in enumerate(old_values)]
-    digests = old_digests.copy()
-    changed = []
-    for index in compress(range(len(values)), map(operator.is_not, values, old_values)):
-        found = _field_digest(state, index, values[index])
-        if found != old_digests[index]:
-            changed.append((index, found))
-            digests[index] = found
-    _remember(state, values, digests)
-    return changed
+        digests = _state_every(before)
+    out: list[str] = []
+    _state_changes(state, before, digests, out)
+    _remember(state, digests)
+    return out
 
 
-def _state_part(changes: Iterable[tuple[int, str]]) -> str:
-    return ",".join(f"{index:02x}{found}" for index, found in changes) or "-"
+def _state_part(changes: list[str]) -> str:
+    return ",".join(changes) or "-"
+
+
+def _effect_texts(cls: type[object]) -> Callable[[object], list[str]]:
+    """``effect -> [text of each field]`` for one effect class: the compact text, or a
+    large value's kept digest (``_large_hex``)."""
+    names = field_names(cls)
+    overrides = {name: _large_hex for name in names if name in _LARGE_EFFECT_FIELDS}
+    return codec.compile_field_texts(cls, overrides)
+
+
+_EFFECT_TEXTS: dict[type[object], Callable[[object], list[str]]] = {}
+
+
+def _texts_of(effect: Effect) -> list[str]:
+    cls = type(effect)
+    texts = _EFFECT_TEXTS.get(cls)
+    if texts is None:
+        if codec.effect_class(cls.__name__) is not cls:
+            raise CodecError(f"cannot encode {cls.__qualname__}: not an effect")
+        texts = _EFFECT_TEXTS[cls] = _effect_texts(cls)
+    try:
+        return texts(effect)
+    except (TypeError, ValueError, AttributeError, RecursionError):
+        # The codec's own words for a value it cannot encode (a non-finite number...).
+        return field_texts(effect)
 
 
 def _effects_v7(
     event_text: str, effects: Sequence[Effect], recorded: tuple[str, str] | None = None
 ) -> tuple[str, str]:
     """The content digest (64 bits, hex) of an event's canonical text and its effects'
-    whole compact texts, and the effects' part of the fingerprint: per effect its type
-    name, ``:`` and a 16-bit digest of each field's compact text. ``recorded``: the
-    content digest and effect part a step recorded; if the content digest is the
-    same, the effect part is too (it digests the same texts) and is not computed."""
+    field texts (a large value's by its kept digest), and the effects' part of the
+    fingerprint: per effect its type name, ``:`` and a 16-bit digest of each field's
+    text. ``recorded``: the content digest and effect part a step recorded; if the
+    content digest is the same, the effect part is too (it digests the same texts) and
+    is not computed."""
     if not effects:
         digest = hashlib.blake2b(event_text.encode("utf-8"), digest_size=_DIGEST_SIZE)
         return digest.hexdigest(), "-"
     parts = [event_text]
     each = []
     for effect in effects:
-        texts = field_texts(effect)
+        texts = _texts_of(effect)
         each.append(texts)
         parts.append(type(effect).__name__)
         parts.extend(texts)
@@ -939,15 +1206,17 @@ def _like_v7(
         if part == state_part:
             # The common case: the record lists exactly the fields the step changed.
             return f"{summary(state)}{_V7}{content} {part} {effect_part}"
-        fields.update(changes)
+        fields.update(_parse_state_part(part) or {})
     listed = _parse_state_part(state_part)
-    values = _state_values(state)
-    for index in listed or ():
-        if index not in fields and index < len(values):
-            fields[index] = _field_digest(state, index, values[index])
     if listed is None:
         return f"{summary(state)}{_V7}{content} {state_part}? {effect_part}"
-    return f"{summary(state)}{_V7}{content} {_state_part(sorted(fields.items()))} {effect_part}"
+    missing = [index for index in listed if index not in fields and index < len(_STATE_FIELDS)]
+    if missing:
+        every = _state_every(state)
+        for index in missing:
+            fields[index] = every[index]
+    changed = [f"{index:02x}{found}" for index, found in sorted(fields.items())]
+    return f"{summary(state)}{_V7}{content} {_state_part(changed)} {effect_part}"
 
 
 def _parse_state_part(part: str) -> dict[int, str] | None:

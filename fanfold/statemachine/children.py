@@ -283,6 +283,13 @@ class Roster(Generic[Item]):
             return flat  # type: ignore[return-value]
         return tuple(filter(_NOT_NONE, flat))  # type: ignore[arg-type]
 
+    def chunks(self) -> tuple[tuple[Item | None, ...], ...]:
+        """The items as the roster keeps them: chunks of up to 64, a dropped item a hole
+        (None). A chunk is the same object from one roster to the next while no item of
+        it changes (a fingerprint keeps each chunk's digest by identity); how items are
+        chunked depends on the roster's history, not only on its items."""
+        return self._items._chunks
+
     # ------------------------------------------------------------- the sequence
 
     def __len__(self) -> int:
