@@ -736,10 +736,10 @@ def clear_cache() -> None:
     _state_digests.clear()
     _histories_v7.clear()
     _int_hexes.clear()
-    _large_hex.clear()
-    _item_ints.clear()
+    _large_hexes.clear()
+    _item_bytes.clear()
     _chunks.clear()
-    _children_hex.clear()
+    _children_hexes.clear()
 
 
 # ---------------------------------------------------------------- version 7
@@ -814,7 +814,7 @@ class _ByIdentity:
         self._limit = limit
         self.entries: dict[int, tuple[object, str]] = {}
 
-    def __call__(self, value: object) -> str:
+    def digest(self, value: object) -> str:
         entry = self.entries.get(id(value))
         if entry is not None and entry[0] is value:
             return entry[1]
@@ -840,7 +840,8 @@ def _large_text_digest(value: object) -> str:
 # The large values a state or an effect carries from step to step and from parent to
 # child (tool set, prompts, agent catalogue, limits, permissions, a child's context):
 # digested once per object.
-_large_hex = _ByIdentity(_large_text_digest, 4096)
+_large_hexes = _ByIdentity(_large_text_digest, 4096)
+_large_hex = _large_hexes.digest
 _LARGE_STATE_FIELDS = frozenset(
     ("tools", "system_prompt", "sub_agent_prompt", "agents", "limits", "permissions")
 )
@@ -849,80 +850,60 @@ _LARGE_EFFECT_FIELDS = frozenset((*_LARGE_STATE_FIELDS, "context"))
 
 # ---- the phase, its children by chunk
 
-_P = (1 << 61) - 1  # a Mersenne prime: the children's digest is a polynomial modulo it
-_R = 0x1F2E3D4C5B6A798  # its base
-_POWERS = [1]
-for _ in range(256):  # a chunk holds at most 64 items; a plain tuple is read in one
-    _POWERS.append(_POWERS[-1] * _R % _P)
-_NOT_NONE = functools.partial(operator.is_not, None)
-
-
-class _ItemInts:
-    """The 64-bit digest (an int) of each child object (PendingChild, FinishedChild),
-    by identity, the object kept alive beside it; looked up in C (``map``)."""
+class _ItemBytes:
+    """The 64-bit digest of each child object (PendingChild, FinishedChild), by
+    identity, the object kept alive beside it; a hole (None) has the empty digest. A
+    chunk's digests are looked up and joined in C: only a child new here is encoded."""
 
     def __init__(self) -> None:
-        self.digests: dict[int, int] = {}
+        self.digests: dict[int, bytes] = {id(None): b""}
         self.alive: dict[int, object] = {}
 
-    def of(self, items: tuple[object, ...]) -> list[int]:
-        found = list(map(self.digests.get, map(id, items)))
+    def joined(self, chunk: tuple[object, ...]) -> bytes:
+        found = list(map(self.digests.get, map(id, chunk)))
         if None in found:
-            if len(self.digests) + len(items) > _ITEM_CACHE_LIMIT:
+            missing = found.count(None)
+            if len(self.digests) + missing > _ITEM_CACHE_LIMIT:
                 self.clear()
-            for index, value in enumerate(found):
-                if value is None:
-                    item = items[index]
-                    text = codec.compact_emitter(type(item))(item).encode("utf-8")
-                    digest = hashlib.blake2b(text, digest_size=_DIGEST_SIZE).digest()
-                    found[index] = number = int.from_bytes(digest, "little")
-                    self.alive[id(item)] = item
-                    self.digests[id(item)] = number
-        return found  # type: ignore[return-value]
+            index = -1
+            for _ in range(missing):
+                index = found.index(None, index + 1)
+                item = chunk[index]
+                text = codec.compact_text(item).encode("utf-8")
+                digest = hashlib.blake2b(text, digest_size=_DIGEST_SIZE).digest()
+                self.alive[id(item)] = item
+                self.digests[id(item)] = found[index] = digest
+        return b"".join(found)  # type: ignore[arg-type]
 
     def clear(self) -> None:
-        self.digests = {}
+        self.digests = {id(None): b""}
         self.alive = {}
 
 
-_item_ints = _ItemInts()
-
-
-def _chunk_polynomial(chunk: tuple[object, ...]) -> tuple[int, int]:
-    """A chunk's items (holes left out) as (their polynomial modulo ``_P``, count)."""
-    items = tuple(filter(_NOT_NONE, chunk))
-    count = len(items)
-    if not count:
-        return 0, 0
-    digests = _item_ints.of(items)
-    return sum(map(operator.mul, digests, _POWERS[count - 1 :: -1])) % _P, count
+_item_bytes = _ItemBytes()
 
 
 class _Chunks:
-    """Each roster chunk's polynomial by identity (the chunk kept alive beside it): a
-    step that changes one child re-reads one chunk of 64, not the whole roster."""
+    """Each roster chunk's joined item digests by identity (the chunk kept alive beside
+    them): a step that changes one child re-reads one chunk of 64, not the roster."""
 
     def __init__(self) -> None:
-        self.entries: dict[int, tuple[object, int, int]] = {}
+        self.entries: dict[int, tuple[object, bytes]] = {}
 
-    def polynomial(self, items: Iterable[object]) -> tuple[int, int]:
-        """The polynomial of a roster's (or a tuple's) items in order, holes left out:
-        the same however the items are chunked (each chunk's is combined as
-        ``acc * R**count + its``)."""
+    def digest(self, items: Iterable[object]) -> bytes:
+        """A roster's (or a tuple's) digest: BLAKE2b of its items' digests in order,
+        holes left out, so the same however the items are chunked."""
         chunks = items.chunks() if isinstance(items, Roster) else (tuple(items),)
         entries = self.entries
-        acc = total = 0
+        parts = []
         for chunk in chunks:
             entry = entries.get(id(chunk))
             if entry is None or entry[0] is not chunk:
-                value, count = _chunk_polynomial(chunk)
                 if len(entries) >= _CACHE_LIMIT:
                     self.entries = entries = {}
-                entries[id(chunk)] = entry = (chunk, value, count)
-            count = entry[2]
-            acc = (acc * _POWERS[count] + entry[1]) % _P
-            total += count
-        return acc, total
+                entries[id(chunk)] = entry = (chunk, _item_bytes.joined(chunk))
+            parts.append(entry[1])
+        return hashlib.blake2b(b"".join(parts), digest_size=_DIGEST_SIZE).digest()
 
     def clear(self) -> None:
         self.entries = {}
@@ -932,16 +913,17 @@ _chunks = _Chunks()
 
 
 def _children_text_digest(children: object) -> str:
-    """The digest (8 hex digits) of a round's children: each roster's polynomial and
-    length, the rejected tasks' and the summary's compact texts."""
+    """The digest (8 hex digits) of a round's children: each roster's (``_Chunks``),
+    the rejected tasks' and the summary's compact texts."""
     assert isinstance(children, Children)
-    pending = _chunks.polynomial(children.pending)
-    finished = _chunks.polynomial(children.finished)
+    pending = _chunks.digest(children.pending).hex()
+    finished = _chunks.digest(children.finished).hex()
     rest = f"{_emit_rejected(children.rejected)}\x1f{_emit_summary(children.summary)}"
-    return _crc_hex(f"{pending[0]:x}.{pending[1]}.{finished[0]:x}.{finished[1]}\x1f{rest}")
+    return _crc_hex(f"{pending}.{finished}\x1f{rest}")
 
 
-_children_hex = _ByIdentity(_children_text_digest, 4096)
+_children_hexes = _ByIdentity(_children_text_digest, 4096)
+_children_hex = _children_hexes.digest
 
 
 _CHILDREN_EMITTERS = dict(zip(field_names(Children), field_emitters(Children), strict=True))
