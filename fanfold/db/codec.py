@@ -1482,7 +1482,8 @@ def compile_field_texts(
     ``overrides`` given by their function instead of their compact text (a digest's
     text of a large value, kept by identity). Raises what the emitters raise."""
     codec = _CODECS[cls]
-    emitters = tuple(overrides.get(n, e) for n, e in zip(codec.names, codec.field_emitters, strict=True))
+    pairs = zip(codec.names, codec.field_emitters, strict=True)
+    emitters = tuple(overrides.get(name, emit) for name, emit in pairs)
     return _compile_field_texts(codec.name, codec.names, emitters, codec.unstored)
 
 

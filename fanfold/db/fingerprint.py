@@ -90,13 +90,13 @@ from __future__ import annotations
 
 import hashlib
 import operator
-import functools
 import struct
 import threading
 import typing
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from itertools import compress, repeat
+from itertools import repeat
+from typing import Any
 
 import attrs
 
@@ -850,6 +850,7 @@ _LARGE_EFFECT_FIELDS = frozenset((*_LARGE_STATE_FIELDS, "context"))
 
 # ---- the phase, its children by chunk
 
+
 class _ItemBytes:
     """The 64-bit digest of each child object (PendingChild, FinishedChild), by
     identity, the object kept alive beside it; a hole (None) has the empty digest. A
@@ -948,12 +949,15 @@ def _compile_phase_digest(cls: type[object]) -> Callable[[object], str]:
             namespace[f"_e{index}"] = emitter
             parts.append(f"_e{index}(p.{name})")
     source = f"def digest(p):\n    return _crc_hex('\\x1f'.join(({', '.join(parts)},)))\n"
-    exec(compile(source, f"<fanfold fingerprint phase digest of {cls.__name__}>", "exec"), namespace)
+    where = f"<fanfold fingerprint phase digest of {cls.__name__}>"
+    exec(compile(source, where, "exec"), namespace)
     digest: Callable[[object], str] = namespace["digest"]  # type: ignore[assignment]
     return digest
 
 
-_PHASE_DIGESTS = {cls: _compile_phase_digest(cls) for cls in ALL_PHASES}
+_PHASE_DIGESTS: dict[type[object], Callable[[object], str]] = {
+    cls: _compile_phase_digest(cls) for cls in ALL_PHASES
+}
 
 
 def _phase_hex(phase: object) -> str:
@@ -1032,15 +1036,26 @@ _state_changes, _state_every = _compile_state_digests()
 def _default_digests() -> tuple[str | None, ...]:
     """Each field's digest at its declared default (None: a field without one)."""
     probe = Conversation(
-        id="", parent_id=None, root_id="", depth=0, cwd="", task=None, system_prompt="",
-        model=None, limits=Limits(), tools=(), history=(), phase=Idle(),
+        id="",
+        parent_id=None,
+        root_id="",
+        depth=0,
+        cwd="",
+        task=None,
+        system_prompt="",
+        model=None,
+        limits=Limits(),
+        tools=(),
+        history=(),
+        phase=Idle(),
     )
     every = _state_every(probe)
-    return tuple(
-        None if field.default is attrs.NOTHING or isinstance(field.default, attrs.Factory)  # type: ignore[arg-type]
-        else every[index]
-        for index, field in enumerate(attrs.fields(Conversation))
-    )
+    out: list[str | None] = []
+    for index, field in enumerate(attrs.fields(Conversation)):
+        default: object = getattr(field, "default", attrs.NOTHING)
+        without = default is attrs.NOTHING or isinstance(default, attrs.Factory)  # type: ignore[arg-type]
+        out.append(None if without else every[index])
+    return tuple(out)
 
 
 _DEFAULTS_V7 = _default_digests()
@@ -1090,10 +1105,9 @@ def state_changes(state: Conversation, before: Conversation | None) -> list[str]
             if found != default
         ]
     entry = _state_digests.entries.get(state.id)
-    if entry is not None and entry[0] is before:
-        digests = entry[1].copy()
-    else:
-        digests = _state_every(before)
+    # The predecessor's digests, if it is the state last digested here.
+    kept = entry is not None and entry[0] is before
+    digests = entry[1].copy() if kept and entry is not None else _state_every(before)
     out: list[str] = []
     _state_changes(state, before, digests, out)
     _remember(state, digests)
@@ -1108,7 +1122,9 @@ def _effect_texts(cls: type[object]) -> Callable[[object], list[str]]:
     """``effect -> [text of each field]`` for one effect class: the compact text, or a
     large value's kept digest (``_large_hex``)."""
     names = field_names(cls)
-    overrides = {name: _large_hex for name in names if name in _LARGE_EFFECT_FIELDS}
+    overrides: dict[str, Callable[[Any], str]] = {
+        name: _large_hex for name in names if name in _LARGE_EFFECT_FIELDS
+    }
     return codec.compile_field_texts(cls, overrides)
 
 
