@@ -72,7 +72,10 @@ is not an extension of the one kept (a fork, a rebuilt state) is rehashed once.
   and fields' compact texts (the effects' whole content); the state fields whose value
   the step changed (at seq 0: those not at their declared defaults; every one when
   the writer has not the state before the step), each as its index in
-  ``Conversation``'s field order (2 hex digits) and a 32-bit digest; and per effect
+  ``Conversation``'s field order (2 hex digits) and a 32-bit digest computed by the
+  field's type (``_compile_state_digests``: counters by value, texts by CRC-32, large
+  shared values by a digest kept by identity, the history by its chain, the phase with
+  its children by 64-child chunk, kept by the chunk's identity); and per effect
   its type name and a 16-bit digest of each field
   (``Idle n4 r1 h2 s0 p0 f0 w0 ######0123456789abcdef 0a1b2c3d4e,16... CallModel:1a2b3c4d``).
   Every field the reducer outputs is so compared at every step, and
