@@ -3,7 +3,8 @@ version 6 (``v6``), version 7 (``v7``) or neither (``none``), between WARM and D
 
     valgrind --tool=callgrind python bench/bench_fingerprint_v7.py v7   # minus ... none
 
-Issue 34 (bench/README.md): 70 k instructions per step for v6, 257 k for v7.
+Issue 34 (bench/README.md), whole process minus `none`: v6 65.8 k instructions per step,
+v7 205.8 k (h32i's first v7: 220.8 k).
 """
 
 import importlib
