@@ -455,6 +455,35 @@ def _compile_compact_emitter(
     return emit
 
 
+def _compile_field_texts(
+    name: str,
+    names: tuple[str, ...],
+    emitters: tuple[_Emitter, ...],
+    never_stored: dict[str, Any] | None,
+) -> Callable[[Any], list[str]]:
+    """Compile ``obj -> [text of each field]`` for one class (``field_texts``)."""
+    namespace: dict[str, Any] = {}
+    items = []
+    for index, field in enumerate(names):
+        namespace[f"_e{index}"] = emitters[index]
+        items.append(f"_e{index}(o.{field})")
+    source = f"def texts(o):\n    return [{', '.join(items)}]\n"
+    if never_stored:
+        tests = []
+        for index, (field, default) in enumerate(never_stored.items()):
+            namespace[f"_d{index}"] = default
+            tests.append(f"o.{field} == _d{index}")
+        short = items[: len(items) - len(never_stored)]
+        source = (
+            f"def texts(o):\n    if {' and '.join(tests)}:\n"
+            f"        return [{', '.join(short)}]\n"
+            f"    return [{', '.join(items)}]\n"
+        )
+    exec(compile(source, f"<fanfold.db.codec field texts of {name}>", "exec"), namespace)
+    texts: Callable[[Any], list[str]] = namespace["texts"]
+    return texts
+
+
 def _trailing_omitted(names: tuple[str, ...], omitted: dict[str, Any]) -> tuple[str, ...]:
     """The last fields of ``names`` that are all omitted at their default."""
     count = 0
@@ -828,6 +857,7 @@ class _ClassCodec:
         "decoders",
         "document",
         "emit",
+        "field_emitters",
         "keys",
         "name",
         "names",
@@ -835,6 +865,8 @@ class _ClassCodec:
         "omitted",
         "since",
         "stored",
+        "texts",
+        "unstored",
         "untagged",
     )
 
@@ -878,6 +910,10 @@ class _ClassCodec:
         # Compiled compact decoders by (schema version, index of the first field).
         self.by_version: dict[tuple[int, int], Callable[[list[Any]], Any]] = {}
         self.decoders: tuple[tuple[str, str, _Decoder], ...] = ()
+        # The compact text of each field, in declaration order (version-7 fingerprints).
+        self.field_emitters: tuple[_Emitter, ...] = ()
+        self.texts: Callable[[Any], list[str]] = _unbuilt_texts
+        self.unstored: dict[str, Any] | None = None
 
     def build(self, hints: dict[str, Any]) -> None:
         """Compile the emitters and the decoders from the field annotations."""
@@ -905,8 +941,11 @@ class _ClassCodec:
         }
         # The last fields, if NEVER_STORED, are left out of the compact form at their
         # defaults (see _compile_compact_emitter).
+        self.field_emitters = tuple(compact[n] for n in self.names)
         trailing = _trailing_omitted(self.names, self.never_stored)
         unstored = {n: self.never_stored[n] for n in trailing} or None
+        self.unstored = unstored
+        self.texts = _compile_field_texts(self.name, self.names, self.field_emitters, unstored)
         value = _compile_compact_emitter(
             self.name, self.names, compact, document=False, never_stored=unstored
         )
@@ -1099,6 +1138,10 @@ def _unbuilt(value: Any) -> str:  # pragma: no cover - replaced by build()
 _CODECS: dict[type[Any], _ClassCodec] = {}
 _BY_NAME: dict[str, _ClassCodec] = {}
 _ENUMS: dict[str, type[enum.Enum]] = {}
+
+
+def _unbuilt_texts(value: Any) -> list[str]:  # pragma: no cover - replaced by build()
+    raise AssertionError("the codec is not built")
 
 
 def _register(cls: type[Any]) -> None:
@@ -1396,6 +1439,65 @@ def encode_unversioned(value: Any) -> str:
         raise CodecError(f"cannot encode {type(value).__qualname__}: not an attrs value")
     try:
         return codec.emit(value)
+    except _NonFinite:
+        raise _refuse_non_finite(value) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CodecError(f"cannot encode {codec.name}: {exc}") from None
+
+
+def field_names(cls: type[Any]) -> tuple[str, ...]:
+    """The fields of a registered attrs class, in declaration order (the order of
+    ``field_texts``)."""
+    return _CODECS[cls].names
+
+
+def effect_class(name: str) -> type[Any] | None:
+    """The effect class named ``name``; None if there is none."""
+    codec = _BY_NAME.get(name)
+    return codec.cls if codec is not None and codec.cls in _EFFECT_CODECS else None
+
+
+def field_emitters(cls: type[Any]) -> tuple[Callable[[Any], str], ...]:
+    """The compact emitters of a registered class's fields, in declaration order: what
+    the compact form writes for each field (memoised tuple fields included)."""
+    return _CODECS[cls].field_emitters
+
+
+def compact_text(value: Any) -> str:
+    """The compact text of a registered attrs value, its type name first (memoised by
+    identity for ``MEMOISED_TYPES``: the text a compact document holds for it)."""
+    return _emit_compact_object(value)
+
+
+def compact_emitter(cls: type[Any]) -> Callable[[Any], str]:
+    """The compact emitter of a registered class (its type name first; memoised by
+    identity for ``MEMOISED_TYPES``): what the compact form writes for a value of it."""
+    return _CODECS[cls].compact
+
+
+def compile_field_texts(
+    cls: type[Any], overrides: dict[str, Callable[[Any], str]]
+) -> Callable[[Any], list[str]]:
+    """``field_texts`` for one registered class, compiled, with the fields named in
+    ``overrides`` given by their function instead of their compact text (a digest's
+    text of a large value, kept by identity). Raises what the emitters raise."""
+    codec = _CODECS[cls]
+    pairs = zip(codec.names, codec.field_emitters, strict=True)
+    emitters = tuple(overrides.get(name, emit) for name, emit in pairs)
+    return _compile_field_texts(codec.name, codec.names, emitters, codec.unstored)
+
+
+def field_texts(value: Any) -> list[str]:
+    """The compact text of each field of an attrs value of the statemachine, in
+    declaration order; its last fields that no stored document has (``NEVER_STORED``)
+    left out at their defaults, as the compact form leaves them (so a field a later
+    schema adds at its default does not change a version-7 fingerprint). For digests:
+    raises CodecError for a value the codec cannot encode."""
+    codec = _CODECS.get(type(value))
+    if codec is None:
+        raise CodecError(f"cannot encode {type(value).__qualname__}: not an attrs value")
+    try:
+        return codec.texts(value)
     except _NonFinite:
         raise _refuse_non_finite(value) from None
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:
