@@ -1822,6 +1822,17 @@ def _on_fork_edit(state: Conversation, event: ForkEdited) -> Transition:
     starts (a tool of an edited reply) runs live and is never taken for work a crash
     interrupted. The ids and numbers are the fork's own; only the edit is new."""
     edit, phase = event.edit, state.phase
+    # An edit built from Python (``Runtime.fork``, ``fork_at``) is not typed at run
+    # time: a task or prompt that is not a text would become the state's and fail
+    # only when the log encodes it (or later, in a provider).
+    text = getattr(edit, "task", getattr(edit, "system_prompt", ""))
+    if not isinstance(text, str):
+        field = "task" if isinstance(edit, TaskEdit) else "system_prompt"
+        raise IllegalTransition(
+            state,
+            event,
+            f"{type(edit).__name__}'s {field} must be a text, not {type(text).__name__}",
+        )
     match edit, phase:
         case SystemPromptEdit(system_prompt=text), _:
             # From the next model call on; one in flight is issued again with it.
