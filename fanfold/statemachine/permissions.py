@@ -197,7 +197,8 @@ def url_host(url: str) -> str | None:
     anything else (another scheme, a user name, a backslash, a space, a control
     character or a non-ASCII character anywhere in it, a ``%`` escape in its host): so this
     reading and an HTTP client's cannot disagree about which host a URL names."""
-    if not url.isascii() or any(c.isspace() or ord(c) < 32 or c == "\\" for c in url):
+    # DEL (0x7f) is a control character too, as are those below 32.
+    if not url.isascii() or any(c.isspace() or ord(c) < 32 or c in "\x7f\\" for c in url):
         return None
     lower = url.lower()
     for scheme in ("https://", "http://"):
