@@ -855,7 +855,7 @@ _LARGE_EFFECT_FIELDS = frozenset((*_LARGE_STATE_FIELDS, "context"))
 
 
 class _ItemBytes:
-    """The 64-bit digest of each child object (PendingChild, FinishedChild), by
+    """The CRC-32 (4 bytes) of each child object (PendingChild, FinishedChild), by
     identity, the object kept alive beside it; a hole (None) has the empty digest. A
     chunk's digests are looked up and joined in C: only a child new here is encoded."""
 
@@ -873,8 +873,10 @@ class _ItemBytes:
             for _ in range(missing):
                 index = found.index(None, index + 1)
                 item = chunk[index]
+                # CRC-32 (4 bytes): one C call, no hash object. The roster's CRC over
+                # these detects any change confined to one item's 4 bytes.
                 text = codec.compact_text(item).encode("utf-8")
-                digest = hashlib.blake2b(text, digest_size=_DIGEST_SIZE).digest()
+                digest = zlib.crc32(text).to_bytes(4, "little")
                 self.alive[id(item)] = item
                 self.digests[id(item)] = found[index] = digest
         return b"".join(found)  # type: ignore[arg-type]
@@ -894,9 +896,9 @@ class _Chunks:
     def __init__(self) -> None:
         self.entries: dict[int, tuple[object, bytes]] = {}
 
-    def digest(self, items: Iterable[object]) -> bytes:
-        """A roster's (or a tuple's) digest: BLAKE2b of its items' digests in order,
-        holes left out, so the same however the items are chunked."""
+    def digest(self, items: Iterable[object]) -> int:
+        """A roster's (or a tuple's) digest: CRC-32 of its items' CRCs in order, holes
+        left out, so the same however the items are chunked."""
         chunks = items.chunks() if isinstance(items, Roster) else (tuple(items),)
         entries = self.entries
         parts = []
@@ -907,7 +909,7 @@ class _Chunks:
                     self.entries = entries = {}
                 entries[id(chunk)] = entry = (chunk, _item_bytes.joined(chunk))
             parts.append(entry[1])
-        return hashlib.blake2b(b"".join(parts), digest_size=_DIGEST_SIZE).digest()
+        return zlib.crc32(b"".join(parts))
 
     def clear(self) -> None:
         self.entries = {}
@@ -920,8 +922,8 @@ def _children_text_digest(children: object) -> str:
     """The digest (8 hex digits) of a round's children: each roster's (``_Chunks``),
     the rejected tasks' and the summary's compact texts."""
     assert isinstance(children, Children)
-    pending = _chunks.digest(children.pending).hex()
-    finished = _chunks.digest(children.finished).hex()
+    pending = _hex8(_chunks.digest(children.pending))
+    finished = _hex8(_chunks.digest(children.finished))
     rest = f"{_emit_rejected(children.rejected)}\x1f{_emit_summary(children.summary)}"
     return _crc_hex(f"{pending}.{finished}\x1f{rest}")
 
@@ -973,8 +975,49 @@ def _phase_hex(phase: object) -> str:
 # ---- the state, one compiled function
 
 
+class _CrcChains:
+    """Version 7's history digest: CRC-32 chained over each message's compact text
+    (memoised on the message: the snapshot comparison at a conversation's end reuses
+    it), so the same as the CRC-32 of the history's texts end to end (a compact text is
+    a JSON array: they join unambiguously). Per conversation, the last history digested
+    and the CRC after each of its messages: a step digests only the messages it added.
+    Shared by threads like ``_HistoryChains``: an entry is replaced whole (one dict
+    assignment), so a race at worst digests a history twice."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[tuple[Message, ...], tuple[int, ...]]] = {}
+
+    def chain(self, key: str, history: tuple[Message, ...]) -> int:
+        entries = self.entries
+        entry = entries.get(key)
+        links: tuple[int, ...] = ()
+        if entry is not None:
+            old, links = entry
+            if old is history:
+                return links[-1] if links else 0
+            n = len(old)
+            # The kept history is a prefix of this one (compared in C: a step reuses its
+            # predecessor's message objects, equal at once by identity).
+            if not (n <= len(history) and history[:n] == old):
+                links = ()
+        crc = links[-1] if links else 0
+        added = []
+        for message in history[len(links) :]:
+            crc = zlib.crc32(codec.compact_text(message).encode("utf-8"), crc)
+            added.append(crc)
+        if added:
+            links += tuple(added)
+        if len(entries) >= _CACHE_LIMIT and key not in entries:
+            self.entries = entries = {}
+        entries[key] = (history, links)
+        return crc
+
+    def clear(self) -> None:
+        self.entries = {}
+
+
 def _history_hex(key: str, history: tuple[Message, ...]) -> str:
-    return _histories_v7.chain(key, history)[:4].hex()
+    return _hex8(_histories_v7.chain(key, history))
 
 
 def _compile_state_digests() -> tuple[
@@ -999,40 +1042,41 @@ def _compile_state_digests() -> tuple[
     for index, name in enumerate(_STATE_FIELDS):
         hint = hints[name]
         if name == "history":
-            expression = "_history_hex(s.id, v)"
+            expression = "_history_hex(s.id, {v})"
         elif name == "phase":
-            expression = "_phase_hex(v)"
+            expression = "_phase_hex({v})"
         elif name in _LARGE_STATE_FIELDS:
-            expression = "_large_hex(v)[:8]"
+            expression = "_large_hex({v})[:8]"
         elif hint in (int, int | None):
-            expression = "_int_hex(v)"
+            expression = "_int_hex({v})"
         elif hint in (str, str | None):
-            expression = "_str_hex(v)"
+            expression = "_str_hex({v})"
         else:
             namespace[f"_e{index}"] = emitters[index]
-            expression = f"_crc_hex(_e{index}(v))"
+            expression = f"_crc_hex(_e{index}({{v}}))"
         expressions.append(expression)
     lines = ["def changes(s, b, d, out):"]
     for index, (name, expression) in enumerate(zip(_STATE_FIELDS, expressions, strict=True)):
         lines += [
             f"    v = s.{name}",
             f"    if v is not b.{name}:",
-            f"        x = {expression}",
+            f"        x = {expression.format(v='v')}",
             f"        if x != d[{index}]:",
             f"            d[{index}] = x",
             f"            out.append('{index:02x}' + x)",
         ]
+    # ``every`` builds its list as one literal: no append per field.
     lines.append("def every(s):")
-    lines.append("    out = []")
+    lines.append("    return [")
     for name, expression in zip(_STATE_FIELDS, expressions, strict=True):
-        lines += [f"    v = s.{name}", f"    out.append({expression})"]
-    lines.append("    return out")
+        lines.append(f"        {expression.format(v='s.' + name)},")
+    lines.append("    ]")
     source = "\n".join(lines) + "\n"
     exec(compile(source, "<fanfold fingerprint state digests>", "exec"), namespace)
     return namespace["changes"], namespace["every"]  # type: ignore[return-value]
 
 
-_histories_v7 = _HistoryChains(codec.compact_text)
+_histories_v7 = _CrcChains()
 _state_changes, _state_every = _compile_state_digests()
 
 
