@@ -144,19 +144,20 @@ def summary(state: Conversation) -> str:
     written off.
     """
     phase = state.phase
-    match phase:
-        case (
-            ToolExecuting(children=c)
-            | AwaitingSubAgents(children=c)
-            | CancellingSubAgents(children=c)
-        ):
-            pending, finished = len(c.pending), len(c.finished)
-        case _:
-            pending = finished = 0
+    kind = type(phase)
+    # Computed at every step verified: a type lookup, not a match on three classes.
+    if kind in _WITH_CHILDREN:
+        c = phase.children  # type: ignore[union-attr]
+        pending, finished = len(c.pending), len(c.finished)
+    else:
+        pending = finished = 0
     return (
-        f"{type(phase).__name__} n{state.next_call} r{state.rounds} h{len(state.history)}"
+        f"{kind.__name__} n{state.next_call} r{state.rounds} h{len(state.history)}"
         f" s{state.spawned} p{pending} f{finished} w{len(state.written_off)}"
     )
+
+
+_WITH_CHILDREN = frozenset((ToolExecuting, AwaitingSubAgents, CancellingSubAgents))
 
 
 def fingerprint(state: Conversation) -> str:
@@ -763,7 +764,8 @@ CONTENT_LABEL = "content digest (the step's event and its effects, every field)"
 _STATE_FIELDS = field_names(Conversation)
 _FIELD_WIDTH = 8  # hex digits of a state field's digest (32 bits)
 _EFFECT_FIELD_WIDTH = 4  # hex digits of an effect field's digest (16 bits)
-_hex8 = "{:08x}".format
+# A 32-bit digest as 8 hex digits: ``n.to_bytes(4, "big").hex()``, a third of the
+# instructions of ``"{:08x}".format(n)`` (no format spec to parse), the same text.
 _CACHE_OF_VALUES = 4096  # small values (counters, timer numbers) whose digest is kept
 
 
@@ -775,7 +777,7 @@ _CACHE_OF_VALUES = 4096  # small values (counters, timer numbers) whose digest i
 
 
 def _crc_hex(text: str) -> str:
-    return _hex8(zlib.crc32(text.encode("utf-8", "surrogatepass")))
+    return zlib.crc32(text.encode("utf-8", "surrogatepass")).to_bytes(4, "big").hex()
 
 
 _NULL_HEX = _crc_hex("null")
@@ -803,7 +805,7 @@ def _str_hex(value: str | None) -> str:
         return _NULL_HEX
     if type(value) is not str:
         raise CodecError(f"expected a str, got {type(value).__name__}")
-    return _hex8(zlib.crc32(value.encode("utf-8", "surrogatepass")))
+    return zlib.crc32(value.encode("utf-8", "surrogatepass")).to_bytes(4, "big").hex()
 
 
 class _ByIdentity:
@@ -922,8 +924,8 @@ def _children_text_digest(children: object) -> str:
     """The digest (8 hex digits) of a round's children: each roster's (``_Chunks``),
     the rejected tasks' and the summary's compact texts."""
     assert isinstance(children, Children)
-    pending = _hex8(_chunks.digest(children.pending))
-    finished = _hex8(_chunks.digest(children.finished))
+    pending = _chunks.digest(children.pending).to_bytes(4, "big").hex()
+    finished = _chunks.digest(children.finished).to_bytes(4, "big").hex()
     rest = f"{_emit_rejected(children.rejected)}\x1f{_emit_summary(children.summary)}"
     return _crc_hex(f"{pending}.{finished}\x1f{rest}")
 
@@ -1017,7 +1019,7 @@ class _CrcChains:
 
 
 def _history_hex(key: str, history: tuple[Message, ...]) -> str:
-    return _hex8(_histories_v7.chain(key, history))
+    return _histories_v7.chain(key, history).to_bytes(4, "big").hex()
 
 
 def _compile_state_digests() -> tuple[
@@ -1031,6 +1033,8 @@ def _compile_state_digests() -> tuple[
     hints = typing.get_type_hints(Conversation)
     namespace: dict[str, object] = {
         "_int_hex": _int_hex,
+        "_ih": _int_hexes,
+        "_crc32": zlib.crc32,
         "_str_hex": _str_hex,
         "_large_hex": _large_hex,
         "_history_hex": _history_hex,
@@ -1048,9 +1052,14 @@ def _compile_state_digests() -> tuple[
         elif name in _LARGE_STATE_FIELDS:
             expression = "_large_hex({v})[:8]"
         elif hint in (int, int | None):
-            expression = "_int_hex({v})"
+            # The kept digest looked up inline (no call), computed by ``_int_hex``
+            # on a miss (which also refuses a non-int).
+            expression = "(_ih.get({v}) or _int_hex({v}))"
         elif hint in (str, str | None):
-            expression = "_str_hex({v})"
+            expression = (
+                "(_crc32({v}.encode('utf-8', 'surrogatepass')).to_bytes(4, 'big').hex()"
+                " if type({v}) is str else _str_hex({v}))"
+            )
         else:
             namespace[f"_e{index}"] = emitters[index]
             expression = f"_crc_hex(_e{index}({{v}}))"
