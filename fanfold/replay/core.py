@@ -256,7 +256,10 @@ def replay_quickly(log: RawLog) -> Conversation | None:
     accepted, the recomputed effects encode to exactly the stored texts, the snapshot
     equals the recomputed state), and a version-5 fingerprint (written since
     2026-11-26) whole at every step: its counters, its content digest and, where it
-    has one (at rest), its whole-state digest. Of an older fingerprint, the phase and
+    has one (at rest), its whole-state digest; a version-7 fingerprint (written since
+    2026-12-07) whole at every step too, so of such a log every field of every step's
+    state and effects is compared here (a difference ends this quick pass, and the
+    careful replay names it). Of an older fingerprint, the phase and
     counters (``fingerprint.summary``) are compared at every step, its whole-state
     digest only after the snapshot's event and the last event. The digest is most of the cost of a
     step (it encodes the state), and a difference in the state that lasts is still
