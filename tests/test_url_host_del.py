@@ -14,7 +14,8 @@ from fanfold.tools.web import WebFetchTool
 
 
 @pytest.mark.parametrize(
-    "url", ["http://a.com/x\x7fy", "http://a.com/\x7f", "https://a.com/?q=\x7f", "http://a.com\x7f/"]
+    "url",
+    ["http://a.com/x\x7fy", "http://a.com/\x7f", "https://a.com/?q=\x7f", "http://a.com\x7f/"],
 )
 def test_a_url_holding_del_names_no_host_and_is_refused(url: str) -> None:
     assert url_host(url) is None
