@@ -94,11 +94,13 @@ from __future__ import annotations
 import hashlib
 import operator
 import struct
+import sys
 import threading
 import typing
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any
 
 import attrs
@@ -893,43 +895,48 @@ _item_bytes = _ItemBytes()
 
 class _Chunks:
     """Each roster chunk's joined item digests by identity (the chunk kept alive beside
-    them): a step that changes one child re-reads one chunk of 64, not the roster."""
+    them, so its id is not reused while its entry lives): a step that changes one child
+    re-reads one chunk of 64, not the roster."""
 
     def __init__(self) -> None:
-        self.entries: dict[int, tuple[object, bytes]] = {}
+        self.joined: dict[int, bytes] = {}
+        self.alive: dict[int, object] = {}
 
     def digest(self, items: Iterable[object]) -> int:
         """A roster's (or a tuple's) digest: CRC-32 of its items' CRCs in order, holes
         left out, so the same however the items are chunked."""
         chunks = items.chunks() if isinstance(items, Roster) else (tuple(items),)
-        entries = self.entries
-        parts = []
-        for chunk in chunks:
-            entry = entries.get(id(chunk))
-            if entry is None or entry[0] is not chunk:
-                if len(entries) >= _CACHE_LIMIT:
-                    self.entries = entries = {}
-                entries[id(chunk)] = entry = (chunk, _item_bytes.joined(chunk))
-            parts.append(entry[1])
-        return zlib.crc32(b"".join(parts))
+        # The kept chunks looked up in C; only a chunk new here is read item by item.
+        found = list(map(self.joined.get, map(id, chunks)))
+        if None in found:
+            if len(self.joined) >= _CACHE_LIMIT:
+                self.clear()
+            for index, chunk in enumerate(chunks):
+                if found[index] is None:
+                    self.alive[id(chunk)] = chunk
+                    self.joined[id(chunk)] = found[index] = _item_bytes.joined(chunk)
+        return zlib.crc32(b"".join(found))  # type: ignore[arg-type]
 
     def clear(self) -> None:
-        self.entries = {}
+        self.joined = {}
+        self.alive = {}
 
 
 _chunks = _Chunks()
 
 
 def _children_text_digest(children: object) -> str:
-    """The digest (8 hex digits) of a round's children: each roster's (``_Chunks``),
-    the rejected tasks' and the summary's compact texts."""
+    """The digest (8 hex digits) of a round's children: CRC-32 of each roster's digest
+    (``_Chunks``, 4 bytes each), then of the rejected tasks' and the summary's compact
+    texts."""
     assert isinstance(children, Children)
-    pending = _chunks.digest(children.pending).to_bytes(4, "big").hex()
-    finished = _chunks.digest(children.finished).to_bytes(4, "big").hex()
+    rosters = _ROSTERS.pack(_chunks.digest(children.pending), _chunks.digest(children.finished))
     rest = f"{_emit_rejected(children.rejected)}\x1f{_emit_summary(children.summary)}"
-    return _crc_hex(f"{pending}.{finished}\x1f{rest}")
+    crc = zlib.crc32(rest.encode("utf-8", "surrogatepass"), zlib.crc32(rosters))
+    return crc.to_bytes(4, "big").hex()
 
 
+_ROSTERS = struct.Struct(">II")
 _children_hexes = _ByIdentity(_children_text_digest, 4096)
 _children_hex = _children_hexes.digest
 
@@ -946,7 +953,10 @@ def _compile_phase_digest(cls: type[object]) -> Callable[[object], str]:
     names = field_names(cls)
     if "children" not in names:
         emit = codec.compact_emitter(cls)
-        return lambda phase: _crc_hex(emit(phase))
+        crc32 = zlib.crc32
+        return lambda phase: (
+            crc32(emit(phase).encode("utf-8", "surrogatepass")).to_bytes(4, "big").hex()
+        )
     namespace: dict[str, object] = {"_crc_hex": _crc_hex, "_children_hex": _children_hex}
     parts = [repr(cls.__name__)]
     for index, (name, emitter) in enumerate(zip(names, field_emitters(cls), strict=True)):
@@ -1148,10 +1158,13 @@ def _remember(state: Conversation, digests: list[str]) -> None:
     entries[state.id] = (state, digests)
 
 
+_INDEX_HEX = tuple(f"{index:02x}" for index in range(len(_STATE_FIELDS)))
+
+
 def _all_fields(state: Conversation) -> list[str]:
     digests = _state_every(state)
     _remember(state, digests)
-    return [f"{index:02x}{found}" for index, found in enumerate(digests)]
+    return list(map(operator.add, _INDEX_HEX, digests))
 
 
 def state_changes(state: Conversation, before: Conversation | None) -> list[str]:
@@ -1163,11 +1176,9 @@ def state_changes(state: Conversation, before: Conversation | None) -> list[str]
     if before is None:
         digests = _state_every(state)
         _remember(state, digests)
-        return [
-            f"{index:02x}{found}"
-            for index, (found, default) in enumerate(zip(digests, _defaults(), strict=True))
-            if found != default
-        ]
+        # The fields off their defaults, picked and prefixed in C loops.
+        off = list(map(operator.ne, digests, _defaults()))
+        return list(map(operator.add, compress(_INDEX_HEX, off), compress(digests, off)))
     entry = _state_digests.entries.get(state.id)
     # The predecessor's digests, if it is the state last digested here.
     kept = entry is not None and entry[0] is before
@@ -1222,12 +1233,17 @@ def _effects_v7(
         digest = hashlib.blake2b(event_text.encode("utf-8"), digest_size=_DIGEST_SIZE)
         return digest.hexdigest(), "-"
     parts = [event_text]
-    each = []
+    names = []
+    counts = []
+    every = []
     for effect in effects:
         texts = _texts_of(effect)
-        each.append(texts)
-        parts.append(type(effect).__name__)
-        parts.extend(texts)
+        name = type(effect).__name__
+        names.append(name)
+        counts.append(len(texts))
+        parts.append(name)
+        parts += texts
+        every += texts
     # One text, one hash: the separator is no JSON text's (a field's text never holds
     # it unescaped), and each effect starts with its type name, so the split is unique
     # given the field counts of the types.
@@ -1235,12 +1251,19 @@ def _effects_v7(
     content = hashlib.blake2b(text, digest_size=_DIGEST_SIZE).hexdigest()
     if recorded is not None and recorded[0] == content:
         return recorded
+    # CRC-32 of every field's text of every effect, cut to 16 bits, as one hex text for
+    # the whole step (C loops, no Python-level work per field), then cut per effect.
+    crcs = map(zlib.crc32, map(str.encode, every))
+    digits = array("H", map(operator.and_, crcs, repeat(0xFFFF)))
+    if sys.byteorder != "little":
+        digits.byteswap()
+    hexed = digits.tobytes().hex()
     tokens = []
-    for effect, texts in zip(effects, each, strict=True):
-        # CRC-32 of each field's text, cut to 16 bits, packed in C: no Python-level
-        # work per field.
-        crcs = map(operator.and_, map(zlib.crc32, map(str.encode, texts)), repeat(0xFFFF))
-        tokens.append(f"{type(effect).__name__}:{struct.pack(f'<{len(texts)}H', *crcs).hex()}")
+    at = 0
+    for name, count in zip(names, counts, strict=True):
+        end = at + 4 * count
+        tokens.append(f"{name}:{hexed[at:end]}")
+        at = end
     return content, ",".join(tokens)
 
 
