@@ -19,12 +19,13 @@ import sys
 import threading
 from typing import NoReturn
 
-_requested: list[bool] = []
+_requested: list[object] = []
 
 
-def request() -> None:
-    """Ask ``main`` to end the process without the interpreter's teardown."""
-    _requested.append(True)
+def request(*keep: object) -> None:
+    """Ask ``main`` to end the process without the interpreter's teardown; ``keep``:
+    values held until the end (so that nothing frees them object by object first)."""
+    _requested.append(keep)
 
 
 def reset() -> None:
