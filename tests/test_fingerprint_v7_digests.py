@@ -40,12 +40,12 @@ def test_a_rosters_digest_does_not_depend_on_its_chunking() -> None:
     assert live.chunks() != dense_pending.chunks()  # really chunked otherwise
     a = AwaitingSubAgents(Children(live, done))
     b = AwaitingSubAgents(Children(dense_pending, dense_done))
-    assert F._phase_hex(a) == F._phase_hex(b)
+    assert F._phase_hex("r", a) == F._phase_hex("r", b)
     # And it is a digest of the items: one child changed, or two swapped, differ.
     changed = live.replaced(live.find("r.200"), PendingChild(_child(200).spec, False))
-    assert F._phase_hex(AwaitingSubAgents(Children(changed, done))) != F._phase_hex(a)
+    assert F._phase_hex("r", AwaitingSubAgents(Children(changed, done))) != F._phase_hex("r", a)
     swapped = Roster((*tuple(live)[:10][::-1], *tuple(live)[10:]))
-    assert F._phase_hex(AwaitingSubAgents(Children(swapped, done))) != F._phase_hex(a)
+    assert F._phase_hex("r", AwaitingSubAgents(Children(swapped, done))) != F._phase_hex("r", a)
 
 
 def test_large_values_digest_by_content_though_kept_by_identity() -> None:

@@ -861,13 +861,14 @@ _LARGE_EFFECT_FIELDS = frozenset((*_LARGE_STATE_FIELDS, "context"))
 class _ItemBytes:
     """The CRC-32 (4 bytes) of each child object (PendingChild, FinishedChild), by
     identity, the object kept alive beside it; a hole (None) has the empty digest. A
-    chunk's digests are looked up and joined in C: only a child new here is encoded."""
+    chunk's digests are looked up in C: only a child new here is encoded."""
 
     def __init__(self) -> None:
         self.digests: dict[int, bytes] = {id(None): b""}
         self.alive: dict[int, object] = {}
 
-    def joined(self, chunk: tuple[object, ...]) -> bytes:
+    def each(self, chunk: tuple[object, ...]) -> tuple[bytes, ...]:
+        """The digest of each item of ``chunk``, in order."""
         found = list(map(self.digests.get, map(id, chunk)))
         if None in found:
             missing = found.count(None)
@@ -883,7 +884,7 @@ class _ItemBytes:
                 digest = zlib.crc32(text).to_bytes(4, "little")
                 self.alive[id(item)] = item
                 self.digests[id(item)] = found[index] = digest
-        return b"".join(found)  # type: ignore[arg-type]
+        return tuple(found)  # type: ignore[arg-type]
 
     def clear(self) -> None:
         self.digests = {id(None): b""}
@@ -894,94 +895,172 @@ _item_bytes = _ItemBytes()
 
 
 class _Chunks:
-    """Each roster chunk's joined item digests by identity (the chunk kept alive beside
-    them, so its id is not reused while its entry lives): a step that changes one child
-    re-reads one chunk of 64, not the roster."""
+    """Each roster chunk's item digests and their join, by identity (the chunk kept
+    alive beside them, so its id is not reused while its entry lives), and per roster
+    lineage (a conversation's pending or finished children) its last chunks.
+
+    A step that finishes one child makes one new chunk in each roster: in the pending
+    one the child became a hole, in the finished one it was appended. The new chunk is
+    compared with the chunk at its place in the lineage's last roster (by identity, in
+    C), and when one item was replaced or items were appended, only those items are
+    looked up: a chunk of 64 is not read item by item. Anything else (a chunk seen for
+    the first time, other changes) reads the chunk whole (``_ItemBytes``)."""
 
     def __init__(self) -> None:
+        self.items: dict[int, tuple[bytes, ...]] = {}
         self.joined: dict[int, bytes] = {}
         self.alive: dict[int, object] = {}
+        self.last: dict[object, tuple[tuple[object, ...], ...]] = {}
 
-    def digest(self, items: Iterable[object]) -> int:
+    def digest(self, lineage: object, items: Iterable[object]) -> int:
         """A roster's (or a tuple's) digest: CRC-32 of its items' CRCs in order, holes
         left out, so the same however the items are chunked."""
         chunks = items.chunks() if isinstance(items, Roster) else (tuple(items),)
-        # The kept chunks looked up in C; only a chunk new here is read item by item.
+        # The kept chunks looked up in C; only a chunk new here is read.
         found = list(map(self.joined.get, map(id, chunks)))
         if None in found:
             if len(self.joined) >= _CACHE_LIMIT:
                 self.clear()
+            before = self.last.get(lineage, ())
             for index, chunk in enumerate(chunks):
                 if found[index] is None:
+                    old = before[index] if index < len(before) else None
+                    each = self._patched(chunk, old) if old is not None else None
+                    if each is None:
+                        each = _item_bytes.each(chunk)
                     self.alive[id(chunk)] = chunk
-                    self.joined[id(chunk)] = found[index] = _item_bytes.joined(chunk)
+                    self.items[id(chunk)] = each
+                    self.joined[id(chunk)] = found[index] = b"".join(each)
+            if len(self.last) >= _CACHE_LIMIT:
+                self.last = {}
+            self.last[lineage] = chunks
         return zlib.crc32(b"".join(found))  # type: ignore[arg-type]
 
+    def _patched(
+        self, chunk: tuple[object, ...], old: tuple[object, ...]
+    ) -> tuple[bytes, ...] | None:
+        """``chunk``'s item digests from ``old``'s, if ``chunk`` is ``old`` with items
+        appended or with one item replaced; None otherwise (or if ``old`` is not kept).
+        Tuples compare item by item by identity first, so the unchanged items cost no
+        equality test; an item equal but not identical has the same digest anyway."""
+        kept = self.items.get(id(old))
+        if kept is None or self.alive.get(id(old)) is not old:
+            return None
+        size = len(old)
+        if len(chunk) > size:
+            if chunk[:size] != old:
+                return None
+            return kept + _item_bytes.each(chunk[size:])
+        if len(chunk) != size:
+            return None
+        try:
+            at = list(map(operator.is_, chunk, old)).index(False)
+        except ValueError:  # the same items in a new tuple
+            return kept
+        if chunk[at + 1 :] != old[at + 1 :]:
+            return None
+        return (*kept[:at], *_item_bytes.each(chunk[at : at + 1]), *kept[at + 1 :])
+
     def clear(self) -> None:
+        self.items = {}
         self.joined = {}
         self.alive = {}
+        self.last = {}
 
 
 _chunks = _Chunks()
 
 
-def _children_text_digest(children: object) -> str:
+def _children_text_digest(key: str, children: Children) -> str:
     """The digest (8 hex digits) of a round's children: CRC-32 of each roster's digest
     (``_Chunks``, 4 bytes each), then of the rejected tasks' and the summary's compact
-    texts."""
-    assert isinstance(children, Children)
-    rosters = _ROSTERS.pack(_chunks.digest(children.pending), _chunks.digest(children.finished))
-    rest = f"{_emit_rejected(children.rejected)}\x1f{_emit_summary(children.summary)}"
+    texts. ``key``: the conversation's id (the rosters' lineage)."""
+    rosters = _ROSTERS.pack(
+        _chunks.digest((key, 0), children.pending), _chunks.digest((key, 1), children.finished)
+    )
+    emit_rejected, emit_summary = _children_emitters()
+    rest = f"{emit_rejected(children.rejected)}\x1f{emit_summary(children.summary)}"
     crc = zlib.crc32(rest.encode("utf-8", "surrogatepass"), zlib.crc32(rosters))
     return crc.to_bytes(4, "big").hex()
 
 
 _ROSTERS = struct.Struct(">II")
-_children_hexes = _ByIdentity(_children_text_digest, 4096)
+
+
+class _ChildrenDigests:
+    """Each round's children digest by identity (the ``Children`` kept alive beside it);
+    cleared whole at its limit. Shared by threads like ``_ByIdentity``."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[object, str]] = {}
+
+    def digest(self, key: str, children: Children) -> str:
+        entry = self.entries.get(id(children))
+        if entry is not None and entry[0] is children:
+            return entry[1]
+        found = _children_text_digest(key, children)
+        if len(self.entries) >= _CACHE_LIMIT:
+            self.entries = {}
+        self.entries[id(children)] = (children, found)
+        return found
+
+    def clear(self) -> None:
+        self.entries = {}
+
+
+_children_hexes = _ChildrenDigests()
 _children_hex = _children_hexes.digest
+_CHILDREN_EMITTERS: list[tuple[Callable[[Any], str], Callable[[Any], str]]] = []
 
 
-_CHILDREN_EMITTERS = dict(zip(field_names(Children), field_emitters(Children), strict=True))
-_emit_rejected = _CHILDREN_EMITTERS["rejected"]
-_emit_summary = _CHILDREN_EMITTERS["summary"]
+def _children_emitters() -> tuple[Callable[[Any], str], Callable[[Any], str]]:
+    """The compact emitters of ``Children.rejected`` and ``.summary`` (made on first
+    use: importing ``fanfold.db`` compiles no emitter)."""
+    if not _CHILDREN_EMITTERS:
+        emitters = dict(zip(field_names(Children), field_emitters(Children), strict=True))
+        _CHILDREN_EMITTERS.append((emitters["rejected"], emitters["summary"]))
+    return _CHILDREN_EMITTERS[0]
 
 
-def _compile_phase_digest(cls: type[object]) -> Callable[[object], str]:
-    """``phase -> digest`` for one phase class: CRC-32 of its compact text, or, for a
-    phase with children, of its other fields' compact texts and its children's digest
-    (``_children_hex``: kept by identity, rosters by chunk)."""
+def _compile_phase_digest(cls: type[object]) -> Callable[[str, object], str]:
+    """``(conversation id, phase) -> digest`` for one phase class: CRC-32 of its compact
+    text, or, for a phase with children, of its other fields' compact texts and its
+    children's digest (``_children_hex``: kept by identity, rosters by chunk)."""
     names = field_names(cls)
     if "children" not in names:
         emit = codec.compact_emitter(cls)
         crc32 = zlib.crc32
-        return lambda phase: (
+        return lambda key, phase: (
             crc32(emit(phase).encode("utf-8", "surrogatepass")).to_bytes(4, "big").hex()
         )
     namespace: dict[str, object] = {"_crc_hex": _crc_hex, "_children_hex": _children_hex}
     parts = [repr(cls.__name__)]
     for index, (name, emitter) in enumerate(zip(names, field_emitters(cls), strict=True)):
         if name == "children":
-            parts.append("_children_hex(p.children)")
+            parts.append("_children_hex(k, p.children)")
         else:
             namespace[f"_e{index}"] = emitter
             parts.append(f"_e{index}(p.{name})")
-    source = f"def digest(p):\n    return _crc_hex('\\x1f'.join(({', '.join(parts)},)))\n"
+    source = f"def digest(k, p):\n    return _crc_hex('\\x1f'.join(({', '.join(parts)},)))\n"
     where = f"<fanfold fingerprint phase digest of {cls.__name__}>"
     exec(compile(source, where, "exec"), namespace)
-    digest: Callable[[object], str] = namespace["digest"]  # type: ignore[assignment]
+    digest: Callable[[str, object], str] = namespace["digest"]  # type: ignore[assignment]
     return digest
 
 
-_PHASE_DIGESTS: dict[type[object], Callable[[object], str]] = {
-    cls: _compile_phase_digest(cls) for cls in ALL_PHASES
-}
+# Each phase class's digest function, compiled on first use.
+_PHASE_DIGESTS: dict[type[object], Callable[[str, object], str]] = {}
+_PHASES = frozenset(ALL_PHASES)
 
 
-def _phase_hex(phase: object) -> str:
+def _phase_hex(key: str, phase: object) -> str:
+    """A phase's digest in the conversation ``key`` (its rosters' lineage)."""
     digest = _PHASE_DIGESTS.get(type(phase))
     if digest is None:
-        raise CodecError(f"not a phase: {type(phase).__name__}")
-    return digest(phase)
+        if type(phase) not in _PHASES:
+            raise CodecError(f"not a phase: {type(phase).__name__}")
+        digest = _PHASE_DIGESTS[type(phase)] = _compile_phase_digest(type(phase))
+    return digest(key, phase)
 
 
 # ---- the state, one compiled function
@@ -1058,7 +1137,7 @@ def _compile_state_digests() -> tuple[
         if name == "history":
             expression = "_history_hex(s.id, {v})"
         elif name == "phase":
-            expression = "_phase_hex({v})"
+            expression = "_phase_hex(s.id, {v})"
         elif name in _LARGE_STATE_FIELDS:
             expression = "_large_hex({v})[:8]"
         elif hint in (int, int | None):
