@@ -1175,7 +1175,30 @@ def _compile_state_digests() -> tuple[
 
 
 _histories_v7 = _CrcChains()
-_state_changes, _state_every = _compile_state_digests()
+_Changes = Callable[[Conversation, Conversation, list[str], list[str]], None]
+_Every = Callable[[Conversation], list[str]]
+
+
+def _build_state_digests() -> None:
+    """Compile the state's digest functions into ``_state_changes`` and ``_state_every``
+    (on first use: compiling them runs the codec's field emitters, which importing
+    ``fanfold.db`` must not pay for; issue 36)."""
+    global _state_changes, _state_every
+    _state_changes, _state_every = _compile_state_digests()
+
+
+def _changes_stand_in(s: Conversation, b: Conversation, d: list[str], out: list[str]) -> None:
+    _build_state_digests()
+    _state_changes(s, b, d, out)
+
+
+def _every_stand_in(s: Conversation) -> list[str]:
+    _build_state_digests()
+    return _state_every(s)
+
+
+_state_changes: _Changes = _changes_stand_in
+_state_every: _Every = _every_stand_in
 
 
 def _default_digests() -> tuple[str | None, ...]:
