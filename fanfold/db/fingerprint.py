@@ -100,7 +100,7 @@ import typing
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from typing import Any
 
 import attrs
@@ -1335,17 +1335,12 @@ def _effects_v7(
         digest = hashlib.blake2b(event_text.encode("utf-8"), digest_size=_DIGEST_SIZE)
         return digest.hexdigest(), "-"
     parts = [event_text]
-    names = []
-    counts = []
-    every = []
+    each = []
     for effect in effects:
         texts = _texts_of(effect)
-        name = type(effect).__name__
-        names.append(name)
-        counts.append(len(texts))
-        parts.append(name)
+        each.append(texts)
+        parts.append(type(effect).__name__)
         parts += texts
-        every += texts
     # One text, one hash: the separator is no JSON text's (a field's text never holds
     # it unescaped), and each effect starts with its type name, so the split is unique
     # given the field counts of the types.
@@ -1355,16 +1350,16 @@ def _effects_v7(
         return recorded
     # CRC-32 of every field's text of every effect, cut to 16 bits, as one hex text for
     # the whole step (C loops, no Python-level work per field), then cut per effect.
-    crcs = map(zlib.crc32, map(str.encode, every))
+    crcs = map(zlib.crc32, map(str.encode, chain.from_iterable(each)))
     digits = array("H", map(operator.and_, crcs, repeat(0xFFFF)))
     if sys.byteorder != "little":
         digits.byteswap()
     hexed = digits.tobytes().hex()
     tokens = []
     at = 0
-    for name, count in zip(names, counts, strict=True):
-        end = at + 4 * count
-        tokens.append(f"{name}:{hexed[at:end]}")
+    for effect, texts in zip(effects, each, strict=True):
+        end = at + 4 * len(texts)
+        tokens.append(f"{type(effect).__name__}:{hexed[at:end]}")
         at = end
     return content, ",".join(tokens)
 
