@@ -96,9 +96,29 @@ def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
     # sqlite_utils only creates tables (a migration): reading a current log needs sqlite3.
     assert _heavy(modules, ("fanfold.cli.run_commands", "sqlite_utils")) == []
     assert "sqlite3" in modules and "fanfold.db.store" in modules  # they did read the log
-    # A log without forks is listed without fanfold.replay (every replay module).
-    _, listed = _modules(["ls", "--db", str(db)])
-    assert [m for m in listed if m.startswith("fanfold.replay")] == []
+    # A log without forks is listed, and a tree without a refusal shown, without
+    # fanfold.replay (its package imports every replay module): ls reads a fork's
+    # lineage only for a fork's row, the views read a refusal only for a refusal.
+    assert [m for m in modules if m.startswith("fanfold.replay")] == []
+
+
+def test_the_views_read_a_refusal_as_the_replay_renderer_does() -> None:
+    """``cli.display.model_refusal`` imports ``fanfold.replay.render`` only for a
+    failure of kind ``refused``, and reads every kind as the renderer does."""
+    from fanfold.cli.display import model_refusal
+    from fanfold.replay import render
+    from fanfold.statemachine import ErrorKind
+
+    texts = (
+        "the model refused the request: no",
+        'the model refused to summarise: {"category": "cyber", "explanation": "x"}',
+        "{}",
+        "",
+    )
+    for kind in (*ErrorKind, "refused", "timeout"):
+        for text in texts:
+            assert model_refusal(kind, text) == render.model_refusal(kind, text), (kind, text)
+    assert model_refusal(ErrorKind.REFUSED, "no") is not None
 
 
 def test_the_version_and_the_command_list_import_no_command() -> None:

@@ -365,7 +365,7 @@ class ShowNode:
 
     def refusal(self) -> Refusal | None:
         """The category and explanation of a model's refusal, if it ended this one."""
-        from fanfold.replay.render import model_refusal
+        from fanfold.cli.display import model_refusal
         from fanfold.statemachine import Error, Failed
 
         match self.state.phase:
@@ -518,7 +518,6 @@ def _tokens(state: Conversation) -> str:
 
 
 def _show_node(store: Store, conversation_id: str, config: Config | None = None) -> ShowNode:
-    from fanfold.replay.lineage import lineage
     from fanfold.statemachine import spawn_order
 
     row = store.conversation(conversation_id)
@@ -526,7 +525,13 @@ def _show_node(store: Store, conversation_id: str, config: Config | None = None)
     state = store.load_state(conversation_id)
     inherited = 0
     forked = None
-    source = lineage(store, row)
+    source = None
+    if row.forked_from is not None or row.forked_at_seq is not None:
+        # Only a fork's row names a source (as in ls): a tree started here is shown
+        # without fanfold.replay, whose package imports every replay module (issue 36).
+        from fanfold.replay.lineage import lineage
+
+        source = lineage(store, row)
     base = _fork_base(store, conversation_id) if source is not None else None
     if base is not None and source is not None:
         # The fork's history begins with its source's, fan-in results of the source's
