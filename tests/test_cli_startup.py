@@ -102,6 +102,19 @@ def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
     assert [m for m in modules if m.startswith("fanfold.replay")] == []
 
 
+def test_ls_imports_neither_the_codec_nor_the_reducer(recorded: tuple[Path, str]) -> None:
+    """`ls` decodes no event: each root's row, and for a root at rest its last turn's
+    outcome from the column the store wrote with that turn (migration 7). So neither
+    the codec, the fingerprints nor the reducer is imported (1.05 G of its 1.12 G,
+    bench/README.md)."""
+    db, root = recorded
+    out, modules = _modules(["ls", "--db", str(db)], ["ls", "--db", str(db), "--json"])
+    assert root in out and '"last_turn": "answered"' in out
+    heavy = ("fanfold.db.codec", "fanfold.db.fingerprint", "fanfold.statemachine")
+    assert [m for m in modules if m.startswith(heavy)] == []
+    assert "fanfold.db.store" in modules  # it did read the log
+
+
 def test_the_views_read_a_refusal_as_the_replay_renderer_does() -> None:
     """``cli.display.model_refusal`` imports ``fanfold.replay.render`` only for a
     failure of kind ``refused``, and reads every kind as the renderer does."""

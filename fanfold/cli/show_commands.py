@@ -95,11 +95,10 @@ def list_conversations(as_json: bool, db: Target | None) -> None:
 
 
 def _status_cell(item: dict[str, Any]) -> str:
-    from fanfold.statemachine import TurnOutcome
-
     if item["status"] == "running" and item["runtime_open"] is False:
         return "running (no runtime: fanfold resume)"
-    if item["status"] == "idle" and item["last_turn"] == TurnOutcome.CANCELLED:
+    # "cancelled": TurnOutcome.CANCELLED's value (ls imports no reducer, issue 36).
+    if item["status"] == "idle" and item["last_turn"] == "cancelled":
         return "idle (cancelled)"
     return str(item["status"])
 
@@ -131,13 +130,14 @@ def _listed(store: Store, row: ConversationRow) -> dict[str, Any]:
     origin = "imported" if imported else "fork" if source is not None else "run"
     turn = None
     if row.status in (Status.IDLE, Status.ERROR):
-        # A damaged log: ``verify`` names it; the list still shows the tree.
+        # A damaged log: ``verify`` names it; the list still shows the tree. The
+        # outcome is read from its column where the log holds it (no event decoded).
         with contextlib.suppress(DatabaseError):
-            turn = store.last_turn(row.id)
+            turn = store.last_outcome(row.id)
     return {
         "id": row.id,
         "status": str(row.status),
-        "last_turn": None if turn is None else str(turn.outcome),
+        "last_turn": turn,
         "created_at": row.created_at,
         "sub_agents": len(store.tree(row.id)) - 1,
         "origin": origin,
