@@ -100,6 +100,34 @@ def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
     # fanfold.replay (its package imports every replay module): ls reads a fork's
     # lineage only for a fork's row, the views read a refusal only for a refusal.
     assert [m for m in modules if m.startswith("fanfold.replay")] == []
+    # show reads each state from its snapshot (a tree at rest): no reducer function.
+    assert "fanfold.statemachine.transition" not in modules
+
+
+LAZY_NAMES = """
+import types
+import fanfold.db.fingerprint, fanfold.statemachine.transition  # the submodules first
+from fanfold.db import fingerprint, step_fingerprint, decode_event, SCHEMA_VERSION
+from fanfold.statemachine import transition, start, fold
+import fanfold.db as db, fanfold.statemachine as sm
+names = (fingerprint, step_fingerprint, decode_event, transition, start, fold,
+         db.fingerprint, sm.transition)
+assert all(isinstance(f, types.FunctionType) for f in names), names
+assert fingerprint.__module__ == "fanfold.db.fingerprint"
+assert transition.__module__ == "fanfold.statemachine.transition"
+assert SCHEMA_VERSION == __import__("fanfold.db.codec").db.codec.SCHEMA_VERSION
+print("ok")
+"""
+
+
+def test_the_lazy_names_are_what_they_were() -> None:
+    """`fanfold.db` and `fanfold.statemachine` import the codec, the fingerprints and
+    the reducer's functions when first named; `fingerprint` and `transition` are still
+    the functions although submodules have those names, whichever is imported first."""
+    done = subprocess.run(
+        [sys.executable, "-c", LAZY_NAMES], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_ls_imports_neither_the_codec_nor_the_reducer(recorded: tuple[Path, str]) -> None:

@@ -120,8 +120,6 @@ def _load() -> None:
         ScheduleRetry,
         StartTimer,
         TurnFinished,
-        start,
-        transition,
     )
 
     globals().update(
@@ -144,10 +142,25 @@ def _load() -> None:
         ScheduleRetry=ScheduleRetry,
         StartTimer=StartTimer,
         TurnFinished=TurnFinished,
-        start=start,
-        transition=transition,
     )
     _loaded = True
+
+
+_folds = False
+
+
+def _load_reducer() -> None:
+    """Bind the reducer's ``start`` and ``transition`` in this module (once): for what
+    folds events (``events``, ``load_state`` past its snapshot) and for ``append``,
+    whose caller ran them. ``load_state`` of a conversation at rest, whose snapshot is
+    its last state, folds nothing: ``fanfold show`` imports no reducer function."""
+    global _folds
+    if _folds:
+        return
+    from fanfold.statemachine.transition import start, transition
+
+    globals().update(start=start, transition=transition)
+    _folds = True
 
 
 BUSY_TIMEOUT_MS = 5000
@@ -1713,6 +1726,7 @@ def _derived(
     their effects: those an events-only step produced, re-derived by folding; those
     an older step stored, as stored."""
     _load()
+    _load_reducer()
     where = f"conversation {conversation_id!r}"
     out: list[StoredEvent] = []
     for expected, row in enumerate(events, start=first):
@@ -1749,6 +1763,8 @@ def _replay(
 ) -> Conversation:
     """Fold ``events`` (the first one is the snapshot's, or seq 0) into a state."""
     _load()
+    if snapshot_json is None or len(events) > 1:
+        _load_reducer()  # a fold: from seq 0, or past the snapshot
     if not events:
         raise ReplayError(f"conversation {conversation_id!r}: no events to start from")
     where = f"conversation {conversation_id!r}"
