@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from db_scenarios import Driver, cancelled_fan_out, fan_out
 
-from fanfold.db import Store
+from fanfold.db import Store, open_store
 from fanfold.statemachine import CancelRequested, UserMessaged
 
 
@@ -90,3 +90,13 @@ def test_where_the_log_does_not_hold_it_replay_finds_it(tmp_path: Path) -> None:
     with Store.open(path) as writer:
         assert writer._turns
         assert _outcomes(writer) == expected
+
+
+def test_every_log_answers_the_outcome_replay_finds(log_target: str) -> None:
+    """SQLite from its column, PostgreSQL (no such column) by replay: the same."""
+    with open_store(log_target) as store:
+        store.append(_steps())
+        assert store._turns == log_target.endswith(".db")
+        expected = _replayed(store)
+        assert _outcomes(store) == expected
+        assert expected["r"] == "cancelled"
