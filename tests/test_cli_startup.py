@@ -180,7 +180,7 @@ def test_the_help_of_every_command_imports_nothing_heavy() -> None:
     out, modules = _modules(*([name, "--help"] for name in COMMANDS))
     assert out.count("Usage: fanfold ") == len(COMMANDS)
     assert "List root conversations" in out and "Print a conversation" in out
-    # Nor attrs (0.05 G to import, more with the classes it makes): show's attrs
+    # Nor attrs (0.09 G of ls --help with show's classes, bench/README.md): show's attrs
     # classes are in cli.show_view, imported when a tree is shown.
     assert _heavy(modules, (*NOT_FOR_HELP, "attrs", "attr")) == []
 
