@@ -97,9 +97,70 @@ def test_ls_and_show_import_neither_the_runtime_nor_providers_trio_or_httpx(
     # sqlite_utils only creates tables (a migration): reading a current log needs sqlite3.
     assert _heavy(modules, ("fanfold.cli.run_commands", "sqlite_utils")) == []
     assert "sqlite3" in modules and "fanfold.db.store" in modules  # they did read the log
-    # A log without forks is listed without fanfold.replay (every replay module).
-    _, listed = _modules(["ls", "--db", str(db)])
-    assert [m for m in listed if m.startswith("fanfold.replay")] == []
+    # A log without forks is listed, and a tree without a refusal shown, without
+    # fanfold.replay (its package imports every replay module): ls reads a fork's
+    # lineage only for a fork's row, the views read a refusal only for a refusal.
+    assert [m for m in modules if m.startswith("fanfold.replay")] == []
+    # show reads each state from its snapshot (a tree at rest): no reducer function.
+    assert "fanfold.statemachine.transition" not in modules
+
+
+LAZY_NAMES = """
+import types
+import fanfold.db.fingerprint, fanfold.statemachine.transition  # the submodules first
+from fanfold.db import fingerprint, step_fingerprint, decode_event, SCHEMA_VERSION
+from fanfold.statemachine import transition, start, fold
+import fanfold.db as db, fanfold.statemachine as sm
+names = (fingerprint, step_fingerprint, decode_event, transition, start, fold,
+         db.fingerprint, sm.transition)
+assert all(isinstance(f, types.FunctionType) for f in names), names
+assert fingerprint.__module__ == "fanfold.db.fingerprint"
+assert transition.__module__ == "fanfold.statemachine.transition"
+assert SCHEMA_VERSION == __import__("fanfold.db.codec").db.codec.SCHEMA_VERSION
+print("ok")
+"""
+
+
+def test_the_lazy_names_are_what_they_were() -> None:
+    """`fanfold.db` and `fanfold.statemachine` import the codec, the fingerprints and
+    the reducer's functions when first named; `fingerprint` and `transition` are still
+    the functions although submodules have those names, whichever is imported first."""
+    done = subprocess.run(
+        [sys.executable, "-c", LAZY_NAMES], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_ls_imports_neither_the_codec_nor_the_reducer(recorded: tuple[Path, str]) -> None:
+    """`ls` decodes no event: each root's row, and for a root at rest its last turn's
+    outcome from the column the store wrote with that turn (migration 7). So neither
+    the codec, the fingerprints nor the reducer is imported (1.05 G of its 1.12 G,
+    bench/README.md)."""
+    db, root = recorded
+    out, modules = _modules(["ls", "--db", str(db)], ["ls", "--db", str(db), "--json"])
+    assert root in out and '"last_turn": "answered"' in out
+    heavy = ("fanfold.db.codec", "fanfold.db.fingerprint", "fanfold.statemachine")
+    assert [m for m in modules if m.startswith(heavy)] == []
+    assert "fanfold.db.store" in modules  # it did read the log
+
+
+def test_the_views_read_a_refusal_as_the_replay_renderer_does() -> None:
+    """``cli.display.model_refusal`` imports ``fanfold.replay.render`` only for a
+    failure of kind ``refused``, and reads every kind as the renderer does."""
+    from fanfold.cli.display import model_refusal
+    from fanfold.replay import render
+    from fanfold.statemachine import ErrorKind
+
+    texts = (
+        "the model refused the request: no",
+        'the model refused to summarise: {"category": "cyber", "explanation": "x"}',
+        "{}",
+        "",
+    )
+    for kind in (*ErrorKind, "refused", "timeout"):
+        for text in texts:
+            assert model_refusal(kind, text) == render.model_refusal(kind, text), (kind, text)
+    assert model_refusal(ErrorKind.REFUSED, "no") is not None
 
 
 def test_the_version_and_the_command_list_import_no_command() -> None:
@@ -120,9 +181,9 @@ def test_the_help_of_every_command_imports_nothing_heavy() -> None:
     out, modules = _modules(*([name, "--help"] for name in COMMANDS))
     assert out.count("Usage: fanfold ") == len(COMMANDS)
     assert "List root conversations" in out and "Print a conversation" in out
-    assert _heavy(modules, NOT_FOR_HELP) == []
-    # attrs (0.15 G to import) only for show_commands' own classes (ls, show).
-    assert "attrs" not in _modules(*([n, "--help"] for n in COMMANDS if n not in ("ls", "show")))[1]
+    # Nor attrs (0.09 G of ls --help with show's classes, bench/README.md): show's attrs
+    # classes are in cli.show_view, imported when a tree is shown.
+    assert _heavy(modules, (*NOT_FOR_HELP, "attrs", "attr")) == []
 
 
 def test_user_errors_are_found_among_the_modules_imported() -> None:

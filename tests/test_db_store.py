@@ -103,6 +103,7 @@ def test_migrations_are_applied_once(tmp_path: Path) -> None:
         {"version": 4, "name": "content-addressed blobs"},
         {"version": 5, "name": "events-only log"},
         {"version": 6, "name": "tool progress side table"},
+        {"version": 7, "name": "last turn's outcome"},
     ]
     for _ in range(2):
         with Store.open(path) as again:

@@ -59,6 +59,7 @@ ALLOWED = {
     "functools",  # pure: cached_property keeps a tool call's decoded arguments (messages.ToolCall)
     "typing",
     "sys",
+    "types",  # the package's module class (its lazily imported reducer functions)
     "collections",
     "itertools",  # pure: Roster.as_tuple flattens its chunks in C
     "operator",  # pure: Roster.as_tuple's hole filter

@@ -58,3 +58,6 @@ def test_the_offline_demo_runs_without_the_http_stack(
     assert "fanfold.providers.config" in modules and "fanfold.tools.registry" in modules
     heavy = [m for m in modules if m.split(".")[0] in HTTP or m.startswith(HTTP_FANFOLD)]
     assert heavy == []
+    # Nor fanfold.replay (every replay module): the live view reads a refusal's text
+    # through it only for a refusal, and the demo has none.
+    assert [m for m in modules if m.startswith("fanfold.replay")] == []

@@ -214,6 +214,7 @@ async def test_a_paged_reader_folds_each_event_of_an_events_only_log_once(
         events = len(logged[root])
         assert events > 4 * 2  # many pages
         folds = 0
+        store_module._load_reducer()  # the store binds the reducer's functions to fold
         real = getattr(store_module, "transition")  # noqa: B009 (imported there, not exported)
 
         def counted(state: Any, event: Any) -> Any:

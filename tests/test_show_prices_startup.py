@@ -21,6 +21,7 @@ HEAVY_FANFOLD = (
     "fanfold.providers.anthropic",
     "fanfold.providers.scripted",
     "fanfold.providers.slots",
+    "fanfold.providers.wire",  # Secret and the key shapes are in providers.settings
     "fanfold.cli.models",
     "fanfold.runtime.",
     "fanfold.tools",

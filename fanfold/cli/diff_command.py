@@ -19,7 +19,7 @@ from fanfold.cli.database import Target, db_option, open_store
 # imported in the functions that use it: `--help` imports none of it (issue 36,
 # tests/test_cli_startup.py).
 if TYPE_CHECKING:
-    from fanfold.cli.show_commands import ShowNode
+    from fanfold.cli.show_view import ShowNode
     from fanfold.db import Store
     from fanfold.providers.config import Config
     from fanfold.replay.compare import AgentPair, Said
@@ -94,7 +94,7 @@ def _nodes(store: Store, conversation_id: str) -> dict[str, ShowNode]:
     """Each conversation of the tree, as ``show`` builds it, but with its whole
     state's counts and cost: ``show`` gives a fork's spend since the fork, and a
     comparison with its source must count both sides alike."""
-    from fanfold.cli.show_commands import _show_node, _trusted_config
+    from fanfold.cli.show_view import _show_node, _trusted_config
 
     root = store.conversation(conversation_id).root_id
     config = _trusted_config(store, root)

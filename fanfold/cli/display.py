@@ -20,7 +20,6 @@ from fanfold.cli.text import clip as clip
 from fanfold.cli.text import json_printable as json_printable
 from fanfold.cli.text import printable as printable
 from fanfold.cli.text import short as short
-from fanfold.replay.render import model_refusal
 from fanfold.statemachine import (
     Asking,
     AssistantMessage,
@@ -31,6 +30,7 @@ from fanfold.statemachine import (
     Conversation,
     Effect,
     Error,
+    ErrorKind,
     Event,
     Failed,
     Idle,
@@ -45,6 +45,19 @@ from fanfold.statemachine.delegation import own_messages
 
 if TYPE_CHECKING:
     from fanfold.providers.base import StreamProgress
+    from fanfold.replay.render import Refusal
+
+
+def model_refusal(kind: ErrorKind | str, error: str) -> Refusal | None:
+    """``fanfold.replay.render.model_refusal``: None for any kind but ``refused``.
+
+    ``fanfold.replay`` is imported only for a refusal: its package imports every replay
+    module, which neither ``run`` nor ``show`` needs otherwise (issue 36)."""
+    if kind != ErrorKind.REFUSED:
+        return None
+    from fanfold.replay.render import model_refusal as read
+
+    return read(kind, error)
 
 
 @attrs.define

@@ -16,13 +16,13 @@ from fanfold.cli.display import (
     CUT_OFF_NOTE,
     TreeView,
     clip,
+    model_refusal,
     printable,
     write_text,
 )
 from fanfold.cli.display import last_answer as last_answer
 from fanfold.cli.output import console, hint, quietly, say
 from fanfold.cli.signals import Interruption
-from fanfold.replay.render import model_refusal
 from fanfold.runtime import Runtime
 from fanfold.statemachine import Conversation, Error
 

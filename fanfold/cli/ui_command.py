@@ -27,7 +27,7 @@ _WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 def tree_summaries(store: Store) -> list[dict[str, Any]]:
     """The list page's rows, with each tree's tokens and cost as `fanfold show` has
     them (cost only for the user's own trees whose recorded profiles have prices)."""
-    from fanfold.cli.show_commands import _show_node, _trusted_config
+    from fanfold.cli.show_view import _show_node, _trusted_config
     from fanfold.db import DatabaseError
     from fanfold.serve.ui_server import default_summaries, finite
 

@@ -107,6 +107,10 @@ from typing import Any
 import attrs
 
 from fanfold.db.errors import CodecError, NonFiniteNumber, UnsupportedVersion
+
+# Defined beside the schema's migrations, which read it on every open without the codec
+# (issue 36: opening a log to list it imports neither the codec nor the reducer).
+from fanfold.db.versions import SCHEMA_VERSION as SCHEMA_VERSION
 from fanfold.statemachine import (
     ALL_EFFECTS,
     ALL_EVENTS,
@@ -128,21 +132,6 @@ from fanfold.statemachine import (
 from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.children import Roster
 from fanfold.statemachine.permissions import Permissions
-
-SCHEMA_VERSION = 7
-"""Version written into every document; decoding accepts 1..SCHEMA_VERSION.
-
-History: 2 added the token accounting of sub-agent trees (``ChildSucceeded.tokens``,
-``ChildFailed.tokens``, ``PendingChild.budget``, ``Conversation.usage_children``); 3
-added ``ConversationCreated.workdir`` (where a sub-agent's working directory really
-is) and the error kind ``invalid_cwd``; 4 added ``CallModel.attempt`` and
-``StartTimer.counts_downtime`` (facts the runtime used to work out itself); 5 added
-``ChildSucceeded.submitted`` (whether a sub-agent called ``submit_result`` or ended
-with plain text), written only when False (see ``OMITTED_AT_DEFAULT``), and
-``ModelError.usage`` (the tokens of a failed attempt), written only when not zero; 6
-retired ``CallModel.request`` (see ``RETIRED``); 7 added ``Children.summary`` and the
-context mode ``summary`` of ``ChildSpec.context`` (issue 12), written only when used.
-"""
 
 RETIRED: dict[str, dict[str, tuple[int, type[Any]]]] = {"CallModel": {"request": (6, ModelRequest)}}
 """Fields a later schema no longer has: class name -> field -> the first version

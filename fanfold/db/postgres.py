@@ -352,6 +352,7 @@ class PostgresStore(Store):
     """
 
     _integrity_errors = (psycopg.IntegrityError,)
+    _turns = False  # no last_turn column (SQLite's migration 7): found by replay
 
     @staticmethod
     def _column_text(text: str | None) -> str | None:

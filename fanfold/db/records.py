@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from fanfold.db.codec import decode_effect, decode_event
 from fanfold.db.provenance import TreeRecord
-from fanfold.statemachine import (
-    ALL_PHASES,
-    AwaitingRetry,
-    AwaitingSubAgents,
-    CancellingSubAgents,
-    Completed,
-    Conversation,
-    Effect,
-    Error,
-    Event,
-    Failed,
-    Idle,
-    LlmRequesting,
-    Phase,
-    ToolExecuting,
-)
+
+# The reducer's types and the codec are imported where a value is built or decoded
+# (``status_of``, ``StoredEvent.from_rows``): a listing of the log's rows needs neither
+# (issue 36; the annotations are strings, ``from __future__ import annotations``).
+if TYPE_CHECKING:
+    from fanfold.statemachine import Conversation, Effect, Event, Phase
 
 
 class Status(enum.StrEnum):
@@ -43,22 +32,42 @@ class Status(enum.StrEnum):
     """A sub-agent that ended without a result (terminal)."""
 
 
-_STATUS_OF_PHASE: dict[type[Phase], Status] = {
-    Idle: Status.IDLE,
-    LlmRequesting: Status.RUNNING,
-    AwaitingRetry: Status.RUNNING,
-    ToolExecuting: Status.RUNNING,
-    AwaitingSubAgents: Status.RUNNING,
-    CancellingSubAgents: Status.RUNNING,
-    Error: Status.ERROR,
-    Completed: Status.COMPLETED,
-    Failed: Status.FAILED,
-}
-assert set(_STATUS_OF_PHASE) == set(ALL_PHASES), "every phase needs a status"
+_STATUS_OF_PHASE: dict[type[Phase], Status] = {}
+
+
+def _statuses() -> dict[type[Phase], Status]:
+    from fanfold.statemachine import (
+        ALL_PHASES,
+        AwaitingRetry,
+        AwaitingSubAgents,
+        CancellingSubAgents,
+        Completed,
+        Error,
+        Failed,
+        Idle,
+        LlmRequesting,
+        ToolExecuting,
+    )
+
+    statuses = {
+        Idle: Status.IDLE,
+        LlmRequesting: Status.RUNNING,
+        AwaitingRetry: Status.RUNNING,
+        ToolExecuting: Status.RUNNING,
+        AwaitingSubAgents: Status.RUNNING,
+        CancellingSubAgents: Status.RUNNING,
+        Error: Status.ERROR,
+        Completed: Status.COMPLETED,
+        Failed: Status.FAILED,
+    }
+    assert set(statuses) == set(ALL_PHASES), "every phase needs a status"
+    return statuses
 
 
 def status_of(phase: Phase) -> Status:
     """The status a conversation in ``phase`` is listed with."""
+    if not _STATUS_OF_PHASE:
+        _STATUS_OF_PHASE.update(_statuses())
     return _STATUS_OF_PHASE[type(phase)]
 
 
@@ -132,6 +141,8 @@ class StoredEvent:
     ) -> StoredEvent:
         """Build from an ``events`` row and its ``effects`` rows (ordered by idx);
         ``blobs``: the log's blobs, which the event and effects may name."""
+        from fanfold.db.codec import decode_effect, decode_event
+
         return cls(
             seq=row["seq"],
             event=decode_event(row["payload"], blobs),

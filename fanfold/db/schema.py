@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from fanfold.db.codec import SCHEMA_VERSION
 from fanfold.db.errors import SchemaError
+from fanfold.db.versions import SCHEMA_VERSION
 
 # sqlite_utils (0.43 G instructions to import) creates the tables: it is imported when a
 # migration is applied, not by every open that finds the schema current (issue 36).
@@ -191,6 +191,17 @@ def _v6_tool_progress(db: Database) -> None:
     )
 
 
+def _v7_last_turn(db: Database) -> None:
+    # The outcome of each conversation's latest finished turn (its ``TurnFinished``
+    # effect's: 'answered', 'cancelled', 'error', 'completed', 'failed'), written with
+    # the step that produced it, so that a listing (``fanfold ls``: "idle (cancelled)")
+    # reads it instead of folding the conversation's events through the reducer. NULL:
+    # not recorded (no turn finished since this migration, imported rows): readers
+    # find it by replay, as before. A copy of the reducer's output, never read by
+    # replay or verify.
+    db.execute("ALTER TABLE conversations ADD COLUMN last_turn TEXT")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _v1_initial),
     Migration(2, "tree provenance", _v2_provenance),
@@ -198,16 +209,18 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "content-addressed blobs", _v4_blobs),
     Migration(5, "events-only log", _v5_events_only),
     Migration(6, "tool progress side table", _v6_tool_progress),
+    Migration(7, "last turn's outcome", _v7_last_turn),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
-READERS_DO_WITHOUT = frozenset({2, 3, 4, 5, 6})
+READERS_DO_WITHOUT = frozenset({2, 3, 4, 5, 6, 7})
 """Migrations a read-only open may find missing: they only add what readers never
 read (tree provenance matters to the runtime, which opens read-write and migrates)
 or can do without (a log without the row checksums is read unchecked; a log without
 the blobs table was written before any document named a blob; a log without the
 events-only format holds effects for every step; a log without the tool progress
-table shows no progress)."""
+table shows no progress; a log without the last turn's outcome has it found by
+replay)."""
 
 
 def _applied_versions(db: Rows | Database) -> set[int]:

@@ -35,23 +35,12 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from fanfold.db import highwater
 from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checksum
-from fanfold.db.codec import (
-    column_text,
-    decode_effect,
-    decode_event,
-    decode_state,
-    encode_event_compact,
-    encode_state_stored,
-    stored_effect,
-    stored_event,
-    stored_state,
-)
 from fanfold.db.errors import (
     CannotOpen,
     CodecError,
@@ -67,7 +56,6 @@ from fanfold.db.errors import (
     UnknownConversation,
     UnloggableStep,
 )
-from fanfold.db.fingerprint import events_only, like, step_fingerprint
 from fanfold.db.provenance import Origin, TreeRecord
 from fanfold.db.records import (
     ConversationRow,
@@ -84,17 +72,96 @@ from fanfold.db.records import (
 from fanfold.db.rows import Rows
 from fanfold.db.schema import check_current, migrate
 from fanfold.regular_files import kind as file_kind
-from fanfold.statemachine import (
-    Conversation,
-    ConversationCreated,
-    ConversationForked,
-    IllegalTransition,
-    ScheduleRetry,
-    StartTimer,
-    TurnFinished,
-    start,
-    transition,
-)
+
+# The codec, the fingerprints and the reducer are imported when the store first encodes
+# or decodes (``_load``): opening a log and reading its rows (``fanfold ls``) needs none
+# of them, and they are most of what importing the store cost (issue 36).
+if TYPE_CHECKING:
+    from fanfold.db.codec import (
+        column_text,
+        decode_effect,
+        decode_event,
+        decode_state,
+        encode_event_compact,
+        encode_state_stored,
+        stored_effect,
+        stored_event,
+        stored_state,
+    )
+    from fanfold.db.fingerprint import events_only, like, step_fingerprint
+    from fanfold.statemachine import (
+        Conversation,
+        ConversationCreated,
+        ConversationForked,
+        IllegalTransition,
+        ScheduleRetry,
+        StartTimer,
+        TurnFinished,
+        start,
+        transition,
+    )
+
+_loaded = False
+
+
+def _load() -> None:
+    """Bind the codec's, the fingerprints' and the reducer's names in this module (once;
+    every method that encodes or decodes calls it first)."""
+    global _loaded
+    if _loaded:
+        return
+    from fanfold.db import codec
+    from fanfold.db.fingerprint import events_only, like, step_fingerprint
+    from fanfold.statemachine import (
+        Conversation,
+        ConversationCreated,
+        ConversationForked,
+        IllegalTransition,
+        ScheduleRetry,
+        StartTimer,
+        TurnFinished,
+    )
+
+    globals().update(
+        column_text=codec.column_text,
+        decode_effect=codec.decode_effect,
+        decode_event=codec.decode_event,
+        decode_state=codec.decode_state,
+        encode_event_compact=codec.encode_event_compact,
+        encode_state_stored=codec.encode_state_stored,
+        stored_effect=codec.stored_effect,
+        stored_event=codec.stored_event,
+        stored_state=codec.stored_state,
+        events_only=events_only,
+        like=like,
+        step_fingerprint=step_fingerprint,
+        Conversation=Conversation,
+        ConversationCreated=ConversationCreated,
+        ConversationForked=ConversationForked,
+        IllegalTransition=IllegalTransition,
+        ScheduleRetry=ScheduleRetry,
+        StartTimer=StartTimer,
+        TurnFinished=TurnFinished,
+    )
+    _loaded = True
+
+
+_folds = False
+
+
+def _load_reducer() -> None:
+    """Bind the reducer's ``start`` and ``transition`` in this module (once): for what
+    folds events (``events``, ``load_state`` past its snapshot) and for ``append``,
+    whose caller ran them. ``load_state`` of a conversation at rest, whose snapshot is
+    its last state, folds nothing: ``fanfold show`` imports no reducer function."""
+    global _folds
+    if _folds:
+        return
+    from fanfold.statemachine.transition import start, transition
+
+    globals().update(start=start, transition=transition)
+    _folds = True
+
 
 BUSY_TIMEOUT_MS = 5000
 """How long a write waits for another connection's write lock before failing."""
@@ -359,8 +426,16 @@ class Store:
     _mark: highwater.Writer | None = None
     """A file's high-water mark (``open``): None for memory and PostgreSQL."""
 
-    _column_text = staticmethod(column_text)
-    """A text copied into a column for listing (a task), as the database can hold it."""
+    _turns = True
+    """Whether the conversations table has the last turn's outcome (migration 7), which
+    ``_write`` keeps and ``last_outcome`` reads. False: a read-only open of an older
+    log, and PostgreSQL (whose schema does not have it): found by replay there."""
+
+    @staticmethod
+    def _column_text(text: str | None) -> str | None:
+        """A text copied into a column for listing (a task), as the database can hold it."""
+        _load()
+        return column_text(text)
 
     def __init__(
         self, conn: sqlite3.Connection, path: str | None, *, read_only: bool = False
@@ -506,6 +581,8 @@ class Store:
             check_current(store._db)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(events)")}
             store._checksums = "checksum" in columns
+            turns = {row[1] for row in conn.execute("PRAGMA table_info(conversations)")}
+            store._turns = "last_turn" in turns
             if not store._db.table("blobs").exists():
                 store._blob_rowid = None
             return store
@@ -700,6 +777,7 @@ class Store:
         stored with it (0 if none): what a snapshot policy needs to weigh folding
         events against reading a snapshot.
         """
+        _load()
         if self.read_only:
             raise ReadOnlyStore(f"{self.path} was opened read-only; nothing was written")
         if not steps:
@@ -835,6 +913,20 @@ class Store:
                     " snapshot_checksum = ? WHERE id = ?",
                     snapshot_rows,
                 )
+            if self._turns:
+                # The latest finished turn's outcome of each conversation (a step
+                # ends at most one turn; a later one in the batch wins).
+                ended = {
+                    p.step.conversation_id: effect.outcome.value
+                    for p in prepared
+                    for effect in p.step.effects
+                    if type(effect) is TurnFinished
+                }
+                if ended:
+                    conn.executemany(
+                        "UPDATE conversations SET last_turn = ? WHERE id = ?",
+                        [(outcome, cid) for cid, outcome in ended.items()],
+                    )
         self._fenced(fence)  # committed
         return statuses
 
@@ -1002,6 +1094,7 @@ class Store:
         ``blobs``: the values (sha256 -> text) that events given in their stored
         compact form refer to; the caller checked they decode (``portable``).
         """
+        _load()
         if tree is not None and tree.mark is not None:
             raise InvalidStep("an imported tree never carries a provenance mark")
         ids = {c.row.id for c in conversations}
@@ -1131,6 +1224,7 @@ class Store:
         log). Refused with InvalidStep if the state's fingerprint differs from the one
         recorded with event ``seq``; ignored if a later snapshot is already stored.
         """
+        _load()
         if state.id != conversation_id:
             raise InvalidStep(
                 f"conversation {conversation_id!r}: the state is of conversation {state.id!r}"
@@ -1216,11 +1310,30 @@ class Store:
         """The ``TurnFinished`` effect of the conversation's latest finished turn (a
         sub-agent's only one), or None if no turn has finished. Re-derived by replay
         where the log stores events only (``events``)."""
+        _load()
         for stored in reversed(self.events(conversation_id)):
             for effect in reversed(stored.effects):
                 if isinstance(effect, TurnFinished):
                     return effect
         return None
+
+    def last_outcome(self, conversation_id: str) -> str | None:
+        """The outcome (a ``TurnOutcome`` value) of the conversation's latest finished
+        turn, None if none finished: ``last_turn``'s, read from the column the store
+        writes with the step that ended the turn (migration 7), so no event is decoded
+        and the reducer is not imported. Where the log does not hold it (no turn ended
+        since the migration, imported rows, a read-only open of an older log,
+        PostgreSQL) it is found by ``last_turn``."""
+        if self._turns:
+            rows = self._query(
+                "SELECT last_turn FROM conversations WHERE id = ?", [conversation_id]
+            )
+            if not rows:
+                raise UnknownConversation(conversation_id)
+            if rows[0]["last_turn"] is not None:
+                return str(rows[0]["last_turn"])
+        turn = self.last_turn(conversation_id)
+        return None if turn is None else turn.outcome.value
 
     def conversation(self, conversation_id: str) -> ConversationRow:
         """The row of one conversation; raises UnknownConversation if there is none."""
@@ -1250,6 +1363,7 @@ class Store:
         reached, so each page costs its own events, not the conversation's whole
         log). Effects stored by older logs are read as stored. Raises ReplayError
         naming the seq if a row does not match its checksum."""
+        _load()
         checksum = "checksum" if self._checksums else "NULL AS checksum"
         # Seqs are dense from 0: the first ``limit`` events after ``after_seq`` are
         # those up to ``after_seq + limit``.
@@ -1323,6 +1437,7 @@ class Store:
         deadlines instead of starting over. Re-derived by replay where the log stores
         events only (``events``).
         """
+        _load()
         started: dict[int, float] = {}
         for stored in self.events(conversation_id):
             for effect in stored.effects:
@@ -1415,6 +1530,7 @@ class Store:
         match is damage: ReplayError naming the conversation and seq, even without
         ``verify``.
         """
+        _load()
         checksum, snapshot = (
             ("checksum", "snapshot_checksum") if self._checksums else ("NULL", "NULL")
         )
@@ -1612,6 +1728,8 @@ def _derived(
     ``first``: 0, or the seq after the one that left ``state``) with
     their effects: those an events-only step produced, re-derived by folding; those
     an older step stored, as stored."""
+    _load()
+    _load_reducer()
     where = f"conversation {conversation_id!r}"
     out: list[StoredEvent] = []
     for expected, row in enumerate(events, start=first):
@@ -1647,6 +1765,9 @@ def _replay(
     verify: bool,
 ) -> Conversation:
     """Fold ``events`` (the first one is the snapshot's, or seq 0) into a state."""
+    _load()
+    if snapshot_json is None or len(events) > 1:
+        _load_reducer()  # a fold: from seq 0, or past the snapshot
     if not events:
         raise ReplayError(f"conversation {conversation_id!r}: no events to start from")
     where = f"conversation {conversation_id!r}"

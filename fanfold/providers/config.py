@@ -73,10 +73,11 @@ from fanfold.providers.settings import (
     OPENAI_BASE_URL,
     POOL_SIZE,
     RequestSettings,
+    Secret,
     Timeouts,
+    looks_like_key,
     valid_api_key,
 )
-from fanfold.providers.wire import Secret, looks_like_key
 from fanfold.regular_files import read_regular
 from fanfold.statemachine import ErrorKind, Limits, ModelError, ModelReply, ModelRequest
 from fanfold.statemachine.permissions import DOMAIN, domain_problem, parse_rule

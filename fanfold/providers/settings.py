@@ -6,6 +6,7 @@ prices, for `fanfold show`) imports this, not the HTTP providers (issue 36).
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -97,3 +98,46 @@ once: the others wait their turn in ``pool_slots``, in the order they came."""
 def valid_api_key(value: str) -> bool:
     """True if ``value`` can be sent in an HTTP header: printable ASCII, no spaces."""
     return bool(value) and all(0x21 <= ord(ch) <= 0x7E for ch in value)
+
+
+# ------------------------------------------------------------------ secrets
+
+
+class Secret:
+    """A string that never shows itself: ``repr``/``str`` print a mask; ``reveal()`` gives it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The secret value, for the one place that must send it (an HTTP header)."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Secret cannot be pickled")
+
+
+REDACTED = "[REDACTED]"
+
+# Things that look like API keys even when we were not told about them.
+_KEY_LIKE = re.compile(
+    r"(?:sk-ant-[A-Za-z0-9_\-]{8,}|sk-[A-Za-z0-9_\-]{16,}|(?i:bearer)\s+[A-Za-z0-9._~+/\-]{8,}=*)"
+)
+
+
+def looks_like_key(text: str) -> bool:
+    """True if ``text`` holds something shaped like an API key (``sk-...``, a bearer token)."""
+    return _KEY_LIKE.search(text) is not None

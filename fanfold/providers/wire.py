@@ -34,6 +34,10 @@ from typing import Any
 import attrs
 
 from fanfold.providers.base import ProviderError
+from fanfold.providers.settings import _KEY_LIKE
+from fanfold.providers.settings import REDACTED as REDACTED
+from fanfold.providers.settings import Secret as Secret
+from fanfold.providers.settings import looks_like_key as looks_like_key
 from fanfold.statemachine import (
     STOP_MAX_TOKENS,
     ErrorKind,
@@ -47,44 +51,10 @@ from fanfold.statemachine.messages import ToolCall, non_finite_path
 # ------------------------------------------------------------------ secrets
 
 
-class Secret:
-    """A string that never shows itself: ``repr``/``str`` print a mask; ``reveal()`` gives it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The secret value, for the one place that must send it (an HTTP header)."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('********')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(("Secret", self._value))
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a Secret cannot be pickled")
-
-
-REDACTED = "[REDACTED]"
-
-# Things that look like API keys even when we were not told about them.
-_KEY_LIKE = re.compile(
-    r"(?:sk-ant-[A-Za-z0-9_\-]{8,}|sk-[A-Za-z0-9_\-]{16,}|(?i:bearer)\s+[A-Za-z0-9._~+/\-]{8,}=*)"
-)
-
-
-def looks_like_key(text: str) -> bool:
-    """True if ``text`` holds something shaped like an API key (``sk-...``, a bearer token)."""
-    return _KEY_LIKE.search(text) is not None
+# ``Secret``, ``REDACTED`` and the key shapes (``looks_like_key``) are defined in
+# providers.settings (no HTTP stack, no reducer) and re-exported here: the configuration's
+# parser needs them, and ``fanfold show`` reads a configuration for its prices without
+# importing this module (issue 36).
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:

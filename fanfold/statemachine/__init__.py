@@ -11,6 +11,10 @@ Rules of this package:
 - Events are past-tense facts (``ModelReplied``); effects are commands (``CallModel``).
 """
 
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from fanfold.statemachine.children import (
     ChildFailed,
     ChildOutcome,
@@ -121,7 +125,20 @@ from fanfold.statemachine.phases import (
     ToolExecuting,
 )
 from fanfold.statemachine.state import WORDING, Conversation
-from fanfold.statemachine.transition import Transition, fold, model_request, start, transition
+
+# The reducer's functions (``transition.py``, a third of this package's source) are
+# imported when first named (``__getattr__``): reading a log's states and showing them
+# (``fanfold show``) needs the types only (issue 36).
+if TYPE_CHECKING:
+    from fanfold.statemachine.transition import (
+        Transition,
+        fold,
+        model_request,
+        start,
+        transition,
+    )
+
+_FROM_TRANSITION = frozenset({"Transition", "fold", "model_request", "start", "transition"})
 
 __all__ = [
     "ALL_EFFECTS",
@@ -227,3 +244,31 @@ __all__ = [
     "start",
     "transition",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_TRANSITION:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # The submodule, from sys.modules: as an attribute of this package its name is the
+    # function's (``_Package``).
+    import fanfold.statemachine.transition  # noqa: F401
+
+    value = getattr(sys.modules[f"{__name__}.transition"], name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    """``fanfold.statemachine`` itself. Its ``transition`` is the reducer's function,
+    as it always was, although its module has that name too: the import system binds
+    a submodule on its package when it is first imported (``fanfold.trace`` imports
+    ``fanfold.statemachine.transition``), which here would put the module in the
+    function's place."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "transition" and isinstance(value, types.ModuleType):
+            value = value.transition
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
