@@ -67,12 +67,7 @@ class Driver:
         self._seq: dict[str, int] = {}
 
     def _record(
-        self,
-        cid: str,
-        event: Event,
-        state: Conversation,
-        effects: tuple[Effect, ...],
-        before: Conversation | None = None,
+        self, cid: str, event: Event, state: Conversation, effects: tuple[Effect, ...]
     ) -> Step:
         seq = self._seq.get(cid, -1) + 1
         self._seq[cid] = seq
@@ -81,7 +76,7 @@ class Driver:
         snapshot = every is not None and (
             seq % every == 0 or status_of(state.phase) is not Status.RUNNING
         )
-        step = Step(cid, seq, event, effects, state, self.clock, snapshot=snapshot, before=before)
+        step = Step(cid, seq, event, effects, state, self.clock, snapshot=snapshot)
         self.states[cid] = state
         self.effects[cid] = effects
         self.steps.append(step)
@@ -92,9 +87,8 @@ class Driver:
         return self._record(created.conversation_id, created, state, effects)
 
     def feed(self, cid: str, event: Event) -> Step:
-        before = self.states[cid]
-        state, effects = transition(before, event)
-        return self._record(cid, event, state, effects, before)
+        state, effects = transition(self.states[cid], event)
+        return self._record(cid, event, state, effects)
 
     # ---------------------------------------------------------------- runtime chores
 

@@ -398,7 +398,6 @@ class Actor:
             else:
                 submission = None
                 event = item
-            previous = state
             try:
                 state, effects = transition(state, event)
             except IllegalTransition as exc:
@@ -424,19 +423,7 @@ class Actor:
             rest = state.at_rest
             if rest:
                 snapshot = True
-            steps.append(
-                Step(
-                    conversation_id,
-                    seq,
-                    event,
-                    effects,
-                    state,
-                    now(),
-                    snapshot,
-                    False,
-                    before=previous,
-                )
-            )
+            steps.append(Step(conversation_id, seq, event, effects, state, now(), snapshot, False))
             rests.append(rest)
         if steps:
             self._head, self._head_seq = state, seq
