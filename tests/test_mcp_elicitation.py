@@ -153,7 +153,9 @@ async def test_a_form_still_open_is_withdrawn_when_its_request_closes(tmp_path: 
     from fanfold.serve.mcp_server import DelegationLedger, DelegationService
     from fanfold.statemachine import Limits
 
-    limits = Limits(approval_timeout=0.5)
+    # 2 s: long enough that the form is open before the timeout under a loaded machine
+    # (with 0.5 s the request closed before the form was put, at a load of 10).
+    limits = Limits(approval_timeout=2.0)
     provider = script(0.0, root=[reply("", ("bash", {"command": "echo x"})), reply("done")])
     withdrawn: list[str] = []
 
@@ -180,5 +182,5 @@ async def test_a_form_still_open_is_withdrawn_when_its_request_closes(tmp_path: 
     assert done == {"delegation_id": root, "status": "completed", "result": "done"}
     assert len(withdrawn) == 1 and withdrawn[0].startswith(f"{root}:")
     assert _results(tmp_path / "log.db", root) == [
-        "denied by the user: no decision within 0.5s (approval_timeout)"
+        "denied by the user: no decision within 2.0s (approval_timeout)"
     ]
