@@ -20,11 +20,16 @@ from fanfold.statemachine import (
     ToolsChanged,
     ToolSpec,
     start,
+    table,
 )
 from fanfold.statemachine.approvals import ASK_USER_SPEC
+from fanfold.statemachine.children import Children
+from fanfold.statemachine.confined import command_problem, shell_words
+from fanfold.statemachine.control_tools import join_cwd
 from fanfold.statemachine.effects import AskUser, RequestApproval
 from fanfold.statemachine.events import ApprovalGranted, UserAnswered
 from fanfold.statemachine.messages import frozen_json
+from fanfold.statemachine.modes import settle
 from fanfold.statemachine.permissions import (
     Permissions,
     Rule,
@@ -165,3 +170,73 @@ def test_frozen_json_says_why_a_value_is_not_parsed_json() -> None:
         deep = [deep]
     with pytest.raises(ValueError, match=r"^the JSON nests too deeply$"):
         frozen_json(deep)
+
+
+# ------------------------------------------------------------------ batch 2
+
+
+def test_a_read_only_layer_says_which_server_did_not_mark_an_mcp_tool() -> None:
+    # refusal_61 (`why += ...` -> `why -= ...`: a TypeError instead of the refusal).
+    layer = RuleSet(_rules("read-only"), (), "agent 'a'", "/p")
+    call = ToolCall.of("c1", "mcp__srv__write", {})
+    why = refusal(Permissions((layer,)), call, "/p", frozenset(), wording=1)
+    assert why is not None
+    assert why.endswith(
+        "read-only takes an MCP tool only if its server marks it readOnlyHint, "
+        "and server 'srv' does not mark 'mcp__srv__write'"
+    )
+
+
+def test_settling_with_no_child_finished_keeps_the_children() -> None:
+    # settle_2 (Settled(None) for children with nothing finished).
+    children = Children()
+    assert settle(children).children is children
+
+
+def test_a_childs_cwd_below_a_parent_at_dot_is_the_relative_path_itself() -> None:
+    # join_cwd_6: a parent whose cwd is "." (a relative root, which the model in
+    # fanfold.testing allows) gave its child "./sub" instead of "sub".
+    assert join_cwd(".", "sub") == "sub"
+    assert join_cwd("/w/", "sub") == "/w/sub"
+    assert join_cwd("/w", ".") == join_cwd("/w", None) == "/w"
+
+
+def test_the_table_update_needs_both_markers() -> None:
+    # table.update_6: the message of a text without the generated section.
+    with pytest.raises(ValueError, match=r"^no generated section markers found$"):
+        table.update("no markers here")
+    with pytest.raises(ValueError, match=r"^generated section has no end marker$"):
+        table.update(f"head {table.BEGIN} rest")
+
+
+def test_edited_arguments_are_checked_against_the_tools_schema_in_the_reducer() -> None:
+    # _on_decision_67: the reducer checked edited arguments without the tool's spec,
+    # so a grant whose arguments lacked a required key ran the tool.
+    bash = ToolSpec.from_schema(
+        "bash",
+        "Run a shell command",
+        {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    )
+    layer = RuleSet(source="--ask", base="/work", ask=_rules("bash"))
+    state = root(tools=(bash,), permissions=Permissions((layer,)))
+    state, _ = step(state, user("go"))
+    waiting, effects = step(state, replied(state, tool("c1", command="ls")))
+    call = only(effects, RequestApproval).call
+    lacking = ApprovalGranted(call, arguments_json='{"cmd": "ls -a"}')
+    with pytest.raises(IllegalTransition, match="the edited arguments lack 'command'"):
+        step(waiting, lacking)
+    wrong_type = ApprovalGranted(call, arguments_json='{"command": 1}')
+    with pytest.raises(IllegalTransition, match="'command' must be of type string"):
+        step(waiting, wrong_type)
+
+
+def test_only_star_question_mark_and_bracket_make_a_word_a_glob() -> None:
+    # shell_words_104: `X` counted as a glob character, so `git log X` was refused.
+    assert shell_words("git log X") == [("git", False), ("log", False), ("X", False)]
+    assert command_problem("git log X") is None
+    for glob in ("a*", "a?", "a["):
+        assert shell_words(f"ls {glob}")[-1] == (glob, True)
