@@ -7,8 +7,9 @@ hand-made copy of its mutant (the same one-line change) and to pass on the code.
 
 from __future__ import annotations
 
+import attrs
 import pytest
-from sm_support import BASH, READ, only, replied, root, step, tool, user
+from sm_support import BASH, READ, only, replied, root, spawn, step, tool, user
 
 from fanfold.statemachine import (
     ConversationForked,
@@ -38,6 +39,7 @@ from fanfold.statemachine.permissions import (
     parse_rule,
     refusal,
 )
+from fanfold.statemachine.transition import limits_edit_problem
 
 
 def _rules(*texts: str) -> tuple[Rule, ...]:
@@ -240,3 +242,16 @@ def test_only_star_question_mark_and_bracket_make_a_word_a_glob() -> None:
     assert command_problem("git log X") is None
     for glob in ("a*", "a?", "a["):
         assert shell_words(f"ls {glob}")[-1] == (glob, True)
+
+
+def test_limits_a_spawning_round_stands_under_are_named_one_by_one() -> None:
+    # limits_edit_problem_53: the names of the limits that cannot change, joined.
+    state = root()
+    state, _ = step(state, user("go"))
+    state, _ = step(state, replied(state, spawn("c1", "a", "b")))
+    old = state.limits
+    edited = attrs.evolve(old, max_rounds=old.max_rounds + 1, max_depth=old.max_depth + 1)
+    assert limits_edit_problem(state, edited) == (
+        "max_rounds, max_depth cannot change while this round's spawn_agents calls "
+        "stand (edit a step before or after the round)"
+    )
