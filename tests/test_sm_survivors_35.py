@@ -27,9 +27,10 @@ from fanfold.statemachine.approvals import ASK_USER_SPEC
 from fanfold.statemachine.children import Children
 from fanfold.statemachine.confined import command_problem, shell_words
 from fanfold.statemachine.control_tools import join_cwd
+from fanfold.statemachine.delegation import parent_context
 from fanfold.statemachine.effects import AskUser, RequestApproval
 from fanfold.statemachine.events import ApprovalGranted, UserAnswered
-from fanfold.statemachine.messages import frozen_json
+from fanfold.statemachine.messages import AssistantMessage, UserMessage, frozen_json
 from fanfold.statemachine.modes import settle
 from fanfold.statemachine.permissions import (
     Permissions,
@@ -255,3 +256,12 @@ def test_limits_a_spawning_round_stands_under_are_named_one_by_one() -> None:
         "max_rounds, max_depth cannot change while this round's spawn_agents calls "
         "stand (edit a step before or after the round)"
     )
+
+
+def test_a_parents_context_ends_before_its_last_reply_wherever_that_stands() -> None:
+    # parent_context_12 (the scan stepping by two): the last reply is found whether an
+    # even or an odd number of messages follow it.
+    task, reply, later = UserMessage("do it"), AssistantMessage("on it"), UserMessage("and?")
+    assert parent_context((task, reply)) == (task, reply)
+    assert parent_context((task, reply, later)) == (task, reply)
+    assert parent_context((task, AssistantMessage("  "), later)) == (task,)
