@@ -12,22 +12,27 @@ import pytest
 from sm_support import BASH, READ, only, replied, root, spawn, step, tool, user
 
 from fanfold.statemachine import (
+    AbortCall,
     ConversationForked,
     ForkEdited,
     IllegalTransition,
+    StartTimer,
     SystemPromptEdit,
     TaskEdit,
     ToolCall,
     ToolsChanged,
     ToolSpec,
+    TurnFinished,
+    TurnOutcome,
     start,
     table,
 )
+from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.approvals import ASK_USER_SPEC
 from fanfold.statemachine.children import Children
 from fanfold.statemachine.confined import command_problem, shell_words
-from fanfold.statemachine.control_tools import join_cwd
-from fanfold.statemachine.delegation import parent_context
+from fanfold.statemachine.control_tools import CwdRefused, join_cwd, relative_cwd
+from fanfold.statemachine.delegation import capped_limits, parent_context
 from fanfold.statemachine.effects import AskUser, RequestApproval
 from fanfold.statemachine.events import ApprovalGranted, UserAnswered
 from fanfold.statemachine.messages import AssistantMessage, UserMessage, frozen_json
@@ -265,3 +270,28 @@ def test_a_parents_context_ends_before_its_last_reply_wherever_that_stands() -> 
     assert parent_context((task, reply)) == (task, reply)
     assert parent_context((task, reply, later)) == (task, reply)
     assert parent_context((task, AssistantMessage("  "), later)) == (task,)
+
+
+def test_a_definitions_time_limit_caps_a_childs_and_stands_in_for_none() -> None:
+    # capped_limits_6 (`is None` -> `is not None`): a given time limit was replaced by
+    # the definition's, and none given was a TypeError.
+    definition = AgentDefinition("x", "an agent", "be brief", timeout=10.0, max_rounds=4)
+    assert capped_limits(definition, 5.0, 9) == (5.0, 4)
+    assert capped_limits(definition, 20.0, 3) == (10.0, 3)
+    assert capped_limits(definition, None, 9) == (10.0, 4)
+
+
+def test_a_cwd_with_a_control_character_is_refused_naming_nul() -> None:
+    # relative_cwd_21: the refusal's wording (the model reads it to correct its call).
+    refused = CwdRefused("'cwd' must not contain control characters (NUL, newline...)")
+    assert relative_cwd("a\x00b") == refused
+    assert relative_cwd("a\nb") == refused
+
+
+def test_a_root_answering_within_its_time_limit_reports_its_text() -> None:
+    # _answered_17: with the turn's time limit set, the TurnFinished lost its text.
+    state = root(timeout=30.0)
+    state, effects = step(state, user("go"))
+    timer = only(effects, StartTimer).timer
+    state, effects = step(state, replied(state, text="done"))
+    assert effects == (AbortCall(timer), TurnFinished(TurnOutcome.ANSWERED, "done"))
