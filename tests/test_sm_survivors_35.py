@@ -295,3 +295,12 @@ def test_a_root_answering_within_its_time_limit_reports_its_text() -> None:
     timer = only(effects, StartTimer).timer
     state, effects = step(state, replied(state, text="done"))
     assert effects == (AbortCall(timer), TurnFinished(TurnOutcome.ANSWERED, "done"))
+
+
+def test_a_fork_whose_edit_does_not_fit_is_refused_with_its_state() -> None:
+    # _fork_48: the refusal carried no state (None for the conversation forked).
+    busy = step(root(), user("go"))[0]  # a model call in flight, under the fork's id
+    misfit = ConversationForked(busy.id, "source", 1, busy, TaskEdit("other"))
+    with pytest.raises(IllegalTransition, match="its edit does not fit its state") as e:
+        start(misfit)
+    assert e.value.state is busy and e.value.event is misfit
