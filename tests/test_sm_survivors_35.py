@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from sm_support import BASH, READ, only, replied, root, spawn, step, tool, user
+from sm_support import BASH, READ, child, only, replied, root, spawn, step, tool, user
 
 from fanfold.statemachine import (
     AbortCall,
@@ -28,7 +28,7 @@ from fanfold.statemachine import (
     table,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition
-from fanfold.statemachine.approvals import ASK_USER_SPEC
+from fanfold.statemachine.approvals import ASK_USER_SPEC, question_of
 from fanfold.statemachine.children import Children
 from fanfold.statemachine.confined import command_problem, shell_words
 from fanfold.statemachine.control_tools import CwdRefused, join_cwd, relative_cwd
@@ -304,3 +304,33 @@ def test_a_fork_whose_edit_does_not_fit_is_refused_with_its_state() -> None:
     with pytest.raises(IllegalTransition, match="its edit does not fit its state") as e:
         start(misfit)
     assert e.value.state is busy and e.value.event is misfit
+
+
+def test_a_sub_agents_new_tool_list_keeps_its_submit_tools() -> None:
+    # _on_tools_changed_24 (is_sub_agent=None): the control tools were recomputed as
+    # a root's, so a sub-agent lost submit_result and submit_error.
+    state = child()
+    unchanged, effects = step(state, ToolsChanged("notes", ()))
+    assert unchanged.tools == state.tools and effects == ()
+    changed, _ = step(state, ToolsChanged("notes", (_mcp("mcp__notes__new"),)))
+    names = [t.name for t in changed.tools]
+    assert "mcp__notes__new" in names
+    assert {"submit_result", "submit_error"} <= set(names)
+
+
+def test_the_read_only_sentence_is_only_for_mcp_tools_and_new_wording() -> None:
+    # refusal_53 (`and` -> `or`): any call refused under `read-only` got the MCP
+    # sentence ("server None does not mark 'bash'"), also in a log of wording 0.
+    perms = Permissions((RuleSet(_rules("read-only"), (), "agent 'a'", "/p"),))
+    plain = "refused: no allow rule of agent 'a' matches this call (allowed: read-only)"
+    bash = tool("c1", command="rm -r x")
+    assert refusal(perms, bash, "/p", frozenset(), wording=1) == plain
+    mcp = ToolCall.of("c2", "mcp__srv__write", {})
+    assert refusal(perms, mcp, "/p", frozenset(), wording=0) == plain
+
+
+def test_an_ask_user_call_without_a_question_is_told_what_it_needs() -> None:
+    # question_of_16: the error result the model reads to correct its call.
+    for arguments in ({"question": "  "}, {"question": 3}, {}):
+        call = ToolCall.of("q1", "ask_user", arguments)
+        assert question_of(call) == "ask_user needs a non-empty string argument 'question'"
