@@ -281,11 +281,16 @@ def test_a_definitions_time_limit_caps_a_childs_and_stands_in_for_none() -> None
     assert capped_limits(definition, None, 9) == (10.0, 4)
 
 
-def test_a_cwd_with_a_control_character_is_refused_naming_nul() -> None:
-    # relative_cwd_21: the refusal's wording (the model reads it to correct its call).
+def test_a_cwd_with_a_control_character_or_absolute_is_refused_saying_why() -> None:
+    # relative_cwd_20, _21: the refusal's wording (the model reads it to correct its call).
     refused = CwdRefused("'cwd' must not contain control characters (NUL, newline...)")
     assert relative_cwd("a\x00b") == refused
     assert relative_cwd("a\nb") == refused
+    # relative_cwd_31: and an absolute one is told to be relative.
+    assert relative_cwd("/etc") == CwdRefused(
+        "'cwd' must be relative to your working directory (a sub-agent works inside it), "
+        "not absolute"
+    )
 
 
 def test_a_root_answering_within_its_time_limit_reports_its_text() -> None:
