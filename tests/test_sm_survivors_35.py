@@ -13,6 +13,7 @@ from sm_support import BASH, READ, child, only, replied, root, spawn, step, tool
 
 from fanfold.statemachine import (
     AbortCall,
+    ChildSucceeded,
     ConversationForked,
     ForkEdited,
     IllegalTransition,
@@ -20,16 +21,18 @@ from fanfold.statemachine import (
     SystemPromptEdit,
     TaskEdit,
     ToolCall,
+    ToolResultMessage,
     ToolsChanged,
     ToolSpec,
     TurnFinished,
     TurnOutcome,
+    UserMessaged,
     start,
     table,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition
 from fanfold.statemachine.approvals import ASK_USER_SPEC, question_of
-from fanfold.statemachine.children import Children
+from fanfold.statemachine.children import Children, ChildSpec, FinishedChild, Roster
 from fanfold.statemachine.confined import command_problem, shell_words
 from fanfold.statemachine.control_tools import CwdRefused, join_cwd, relative_cwd
 from fanfold.statemachine.delegation import capped_limits, parent_context
@@ -339,3 +342,28 @@ def test_an_ask_user_call_without_a_question_is_told_what_it_needs() -> None:
     for arguments in ({"question": "  "}, {"question": 3}, {}):
         call = ToolCall.of("q1", "ask_user", arguments)
         assert question_of(call) == "ask_user needs a non-empty string argument 'question'"
+
+
+def test_a_roster_counts_as_started_only_items_that_say_so() -> None:
+    # Roster.appended_27: an item without `started` (a finished child) was counted.
+    done = FinishedChild(ChildSpec("root.1", "a", "/w", None, 5, "c1"), ChildSucceeded("ok"))
+    more = FinishedChild(ChildSpec("root.2", "b", "/w", None, 5, "c1"), ChildSucceeded("ok"))
+    assert Roster([done]).appended(more).started == 0
+
+
+def test_a_sub_agent_is_told_it_takes_no_user_messages() -> None:
+    # _on_user_message_8: the refusal's wording.
+    with pytest.raises(IllegalTransition, match=r"a sub-agent takes no user messages$"):
+        step(child(), UserMessaged("hi"))
+
+
+def test_a_non_finite_number_is_refused_saying_what_to_send() -> None:
+    # _refused_numbers_11: the refusal's wording (the model reads it to correct its call).
+    state = step(root(), user("go"))[0]
+    call = ToolCall("c1", "bash", '{"command": "sleep", "n": NaN}')
+    after, _ = step(state, replied(state, call))
+    (result,) = [m for m in after.history if isinstance(m, ToolResultMessage)]
+    assert result.result.content == (
+        "refused: the arguments of bash hold a non-finite number at 'n' (NaN, Infinity, "
+        "or a literal too large for a float); send finite numbers"
+    )
