@@ -97,7 +97,8 @@ def main(argv: list[str]) -> int:
             with open(argv[2], encoding="utf-8") as handle:
                 equivalent = {line.split()[0] for line in handle if line.strip()}
         counts = Counter(statuses.get(name, "missing") for name in sample)
-        done = [n for n in sample if statuses.get(n) in (*DETECTED, "survived")]
+        # A mutant no selected test reaches ("no tests") is one the suite misses.
+        done = [n for n in sample if statuses.get(n) in (*DETECTED, "survived", "no tests")]
         hits = sum(statuses[n] in DETECTED for n in done)
         print(f"sample {len(sample)}: {dict(counts)}")
         low, high = wilson(hits, len(done))

@@ -4,10 +4,12 @@ here instead of letting the core's mutants "survive" tests that kill them."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from bench_scripts import BENCH, load_bench
 
 selection_script = load_bench("mutation_selection")
@@ -35,6 +37,7 @@ def test_every_reducer_test_file_is_selected() -> None:
         "test_permissions_confined",
         "test_fork_edits",
         "test_tools_web",
+        "test_approvals_reducer",  # issue 35's reducer (ask rules, decisions)
     ):
         assert f"tests/{name}.py" in listed
 
@@ -107,3 +110,21 @@ def test_the_sample_is_stratified_by_file_and_leaves_out_import_time_code() -> N
 def test_the_wilson_interval_is_the_one_design_reports() -> None:
     low, high = sample_script.wilson(429, 438)
     assert (round(low, 3), round(high, 3)) == (0.961, 0.989)
+
+
+def test_a_mutant_no_selected_test_reaches_counts_as_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sample = tmp_path / "sample.txt"
+    sample.write_text("a.x_f__mutmut_1\na.x_f__mutmut_2\na.x_f__mutmut_3\na.x_f__mutmut_4\n")
+    equivalent = tmp_path / "equivalent.txt"
+    equivalent.write_text("a.x_f__mutmut_3 equivalent\n")
+    results = (
+        "a.x_f__mutmut_1: killed\na.x_f__mutmut_2: no tests\n"
+        "a.x_f__mutmut_3: survived\na.x_f__mutmut_4: timeout\n"
+    )
+    monkeypatch.setattr(sys, "stdin", io.StringIO(results))
+    assert sample_script.main(["score", str(sample), str(equivalent)]) == 0
+    out = capsys.readouterr().out
+    assert "finished 4: 2 detected, 50.0%" in out
+    assert "without 1 equivalent: 2 of 3, 66.7%" in out
