@@ -1,4 +1,4 @@
-"""Issue 35 on workers, with a real ``fanfold worker`` process (``--concurrency 1``) on
+"""Issue 35 on workers, with real ``fanfold worker`` processes (``--concurrency 1``) on
 a PostgreSQL log and queue: a detached tree waiting only for a person lets its worker
 go (the worker runs another tree meanwhile), and the decision written later takes it
 back to completion; ``run --detach --ask`` carries its rules to the worker, and the
@@ -88,15 +88,21 @@ class Bench:
             "XDG_DATA_HOME": str(folder / "data"),
         }
         self.err = folder / "worker.err"
-        with open(self.err, "w") as err:
-            self.worker = subprocess.Popen(
-                [*CLI, "worker", "--db", url, "--script", "script.json", "--concurrency", "1",
-                 "--poll", "0.05", "--tools", str(folder / "mytools.py") + ":TOOLS"],
-                stdout=subprocess.PIPE, stderr=err, text=True, env=self.env, cwd=folder,
+        self.worker = self.start_worker(self.err)
+
+    def start_worker(self, err_file: Path) -> subprocess.Popen[str]:
+        """A ``fanfold worker`` with one slot on this bench's log and queue, ready."""
+        with open(err_file, "w") as err:
+            worker = subprocess.Popen(
+                [*CLI, "worker", "--db", self.url, "--script", "script.json",
+                 "--concurrency", "1", "--poll", "0.05",
+                 "--tools", str(self.folder / "mytools.py") + ":TOOLS"],
+                stdout=subprocess.PIPE, stderr=err, text=True, env=self.env, cwd=self.folder,
             )  # fmt: skip
-        assert self.worker.stdout is not None
-        line = self.worker.stdout.readline()
-        assert " ready " in line, (line, self.err.read_text())
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        assert " ready " in line, (line, err_file.read_text())
+        return worker
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -216,3 +222,29 @@ def test_run_detach_ask_carries_the_rules_and_the_approval_timeout_fires_unheld(
     status, _ = bench.until(lambda: bench.workflow(tree))
     assert status == "SUCCESS"
     assert bench.workflow(f"wake:{tree}:1") is not None
+
+
+def test_a_tree_on_two_workers_is_approved_from_a_third_process(bench: Bench) -> None:
+    """The issue's case: two workers serve the queue, a detached tree asks, and
+    `fanfold approve --db postgresql://...` in a process of its own decides; whichever
+    worker takes the tree back runs the call once."""
+    from fanfold.worker.client import enqueue_tree
+    from fanfold.worker.spec import TreeSpec
+
+    second = bench.start_worker(bench.folder / "worker2.err")
+    try:
+        enqueue_tree(bench.url, TreeSpec("deploy2", "deploy the api", str(bench.folder)))
+        (request,) = bench.until(lambda: bench.requests("deploy2"))
+        done = bench.cli("approve", request.id, "--db", bench.url)
+        assert done.returncode == 0, done.stdout + done.stderr
+        state = bench.at_rest("deploy2", 60)
+        assert isinstance(state.phase, Idle)
+        assert _results(state) == ["deployed api"]
+        assert bench.requests("deploy2") == []
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            second.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            second.wait()
