@@ -186,6 +186,10 @@ def test_a_tree_waiting_for_a_person_frees_its_worker_and_the_decision_finishes_
     assert status == "SUCCESS"
     ((root, generation, requests, due_at),) = bench.waiting_trees()
     assert (root, generation, requests, due_at) == ("deploy1", 1, [request.id], None)
+    # `fanfold wait` says what the tree waits for, rather than waiting in silence.
+    waited = bench.cli("wait", "deploy1", "--db", bench.url, "--timeout", "2")
+    assert waited.returncode != 0
+    assert "deploy1 waits for a person: 1 open request(s)" in " ".join(waited.stderr.split())
     # The decision, written as `fanfold approve --db postgresql://...` would from
     # anywhere, takes it back on a worker, which runs the edited call once.
     table = PgDecisions(bench.url)

@@ -39,6 +39,9 @@ EXIT_TIMEOUT = 124
 WAIT_POLL = 0.2
 """How often ``fanfold wait`` reads the log (seconds)."""
 
+ASKING_POLLS = 10
+"""``fanfold wait`` looks for the tree's open requests every this many reads."""
+
 
 POSTGRES_EXTRA = "needs the postgres extra: pip install 'fanfold[postgres]'"
 
@@ -364,8 +367,18 @@ def wait(tree_id: str, timeout: float | None, dbos_db: str | None, db: Target | 
             style="dim",
         )
 
+    def asking(count: int) -> None:
+        if count:
+            where = "" if db is None else f" --db {db}"
+            hint(
+                f"{tree_id} waits for a person: {count} open request(s); "
+                f"see them with `fanfold pending{where}`, decide with `fanfold approve`, "
+                "`deny` or `answer`",
+                style="yellow",
+            )
+
     with user_errors(path):
-        state = wait_at_rest(path, tree_id, timeout, absent)
+        state = wait_at_rest(path, tree_id, timeout, absent, asking=asking)
     print_result(tree_id, state, None, db=path)
 
 
@@ -399,15 +412,24 @@ def _queued(url: str, tree_id: str) -> bool:
 
 
 def wait_at_rest(
-    path: Target, tree_id: str, timeout: float | None, absent: Callable[[], None]
+    path: Target,
+    tree_id: str,
+    timeout: float | None,
+    absent: Callable[[], None],
+    *,
+    asking: Callable[[int], None] | None = None,
 ) -> Conversation:
     """Read the log every ``WAIT_POLL`` seconds until the root ``tree_id`` is at rest;
-    its state then. ``absent`` is called once if the tree is not in the log yet."""
+    its state then. ``absent`` is called once if the tree is not in the log yet;
+    ``asking``, if given, with the number of the tree's open requests (approvals and
+    questions) each time that number changes while it runs (looked at every
+    ``ASKING_POLLS`` reads)."""
     from fanfold.db import DatabaseUrl, EmptyLog, UnknownConversation, open_store
 
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
     store: Store | None = None
+    polls, open_before = 0, 0
     try:
         while True:
             if store is None and (isinstance(path, DatabaseUrl) or os.path.exists(path)):
@@ -427,6 +449,14 @@ def wait_at_rest(
                 )
             if store is not None and row is not None and row.status != "running":
                 return store.load_state(tree_id)
+            if asking is not None and row is not None and polls % ASKING_POLLS == 0:
+                from fanfold.cli.approvals import open_requests
+
+                now_open = sum(1 for r, _ in open_requests(path) if r.tree == tree_id)
+                if now_open != open_before:
+                    asking(now_open)
+                    open_before = now_open
+            polls += 1
             if deadline is not None and time.monotonic() >= deadline:
                 raise click.exceptions.Exit(_timed_out(tree_id, timeout))
             time.sleep(WAIT_POLL)
