@@ -32,6 +32,7 @@ a fresh connection: the server read at most a request it dropped unanswered.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import select
 import socket
@@ -302,7 +303,7 @@ class _Connection:
     Trio stream, and a timer only when a read or write has to wait), or a
     ``trio.SSLStream`` over it (TLS)."""
 
-    __slots__ = ("idle_since", "reader", "sock", "tls")
+    __slots__ = ("deadline", "idle_since", "reader", "sock", "timed_out", "tls")
 
     def __init__(
         self,
@@ -313,6 +314,10 @@ class _Connection:
         self.tls = tls
         self.reader = ResponseReader()
         self.idle_since = 0.0
+        self.deadline = 0.0
+        """When the read it waits for is due (``ReadTimer``)."""
+        self.timed_out = False
+        """True once ``ReadTimer`` woke its read: the connection is done for."""
 
     def usable(self, now: float) -> bool:
         """True if this idle connection may take a request: not expired, and its
@@ -383,6 +388,75 @@ class _Connection:
                 raise httpx.ReadTimeout(f"no data from the server for {timeout}s")
 
 
+class ReadTimer:
+    """The read timeouts of a pool's plain-TCP waits: one Trio task for all of them.
+
+    A cancel scope per socket wait (``trio.move_on_after``) cost ~40 Python calls of
+    Trio's deadline bookkeeping per wait, about a tenth of a model call's cost on this
+    path (bench/README.md, issue 36). Here a waiting read is an entry in a dict of its
+    timeout's waits (``waits[read]``, insertion order is deadline order: one timeout,
+    one clock), taken out when the wait ends. One system task sleeps until the
+    earliest deadline among the dicts' first entries; a read still waiting then is
+    marked ``timed_out`` and woken with ``trio.lowlevel.notify_closing`` on its socket
+    (its wait raises ``ClosedResourceError``, which the reader turns into
+    ``httpx.ReadTimeout``; the connection is closed after, never reused). Deadlines are
+    Trio's clock's (a mock clock too). A deadline is never late: a dict that fills
+    from empty moves the task's deadline forward if it must (``first_wait``); later
+    entries of a dict are due after its first."""
+
+    __slots__ = ("_scope", "_token", "waits")
+
+    def __init__(self) -> None:
+        self.waits: dict[float, dict[int, _Connection]] = {}
+        """Waiting reads by their timeout, then by ``id`` of their connection."""
+        self._scope: trio.CancelScope | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    def first_wait(self, read: float) -> dict[int, _Connection]:
+        """The (empty) dict of waits for timeout ``read``, with the task running in
+        this Trio run and due no later than a wait starting now."""
+        group = self.waits.get(read)
+        if group is None:
+            group = self.waits[read] = {}
+        token = trio.lowlevel.current_trio_token()
+        if self._token is not token:  # first wait of this run (a pool can outlive one)
+            self._token = token
+            self._scope = None
+            trio.lowlevel.spawn_system_task(self._run, name="fanfold http read timer")
+        elif self._scope is not None:
+            deadline = trio.current_time() + read
+            if deadline < self._scope.deadline:
+                self._scope.deadline = deadline
+        return group
+
+    async def _run(self) -> None:
+        token = self._token
+        while True:
+            with trio.CancelScope(deadline=self._sweep()) as scope:
+                if self._token is not token:
+                    return  # a later run's task took over
+                self._scope = scope
+                await trio.sleep_forever()
+
+    def _sweep(self) -> float:
+        """Wake the reads that are due; the earliest deadline left (or inf)."""
+        now = trio.current_time()
+        earliest = math.inf
+        for group in self.waits.values():
+            while group:
+                key = next(iter(group))
+                conn = group[key]
+                if conn.deadline > now:
+                    earliest = min(earliest, conn.deadline)
+                    break
+                del group[key]
+                conn.timed_out = True
+                # Wakes the wait (ClosedResourceError); the socket stays open until
+                # the call closes its connection.
+                trio.lowlevel.notify_closing(conn.sock)
+        return earliest
+
+
 def _close(conn: _Connection) -> None:
     # Closing the socket closes the connection whatever the stream over it (TLS: no
     # close_notify, as httpcore does for a connection dropped from its pool).
@@ -400,6 +474,7 @@ class ConnectionPool:
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self.slots = trio.CapacityLimiter(POOL_SIZE)
+        self.read_timer = ReadTimer()
         self._ssl_context = ssl_context
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._idle_count = 0
@@ -592,21 +667,40 @@ class Exchange:
             if conn.tls is not None:
                 data = await conn.receive(self._read)
             else:
-                # Plain TCP: the socket first, a timer only to wait (and no coroutine
-                # more on the stack of a waiting call).
+                # Plain TCP: the socket first, and only to wait a read deadline in the
+                # pool's ``ReadTimer`` (no cancel scope per wait; no coroutine more on
+                # the stack of a waiting call).
                 sock = conn.sock
                 assert isinstance(sock, socket.socket)
+                waited = False
                 while True:
                     try:
                         data = sock.recv(RECEIVE_BYTES)
                         break
                     except BlockingIOError:
                         pass
-                    with trio.move_on_after(self._read) as scope:
+                    read = self._read
+                    timer = self._pool.read_timer
+                    group = timer.waits.get(read)
+                    if not group:
+                        group = timer.first_wait(read)
+                    conn.deadline = trio.current_time() + read
+                    conn.timed_out = False
+                    key = id(conn)
+                    group[key] = conn
+                    try:
                         await trio.lowlevel.wait_readable(sock)
-                    if scope.cancelled_caught:
-                        raise httpx.ReadTimeout(f"no data from the server for {self._read}s")
-                await trio.lowlevel.checkpoint_if_cancelled()
+                    except trio.ClosedResourceError:
+                        if conn.timed_out:  # the timer woke it: nothing came in time
+                            raise httpx.ReadTimeout(
+                                f"no data from the server for {read}s"
+                            ) from None
+                        raise
+                    finally:
+                        group.pop(key, None)
+                    waited = True
+                if not waited:  # a wait is a checkpoint; without one, check here
+                    await trio.lowlevel.checkpoint_if_cancelled()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             if stale:
                 raise _Stale from None
