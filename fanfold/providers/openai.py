@@ -426,42 +426,46 @@ class OpenAIStreamAssembler:
 
     def feed(self, event: SSEEvent) -> None:
         """Take one ``data:`` event."""
-        if self._done or not event.data.strip():
+        if self._done:
             return
-        if event.data.strip() == "[DONE]":
+        data = event.data.strip()
+        if not data:
+            return
+        if data == "[DONE]":
             self._done = True
             return
         chunk = load_event_json(event, f"{API} stream")
+        # (Per event: the JSON's own types, ``type(...) is``, no call per check.)
         if chunk.get("error") is not None:
             raise ProviderError(classify_stream_error(API, chunk))
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if type(usage) is dict:
             self._usage = _usage(usage)
             self._tokens = self._usage.output_tokens
         choices = chunk.get("choices") or []
-        if not isinstance(choices, list):
+        if type(choices) is not list:
             raise malformed(f"{API} stream: choices is not a list")
         for choice in choices:
-            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            if type(choice) is dict and choice.get("index", 0) == 0:
                 self._choice(choice)
 
     def _choice(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta")
-        if isinstance(delta, dict):
+        if type(delta) is dict and delta:
             content = delta.get("content")
-            if isinstance(content, str):
+            if type(content) is str:
                 self._text.append(content)
                 self._chars += len(content)
             refusal = delta.get("refusal")
-            if isinstance(refusal, str):
+            if type(refusal) is str:
                 self._refusal.append(refusal)
                 self._chars += len(refusal)
             fragments = delta.get("tool_calls")
-            if isinstance(fragments, list):
+            if type(fragments) is list:
                 for fragment in fragments:
                     self._fragment(fragment)
         finish = choice.get("finish_reason")
-        if isinstance(finish, str):
+        if type(finish) is str:
             self._finish = finish
 
     def _fragment(self, fragment: Any) -> None:
