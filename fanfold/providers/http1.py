@@ -347,7 +347,7 @@ class _Connection:
         except BlockingIOError:
             sent = 0
         if sent == sum(map(len, parts)):  # all of it at once: the usual case
-            await trio.lowlevel.checkpoint_if_cancelled()
+            # No checkpoint here: the call reads its reply next, and that read is one.
             return
         left = list(parts)
         while left:
@@ -739,6 +739,11 @@ class Exchange:
             parts, done = reader.body()
             for data in parts:
                 if feed(self._decoded(data)):
+                    if done and data is parts[-1] and self._decoder is None:
+                        # Stopped at the body's very end (a stream's last event):
+                        # read to its end all the same, no ``drain`` needed.
+                        self._finished()
+                        return True
                     return False
             if done:
                 if self._decoder is not None:
