@@ -47,7 +47,7 @@ BAD: list[tuple[Any, str]] = [
     (ModelReply("x", (ToolCall(1, "n", "{}"),)), "tool_calls[0].id is not str"),  # type: ignore[arg-type]
     (ModelReply("x", (ToolCall("c", "n", None),)), "arguments_json is not str"),  # type: ignore[arg-type]
     (ModelReply("x", usage=Usage(-1, 0)), "usage is not a Usage of token counts"),
-    (ModelReply("x", usage=Usage(0, True)), "usage is not a Usage of token counts"),  # type: ignore[arg-type]
+    (ModelReply("x", usage=Usage(0, True)), "usage is not a Usage of token counts"),
     (ModelReply("x", usage=Usage(0, 1.0)), "usage is not a Usage of token counts"),  # type: ignore[arg-type]
     (ModelReply("x", usage=Usage(Count(1), 2)), "usage is not a Usage of token counts"),
     (ModelReply("x", usage=None), "usage is not a Usage"),  # type: ignore[arg-type]

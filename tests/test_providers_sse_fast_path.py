@@ -13,7 +13,7 @@ STREAM = (
     ": a comment\n"
     "event: delta\n"
     "id: 7\n"
-    "data: {\"a\": \"caf\u00e9 \u2028\"}\n"
+    'data: {"a": "caf\u00e9 \u2028"}\n'
     "data:no space\n"
     "data:  two spaces\n"
     "\n"

@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fanfold.db import UnknownConversation
     from fanfold.db.provenance import UntrustedTree, UserKey
-    from fanfold.runtime.actor import tree_path
+    from fanfold.runtime.actor import NotRunning, tree_path
     from fanfold.runtime.host import StepObserver
     from fanfold.runtime.presence import DatabaseInUse
     from fanfold.runtime.runtime import (
         MessageTooLong,
         MissingTools,
         NotAtRest,
-        NotRunning,
         ResumePlan,
         Runtime,
         SkippedTree,
@@ -31,7 +30,7 @@ _MODULES = {
     "MissingTools": "fanfold.runtime.runtime",
     "MessageTooLong": "fanfold.runtime.runtime",
     "NotAtRest": "fanfold.runtime.runtime",
-    "NotRunning": "fanfold.runtime.runtime",
+    "NotRunning": "fanfold.runtime.actor",
     "ResumePlan": "fanfold.runtime.runtime",
     "Runtime": "fanfold.runtime.runtime",
     "SkippedTree": "fanfold.runtime.runtime",
