@@ -55,10 +55,14 @@ from fanfold.statemachine import ErrorKind, ModelReply, ModelRequest, Usage
 USER_AGENT = "fanfold/0.1"
 
 
+# One encoder for every request (``json.dumps`` with arguments builds one per call).
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def encode_json(body: Any) -> bytes:
     """``body`` as httpx's ``json=`` would send it (UTF-8, compact; NaN refused:
     ``ValueError``)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODE(body).encode()
 
 
 @functools.cache

@@ -400,24 +400,13 @@ class OpenAIStreamAssembler:
         self._calls: dict[int, _PartialCall] = {}
         self._finish: str | None = None
         self._usage = Usage()
-        self._chars = 0
-        self._tokens: int | None = None
-        self._done = False
-
-    @property
-    def done(self) -> bool:
-        """True once ``[DONE]`` arrived."""
-        return self._done
-
-    @property
-    def output_chars(self) -> int:
+        self.output_chars = 0
         """Characters of text and tool arguments so far."""
-        return self._chars
-
-    @property
-    def output_tokens(self) -> int | None:
-        """Completion tokens, once the usage chunk arrived."""
-        return self._tokens
+        self.output_tokens: int | None = None
+        """Output tokens, once the server reported them."""
+        # Plain attributes, not properties: read after every event (issue 36).
+        self.done = False
+        """True once the stream's terminal event arrived."""
 
     @property
     def usage(self) -> Usage:
@@ -426,13 +415,13 @@ class OpenAIStreamAssembler:
 
     def feed(self, event: SSEEvent) -> None:
         """Take one ``data:`` event."""
-        if self._done:
+        if self.done:
             return
         data = event.data.strip()
         if not data:
             return
         if data == "[DONE]":
-            self._done = True
+            self.done = True
             return
         chunk = load_event_json(event, f"{API} stream")
         # (Per event: the JSON's own types, ``type(...) is``, no call per check.)
@@ -441,7 +430,7 @@ class OpenAIStreamAssembler:
         usage = chunk.get("usage")
         if type(usage) is dict:
             self._usage = _usage(usage)
-            self._tokens = self._usage.output_tokens
+            self.output_tokens = self._usage.output_tokens
         choices = chunk.get("choices") or []
         if type(choices) is not list:
             raise malformed(f"{API} stream: choices is not a list")
@@ -455,11 +444,11 @@ class OpenAIStreamAssembler:
             content = delta.get("content")
             if type(content) is str:
                 self._text.append(content)
-                self._chars += len(content)
+                self.output_chars += len(content)
             refusal = delta.get("refusal")
             if type(refusal) is str:
                 self._refusal.append(refusal)
-                self._chars += len(refusal)
+                self.output_chars += len(refusal)
             fragments = delta.get("tool_calls")
             if type(fragments) is list:
                 for fragment in fragments:
@@ -495,11 +484,11 @@ class OpenAIStreamAssembler:
                 arguments = json.dumps(arguments)
             if isinstance(arguments, str):
                 call.arguments.append(arguments)
-                self._chars += len(arguments)
+                self.output_chars += len(arguments)
 
     def finish(self) -> ModelReply:
         """The assembled reply; MALFORMED_RESPONSE if ``[DONE]`` never came."""
-        if not self._done:
+        if not self.done:
             raise malformed(f"{API} stream ended before [DONE]")
         what = f"{API} stream"
         calls = []
