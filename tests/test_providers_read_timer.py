@@ -101,3 +101,24 @@ def test_the_read_timer_serves_every_trio_run_the_pool_is_used_in() -> None:
             elapsed = trio.run(_timed_out, call)
             assert 0.25 <= elapsed < 5.0
         assert len(server.requests) == 2
+
+
+async def test_idle_connections_expire_by_the_wall_clock(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keep-alive expiry is measured on the wall clock (how long the server saw the
+    connection idle): a call right after the last reuses its connection, one after
+    the expiry opens a new one."""
+    import fanfold.providers.http1 as http1
+
+    monkeypatch.setattr(http1, "KEEP_ALIVE_EXPIRY", 0.3)
+    server.enqueue(openai_stream(text="a"), openai_stream(text="b"), openai_stream(text="c"))
+    pool = ConnectionPool()
+    call = provider(server.url, pool, 5.0)
+    assert (await call.complete(REQUEST, context())).text == "a"
+    assert (await call.complete(REQUEST, context())).text == "b"
+    assert pool.connects == 1
+    time.sleep(0.4)  # (no Trio sleep: the wall's time passes, not only Trio's)
+    assert (await call.complete(REQUEST, context())).text == "c"
+    assert pool.connects == 2
+    await pool.aclose()

@@ -37,6 +37,7 @@ import re
 import select
 import socket
 import ssl
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -492,7 +493,7 @@ class ConnectionPool:
         idle = self._idle.get(origin.key)
         if not idle:
             return None
-        now = trio.current_time()
+        now = time.monotonic()
         while idle:
             conn = idle.pop()
             self._idle_count -= 1
@@ -505,7 +506,9 @@ class ConnectionPool:
         if self._idle_count >= KEEP_ALIVE:
             _close(conn)
             return
-        conn.idle_since = trio.current_time()
+        # The wall's clock, not Trio's: how long the server saw it idle (and one C
+        # call, where Trio's clock is three Python calls).
+        conn.idle_since = time.monotonic()
         self._idle.setdefault(origin.key, []).append(conn)
         self._idle_count += 1
 
