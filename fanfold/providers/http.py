@@ -31,7 +31,14 @@ import httpx
 import trio
 
 from fanfold.providers.base import CallContext, ProviderError, StreamProgress
-from fanfold.providers.http1 import ConnectionPool, Exchange, InvalidHeader, Origin, request_head
+from fanfold.providers.http1 import (
+    ConnectionPool,
+    Exchange,
+    InvalidHeader,
+    Origin,
+    Slots,
+    request_head,
+)
 from fanfold.providers.settings import DEFAULT_SETTINGS as DEFAULT_SETTINGS
 from fanfold.providers.settings import DEFAULT_TIMEOUTS as DEFAULT_TIMEOUTS
 from fanfold.providers.settings import POOL_SIZE as POOL_SIZE
@@ -369,6 +376,7 @@ class HttpProvider(abc.ABC):
             raise ProviderError(redact_error(error, secrets)) from None
         client: httpx.AsyncClient | None = None
         pool: ConnectionPool | None = None
+        slots: trio.CapacityLimiter | Slots
         if origin is None:
             client = self._get_client()
             slots = pool_slots(client)
