@@ -122,3 +122,19 @@ async def test_idle_connections_expire_by_the_wall_clock(
     assert (await call.complete(REQUEST, context())).text == "c"
     assert pool.connects == 2
     await pool.aclose()
+
+
+async def test_a_stream_answered_with_whole_json_is_read_as_json(server: FakeServer) -> None:
+    """The reply's content-type, read once as the head is parsed: a server that ignores
+    ``stream: true`` and sends one JSON reply is read as one (issue 36 dropped the
+    per-call header lookup)."""
+    from fakeserver import openai_completion
+
+    server.enqueue(openai_completion("whole"), openai_stream(text="streamed"))
+    pool = ConnectionPool()
+    call = provider(server.url, pool, 5.0)
+    assert call.stream
+    assert (await call.complete(REQUEST, context())).text == "whole"
+    assert (await call.complete(REQUEST, context())).text == "streamed"
+    assert pool.connects == 1
+    await pool.aclose()

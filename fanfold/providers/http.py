@@ -498,7 +498,7 @@ class HttpProvider(abc.ABC):
                 return reply
             if status != 200:
                 self._check_reply(status, await exchange.read_all(), exchange.header_map)
-            if "json" in exchange.header(b"content-type"):
+            if "json" in exchange.content_type:
                 # The server ignored stream=true and sent one JSON reply.
                 return self._parse_json(await exchange.read_all())
             assembler = self.assembler()

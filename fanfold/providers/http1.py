@@ -120,7 +120,17 @@ class ResponseReader:
     skipped); then ``body()`` gives the body's bytes in as they came, and whether it
     ended. Malformed or cut input raises ``httpx.RemoteProtocolError``."""
 
-    __slots__ = ("_buffer", "_eof", "_left", "_state", "headers", "keep_alive", "status")
+    __slots__ = (
+        "_buffer",
+        "_eof",
+        "_left",
+        "_state",
+        "coded",
+        "content_type",
+        "headers",
+        "keep_alive",
+        "status",
+    )
 
     def __init__(self) -> None:
         self._buffer = bytearray()
@@ -131,6 +141,10 @@ class ResponseReader:
         self.headers: list[tuple[bytes, bytes]] = []
         """The reply's headers, names in lower case."""
         self.keep_alive = False
+        self.content_type = b""
+        """The reply's (first) ``content-type``, b'' if none."""
+        self.coded = False
+        """True if the reply has a ``content-encoding`` header."""
 
     def feed(self, data: bytes) -> None:
         """Bytes read from the connection; b'' when it ended."""
@@ -214,8 +228,15 @@ class ResponseReader:
         connection = b""
         length: bytes | None = None
         chunked = False
+        content_type: bytes | None = None
+        coded = False
         for name, value in headers:
-            if name == b"connection":
+            if name == b"content-type":
+                if content_type is None:
+                    content_type = value
+            elif name == b"content-encoding":
+                coded = True
+            elif name == b"connection":
                 connection += b"," + value.lower()
             elif name == b"content-length":
                 for item in value.split(b","):
@@ -227,8 +248,12 @@ class ResponseReader:
                 if value.strip(b" \t").lower() != b"chunked" or chunked:
                     raise httpx.RemoteProtocolError("unsupported transfer-encoding")
                 chunked = True
-        tokens = {token.strip(b" \t") for token in connection.split(b",")}
-        self.keep_alive = version == b"HTTP/1.1" and b"close" not in tokens
+        self.content_type = content_type or b""
+        self.coded = coded
+        self.keep_alive = version == b"HTTP/1.1"
+        if connection:
+            tokens = {token.strip(b" \t") for token in connection.split(b",")}
+            self.keep_alive = self.keep_alive and b"close" not in tokens
         if status in (204, 304):
             self._state = _DONE
         elif chunked:
@@ -635,7 +660,9 @@ class ConnectionPool:
                     _log.debug("HTTP Request: POST %s %d", origin.url, reader.status)
                 exchange.status = reader.status
                 exchange.headers = reader.headers
-                exchange.set_decoder()
+                exchange.content_type = reader.content_type.decode("latin-1")
+                if reader.coded:
+                    exchange.set_decoder()
             except _Stale:
                 # A reused connection closed under the request: once more on a new one.
                 exchange.abandon()
@@ -667,7 +694,16 @@ class Exchange:
     (always, in a ``finally``) gives the connection back if the reply was read to its
     end, and closes it otherwise."""
 
-    __slots__ = ("_conn", "_decoder", "_origin", "_pool", "_read", "headers", "status")
+    __slots__ = (
+        "_conn",
+        "_decoder",
+        "_origin",
+        "_pool",
+        "_read",
+        "content_type",
+        "headers",
+        "status",
+    )
 
     def __init__(
         self, pool: ConnectionPool, origin: Origin, conn: _Connection, read: float
@@ -680,6 +716,8 @@ class Exchange:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         """The reply's headers, names in lower case."""
+        self.content_type = ""
+        """The reply's ``content-type`` ('' if none)."""
 
     def set_decoder(self) -> None:
         """Decode the body as its ``content-encoding`` says (gzip, deflate)."""
@@ -836,7 +874,8 @@ class Exchange:
         if conn is None:
             return
         reader = conn.reader
-        if reader.reusable:
+        # (``reader.reusable``, written out: once per call.)
+        if reader._state == _DONE and reader.keep_alive and not reader._buffer and not reader._eof:
             reader.next_cycle()
             self._conn = None
             self._pool._give_back(self._origin, conn)
@@ -850,4 +889,6 @@ class Exchange:
     def release(self) -> None:
         """Done with this exchange: the connection is back in the pool if its reply
         was read to the end, else closed."""
-        self.abandon()
+        if self._conn is not None:  # (``abandon``, written out: once per call)
+            _close(self._conn)
+            self._conn = None
