@@ -31,8 +31,11 @@ a fresh connection: the server read at most a request it dropped unanswered.
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import logging
 import math
+import os
 import re
 import select
 import socket
@@ -63,7 +66,7 @@ RECEIVE_BYTES: Final = 65536
 class Origin:
     """Where one provider's calls go, and their request head, built once."""
 
-    __slots__ = ("head", "host", "key", "port", "tls", "url")
+    __slots__ = ("family", "head", "host", "key", "port", "tls", "url")
 
     def __init__(self, scheme: str, host: str, port: int, head: bytes, url: str) -> None:
         self.url = url
@@ -72,6 +75,9 @@ class Origin:
         self.host = host
         self.port = port
         self.key = (scheme, host, port)
+        self.family = _ip_family(host)
+        """``AF_INET``/``AF_INET6`` for an IP address literal (connected without name
+        resolution), 0 for a host name."""
         self.head = head
         """The request's head without its Content-Length line and the blank line."""
 
@@ -483,6 +489,49 @@ class ReadTimer:
         return earliest
 
 
+def _ip_family(host: str) -> int:
+    """The address family of an IP address literal; 0 for a host name."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return 0
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
+
+
+async def _connect_address(origin: Origin) -> socket.socket:
+    """A plain TCP connection to an IP address literal (a local model server's
+    ``127.0.0.1``, say): one non-blocking ``connect`` and a wait for it, where
+    ``trio.open_tcp_stream`` (made for host names: resolution, happy eyeballs, a
+    nursery) costs ~340 Python calls a connection. The socket options Trio's
+    ``SocketStream`` sets are set; failures are ``httpx.ConnectError`` carrying the
+    ``OSError`` (``ConnectionRefusedError`` for a refused one) as its cause."""
+    sock = socket.socket(origin.family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hasattr(socket, "TCP_NOTSENT_LOWAT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, 2**14)
+        error = sock.connect_ex((origin.host, origin.port))
+        if error == errno.EINPROGRESS:
+            await trio.lowlevel.wait_writable(sock)
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        else:
+            await trio.lowlevel.checkpoint()
+        if error:
+            failure = OSError(error, os.strerror(error))
+            raise httpx.ConnectError(str(failure)) from failure
+    except OSError as exc:
+        sock.close()
+        raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+    except BaseException:
+        # (A cancel or the connect timeout, which ``_connect``'s scope turns into
+        # ``ConnectTimeout``: Trio forgets the socket's wait before it is closed.)
+        trio.lowlevel.notify_closing(sock)
+        sock.close()
+        raise
+    return sock
+
+
 def _close(conn: _Connection) -> None:
     # Closing the socket closes the connection whatever the stream over it (TLS: no
     # close_notify, as httpcore does for a connection dropped from its pool).
@@ -587,6 +636,11 @@ class ConnectionPool:
 
     async def _connect(self, origin: Origin, timeout: float) -> _Connection:
         with trio.move_on_after(timeout) as scope:
+            if origin.family and not origin.tls:
+                sock = await _connect_address(origin)
+                self.connects += 1
+                _log.debug("connected to %s:%d (http)", origin.host, origin.port)
+                return _Connection(sock, None)
             try:
                 tcp = await trio.open_tcp_stream(origin.host, origin.port)
             except OSError as exc:
