@@ -31,6 +31,7 @@ a fresh connection: the server read at most a request it dropped unanswered.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -484,8 +485,10 @@ class ReadTimer:
                 del group[key]
                 conn.timed_out = True
                 # Wakes the wait (ClosedResourceError); the socket stays open until
-                # the call closes its connection.
-                trio.lowlevel.notify_closing(conn.sock)
+                # the call closes its connection. (Never an error out of here: one
+                # would crash the whole Trio run, this being a system task.)
+                with contextlib.suppress(OSError, ValueError):  # closed meanwhile
+                    trio.lowlevel.notify_closing(conn.sock)
         return earliest
 
 
