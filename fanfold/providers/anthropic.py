@@ -417,24 +417,13 @@ class AnthropicStreamAssembler:
         self._stop: str | None = None
         self._details = ""
         self._started = False
-        self._done = False
-        self._chars = 0
-        self._tokens: int | None = None
-
-    @property
-    def done(self) -> bool:
-        """True once ``message_stop`` arrived."""
-        return self._done
-
-    @property
-    def output_chars(self) -> int:
-        """Characters of text and tool input so far."""
-        return self._chars
-
-    @property
-    def output_tokens(self) -> int | None:
-        """Output tokens as last reported (``message_start``, then ``message_delta``)."""
-        return self._tokens
+        # Plain attributes, not properties: read after every event (issue 36).
+        self.done = False
+        """True once the stream's terminal event arrived."""
+        self.output_chars = 0
+        """Characters of text and tool arguments so far."""
+        self.output_tokens: int | None = None
+        """Output tokens, once the server reported them."""
 
     @property
     def usage(self) -> Usage:
@@ -447,7 +436,7 @@ class AnthropicStreamAssembler:
                 if isinstance(value, int) and not isinstance(value, bool):
                     self._usage[key] = value
             if "output_tokens" in self._usage:
-                self._tokens = self._usage["output_tokens"]
+                self.output_tokens = self._usage["output_tokens"]
 
     def feed(self, event: SSEEvent) -> None:
         """Take one event (its type comes from the JSON ``type``, else ``event:``).
@@ -456,7 +445,7 @@ class AnthropicStreamAssembler:
         llama-server sends its error object there (``{"code": 500, "message": ...,
         "type": "server_error"}``), which is classified as the same body would be on
         an HTTP error or in an OpenAI stream (issue 33, item 12)."""
-        if self._done or not event.data.strip():
+        if self.done or not event.data.strip():
             return
         if event.event == "error":
             # Its data as it is: an object, or text that is the message.
@@ -478,7 +467,7 @@ class AnthropicStreamAssembler:
             opened = _Block(str(block.get("type")))
             if opened.kind == "text" and isinstance(block.get("text"), str):
                 opened.parts.append(block["text"])
-                self._chars += len(block["text"])
+                self.output_chars += len(block["text"])
             elif opened.kind == "tool_use":
                 opened.id = str(block.get("id") or "")
                 opened.name = str(block.get("name") or "")
@@ -498,7 +487,7 @@ class AnthropicStreamAssembler:
                 self._details = _details(delta["stop_details"])
             self._update_usage(data.get("usage"))
         elif kind == "message_stop":
-            self._done = True
+            self.done = True
 
     def _delta(self, data: dict[str, Any], what: str) -> None:
         index, delta = data.get("index"), data.get("delta")
@@ -511,17 +500,17 @@ class AnthropicStreamAssembler:
             text = delta.get("text")
             if isinstance(text, str):
                 block.parts.append(text)
-                self._chars += len(text)
+                self.output_chars += len(text)
         elif delta.get("type") == "input_json_delta" and block.kind == "tool_use":
             partial = delta.get("partial_json")
             if isinstance(partial, str):
                 block.parts.append(partial)
-                self._chars += len(partial)
+                self.output_chars += len(partial)
 
     def finish(self) -> ModelReply:
         """The assembled reply; MALFORMED_RESPONSE if the stream or a tool block is cut."""
         what = f"{API} stream"
-        if not self._done:
+        if not self.done:
             raise malformed(f"{what} ended before message_stop")
         if not self._started:
             raise malformed(f"{what} had no message_start")

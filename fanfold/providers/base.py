@@ -136,6 +136,31 @@ def _is_count(value: object) -> bool:
 
 def _reply_problem(reply: object) -> str | None:
     """What is wrong with ``reply`` as a ModelReply, or None."""
+    # Every reply passes here: the exact types, checked with ``type(...) is`` (no call
+    # in CPython 3.11+, where ``isinstance`` is one per check), pass at once; anything
+    # else (subclasses included) takes the full checks below, which name the problem.
+    if type(reply) is ModelReply:
+        usage = reply.usage
+        if (
+            type(reply.text) is str
+            and type(reply.stop_reason) is str
+            and type(reply.tool_calls) is tuple
+            and type(usage) is Usage
+            and type(usage.input_tokens) is int
+            and usage.input_tokens >= 0
+            and type(usage.output_tokens) is int
+            and usage.output_tokens >= 0
+        ):
+            for call in reply.tool_calls:
+                if (
+                    type(call) is not ToolCall
+                    or type(call.id) is not str
+                    or type(call.name) is not str
+                    or type(call.arguments_json) is not str
+                ):
+                    break
+            else:
+                return None
     if not isinstance(reply, ModelReply):
         return f"{type(reply).__name__} instead of a ModelReply"
     if not isinstance(reply.text, str):

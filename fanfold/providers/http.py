@@ -31,7 +31,14 @@ import httpx
 import trio
 
 from fanfold.providers.base import CallContext, ProviderError, StreamProgress
-from fanfold.providers.http1 import ConnectionPool, Exchange, InvalidHeader, Origin, request_head
+from fanfold.providers.http1 import (
+    ConnectionPool,
+    Exchange,
+    InvalidHeader,
+    Origin,
+    Slots,
+    request_head,
+)
 from fanfold.providers.settings import DEFAULT_SETTINGS as DEFAULT_SETTINGS
 from fanfold.providers.settings import DEFAULT_TIMEOUTS as DEFAULT_TIMEOUTS
 from fanfold.providers.settings import POOL_SIZE as POOL_SIZE
@@ -55,10 +62,14 @@ from fanfold.statemachine import ErrorKind, ModelReply, ModelRequest, Usage
 USER_AGENT = "fanfold/0.1"
 
 
+# One encoder for every request (``json.dumps`` with arguments builds one per call).
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def encode_json(body: Any) -> bytes:
     """``body`` as httpx's ``json=`` would send it (UTF-8, compact; NaN refused:
     ``ValueError``)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODE(body).encode()
 
 
 @functools.cache
@@ -365,6 +376,7 @@ class HttpProvider(abc.ABC):
             raise ProviderError(redact_error(error, secrets)) from None
         client: httpx.AsyncClient | None = None
         pool: ConnectionPool | None = None
+        slots: trio.CapacityLimiter | Slots
         if origin is None:
             client = self._get_client()
             slots = pool_slots(client)
@@ -486,7 +498,7 @@ class HttpProvider(abc.ABC):
                 return reply
             if status != 200:
                 self._check_reply(status, await exchange.read_all(), exchange.header_map)
-            if "json" in exchange.header(b"content-type"):
+            if "json" in exchange.content_type:
                 # The server ignored stream=true and sent one JSON reply.
                 return self._parse_json(await exchange.read_all())
             assembler = self.assembler()

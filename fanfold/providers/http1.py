@@ -31,11 +31,17 @@ a fresh connection: the server read at most a request it dropped unanswered.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import ipaddress
 import logging
+import math
+import os
 import re
 import select
 import socket
 import ssl
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -61,7 +67,7 @@ RECEIVE_BYTES: Final = 65536
 class Origin:
     """Where one provider's calls go, and their request head, built once."""
 
-    __slots__ = ("head", "host", "key", "port", "tls", "url")
+    __slots__ = ("family", "head", "host", "key", "port", "tls", "url")
 
     def __init__(self, scheme: str, host: str, port: int, head: bytes, url: str) -> None:
         self.url = url
@@ -70,6 +76,9 @@ class Origin:
         self.host = host
         self.port = port
         self.key = (scheme, host, port)
+        self.family = _ip_family(host)
+        """``AF_INET``/``AF_INET6`` for an IP address literal (connected without name
+        resolution), 0 for a host name."""
         self.head = head
         """The request's head without its Content-Length line and the blank line."""
 
@@ -118,7 +127,17 @@ class ResponseReader:
     skipped); then ``body()`` gives the body's bytes in as they came, and whether it
     ended. Malformed or cut input raises ``httpx.RemoteProtocolError``."""
 
-    __slots__ = ("_buffer", "_eof", "_left", "_state", "headers", "keep_alive", "status")
+    __slots__ = (
+        "_buffer",
+        "_eof",
+        "_left",
+        "_state",
+        "coded",
+        "content_type",
+        "headers",
+        "keep_alive",
+        "status",
+    )
 
     def __init__(self) -> None:
         self._buffer = bytearray()
@@ -129,6 +148,10 @@ class ResponseReader:
         self.headers: list[tuple[bytes, bytes]] = []
         """The reply's headers, names in lower case."""
         self.keep_alive = False
+        self.content_type = b""
+        """The reply's (first) ``content-type``, b'' if none."""
+        self.coded = False
+        """True if the reply has a ``content-encoding`` header."""
 
     def feed(self, data: bytes) -> None:
         """Bytes read from the connection; b'' when it ended."""
@@ -212,8 +235,15 @@ class ResponseReader:
         connection = b""
         length: bytes | None = None
         chunked = False
+        content_type: bytes | None = None
+        coded = False
         for name, value in headers:
-            if name == b"connection":
+            if name == b"content-type":
+                if content_type is None:
+                    content_type = value
+            elif name == b"content-encoding":
+                coded = True
+            elif name == b"connection":
                 connection += b"," + value.lower()
             elif name == b"content-length":
                 for item in value.split(b","):
@@ -225,8 +255,12 @@ class ResponseReader:
                 if value.strip(b" \t").lower() != b"chunked" or chunked:
                     raise httpx.RemoteProtocolError("unsupported transfer-encoding")
                 chunked = True
-        tokens = {token.strip(b" \t") for token in connection.split(b",")}
-        self.keep_alive = version == b"HTTP/1.1" and b"close" not in tokens
+        self.content_type = content_type or b""
+        self.coded = coded
+        self.keep_alive = version == b"HTTP/1.1"
+        if connection:
+            tokens = {token.strip(b" \t") for token in connection.split(b",")}
+            self.keep_alive = self.keep_alive and b"close" not in tokens
         if status in (204, 304):
             self._state = _DONE
         elif chunked:
@@ -302,7 +336,7 @@ class _Connection:
     Trio stream, and a timer only when a read or write has to wait), or a
     ``trio.SSLStream`` over it (TLS)."""
 
-    __slots__ = ("idle_since", "reader", "sock", "tls")
+    __slots__ = ("deadline", "idle_since", "reader", "sock", "timed_out", "tls")
 
     def __init__(
         self,
@@ -313,6 +347,10 @@ class _Connection:
         self.tls = tls
         self.reader = ResponseReader()
         self.idle_since = 0.0
+        self.deadline = 0.0
+        """When the read it waits for is due (``ReadTimer``)."""
+        self.timed_out = False
+        """True once ``ReadTimer`` woke its read: the connection is done for."""
 
     def usable(self, now: float) -> bool:
         """True if this idle connection may take a request: not expired, and its
@@ -342,7 +380,7 @@ class _Connection:
         except BlockingIOError:
             sent = 0
         if sent == sum(map(len, parts)):  # all of it at once: the usual case
-            await trio.lowlevel.checkpoint_if_cancelled()
+            # No checkpoint here: the call reads its reply next, and that read is one.
             return
         left = list(parts)
         while left:
@@ -383,11 +421,173 @@ class _Connection:
                 raise httpx.ReadTimeout(f"no data from the server for {timeout}s")
 
 
+class ReadTimer:
+    """The read timeouts of a pool's plain-TCP waits: one Trio task for all of them.
+
+    A cancel scope per socket wait (``trio.move_on_after``) cost ~40 Python calls of
+    Trio's deadline bookkeeping per wait, about a tenth of a model call's cost on this
+    path (bench/README.md, issue 36). Here a waiting read is an entry in a dict of its
+    timeout's waits (``waits[read]``, insertion order is deadline order: one timeout,
+    one clock), taken out when the wait ends. One system task sleeps until the
+    earliest deadline among the dicts' first entries; a read still waiting then is
+    marked ``timed_out`` and woken with ``trio.lowlevel.notify_closing`` on its socket
+    (its wait raises ``ClosedResourceError``, which the reader turns into
+    ``httpx.ReadTimeout``; the connection is closed after, never reused). Deadlines are
+    Trio's clock's (a mock clock too). A deadline is never late: a dict that fills
+    from empty moves the task's deadline forward if it must (``first_wait``); later
+    entries of a dict are due after its first."""
+
+    __slots__ = ("_scope", "_token", "waits")
+
+    def __init__(self) -> None:
+        self.waits: dict[float, dict[int, _Connection]] = {}
+        """Waiting reads by their timeout, then by ``id`` of their connection."""
+        self._scope: trio.CancelScope | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    def first_wait(self, read: float) -> dict[int, _Connection]:
+        """The (empty) dict of waits for timeout ``read``, with the task running in
+        this Trio run and due no later than a wait starting now."""
+        group = self.waits.get(read)
+        if group is None:
+            group = self.waits[read] = {}
+        token = trio.lowlevel.current_trio_token()
+        if self._token is not token:  # first wait of this run (a pool can outlive one)
+            self._token = token
+            self._scope = None
+            trio.lowlevel.spawn_system_task(self._run, name="fanfold http read timer")
+        elif self._scope is not None:
+            deadline = trio.current_time() + read
+            if deadline < self._scope.deadline:
+                self._scope.deadline = deadline
+        return group
+
+    async def _run(self) -> None:
+        token = self._token
+        while True:
+            with trio.CancelScope(deadline=self._sweep()) as scope:
+                if self._token is not token:
+                    return  # a later run's task took over
+                self._scope = scope
+                await trio.sleep_forever()
+
+    def _sweep(self) -> float:
+        """Wake the reads that are due; the earliest deadline left (or inf)."""
+        now = trio.current_time()
+        earliest = math.inf
+        for group in self.waits.values():
+            while group:
+                key = next(iter(group))
+                conn = group[key]
+                if conn.deadline > now:
+                    earliest = min(earliest, conn.deadline)
+                    break
+                del group[key]
+                conn.timed_out = True
+                # Wakes the wait (ClosedResourceError); the socket stays open until
+                # the call closes its connection. (Never an error out of here: one
+                # would crash the whole Trio run, this being a system task.)
+                with contextlib.suppress(OSError, ValueError):  # closed meanwhile
+                    trio.lowlevel.notify_closing(conn.sock)
+        return earliest
+
+
+def _ip_family(host: str) -> int:
+    """The address family of an IP address literal; 0 for a host name."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return 0
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
+
+
+async def _connect_address(origin: Origin) -> socket.socket:
+    """A plain TCP connection to an IP address literal (a local model server's
+    ``127.0.0.1``, say): one non-blocking ``connect`` and a wait for it, where
+    ``trio.open_tcp_stream`` (made for host names: resolution, happy eyeballs, a
+    nursery) costs ~340 Python calls a connection. The socket options Trio's
+    ``SocketStream`` sets are set; failures are ``httpx.ConnectError`` carrying the
+    ``OSError`` (``ConnectionRefusedError`` for a refused one) as its cause."""
+    sock = socket.socket(origin.family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hasattr(socket, "TCP_NOTSENT_LOWAT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, 2**14)
+        error = sock.connect_ex((origin.host, origin.port))
+        if error == errno.EINPROGRESS:
+            await trio.lowlevel.wait_writable(sock)
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        else:
+            await trio.lowlevel.checkpoint()
+        if error:
+            failure = OSError(error, os.strerror(error))
+            raise httpx.ConnectError(str(failure)) from failure
+    except OSError as exc:
+        sock.close()
+        raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+    except BaseException:
+        # (A cancel or the connect timeout, which ``_connect``'s scope turns into
+        # ``ConnectTimeout``: Trio forgets the socket's wait before it is closed.)
+        trio.lowlevel.notify_closing(sock)
+        sock.close()
+        raise
+    return sock
+
+
 def _close(conn: _Connection) -> None:
     # Closing the socket closes the connection whatever the stream over it (TLS: no
     # close_notify, as httpcore does for a connection dropped from its pool).
     trio.lowlevel.notify_closing(conn.sock)
     conn.sock.close()
+
+
+class Slots:
+    """``total_tokens`` calls at once, the others queued in the order they came: what
+    ``trio.CapacityLimiter`` does for ``HttpProvider.complete`` (same method names),
+    without its bookkeeping (~6 Python calls a call): a free slot is a counter, a freed
+    one goes straight to the first waiter. A call holds one slot (its ``borrower``
+    names it, as the limiter's API asks: not checked)."""
+
+    __slots__ = ("_lot", "_waiting", "borrowed_tokens", "total_tokens")
+
+    def __init__(self, total: int) -> None:
+        self.total_tokens = total
+        self.borrowed_tokens = 0
+        self._waiting = 0
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def acquire_on_behalf_of_nowait(self, borrower: object) -> None:
+        """Take a free slot, or raise ``trio.WouldBlock`` (none free, or calls queued)."""
+        if self.borrowed_tokens < self.total_tokens and not self._waiting:
+            self.borrowed_tokens += 1
+            return
+        raise trio.WouldBlock
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        """Take a slot, waiting in line for one if none is free."""
+        if self.borrowed_tokens < self.total_tokens and not self._waiting:
+            self.borrowed_tokens += 1
+            try:
+                await trio.lowlevel.checkpoint()
+            except BaseException:
+                self.release_on_behalf_of(borrower)
+                raise
+            return
+        self._waiting += 1
+        try:
+            await self._lot.park()  # woken by ``release``, its slot handed over
+        except BaseException:
+            self._waiting -= 1  # cancelled in line: it was never handed one
+            raise
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        """Give the slot back: to the first call in line if there is one."""
+        if self._waiting and self.borrowed_tokens <= self.total_tokens:
+            self._waiting -= 1
+            self._lot.unpark()
+        else:
+            self.borrowed_tokens -= 1
 
 
 class ConnectionPool:
@@ -399,7 +599,8 @@ class ConnectionPool:
     """
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
-        self.slots = trio.CapacityLimiter(POOL_SIZE)
+        self.slots = Slots(POOL_SIZE)
+        self.read_timer = ReadTimer()
         self._ssl_context = ssl_context
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._idle_count = 0
@@ -417,7 +618,7 @@ class ConnectionPool:
         idle = self._idle.get(origin.key)
         if not idle:
             return None
-        now = trio.current_time()
+        now = time.monotonic()
         while idle:
             conn = idle.pop()
             self._idle_count -= 1
@@ -430,12 +631,19 @@ class ConnectionPool:
         if self._idle_count >= KEEP_ALIVE:
             _close(conn)
             return
-        conn.idle_since = trio.current_time()
+        # The wall's clock, not Trio's: how long the server saw it idle (and one C
+        # call, where Trio's clock is three Python calls).
+        conn.idle_since = time.monotonic()
         self._idle.setdefault(origin.key, []).append(conn)
         self._idle_count += 1
 
     async def _connect(self, origin: Origin, timeout: float) -> _Connection:
         with trio.move_on_after(timeout) as scope:
+            if origin.family and not origin.tls:
+                sock = await _connect_address(origin)
+                self.connects += 1
+                _log.debug("connected to %s:%d (http)", origin.host, origin.port)
+                return _Connection(sock, None)
             try:
                 tcp = await trio.open_tcp_stream(origin.host, origin.port)
             except OSError as exc:
@@ -509,7 +717,9 @@ class ConnectionPool:
                     _log.debug("HTTP Request: POST %s %d", origin.url, reader.status)
                 exchange.status = reader.status
                 exchange.headers = reader.headers
-                exchange.set_decoder()
+                exchange.content_type = reader.content_type.decode("latin-1")
+                if reader.coded:
+                    exchange.set_decoder()
             except _Stale:
                 # A reused connection closed under the request: once more on a new one.
                 exchange.abandon()
@@ -541,7 +751,16 @@ class Exchange:
     (always, in a ``finally``) gives the connection back if the reply was read to its
     end, and closes it otherwise."""
 
-    __slots__ = ("_conn", "_decoder", "_origin", "_pool", "_read", "headers", "status")
+    __slots__ = (
+        "_conn",
+        "_decoder",
+        "_origin",
+        "_pool",
+        "_read",
+        "content_type",
+        "headers",
+        "status",
+    )
 
     def __init__(
         self, pool: ConnectionPool, origin: Origin, conn: _Connection, read: float
@@ -554,6 +773,8 @@ class Exchange:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         """The reply's headers, names in lower case."""
+        self.content_type = ""
+        """The reply's ``content-type`` ('' if none)."""
 
     def set_decoder(self) -> None:
         """Decode the body as its ``content-encoding`` says (gzip, deflate)."""
@@ -592,21 +813,40 @@ class Exchange:
             if conn.tls is not None:
                 data = await conn.receive(self._read)
             else:
-                # Plain TCP: the socket first, a timer only to wait (and no coroutine
-                # more on the stack of a waiting call).
+                # Plain TCP: the socket first, and only to wait a read deadline in the
+                # pool's ``ReadTimer`` (no cancel scope per wait; no coroutine more on
+                # the stack of a waiting call).
                 sock = conn.sock
                 assert isinstance(sock, socket.socket)
+                waited = False
                 while True:
                     try:
                         data = sock.recv(RECEIVE_BYTES)
                         break
                     except BlockingIOError:
                         pass
-                    with trio.move_on_after(self._read) as scope:
+                    read = self._read
+                    timer = self._pool.read_timer
+                    group = timer.waits.get(read)
+                    if not group:
+                        group = timer.first_wait(read)
+                    conn.deadline = trio.current_time() + read
+                    conn.timed_out = False
+                    key = id(conn)
+                    group[key] = conn
+                    try:
                         await trio.lowlevel.wait_readable(sock)
-                    if scope.cancelled_caught:
-                        raise httpx.ReadTimeout(f"no data from the server for {self._read}s")
-                await trio.lowlevel.checkpoint_if_cancelled()
+                    except trio.ClosedResourceError:
+                        if conn.timed_out:  # the timer woke it: nothing came in time
+                            raise httpx.ReadTimeout(
+                                f"no data from the server for {read}s"
+                            ) from None
+                        raise
+                    finally:
+                        group.pop(key, None)
+                    waited = True
+                if not waited:  # a wait is a checkpoint; without one, check here
+                    await trio.lowlevel.checkpoint_if_cancelled()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             if stale:
                 raise _Stale from None
@@ -645,6 +885,11 @@ class Exchange:
             parts, done = reader.body()
             for data in parts:
                 if feed(self._decoded(data)):
+                    if done and data is parts[-1] and self._decoder is None:
+                        # Stopped at the body's very end (a stream's last event):
+                        # read to its end all the same, no ``drain`` needed.
+                        self._finished()
+                        return True
                     return False
             if done:
                 if self._decoder is not None:
@@ -686,7 +931,8 @@ class Exchange:
         if conn is None:
             return
         reader = conn.reader
-        if reader.reusable:
+        # (``reader.reusable``, written out: once per call.)
+        if reader._state == _DONE and reader.keep_alive and not reader._buffer and not reader._eof:
             reader.next_cycle()
             self._conn = None
             self._pool._give_back(self._origin, conn)
@@ -700,4 +946,6 @@ class Exchange:
     def release(self) -> None:
         """Done with this exchange: the connection is back in the pool if its reply
         was read to the end, else closed."""
-        self.abandon()
+        if self._conn is not None:  # (``abandon``, written out: once per call)
+            _close(self._conn)
+            self._conn = None

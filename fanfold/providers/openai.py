@@ -400,24 +400,13 @@ class OpenAIStreamAssembler:
         self._calls: dict[int, _PartialCall] = {}
         self._finish: str | None = None
         self._usage = Usage()
-        self._chars = 0
-        self._tokens: int | None = None
-        self._done = False
-
-    @property
-    def done(self) -> bool:
-        """True once ``[DONE]`` arrived."""
-        return self._done
-
-    @property
-    def output_chars(self) -> int:
+        self.output_chars = 0
         """Characters of text and tool arguments so far."""
-        return self._chars
-
-    @property
-    def output_tokens(self) -> int | None:
-        """Completion tokens, once the usage chunk arrived."""
-        return self._tokens
+        self.output_tokens: int | None = None
+        """Output tokens, once the server reported them."""
+        # Plain attributes, not properties: read after every event (issue 36).
+        self.done = False
+        """True once the stream's terminal event arrived."""
 
     @property
     def usage(self) -> Usage:
@@ -426,42 +415,46 @@ class OpenAIStreamAssembler:
 
     def feed(self, event: SSEEvent) -> None:
         """Take one ``data:`` event."""
-        if self._done or not event.data.strip():
+        if self.done:
             return
-        if event.data.strip() == "[DONE]":
-            self._done = True
+        data = event.data.strip()
+        if not data:
+            return
+        if data == "[DONE]":
+            self.done = True
             return
         chunk = load_event_json(event, f"{API} stream")
+        # (Per event: the JSON's own types, ``type(...) is``, no call per check.)
         if chunk.get("error") is not None:
             raise ProviderError(classify_stream_error(API, chunk))
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if type(usage) is dict:
             self._usage = _usage(usage)
-            self._tokens = self._usage.output_tokens
+            self.output_tokens = self._usage.output_tokens
         choices = chunk.get("choices") or []
-        if not isinstance(choices, list):
+        if type(choices) is not list:
             raise malformed(f"{API} stream: choices is not a list")
         for choice in choices:
-            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            if type(choice) is dict and choice.get("index", 0) == 0:
                 self._choice(choice)
 
     def _choice(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta")
-        if isinstance(delta, dict):
+        if type(delta) is dict and delta:
             content = delta.get("content")
-            if isinstance(content, str):
+            if type(content) is str:
                 self._text.append(content)
-                self._chars += len(content)
+                self.output_chars += len(content)
             refusal = delta.get("refusal")
-            if isinstance(refusal, str):
+            if type(refusal) is str:
                 self._refusal.append(refusal)
-                self._chars += len(refusal)
+                self.output_chars += len(refusal)
             fragments = delta.get("tool_calls")
-            if isinstance(fragments, list):
+            if type(fragments) is list:
                 for fragment in fragments:
                     self._fragment(fragment)
         finish = choice.get("finish_reason")
-        if isinstance(finish, str):
+        if type(finish) is str:
             self._finish = finish
 
     def _fragment(self, fragment: Any) -> None:
@@ -491,11 +484,11 @@ class OpenAIStreamAssembler:
                 arguments = json.dumps(arguments)
             if isinstance(arguments, str):
                 call.arguments.append(arguments)
-                self._chars += len(arguments)
+                self.output_chars += len(arguments)
 
     def finish(self) -> ModelReply:
         """The assembled reply; MALFORMED_RESPONSE if ``[DONE]`` never came."""
-        if not self._done:
+        if not self.done:
             raise malformed(f"{API} stream ended before [DONE]")
         what = f"{API} stream"
         calls = []

@@ -126,6 +126,21 @@ class SSEDecoder:
             lines = self._buffer.split(b"\n")
             self._buffer = lines.pop()
             for line in lines:
+                if self._started:
+                    # The lines a stream is made of, without a call each: ``data: ``
+                    # (the prefix is ASCII: decoding the rest alone is the same) and
+                    # the blank line that ends an event.
+                    if line[:6] == b"data: ":
+                        self._data.append(line[6:].decode("utf-8", errors="replace"))
+                        continue
+                    if not line:
+                        if self._data:
+                            events.append(
+                                SSEEvent(self._event or "message", "\n".join(self._data), self._id)
+                            )
+                            self._data = []
+                        self._event = ""
+                        continue
                 event = self._line(line)
                 if event is not None:
                     events.append(event)
@@ -195,13 +210,18 @@ def decode_sse(body: bytes | str) -> list[SSEEvent]:
     return [*decoder.feed(data), *decoder.finish()]
 
 
+# ``json.loads`` of a str without its own call (what it calls: the default decoder's
+# ``decode``; a BOM fails there as "Expecting value" instead, a ValueError all the same).
+_decode_json = json.JSONDecoder().decode
+
+
 def load_event_json(event: SSEEvent, what: str) -> dict[str, Any]:
     """The JSON object in ``event.data``; MALFORMED_RESPONSE if it is not one."""
     try:
-        value = json.loads(event.data)
+        value = _decode_json(event.data)
     except (ValueError, RecursionError):  # RecursionError: nested too deeply
         raise malformed(f"{what}: invalid JSON in stream event: {snippet(event.data)}") from None
-    if not isinstance(value, dict):
+    if type(value) is not dict:
         raise malformed(f"{what}: stream event is not a JSON object: {snippet(event.data)}")
     return value
 
