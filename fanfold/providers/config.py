@@ -2,60 +2,16 @@
 and ``ProviderRouter``, the Provider that picks a profile per call.
 
 Its names, one place to import them from; each lives in the module of its concern:
-``fanfold.providers.profiles`` (what a configuration says, ``parse_config``),
-``fanfold.providers.config_files`` (finding, reading and trusting the file, the
-environment's overrides: ``load_config``) and ``fanfold.providers.router``
-(``build_provider``, ``ProviderRouter``). None of them imports httpx or Trio.
 
-The file (see ``examples/fanfold.toml``)::
+- ``fanfold.providers.profiles``: what a configuration says (``Config``, ``Profile``,
+  ``RetryPolicy``, ``Prices``) and ``parse_config``, which checks it; its docstring
+  is the file's format (see also ``examples/fanfold.toml``).
+- ``fanfold.providers.config_files``: where the file is, how it is read and
+  trusted, and the environment variables applied after it (``load_config``).
+- ``fanfold.providers.router``: ``build_provider`` and ``ProviderRouter``.
 
-    default = "local"           # profile of root conversations
-    sub_agents = "small"        # profile of sub-agents (optional; default: `default`)
-
-    [retry]                     # optional; see RetryPolicy (how long it waits)
-    max_attempts = 4
-
-    [tools.bash]                # optional
-    pass_env = ["GITHUB_TOKEN"] # secret-looking variables bash commands may see
-
-    [tools.web_fetch]           # optional; without it there is no web_fetch tool
-    domains = ["docs.python.org", "*.readthedocs.io"]   # hosts it may fetch from
-
-    [model_aliases]             # optional: what agent files' model names mean
-    sonnet = "big"              # a profile or a model; Claude Code's sonnet, opus and
-    haiku = "small"             # haiku are refused unless they are mapped here
-
-    [profiles.local]
-    provider = "openai"         # "openai" | "anthropic" | "scripted"
-    base_url = "http://127.0.0.1:8080/v1"
-    model = "qwen2.5-7b-instruct"
-    api_key_env = "LOCAL_KEY"   # NAME of the variable holding the key, never the key
-    stream = true
-    max_tokens = 2048
-    temperature = 0.2
-    timeouts = { connect = 5, read = 120, total = 900 }
-    stop = ["</tool_call>"]     # request parameters: stop, top_p, seed, tool_choice,
-    parallel_tool_calls = false # parallel_tool_calls, reasoning_effort
-    extra_body = { cache_prompt = true }          # other body fields (checked)
-    extra_headers = { "X-Title" = "fanfold" }     # never credentials
-    retry = { max_attempts = 8, cap = 10 }        # this profile's retries (optional)
-
-Where the file is: ``load_config(path)``, else ``$FANFOLD_CONFIG``, else
-``./fanfold.toml``, else ``$XDG_CONFIG_HOME/fanfold/config.toml`` (``~/.config/...``).
-With no file and no variables the single profile is ``offline`` (the scripted provider).
-
-Environment variables, applied after the file:
-
-- ``FANFOLD_PROFILE``: the default profile; ``FANFOLD_SUB_AGENT_PROFILE``: the
-  sub-agent profile.
-- ``FANFOLD_BASE_URL``, ``FANFOLD_MODEL``, ``FANFOLD_API_KEY_ENV``: override those
-  fields of the default profile.
-- With no file, ``FANFOLD_BASE_URL``/``FANFOLD_MODEL``/``FANFOLD_PROVIDER`` make a
-  profile named ``env`` (provider ``FANFOLD_PROVIDER``, default ``openai``). Its key
-  variable is ``FANFOLD_API_KEY_ENV`` if set; otherwise ``OPENAI_API_KEY`` /
-  ``ANTHROPIC_API_KEY``, but only when no base URL is given, so a vendor key is never
-  sent to some other server by default.
-
+None of them imports httpx, Trio or the HTTP providers: building an HTTP provider
+imports them (``fanfold show`` reads a configuration without them; issue 36).
 Every problem is a ``ConfigError`` naming the file (or variable) and the key.
 """
 

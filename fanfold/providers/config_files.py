@@ -1,6 +1,22 @@
 """Where fanfold's configuration file is, how it is read (size and nesting limits,
 TOML), whether a project's file is trusted, and the environment variables applied
 after it: ``load_config``. What a configuration says is ``fanfold.providers.profiles``.
+
+Where the file is: ``load_config(path)``, else ``$FANFOLD_CONFIG``, else
+``./fanfold.toml``, else ``$XDG_CONFIG_HOME/fanfold/config.toml`` (``~/.config/...``).
+With no file and no variables the single profile is ``offline`` (the scripted provider).
+
+Environment variables, applied after the file:
+
+- ``FANFOLD_PROFILE``: the default profile; ``FANFOLD_SUB_AGENT_PROFILE``: the
+  sub-agent profile.
+- ``FANFOLD_BASE_URL``, ``FANFOLD_MODEL``, ``FANFOLD_API_KEY_ENV``: override those
+  fields of the default profile.
+- With no file, ``FANFOLD_BASE_URL``/``FANFOLD_MODEL``/``FANFOLD_PROVIDER`` make a
+  profile named ``env`` (provider ``FANFOLD_PROVIDER``, default ``openai``). Its key
+  variable is ``FANFOLD_API_KEY_ENV`` if set; otherwise ``OPENAI_API_KEY`` /
+  ``ANTHROPIC_API_KEY``, but only when no base URL is given, so a vendor key is never
+  sent to some other server by default.
 """
 
 from __future__ import annotations

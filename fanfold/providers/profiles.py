@@ -37,22 +37,6 @@ The file (see ``examples/fanfold.toml``)::
     extra_headers = { "X-Title" = "fanfold" }     # never credentials
     retry = { max_attempts = 8, cap = 10 }        # this profile's retries (optional)
 
-Where the file is: ``load_config(path)``, else ``$FANFOLD_CONFIG``, else
-``./fanfold.toml``, else ``$XDG_CONFIG_HOME/fanfold/config.toml`` (``~/.config/...``).
-With no file and no variables the single profile is ``offline`` (the scripted provider).
-
-Environment variables, applied after the file:
-
-- ``FANFOLD_PROFILE``: the default profile; ``FANFOLD_SUB_AGENT_PROFILE``: the
-  sub-agent profile.
-- ``FANFOLD_BASE_URL``, ``FANFOLD_MODEL``, ``FANFOLD_API_KEY_ENV``: override those
-  fields of the default profile.
-- With no file, ``FANFOLD_BASE_URL``/``FANFOLD_MODEL``/``FANFOLD_PROVIDER`` make a
-  profile named ``env`` (provider ``FANFOLD_PROVIDER``, default ``openai``). Its key
-  variable is ``FANFOLD_API_KEY_ENV`` if set; otherwise ``OPENAI_API_KEY`` /
-  ``ANTHROPIC_API_KEY``, but only when no base URL is given, so a vendor key is never
-  sent to some other server by default.
-
 Every problem is a ``ConfigError`` naming the file (or variable) and the key.
 """
 
