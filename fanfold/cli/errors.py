@@ -41,7 +41,7 @@ class CliError(click.ClickException):
 # the one-line errors cost a command nothing it did not import itself.
 _USER_ERROR_CLASSES = (
     ("fanfold.providers.script_schema", "ScriptError"),
-    ("fanfold.providers.config", "ConfigError"),
+    ("fanfold.providers.profiles", "ConfigError"),
     ("fanfold.db.errors", "DatabaseError"),  # UnknownConversation is one
     ("fanfold.runtime.runtime", "NotRunning"),
     ("fanfold.runtime.presence", "DatabaseInUse"),

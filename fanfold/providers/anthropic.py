@@ -27,36 +27,33 @@ from __future__ import annotations
 
 import functools
 import json
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import httpx
 
 from fanfold.providers.base import ProviderError
 from fanfold.providers.http import (
     DEFAULT_SETTINGS,
-    DEFAULT_TIMEOUTS,
+    JSON_HEADERS,
     HttpProvider,
     RequestSettings,
     StreamAssembler,
-    Timeouts,
 )
-from fanfold.providers.http1 import ConnectionPool
 from fanfold.providers.settings import ANTHROPIC_BASE_URL
 from fanfold.providers.wire import (
+    AssemblerProgress,
     IdentityMemo,
-    Secret,
     SSEEvent,
+    add_sampling,
     as_int,
-    billed,
+    assemble,
     classify_stream_error,
     cut_off_tool_call,
-    decode_sse,
     finite_json,
     load_event_json,
     malformed,
+    parse_billed,
     provider_schema,
     refuse_cut_tool_calls,
     snippet,
@@ -160,11 +157,7 @@ def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 
     The dicts are built once per tool set and shared by every request offering it
     (issue 36): never change them, copy what you change."""
-    found = _SEEN_TOOLS.get(tools, None)
-    if found is None:
-        found = _anthropic_tools(tuple(tools))
-        _SEEN_TOOLS.put(tools, None, found)
-    return list(found)
+    return list(_SEEN_TOOLS.made(tools, None, lambda: _anthropic_tools(tuple(tools))))
 
 
 _SEEN_TOOLS = IdentityMemo()
@@ -214,12 +207,7 @@ def anthropic_request_body(
             body["tools"][-1] = {**body["tools"][-1], "cache_control": _EPHEMERAL}
         if request.system:
             body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
-    if temperature is not None:
-        body["temperature"] = temperature
-    if settings.stop:
-        body["stop_sequences"] = list(settings.stop)
-    if settings.top_p is not None:
-        body["top_p"] = settings.top_p
+    add_sampling(body, temperature, settings, "stop_sequences")
     choice = _tool_choice(settings) if request.tools else None
     if choice is not None:
         body["tool_choice"] = choice
@@ -342,18 +330,10 @@ def parse_anthropic_response(data: Any) -> ModelReply:
 
     A reply that cannot be used (cut off inside a tool call, malformed) still says
     what it cost: the error carries the ``usage`` the server reported."""
-    try:
-        return _parse_anthropic_response(data)
-    except ProviderError as exc:
-        usage = data.get("usage") if isinstance(data, dict) else None
-        spent = _usage_of(usage) if isinstance(usage, dict) else Usage()
-        raise ProviderError(billed(exc.error, spent)) from None
+    return parse_billed(data, f"{API} reply", _parse_anthropic_response, _usage_of)
 
 
-def _parse_anthropic_response(data: Any) -> ModelReply:
-    what = f"{API} reply"
-    if not isinstance(data, dict):
-        raise malformed(f"{what}: not a JSON object")
+def _parse_anthropic_response(data: dict[str, Any], what: str) -> ModelReply:
     if data.get("type") == "error":
         raise ProviderError(classify_stream_error(API, data))
     content = data.get("content")
@@ -401,7 +381,7 @@ class _Block:
     closed: bool = False
 
 
-class AnthropicStreamAssembler:
+class AnthropicStreamAssembler(AssemblerProgress):
     """Builds a reply from Messages API stream events (``StreamAssembler``).
 
     ``message_start`` carries input usage; ``content_block_start`` opens a text or
@@ -412,18 +392,12 @@ class AnthropicStreamAssembler:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._blocks: dict[int, _Block] = {}
         self._usage: dict[str, int] = {}
         self._stop: str | None = None
         self._details = ""
         self._started = False
-        # Plain attributes, not properties: read after every event (issue 36).
-        self.done = False
-        """True once the stream's terminal event arrived."""
-        self.output_chars = 0
-        """Characters of text and tool arguments so far."""
-        self.output_tokens: int | None = None
-        """Output tokens, once the server reported them."""
 
     @property
     def usage(self) -> Usage:
@@ -548,10 +522,7 @@ class AnthropicStreamAssembler:
 
 def parse_anthropic_stream(body: bytes | str) -> ModelReply:
     """A complete recorded Messages API stream as a ModelReply."""
-    assembler = AnthropicStreamAssembler()
-    for event in decode_sse(body):
-        assembler.feed(event)
-    return assembler.finish()
+    return assemble(AnthropicStreamAssembler(), body)
 
 
 # ------------------------------------------------------------------ provider
@@ -565,37 +536,7 @@ class AnthropicProvider(HttpProvider):
     """
 
     api = API
-
-    def __init__(
-        self,
-        *,
-        base_url: str = DEFAULT_BASE_URL,
-        model: str | None,
-        api_key: str | Secret | None = None,
-        timeouts: Timeouts = DEFAULT_TIMEOUTS,
-        stream: bool = True,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        settings: RequestSettings = DEFAULT_SETTINGS,
-        client: httpx.AsyncClient | None = None,
-        clock: Callable[[], float] = time.time,
-        profile: str | None = None,
-        pool: ConnectionPool | None = None,
-    ) -> None:
-        super().__init__(
-            base_url=base_url,
-            model=model,
-            api_key=api_key,
-            timeouts=timeouts,
-            stream=stream,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            settings=settings,
-            client=client,
-            clock=clock,
-            profile=profile,
-            pool=pool,
-        )
+    default_base_url = DEFAULT_BASE_URL
 
     @property
     def url(self) -> str:
@@ -605,11 +546,7 @@ class AnthropicProvider(HttpProvider):
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """JSON headers, ``anthropic-version`` and, with a key, ``x-api-key``."""
-        headers = {
-            "content-type": "application/json",
-            "accept": "application/json",
-            "anthropic-version": ANTHROPIC_VERSION,
-        }
+        headers = {**JSON_HEADERS, "anthropic-version": ANTHROPIC_VERSION}
         if api_key:
             headers["x-api-key"] = api_key
         return headers

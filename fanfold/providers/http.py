@@ -25,7 +25,7 @@ import urllib.request
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, ClassVar, Protocol, Self
+from typing import Any, ClassVar, Self
 
 import httpx
 import trio
@@ -49,7 +49,6 @@ from fanfold.providers.wire import (
     IdentityMemo,
     Secret,
     SSEDecoder,
-    SSEEvent,
     billed,
     classify_http_error,
     fail,
@@ -57,7 +56,8 @@ from fanfold.providers.wire import (
     redact_error,
     snippet,
 )
-from fanfold.statemachine import ErrorKind, ModelReply, ModelRequest, Usage
+from fanfold.providers.wire import StreamAssembler as StreamAssembler
+from fanfold.statemachine import ErrorKind, ModelReply, ModelRequest
 
 USER_AGENT = "fanfold/0.1"
 
@@ -134,32 +134,6 @@ def http1_origin(url: str, headers: list[tuple[bytes, bytes]]) -> Origin | None:
     head = request_head(parsed.raw_path, [(b"host", parsed.netloc), *headers])
     shown = str(parsed.copy_with(query=None, fragment=None))
     return Origin(scheme, parsed.raw_host.decode("ascii"), port, head, shown)
-
-
-class StreamAssembler(Protocol):
-    """Builds one reply from a stream's events (sans-IO; raises ProviderError)."""
-
-    @property
-    def done(self) -> bool:
-        """True once the stream's terminal event arrived."""
-
-    @property
-    def output_chars(self) -> int:
-        """Characters of text and tool arguments received so far."""
-
-    @property
-    def output_tokens(self) -> int | None:
-        """Output tokens as last reported by the server, if it reported any."""
-
-    @property
-    def usage(self) -> Usage:
-        """The usage the server reported so far: billed even if the stream then fails."""
-
-    def feed(self, event: SSEEvent) -> None:
-        """Take one event; raise ProviderError for an error event or bad data."""
-
-    def finish(self) -> ModelReply:
-        """The reply; MALFORMED_RESPONSE if the stream ended before its terminal event."""
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -268,6 +242,10 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
             return
 
 
+JSON_HEADERS = {"content-type": "application/json", "accept": "application/json"}
+"""The headers every request of both APIs carries (a provider's ``headers`` adds its own)."""
+
+
 class HttpProvider(abc.ABC):
     """A ``Provider`` over HTTP. One instance may serve many concurrent calls.
 
@@ -283,6 +261,9 @@ class HttpProvider(abc.ABC):
 
     api: ClassVar[str]
 
+    default_base_url: ClassVar[str]
+    """The API root a provider made without ``base_url`` calls."""
+
     calls_at_once: int = POOL_SIZE
     """``LimitsCallsAtOnce``: the client's pool (``new_client``)."""
 
@@ -293,7 +274,7 @@ class HttpProvider(abc.ABC):
     def __init__(
         self,
         *,
-        base_url: str,
+        base_url: str | None = None,
         model: str | None,
         api_key: str | Secret | None = None,
         timeouts: Timeouts = DEFAULT_TIMEOUTS,
@@ -306,7 +287,7 @@ class HttpProvider(abc.ABC):
         profile: str | None = None,
         pool: ConnectionPool | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = (self.default_base_url if base_url is None else base_url).rstrip("/")
         self.profile = profile
         self.model = model
         if isinstance(api_key, str):

@@ -17,14 +17,13 @@ from typing import Any
 
 import attrs
 
-from fanfold.providers.config import (
+from fanfold.providers.config_files import _read_bytes, load_toml
+from fanfold.providers.profiles import (
     MAX_ATTEMPTS,
     MAX_RETRY_SECONDS,
     MAX_TIMEOUT_SECONDS,
     ConfigError,
     _number,
-    _read_bytes,
-    load_toml,
 )
 from fanfold.statemachine import Limits
 from fanfold.statemachine.limits import CONTEXT_MODES

@@ -40,6 +40,7 @@ from fanfold.providers.base import ProviderError
 from fanfold.providers.http import (
     DEFAULT_SETTINGS,
     DEFAULT_TIMEOUTS,
+    JSON_HEADERS,
     HttpProvider,
     RequestSettings,
     StreamAssembler,
@@ -48,15 +49,17 @@ from fanfold.providers.http import (
 from fanfold.providers.http1 import ConnectionPool
 from fanfold.providers.settings import OPENAI_BASE_URL
 from fanfold.providers.wire import (
+    AssemblerProgress,
     IdentityMemo,
     Secret,
     SSEEvent,
+    add_sampling,
     as_int,
-    billed,
+    assemble,
     classify_stream_error,
-    decode_sse,
     load_event_json,
     malformed,
+    parse_billed,
     provider_schema,
     refuse_cut_tool_calls,
     snippet,
@@ -172,11 +175,11 @@ def to_openai_tools(
     The dicts are built once per tool set and shared by every request offering it
     (issue 36: each request decoded every schema again, 17 KiB per waiting call):
     never change them, copy what you change."""
-    found = _SEEN_TOOLS.get(tools, description_limit)
-    if found is None:
-        found = _openai_tools(tuple(tools), description_limit)
-        _SEEN_TOOLS.put(tools, description_limit, found)
-    return list(found)
+    return list(
+        _SEEN_TOOLS.made(
+            tools, description_limit, lambda: _openai_tools(tuple(tools), description_limit)
+        )
+    )
 
 
 _SEEN_TOOLS = IdentityMemo()
@@ -221,12 +224,7 @@ def openai_request_body(
         body["tools"] = to_openai_tools(request.tools, description_limit)
     if max_tokens is not None:
         body[max_tokens_param] = max_tokens
-    if temperature is not None:
-        body["temperature"] = temperature
-    if settings.stop:
-        body["stop"] = list(settings.stop)
-    if settings.top_p is not None:
-        body["top_p"] = settings.top_p
+    add_sampling(body, temperature, settings, "stop")
     if settings.seed is not None:
         body["seed"] = settings.seed
     if settings.reasoning_effort is not None:
@@ -332,17 +330,10 @@ def parse_openai_response(data: Any) -> ModelReply:
 
     A reply that cannot be used (cut off inside a tool call, malformed, an error) still
     says what it cost: the error carries the ``usage`` the server reported."""
-    try:
-        return _parse_openai_response(data)
-    except ProviderError as exc:
-        usage = _usage(data.get("usage")) if isinstance(data, dict) else Usage()
-        raise ProviderError(billed(exc.error, usage)) from None
+    return parse_billed(data, f"{API} reply", _parse_openai_response, _usage)
 
 
-def _parse_openai_response(data: Any) -> ModelReply:
-    what = f"{API} reply"
-    if not isinstance(data, dict):
-        raise malformed(f"{what}: not a JSON object")
+def _parse_openai_response(data: dict[str, Any], what: str) -> ModelReply:
     if data.get("error") is not None:
         raise ProviderError(classify_stream_error(API, data))
     choices = data.get("choices")
@@ -386,7 +377,7 @@ class _PartialCall:
     arguments: list[str] = attrs.Factory(list)
 
 
-class OpenAIStreamAssembler:
+class OpenAIStreamAssembler(AssemblerProgress):
     """Builds a reply from Chat Completions chunks (``StreamAssembler``).
 
     Text arrives in ``delta.content`` (or ``delta.refusal``); tool calls in
@@ -395,18 +386,12 @@ class OpenAIStreamAssembler:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._text: list[str] = []
         self._refusal: list[str] = []
         self._calls: dict[int, _PartialCall] = {}
         self._finish: str | None = None
         self._usage = Usage()
-        self.output_chars = 0
-        """Characters of text and tool arguments so far."""
-        self.output_tokens: int | None = None
-        """Output tokens, once the server reported them."""
-        # Plain attributes, not properties: read after every event (issue 36).
-        self.done = False
-        """True once the stream's terminal event arrived."""
 
     @property
     def usage(self) -> Usage:
@@ -517,10 +502,7 @@ class OpenAIStreamAssembler:
 
 def parse_openai_stream(body: bytes | str) -> ModelReply:
     """A complete recorded Chat Completions stream as a ModelReply."""
-    assembler = OpenAIStreamAssembler()
-    for event in decode_sse(body):
-        assembler.feed(event)
-    return assembler.finish()
+    return assemble(OpenAIStreamAssembler(), body)
 
 
 # ------------------------------------------------------------------ provider
@@ -535,6 +517,7 @@ class OpenAIProvider(HttpProvider):
     """
 
     api = API
+    default_base_url = DEFAULT_BASE_URL
 
     def __init__(
         self,
@@ -581,7 +564,7 @@ class OpenAIProvider(HttpProvider):
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """JSON headers and, with a key, ``Authorization: Bearer``."""
-        headers = {"content-type": "application/json", "accept": "application/json"}
+        headers = dict(JSON_HEADERS)
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
         return headers

@@ -27,14 +27,14 @@ import email.utils
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
 from fanfold.providers.base import ProviderError
-from fanfold.providers.settings import _KEY_LIKE
+from fanfold.providers.settings import _KEY_LIKE, RequestSettings
 from fanfold.providers.settings import REDACTED as REDACTED
 from fanfold.providers.settings import Secret as Secret
 from fanfold.providers.settings import looks_like_key as looks_like_key
@@ -215,6 +215,52 @@ def decode_sse(body: bytes | str) -> list[SSEEvent]:
 _decode_json = json.JSONDecoder().decode
 
 
+class StreamAssembler(Protocol):
+    """Builds one reply from a stream's events (sans-IO; raises ProviderError)."""
+
+    @property
+    def done(self) -> bool:
+        """True once the stream's terminal event arrived."""
+
+    @property
+    def output_chars(self) -> int:
+        """Characters of text and tool arguments received so far."""
+
+    @property
+    def output_tokens(self) -> int | None:
+        """Output tokens as last reported by the server, if it reported any."""
+
+    @property
+    def usage(self) -> Usage:
+        """The usage the server reported so far: billed even if the stream then fails."""
+
+    def feed(self, event: SSEEvent) -> None:
+        """Take one event; raise ProviderError for an error event or bad data."""
+
+    def finish(self) -> ModelReply:
+        """The reply; MALFORMED_RESPONSE if the stream ended before its terminal event."""
+
+
+class AssemblerProgress:
+    """The part of a ``StreamAssembler`` the HTTP loop reads after every event, which
+    the providers' assemblers share: plain attributes, not properties (issue 36)."""
+
+    def __init__(self) -> None:
+        self.done = False
+        """True once the stream's terminal event arrived."""
+        self.output_chars = 0
+        """Characters of text and tool arguments so far."""
+        self.output_tokens: int | None = None
+        """Output tokens, once the server reported them."""
+
+
+def assemble(assembler: StreamAssembler, body: bytes | str) -> ModelReply:
+    """The reply of a complete recorded stream ``body``, built by ``assembler``."""
+    for event in decode_sse(body):
+        assembler.feed(event)
+    return assembler.finish()
+
+
 def load_event_json(event: SSEEvent, what: str) -> dict[str, Any]:
     """The JSON object in ``event.data``; MALFORMED_RESPONSE if it is not one."""
     try:
@@ -343,6 +389,40 @@ def billed(error: ModelError, usage: Usage) -> ModelError:
     if usage.total and not error.usage.total:
         return attrs.evolve(error, usage=usage)
     return error
+
+
+def parse_billed(
+    data: Any,
+    what: str,
+    parse: Callable[[dict[str, Any], str], ModelReply],
+    usage_of: Callable[[Mapping[str, Any]], Usage],
+) -> ModelReply:
+    """A whole (non-streaming) reply ``data`` parsed by ``parse(data, what)`` once it
+    is a JSON object (else MALFORMED_RESPONSE). A reply that cannot be used (cut off inside a
+    tool call, malformed, an error) still says what it cost: the ProviderError
+    carries the ``usage`` the server reported (``usage_of`` reads it)."""
+    try:
+        if not isinstance(data, dict):
+            raise malformed(f"{what}: not a JSON object")
+        return parse(data, what)
+    except ProviderError as exc:
+        usage = data.get("usage") if isinstance(data, dict) else None
+        spent = usage_of(usage) if isinstance(usage, dict) else Usage()
+        raise ProviderError(billed(exc.error, spent)) from None
+
+
+def add_sampling(
+    body: dict[str, Any], temperature: float | None, settings: RequestSettings, stop_field: str
+) -> None:
+    """Put the sampling parameters both APIs take into a request ``body``:
+    ``temperature``, the stop sequences (as ``stop_field``) and ``top_p``, each only
+    when set."""
+    if temperature is not None:
+        body["temperature"] = temperature
+    if settings.stop:
+        body[stop_field] = list(settings.stop)
+    if settings.top_p is not None:
+        body["top_p"] = settings.top_p
 
 
 def as_int(value: Any) -> int:
@@ -790,6 +870,14 @@ class IdentityMemo:
         if entry is not None and entry[0] is key and entry[1] == extra:
             return entry[2]
         return None
+
+    def made(self, key: object, extra: Any, make: Callable[[], Any]) -> Any:
+        """The value remembered for ``key`` and ``extra``, else ``make()``'s, remembered."""
+        found = self.get(key, extra)
+        if found is None:
+            found = make()
+            self.put(key, extra, found)
+        return found
 
     def put(self, key: object, extra: Any, value: Any) -> None:
         """Remember ``value`` (only for a tuple: a list could change meanwhile)."""
