@@ -1255,6 +1255,12 @@ _state_digests = _StateDigests()
 
 def _remember(state: Conversation, digests: list[str]) -> None:
     entries = _state_digests.entries
+    if state.at_rest:
+        # A conversation at rest keeps nothing here: an ended tree leaves no state
+        # behind it (test_runtime_lifecycle), and a turn that starts again digests
+        # its first step's predecessor whole, once.
+        entries.pop(state.id, None)
+        return
     if len(entries) >= _CACHE_LIMIT and state.id not in entries:
         _state_digests.entries = entries = {}
     entries[state.id] = (state, digests)
