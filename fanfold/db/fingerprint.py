@@ -128,7 +128,7 @@ from fanfold.statemachine import (
     Message,
     ToolExecuting,
 )
-from fanfold.statemachine.children import Roster
+from fanfold.statemachine.children import PendingChild, Roster
 from fanfold.statemachine.phases import ALL_PHASES
 
 _DIGEST_SIZE = 8  # bytes: a 64-bit digest, 16 hex characters
@@ -743,6 +743,9 @@ def clear_cache() -> None:
     _histories_v7.clear()
     _int_hexes.clear()
     _large_hexes.clear()
+    _large_hexes8.clear()
+    _text_hexes.clear()
+    _shared_str_hexes.clear()
     _item_bytes.clear()
     _chunks.clear()
     _children_hexes.clear()
@@ -784,6 +787,38 @@ def _crc_hex(text: str) -> str:
 
 _NULL_HEX = _crc_hex("null")
 _int_hexes: dict[object, str] = {}
+
+
+_text_hexes: dict[str, str] = {}
+_SHORT_TEXT = 64  # the longest compact text whose digest ``_text_hex`` keeps
+
+
+def _text_hex(text: str) -> str:
+    """``_crc_hex(text)``, kept by value for a short text (a field with few distinct
+    values, as a timeout: the same str object for every conversation that keeps it)."""
+    found = _text_hexes.get(text)
+    if found is None:
+        found = _crc_hex(text)
+        if len(text) <= _SHORT_TEXT:
+            if len(_text_hexes) >= _CACHE_OF_VALUES:
+                _text_hexes.clear()
+            _text_hexes[text] = found
+    return found
+
+
+# The text fields whose values a tree's conversations share (a child's parent and
+# root, the working directory): their digests kept by value.
+_TREE_TEXT_FIELDS = frozenset(("parent_id", "root_id", "cwd"))
+_shared_str_hexes: dict[str | None, str] = {}
+
+
+def _shared_str_hex(value: str | None) -> str:
+    """``_str_hex(value)``, kept by value (``_TREE_TEXT_FIELDS``)."""
+    found = _str_hex(value)
+    if len(_shared_str_hexes) >= _CACHE_OF_VALUES:
+        _shared_str_hexes.clear()
+    _shared_str_hexes[value] = found
+    return found
 
 
 def _int_hex(value: int | None) -> str:
@@ -849,6 +884,10 @@ def _large_text_digest(value: object) -> str:
 # digested once per object.
 _large_hexes = _ByIdentity(_large_text_digest, 4096)
 _large_hex = _large_hexes.digest
+# A state's large fields by their first 8 hex digits, kept too: a slice per digest was
+# a new str object, which each conversation's kept digests (``_StateDigests``) held
+# once per large field (~340 B per waiting sub-agent).
+_large_hexes8 = _ByIdentity(lambda value: _large_hex(value)[:8], 4096)
 _LARGE_STATE_FIELDS = frozenset(
     ("tools", "system_prompt", "sub_agent_prompt", "agents", "limits", "permissions")
 )
@@ -880,7 +919,10 @@ class _ItemBytes:
                 item = chunk[index]
                 # CRC-32 (4 bytes): one C call, no hash object. The roster's CRC over
                 # these detects any change confined to one item's 4 bytes.
-                text = codec.compact_text(item).encode("utf-8")
+                # A pending child's texts are not memoised: its digest is kept here,
+                # and no snapshot holds it again (it ends finished or a hole).
+                emit = _unkept if type(item) is PendingChild else codec.compact_text
+                text = emit(item).encode("utf-8")
                 digest = zlib.crc32(text).to_bytes(4, "little")
                 self.alive[id(item)] = item
                 self.digests[id(item)] = found[index] = digest
@@ -891,6 +933,7 @@ class _ItemBytes:
         self.alive = {}
 
 
+_unkept = codec.compact_text_unkept
 _item_bytes = _ItemBytes()
 
 
@@ -1129,6 +1172,10 @@ def _compile_state_digests() -> tuple[
         "_history_hex": _history_hex,
         "_phase_hex": _phase_hex,
         "_crc_hex": _crc_hex,
+        "_text_hex": _text_hex,
+        "_sh": _shared_str_hexes,
+        "_shared_str_hex": _shared_str_hex,
+        "_large_hex8": _large_hexes8.digest,
     }
     expressions = []
     emitters = field_emitters(Conversation)
@@ -1139,11 +1186,15 @@ def _compile_state_digests() -> tuple[
         elif name == "phase":
             expression = "_phase_hex(s.id, {v})"
         elif name in _LARGE_STATE_FIELDS:
-            expression = "_large_hex({v})[:8]"
+            expression = "_large_hex8({v})"
         elif hint in (int, int | None):
             # The kept digest looked up inline (no call), computed by ``_int_hex``
             # on a miss (which also refuses a non-int).
             expression = "(_ih.get({v}) or _int_hex({v}))"
+        elif name in _TREE_TEXT_FIELDS:
+            # Kept by value: every conversation of a tree holds the same few (a
+            # digest str per conversation was ~57 B each of a waiting sub-agent).
+            expression = "(_sh.get({v}) or _shared_str_hex({v}))"
         elif hint in (str, str | None):
             expression = (
                 "(_crc32({v}.encode('utf-8', 'surrogatepass')).to_bytes(4, 'big').hex()"
@@ -1151,7 +1202,7 @@ def _compile_state_digests() -> tuple[
             )
         else:
             namespace[f"_e{index}"] = emitters[index]
-            expression = f"_crc_hex(_e{index}({{v}}))"
+            expression = f"_text_hex(_e{index}({{v}}))"
         expressions.append(expression)
     lines = ["def changes(s, b, d, out):"]
     for index, (name, expression) in enumerate(zip(_STATE_FIELDS, expressions, strict=True)):
