@@ -91,6 +91,7 @@ versions 1 to 6 still verify.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import operator
 import struct
@@ -99,7 +100,7 @@ import threading
 import typing
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, compress, repeat
 from typing import Any
 
@@ -905,6 +906,10 @@ class _ItemBytes:
     def __init__(self) -> None:
         self.digests: dict[int, bytes] = {id(None): b""}
         self.alive: dict[int, object] = {}
+        # How many replays (``texts_kept``) are under way: they memoise a pending
+        # child's compact text like any other value's.
+        self.keeping = 0
+        self.lock = threading.Lock()
 
     def each(self, chunk: tuple[object, ...]) -> tuple[bytes, ...]:
         """The digest of each item of ``chunk``, in order."""
@@ -919,9 +924,12 @@ class _ItemBytes:
                 item = chunk[index]
                 # CRC-32 (4 bytes): one C call, no hash object. The roster's CRC over
                 # these detects any change confined to one item's 4 bytes.
-                # A pending child's texts are not memoised: its digest is kept here,
-                # and no snapshot holds it again (it ends finished or a hole).
-                emit = _unkept if type(item) is PendingChild else codec.compact_text
+                # A live pending child's texts are not memoised (a waiting sub-agent's
+                # heap, issue 21): its digest is kept here, and no snapshot holds it
+                # again (it ends finished or a hole). A replay memoises them: the
+                # child's finished item reuses its spec's text (``texts_kept``).
+                unkept = type(item) is PendingChild and not self.keeping
+                emit = _unkept if unkept else codec.compact_text
                 text = emit(item).encode("utf-8")
                 digest = zlib.crc32(text).to_bytes(4, "little")
                 self.alive[id(item)] = item
@@ -935,6 +943,22 @@ class _ItemBytes:
 
 _unkept = codec.compact_text_unkept
 _item_bytes = _ItemBytes()
+
+
+@contextlib.contextmanager
+def texts_kept() -> Iterator[None]:
+    """Within it, a pending child's roster item memoises its compact text as every other
+    value does. For a replay, which digests the child's finished item next from the
+    same spec (its text emitted again cost verify 1.4 k instructions per event); a live
+    runtime does not keep them (a waiting sub-agent's heap: issue 21's 4 KiB). The
+    digests are the same either way."""
+    with _item_bytes.lock:
+        _item_bytes.keeping += 1
+    try:
+        yield
+    finally:
+        with _item_bytes.lock:
+            _item_bytes.keeping -= 1
 
 
 class _Chunks:
