@@ -80,3 +80,15 @@ def test_conversations_of_a_tree_share_their_common_field_digests() -> None:
     for name in ("id", "task", "history"):
         index = names.index(name)
         assert first[index] != second[index], name
+
+
+def test_a_replay_keeps_a_pending_childs_texts_and_only_within_it() -> None:
+    F.clear_cache()
+    spec = ChildSpec("r.3", "task 3", "/w", None, 5, "s")
+    with F.texts_kept():
+        F._chunks.digest(("r", 0), (PendingChild(spec, True),))
+        assert _memoised(spec)  # for the finished item the replay digests next
+    assert F._item_bytes.keeping == 0
+    other = ChildSpec("r.4", "task 4", "/w", None, 5, "s")
+    F._chunks.digest(("r", 0), (PendingChild(other, True),))
+    assert not _memoised(other)
