@@ -67,7 +67,12 @@ class Driver:
         self._seq: dict[str, int] = {}
 
     def _record(
-        self, cid: str, event: Event, state: Conversation, effects: tuple[Effect, ...]
+        self,
+        cid: str,
+        event: Event,
+        state: Conversation,
+        effects: tuple[Effect, ...],
+        before: Conversation | None = None,
     ) -> Step:
         seq = self._seq.get(cid, -1) + 1
         self._seq[cid] = seq
@@ -76,7 +81,7 @@ class Driver:
         snapshot = every is not None and (
             seq % every == 0 or status_of(state.phase) is not Status.RUNNING
         )
-        step = Step(cid, seq, event, effects, state, self.clock, snapshot=snapshot)
+        step = Step(cid, seq, event, effects, state, self.clock, snapshot=snapshot, before=before)
         self.states[cid] = state
         self.effects[cid] = effects
         self.steps.append(step)
@@ -87,8 +92,9 @@ class Driver:
         return self._record(created.conversation_id, created, state, effects)
 
     def feed(self, cid: str, event: Event) -> Step:
-        state, effects = transition(self.states[cid], event)
-        return self._record(cid, event, state, effects)
+        before = self.states[cid]
+        state, effects = transition(before, event)
+        return self._record(cid, event, state, effects, before)
 
     # ---------------------------------------------------------------- runtime chores
 

@@ -17,6 +17,7 @@ from fanfold.db.checksum import effect_checksum, event_checksum, snapshot_checks
 from fanfold.statemachine import (
     Conversation,
     ConversationCreated,
+    ConversationForked,
     Effect,
     Event,
     start,
@@ -177,7 +178,7 @@ def as_format_5(
     ``encode_effect(effect, blobs)``: the stored text of each effect (default
     ``encode_effect_stored``), e.g. as an older fanfold wrote it."""
     from fanfold.db.codec import encode_effect_stored
-    from fanfold.db.fingerprint import content_digest
+    from fanfold.db.fingerprint import content_digest, digest_v4, summary
 
     encode = encode_effect or encode_effect_stored
 
@@ -187,7 +188,15 @@ def as_format_5(
     conn = sqlite3.connect(path)
     try:
         for cid, stored in logs.items():
+            state: Conversation | None = None
             for event in stored:
+                # The state after the step, for the counters and the whole-state
+                # digest a version-5 fingerprint holds at rest.
+                if state is None:
+                    assert isinstance(event.event, ConversationCreated | ConversationForked)
+                    state = start(event.event)[0]
+                else:
+                    state = transition(state, event.event)[0]
                 (payload,) = conn.execute(
                     "SELECT payload FROM events WHERE conversation_id = ? AND seq = ?",
                     (cid, event.seq),
@@ -198,10 +207,12 @@ def as_format_5(
                     "INSERT INTO blobs (sha256, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
                     list(blobs.items()),
                 )
-                head, tail = event.fingerprint.split(" #####")
                 digest = content_digest(payload, texts)
                 assert digest is not None
-                mark = f"{head} ####{digest}{tail[16:]}"
+                # As the writer did: not at an ended conversation's last step, whose
+                # snapshot holds the whole state.
+                whole = f" {digest_v4(state)}" if state.at_rest and not state.is_terminal else ""
+                mark = f"{summary(state)} ####{digest}{whole}"
                 conn.execute(
                     "UPDATE events SET fingerprint = ?, checksum = ?"
                     " WHERE conversation_id = ? AND seq = ?",

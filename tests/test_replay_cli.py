@@ -99,7 +99,7 @@ def test_verify_divergence_of_an_events_only_log_exits_1_naming_the_seq(
     assert (
         "conversation r.1, seq 2 (ToolFinished): recorded and recomputed state fingerprint" in out
     )
-    assert "content digest (the step's event and its effects' types)" in out
+    assert "content digest (the step's event and its effects, every field)" in out
     assert "the log and the reducer diverge" in out
 
 

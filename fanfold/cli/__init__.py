@@ -178,8 +178,12 @@ def main() -> NoReturn:
     "interrupted" and 130, like a Ctrl-C during a run. Once the command has finished,
     the stop signals are ignored: a signal arriving during the interpreter's shutdown
     (flushing logs, closing files) would otherwise surface as a traceback or a death by
-    signal after the work was done and reported.
+    signal after the work was done and reported. A command that asked for it
+    (``replay --verify``) ends without the interpreter's teardown (``quick_exit``).
     """
+    from fanfold.cli import quick_exit
+
+    quick_exit.reset()  # a request belongs to this call's command only
     code: Any
     try:
         result = cli.main(standalone_mode=False)
@@ -206,4 +210,6 @@ def main() -> NoReturn:
         code = error.exit_code
     for signum in stop_signals():
         signal.signal(signum, signal.SIG_IGN)
+    if quick_exit.requested() and (code is None or isinstance(code, int)):
+        quick_exit.end(code or 0)
     sys.exit(code)

@@ -185,6 +185,12 @@ def replay_command(
             conversation_id = agent_id(store, conversation_id, path)
             report = replay.verify(store, conversation_id, tree=tree)
             elapsed = time.perf_counter() - started
+        # Nothing is left to do after the report: the script's entry point ends the
+        # process without freeing the tree's states one by one (``quick_exit``); the
+        # report (every conversation's final state) is held until then.
+        from fanfold.cli import quick_exit
+
+        quick_exit.request(report)
         raise SystemExit(_show_report(report, elapsed))
     with _errors(db), open_store(db, read_only=True) as store:
         conversation_id = agent_id(store, conversation_id, path)

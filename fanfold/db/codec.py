@@ -301,6 +301,17 @@ class _Memo:
             self.entries.clear()
             self.size = 0
 
+    def drop_added(self, count: int) -> None:
+        """Drop the entries added after the memo held ``count`` (a dict pops its last
+        inserted entry first). A race with another thread at worst drops its entry,
+        which is then encoded again."""
+        entries = self.entries
+        while len(entries) > count:
+            try:
+                self.size -= len(entries.popitem()[1][1])
+            except KeyError:
+                return
+
 
 _memo = _Memo(_MEMO_LIMIT)
 _compact_memo = _Memo(_MEMO_LIMIT // 4)  # the compact texts of the same values
@@ -455,6 +466,35 @@ def _compile_compact_emitter(
     exec(compile(source, f"<fanfold.db.codec {kind} emitter for {name}>", "exec"), namespace)
     emit: _Emitter = namespace["emit"]
     return emit
+
+
+def _compile_field_texts(
+    name: str,
+    names: tuple[str, ...],
+    emitters: tuple[_Emitter, ...],
+    never_stored: dict[str, Any] | None,
+) -> Callable[[Any], list[str]]:
+    """Compile ``obj -> [text of each field]`` for one class (``field_texts``)."""
+    namespace: dict[str, Any] = {}
+    items = []
+    for index, field in enumerate(names):
+        namespace[f"_e{index}"] = emitters[index]
+        items.append(f"_e{index}(o.{field})")
+    source = f"def texts(o):\n    return [{', '.join(items)}]\n"
+    if never_stored:
+        tests = []
+        for index, (field, default) in enumerate(never_stored.items()):
+            namespace[f"_d{index}"] = default
+            tests.append(f"o.{field} == _d{index}")
+        short = items[: len(items) - len(never_stored)]
+        source = (
+            f"def texts(o):\n    if {' and '.join(tests)}:\n"
+            f"        return [{', '.join(short)}]\n"
+            f"    return [{', '.join(items)}]\n"
+        )
+    exec(compile(source, f"<fanfold.db.codec field texts of {name}>", "exec"), namespace)
+    texts: Callable[[Any], list[str]] = namespace["texts"]
+    return texts
 
 
 def _trailing_omitted(names: tuple[str, ...], omitted: dict[str, Any]) -> tuple[str, ...]:
@@ -834,6 +874,7 @@ class _ClassCodec:
         "decoders",
         "document",
         "emit",
+        "field_emitters",
         "hints",
         "keys",
         "name",
@@ -843,6 +884,8 @@ class _ClassCodec:
         "pending",
         "since",
         "stored",
+        "texts",
+        "unstored",
         "untagged",
     )
 
@@ -888,6 +931,10 @@ class _ClassCodec:
         self.decoders: tuple[tuple[str, str, _Decoder], ...] = ()
         self.hints: dict[str, Any] = {}
         self.pending: set[str] = set()  # the emitter slots not compiled yet
+        # The compact emitter of each field, in declaration order, and the compiled
+        # ``field_texts`` (version-7 fingerprints); both made on first use.
+        self.field_emitters: tuple[_Emitter, ...] | None = None
+        self.texts: Callable[[Any], list[str]] = self._build_texts
 
     def build(self, hints: dict[str, Any]) -> None:
         """Make the decoders from the field annotations (which registers every class
@@ -930,6 +977,20 @@ class _ClassCodec:
         setattr(self, slot, emit)
         self.pending.discard(slot)
         return emit
+
+    def compact_field_emitters(self) -> tuple[_Emitter, ...]:
+        """The compact emitter of each field, in declaration order (made once)."""
+        if self.field_emitters is None:
+            compact = self._emitters(True)
+            self.field_emitters = tuple(compact[n] for n in self.names)
+        return self.field_emitters
+
+    def _build_texts(self, value: Any) -> list[str]:
+        texts = _compile_field_texts(
+            self.name, self.names, self.compact_field_emitters(), self._unstored()
+        )
+        self.texts = texts
+        return texts(value)
 
     def _emitters(self, compact: bool) -> dict[str, _Emitter]:
         """Each field's emitter (``compact``: in the compact form)."""
@@ -1493,6 +1554,77 @@ def encode_unversioned(value: Any) -> str:
         raise CodecError(f"cannot encode {type(value).__qualname__}: not an attrs value")
     try:
         return codec.emit(value)
+    except _NonFinite:
+        raise _refuse_non_finite(value) from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CodecError(f"cannot encode {codec.name}: {exc}") from None
+
+
+def field_names(cls: type[Any]) -> tuple[str, ...]:
+    """The fields of a registered attrs class, in declaration order (the order of
+    ``field_texts``)."""
+    return _CODECS[cls].names
+
+
+def effect_class(name: str) -> type[Any] | None:
+    """The effect class named ``name``; None if there is none."""
+    codec = _BY_NAME.get(name)
+    return codec.cls if codec is not None and codec.cls in _EFFECT_CODECS else None
+
+
+def field_emitters(cls: type[Any]) -> tuple[Callable[[Any], str], ...]:
+    """The compact emitters of a registered class's fields, in declaration order: what
+    the compact form writes for each field (memoised tuple fields included)."""
+    return _CODECS[cls].compact_field_emitters()
+
+
+def compact_text(value: Any) -> str:
+    """The compact text of a registered attrs value, its type name first (memoised by
+    identity for ``MEMOISED_TYPES``: the text a compact document holds for it)."""
+    return _emit_compact_object(value)
+
+
+def compact_text_unkept(value: Any) -> str:
+    """``compact_text``, leaving the compact memos as they were: the entries the call
+    added (for ``value`` and the values inside it) are dropped. For a caller that keeps
+    a digest of the text and will not ask for it again (a pending child's roster item:
+    its memoised texts cost a waiting sub-agent ~0.8 KB of heap, issue 21)."""
+    compact, untagged = len(_compact_memo.entries), len(_untagged_memo.entries)
+    text = _emit_compact_object(value)
+    _compact_memo.drop_added(compact)
+    _untagged_memo.drop_added(untagged)
+    return text
+
+
+def compact_emitter(cls: type[Any]) -> Callable[[Any], str]:
+    """The compact emitter of a registered class (its type name first; memoised by
+    identity for ``MEMOISED_TYPES``): what the compact form writes for a value of it."""
+    return _CODECS[cls].compact
+
+
+def compile_field_texts(
+    cls: type[Any], overrides: dict[str, Callable[[Any], str]]
+) -> Callable[[Any], list[str]]:
+    """``field_texts`` for one registered class, compiled, with the fields named in
+    ``overrides`` given by their function instead of their compact text (a digest's
+    text of a large value, kept by identity). Raises what the emitters raise."""
+    codec = _CODECS[cls]
+    pairs = zip(codec.names, codec.compact_field_emitters(), strict=True)
+    emitters = tuple(overrides.get(name, emit) for name, emit in pairs)
+    return _compile_field_texts(codec.name, codec.names, emitters, codec._unstored())
+
+
+def field_texts(value: Any) -> list[str]:
+    """The compact text of each field of an attrs value of the statemachine, in
+    declaration order; its last fields that no stored document has (``NEVER_STORED``)
+    left out at their defaults, as the compact form leaves them (so a field a later
+    schema adds at its default does not change a version-7 fingerprint). For digests:
+    raises CodecError for a value the codec cannot encode."""
+    codec = _CODECS.get(type(value))
+    if codec is None:
+        raise CodecError(f"cannot encode {type(value).__qualname__}: not an attrs value")
+    try:
+        return codec.texts(value)
     except _NonFinite:
         raise _refuse_non_finite(value) from None
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:

@@ -85,7 +85,9 @@ class Step:
     ``user_initiated`` is read at seq 0 only: None means "a root is user-initiated,
     a sub-agent is not". ``tree`` is read at seq 0 of a root only: its provenance
     record, written in the same transaction (None: the tree gets no record, and is
-    never continued by a runtime).
+    never continued by a runtime). ``before``: the state the event was applied to
+    (None at seq 0, or when the writer does not have it): the fingerprint then lists
+    only the state fields the step changed, else every field.
     """
 
     conversation_id: str
@@ -97,6 +99,7 @@ class Step:
     snapshot: bool = False
     user_initiated: bool | None = None
     tree: TreeRecord | None = None
+    before: Conversation | None = None
 
 
 class InTree(Protocol):

@@ -327,14 +327,17 @@ class _Prepared:
         cid, seq = step.conversation_id, step.seq
         try:
             # The events-only log (migration 5): the event alone is stored; its effects
-            # are the reducer's output, which replay re-derives. Their type names go
-            # into the fingerprint's content digest.
+            # are the reducer's output, which replay re-derives; the fingerprint
+            # covers their content.
             kind, payload = type(step.event).__name__, encode_event_compact(step.event, blobs)
+            # Version 7: the effects' whole content and the state fields the step
+            # changed (every field when the step does not carry the state before it).
             mark = step_fingerprint(
                 step.state,
                 payload,
-                [type(effect).__name__ for effect in step.effects],
-                snapshot=step.snapshot and seq > 0,
+                step.effects,
+                step.before,
+                whole=seq > 0 and step.before is None,
             )
             self.event_row = (
                 cid,

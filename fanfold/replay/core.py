@@ -165,7 +165,8 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
         derived = events_only(raw.fingerprint) and not raw.effects
         compared = (
             # The events-only log stores no effects: the recomputed ones are the log's
-            # (their type names are in the fingerprint, compared below).
+            # (the fingerprint covers them: their type names in version 6, their whole
+            # content in version 7; compared below).
             (effects, True, ())
             if derived
             else _compare_effects(cid, seq, raw.effects, effects, after, log.blobs)
@@ -215,6 +216,9 @@ def replay_log(log: RawLog) -> Iterator[Outcome]:
                 raw.payload,
                 [(e.type, e.payload) for e in raw.effects],
                 effect_names=[type(e).__name__ for e in effects],
+                derived=effects,
+                before=state,
+                stepwise=True,
             ),
             recorded_state=recorded_state,
             rowid=raw.rowid,
@@ -252,7 +256,10 @@ def replay_quickly(log: RawLog) -> Conversation | None:
     accepted, the recomputed effects encode to exactly the stored texts, the snapshot
     equals the recomputed state), and a version-5 fingerprint (written since
     2026-11-26) whole at every step: its counters, its content digest and, where it
-    has one (at rest), its whole-state digest. Of an older fingerprint, the phase and
+    has one (at rest), its whole-state digest; a version-7 fingerprint (written since
+    2026-12-07) whole at every step too, so of such a log every field of every step's
+    state and effects is compared here (a difference ends this quick pass, and the
+    careful replay names it). Of an older fingerprint, the phase and
     counters (``fingerprint.summary``) are compared at every step, its whole-state
     digest only after the snapshot's event and the last event. The digest is most of the cost of a
     step (it encodes the state), and a difference in the state that lasts is still
@@ -288,10 +295,24 @@ def replay_quickly(log: RawLog) -> Conversation | None:
                     or event.conversation_id != cid
                 ):
                     return None
-                state, effects = start(event)
+                before, (state, effects) = None, start(event)
             else:
-                state, effects = transition(state, event)
+                before, (state, effects) = state, transition(state, event)
             recorded = raw.effects
+            if " ######" in mark:
+                # Version 7, the events-only log: the content digest covers the event's
+                # text and the recomputed effects' whole content, the state part every
+                # field the step changed.
+                if recorded or (
+                    fingerprint_like(
+                        state, mark, payload, derived=effects, before=before, stepwise=True
+                    )
+                    != mark
+                ):
+                    return None
+                if seq == snapshot_seq and not _same_snapshot(log, state):
+                    return None
+                continue
             if " #####" in mark:
                 # Version 6, the events-only log: no stored effects; the content digest
                 # covers the event's text and the recomputed effects' names.

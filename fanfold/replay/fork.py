@@ -151,7 +151,9 @@ def fork(
         # recorded at seq 1 in the same transaction as the fork.
         edited, edit_effects = transition(forked, ForkEdited(edit))
         assert edit_effects == ()  # at rest: nothing to re-issue, nothing to run
-        written.append(Step(fork_id, 1, ForkEdited(edit), (), edited, stamp, snapshot=True))
+        written.append(
+            Step(fork_id, 1, ForkEdited(edit), (), edited, stamp, snapshot=True, before=forked)
+        )
     store.append(written)
     return fork_id
 

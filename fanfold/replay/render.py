@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 
 from fanfold.db.codec import encode
+from fanfold.db.fingerprint import differences as fingerprint_differences
+from fanfold.db.fingerprint import version as fingerprint_version
 from fanfold.statemachine import (
     AbortCall,
     AwaitingSubAgents,
@@ -316,7 +318,13 @@ def summary(state: Conversation) -> str:
 
 
 def fingerprint_diff(recorded: str, recomputed: str) -> list[str]:
-    """Lines naming what differs between two state fingerprints."""
+    """Lines naming what differs between two state fingerprints: for version 7, each
+    counter, state field and effect field (``fingerprint.differences``)."""
+    if fingerprint_version(recorded) == 7:
+        return fingerprint_differences(recorded, recomputed) or [
+            f"recorded   {recorded}",
+            f"recomputed {recomputed}",
+        ]
     old, new = recorded.split(), recomputed.split()
     if len(old) != len(new) or not old:
         return [f"recorded   {recorded}", f"recomputed {recomputed}"]

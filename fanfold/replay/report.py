@@ -6,6 +6,8 @@ import enum
 
 import attrs
 
+from fanfold.db.fingerprint import differences as fingerprint_differences
+from fanfold.db.fingerprint import version as fingerprint_version
 from fanfold.replay import render
 from fanfold.statemachine import Conversation, Effect, Event
 
@@ -139,10 +141,18 @@ class Divergence:
             what.append("state fingerprint")
         if self.recorded_state is not None and self.recorded_state != self.after_state:
             what.append("state snapshot")
+        named = ""
+        if not self.fingerprint_matches and fingerprint_version(self.recorded_fingerprint) == 7:
+            # Version 7 names what differs: the first counter, state field or effect
+            # field (in that order), and how many more.
+            found = fingerprint_differences(self.recorded_fingerprint, self.recomputed_fingerprint)
+            if found:
+                more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+                named = f"; first: {found[0]}{more}"
         return (
             f"conversation {self.conversation_id}, seq {self.seq} "
             f"({type(self.event).__name__}): recorded and recomputed "
-            f"{' and '.join(what) or 'values'} differ"
+            f"{' and '.join(what) or 'values'} differ{named}"
         )
 
     def diff(self) -> str:

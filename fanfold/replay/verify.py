@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from fanfold.db import RawLog, Store
+from fanfold.db.fingerprint import texts_kept
 from fanfold.replay.core import replay_log, replay_quickly, subtree_logs
 from fanfold.replay.report import (
     ConversationResult,
@@ -37,7 +38,9 @@ def verify(store: Store, conversation_id: str, *, tree: bool = False) -> VerifyR
     """
     store.check_committed()
     logs = subtree_logs(store, conversation_id) if tree else [store.raw_log(conversation_id)]
-    results = tuple(_verify_one(log) for log in logs)
+    # A replay keeps a pending child's texts for its finished item (see ``texts_kept``).
+    with texts_kept():
+        results = tuple(_verify_one(log) for log in logs)
     if any(r.divergence is not None for r in results):
         results = _damage_explains(store, results)
     return VerifyReport(conversation_id=conversation_id, tree=tree, results=results)

@@ -398,6 +398,7 @@ class Actor:
             else:
                 submission = None
                 event = item
+            previous = state
             try:
                 state, effects = transition(state, event)
             except IllegalTransition as exc:
@@ -423,7 +424,19 @@ class Actor:
             rest = state.at_rest
             if rest:
                 snapshot = True
-            steps.append(Step(conversation_id, seq, event, effects, state, now(), snapshot, False))
+            steps.append(
+                Step(
+                    conversation_id,
+                    seq,
+                    event,
+                    effects,
+                    state,
+                    now(),
+                    snapshot,
+                    False,
+                    before=previous,
+                )
+            )
             rests.append(rest)
         if steps:
             self._head, self._head_seq = state, seq

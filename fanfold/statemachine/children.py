@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import enum
+import functools
+import operator
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any, Generic, TypeVar, overload
 
 import attrs
@@ -161,6 +164,7 @@ class Summary:
 Item = TypeVar("Item", "PendingChild", "FinishedChild")
 
 _CHUNK = 64  # items per chunk of a _Chunked vector
+_NOT_NONE = functools.partial(operator.is_not, None)
 
 
 _T = TypeVar("_T")
@@ -270,6 +274,21 @@ class Roster(Generic[Item]):
         new._started = started
         new._base = base
         return new
+
+    def as_tuple(self) -> tuple[Item, ...]:
+        """The items in order, holes left out, as one tuple built in C (iterating a
+        Roster runs a generator in Python: a fingerprint reads its items every step)."""
+        flat = tuple(chain.from_iterable(self._items._chunks))
+        if self._live == len(flat):
+            return flat  # type: ignore[return-value]
+        return tuple(filter(_NOT_NONE, flat))  # type: ignore[arg-type]
+
+    def chunks(self) -> tuple[tuple[Item | None, ...], ...]:
+        """The items as the roster keeps them: chunks of up to 64, a dropped item a hole
+        (None). A chunk is the same object from one roster to the next while no item of
+        it changes (a fingerprint keeps each chunk's digest by identity); how items are
+        chunked depends on the roster's history, not only on its items."""
+        return self._items._chunks
 
     # ------------------------------------------------------------- the sequence
 
