@@ -3,7 +3,7 @@
 The fan-out of ``python -m bench`` (durable log on a file, default logging, CPU clock)
 runs once with ``gc.callbacks`` timing every collection in the event loop's thread;
 ``--threshold`` sets the runtime's young-generation threshold for the run
-(``fanfold.runtime.runtime.GC_TUNED_THRESHOLD``), to compare policies side by side.
+(``fanfold.runtime.collector.GC_TUNED_THRESHOLD``), to compare policies side by side.
 
 Run: ``.venv/bin/python bench/bench_gc.py [--n 10000] [--threshold 100000]``
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-import fanfold.runtime.runtime as runtime_module
+import fanfold.runtime.collector as collector_module
 from bench.cpuclock import CpuClock
 from bench.workload import default_logging, fanfold_fanout
 
@@ -27,7 +27,7 @@ from bench.workload import default_logging, fanfold_fanout
 def measure(n: int, threshold: int | None = None) -> dict[str, Any]:
     """Per generation: collections, CPU seconds and CPU per logged step."""
     if threshold is not None:
-        runtime_module.GC_TUNED_THRESHOLD = threshold
+        collector_module.GC_TUNED_THRESHOLD = threshold
     counts = [0, 0, 0]
     seconds = [0.0, 0.0, 0.0]
     started = [0.0]
@@ -50,7 +50,7 @@ def measure(n: int, threshold: int | None = None) -> dict[str, Any]:
             gc.callbacks.remove(timed)
     return {
         "n": n,
-        "threshold": runtime_module.GC_TUNED_THRESHOLD,
+        "threshold": collector_module.GC_TUNED_THRESHOLD,
         "steps": run.steps,
         "collections": counts,
         "seconds": seconds,

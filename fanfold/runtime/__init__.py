@@ -11,38 +11,38 @@ if TYPE_CHECKING:
     from fanfold.runtime.actor import NotRunning, tree_path
     from fanfold.runtime.host import StepObserver
     from fanfold.runtime.presence import DatabaseInUse
-    from fanfold.runtime.runtime import (
+    from fanfold.runtime.results import (
         MessageTooLong,
         MissingTools,
         NotAtRest,
         ResumePlan,
-        Runtime,
         SkippedTree,
         TreeNode,
         TreeStep,
         TurnResult,
-        resume_plan,
     )
+    from fanfold.runtime.resuming import resume_plan
+    from fanfold.runtime.runtime import Runtime
     from fanfold.runtime.writer import TreeDropped
 
 _MODULES = {
     "DatabaseInUse": "fanfold.runtime.presence",
-    "MissingTools": "fanfold.runtime.runtime",
-    "MessageTooLong": "fanfold.runtime.runtime",
-    "NotAtRest": "fanfold.runtime.runtime",
+    "MissingTools": "fanfold.runtime.results",
+    "MessageTooLong": "fanfold.runtime.results",
+    "NotAtRest": "fanfold.runtime.results",
     "NotRunning": "fanfold.runtime.actor",
-    "ResumePlan": "fanfold.runtime.runtime",
+    "ResumePlan": "fanfold.runtime.results",
     "Runtime": "fanfold.runtime.runtime",
-    "SkippedTree": "fanfold.runtime.runtime",
+    "SkippedTree": "fanfold.runtime.results",
     "StepObserver": "fanfold.runtime.host",
     "TreeDropped": "fanfold.runtime.writer",
-    "TreeNode": "fanfold.runtime.runtime",
-    "TreeStep": "fanfold.runtime.runtime",
-    "TurnResult": "fanfold.runtime.runtime",
+    "TreeNode": "fanfold.runtime.results",
+    "TreeStep": "fanfold.runtime.results",
+    "TurnResult": "fanfold.runtime.results",
     "UnknownConversation": "fanfold.db",
     "UntrustedTree": "fanfold.db.provenance",
     "UserKey": "fanfold.db.provenance",
-    "resume_plan": "fanfold.runtime.runtime",
+    "resume_plan": "fanfold.runtime.resuming",
     "tree_path": "fanfold.runtime.actor",
 }
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import gc
 import heapq
 import os
 import re
@@ -12,7 +10,6 @@ import sqlite3
 import time
 import uuid
 from collections.abc import (
-    AsyncGenerator,
     AsyncIterator,
     Callable,
     Iterable,
@@ -30,7 +27,6 @@ import trio
 from fanfold.db import (
     ConversationRow,
     DatabaseError,
-    LogUnavailable,
     Step,
     Store,
     StoreClosed,
@@ -46,26 +42,20 @@ from fanfold.db.fingerprint import clear_cache as clear_fingerprint_cache
 from fanfold.db.provenance import Origin, TreeRecord, UntrustedTree, UserKey, refusal
 from fanfold.providers.base import Provider, StreamProgress
 from fanfold.providers.description import ProviderDescription
+from fanfold.runtime import collector
 from fanfold.runtime.actor import Actor, NotRunning
 from fanfold.runtime.approvals import (
-    ANSWER,
-    CLOSED_BEFORE,
-    DENY,
-    GRANT,
-    Decision,
     Decisions,
     MemoryDecisions,
     PendingRequest,
-    RequestClosed,
-    UnknownRequest,
-    check_decision,
-    closed_why,
     decisions_of,
     open_request,
-    split_request_id,
-    stale_mark,
 )
 from fanfold.runtime.calls import Calls, Gate
+from fanfold.runtime.collector import GC_POLICIES as GC_POLICIES
+from fanfold.runtime.collector import GC_TUNED_THRESHOLD as GC_TUNED_THRESHOLD
+from fanfold.runtime.collector import GC_YOUNG_PER_CONVERSATION as GC_YOUNG_PER_CONVERSATION
+from fanfold.runtime.deciding import Deciding
 from fanfold.runtime.engine import Engine
 from fanfold.runtime.host import StepObserver
 from fanfold.runtime.logging import flush as flush_log_lines
@@ -73,6 +63,25 @@ from fanfold.runtime.logging import library_logger
 from fanfold.runtime.placement import Placement, PlacementSettings, Placer
 from fanfold.runtime.presence import DatabaseInUse, Held, Presence
 from fanfold.runtime.progress_rows import ProgressRows
+from fanfold.runtime.results import MessageTooLong as MessageTooLong
+from fanfold.runtime.results import MissingTools as MissingTools
+from fanfold.runtime.results import NotAtRest as NotAtRest
+from fanfold.runtime.results import ParkedTree as ParkedTree
+from fanfold.runtime.results import ResumePlan as ResumePlan
+from fanfold.runtime.results import SkippedTree as SkippedTree
+from fanfold.runtime.results import TreeNode as TreeNode
+from fanfold.runtime.results import TreeStep as TreeStep
+from fanfold.runtime.results import TurnResult as TurnResult
+from fanfold.runtime.results import check_message, missing_reason
+from fanfold.runtime.resuming import (
+    clock_set_back,
+    environment_failure,
+    one_line,
+    pending_edit,
+    timer_starts,
+    units_of,
+)
+from fanfold.runtime.resuming import resume_plan as resume_plan
 from fanfold.runtime.timers import Timers
 from fanfold.runtime.writer import LogWriter, TreeDropped
 from fanfold.statemachine import (
@@ -80,9 +89,6 @@ from fanfold.statemachine import (
     WORDING,
     ApprovalDenied,
     ApprovalGranted,
-    AwaitingRetry,
-    AwaitingSubAgents,
-    CancellingSubAgents,
     CancelReason,
     CancelRequested,
     Conversation,
@@ -94,8 +100,6 @@ from fanfold.statemachine import (
     ForkEdited,
     IllegalTransition,
     Limits,
-    LlmRequesting,
-    Phase,
     RuntimeResumed,
     SpawnSubAgent,
     SubAgentFinished,
@@ -103,16 +107,13 @@ from fanfold.statemachine import (
     ToolExecuting,
     ToolResult,
     ToolsChanged,
-    TurnOutcome,
     UserAnswered,
     UserMessaged,
-    canonical_json,
     spawn_order,
     start,
     transition,
 )
 from fanfold.statemachine.agent_defs import AgentDefinition, with_own_tools, without_scoped
-from fanfold.statemachine.control_tools import MAX_TASK_CHARS
 from fanfold.statemachine.delegation import capped_limits, child_setup
 from fanfold.statemachine.permissions import Permissions, RuleSet, parse_rule
 from fanfold.statemachine.state import tree_path
@@ -121,6 +122,10 @@ from fanfold.tools.paths import inspect_workdir, outside_project
 from fanfold.tools.registry import ToolSet, unsupplied
 from fanfold.tools.secrets import NO_REDACTION, EnvPolicy
 from fanfold.tools.tool import Tool
+
+# The ``X as X`` imports above keep names importable from this module as they were
+# before they had modules of their own: the collector's policy (``collector``), the
+# API's values and errors (``results``) and ``resume_plan`` (``resuming``).
 
 # Snapshots: a conversation's full state is stored whenever it comes to rest, and
 # otherwise once the events logged since its last snapshot take more bytes than that
@@ -133,227 +138,11 @@ from fanfold.tools.tool import Tool
 _INFO = 20  # logging.INFO
 _DEBUG = 10  # logging.DEBUG
 
-GC_POLICIES = ("tuned", "untouched")
 # A caller-chosen root id (``start(conversation_id=...)``): it names files nowhere, but
 # is printed, typed back by users, and used as a DBOS workflow id.
 _ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-GC_TUNED_THRESHOLD = 100_000
-"""The first generation's threshold while a "tuned" runtime is open (CPython's
-default is 700): a step allocates a few hundred container objects, almost all of
-them still alive when a young collection runs (states, events, effects kept in the
-actor and the writer's batch), so frequent young collections mostly scan survivors.
-100,000 rather than 10,000 (2026-11-26): a parent's state holds tuples of all its
-children, a new one per child outcome, and every round's states stay alive until
-its commit; each young and middle collection walked them again (at N = 10000, 245
-young and 22 middle collections took 3.0 s of a 16 s fan-out; with 100,000, 1.5 s;
-at N = 1000, 9 -> 4 us per step). Only cyclic garbage waits longer for it."""
-
-GC_YOUNG_PER_CONVERSATION = 100
-"""While more than ``GC_TUNED_THRESHOLD / GC_YOUNG_PER_CONVERSATION`` conversations are
-loaded (in all "tuned" runtimes of the process), the young threshold is this many
-containers per loaded conversation. A round of the engine can hold a step of every
-loaded conversation, each with its new state, event, effects and log rows (about 100
-containers, alive until the round's commit), so at a fixed threshold the number of
-young collections per step grew with N: at N = 10,000, 41 young collections of about
-100,000 survivors each, 8-10 us per step, where N = 1,000 had none (2026-11-28,
-issue 21, ``bench/bench_gc.py``). Scaled with what is loaded, a round's objects no
-longer fill the young generation, and the collector's work per step stays flat. Cyclic
-garbage (rare: most is freed by reference counting) then waits for up to this many
-containers per conversation, in proportion to the live heap, as a collector that runs
-when the heap grew by a fraction does; once nothing is loaded the threshold is
-``GC_TUNED_THRESHOLD`` again, and what waited is collected then."""
-
-# The thresholds before the first "tuned" runtime opened, and how many are open: the
-# last to close restores them (runtimes may be open at once, nested or side by side).
-_gc_saved: tuple[int, int, int] | None = None
-_gc_open = 0
-_gc_frozen = False
-# Conversations loaded in the "tuned" runtimes open, and the young threshold set now.
-_gc_loaded = 0
-_gc_young = GC_TUNED_THRESHOLD
-
-
-def _gc_loaded_changed(delta: int) -> None:
-    """``delta`` more (or fewer) conversations are loaded in a tuned runtime: scale the
-    young threshold with the most loaded at once (``GC_YOUNG_PER_CONVERSATION``). It
-    grows in steps of at least a quarter (not set at every load) and goes back to
-    ``GC_TUNED_THRESHOLD`` only once nothing is loaded: while a fan-out's children
-    end one by one, what they made is still alive (the parent's outcomes, the log's
-    rows), and a threshold that shrank with them collected it again (measured: a young
-    collection of 120 ms at the end of a 10,000-child fan-out)."""
-    global _gc_loaded, _gc_young
-    _gc_loaded += delta
-    if _gc_saved is None:
-        return
-    wanted = max(GC_TUNED_THRESHOLD, GC_YOUNG_PER_CONVERSATION * _gc_loaded)
-    if wanted > _gc_young:
-        young = max(wanted, _gc_young + _gc_young // 4)
-    elif not _gc_loaded and _gc_young != GC_TUNED_THRESHOLD:
-        young = GC_TUNED_THRESHOLD
-    else:
-        return
-    _gc_young = young
-    gc.set_threshold(young, *_gc_saved[1:])
-
-
-def _tune_collector() -> None:
-    global _gc_saved, _gc_open, _gc_frozen, _gc_young
-    if _gc_open == 0:
-        _gc_saved = gc.get_threshold()
-        _gc_young = GC_TUNED_THRESHOLD
-        gc.set_threshold(GC_TUNED_THRESHOLD, *_gc_saved[1:])
-    _gc_open += 1
-    if not _gc_frozen:
-        # Once per process: what is alive at the first open (imported modules, the
-        # configuration, the tool registry) lives as long as the process; moving it to
-        # the permanent generation spares every full collection a scan of it.
-        _gc_frozen = True
-        gc.collect()
-        gc.freeze()
-
-
-def _untune_collector() -> None:
-    global _gc_saved, _gc_open
-    _gc_open -= 1
-    if _gc_open == 0 and _gc_saved is not None:
-        gc.set_threshold(*_gc_saved)
-        _gc_saved = None
-
 
 Observer = Callable[[Conversation, Conversation, Event, tuple[Effect, ...]], None]
-
-
-# SQLite result codes of a failing environment rather than a damaged log: they stop
-# ``resume`` instead of skipping a tree (busy, locked, I/O error, disk full, read-only).
-_ENVIRONMENT_CODES = frozenset({5, 6, 8, 10, 13})
-
-
-def _environment_failure(exc: BaseException) -> bool:
-    if isinstance(exc, LogUnavailable):
-        return True  # a PostgreSQL log's server or connection, not the tree's log
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(code, int) and (code & 0xFF) in _ENVIRONMENT_CODES
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-@attrs.frozen
-class ParkedTree:
-    """A tree ``Runtime.unload_tree`` let go while it waits for people."""
-
-    root_id: str
-    requests: tuple[str, ...]
-    """The ids of its open requests."""
-    due: float | None
-    """When its earliest timer (a time limit, an approval timeout) is due, in seconds
-    since the epoch (the runtime's clock); None: no timer."""
-
-
-class NotAtRest(ValueError):
-    """The conversation has work in flight; ``resume()`` it instead of attaching."""
-
-
-class MessageTooLong(ValueError):
-    """A user message (``start``'s task, ``send``'s text) longer than
-    ``MAX_TASK_CHARS`` (1,000,000 characters), the limit a model's ``delegate_task``
-    and ``spawn_agents`` tasks have: refused before anything is recorded (issue 33.9:
-    a 50 MB task grew the log by 420 MB)."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-        super().__init__(
-            f"the message is too long ({length:,} characters, at most {MAX_TASK_CHARS:,})"
-        )
-
-
-def _check_message(text: str) -> None:
-    if len(text) > MAX_TASK_CHARS:
-        raise MessageTooLong(len(text))
-
-
-class MissingTools(ValueError):
-    """The tree recorded Python function tools this runtime's tool runner does not
-    have: continued, every call of one would get an "unknown tool" error result.
-    ``root_id`` is the tree, ``names`` the tools (in recorded order). Raised, before
-    anything is recorded, by ``resume(roots=...)``, ``send`` and ``attach``; a plain
-    ``resume()`` skips such a tree instead (``resume_plan``). Open the runtime with
-    the tools the tree was started with."""
-
-    def __init__(self, root_id: str, names: Sequence[str]) -> None:
-        self.root_id = root_id
-        self.names = tuple(names)
-        super().__init__(f"tree {root_id}: {_missing_reason(self.names)}")
-
-
-def _missing_reason(names: Sequence[str]) -> str:
-    listed = ", ".join(repr(n) for n in names)
-    return (
-        f"it recorded Python tool(s) {listed} that this runtime's tools do not include: "
-        "open the runtime with the tools the tree was started with"
-    )
-
-
-@attrs.frozen
-class TurnResult:
-    """How a root's turn or a sub-agent's life ended.
-
-    ``outcome`` is the ``TurnOutcome`` of the latest finished turn (a ``StrEnum``, so
-    ``result.outcome == "answered"`` still holds), or None for a conversation at rest
-    that has finished no turn yet (a fork of a root at rest, before its first message).
-    ``text`` is that turn's answer or error ("" with no turn); ``phase`` the name of
-    the conversation's phase."""
-
-    conversation_id: str
-    outcome: TurnOutcome | None
-    text: str
-    phase: str
-
-
-@attrs.frozen
-class SkippedTree:
-    """An unfinished tree ``resume`` leaves alone, and why (see ``fanfold.db.provenance``)."""
-
-    root_id: str
-    reason: str
-
-
-@attrs.frozen
-class ResumePlan:
-    """The unfinished trees of the log: the roots ``resume`` continues, and the trees it
-    skips (imported, copied, edited or unmarked: inert records)."""
-
-    roots: tuple[str, ...]
-    skipped: tuple[SkippedTree, ...]
-
-
-@attrs.frozen
-class TreeNode:
-    """One conversation of a tree with its children, for displays."""
-
-    state: Conversation
-    children: tuple[TreeNode, ...]
-
-
-@attrs.frozen
-class TreeStep:
-    """One committed step of a tree, as ``Runtime.events`` yields it.
-
-    ``path`` is the conversation's place (``root``, ``root/1/2``); ``event`` and
-    ``effects`` are what the log holds at ``seq``; ``at`` its logged time. ``phase``
-    is the conversation's phase after the step, folded by the reducer from its seq
-    0, or None from a step today's reducer does not reproduce on (a log of an older
-    fanfold: the event itself is still given)."""
-
-    conversation_id: str
-    path: str
-    seq: int
-    event: Event
-    effects: tuple[Effect, ...]
-    phase: Phase | None
-    at: float
-
 
 EVENTS_PAGE = 512
 """The most steps ``Runtime.events`` reads from the log at once (see there)."""
@@ -385,27 +174,7 @@ def _runner(tools: ToolRunner | Iterable[Tool | Callable[..., Any]]) -> ToolRunn
     return ToolSet(tools)
 
 
-def resume_plan(store: Store, key: UserKey) -> ResumePlan:
-    """Which unfinished trees of ``store`` a runtime holding ``key`` may continue, and
-    which it must skip, and why.
-
-    A tree is continued only if its provenance mark verifies with this user's key:
-    every other one (imported, copied from another user or machine, edited, or
-    written before marks existed) is an inert record, since resuming it would run
-    whatever its log says is in flight (a bash command, say) with no model involved.
-    """
-    roots: list[str] = []
-    skipped: list[SkippedTree] = []
-    for root_id in dict.fromkeys(row.root_id for row in store.unfinished()):
-        reason = refusal(store.tree_record(root_id), key, store.instance_id, root_id)
-        if reason is None:
-            roots.append(root_id)
-        else:
-            skipped.append(SkippedTree(root_id, reason))
-    return ResumePlan(tuple(roots), tuple(skipped))
-
-
-class Runtime:
+class Runtime(Deciding):
     """Runs conversations. Open it with ``Runtime.open(...)`` as an async context manager.
 
     Every event is persisted (with the effects it produced) before any of those effects
@@ -663,7 +432,7 @@ class Runtime:
         runtime: Runtime | None = None
         tuned = gc_policy == "tuned"
         if tuned:
-            _tune_collector()
+            collector.tune()
         try:
             if postgres:
                 # A PostgresStore's advisory lock (``PgPresence``): no file to lock.
@@ -712,9 +481,9 @@ class Runtime:
             flush_log_lines()
             if tuned:
                 if runtime is not None:  # what it still had loaded is no longer counted
-                    _gc_loaded_changed(-runtime._gc_counted)
+                    collector.loaded_changed(-runtime._gc_counted)
                     runtime._gc_counted = 0
-                _untune_collector()
+                collector.untune()
             if presence is not None:
                 presence.close()
             if runtime is not None:
@@ -768,7 +537,7 @@ class Runtime:
         Returns once the message is in the log; use ``wait`` for the answer. A message
         longer than ``MAX_TASK_CHARS``: MessageTooLong (a ValueError), nothing recorded.
         """
-        _check_message(text)
+        check_message(text)
         ask_rules = []
         for written in ask:
             rule = parse_rule(written)
@@ -892,7 +661,7 @@ class Runtime:
         provider description is recorded as the one the tree now runs on. A text
         longer than ``MAX_TASK_CHARS``: MessageTooLong, nothing recorded.
         """
-        _check_message(text)
+        check_message(text)
         if conversation_id not in self._actors:
             self.attach(conversation_id)
         actor = self._actor(conversation_id)
@@ -1114,7 +883,7 @@ class Runtime:
         for root_id in plan.roots:
             missing = self._missing_tools(root_id)
             if missing:
-                skipped.append(SkippedTree(root_id, _missing_reason(missing)))
+                skipped.append(SkippedTree(root_id, missing_reason(missing)))
             else:
                 roots.append(root_id)
         return ResumePlan(tuple(roots), tuple(skipped))
@@ -1200,15 +969,15 @@ class Runtime:
         damaged: list[SkippedTree] = []
         for root_id, tree_rows in by_root.items():
             try:
-                back = self._clock_set_back(root_id)
+                back = clock_set_back(self.store, root_id, self.now)
                 rebuilt = [
-                    (row, self.store.load_state(row.id), self._timer_starts(row.id, back))
+                    (row, self.store.load_state(row.id), timer_starts(self.store, row.id, back))
                     for row in tree_rows
                 ]
             except (DatabaseError, sqlite3.DatabaseError) as exc:
-                if _environment_failure(exc):
+                if environment_failure(exc):
                     raise
-                skip = SkippedTree(root_id, f"its log cannot be rebuilt: {_one_line(exc)}")
+                skip = SkippedTree(root_id, f"its log cannot be rebuilt: {one_line(exc)}")
                 self.logger.warning("resume_damaged", root_id=root_id, reason=skip.reason)
                 damaged.append(skip)
                 continue
@@ -1220,42 +989,6 @@ class Runtime:
                 self.store.record_provider(root_id, description)
         return self._launch_loaded(loaded)
 
-    def _clock_set_back(self, root_id: str) -> float:
-        """How far this runtime's clock reads earlier than the latest time tree
-        ``root_id``'s log holds (0: not earlier).
-
-        A resumed timer that counts downtime (a time limit, a back-off) keeps what it
-        ran before the restart: ``now - started``, ``started`` being the ``at`` of the
-        step that first started it. A wall clock set back while the tree was down makes
-        that negative, and the limit would start over (issue 32.12). Downtime is never
-        negative: a clock that reads earlier than the log's latest step is taken as
-        reading that step's time, so the timer keeps what the log shows it ran, and the
-        downtime counts as none. A clock set forward cannot be told from real downtime
-        (the log holds no clock of its own): it counts as downtime. See DESIGN.md, "The
-        runtime", on restarts and time limits."""
-        latest = max((row.updated_at for row in self.store.tree(root_id)), default=0.0)
-        return max(0.0, latest - self.now())
-
-    def _timer_starts(self, conversation_id: str, back: float) -> dict[int, float]:
-        """``store.timer_starts``, moved ``back`` seconds earlier: the clock was set
-        back that far (``_clock_set_back``), so measured against it each timer has run
-        what it ran until the log's latest step, and from now on what the clock says."""
-        starts = self.store.timer_starts(conversation_id)
-        if not back:
-            return starts
-        return {number: at - back for number, at in starts.items()}
-
-    def _pending_edit(self, row: ConversationRow) -> ForkEdited | None:
-        """The edit a fork's conversation still at its seq 0 was written with (its
-        ``ConversationForked``), to deliver in place of its RuntimeResumed."""
-        if row.forked_from is None or row.last_seq != 0:
-            return None
-        (first,) = self.store.events(row.id, limit=1)
-        event = first.event
-        if isinstance(event, ConversationForked) and event.edit is not None:
-            return ForkEdited(event.edit)
-        return None
-
     def _launch_loaded(
         self, loaded: list[tuple[ConversationRow, Conversation, dict[int, float]]]
     ) -> list[str]:
@@ -1264,7 +997,7 @@ class Runtime:
         first: set[str] = set()  # a fork's conversations going on for the first time
         context = contextvars.copy_context()  # one for all: they share call workers
         for row, state, started in loaded:
-            pending = self._pending_edit(row)
+            pending = pending_edit(self.store, row)
             if pending is not None:
                 edits[row.id] = pending
             if row.last_seq == 0 and (row.forked_from is not None or row.forked_at_seq is not None):
@@ -1310,7 +1043,7 @@ class Runtime:
         placements = self.store.placements(root_id)
         if not placements:
             return rows
-        units = self._units_of(rows, placements)
+        units = units_of(self.store, rows, placements)
         if self.placement is not None:
             self.placement.placed_before(placements)
             return [row for row in rows if row.id not in units]
@@ -1319,23 +1052,6 @@ class Runtime:
         self.store.units.update(placements)
         self.store.units.update(units)
         return rows
-
-    def _units_of(
-        self, rows: Sequence[ConversationRow], placements: Mapping[str, str]
-    ) -> dict[str, str]:
-        """The chunk of each of ``rows`` that is a placed child or descends from one."""
-        parents = {row.id: row.parent_id for row in rows}
-        units: dict[str, str] = {}
-        for row in rows:
-            at: str | None = row.id
-            while at is not None:
-                if at in placements:
-                    units[row.id] = placements[at]
-                    break
-                if at not in parents:  # an ancestor at rest: read its row once
-                    parents[at] = self.store.conversation(at).parent_id
-                at = parents[at]
-        return units
 
     async def resume_unit(self, root_id: str, chunk: str, children: Sequence[str]) -> list[str]:
         """Resume the unfinished conversations of tree ``root_id`` that chunk
@@ -1353,13 +1069,14 @@ class Runtime:
             if row.root_id == root_id and row.id not in self._actors
         ]
         placements = self.store.placements(root_id)
-        units = self._units_of(rows, placements)
+        units = units_of(self.store, rows, placements)
         mine = [row for row in rows if units.get(row.id) == chunk]
         for row in mine:
             self.store.units[row.id] = chunk
-        back = self._clock_set_back(root_id)
+        back = clock_set_back(self.store, root_id, self.now)
         loaded = [
-            (row, self.store.load_state(row.id), self._timer_starts(row.id, back)) for row in mine
+            (row, self.store.load_state(row.id), timer_starts(self.store, row.id, back))
+            for row in mine
         ]
         return self._launch_loaded(loaded)
 
@@ -1646,7 +1363,7 @@ class Runtime:
         for actor in dropped:
             actor.drop(taken)
         self.logger.warning(
-            "tree_dropped", root_id=unit, conversations=len(dropped), reason=_one_line(taken)
+            "tree_dropped", root_id=unit, conversations=len(dropped), reason=one_line(taken)
         )
 
     def _loaded_changed(self) -> None:
@@ -1654,7 +1371,7 @@ class Runtime:
         young threshold follows how many are loaded (``GC_YOUNG_PER_CONVERSATION``)."""
         if self._gc_tuned:
             loaded = len(self._actors)
-            _gc_loaded_changed(loaded - self._gc_counted)
+            collector.loaded_changed(loaded - self._gc_counted)
             self._gc_counted = loaded
 
     def observe(
@@ -1671,228 +1388,6 @@ class Runtime:
                     self._closed_without_decision(closed, after)
         if self._observer is not None:
             self._observer(before, after, event, effects)
-
-    # ---------------------------------------------------------------- a human in the loop
-
-    def request_opened(self, state: Conversation) -> None:
-        """A conversation's call waits for a person (its RequestApproval or AskUser
-        effect, first issued or re-issued by a restart): show it, and read the
-        decisions table for it."""
-        request = open_request(state, self.now())
-        if request is None or request.id in self._open_requests:
-            return
-        self._open_requests[request.id] = request
-        for channel in list(self._request_watchers):
-            try:
-                channel.send_nowait(request)
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                self._request_watchers.remove(channel)
-        if not self._polling:
-            self._polling = True
-            self._nursery.start_soon(self._poll_decisions)
-
-    def _closed_without_decision(self, request: PendingRequest, after: Conversation) -> None:
-        """``request`` closed without a decision (a cancel, its approval timeout, a
-        fork's edit): a decision row written for it that this runtime has not taken
-        (written just before the close, after the last poll) would stay ``new`` for
-        ever; it is marked stale with the reason, after the close's commit. A row
-        written after this mark is settled by its writer (``approvals.settle``): one
-        of the two always sees the other."""
-        why = closed_why(after, request.tool_call_id)
-        self._closed_why[request.id] = why
-        if len(self._closed_why) > 1000:  # only the latest matter (a racing decision)
-            del self._closed_why[next(iter(self._closed_why))]
-        self._unmarked[request.id] = stale_mark(why)
-        self._nursery.start_soon(self._mark_closed, request.id)
-
-    async def _mark_closed(self, request: str) -> None:
-        mark = self._unmarked.get(request)
-        if mark is not None:
-            await trio.to_thread.run_sync(self.decisions.mark_new, request, mark)
-            self._unmarked.pop(request, None)
-
-    def _flush_closed_marks(self) -> None:
-        """The stale marks a closing runtime had not written yet (its nursery was
-        cancelled first): written now, so none is lost to a run that stops at once."""
-        for request, mark in list(self._unmarked.items()):
-            with contextlib.suppress(Exception):  # a closing runtime reports nothing more
-                self.decisions.mark_new(request, mark)
-        self._unmarked.clear()
-
-    def waiting_for_people(self, root_id: str) -> bool:
-        """Whether tree ``root_id`` can go on only after a person's decision: it has an
-        open request, and no conversation of it loaded here has work of its own in
-        flight (a model call, a retry, a running tool, a cancel) or events queued.
-        ``fanfold run --no-wait`` stops there (and ``resume`` too)."""
-        if not any(r.tree == root_id for r in self._open_requests.values()):
-            return False
-        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
-        for actor in tree:
-            if actor.queued or actor.has_inbox:
-                return False
-            phase = actor.state.phase
-            match phase:
-                case ToolExecuting(asking=None) | LlmRequesting() | AwaitingRetry():
-                    return False
-                case CancellingSubAgents():
-                    return False
-                case AwaitingSubAgents(children=children) if children.summary is not None:
-                    return False
-        return True
-
-    def unload_tree(self, root_id: str) -> ParkedTree | None:
-        """Forget tree ``root_id`` while it waits only for people (``waiting_for_people``),
-        so that waiting costs this runtime nothing; None (and nothing changed) if it does
-        not wait only for people, a decision of it is being applied, or children of it
-        run in chunks elsewhere (``placement.py``: their outcomes come to it here).
-
-        Its conversations' timers are stopped and their open requests dropped from
-        ``pending``; the log holds the tree as it was (``running``, its requests open).
-        ``resume([root_id], ...)`` takes it back: ``RuntimeResumed`` re-issues each
-        request and timer (a time limit or approval timeout keeping its first start:
-        downtime counts). The result names the requests (a decision written for one
-        is the reason to resume it) and the earliest timer deadline, on this runtime's
-        clock (``now``): resume it then, and what was due fires (``fanfold worker``
-        does both; DESIGN.md "A human in the loop", "On workers")."""
-        if not self.waiting_for_people(root_id):
-            return None
-        requests = [r for r in self._open_requests.values() if r.tree == root_id]
-        if any(r.id in self._applying for r in requests):
-            return None
-        if self.placement is not None and self.store.placements(root_id):
-            return None
-        tree = [a for a in self._actors.values() if a.state.root_id == root_id]
-        for request in requests:
-            del self._open_requests[request.id]
-        now, clock = self.now(), trio.current_time()
-        dues = [due for due in (actor.park() for actor in tree) if due is not None]
-        due = now + max(0.0, min(dues) - clock) if dues else None
-        self.logger.info("tree_unloaded", root_id=root_id, requests=len(requests), due=due)
-        return ParkedTree(root_id, tuple(r.id for r in requests), due)
-
-    def pending(self) -> list[PendingRequest]:
-        """The requests open in the conversations loaded here, oldest first."""
-        return list(self._open_requests.values())
-
-    async def requests(self) -> AsyncGenerator[PendingRequest, None]:
-        """Every request open now, then each new one as it is asked, for as long as the
-        caller iterates (a web app or a chat bot asking its user)."""
-        send, receive = trio.open_memory_channel[PendingRequest](10_000)
-        for request in self.pending():
-            send.send_nowait(request)
-        self._request_watchers.append(send)
-        try:
-            async with receive:
-                async for request in receive:
-                    yield request
-        finally:
-            if send in self._request_watchers:
-                self._request_watchers.remove(send)
-
-    async def approve(
-        self,
-        request: PendingRequest | str,
-        arguments: Mapping[str, Any] | None = None,
-        *,
-        by: str = "",
-    ) -> None:
-        """Approve ``request`` (a ``PendingRequest`` or its id): its call runs, with
-        ``arguments`` instead of the model's when given (checked against the tool's
-        schema and the rules again). Returns once the decision is in the log.
-        Raises UnknownRequest (no such open request here), AlreadyDecided (someone
-        decided first: another process, another caller), BadDecision (a question, or
-        arguments the schema refuses)."""
-        text = None if arguments is None else canonical_json(dict(arguments))
-        await self._decide(request, GRANT, text, "", by)
-
-    async def deny(self, request: PendingRequest | str, reason: str, *, by: str = "") -> None:
-        """Deny ``request``: its call never runs; its result is "denied by the user:
-        ``reason``" (a question denied too: the person declines to answer). Raises as
-        ``approve`` does."""
-        await self._decide(request, DENY, None, reason, by)
-
-    async def answer(self, request: PendingRequest | str, text: str, *, by: str = "") -> None:
-        """Answer the ``ask_user`` question ``request``: ``text`` is its result. Raises
-        as ``approve`` does (BadDecision for a request that is not a question)."""
-        await self._decide(request, ANSWER, None, text, by)
-
-    async def _decide(
-        self, request: PendingRequest | str, kind: str, arguments: str | None, text: str, by: str
-    ) -> None:
-        key = request if isinstance(request, str) else request.id
-        found = self._open_requests.get(key)
-        if found is None:
-            if key in self._closed_why:
-                raise RequestClosed(CLOSED_BEFORE + self._closed_why[key])
-            raise UnknownRequest(f"no open request {key!r} in this runtime")
-        actor = self._actors.get(found.conversation_id)
-        if actor is None:
-            raise UnknownRequest(f"no open request {key!r} in this runtime")
-        check_decision(actor.state, found, kind, arguments)
-        decision = Decision(key, kind, arguments, text, by, self.now())
-        self._applying.add(key)
-        try:
-            await trio.to_thread.run_sync(self.decisions.write, decision)
-            problem = await self._apply_decision(decision)
-        finally:
-            self._applying.discard(key)
-        if problem is not None:
-            if key in self._closed_why:
-                raise RequestClosed(CLOSED_BEFORE + self._closed_why[key])
-            raise UnknownRequest(f"request {key!r}: {problem}")
-
-    async def _apply_decision(
-        self, decision: Decision, marks: list[tuple[str, str]] | None = None
-    ) -> str | None:
-        """Turn ``decision`` into its event and mark its row (or add the mark to
-        ``marks``, written by the caller); the reducer's refusal (the request ended or
-        was decided meanwhile) is returned, its row marked stale."""
-        split = split_request_id(decision.request)
-        actor = None if split is None else self._actors.get(split[0])
-        if actor is None:
-            return "its conversation is not loaded here"
-        problem = None
-        try:
-            await actor.submit(decision.event())
-            state = "applied"
-        except IllegalTransition as exc:
-            problem = exc.reason
-            why = self._closed_why.get(decision.request)
-            # Closed before it (a cancel, a timeout committed first): say so, as the
-            # close's own mark does.
-            state = f"stale: {exc.reason}" if why is None else stale_mark(why)
-        if marks is not None:
-            marks.append((decision.request, state))
-        else:
-            await trio.to_thread.run_sync(self.decisions.mark, decision.request, state)
-        return problem
-
-    async def _poll_decisions(self) -> None:
-        """Read the decisions written for the requests open here (by this process or
-        another: ``fanfold approve``) and turn each into its event, once. Runs while
-        a request is open; ``request_opened`` starts it again for the next."""
-        while True:
-            if not self._open_requests:
-                # Checked and cleared with no await between: a request opened after
-                # this starts a new poll.
-                self._polling = False
-                return
-            waiting = [r for r in self._open_requests if r not in self._applying]
-            found = await trio.to_thread.run_sync(self.decisions.new, waiting)
-            found = [d for d in found if d.request not in self._applying]
-            if found:
-                for decision in found:
-                    self._applying.add(decision.request)
-                marks: list[tuple[str, str]] = []
-                try:
-                    async with trio.open_nursery() as nursery:
-                        for decision in found:
-                            nursery.start_soon(self._apply_decision, decision, marks)
-                    await trio.to_thread.run_sync(self.decisions.mark_many, marks)
-                finally:
-                    for decision in found:
-                        self._applying.discard(decision.request)
-            await trio.sleep(self.decision_poll)
 
     # ---------------------------------------------------------------- internals
 
@@ -1924,7 +1419,7 @@ class Runtime:
         try:
             state = self.store.load_state(root_id)
         except (DatabaseError, sqlite3.DatabaseError) as exc:
-            if _environment_failure(exc):
+            if environment_failure(exc):
                 raise
             return []
         recorded = (*state.tools, *(t for a in state.agents for t in a.own_tools))
