@@ -500,7 +500,9 @@ async def test_outcomes_read_together_reach_their_parent_in_one_commit(
         Runtime.open(pg_url, provider, []) as a,
         Runtime.open(pg_url, provider, []) as b,
     ):
-        a.use_placement(queue, PlacementSettings(spread_at=4, chunk=3, poll=1.0))
+        # The poll's reads alone (no notification wakes it at each child's end:
+        # test_placement_notify.py).
+        a.use_placement(queue, PlacementSettings(spread_at=4, chunk=3, poll=1.0, listen=False))
         b.use_placement(queue, SETTINGS)
         root, phase = await _served_fan_out(a, queue, [b], ran, tmp_path)
         assert phase == "Idle"

@@ -102,6 +102,14 @@ LOST_WRITES = 3
 snapshot) is tried again after its connection was lost inside its transaction, before
 ``LogUnavailable`` stops the caller (each time after up to ``RECONNECT_S``)."""
 
+NOTIFY_CHANNEL = "fanfold_placement"
+"""The channel a placed child's end and a cancel asked of placed children are notified
+on (``PostgresStore.listen``; fanfold/runtime/placement.py)."""
+LISTEN_STOP_S = 0.5
+"""How long a listener waits for a notification before it looks at its stop flag."""
+LISTEN_RETRY_S = 1.0
+"""How long a listener whose connection was lost waits before it connects again."""
+
 _LOCK_KEY = 0x66616E666F6C64  # "fanfold": the advisory lock that serialises migration
 _RUNTIMES_KEY = 0x66616E666F6C64 + 1  # held shared by every runtime on the log (Presence)
 
@@ -738,6 +746,11 @@ class PostgresStore(Store):
             ).fetchone()
             taken[root] = int(row[0])
         self._taking = taken  # for ``_write``, should the commit's outcome be unknown
+        if any(p.step.state.id in units and p.step.state.outcome is not None for p in prepared):
+            # A placed child (or a conversation below one) ended: wake the runtimes
+            # watching placed children. Sent in the batch's transaction, so delivered only
+            # once it commits; a runtime that misses it still finds the outcome by its poll.
+            conn.execute(f"NOTIFY {NOTIFY_CHANNEL}, 'outcome'")
         return taken
 
     def _fenced(self, fence: Any) -> None:
@@ -849,8 +862,33 @@ class PostgresStore(Store):
                         " ON CONFLICT (conversation_id) DO NOTHING",
                         [conversation_id, reason],
                     )
+                # The runtimes running chunks read the rows at once (on commit only).
+                conn.execute(f"NOTIFY {NOTIFY_CHANNEL}, 'cancel'")
 
         self._rewritten(write)
+
+    def listen(self, stop: threading.Event, woken: Callable[[str], None]) -> None:
+        """Until ``stop`` is set, call ``woken(payload)`` for each notification on
+        ``NOTIFY_CHANNEL`` (``'outcome'``: a placed child ended; ``'cancel'``: cancels
+        were asked), on a connection of its own. A lost connection is made again
+        (``woken('reconnected')`` then, as notifications may have been missed); none
+        is ever needed for correctness: the placement's poll reads the same rows."""
+        while not stop.is_set():
+            try:
+                conn = connect(self._url)
+            except LogUnavailable:
+                stop.wait(LISTEN_RETRY_S)
+                continue
+            try:
+                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                woken("reconnected")
+                while not stop.is_set():
+                    for note in conn.notifies(timeout=LISTEN_STOP_S):
+                        woken(note.payload)
+            except psycopg.Error:
+                stop.wait(LISTEN_RETRY_S)
+            finally:
+                conn.close()
 
     def cancels_among(self, ids: Sequence[str]) -> dict[str, str]:
         """The cancels asked of any of ``ids``: id to reason."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import threading
 from collections.abc import Sequence, Set
 from typing import Any, Protocol
 
@@ -115,6 +116,10 @@ class PlacementSettings:
     poll: float = 0.2
     """Seconds between two reads of the log for placed children's outcomes and
     cancels."""
+    listen: bool = True
+    """Also wake at once on the log's notifications (``PostgresStore.listen``: a
+    placed child ended, a cancel was asked) instead of only every ``poll``, which stays
+    as the fallback for a notification missed or a listener's connection lost."""
     orphans_every: int = 10
     """Every this many polls, ask the queue which chunks of children still due have
     ended: those are taken back (``take_back``)."""
@@ -233,7 +238,41 @@ class Placement:
 
     async def run(self) -> None:
         """Write placements and cancels, enqueue chunks, deliver placed children's
-        outcomes and chunks' cancels: every ``poll`` seconds, or at once when asked."""
+        outcomes and chunks' cancels: every ``poll`` seconds, or at once when asked
+        or notified (``PlacementSettings.listen``)."""
+        async with trio.open_nursery() as nursery:
+            if self.settings.listen and hasattr(self._store, "listen"):
+                nursery.start_soon(self._listen)
+            await self._loop()
+
+    async def _listen(self) -> None:
+        # The store's listener blocks in a thread of its own; each notification it hears
+        # wakes the loop, which then reads the log as a poll would. Abandoned when the
+        # runtime stops: it sees ``stop`` within ``LISTEN_STOP_S`` and closes.
+        stop = threading.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def woken(payload: str) -> None:
+            try:
+                trio.from_thread.run_sync(self._notified, payload, trio_token=token)
+            except BaseException:  # the run is over (or this thread abandoned): stop
+                stop.set()
+
+        try:
+            await trio.to_thread.run_sync(self._store.listen, stop, woken, abandon_on_cancel=True)
+        finally:
+            stop.set()
+
+    def _notified(self, payload: str) -> None:
+        # Only what this runtime waits for: an end when it watches placed children, a
+        # cancel when it runs chunks (every runtime on the log hears every notification).
+        if payload == "outcome" and not self.watched:
+            return
+        if payload == "cancel" and not self._chunks:
+            return
+        self._wake.set()
+
+    async def _loop(self) -> None:
         log = self._runtime.logger
         polls = 0
         while True:
