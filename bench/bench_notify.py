@@ -7,8 +7,8 @@ other runs them (chunks handed over through a Trio channel, as in
 placement's own part, without a dequeue poll). Both poll every ``--poll`` seconds; the
 variants are ``listen`` on (woken by the log's notifications) and off (the poll alone),
 interleaved. Per run, from the steps' times in the log: the root's spawning step to
-its first child's first step, and the last child's last step to the root's last step
-(fan-in), and the root's ``SubAgentFinished`` commits.
+its first child's first step, and the last child's last step to the root's last
+``SubAgentFinished`` (fan-in), and the root's ``SubAgentFinished`` commits.
 
     .venv/bin/python -m bench.bench_notify --children 128 --repeats 5
 """
@@ -31,8 +31,8 @@ from fanfold.runtime.placement import PlacementSettings
 from fanfold.statemachine import Limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from pg_cluster import Cluster  # noqa: E402
-from test_placement import _fan_out, _Queue, _served_fan_out  # noqa: E402
+from pg_cluster import Cluster
+from test_placement import _fan_out, _Queue, _serve_chunks
 
 
 async def _one(url: str, n: int, latency: float, poll: float, listen: bool) -> dict[str, float]:
@@ -46,12 +46,12 @@ async def _one(url: str, n: int, latency: float, poll: float, listen: bool) -> d
         b.use_placement(queue, settings)
         await trio.sleep(0.3)
 
-        async def start(task: str, *, cwd: Path) -> str:
-            return await Runtime.start(a, task, cwd=cwd, limits=limits)
-
-        a.start = start  # type: ignore[method-assign]
         with tempfile.TemporaryDirectory() as tmp:
-            root, phase = await _served_fan_out(a, queue, [b], ran, Path(tmp))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_serve_chunks, queue, [b], ran)
+                root = await a.start("fan out", cwd=Path(tmp), limits=limits)
+                phase = (await a.wait(root)).phase
+                nursery.cancel_scope.cancel()
     assert phase == "Idle", phase
     with psycopg.connect(url) as conn:
 
@@ -65,13 +65,15 @@ async def _one(url: str, n: int, latency: float, poll: float, listen: bool) -> d
             " AND type = 'ModelReplied'",
             root,
         )
-        first = one(
-            "SELECT min(at) FROM fanfold.events WHERE conversation_id LIKE %s", root + ".%"
-        )
+        first = one("SELECT min(at) FROM fanfold.events WHERE conversation_id LIKE %s", root + ".%")
         last_child = one(
             "SELECT max(at) FROM fanfold.events WHERE conversation_id LIKE %s", root + ".%"
         )
-        last = one("SELECT max(at) FROM fanfold.events WHERE conversation_id = %s", root)
+        last = one(
+            "SELECT max(at) FROM fanfold.events WHERE conversation_id = %s"
+            " AND type = 'SubAgentFinished'",
+            root,
+        )
         commits = one(
             "SELECT count(DISTINCT xmin::text) FROM fanfold.events WHERE conversation_id = %s"
             " AND type = 'SubAgentFinished'",
@@ -89,13 +91,14 @@ async def _main(args: argparse.Namespace) -> None:
                 k += 1
                 with psycopg.connect(cluster.conninfo, autocommit=True) as conn:
                     conn.execute(f"CREATE DATABASE b{k}")
-                got = await _one(cluster.url_for(f"b{k}"), args.children, args.latency,
-                                 args.poll, listen)
+                got = await _one(
+                    cluster.url_for(f"b{k}"), args.children, args.latency, args.poll, listen
+                )
                 rows[listen].append(got)
                 print(listen, got, flush=True)
-    for listen, got in rows.items():
-        med = {key: statistics.median(g[key] for g in got) for key in got[0]}
-        rng = {key: (min(g[key] for g in got), max(g[key] for g in got)) for key in got[0]}
+    for listen, runs in rows.items():
+        med = {key: statistics.median(g[key] for g in runs) for key in runs[0]}
+        rng = {key: (min(g[key] for g in runs), max(g[key] for g in runs)) for key in runs[0]}
         print(f"listen={listen}: median {med} range {rng}")
 
 

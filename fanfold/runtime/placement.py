@@ -18,11 +18,12 @@ DESIGN.md, "The unit of distribution", gives the reasons. In short:
   waits for the queue, so the queue cannot deadlock).
 - **Outcomes go through the log.** A child's terminal step is its outcome, committed
   once. The parent's runtime watches its placed children (``at_rest_among`` every
-  ``poll`` seconds) and delivers each one's outcome to the parent once
+  ``poll`` seconds, and at once when the log notifies a placed child's end:
+  ``PostgresStore.listen``) and delivers each one's outcome to the parent once
   (``SubAgentFinished``), exactly as a restart re-delivers it.
 - **Cancels go through the log.** A parent's cancel of a placed child is a
-  ``cancels`` row; the chunk's runtime reads them every ``poll`` and delivers
-  ``CancelRequested`` to its children, including those it creates after the row was
+  ``cancels`` row; the chunk's runtime reads them every ``poll`` (and when notified)
+  and delivers ``CancelRequested`` to its children, including those it creates after the row was
   written (a chunk still queued when its parent was cancelled).
 """
 
