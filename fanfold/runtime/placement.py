@@ -260,7 +260,15 @@ class Placement:
                 stop.set()
 
         try:
-            await trio.to_thread.run_sync(self._store.listen, stop, woken, abandon_on_cancel=True)
+            # A limiter of its own: the thread is held for the runtime's life and must not
+            # take one of the default limiter's tokens from the log's writes.
+            await trio.to_thread.run_sync(
+                self._store.listen,
+                stop,
+                woken,
+                abandon_on_cancel=True,
+                limiter=trio.CapacityLimiter(1),
+            )
         finally:
             stop.set()
 
