@@ -1688,11 +1688,18 @@ def encode_event_compact(event: Event, blobs: dict[str, str]) -> str:
     codec = _EVENT_CODECS.get(type(event))
     if codec is None:
         raise CodecError(f"cannot encode {type(event).__qualname__} as an event")
+    return _compact_stored(codec, event, blobs)
+
+
+def _compact_stored(codec: _ClassCodec, value: Any, blobs: dict[str, str] | None) -> str:
+    """``value``'s compact document, the values of ``BLOB_FIELDS`` by reference (their
+    texts added to ``blobs``), or inline when ``blobs`` is None; CodecError for a value
+    it cannot encode."""
     _sink.blobs = blobs
     try:
-        return codec.compact_stored(event)
+        return codec.compact_stored(value)
     except _NonFinite:
-        raise _refuse_non_finite(event) from None
+        raise _refuse_non_finite(value) from None
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise CodecError(f"cannot encode {codec.name}: {exc}") from None
     finally:
@@ -1844,15 +1851,7 @@ def encode_effect_stored(effect: Effect, blobs: dict[str, str] | None = None) ->
     codec = _EFFECT_CODECS.get(type(effect))
     if codec is None or codec.name in OBJECT_EFFECTS:
         return encode_effect(effect)
-    _sink.blobs = blobs
-    try:
-        return codec.compact_stored(effect)
-    except _NonFinite:
-        raise _refuse_non_finite(effect) from None
-    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
-        raise CodecError(f"cannot encode {codec.name}: {exc}") from None
-    finally:
-        _sink.blobs = None
+    return _compact_stored(codec, effect, blobs)
 
 
 def stored_effect(text: str, blobs: dict[str, str]) -> str:
@@ -1912,15 +1911,7 @@ def encode_state_stored(state: Conversation, blobs: dict[str, str]) -> str:
     ``BLOB_FIELDS`` by reference (their texts added to ``blobs``)."""
     if type(state) is not Conversation:
         raise CodecError(f"cannot encode {type(state).__qualname__} as a Conversation")
-    _sink.blobs = blobs
-    try:
-        return _STATE_CODEC.compact_stored(state)
-    except _NonFinite:
-        raise _refuse_non_finite(state) from None
-    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
-        raise CodecError(f"cannot encode Conversation: {exc}") from None
-    finally:
-        _sink.blobs = None
+    return _compact_stored(_STATE_CODEC, state, blobs)
 
 
 def stored_state(text: str, blobs: dict[str, str]) -> str:
