@@ -237,25 +237,24 @@ def _optional(emit: _Emitter) -> _Emitter:
     return emit_optional
 
 
-def _array(emit: _Emitter) -> _Emitter:
-    def emit_array(value: Any) -> str:
-        if type(value) is not tuple:
-            raise TypeError(f"expected a tuple, got {type(value).__name__}")
-        return "[" + ",".join(map(emit, value)) + "]"
+def _sequence(kind: type[Any]) -> Callable[[_Emitter], _Emitter]:
+    """``emit -> emitter`` of a value of exactly ``kind`` (a tuple, or a Roster: a
+    round's children, ``statemachine.children.Roster``) as the JSON array of its items:
+    a Roster exactly as the tuple it replaced was written."""
 
-    return emit_array
+    def sequence(emit: _Emitter) -> _Emitter:
+        def emit_array(value: Any) -> str:
+            if type(value) is not kind:
+                raise TypeError(f"expected a {kind.__name__}, got {type(value).__name__}")
+            return "[" + ",".join(map(emit, value)) + "]"
+
+        return emit_array
+
+    return sequence
 
 
-def _roster(emit: _Emitter) -> _Emitter:
-    """A Roster (a round's children: ``statemachine.children.Roster``) as the JSON
-    array of its items, exactly as the tuple it replaced was written."""
-
-    def emit_roster(value: Any) -> str:
-        if type(value) is not Roster:
-            raise TypeError(f"expected a Roster, got {type(value).__name__}")
-        return "[" + ",".join(map(emit, value)) + "]"
-
-    return emit_roster
+_array = _sequence(tuple)
+_roster = _sequence(Roster)
 
 
 _PRIMITIVE_EMITTERS: dict[Any, _Emitter] = {
@@ -450,21 +449,9 @@ def _compile_compact_emitter(
     for index, field in enumerate(names):
         namespace[f"_e{index}"] = emitters[field]
         items.append(f"{{_e{index}(o.{field})}}")
-    source = f"def emit(o):\n    return f'[{','.join(items)}]'\n"
-    if never_stored:
-        tests = []
-        for index, (field, default) in enumerate(never_stored.items()):
-            namespace[f"_d{index}"] = default
-            tests.append(f"o.{field} == _d{index}")
-        short = items[: len(items) - len(never_stored)]
-        source = (
-            f"def emit(o):\n    if {' and '.join(tests)}:\n"
-            f"        return f'[{','.join(short)}]'\n"
-            f"    return f'[{','.join(items)}]'\n"
-        )
     kind = "compact document" if document else "compact value" if tagged else "untagged value"
-    exec(compile(source, f"<fanfold.db.codec {kind} emitter for {name}>", "exec"), namespace)
-    emit: _Emitter = namespace["emit"]
+    where = f"<fanfold.db.codec {kind} emitter for {name}>"
+    emit: _Emitter = _compile_items("emit", "f'[{}]'", ",", items, never_stored, namespace, where)
     return emit
 
 
@@ -480,7 +467,29 @@ def _compile_field_texts(
     for index, field in enumerate(names):
         namespace[f"_e{index}"] = emitters[index]
         items.append(f"_e{index}(o.{field})")
-    source = f"def texts(o):\n    return [{', '.join(items)}]\n"
+    where = f"<fanfold.db.codec field texts of {name}>"
+    texts: Callable[[Any], list[str]] = _compile_items(
+        "texts", "[{}]", ", ", items, never_stored, namespace, where
+    )
+    return texts
+
+
+def _compile_items(
+    function: str,
+    template: str,
+    separator: str,
+    items: list[str],
+    never_stored: dict[str, Any] | None,
+    namespace: dict[str, Any],
+    where: str,
+) -> Any:
+    """Compile ``def function(o): return template`` with ``items`` joined by
+    ``separator`` into the template's ``{}``; with ``never_stored`` (the last fields by
+    name, with their defaults), a first branch returns the items without those fields
+    when every one of them is at its default. One piece of code for the compact emitters
+    and ``field_texts``, so that both leave out the same fields; the function it
+    compiles calls nothing more than the emitters in ``namespace``."""
+    source = f"def {function}(o):\n    return {template.format(separator.join(items))}\n"
     if never_stored:
         tests = []
         for index, (field, default) in enumerate(never_stored.items()):
@@ -488,13 +497,12 @@ def _compile_field_texts(
             tests.append(f"o.{field} == _d{index}")
         short = items[: len(items) - len(never_stored)]
         source = (
-            f"def texts(o):\n    if {' and '.join(tests)}:\n"
-            f"        return [{', '.join(short)}]\n"
-            f"    return [{', '.join(items)}]\n"
+            f"def {function}(o):\n    if {' and '.join(tests)}:\n"
+            f"        return {template.format(separator.join(short))}\n"
+            f"    return {template.format(separator.join(items))}\n"
         )
-    exec(compile(source, f"<fanfold.db.codec field texts of {name}>", "exec"), namespace)
-    texts: Callable[[Any], list[str]] = namespace["texts"]
-    return texts
+    exec(compile(source, where, "exec"), namespace)
+    return namespace[function]
 
 
 def _trailing_omitted(names: tuple[str, ...], omitted: dict[str, Any]) -> tuple[str, ...]:
@@ -511,9 +519,7 @@ def _emit_object(value: Any) -> str:
     """The text of any registered attrs value (a field of an attrs or union type)."""
     codec = _CODECS.get(type(value))
     if codec is None:
-        raise CodecError(
-            f"cannot encode {type(value).__qualname__}: not a fanfold.statemachine value"
-        )
+        raise _not_ours(value)
     return codec.emit(value)
 
 
@@ -521,10 +527,13 @@ def _emit_compact_object(value: Any) -> str:
     """The compact text of any registered attrs value."""
     codec = _CODECS.get(type(value))
     if codec is None:
-        raise CodecError(
-            f"cannot encode {type(value).__qualname__}: not a fanfold.statemachine value"
-        )
+        raise _not_ours(value)
     return codec.compact(value)
+
+
+def _not_ours(value: Any) -> CodecError:
+    """The error for a value of a class the codec has not registered."""
+    return CodecError(f"cannot encode {type(value).__qualname__}: not a fanfold.statemachine value")
 
 
 def _untagged(cls: type[Any]) -> _Emitter:
@@ -1139,6 +1148,10 @@ class _ClassCodec:
         except _Invalid as failure:
             failure.path.append(f".{name}")
             raise
+        return self._build(kwargs)
+
+    def _build(self, kwargs: dict[str, Any]) -> Any:
+        """The instance of the decoded field values, or ``_Invalid`` naming the class."""
         try:
             return self.cls(**kwargs)
         except (TypeError, ValueError) as exc:
@@ -1171,10 +1184,7 @@ class _ClassCodec:
         except _Invalid as failure:
             failure.path.append(f".{name}")
             raise
-        try:
-            return self.cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise _Invalid(f"invalid {self.name}: {exc}") from None
+        return self._build(kwargs)
 
 
 def as_recorded_by(value: Any, version: int) -> Any:
@@ -1678,11 +1688,18 @@ def encode_event_compact(event: Event, blobs: dict[str, str]) -> str:
     codec = _EVENT_CODECS.get(type(event))
     if codec is None:
         raise CodecError(f"cannot encode {type(event).__qualname__} as an event")
+    return _compact_stored(codec, event, blobs)
+
+
+def _compact_stored(codec: _ClassCodec, value: Any, blobs: dict[str, str] | None) -> str:
+    """``value``'s compact document, the values of ``BLOB_FIELDS`` by reference (their
+    texts added to ``blobs``), or inline when ``blobs`` is None; CodecError for a value
+    it cannot encode."""
     _sink.blobs = blobs
     try:
-        return codec.compact_stored(event)
+        return codec.compact_stored(value)
     except _NonFinite:
-        raise _refuse_non_finite(event) from None
+        raise _refuse_non_finite(value) from None
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise CodecError(f"cannot encode {codec.name}: {exc}") from None
     finally:
@@ -1834,15 +1851,7 @@ def encode_effect_stored(effect: Effect, blobs: dict[str, str] | None = None) ->
     codec = _EFFECT_CODECS.get(type(effect))
     if codec is None or codec.name in OBJECT_EFFECTS:
         return encode_effect(effect)
-    _sink.blobs = blobs
-    try:
-        return codec.compact_stored(effect)
-    except _NonFinite:
-        raise _refuse_non_finite(effect) from None
-    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
-        raise CodecError(f"cannot encode {codec.name}: {exc}") from None
-    finally:
-        _sink.blobs = None
+    return _compact_stored(codec, effect, blobs)
 
 
 def stored_effect(text: str, blobs: dict[str, str]) -> str:
@@ -1902,15 +1911,7 @@ def encode_state_stored(state: Conversation, blobs: dict[str, str]) -> str:
     ``BLOB_FIELDS`` by reference (their texts added to ``blobs``)."""
     if type(state) is not Conversation:
         raise CodecError(f"cannot encode {type(state).__qualname__} as a Conversation")
-    _sink.blobs = blobs
-    try:
-        return _STATE_CODEC.compact_stored(state)
-    except _NonFinite:
-        raise _refuse_non_finite(state) from None
-    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
-        raise CodecError(f"cannot encode Conversation: {exc}") from None
-    finally:
-        _sink.blobs = None
+    return _compact_stored(_STATE_CODEC, state, blobs)
 
 
 def stored_state(text: str, blobs: dict[str, str]) -> str:
